@@ -1,0 +1,65 @@
+"""The EdgeConfig: its model, loading with complete validation, hashing and change classification.
+
+This package is pure: it imports nothing from the servers. The Edge, the Node and the operator
+all build on it.
+"""
+
+from .classifying import classify
+from .configs import (
+    A2ASection,
+    AdminSection,
+    BootstrapSection,
+    ControlPlaneSection,
+    EdgeConfig,
+    EdgeSection,
+    FakeAdapter,
+    GenerationPolicy,
+    ModelSpec,
+    NodeRuntime,
+    NodeSpec,
+    OpenAIAdapter,
+    OpenAISection,
+    PrincipalToken,
+    ProviderSpec,
+    is_loopback_listener,
+    split_listener,
+)
+from .errors import ConfigError, Problem
+from .loading import load_data, load_file, load_text, parse_yaml
+from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
+from .reports import ChangeReport, RestartPath
+from .trees import config_hash
+
+__all__ = [
+    "A2ASection",
+    "AdminSection",
+    "BootstrapSection",
+    "ChangeReport",
+    "ConfigError",
+    "ControlPlaneSection",
+    "EdgeConfig",
+    "EdgeSection",
+    "FakeAdapter",
+    "GenerationPolicy",
+    "ModelSpec",
+    "NodePayload",
+    "NodeRuntime",
+    "NodeSpec",
+    "OpenAIAdapter",
+    "OpenAISection",
+    "PrincipalToken",
+    "Problem",
+    "ProviderPayload",
+    "ProviderSpec",
+    "RestartPath",
+    "classify",
+    "config_hash",
+    "is_loopback_listener",
+    "load_data",
+    "load_file",
+    "load_text",
+    "node_payload",
+    "node_payloads",
+    "parse_yaml",
+    "split_listener",
+]

@@ -1,0 +1,145 @@
+"""Classify every change between two configs as live or restart-required.
+
+The rule for each field is the `x-iop-apply` marker on it in `configs.py` (the nearest marker up
+the path wins); a path without one is restart-required for the Edge (fail safe). Lists of items
+with ids are compared by id, so reordering is no change; an item added or removed takes the
+marker of its list: a node is an Edge restart, a provider its node's restart, a model is live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from .configs import APPLY_KEY, LIVE, RESTART_NODE, EdgeConfig, ModelSpec, NodeSpec, ProviderSpec
+from .payloads import node_payloads
+from .reports import ChangeReport, RestartPath
+from .trees import item_key
+
+__all__ = ["classify"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    path: str
+    apply: str | None
+    node: str | None
+    provider: str | None
+    model: str | None
+
+
+def classify(old: EdgeConfig, new: EdgeConfig) -> ChangeReport:
+    """What changed from `old` to `new`, and how each change must be applied."""
+    changes: list[_Change] = []
+    _diff(old, new, None, "", _Where(), changes)
+
+    live: set[str] = set()
+    restart: set[RestartPath] = set()
+    nodes: set[str] = set()
+    providers: set[str] = set()
+    models: set[str] = set()
+    for change in changes:
+        if change.apply == LIVE:
+            live.add(change.path)
+        else:
+            scope = (
+                f"node:{change.node}" if change.apply == RESTART_NODE and change.node else "edge"
+            )
+            restart.add(RestartPath(change.path, scope))
+        for bucket, key in (
+            (nodes, change.node),
+            (providers, change.provider),
+            (models, change.model),
+        ):
+            if key is not None:
+                bucket.add(key)
+    # A node added or removed brings or takes all its providers with it.
+    whole_items = {change.path for change in changes}
+    for node in (*old.nodes, *new.nodes):
+        if f"nodes[{node.id}]" in whole_items:
+            providers.update(p.id for p in node.providers)
+
+    old_payloads = node_payloads(old)
+    new_payloads = node_payloads(new)
+    return ChangeReport(
+        changed_nodes=tuple(sorted(nodes)),
+        changed_providers=tuple(sorted(providers)),
+        changed_models=tuple(sorted(models)),
+        live_paths=tuple(sorted(live)),
+        restart_required_paths=tuple(sorted(restart, key=lambda p: (p.path, p.scope))),
+        node_payload_changed={
+            node_id: old_payloads.get(node_id) != payload
+            for node_id, payload in sorted(new_payloads.items())
+        },
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    node: str | None = None
+    provider: str | None = None
+    model: str | None = None
+
+    def entering(self, item: BaseModel, key: str) -> _Where:
+        if isinstance(item, NodeSpec):
+            return _Where(node=key)
+        if isinstance(item, ProviderSpec):
+            return _Where(node=self.node, provider=key)
+        if isinstance(item, ModelSpec):
+            return _Where(model=key)
+        return self
+
+
+def _diff(
+    old: Any, new: Any, apply: str | None, path: str, where: _Where, out: list[_Change]
+) -> None:
+    """Append a change for every differing leaf; `apply` is the nearest marker above."""
+    if old == new:
+        return
+    if isinstance(old, BaseModel) and type(old) is type(new):
+        for name, field in type(old).model_fields.items():
+            extra = field.json_schema_extra
+            marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
+            _diff(
+                getattr(old, name),
+                getattr(new, name),
+                marker if isinstance(marker, str) else apply,
+                f"{path}.{name}" if path else name,
+                where,
+                out,
+            )
+        return
+    if _is_keyed_list(old) and _is_keyed_list(new):
+        olds = {item_key(item): item for item in old}
+        news = {item_key(item): item for item in new}
+        for key in sorted(olds.keys() | news.keys(), key=str):
+            item_path = f"{path}[{key}]"
+            before, after = olds.get(key), news.get(key)
+            sample = before if before is not None else after
+            assert sample is not None and key is not None
+            inner = where.entering(sample, key)
+            if before is None or after is None:
+                out.append(_Change(item_path, apply, inner.node, inner.provider, inner.model))
+            else:
+                _diff(before, after, apply, item_path, inner, out)
+        return
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(old.keys() | new.keys(), key=str):
+            if old.get(key) != new.get(key):
+                out.append(_Change(f"{path}.{key}", apply, where.node, where.provider, where.model))
+        return
+    if (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and sorted(map(repr, old)) == sorted(map(repr, new))
+    ):
+        return  # the same names in another order
+    out.append(_Change(path, apply, where.node, where.provider, where.model))
+
+
+def _is_keyed_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, BaseModel) and item_key(item) is not None for item in value
+    )

@@ -1,0 +1,473 @@
+"""The EdgeConfig model: one pydantic schema for edge.yaml, the CRD spec and `kubectl explain`.
+
+YAML keeps the spec's snake_case; the same model accepts camelCase (the Kubernetes spelling)
+through aliases. Every field says what it controls and how a change to it is applied; the
+`x-iop-apply` marker on a field is what the change classifier reads, so the description and the
+classification can never disagree. A marker holds for everything beneath the field unless a
+nested field carries its own.
+
+The model checks each value on its own (types, bounds, formats). Checks that relate values to
+each other (unique ids, references, the long-context budget) live in `validating.py`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+
+__all__ = [
+    "APPLY_KEY",
+    "A2ASection",
+    "AdminSection",
+    "BootstrapSection",
+    "ControlPlaneSection",
+    "EdgeConfig",
+    "EdgeSection",
+    "FakeAdapter",
+    "GenerationPolicy",
+    "ModelSpec",
+    "NodeRuntime",
+    "NodeSpec",
+    "OpenAIAdapter",
+    "OpenAISection",
+    "PrincipalToken",
+    "ProviderSpec",
+    "Spec",
+    "is_loopback_listener",
+    "split_listener",
+]
+
+APPLY_KEY: Final = "x-iop-apply"
+LIVE: Final = "live"
+RESTART_EDGE: Final = "restart:edge"
+RESTART_NODE: Final = "restart:node"
+
+_SUFFIX = {
+    LIVE: "Live: a change applies without a restart.",
+    RESTART_EDGE: "Restart-required: a change rolls the Edge.",
+    RESTART_NODE: "Restart-required: a change rolls this node's workload.",
+}
+
+
+def _field(apply: str, description: str, **constraints: Any) -> Any:
+    return Field(
+        description=f"{description} {_SUFFIX[apply]}",
+        json_schema_extra={APPLY_KEY: apply},
+        **constraints,
+    )
+
+
+def live(description: str, **constraints: Any) -> FieldInfo:
+    """A field whose changes apply live."""
+    return _field(LIVE, description, **constraints)  # type: ignore[no-any-return]
+
+
+def restart_edge(description: str, **constraints: Any) -> FieldInfo:
+    """A field whose changes need the Edge to restart."""
+    return _field(RESTART_EDGE, description, **constraints)  # type: ignore[no-any-return]
+
+
+def restart_node(description: str, **constraints: Any) -> FieldInfo:
+    """A field whose changes need the owning node's workload to restart."""
+    return _field(RESTART_NODE, description, **constraints)  # type: ignore[no-any-return]
+
+
+# -- value types ---------------------------------------------------------------------------------
+
+_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
+_SHA256_PATTERN = r"^[0-9a-f]{64}$"
+_ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+#: Patterns whose mismatch gets a sentence of its own instead of pydantic's regex dump.
+PATTERN_MESSAGES: Final = {
+    _NAME_PATTERN: "must be a DNS label: lowercase letters, digits and '-', at most 63 characters",
+    _MODEL_ID_PATTERN: "must start with a letter or digit and use only letters, digits and ._:/@+-",
+    _SHA256_PATTERN: "must be 64 lowercase hex characters: the SHA-256 of the token, never the "
+    'token itself (printf %s "$TOKEN" | sha256sum)',
+    _ENV_NAME_PATTERN: "must be an environment variable name (letters, digits, '_')",
+}
+
+Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
+ModelId = Annotated[str, Field(pattern=_MODEL_ID_PATTERN)]
+Sha256Hex = Annotated[str, Field(pattern=_SHA256_PATTERN)]
+EnvName = Annotated[str, Field(pattern=_ENV_NAME_PATTERN)]
+
+
+def split_listener(value: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:80`); raise ValueError naming what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError("must be host:port, for example 127.0.0.1:8080")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host):
+        raise ValueError(f"{host!r} is not a host name or IP address (IPv6 goes in brackets)")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r} must be a number from 0 to 65535")
+    return host, int(port_text)
+
+
+def _check_listener(value: str) -> str:
+    split_listener(value)
+    return value
+
+
+def _check_optional_listener(value: str) -> str:
+    return _check_listener(value) if value else value
+
+
+def _check_url(value: str) -> str:
+    if value and not re.fullmatch(r"https?://[^\s/$.?#][^\s]*", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
+def is_loopback_listener(listen: str) -> bool:
+    """True when `listen` binds only the loopback interface."""
+    host, _ = split_listener(listen)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+Listener = Annotated[str, AfterValidator(_check_listener)]
+OptionalListener = Annotated[str, AfterValidator(_check_optional_listener)]
+Url = Annotated[str, AfterValidator(_check_url)]
+
+
+class Spec(BaseModel):
+    """Base of every config section: immutable, strict about unknown keys, snake or camel."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        use_attribute_docstrings=False,
+    )
+
+
+# -- the Edge itself -----------------------------------------------------------------------------
+
+
+class AdminSection(Spec):
+    """The Edge's admin HTTP API (refresh, config): an operator-local surface."""
+
+    listen: Annotated[
+        Listener,
+        restart_edge(
+            "host:port of the admin API. Off loopback it requires token_hash_sha256 or token_file."
+        ),
+    ] = "127.0.0.1:9090"
+    token_hash_sha256: Annotated[
+        Sha256Hex | None,
+        restart_edge("SHA-256 (64 lowercase hex) of the bearer token the admin API accepts."),
+    ] = None
+    token_file: Annotated[
+        str | None,
+        restart_edge(
+            "Path of a file holding the admin bearer token (for example a mounted Secret); "
+            "the Edge hashes it at start and never logs it."
+        ),
+    ] = None
+
+
+class BootstrapSection(Spec):
+    """Where the Edge keeps the artifacts it hands to Nodes when they first join."""
+
+    artifact_path: Annotated[str, restart_edge("Directory of the bootstrap artifacts.")] = (
+        "/var/lib/iop/bootstrap"
+    )
+
+
+class EdgeSection(Spec):
+    """The Edge's identity and its listeners."""
+
+    id: Annotated[Name, restart_edge("This Edge's identity, reported to Nodes and in metrics.")]
+    listen: Annotated[Listener, restart_edge("host:port of the gRPC listener that Nodes dial.")] = (
+        "0.0.0.0:7443"
+    )
+    admin: Annotated[AdminSection, restart_edge("The admin API (refresh, config).")] = (
+        AdminSection()
+    )
+    bootstrap: Annotated[
+        BootstrapSection, restart_edge("Bootstrap artifacts for joining Nodes.")
+    ] = BootstrapSection()
+
+
+class ControlPlaneSection(Spec):
+    """An optional remote control plane the Edge reports to."""
+
+    url: Annotated[Url, restart_edge("Base URL of the control plane; empty means none.")] = ""
+
+
+class PrincipalToken(Spec):
+    """Maps the SHA-256 of a client's bearer token to the principal its usage is billed to."""
+
+    token_ref: Annotated[
+        Name,
+        restart_edge(
+            "Name of this token (per app, integration or purpose); the usage breakdown key."
+        ),
+    ]
+    token_hash_sha256: Annotated[
+        Sha256Hex,
+        restart_edge("SHA-256 (64 lowercase hex) of the bearer token; never the token itself."),
+    ]
+    principal_ref: Annotated[
+        str,
+        restart_edge("The principal (team, tenant) this token's usage counts for.", min_length=1),
+    ]
+    alias: Annotated[str | None, restart_edge("An optional human-readable name for the token.")] = (
+        None
+    )
+
+
+class OpenAISection(Spec):
+    """The OpenAI-compatible HTTP API that clients call."""
+
+    listen: Annotated[Listener, restart_edge("host:port of the OpenAI-compatible HTTP API.")] = (
+        "0.0.0.0:8080"
+    )
+    long_context_threshold_tokens: Annotated[
+        int,
+        live(
+            "Requests whose estimated input tokens reach this many are long-context "
+            "(context_class=long) and need a long slot where a provider limits them.",
+            gt=0,
+        ),
+    ] = 100_000
+    allow_unauthenticated: Annotated[
+        bool,
+        restart_edge(
+            "Accept requests without a bearer token (their usage counts for principal "
+            "'anonymous'). Requests with an unknown token are refused either way."
+        ),
+    ] = False
+    max_request_bytes: Annotated[
+        int, restart_edge("Largest request body accepted, in bytes; larger gets 413.", ge=1024)
+    ] = 8 * 1024 * 1024
+    principal_tokens: Annotated[
+        list[PrincipalToken],
+        restart_edge(
+            "Client bearer tokens, by SHA-256 only, and the principal each one bills to. "
+            "Several tokens may share a principal_ref."
+        ),
+    ] = Field(default_factory=list)
+
+
+class A2ASection(Spec):
+    """The agent-to-agent listener (reserved)."""
+
+    listen: Annotated[
+        OptionalListener, restart_edge("host:port of the A2A listener; empty means off.")
+    ] = ""
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+class GenerationPolicy(Spec):
+    """Defaults and caps applied to every request for a model."""
+
+    max_tokens: Annotated[
+        int | None,
+        live(
+            "Cap on completion tokens; a request asking for more is capped, a request naming "
+            "none gets this many. Null means no cap.",
+            ge=1,
+        ),
+    ] = None
+    temperature: Annotated[
+        float | None,
+        live("Sampling temperature used when a request names none.", ge=0, le=2),
+    ] = None
+    top_p: Annotated[
+        float | None, live("Nucleus sampling used when a request names none.", gt=0, le=1)
+    ] = None
+
+
+class ModelSpec(Spec):
+    """A model clients can ask for, and the providers that serve it."""
+
+    id: Annotated[
+        ModelId, live("The OpenAI `model` key clients send; also the provider pool's group key.")
+    ]
+    providers: Annotated[
+        dict[Name, Annotated[str, Field(min_length=1)]],
+        live(
+            "Provider id -> the model name that provider actually serves; it must be one of "
+            "that provider's served_models.",
+            min_length=1,
+        ),
+    ]
+    generation: Annotated[
+        GenerationPolicy, live("Generation defaults and caps for this model.")
+    ] = GenerationPolicy()
+
+
+# -- nodes and their providers -------------------------------------------------------------------
+
+
+class OpenAIAdapter(Spec):
+    """Any OpenAI-compatible HTTP server: vLLM, Ollama, llama.cpp server, TGI, OpenAI."""
+
+    type: Literal["openai"] = "openai"
+    base_url: Annotated[
+        Url, restart_node("Base URL of the server's OpenAI API, e.g. http://127.0.0.1:8000/v1.")
+    ]
+    api_key_env: Annotated[
+        EnvName | None,
+        restart_node(
+            "Name of the environment variable on the Node that holds the API key; the key "
+            "itself never goes in the config."
+        ),
+    ] = None
+    connect_timeout_s: Annotated[
+        float, restart_node("Seconds to wait for a connection to the server.", gt=0)
+    ] = 5.0
+    request_timeout_s: Annotated[
+        float,
+        restart_node("Seconds a request may wait for the next byte from the server.", gt=0),
+    ] = 600.0
+    max_connections: Annotated[
+        int, restart_node("Size of the Node's connection pool to this server.", ge=1)
+    ] = 256
+
+
+class FakeAdapter(Spec):
+    """A deterministic built-in generator for demos, tests and benchmarks."""
+
+    type: Literal["fake"] = "fake"
+    latency_ms: Annotated[float, restart_node("Milliseconds before the first token.", ge=0)] = 0.0
+    tokens_per_second: Annotated[
+        float | None,
+        restart_node(
+            "Generation speed after the first token; null means as fast as possible.", gt=0
+        ),
+    ] = None
+    completion_tokens: Annotated[
+        int,
+        restart_node("Tokens generated when the request sets no max_tokens.", ge=1),
+    ] = 16
+
+
+Adapter = Annotated[OpenAIAdapter | FakeAdapter, Field(discriminator="type")]
+
+
+class ProviderSpec(Spec):
+    """A model server under a Node: how to reach it and how much work it takes."""
+
+    id: Annotated[
+        Name,
+        restart_node(
+            "Provider id, unique across the whole config. Adding or removing a provider "
+            "changes the node's adapters."
+        ),
+    ]
+    adapter: Annotated[Adapter, restart_node("How the Node talks to this provider.")]
+    served_models: Annotated[
+        list[Annotated[str, Field(min_length=1)]],
+        live("Model names this provider serves.", min_length=1),
+    ]
+    enabled: Annotated[
+        bool,
+        live(
+            "False takes the provider out of dispatch; its adapter keeps running (no process "
+            "is started or stopped)."
+        ),
+    ] = True
+    capacity: Annotated[
+        int, live("Most requests this provider runs at once, across all Edges.", ge=1)
+    ] = 1
+    long_context_slots: Annotated[
+        int | None,
+        live(
+            "Most long-context requests at once (each also holds a capacity slot); null means "
+            "no separate limit, 0 means it takes none. At most capacity.",
+            ge=0,
+        ),
+    ] = None
+    priority: Annotated[
+        int, live("Dispatch preference: the lowest priority wins; equal ones take turns.", ge=0)
+    ] = 0
+    max_queue: Annotated[
+        int,
+        live(
+            "Requests that may wait for this provider when no candidate is free; a model's "
+            "queue holds the sum over its providers.",
+            ge=0,
+        ),
+    ] = 64
+    queue_timeout_ms: Annotated[
+        int, live("Milliseconds a request may wait for this provider before a 503.", gt=0)
+    ] = 30_000
+
+
+class NodeRuntime(Spec):
+    """Runtime metadata of a Node."""
+
+    concurrency: Annotated[
+        int | None,
+        live(
+            "Legacy metadata only; it is not a node-wide admission limit (capacity is "
+            "per provider).",
+            ge=1,
+        ),
+    ] = None
+
+
+class NodeSpec(Spec):
+    """A Node agent: a worker that dials the Edge and runs requests on its providers."""
+
+    id: Annotated[
+        Name,
+        restart_edge("Node id; adding or removing a node restarts the Edge's node store."),
+    ]
+    alias: Annotated[
+        str | None, restart_edge("A human-readable name for the node, shown in status.")
+    ] = None
+    token_hash_sha256: Annotated[
+        Sha256Hex,
+        restart_edge(
+            "SHA-256 (64 lowercase hex) of the token this node authenticates with; never the "
+            "token itself."
+        ),
+    ]
+    runtime: Annotated[NodeRuntime, live("Runtime metadata.")] = NodeRuntime()
+    providers: Annotated[
+        list[ProviderSpec],
+        restart_node("The providers (model servers) under this node."),
+    ] = Field(default_factory=list)
+
+
+class EdgeConfig(Spec):
+    """The whole configuration of one Edge: its listeners, models, nodes and providers."""
+
+    edge: Annotated[EdgeSection, restart_edge("The Edge's identity and listeners.")]
+    control_plane: Annotated[ControlPlaneSection, restart_edge("Remote control plane.")] = (
+        ControlPlaneSection()
+    )
+    openai: Annotated[OpenAISection, restart_edge("The OpenAI-compatible API.")] = OpenAISection()
+    a2a: Annotated[A2ASection, restart_edge("The A2A listener.")] = A2ASection()
+    models: Annotated[list[ModelSpec], live("The model catalog clients see at /v1/models.")] = (
+        Field(default_factory=list)
+    )
+    nodes: Annotated[
+        list[NodeSpec],
+        restart_edge("The Node agents and their providers."),
+    ] = Field(default_factory=list)

@@ -1,0 +1,272 @@
+"""Turns YAML text, a file or a parsed document into an `EdgeConfig`, or a `ConfigError`.
+
+This is the only way in: whatever the input, the caller gets a complete, valid, immutable config
+or every problem with its path. Pydantic's errors are translated here, once, into sentences
+that name the path, what is expected and what was found.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from .configs import PATTERN_MESSAGES, EdgeConfig
+from .errors import ConfigError, Problem, render_value
+from .validating import check_document, close_match_hint
+
+__all__ = ["load_data", "load_file", "load_text", "parse_yaml"]
+
+_SECTION_ORDER = {name: i for i, name in enumerate(EdgeConfig.model_fields)}
+_REDACTED_FIELDS = re.compile(r"(token|secret|password|key)$|sha256", re.IGNORECASE)
+
+
+class _UniqueKeyLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader):  # type: ignore[misc]
+    """A safe YAML loader that refuses duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f'duplicate key "{key}" (first on line {seen[key] + 1})',
+                    key_node.start_mark,
+                )
+            try:
+                seen[key] = key_node.start_mark.line
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a plain value", key_node.start_mark
+                ) from None
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _UniqueKeyLoader.construct_mapping
+)
+
+
+def parse_yaml(text: str) -> object:
+    """Parse YAML text with duplicate keys refused; errors become a `ConfigError`."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise ConfigError([Problem(where, f"invalid YAML: {exc.problem or exc}")]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem("", f"invalid YAML: {exc}")]) from exc
+
+
+def load_text(text: str) -> EdgeConfig:
+    """Load a config from YAML (or JSON) text."""
+    if not text.strip():
+        raise ConfigError([Problem("", "the config is empty")])
+    return load_data(parse_yaml(text))
+
+
+def load_file(path: str | Path) -> EdgeConfig:
+    """Load a config from a YAML file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([Problem("", f"cannot read {path}: {exc.strerror or exc}")]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([Problem("", f"{path} is not UTF-8 text")]) from exc
+    return load_text(text)
+
+
+def load_data(data: object) -> EdgeConfig:
+    """Validate a parsed document; every problem (schema and cross-reference) at once."""
+    if data is None:
+        raise ConfigError([Problem("", "the config is empty")])
+    if not isinstance(data, Mapping):
+        kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
+        raise ConfigError([Problem("", f"the config must be a mapping of sections, got {kind}")])
+    problems = check_document(data)
+    secret_paths = {p.path for p in problems}
+    config: EdgeConfig | None = None
+    try:
+        config = EdgeConfig.model_validate(data, strict=True)
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False):
+            problem = _translate(error)
+            if problem.path not in secret_paths:
+                problems.append(problem)
+    if problems or config is None:
+        raise ConfigError(sorted(_dedupe(problems), key=_document_order))
+    return config
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    return list(dict.fromkeys(problems))
+
+
+def _document_order(problem: Problem) -> tuple[object, ...]:
+    head = re.split(r"[.\[]", problem.path, maxsplit=1)[0]
+    rest = [int(t) if t.isdigit() else t for t in re.findall(r"\d+|[^\d\[\].]+", problem.path)]
+    return (
+        _SECTION_ORDER.get(head, len(_SECTION_ORDER)),
+        *((0, t) if isinstance(t, int) else (1, t) for t in rest),
+    )
+
+
+# -- pydantic error translation ------------------------------------------------------------------
+
+
+def _translate(error: ErrorDetails) -> Problem:
+    path, model = _render_loc(error["loc"])
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    leaf = str(error["loc"][-1]) if error["loc"] else ""
+    got = "" if _REDACTED_FIELDS.search(leaf) else f", got {render_value(value)}"
+    message: str
+    if kind == "missing":
+        message = "is required"
+    elif kind == "extra_forbidden":
+        known = _field_names(model) if model else []
+        message = f"unknown key{close_match_hint(leaf, known)}"
+    elif kind in _BOUND_WORDS:
+        bound = next(iter(ctx.values()))
+        message = f"must be {_BOUND_WORDS[kind]} {bound}{got}"
+    elif kind == "string_pattern_mismatch":
+        pattern = str(ctx.get("pattern", ""))
+        message = PATTERN_MESSAGES.get(pattern, error["msg"])
+        if "sha256" in leaf.lower() and isinstance(value, str):
+            message = _hash_message(value)
+        else:
+            message += got
+    elif kind in _TYPE_WORDS:
+        message = f"must be {_TYPE_WORDS[kind]}{got}"
+    elif kind == "too_short":
+        message = f"must have at least {ctx.get('min_length', 1)} item(s)"
+    elif kind == "string_too_short":
+        message = "must not be empty"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = ctx.get("expected_tags", "")
+        found = ctx.get("tag")
+        message = f"type must be one of {tags}" + (f", got {render_value(found)}" if found else "")
+    elif kind == "value_error":
+        message = str(error["msg"]).removeprefix("Value error, ") + got
+    else:
+        message = f"{error['msg'][0].lower()}{error['msg'][1:]}{got}"
+    return Problem(path, message)
+
+
+def _hash_message(value: str) -> str:
+    if value.startswith("sk-") or not re.fullmatch(r"[0-9a-fA-F]*", value):
+        return (
+            "looks like a raw token, not a SHA-256: put the token's SHA-256 (64 lowercase hex, "
+            'printf %s "$TOKEN" | sha256sum) here and keep the token itself out of the config'
+        )
+    return PATTERN_MESSAGES[r"^[0-9a-f]{64}$"] + f" (got {len(value)} characters)"
+
+
+_BOUND_WORDS = {
+    "greater_than_equal": ">=",
+    "greater_than": ">",
+    "less_than_equal": "<=",
+    "less_than": "<",
+}
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "literal_error": "one of the listed values",
+}
+
+
+def _render_loc(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | None]:
+    """Render a pydantic location as `nodes[2].providers[0].capacity`.
+
+    Walks the model alongside, so that discriminated-union tags (which pydantic puts in the
+    location) are dropped, and returns the model that owns the last key (for "did you mean").
+    """
+    parts: list[str] = []
+    current: Any = EdgeConfig
+    owner: type[BaseModel] | None = None
+    for item in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            owner = current
+            field = _find_field(current, str(item))
+            parts.append(f".{item}" if parts else str(item))
+            current = field.annotation if field else None
+        elif typing.get_origin(current) is list and isinstance(item, int):
+            parts.append(f"[{item}]")
+            current = typing.get_args(current)[0]
+        elif typing.get_origin(current) is dict:
+            parts.append(f".{item}" if item != "[key]" else " (key)")
+            current = typing.get_args(current)[1]
+        elif _is_union(current):
+            tagged = [m for m in typing.get_args(current) if _tag_of(m) == item]
+            if tagged:
+                current = tagged[0]  # a discriminator tag: not part of the user's path
+            else:
+                parts.append(f".{item}")
+                current = None
+        else:
+            parts.append(f"[{item}]" if isinstance(item, int) else f".{item}")
+            current = None
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        owner = current if loc and _find_field(owner, str(loc[-1])) is None else owner
+    return "".join(parts), owner
+
+
+def _unwrap(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if _is_union(annotation):
+        members = [m for m in typing.get_args(annotation) if m is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+    return annotation
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _tag_of(model: Any) -> object:
+    if isinstance(model, type) and issubclass(model, BaseModel) and "type" in model.model_fields:
+        return model.model_fields["type"].default
+    return None
+
+
+def _find_field(model: type[BaseModel] | None, key: str) -> Any:
+    if model is None:
+        return None
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field
+    return None
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    names: list[str] = []
+    for name, field in model.model_fields.items():
+        names.append(name)
+        if field.alias and field.alias != name:
+            names.append(field.alias)
+    return names

@@ -1,0 +1,47 @@
+"""A config as a plain tree keyed by ids, the common ground of hashing and classification.
+
+Lists of things that have an id (nodes, providers, models, principal tokens) become mappings
+`{"[id]": item}`, and lists of names (served_models) become sorted lists, so that reordering
+them is no change: two configs that mean the same have the same tree and the same hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+__all__ = ["ID_FIELDS", "config_hash", "item_key", "to_tree"]
+
+#: The field that identifies an item of a list, tried in order.
+ID_FIELDS = ("id", "token_ref")
+
+
+def item_key(item: BaseModel) -> str | None:
+    for name in ID_FIELDS:
+        value = getattr(item, name, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def to_tree(value: Any) -> Any:
+    """The canonical plain form of a config value (snake_case keys)."""
+    if isinstance(value, BaseModel):
+        return {name: to_tree(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, BaseModel) and item_key(v) is not None for v in value):
+            return {f"[{item_key(v)}]": to_tree(v) for v in value}
+        return sorted((to_tree(v) for v in value), key=repr)
+    if isinstance(value, Mapping):
+        return {str(k): to_tree(v) for k, v in value.items()}
+    return value
+
+
+def config_hash(value: BaseModel) -> str:
+    """SHA-256 of the canonical tree: equal for configs that differ only in list order."""
+    data = orjson.dumps(to_tree(value), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,232 @@
+"""Checks that relate config values to each other: unique ids, references, budgets, secrets.
+
+They read the raw document (snake_case or camelCase keys) rather than the typed model, so they
+still run when some section has a type error: one run of `iop config check` reports every
+problem. Each check skips a value whose type is wrong; the schema reports that one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from pydantic.alias_generators import to_camel
+
+from .configs import is_loopback_listener, split_listener
+from .errors import Problem, render_value
+
+__all__ = ["check_document", "close_match_hint"]
+
+_RAW_SECRET_KEYS = {"token", "apikey", "password", "secret", "bearertoken", "rawtoken"}
+_RAW_SECRET_VALUE = re.compile(r"^(sk-[A-Za-z0-9_-]{8,}|Bearer\s+\S+)")
+
+
+def close_match_hint(word: str, choices: list[str]) -> str:
+    """`; did you mean "x"?` when one of `choices` is close to `word`, else ""."""
+    matches = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f'; did you mean "{matches[0]}"?' if matches else ""
+
+
+def _get(mapping: Mapping[str, object], name: str) -> tuple[str, object]:
+    """The key actually used for field `name` (snake or camel) and its value (None if absent)."""
+    if name in mapping:
+        return name, mapping[name]
+    camel = to_camel(name)
+    return camel, mapping.get(camel)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass
+class _Provider:
+    path: str
+    served_models: list[str] | None
+    long_context_slots: int | None
+    limits_long: bool
+
+
+@dataclass
+class _Index:
+    providers: dict[str, _Provider] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def duplicate(self, seen: dict[str, str], key: str, path: str, what: str) -> None:
+        if key in seen:
+            self.problems.append(Problem(path, f'duplicate {what} "{key}" (first at {seen[key]})'))
+        else:
+            seen[key] = path
+
+
+def _items(
+    data: Mapping[str, object], name: str, prefix: str = ""
+) -> Iterator[tuple[str, Mapping[str, object]]]:
+    key, value = _get(data, name)
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, Mapping):
+                yield f"{prefix}{key}[{index}]", item
+
+
+def check_document(data: Mapping[str, object]) -> list[Problem]:
+    """Every cross-reference problem in a raw config document."""
+    index = _Index()
+    _check_secrets(data, "", index.problems)
+    _check_nodes(data, index)
+    _check_models(data, index)
+    _check_principal_tokens(data, index)
+    _check_admin(data, index)
+    return index.problems
+
+
+def _check_secrets(value: object, path: str, problems: list[Problem]) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            item_path = f"{path}.{key}" if path else str(key)
+            normalized = str(key).replace("_", "").replace("-", "").lower()
+            if normalized in _RAW_SECRET_KEYS:
+                problems.append(Problem(item_path, _secret_advice(normalized)))
+            else:
+                _check_secrets(item, item_path, problems)
+    elif isinstance(value, list):
+        for position, item in enumerate(value):
+            _check_secrets(item, f"{path}[{position}]", problems)
+    elif isinstance(value, str) and _RAW_SECRET_VALUE.match(value):
+        leaf = path.rsplit(".", 1)[-1]
+        if "sha256" not in leaf.lower():  # the schema explains bad hashes itself
+            problems.append(
+                Problem(path, "looks like a raw API key or token; " + _secret_advice("token"))
+            )
+
+
+def _secret_advice(key: str) -> str:
+    if key == "apikey":
+        return (
+            "raw API keys never go in the config: name the environment variable that holds "
+            "the key in adapter.api_key_env"
+        )
+    return (
+        "raw tokens never go in the config: put the token's SHA-256 (64 lowercase hex, "
+        'printf %s "$TOKEN" | sha256sum) in token_hash_sha256 instead'
+    )
+
+
+def _check_nodes(data: Mapping[str, object], index: _Index) -> None:
+    node_ids: dict[str, str] = {}
+    provider_ids: dict[str, str] = {}
+    for node_path, node in _items(data, "nodes"):
+        id_key, node_id = _get(node, "id")
+        if isinstance(node_id, str):
+            index.duplicate(node_ids, node_id, f"{node_path}.{id_key}", "node id")
+        for provider_path, provider in _items(node, "providers", f"{node_path}."):
+            id_key, provider_id = _get(provider, "id")
+            if not isinstance(provider_id, str):
+                continue
+            index.duplicate(provider_ids, provider_id, f"{provider_path}.{id_key}", "provider id")
+            _, served = _get(provider, "served_models")
+            served_list = (
+                [s for s in served if isinstance(s, str)] if isinstance(served, list) else None
+            )
+            _, capacity = _get(provider, "capacity")
+            slots_key, slots_value = _get(provider, "long_context_slots")
+            slots = _int(slots_value)
+            cap = _int(capacity) if capacity is not None else 1
+            if slots is not None and cap is not None and slots > cap:
+                index.problems.append(
+                    Problem(
+                        f"{provider_path}.{slots_key}",
+                        f"must be <= capacity ({cap}), got {slots}",
+                    )
+                )
+            index.providers.setdefault(
+                provider_id,
+                _Provider(provider_path, served_list, slots, slots_value is not None),
+            )
+
+
+def _check_models(data: Mapping[str, object], index: _Index) -> None:
+    model_ids: dict[str, str] = {}
+    known = sorted(index.providers)
+    for model_path, model in _items(data, "models"):
+        id_key, model_id = _get(model, "id")
+        if isinstance(model_id, str):
+            index.duplicate(model_ids, model_id, f"{model_path}.{id_key}", "model id")
+        providers_key, mapping = _get(model, "providers")
+        if not isinstance(mapping, Mapping):
+            continue
+        mapped: list[_Provider] = []
+        for provider_id, served_name in mapping.items():
+            path = f"{model_path}.{providers_key}.{provider_id}"
+            provider = index.providers.get(str(provider_id))
+            if provider is None:
+                hint = close_match_hint(str(provider_id), known)
+                index.problems.append(Problem(path, f'unknown provider "{provider_id}"{hint}'))
+                continue
+            mapped.append(provider)
+            served = provider.served_models
+            if isinstance(served_name, str) and served is not None and served_name not in served:
+                hint = close_match_hint(served_name, served)
+                index.problems.append(
+                    Problem(
+                        path,
+                        f'"{served_name}" is not served by provider "{provider_id}" '
+                        f"({provider.path}.served_models: {render_value(served)}){hint}",
+                    )
+                )
+        if (
+            mapped
+            and len(mapped) == len(mapping)
+            and all(p.limits_long and p.long_context_slots == 0 for p in mapped)
+        ):
+            names = ", ".join(str(k) for k in mapping)
+            index.problems.append(
+                Problem(
+                    f"{model_path}.{providers_key}",
+                    "no provider of this model can take a long-context request "
+                    f"(long_context_slots is 0 on {names}); give one of them long slots",
+                )
+            )
+
+
+def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:
+    _, openai = _get(data, "openai")
+    if not isinstance(openai, Mapping):
+        return
+    refs: dict[str, str] = {}
+    hashes: dict[str, str] = {}
+    for token_path, token in _items(openai, "principal_tokens", "openai."):
+        ref_key, ref = _get(token, "token_ref")
+        if isinstance(ref, str):
+            index.duplicate(refs, ref, f"{token_path}.{ref_key}", "token_ref")
+        hash_key, digest = _get(token, "token_hash_sha256")
+        if isinstance(digest, str):
+            index.duplicate(hashes, digest, f"{token_path}.{hash_key}", "token_hash_sha256")
+
+
+def _check_admin(data: Mapping[str, object], index: _Index) -> None:
+    _, edge = _get(data, "edge")
+    if not isinstance(edge, Mapping):
+        return
+    admin_key, admin = _get(edge, "admin")
+    if not isinstance(admin, Mapping):
+        return
+    listen_key, listen = _get(admin, "listen")
+    if not isinstance(listen, str):
+        return
+    try:
+        split_listener(listen)
+    except ValueError:
+        return  # the schema reports it
+    _, digest = _get(admin, "token_hash_sha256")
+    _, token_file = _get(admin, "token_file")
+    if not is_loopback_listener(listen) and not digest and not token_file:
+        index.problems.append(
+            Problem(
+                f"edge.{admin_key}.{listen_key}",
+                f'"{listen}" is off loopback, so the admin API needs auth: set '
+                "edge.admin.token_hash_sha256 or edge.admin.token_file",
+            )
+        )
