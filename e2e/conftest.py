@@ -1,0 +1,221 @@
+"""End-to-end fixtures: a real, local Kubernetes control plane from e2e/cluster.
+
+`kube_cluster` (session scope) gives a running cluster: the one already running (per
+`e2e/cluster/status`) or one started for this session and stopped at its end. The binaries are
+built and the cluster is started once collection is done, before any test's timeout starts
+ticking, and only when a selected test uses the fixture. If that fails, every test that needs
+the cluster fails with the reason; none is skipped.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"
+LAUNCHER = CLUSTER_DIR / "localcluster.py"
+FIXTURE = "kube_cluster"
+
+
+class CommandFailed(AssertionError):
+    """A kubectl or helm call that was expected to succeed did not."""
+
+
+@dataclass(frozen=True)
+class KubeCluster:
+    """A running cluster and its clients, kubectl and helm, preconfigured for it."""
+
+    kubeconfig: Path
+    bin_dir: Path
+    client_home: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for any client of this cluster (kubectl, helm, a test's own program)."""
+        home = self.client_home
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECACHEDIR": str(home / "kube-cache"),
+            "HELM_CACHE_HOME": str(home / "helm-cache"),
+            "HELM_CONFIG_HOME": str(home / "helm-config"),
+            "HELM_DATA_HOME": str(home / "helm-data"),
+        }
+
+    def run(
+        self,
+        tool: str,
+        *args: str,
+        stdin: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.bin_dir / tool), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise CommandFailed(
+                f"{tool} {' '.join(args)} exited with {result.returncode}\n"
+                f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+            )
+        return result
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run("kubectl", *args, stdin=stdin, check=check, timeout=timeout)
+
+    def helm(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run("helm", *args, stdin=stdin, check=check, timeout=timeout)
+
+    def get(self, *args: str) -> Any:
+        """`kubectl get ... -o json`, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, manifest: dict[str, Any] | str, *args: str) -> str:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        return self.kubectl("apply", "-f", "-", *args, stdin=text).stdout
+
+
+@dataclass
+class ClusterSession:
+    """What the session did: the cluster it got or why it got none, and whether it started it."""
+
+    cluster: KubeCluster | None = None
+    error: str | None = None
+    started_here: bool = False
+    client_home: tempfile.TemporaryDirectory[str] = field(
+        default_factory=lambda: tempfile.TemporaryDirectory(prefix="iop-e2e-clients-")
+    )
+
+
+SESSION = pytest.StashKey[ClusterSession]()
+
+
+def _launch(config: pytest.Config, command: str, *args: str) -> tuple[int, str]:
+    """Run a launcher subcommand, showing its progress live; returns (code, last lines)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    last: collections.deque[str] = collections.deque(maxlen=60)
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        if reporter is not None:
+            reporter.write_line(f"e2e cluster: {LAUNCHER.parent.name}/{command} {' '.join(args)}")
+        with subprocess.Popen(
+            [sys.executable, str(LAUNCHER), command, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                last.append(line.rstrip("\n"))
+                if reporter is not None:
+                    reporter.write_line(f"  {line.rstrip()}")
+            code = process.wait()
+    return code, "\n".join(last)
+
+
+def _status() -> tuple[int, dict[str, Any]]:
+    result = subprocess.run(
+        [sys.executable, str(LAUNCHER), "status", "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        report: dict[str, Any] = json.loads(result.stdout)
+    except ValueError:
+        report = {"status": "unknown", "error": result.stderr}
+    return result.returncode, report
+
+
+def _open_session(config: pytest.Config) -> ClusterSession:
+    session = ClusterSession()
+    code, report = _status()
+    if code != 0:
+        code, output = _launch(config, "up")
+        if code != 0:
+            session.error = f"the local Kubernetes cluster did not start:\n{output}"
+            return session
+        session.started_here = True
+        code, report = _status()
+        if code != 0:
+            session.error = f"the cluster started but is not healthy: {json.dumps(report)}"
+            return session
+    session.cluster = KubeCluster(
+        kubeconfig=Path(report["kubeconfig"]),
+        bin_dir=Path(report["bin_dir"]),
+        client_home=Path(session.client_home.name),
+    )
+    return session
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if config.option.collectonly or SESSION in config.stash:
+        return
+    if any(FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        config.stash[SESSION] = _open_session(config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(SESSION, None)
+    if state is None:
+        return
+    if state.started_here:
+        _launch(session.config, "down")
+    state.client_home.cleanup()
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(pytestconfig: pytest.Config) -> KubeCluster:
+    """A running local cluster (see e2e/cluster/README.md); fails the test if there is none."""
+    if SESSION not in pytestconfig.stash:  # requested dynamically, not seen at collection
+        pytestconfig.stash[SESSION] = _open_session(pytestconfig)
+    state = pytestconfig.stash[SESSION]
+    if state.cluster is None:
+        pytest.fail(state.error or "no cluster", pytrace=False)
+    return state.cluster
+
+
+@pytest.fixture
+def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (with everything in it)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{slug}-{secrets.token_hex(3)}"
+    kube_cluster.kubectl("create", "namespace", name)
+    # Pods cannot be created before the controller manager gives the namespace its default
+    # ServiceAccount; waiting here keeps that race out of every test.
+    deadline = time.monotonic() + 30
+    probe = ("get", "serviceaccount", "default", "-n", name)
+    while kube_cluster.kubectl(*probe, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"namespace {name} got no default ServiceAccount in 30s")
+        time.sleep(0.1)
+    try:
+        yield name
+    finally:
+        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
