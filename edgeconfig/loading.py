@@ -35,19 +35,20 @@ class _UniqueKeyLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yam
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f'duplicate key "{key}" (first on line {seen[key] + 1})',
-                    key_node.start_mark,
-                )
             try:
-                seen[key] = key_node.start_mark.line
+                first = seen.get(key)
             except TypeError:
                 raise yaml.constructor.ConstructorError(
                     None, None, "a mapping key must be a plain value", key_node.start_mark
                 ) from None
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f'duplicate key "{key}" (first on line {first + 1})',
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
@@ -133,12 +134,19 @@ def _translate(error: ErrorDetails) -> Problem:
     got = "" if _REDACTED_FIELDS.search(leaf) else f", got {render_value(value)}"
     message: str
     if kind == "missing":
+        # pydantic names a missing field by its alias; the file's spelling is snake_case
+        # (a camelCase document gets the camel path from its own keys elsewhere).
+        snake = _field_name(model, leaf)
+        if snake and snake != leaf and not _document_is_camel(error):
+            path = path[: len(path) - len(leaf)] + snake
         message = "is required"
     elif kind == "extra_forbidden":
         known = _field_names(model) if model else []
         message = f"unknown key{close_match_hint(leaf, known)}"
     elif kind in _BOUND_WORDS:
         bound = next(iter(ctx.values()))
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
         message = f"must be {_BOUND_WORDS[kind]} {bound}{got}"
     elif kind == "string_pattern_mismatch":
         pattern = str(ctx.get("pattern", ""))
@@ -261,6 +269,19 @@ def _find_field(model: type[BaseModel] | None, key: str) -> Any:
         if key in (name, field.alias):
             return field
     return None
+
+
+def _field_name(model: type[BaseModel] | None, key: str) -> str | None:
+    for name, field in (model.model_fields if model else {}).items():
+        if key in (name, field.alias):
+            return name
+    return None
+
+
+def _document_is_camel(error: ErrorDetails) -> bool:
+    """Whether the mapping that lacks the field spells its keys in camelCase."""
+    value = error.get("input")
+    return isinstance(value, Mapping) and any(isinstance(k, str) and k != k.lower() for k in value)
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
