@@ -54,27 +54,28 @@ _SUFFIX = {
 }
 
 
-def _field(apply: str, description: str, **constraints: Any) -> Any:
-    return Field(
+def _field(apply: str, description: str, **constraints: Any) -> FieldInfo:
+    info: FieldInfo = Field(
         description=f"{description} {_SUFFIX[apply]}",
         json_schema_extra={APPLY_KEY: apply},
         **constraints,
     )
+    return info
 
 
 def live(description: str, **constraints: Any) -> FieldInfo:
     """A field whose changes apply live."""
-    return _field(LIVE, description, **constraints)  # type: ignore[no-any-return]
+    return _field(LIVE, description, **constraints)
 
 
 def restart_edge(description: str, **constraints: Any) -> FieldInfo:
     """A field whose changes need the Edge to restart."""
-    return _field(RESTART_EDGE, description, **constraints)  # type: ignore[no-any-return]
+    return _field(RESTART_EDGE, description, **constraints)
 
 
 def restart_node(description: str, **constraints: Any) -> FieldInfo:
     """A field whose changes need the owning node's workload to restart."""
-    return _field(RESTART_NODE, description, **constraints)  # type: ignore[no-any-return]
+    return _field(RESTART_NODE, description, **constraints)
 
 
 # -- value types ---------------------------------------------------------------------------------

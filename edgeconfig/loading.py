@@ -28,13 +28,16 @@ _SECTION_ORDER = {name: i for i, name in enumerate(EdgeConfig.model_fields)}
 _REDACTED_FIELDS = re.compile(r"(token|secret|password|key)$|sha256", re.IGNORECASE)
 
 
-class _UniqueKeyLoader(yaml.CSafeLoader if hasattr(yaml, "CSafeLoader") else yaml.SafeLoader):  # type: ignore[misc]
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
+
+
+class _UniqueKeyLoader(_BaseLoader):  # type: ignore[misc]
     """A safe YAML loader that refuses duplicate keys instead of keeping the last one."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             try:
                 first = seen.get(key)
             except TypeError:
