@@ -128,8 +128,8 @@ def test_crd_printer_columns_follow_priority(
     plain = kube_cluster.kubectl("get", widgets, "-n", namespace).stdout
     wide = kube_cluster.kubectl("get", widgets, "-n", namespace, "-o", "wide").stdout
 
-    assert header(plain) == ["NAME", "REPLICAS", "PHASE", "AGE"]
-    assert header(wide) == ["NAME", "REPLICAS", "PHASE", "AGE", "OWNER", "CEILING"]
+    assert header(plain) == ["NAME", "REPLICAS", "PHASE"]
+    assert header(wide) == ["NAME", "REPLICAS", "PHASE", "OWNER", "CEILING"]
     assert wide.splitlines()[1].split()[-2:] == ["alice", "3"]
 
 
@@ -268,5 +268,8 @@ def test_helm_installs_and_uninstalls_a_chart(kube_cluster: KubeCluster, namespa
     kube_cluster.helm("uninstall", "smoke", "-n", namespace, "--wait", "--timeout=60s")
 
     assert json.loads(kube_cluster.helm("list", "-n", namespace, "-o", "json").stdout) == []
-    gone = kube_cluster.kubectl("get", "configmap,deployment", "-n", namespace, "-o", "name")
+    selector = "app.kubernetes.io/instance=smoke"
+    gone = kube_cluster.kubectl(
+        "get", "all,configmap", "-n", namespace, "-l", selector, "-o", "name"
+    )
     assert gone.stdout.strip() == ""

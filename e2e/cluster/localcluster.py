@@ -37,7 +37,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -637,6 +637,9 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             f"--etcd-servers={etcd_client}",
             f"--bind-address={LOOPBACK}",
             f"--advertise-address={LOOPBACK}",
+            # The `kubernetes` Service gets no Endpoints: they may not be loopback, and the API
+            # server must not advertise anything else.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={ports['apiserver']}",
             *serving,
             f"--client-ca-file={pki / 'ca.crt'}",
@@ -758,6 +761,9 @@ class Probe:
                 return body.decode()
         except (OSError, urllib.error.URLError, ssl.SSLError):
             return None
+
+    def check(self, name: str) -> Callable[[], bool]:
+        return lambda: self.healthy(name)
 
     def healthy(self, name: str) -> bool:
         ports = self.state.ports
@@ -940,12 +946,25 @@ def start(root: Path, build_: Build, timeout: float) -> State:
     argv = command_lines(state, build_)
     env = child_env(state)
     state.save()
+    deadline = began + timeout
+    probe = Probe(state)
     try:
-        # Everything starts at once: each component retries until what it needs is up.
-        for name in COMPONENTS:
+        # etcd and the API server start together (the API server retries etcd); the others
+        # start once it is ready, as they read RBAC-protected objects on start and give up.
+        for name in ("etcd", "kube-apiserver"):
             state.processes[name] = spawn(name, argv[name], state, env)
             state.save()
-        wait_ready(state, began, timeout)
+        await_checks(state, began, deadline, {name: probe.check(name) for name in state.processes})
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            state.processes[name] = spawn(name, argv[name], state, env)
+            state.save()
+        probe.register_node()
+        checks = {name: probe.check(name) for name in COMPONENTS[2:]}
+        await_checks(state, began, deadline, checks)
+        # Pods need their namespace's default ServiceAccount, which the controller manager
+        # makes; seeing it in `default` shows its controllers run.
+        sa_check = {"kube-controller-manager": probe.default_service_account}
+        await_checks(state, began, deadline, sa_check, what="default ServiceAccount")
     except BaseException as error:
         stop_processes(state)
         if isinstance(error, ClusterError):
@@ -955,32 +974,28 @@ def start(root: Path, build_: Build, timeout: float) -> State:
     return state
 
 
-def wait_ready(state: State, began: float, timeout: float) -> None:
-    probe = Probe(state)
-    pending = list(COMPONENTS)
-    node_registered = False
-    sa_ready = False
-    deadline = began + timeout
-    while pending or not sa_ready:
-        for name in COMPONENTS:
-            if not state.processes[name].alive():
+def await_checks(
+    state: State,
+    began: float,
+    deadline: float,
+    checks: Mapping[str, Callable[[], bool]],
+    what: str = "healthy",
+) -> None:
+    """Poll each component's check until all pass; fail on a dead process or at the deadline."""
+    pending = dict(checks)
+    while pending:
+        for name, started in state.processes.items():
+            if not started.alive():
                 failure(state, name, "exited")
-        for name in list(pending):
-            if name == "kwok" and not node_registered:
-                continue
-            if probe.healthy(name):
-                pending.remove(name)
-                log(f"{name} healthy ({time.monotonic() - began:.1f}s)")
-        if not node_registered and "kube-apiserver" not in pending:
-            probe.register_node()
-            node_registered = True
-        if not sa_ready and "kube-apiserver" not in pending:
-            sa_ready = probe.default_service_account()
-        if time.monotonic() > deadline:
-            culprit = pending[0] if pending else "kube-controller-manager"
-            what = "no default ServiceAccount" if not pending else "not healthy"
-            failure(state, culprit, f"{what} after {timeout:.0f}s")
-        time.sleep(0.1)
+        for name, check_ in list(pending.items()):
+            if check_():
+                del pending[name]
+                log(f"{name}: {what} ({time.monotonic() - began:.1f}s)")
+        if pending and time.monotonic() > deadline:
+            name = next(iter(pending))
+            failure(state, name, f"not {what} after {deadline - began:.0f}s")
+        if pending:
+            time.sleep(0.1)
 
 
 def failure(state: State, name: str, what: str) -> NoReturn:
