@@ -1,0 +1,423 @@
+"""Dispatch: which provider runs a request now, and which request a freed slot serves next.
+
+The rules (DESIGN §1 and §4), as implemented:
+
+- Candidates of a request are the model's enabled providers (from the snapshot) that are on a
+  connected node and healthy (`set_available`), with in-flight < capacity. A long-context request
+  also needs a long slot: `long_context_slots` None means no separate limit, n means fewer than n
+  long requests in flight, 0 means never. A long request holds a long slot *and* a capacity slot.
+- The lowest `priority` wins; among equal priorities the least recently chosen provider goes
+  next, which is round-robin that stays fair when some providers are momentarily full.
+- No candidate free: the request waits in its model's queue. The queue holds at most the sum of
+  `max_queue` over the model's enabled providers (full: `QueueFull`, a 429) and a request waits
+  at most the largest `queue_timeout_ms` among them (then `QueueTimeout`, a 503).
+- Work conservation: a slot freed on a provider goes at once to the oldest waiting request that
+  provider can serve, across all models. Any other change (a swap, a node or health change, the
+  end of a busy cool-down) re-evaluates every waiting request, oldest first.
+- A `provider_busy` refusal from the Node (its capacity is shared with other Edges) releases the
+  slot and cools the provider down for `BUSY_COOLDOWN_S`, during which it is no candidate; the
+  request then tries again with its original deadline and never counts against the queue bound.
+- `swap(snapshot)` is one reference assignment. Leases keep the snapshot they started on; slot
+  counters are per provider id and survive swaps, so capacity lowered below the in-flight count
+  only holds new admissions back; no run is ever cut short.
+
+Everything runs on one event loop and nothing here awaits except a waiting request, so the state
+needs no lock. A dispatch that finds a free candidate costs O(candidates of the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from .errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
+from .snapshots import Candidate, ModelRoute, PoolSnapshot
+
+__all__ = ["BUSY_COOLDOWN_S", "RETRY_AFTER_S", "Dispatcher", "Lease"]
+
+#: How long a provider that refused a run as busy is left out of dispatch.
+BUSY_COOLDOWN_S: Final = 0.05
+#: The Retry-After the Edge suggests with a 429 (queue full) or a 503 (queue timeout).
+RETRY_AFTER_S: Final = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """A slot held on one provider for one run; give it back with `Dispatcher.release`."""
+
+    provider_id: str
+    node_id: str
+    served_model: str
+    long: bool
+    route: ModelRoute
+    snapshot: PoolSnapshot
+    #: Loop time by which the request must have a slot (kept across busy retries).
+    deadline: float
+    #: Seconds the request waited in the queue for this lease.
+    waited_s: float = 0.0
+    released: bool = field(default=False, repr=False)
+
+
+class _Slots:
+    """The mutable counters of one provider, keyed by provider id across snapshots."""
+
+    __slots__ = ("cool_until", "in_flight", "last_used", "long_in_flight")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.long_in_flight = 0
+        self.last_used = 0  # dispatch stamp of the last run given to this provider
+        self.cool_until = 0.0  # time.monotonic() until which a busy provider sits out
+
+
+class _Waiter:
+    __slots__ = ("deadline", "enqueued_at", "future", "long", "model_id", "seq", "timer")
+
+    def __init__(
+        self, seq: int, model_id: str, long: bool, deadline: float, future: asyncio.Future[Lease]
+    ) -> None:
+        self.seq = seq
+        self.model_id = model_id
+        self.long = long
+        self.deadline = deadline
+        self.future = future
+        self.enqueued_at = time.perf_counter()
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Dispatcher:
+    """The provider pool's live state over an immutable snapshot."""
+
+    def __init__(self, snapshot: PoolSnapshot) -> None:
+        self._snapshot = snapshot
+        self._slots: dict[str, _Slots] = {}
+        self._available: frozenset[str] = frozenset()
+        # Waiting requests by (model, long), oldest first; OrderedDict gives O(1) removal.
+        self._queues: dict[tuple[str, bool], OrderedDict[int, _Waiter]] = {}
+        self._waiting: dict[str, int] = {}
+        self._waiting_total = 0
+        self._seq = 0
+        self._stamp = 0
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._add_slots(snapshot)
+
+    # -- the snapshot and the set of available providers ---------------------------------------
+
+    @property
+    def snapshot(self) -> PoolSnapshot:
+        return self._snapshot
+
+    def swap(self, snapshot: PoolSnapshot) -> None:
+        """Dispatch on `snapshot` from now on; waiting requests are re-evaluated at once."""
+        self._add_slots(snapshot)
+        self._snapshot = snapshot
+        for provider_id in [
+            pid
+            for pid, slots in self._slots.items()
+            if pid not in snapshot.providers and slots.in_flight == 0
+        ]:
+            del self._slots[provider_id]
+        self._reevaluate()
+
+    def set_available(self, provider_ids: Iterable[str]) -> None:
+        """The providers of connected nodes that are healthy now (the hub's view)."""
+        available = frozenset(provider_ids)
+        if available != self._available:
+            self._available = available
+            self._reevaluate()
+
+    @property
+    def available(self) -> frozenset[str]:
+        return self._available
+
+    # -- acquiring and releasing slots ----------------------------------------------------------
+
+    def try_acquire(self, model_id: str, long: bool) -> Lease | None:
+        """A lease on the best free candidate now, or None when every candidate is busy."""
+        route = self._route(model_id, long)
+        candidate = self._select(route, long)
+        if candidate is None:
+            return None
+        loop_time = asyncio.get_running_loop().time()
+        return self._take(route, candidate, long, loop_time + route.queue_timeout_s, 0.0)
+
+    async def acquire(self, model_id: str, long: bool, *, deadline: float | None = None) -> Lease:
+        """A lease on the best free candidate, waiting in the model's queue if none is free.
+
+        `deadline` (loop time) marks a retry after a busy refusal: the request keeps its
+        original deadline and does not count against the queue bound again.
+        """
+        route = self._route(model_id, long)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        candidate = self._select(route, long)
+        if candidate is not None:
+            return self._take(
+                route,
+                candidate,
+                long,
+                now + route.queue_timeout_s if deadline is None else deadline,
+            )
+        if deadline is None:
+            if self._waiting.get(model_id, 0) >= route.queue_bound:
+                raise QueueFull(
+                    f"Too many requests are waiting for model `{model_id}` "
+                    f"(queue bound {route.queue_bound}); retry later.",
+                    RETRY_AFTER_S,
+                )
+            deadline = now + route.queue_timeout_s
+        elif deadline <= now:
+            raise self._timeout(model_id)
+        self._seq += 1
+        waiter = _Waiter(self._seq, model_id, long, deadline, loop.create_future())
+        self._enqueue(waiter)
+        waiter.timer = loop.call_at(deadline, self._expire, waiter)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+
+    def release(self, lease: Lease) -> None:
+        """Give the slot back (idempotent); the oldest request that can use it gets it."""
+        if lease.released:
+            return
+        lease.released = True
+        slots = self._slots[lease.provider_id]
+        slots.in_flight -= 1
+        if lease.long:
+            slots.long_in_flight -= 1
+        slots.cool_until = 0.0  # one of our runs ended there: the Node has room again
+        if self._waiting_total:
+            self._serve_freed(lease.provider_id)
+
+    def refuse(self, lease: Lease) -> None:
+        """The Node refused the run as busy: give the slot back and cool the provider down."""
+        if lease.released:
+            return
+        lease.released = True
+        slots = self._slots[lease.provider_id]
+        slots.in_flight -= 1
+        if lease.long:
+            slots.long_in_flight -= 1
+        slots.cool_until = time.monotonic() + BUSY_COOLDOWN_S
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(BUSY_COOLDOWN_S, self._cooled_down)
+        self._timers.add(timer)
+
+    def close(self) -> None:
+        """Cancel pending timers; waiting requests keep their own deadlines."""
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+    # -- views for metrics and tests ----------------------------------------------------------
+
+    def in_flight(self, provider_id: str) -> int:
+        slots = self._slots.get(provider_id)
+        return slots.in_flight if slots is not None else 0
+
+    def long_in_flight(self, provider_id: str) -> int:
+        slots = self._slots.get(provider_id)
+        return slots.long_in_flight if slots is not None else 0
+
+    def in_flight_counts(self) -> Mapping[str, tuple[int, int]]:
+        """provider id -> (in flight, long in flight), for every provider the Edge knows."""
+        return {pid: (s.in_flight, s.long_in_flight) for pid, s in self._slots.items()}
+
+    def queue_depth(self, model_id: str) -> int:
+        return self._waiting.get(model_id, 0)
+
+    def queue_depths(self) -> Mapping[str, int]:
+        """model id -> requests waiting, for every model of the catalog."""
+        return {model_id: self._waiting.get(model_id, 0) for model_id in self._snapshot.models}
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting_total
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _add_slots(self, snapshot: PoolSnapshot) -> None:
+        for provider_id in snapshot.providers:
+            if provider_id not in self._slots:
+                self._slots[provider_id] = _Slots()
+
+    def _route(self, model_id: str, long: bool) -> ModelRoute:
+        route = self._snapshot.models.get(model_id)
+        if route is None:
+            raise ModelNotFound(model_id)
+        if not route.candidates:
+            raise NoProvider(f"No enabled provider serves model `{model_id}` now.")
+        if long and not route.takes_long:
+            raise NoProvider(
+                f"No enabled provider of model `{model_id}` takes long-context requests "
+                f"(estimated input tokens >= {self._snapshot.long_context_threshold_tokens})."
+            )
+        return route
+
+    def _select(self, route: ModelRoute, long: bool) -> Candidate | None:
+        available = self._available
+        all_slots = self._slots
+        best: Candidate | None = None
+        best_used = 0
+        best_priority = 0
+        for candidate in route.candidates:
+            limits = candidate.provider
+            if best is not None and limits.priority != best_priority:
+                break  # candidates are sorted by priority: a free one was found above
+            if limits.id not in available:
+                continue
+            slots = all_slots[limits.id]
+            if slots.in_flight >= limits.capacity:
+                continue
+            if (
+                long
+                and limits.long_context_slots is not None
+                and slots.long_in_flight >= limits.long_context_slots
+            ):
+                continue
+            if slots.cool_until and slots.cool_until > time.monotonic():
+                continue
+            if best is None or slots.last_used < best_used:
+                best, best_used, best_priority = candidate, slots.last_used, limits.priority
+        return best
+
+    def _take(
+        self,
+        route: ModelRoute,
+        candidate: Candidate,
+        long: bool,
+        deadline: float,
+        waited_s: float = 0.0,
+    ) -> Lease:
+        limits = candidate.provider
+        slots = self._slots[limits.id]
+        slots.in_flight += 1
+        if long:
+            slots.long_in_flight += 1
+        self._stamp += 1
+        slots.last_used = self._stamp
+        return Lease(
+            provider_id=limits.id,
+            node_id=limits.node_id,
+            served_model=candidate.served_model,
+            long=long,
+            route=route,
+            snapshot=self._snapshot,
+            deadline=deadline,
+            waited_s=waited_s,
+        )
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        key = (waiter.model_id, waiter.long)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = OrderedDict()
+        queue[waiter.seq] = waiter
+        self._waiting[waiter.model_id] = self._waiting.get(waiter.model_id, 0) + 1
+        self._waiting_total += 1
+
+    def _dequeue(self, waiter: _Waiter) -> bool:
+        """Take `waiter` out of its queue; False when it was not queued any more."""
+        key = (waiter.model_id, waiter.long)
+        queue = self._queues.get(key)
+        if queue is None or queue.pop(waiter.seq, None) is None:
+            return False
+        if not queue:
+            del self._queues[key]
+        remaining = self._waiting[waiter.model_id] - 1
+        if remaining:
+            self._waiting[waiter.model_id] = remaining
+        else:
+            del self._waiting[waiter.model_id]
+        self._waiting_total -= 1
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        return True
+
+    def _grant(self, waiter: _Waiter, route: ModelRoute, candidate: Candidate) -> None:
+        self._dequeue(waiter)
+        if waiter.future.done():
+            return  # cancelled; its task has not resumed yet to abandon it
+        waited = time.perf_counter() - waiter.enqueued_at
+        waiter.future.set_result(self._take(route, candidate, waiter.long, waiter.deadline, waited))
+
+    def _fail(self, waiter: _Waiter, error: Exception) -> None:
+        self._dequeue(waiter)
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if not waiter.future.done():
+            self._fail(waiter, self._timeout(waiter.model_id))
+
+    def _timeout(self, model_id: str) -> QueueTimeout:
+        return QueueTimeout(
+            f"No provider of model `{model_id}` became free within the queue timeout; retry later.",
+            RETRY_AFTER_S,
+        )
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """The waiting request was cancelled (its client left): leave no slot or entry behind."""
+        self._dequeue(waiter)
+        future = waiter.future
+        if future.done() and not future.cancelled():
+            if future.exception() is None:
+                self.release(future.result())  # granted just before the cancellation landed
+
+    def _serve_freed(self, provider_id: str) -> None:
+        """Give free slots of `provider_id` to the oldest waiting requests it can serve."""
+        snapshot = self._snapshot
+        limits = snapshot.providers.get(provider_id)
+        if limits is None or not limits.enabled or provider_id not in self._available:
+            return
+        pairs = snapshot.routes_by_provider.get(provider_id, ())
+        slots = self._slots[provider_id]
+        while self._waiting_total and slots.in_flight < limits.capacity:
+            if slots.cool_until and slots.cool_until > time.monotonic():
+                return
+            long_ok = (
+                limits.long_context_slots is None
+                or slots.long_in_flight < limits.long_context_slots
+            )
+            oldest: _Waiter | None = None
+            chosen: tuple[ModelRoute, Candidate] | None = None
+            for pair in pairs:
+                for long in (False, True) if long_ok else (False,):
+                    queue = self._queues.get((pair[0].id, long))
+                    if queue:
+                        head = next(iter(queue.values()))
+                        if oldest is None or head.seq < oldest.seq:
+                            oldest, chosen = head, pair
+            if oldest is None or chosen is None:
+                return
+            self._grant(oldest, *chosen)
+
+    def _reevaluate(self) -> None:
+        """Try every waiting request again, oldest first (after a swap or a health change)."""
+        if not self._waiting_total:
+            return
+        waiters = sorted(
+            (waiter for queue in self._queues.values() for waiter in queue.values()),
+            key=lambda waiter: waiter.seq,
+        )
+        for waiter in waiters:
+            try:
+                route = self._route(waiter.model_id, waiter.long)
+            except (ModelNotFound, NoProvider) as error:
+                self._fail(waiter, error)  # the new config no longer serves this request
+                continue
+            candidate = self._select(route, waiter.long)
+            if candidate is not None:
+                self._grant(waiter, route, candidate)
+
+    def _cooled_down(self) -> None:
+        now = asyncio.get_running_loop().time()
+        self._timers = {timer for timer in self._timers if timer.when() > now}
+        if self._waiting_total:
+            self._reevaluate()

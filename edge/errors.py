@@ -1,0 +1,98 @@
+"""The Edge's one exception hierarchy: everything a request can fail with, before HTTP.
+
+Dispatch, auth and request parsing raise these; `statuses.py` is the one place that turns them
+into HTTP statuses and OpenAI error bodies, so no other module knows a status code.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadRequest",
+    "EdgeError",
+    "MethodNotAllowed",
+    "ModelNotFound",
+    "NoProvider",
+    "PayloadTooLarge",
+    "QueueFull",
+    "QueueTimeout",
+    "RouteNotFound",
+    "Unauthorized",
+    "UpstreamError",
+]
+
+
+class EdgeError(Exception):
+    """A request the Edge answers with an error; `message` is safe to show the client."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(EdgeError):
+    """The request body is not JSON, or a field is missing or has the wrong type or value."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Unauthorized(EdgeError):
+    """No bearer token where one is required, or a token the config does not know."""
+
+    def __init__(self, message: str, *, missing: bool) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class RouteNotFound(EdgeError):
+    """No such path."""
+
+
+class MethodNotAllowed(EdgeError):
+    """A known path asked with the wrong method."""
+
+    def __init__(self, message: str, allowed: str) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
+class PayloadTooLarge(EdgeError):
+    """The body is larger than `openai.max_request_bytes`."""
+
+
+class ModelNotFound(EdgeError):
+    """The `model` is not in the catalog (or left it while the request waited)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist or you do not have access to it.")
+        self.model = model
+
+
+class NoProvider(EdgeError):
+    """The model is in the catalog but no enabled provider can ever take this request."""
+
+
+class QueueFull(EdgeError):
+    """Every candidate is busy and the model's waiting queue is at its bound."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeout(EdgeError):
+    """The request waited the model's queue timeout without a free candidate."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamError(EdgeError):
+    """The Node or the provider behind it failed the run (`code` from the wire)."""
+
+    def __init__(self, message: str, code: str, status: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status

@@ -1,0 +1,143 @@
+"""The pool snapshot: everything dispatch reads from the config, built once and never changed.
+
+A refresh builds a new `PoolSnapshot` and the dispatcher swaps one reference to it, so the hot
+path reads plain immutable data without locks, and every run keeps the snapshot it started on.
+The counters that do change (slots in use, waiting requests) live in the dispatcher, keyed by
+provider id, and outlive any one snapshot.
+
+Queueing rules derived here (DESIGN §4, documented for operators in `docs/`):
+- a model's waiting queue holds at most the sum of `max_queue` over its *enabled* providers;
+- a request waits at most the largest `queue_timeout_ms` among those providers (a request may
+  be served by any of them, so it waits as long as the most patient one allows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from iop.edgeconfig import EdgeConfig, GenerationPolicy, config_hash
+
+__all__ = ["Candidate", "ModelRoute", "PoolSnapshot", "ProviderLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLimits:
+    """One provider's dispatch settings."""
+
+    id: str
+    node_id: str
+    enabled: bool
+    capacity: int
+    #: None: long requests need only a capacity slot; 0: the provider never takes one.
+    long_context_slots: int | None
+    priority: int
+    max_queue: int
+    queue_timeout_ms: int
+
+    @property
+    def takes_long(self) -> bool:
+        return self.long_context_slots != 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A provider as one model's candidate: its limits and the model name it serves."""
+
+    provider: ProviderLimits
+    served_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """One model of the catalog and where it can run."""
+
+    id: str
+    generation: GenerationPolicy
+    #: The enabled providers mapped by the model, in dispatch order: (priority, id).
+    candidates: tuple[Candidate, ...]
+    #: Most requests that may wait for this model at once.
+    queue_bound: int
+    #: Longest a request may wait for a free candidate, in seconds.
+    queue_timeout_s: float
+    #: True when some candidate can take a long-context request.
+    takes_long: bool
+
+    def candidate(self, provider_id: str) -> Candidate | None:
+        for candidate in self.candidates:
+            if candidate.provider.id == provider_id:
+                return candidate
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """The whole dispatch view of one config generation."""
+
+    config: EdgeConfig
+    config_hash: str
+    #: Counts the snapshots this Edge has swapped in; 1 is the config it started with.
+    generation: int
+    #: Unix time the snapshot was built (the `created` of /v1/models entries).
+    created: int
+    long_context_threshold_tokens: int
+    #: The catalog, in config order.
+    models: Mapping[str, ModelRoute]
+    providers: Mapping[str, ProviderLimits]
+    #: For each enabled provider, the routes it is a candidate of (with its candidate entry).
+    routes_by_provider: Mapping[str, tuple[tuple[ModelRoute, Candidate], ...]]
+
+    @classmethod
+    def build(cls, config: EdgeConfig, generation: int = 1) -> PoolSnapshot:
+        """The snapshot of a validated config."""
+        providers = {
+            spec.id: ProviderLimits(
+                id=spec.id,
+                node_id=node.id,
+                enabled=spec.enabled,
+                capacity=spec.capacity,
+                long_context_slots=spec.long_context_slots,
+                priority=spec.priority,
+                max_queue=spec.max_queue,
+                queue_timeout_ms=spec.queue_timeout_ms,
+            )
+            for node in config.nodes
+            for spec in node.providers
+        }
+        models: dict[str, ModelRoute] = {}
+        by_provider: dict[str, list[tuple[ModelRoute, Candidate]]] = {}
+        for model in config.models:
+            candidates = sorted(
+                (
+                    Candidate(providers[provider_id], served)
+                    for provider_id, served in model.providers.items()
+                    if provider_id in providers and providers[provider_id].enabled
+                ),
+                key=lambda c: (c.provider.priority, c.provider.id),
+            )
+            route = ModelRoute(
+                id=model.id,
+                generation=model.generation,
+                candidates=tuple(candidates),
+                queue_bound=sum(c.provider.max_queue for c in candidates),
+                queue_timeout_s=max((c.provider.queue_timeout_ms for c in candidates), default=0)
+                / 1000,
+                takes_long=any(c.provider.takes_long for c in candidates),
+            )
+            models[model.id] = route
+            for candidate in candidates:
+                by_provider.setdefault(candidate.provider.id, []).append((route, candidate))
+        return cls(
+            config=config,
+            config_hash=config_hash(config),
+            generation=generation,
+            created=int(time.time()),
+            long_context_threshold_tokens=config.openai.long_context_threshold_tokens,
+            models=MappingProxyType(models),
+            providers=MappingProxyType(providers),
+            routes_by_provider=MappingProxyType(
+                {key: tuple(value) for key, value in by_provider.items()}
+            ),
+        )

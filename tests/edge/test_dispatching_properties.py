@@ -1,0 +1,206 @@
+"""The pool's invariants under any sequence of requests, releases, cancellations, swaps and
+node changes (a hypothesis state machine over a real event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from iop.edge.dispatching import Dispatcher, Lease
+from iop.edge.errors import EdgeError
+from iop.edge.snapshots import PoolSnapshot
+from iop.edgeconfig import EdgeConfig
+
+PROVIDERS = ("a", "b", "c")
+MODELS = {"x": ["a", "b"], "y": ["b", "c"], "z": ["c"]}
+
+
+class PoolMachine(RuleBasedStateMachine):
+    # The conftest helpers, set by the test (a state machine is built without arguments).
+    config_of: Callable[..., EdgeConfig]
+    provider: Callable[..., dict[str, Any]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.generation = 1
+        self.leases: list[Lease] = []
+        self.waiting: list[asyncio.Task[Lease]] = []
+        self.over_capacity: list[str] = []
+
+    def config(self, settings: dict[str, tuple[int, int | None, int, bool]]):
+        providers = [
+            self.provider(
+                pid,
+                capacity=capacity,
+                long_context_slots=long_slots,
+                priority=priority,
+                enabled=enabled,
+                max_queue=3,
+                queue_timeout_ms=600_000,
+            )
+            for pid, (capacity, long_slots, priority, enabled) in settings.items()
+        ]
+        # Keep every model valid: its first provider always takes long requests when enabled.
+        return self.config_of(providers, MODELS)
+
+    @initialize(
+        settings=st.fixed_dictionaries(
+            {
+                pid: st.tuples(
+                    st.integers(1, 3),
+                    st.sampled_from([None, 1]),
+                    st.integers(0, 2),
+                    st.booleans(),
+                )
+                for pid in PROVIDERS
+            }
+        )
+    )
+    def start(self, settings) -> None:
+        self.dispatcher = Dispatcher(PoolSnapshot.build(self.config(settings)))
+        self.dispatcher.set_available(PROVIDERS)
+
+    def settle(self) -> None:
+        async def spin() -> None:
+            for _ in range(4):
+                await asyncio.sleep(0)
+
+        self.loop.run_until_complete(spin())
+        for task in [t for t in self.waiting if t.done()]:
+            self.waiting.remove(task)
+            if not task.cancelled() and task.exception() is None:
+                self.admitted(task.result())
+
+    def admitted(self, lease: Lease) -> None:
+        limits = self.dispatcher.snapshot.providers.get(lease.provider_id)
+        if limits is not None and self.dispatcher.in_flight(lease.provider_id) > limits.capacity:
+            self.over_capacity.append(lease.provider_id)
+        self.leases.append(lease)
+
+    @rule(model=st.sampled_from(sorted(MODELS)), long=st.booleans())
+    def request(self, model: str, long: bool) -> None:
+        async def try_now() -> None:
+            try:
+                lease = self.dispatcher.try_acquire(model, long)
+            except EdgeError:
+                return
+            if lease is not None:
+                self.admitted(lease)
+            else:
+                task = asyncio.ensure_future(self.dispatcher.acquire(model, long))
+                self.waiting.append(task)
+
+        self.loop.run_until_complete(try_now())
+        self.settle()
+
+    @precondition(lambda self: self.leases)
+    @rule(index=st.integers(0, 100))
+    def release(self, index: int) -> None:
+        lease = self.leases.pop(index % len(self.leases))
+        self.dispatcher.release(lease)
+        self.settle()
+
+    @precondition(lambda self: self.waiting)
+    @rule(index=st.integers(0, 100))
+    def client_leaves(self, index: int) -> None:
+        self.waiting[index % len(self.waiting)].cancel()
+        self.settle()
+
+    @rule(
+        settings=st.fixed_dictionaries(
+            {
+                pid: st.tuples(
+                    st.integers(1, 3),
+                    st.sampled_from([None, 1]),
+                    st.integers(0, 2),
+                    st.booleans(),
+                )
+                for pid in PROVIDERS
+            }
+        )
+    )
+    def swap(self, settings) -> None:
+        self.generation += 1
+        self.dispatcher.swap(PoolSnapshot.build(self.config(settings), self.generation))
+        self.settle()
+
+    @rule(up=st.sets(st.sampled_from(PROVIDERS)))
+    def nodes_change(self, up: set[str]) -> None:
+        self.dispatcher.set_available(up)
+        self.settle()
+
+    @invariant()
+    def slots_match_leases(self) -> None:
+        if not hasattr(self, "dispatcher"):
+            return
+        for pid in PROVIDERS:
+            mine = [lease for lease in self.leases if lease.provider_id == pid]
+            assert self.dispatcher.in_flight(pid) == len(mine)
+            assert self.dispatcher.long_in_flight(pid) == sum(lease.long for lease in mine)
+
+    @invariant()
+    def admissions_respect_capacity(self) -> None:
+        assert not self.over_capacity
+
+    @invariant()
+    def queue_depth_matches_waiting_requests(self) -> None:
+        if hasattr(self, "dispatcher"):
+            assert self.dispatcher.waiting == len(self.waiting)
+
+    @invariant()
+    def no_request_waits_while_a_candidate_is_free(self) -> None:
+        if not hasattr(self, "dispatcher"):
+            return
+        snapshot = self.dispatcher.snapshot
+        for (model, long), queue in self.dispatcher._queues.items():
+            assert queue
+            for candidate in snapshot.models[model].candidates:
+                limits = candidate.provider
+                if limits.id not in self.dispatcher.available:
+                    continue
+                full = self.dispatcher.in_flight(limits.id) >= limits.capacity
+                long_full = (
+                    long
+                    and limits.long_context_slots is not None
+                    and self.dispatcher.long_in_flight(limits.id) >= limits.long_context_slots
+                )
+                assert full or long_full, (model, long, limits)
+
+    def teardown(self) -> None:
+        for task in self.waiting:
+            task.cancel()
+        if self.waiting:
+            self.loop.run_until_complete(asyncio.gather(*self.waiting, return_exceptions=True))
+        if hasattr(self, "dispatcher"):
+            self.dispatcher.close()
+        self.loop.close()
+
+
+def test_pool_invariants(config_of, provider) -> None:
+    class Machine(PoolMachine):
+        pass
+
+    Machine.config_of = staticmethod(config_of)
+    Machine.provider = staticmethod(provider)
+    run_state_machine_as_test(
+        Machine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
