@@ -1,0 +1,27 @@
+"""The Node agent: dials Edges, runs requests through adapters, swaps registries with drain.
+
+`NodeAgent` is the whole agent (what `iop node run` starts); `Router` holds the adapter registry
+and enforces capacity across every Edge; `EdgeConnection` keeps one Edge's stream up; the
+adapters (`openai`, `fake`) are in `iop.node.adapters`.
+"""
+
+from .adapters import Adapter, AdapterError, FakeGenerator, OpenAIHttpAdapter, build_adapter
+from .agents import NodeAgent
+from .connecting import Backoff, EdgeConnection, NodeIdentity
+from .routing import DrainReport, Provision, Registry, Router
+
+__all__ = [
+    "Adapter",
+    "AdapterError",
+    "Backoff",
+    "DrainReport",
+    "EdgeConnection",
+    "FakeGenerator",
+    "NodeAgent",
+    "NodeIdentity",
+    "OpenAIHttpAdapter",
+    "Provision",
+    "Registry",
+    "Router",
+    "build_adapter",
+]

@@ -1,0 +1,91 @@
+"""`iop fake-upstream`: the fake OpenAI-compatible server, for tests, demos and benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import orjson
+import uvloop
+
+from iop.edgeconfig import split_listener
+from iop.upstream import FakeUpstream, FakeUpstreamSettings
+from iop.upstream.serving import FAIL_MODES
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "fake-upstream",
+        help="serve a fake OpenAI-compatible API (prints its address as one JSON line)",
+        description="Serve /v1/models, /v1/chat/completions and /v1/completions with "
+        "deterministic answers. Once listening it prints one JSON line on stdout: "
+        '{"listen": "HOST:PORT", "base_url": "http://HOST:PORT/v1", "pid": N}.',
+    )
+    parser.add_argument("--listen", default="127.0.0.1:8000", help="host:port; port 0 picks one")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="time to the first token")
+    parser.add_argument(
+        "--tokens-per-second", type=float, default=None, help="generation speed (default: no wait)"
+    )
+    parser.add_argument(
+        "--completion-tokens", type=int, default=16, help="length of an answer without max_tokens"
+    )
+    parser.add_argument(
+        "--model", action="append", default=[], help="a model to serve (repeat); default: any"
+    )
+    parser.add_argument(
+        "--fail-rate", type=float, default=0.0, help="fraction of completions that fail (0..1)"
+    )
+    parser.add_argument(
+        "--fail-mode", choices=FAIL_MODES, default="status", help="how an injected failure looks"
+    )
+    parser.add_argument(
+        "--error-status", type=int, default=500, help="HTTP status of an injected failure"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="seed of the failure draw")
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        host, port = split_listener(args.listen)
+    except ValueError as exc:
+        print(f"iop fake-upstream: --listen {args.listen}: {exc}", file=sys.stderr)
+        return 2
+    if not 0 <= args.fail_rate <= 1:
+        print("iop fake-upstream: --fail-rate must be between 0 and 1", file=sys.stderr)
+        return 2
+    if not 400 <= args.error_status <= 599:
+        print("iop fake-upstream: --error-status must be an HTTP error (400-599)", file=sys.stderr)
+        return 2
+    settings = FakeUpstreamSettings(
+        latency_ms=args.latency_ms,
+        tokens_per_second=args.tokens_per_second,
+        completion_tokens=args.completion_tokens,
+        models=tuple(args.model),
+        fail_rate=args.fail_rate,
+        fail_mode=args.fail_mode,
+        error_status=args.error_status,
+        seed=args.seed,
+    )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    uvloop.run(_serve(settings, host, port))
+    return 0
+
+
+async def _serve(settings: FakeUpstreamSettings, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with FakeUpstream(settings, host=host, port=port) as upstream:
+        line = {"listen": upstream.address, "base_url": upstream.base_url, "pid": os.getpid()}
+        sys.stdout.write(orjson.dumps(line).decode() + "\n")
+        sys.stdout.flush()
+        await stop.wait()

@@ -1,0 +1,43 @@
+"""Adapters: how a Node runs requests on a provider. `build_adapter` picks one by `type`."""
+
+from __future__ import annotations
+
+from pydantic import TypeAdapter, ValidationError
+
+from iop.edgeconfig import FakeAdapter, OpenAIAdapter, ProviderPayload
+from iop.edgeconfig.configs import Adapter as AdapterSettings
+
+from .base import Adapter, client_wants_usage, usage_from
+from .fake import FakeGenerator
+from .openai_http import OpenAIHttpAdapter
+
+__all__ = [
+    "Adapter",
+    "AdapterError",
+    "FakeGenerator",
+    "OpenAIHttpAdapter",
+    "build_adapter",
+    "client_wants_usage",
+    "usage_from",
+]
+
+_SETTINGS: TypeAdapter[OpenAIAdapter | FakeAdapter] = TypeAdapter(AdapterSettings)
+
+
+class AdapterError(Exception):
+    """A provider's adapter settings are invalid; the message names the provider and why."""
+
+
+def build_adapter(provider: ProviderPayload) -> Adapter:
+    """The adapter for `provider`, validated with the same model the Edge's config used."""
+    try:
+        settings = _SETTINGS.validate_python(provider.adapter)
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+            for error in exc.errors(include_url=False)
+        )
+        raise AdapterError(f"provider {provider.id}: invalid adapter settings: {details}") from exc
+    if isinstance(settings, OpenAIAdapter):
+        return OpenAIHttpAdapter(provider.id, settings)
+    return FakeGenerator(provider.id, settings)

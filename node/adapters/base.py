@@ -1,0 +1,55 @@
+"""The adapter seam: what the Node needs from anything that can run an OpenAI request.
+
+An adapter turns a `RunRequest` into the wire's events and owns whatever it talks through (an
+HTTP connection pool, a generator). It translates its own failures into a terminal `RunFailed`
+at this boundary; an exception escaping `run` is a bug, which the router reports as
+`internal_error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
+
+from iop.wire import ProviderHealth, RunEvent, RunRequest
+
+__all__ = ["Adapter", "client_wants_usage", "usage_from"]
+
+
+class Adapter(Protocol):
+    """One provider's way of running requests; built from its payload, closed after draining."""
+
+    @property
+    def health(self) -> ProviderHealth:
+        """What the adapter knows about its provider's health (from its settings today)."""
+        ...
+
+    def run(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:
+        """The run's events, in order, ending with exactly one `RunDone` or `RunFailed`.
+
+        Cancelling the consuming task (the Edge's Cancel) must abort upstream work at once.
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the adapter holds; called once no run uses it (or the drain timed out)."""
+        ...
+
+
+def client_wants_usage(document: dict[str, Any]) -> bool:
+    """Whether a streaming request's client asked for the usage-only chunk itself."""
+    options = document.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def usage_from(document: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(prompt, completion, total) tokens of an OpenAI object's `usage`, when it has one."""
+    usage = document.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    total = usage.get("total_tokens")
+    return prompt, completion, total if isinstance(total, int) else prompt + completion

@@ -1,0 +1,195 @@
+"""Protobuf messages <-> the wire's values and the config payloads; the only module that knows both.
+
+These functions run for every run and event on both sides, so they stay plain: no reflection,
+no intermediate dicts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Final
+
+import orjson
+
+from iop import runtime_pb2 as pb
+from iop.edgeconfig import NodePayload, ProviderPayload
+
+from .runs import (
+    ProviderHealth,
+    RunChunk,
+    RunDone,
+    RunEvent,
+    RunFailed,
+    RunKind,
+    RunRequest,
+    RunUsage,
+)
+
+__all__ = [
+    "event_from_proto",
+    "event_to_proto",
+    "health_from_proto",
+    "health_to_proto",
+    "payload_from_proto",
+    "payload_to_proto",
+    "request_from_proto",
+    "request_to_proto",
+]
+
+_KIND_TO_PROTO: Final[dict[str, pb.RunKind.ValueType]] = {
+    "chat": pb.RUN_KIND_CHAT,
+    "completion": pb.RUN_KIND_COMPLETION,
+}
+_KIND_FROM_PROTO: Final[dict[int, RunKind]] = {
+    pb.RUN_KIND_CHAT: "chat",
+    pb.RUN_KIND_COMPLETION: "completion",
+}
+#: A deadline already past still travels as a tiny positive timeout (0 means none on the wire).
+_EXPIRED: Final = 1e-6
+
+
+def request_to_proto(request: RunRequest, now: float | None = None) -> pb.RunRequest:
+    timeout = 0.0
+    if request.deadline is not None:
+        timeout = max(request.deadline - (time.time() if now is None else now), _EXPIRED)
+    return pb.RunRequest(
+        run_id=request.run_id,
+        provider_id=request.provider_id,
+        served_model=request.served_model,
+        kind=_KIND_TO_PROTO[request.kind],
+        body=request.body,
+        stream=request.stream,
+        timeout_s=timeout,
+        long_context=request.long_context,
+    )
+
+
+def request_from_proto(message: pb.RunRequest, now: float | None = None) -> RunRequest:
+    """The request as the receiving host sees it: its deadline is on the local clock.
+
+    Raises ValueError for a request kind this side does not know.
+    """
+    kind = _KIND_FROM_PROTO.get(message.kind)
+    if kind is None:
+        raise ValueError(f"unknown run kind {message.kind}")
+    deadline = None
+    if message.timeout_s > 0:
+        deadline = (time.time() if now is None else now) + message.timeout_s
+    return RunRequest(
+        run_id=message.run_id,
+        provider_id=message.provider_id,
+        served_model=message.served_model,
+        kind=kind,
+        body=message.body,
+        stream=message.stream,
+        deadline=deadline,
+        long_context=message.long_context,
+    )
+
+
+def event_to_proto(run_id: str, event: RunEvent) -> pb.RunEvent:
+    if isinstance(event, RunChunk):
+        return pb.RunEvent(
+            run_id=run_id, chunk=pb.RunChunk(data=event.data, usage_only=event.usage_only)
+        )
+    if isinstance(event, RunUsage):
+        return pb.RunEvent(
+            run_id=run_id,
+            usage=pb.RunUsage(
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+                total_tokens=event.total_tokens,
+            ),
+        )
+    if isinstance(event, RunDone):
+        return pb.RunEvent(run_id=run_id, done=pb.RunDone(finish_reason=event.finish_reason or ""))
+    return pb.RunEvent(
+        run_id=run_id,
+        error=pb.RunError(
+            code=event.code,
+            message=event.message,
+            retryable=event.retryable,
+            status=event.status or 0,
+        ),
+    )
+
+
+def event_from_proto(message: pb.RunEvent) -> RunEvent:
+    """The event of `message` (its run id is `message.run_id`).
+
+    Raises ValueError for an event with no kind set.
+    """
+    which = message.WhichOneof("event")
+    if which == "chunk":
+        return RunChunk(message.chunk.data, message.chunk.usage_only)
+    if which == "usage":
+        usage = message.usage
+        return RunUsage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+    if which == "done":
+        return RunDone(message.done.finish_reason or None)
+    if which == "error":
+        error = message.error
+        return RunFailed(error.code, error.message, error.retryable, error.status or None)
+    raise ValueError(f"run {message.run_id!r}: an event without a kind")
+
+
+def health_to_proto(health: ProviderHealth) -> pb.ProviderHealth:
+    return pb.ProviderHealth(
+        provider_id=health.provider_id, healthy=health.healthy, detail=health.detail
+    )
+
+
+def health_from_proto(message: pb.ProviderHealth) -> ProviderHealth:
+    return ProviderHealth(message.provider_id, message.healthy, message.detail)
+
+
+def payload_to_proto(payload: NodePayload, generation: int) -> pb.NodeConfig:
+    config = pb.NodeConfig(
+        generation=generation,
+        config_hash=payload.digest,
+        node_id=payload.node_id,
+        alias=payload.alias or "",
+    )
+    for provider in payload.providers:
+        item = config.providers.add(
+            id=provider.id,
+            adapter_json=orjson.dumps(provider.adapter, option=orjson.OPT_SORT_KEYS),
+            served_models=provider.served_models,
+            enabled=provider.enabled,
+            capacity=provider.capacity,
+        )
+        if provider.long_context_slots is not None:
+            item.long_context_slots = provider.long_context_slots
+    return config
+
+
+def payload_from_proto(message: pb.NodeConfig) -> tuple[NodePayload, int]:
+    """The payload and its generation. Raises ValueError when the payload is malformed.
+
+    The adapter settings are only decoded here; the Node validates them when it builds the
+    adapter, so one bad provider does not stop the others.
+    """
+    providers = []
+    for item in message.providers:
+        try:
+            adapter = orjson.loads(item.adapter_json)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"provider {item.id!r}: adapter settings are not JSON") from exc
+        if not isinstance(adapter, dict):
+            raise ValueError(f"provider {item.id!r}: adapter settings must be a JSON object")
+        providers.append(
+            ProviderPayload(
+                id=item.id,
+                adapter=adapter,
+                served_models=tuple(item.served_models),
+                enabled=item.enabled,
+                capacity=item.capacity,
+                long_context_slots=(
+                    item.long_context_slots if item.HasField("long_context_slots") else None
+                ),
+            )
+        )
+    payload = NodePayload(
+        node_id=message.node_id, alias=message.alias or None, providers=tuple(providers)
+    )
+    return payload, message.generation

@@ -1,0 +1,105 @@
+"""The values a run is made of: the request the Edge sends and the events the Node sends back.
+
+Both sides and the dispatch layer speak these frozen dataclasses; only `converting.py` knows the
+protobuf messages they travel in. A run yields its events in order and ends with exactly one
+terminal event, `RunDone` or `RunFailed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal, TypeAlias
+
+__all__ = [
+    "TERMINAL_EVENTS",
+    "ProviderHealth",
+    "RunChunk",
+    "RunDone",
+    "RunEvent",
+    "RunFailed",
+    "RunKind",
+    "RunRequest",
+    "RunUsage",
+]
+
+RunKind: TypeAlias = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """One OpenAI request for one provider.
+
+    `body` is the OpenAI JSON request body, already rewritten by the Edge (served model name,
+    generation policy); `stream_options` stays as the client sent it, so the Node knows whether
+    the client wants the usage-only chunk. `deadline` is `time.time()` seconds (the wire carries
+    the time left, so clocks of different hosts never matter). `long_context` makes the run hold
+    one of the provider's long-context slots too.
+    """
+
+    run_id: str
+    provider_id: str
+    served_model: str
+    kind: RunKind
+    body: bytes
+    stream: bool
+    deadline: float | None = None
+    long_context: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunChunk:
+    """One OpenAI JSON object.
+
+    The whole response body when the run does not stream, or one chunk object (the JSON after
+    `data: `) when it does. `usage_only` marks the final usage-only chunk (empty `choices`) of a
+    stream whose client asked for `stream_options.include_usage`; when the client did not ask,
+    the Node drops that chunk (it always asks the upstream, to meter) and sends only `RunUsage`.
+    """
+
+    data: bytes
+    usage_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunUsage:
+    """Token counts, sent once before `RunDone` whenever the upstream reported them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunDone:
+    """The run finished; `finish_reason` as the upstream gave it (stop, length, ...)."""
+
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    """The run ended in an error; the codes and what they mean are in `statuses.py`.
+
+    `retryable` means nothing reached the client yet and another candidate may serve the run
+    (`provider_busy` is the capacity refusal: try another candidate or wait, never fail the
+    request). `status` is the upstream's HTTP status when there was one.
+    """
+
+    code: str
+    message: str
+    retryable: bool
+    status: int | None = None
+
+
+RunEvent: TypeAlias = RunChunk | RunUsage | RunDone | RunFailed
+
+TERMINAL_EVENTS: Final = (RunDone, RunFailed)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderHealth:
+    """What a Node says about one of its providers."""
+
+    provider_id: str
+    healthy: bool
+    detail: str = ""

@@ -1,0 +1,192 @@
+"""Every error code of the wire and how it maps to HTTP statuses and gRPC status codes.
+
+One module, so the meaning of a code is decided once: the Node maps upstream failures to a
+`RunFailed` here, the Edge maps a `RunFailed` to the HTTP status its client sees here, and both
+sides agree here on the gRPC statuses that end a connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+import orjson
+
+from .runs import RunFailed
+
+__all__ = [
+    "BAD_REQUEST",
+    "CANCELLED",
+    "EDGE_STOPPING",
+    "INTERNAL_ERROR",
+    "NODE_DISCONNECTED",
+    "NODE_UNAVAILABLE",
+    "PROVIDER_BUSY",
+    "PROVIDER_UNHEALTHY",
+    "UNKNOWN_PROVIDER",
+    "UPSTREAM_AUTH",
+    "UPSTREAM_ERROR",
+    "UPSTREAM_RATE_LIMITED",
+    "UPSTREAM_TIMEOUT",
+    "UPSTREAM_UNAVAILABLE",
+    "ConnectionRefusal",
+    "describe_connection_error",
+    "failure",
+    "http_status",
+    "upstream_http_failure",
+]
+
+# -- run error codes (RunFailed.code) -----------------------------------------------------------
+
+#: The provider is at capacity on its Node (counted across every Edge). Retryable: the Edge tries
+#: another candidate or waits; the request never fails because of it.
+PROVIDER_BUSY: Final = "provider_busy"
+#: The Node has no such provider (its config lags the Edge's). Retryable.
+UNKNOWN_PROVIDER: Final = "unknown_provider"
+#: The provider's adapter could not start (for example its API key variable is not set).
+PROVIDER_UNHEALTHY: Final = "provider_unhealthy"
+#: The provider's node is not connected to this Edge. Retryable.
+NODE_UNAVAILABLE: Final = "node_unavailable"
+#: The node went away while the run was in flight. Retryable until the first chunk arrived.
+NODE_DISCONNECTED: Final = "node_disconnected"
+#: The Edge is shutting down and takes no new runs. Retryable (on another replica).
+EDGE_STOPPING: Final = "edge_stopping"
+#: The upstream could not be reached (connection refused, DNS): nothing was sent. Retryable.
+UPSTREAM_UNAVAILABLE: Final = "upstream_unavailable"
+#: The upstream failed: a 5xx, a malformed response, a dropped connection.
+UPSTREAM_ERROR: Final = "upstream_error"
+#: The upstream sent nothing for too long, or the run's deadline passed.
+UPSTREAM_TIMEOUT: Final = "upstream_timeout"
+#: The upstream refused for rate (429). Retryable.
+UPSTREAM_RATE_LIMITED: Final = "upstream_rate_limited"
+#: The upstream refused the Node's credentials (401/403): a configuration problem.
+UPSTREAM_AUTH: Final = "upstream_auth"
+#: The upstream refused the request itself (400, 404, 422): the client's problem.
+BAD_REQUEST: Final = "bad_request"
+#: The run was cancelled (its client went away).
+CANCELLED: Final = "cancelled"
+#: A bug or an unexpected condition; the message says what.
+INTERNAL_ERROR: Final = "internal_error"
+
+_RETRYABLE: Final = frozenset(
+    {
+        PROVIDER_BUSY,
+        UNKNOWN_PROVIDER,
+        PROVIDER_UNHEALTHY,
+        NODE_UNAVAILABLE,
+        EDGE_STOPPING,
+        UPSTREAM_UNAVAILABLE,
+        UPSTREAM_RATE_LIMITED,
+    }
+)
+
+_HTTP_STATUS: Final = {
+    PROVIDER_BUSY: 503,
+    UNKNOWN_PROVIDER: 503,
+    PROVIDER_UNHEALTHY: 503,
+    NODE_UNAVAILABLE: 503,
+    NODE_DISCONNECTED: 502,
+    EDGE_STOPPING: 503,
+    UPSTREAM_UNAVAILABLE: 502,
+    UPSTREAM_ERROR: 502,
+    UPSTREAM_TIMEOUT: 504,
+    UPSTREAM_RATE_LIMITED: 429,
+    UPSTREAM_AUTH: 502,
+    CANCELLED: 499,
+    INTERNAL_ERROR: 500,
+}
+
+
+def failure(code: str, message: str, *, status: int | None = None) -> RunFailed:
+    """A `RunFailed` with the code's usual retryability."""
+    return RunFailed(code=code, message=message, retryable=code in _RETRYABLE, status=status)
+
+
+def http_status(failed: RunFailed) -> int:
+    """The HTTP status an Edge client should see for `failed`.
+
+    A refused request (`bad_request`) keeps the upstream's own 4xx; upstream server errors become
+    502 Bad Gateway (the gateway's upstream failed, not the gateway), timeouts 504.
+    """
+    if failed.code == BAD_REQUEST:
+        status = failed.status
+        return status if status is not None and 400 <= status < 500 else 400
+    return _HTTP_STATUS.get(failed.code, 502)
+
+
+def upstream_http_failure(status: int, body: bytes) -> RunFailed:
+    """Map an upstream's error response (status >= 400) to a `RunFailed`.
+
+    The message is the upstream's own (`error.message` of an OpenAI error body) when it sent one.
+    """
+    detail = _error_message(body)
+    message = f"upstream answered HTTP {status}" + (f": {detail}" if detail else "")
+    if status == 429:
+        code = UPSTREAM_RATE_LIMITED
+    elif status in (401, 403):
+        code = UPSTREAM_AUTH
+    elif status in (408, 504):
+        code = UPSTREAM_TIMEOUT
+    elif 400 <= status < 500:
+        code = BAD_REQUEST
+    else:
+        code = UPSTREAM_ERROR
+    return failure(code, message, status=status)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()
+        return text[:200]
+    if isinstance(document, dict):
+        error = document.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:500]
+        if isinstance(error, str):
+            return error[:500]
+        if isinstance(document.get("message"), str):
+            return str(document["message"])[:500]
+    return ""
+
+
+# -- gRPC statuses that end a Node's connection -------------------------------------------------
+
+#: Unknown node id or wrong token.
+REFUSED_CREDENTIALS: Final = grpc.StatusCode.UNAUTHENTICATED
+#: The node speaks a protocol version the Edge does not.
+REFUSED_VERSION: Final = grpc.StatusCode.FAILED_PRECONDITION
+#: The first message carried no hello.
+REFUSED_NO_HELLO: Final = grpc.StatusCode.INVALID_ARGUMENT
+#: The Edge is shutting down.
+REFUSED_STOPPING: Final = grpc.StatusCode.UNAVAILABLE
+#: Another connection of the same node replaced this one.
+REPLACED: Final = grpc.StatusCode.ABORTED
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionRefusal:
+    """Why a connection to an Edge ended, as the Node tells its operator."""
+
+    description: str
+    #: True when retrying cannot help until someone changes a config or a token (the Node keeps
+    #: retrying at its slowest pace, and logs an error instead of a warning).
+    permanent: bool
+
+
+def describe_connection_error(code: grpc.StatusCode, details: str | None) -> ConnectionRefusal:
+    """How the Node should read a gRPC status that ended its connection."""
+    text = details or code.name
+    if code in (REFUSED_CREDENTIALS, grpc.StatusCode.PERMISSION_DENIED):
+        return ConnectionRefusal(f"refused by the Edge: {text}", permanent=True)
+    if code == REFUSED_VERSION:
+        return ConnectionRefusal(f"protocol mismatch: {text}", permanent=True)
+    if code == REFUSED_NO_HELLO:
+        return ConnectionRefusal(f"the Edge refused the handshake: {text}", permanent=True)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ConnectionRefusal(f"Edge unavailable: {text}", permanent=False)
+    if code == REPLACED:
+        return ConnectionRefusal(f"connection replaced: {text}", permanent=False)
+    return ConnectionRefusal(f"{code.name}: {text}", permanent=False)
