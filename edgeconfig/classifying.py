@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .configs import APPLY_KEY, LIVE, RESTART_NODE, EdgeConfig, ModelSpec, NodeSpec, ProviderSpec
-from .payloads import node_payloads
+from .payloads import NodePayload
 from .reports import ChangeReport, RestartPath
 from .trees import item_key
 
@@ -61,19 +61,26 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> ChangeReport:
         if f"nodes[{node.id}]" in whole_items:
             providers.update(p.id for p in node.providers)
 
-    old_payloads = node_payloads(old)
-    new_payloads = node_payloads(new)
     return ChangeReport(
         changed_nodes=tuple(sorted(nodes)),
         changed_providers=tuple(sorted(providers)),
         changed_models=tuple(sorted(models)),
         live_paths=tuple(sorted(live)),
         restart_required_paths=tuple(sorted(restart, key=lambda p: (p.path, p.scope))),
-        node_payload_changed={
-            node_id: old_payloads.get(node_id) != payload
-            for node_id, payload in sorted(new_payloads.items())
-        },
+        node_payload_changed=_payload_changes(old, new, nodes),
     )
+
+
+def _payload_changes(old: EdgeConfig, new: EdgeConfig, changed: set[str]) -> dict[str, bool]:
+    """For each node of `new`: does it need a push? Only changed nodes are looked at closely."""
+    before = {node.id: node for node in old.nodes}
+    result: dict[str, bool] = {}
+    for node in sorted(new.nodes, key=lambda n: n.id):
+        previous = before.get(node.id)
+        result[node.id] = node.id in changed and (
+            previous is None or NodePayload.of(previous) != NodePayload.of(node)
+        )
+    return result
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,11 @@ that name the path, what is expected and what was found.
 
 from __future__ import annotations
 
+import json
 import re
 import types
 import typing
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,8 +62,31 @@ _UniqueKeyLoader.add_constructor(
 )
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        counts = Counter(key for key, _ in pairs)
+        raise _DuplicateKey(next(key for key, count in counts.items() if count > 1))
+    return mapping
+
+
 def parse_yaml(text: str) -> object:
-    """Parse YAML text with duplicate keys refused; errors become a `ConfigError`."""
+    """Parse YAML text with duplicate keys refused; errors become a `ConfigError`.
+
+    JSON is YAML too, and a JSON document (what the operator renders) takes the C-speed path of
+    the standard library's parser; anything else goes through PyYAML's safe loader.
+    """
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text, object_pairs_hook=_unique_pairs)
+        except _DuplicateKey as exc:
+            raise ConfigError([Problem("", f'invalid JSON: duplicate key "{exc}"')]) from exc
+        except ValueError:
+            pass  # a YAML flow mapping such as {edge: {id: a}}
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as exc:

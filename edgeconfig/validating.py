@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+import orjson
 from pydantic.alias_generators import to_camel
 
 from .configs import is_loopback_listener, split_listener
@@ -21,6 +22,8 @@ __all__ = ["check_document", "close_match_hint"]
 
 _RAW_SECRET_KEYS = {"token", "apikey", "password", "secret", "bearertoken", "rawtoken"}
 _RAW_SECRET_VALUE = re.compile(r"^(sk-[A-Za-z0-9_-]{8,}|Bearer\s+\S+)")
+# Keys ending like a secret's name, or values starting like one (a superset of the walk's rules).
+_SUSPICIOUS = (b'token":', b'key":', b'password":', b'secret":', b'"sk-', b'"bearer')
 
 
 def close_match_hint(word: str, choices: list[str]) -> str:
@@ -74,12 +77,23 @@ def _items(
 def check_document(data: Mapping[str, object]) -> list[Problem]:
     """Every cross-reference problem in a raw config document."""
     index = _Index()
-    _check_secrets(data, "", index.problems)
+    if _may_hold_secrets(data):
+        _check_secrets(data, "", index.problems)
     _check_nodes(data, index)
     _check_models(data, index)
     _check_principal_tokens(data, index)
     _check_admin(data, index)
     return index.problems
+
+
+def _may_hold_secrets(data: object) -> bool:
+    """A C-speed look over the whole document; only a suspicious one is walked key by key."""
+    try:
+        blob = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return True
+    lowered = blob.lower()
+    return any(marker in lowered for marker in _SUSPICIOUS)
 
 
 def _check_secrets(value: object, path: str, problems: list[Problem]) -> None:

@@ -365,6 +365,7 @@ def test_a_dozen_mistakes_are_all_reported_in_one_run() -> None:
             id="duplicate-key",
         ),
         pytest.param("edge: [1, 2\n", "invalid YAML", id="syntax"),
+        pytest.param('{"edge": {"id": "a", "id": "b"}}', 'duplicate key "id"', id="json-duplicate"),
         pytest.param("edge: {id: a}\n\tnodes: []\n", "invalid YAML", id="tab"),
         pytest.param("edge: !!python/object:os.system {}\n", "invalid YAML", id="unsafe-tag"),
         pytest.param("? [a, b]\n: 1\n", "a mapping key must be a plain value", id="list-key"),
@@ -376,6 +377,13 @@ def test_bad_yaml_gets_a_clear_error(text: str, expected: str) -> None:
     assert any(expected in f": {p}" or expected in str(p) for p in info.value.problems), (
         info.value.problems
     )
+
+
+def test_json_text_is_the_same_config(config_data: dict[str, Any]) -> None:
+    import json
+
+    assert load_text(json.dumps(config_data)) == load_data(config_data)
+    assert load_text("{edge: {id: a}}").edge.id == "a"  # a YAML flow mapping, not JSON
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
