@@ -48,7 +48,7 @@ GO_SUM = HERE / "go.sum"
 
 # Bump when the way binaries are built changes (flags, ldflags, extra files): it is part of the
 # cache key, so every checkout rebuilds instead of trusting binaries made by an older recipe.
-RECIPE = "3"
+RECIPE = "1"
 
 # Output name -> Go package (each one is listed in go.mod's `tool` block).
 BINARIES: dict[str, str] = {
@@ -178,18 +178,16 @@ def ldflags(name: str, versions: Mapping[str, str]) -> str:
             f"-X=helm.sh/helm/v3/internal/version.version={versions['helm.sh/helm/v3']}",
             "-X=helm.sh/helm/v3/internal/version.gitTreeState=clean",
         ]
-    elif name == "kwok":
-        # kwok's own version is a constant in its source; what it reports as the fake Nodes'
-        # kubelet version is stamped, like upstream's release script does.
-        kube = versions["k8s.io/kubernetes"].lstrip("v")
-        flags.append(f"-X=sigs.k8s.io/kwok/pkg/consts.KubeVersion={kube}")
+    # etcd and kwok carry their versions as constants in their source.
     return " ".join(flags)
 
 
 def pin_hash() -> str:
     """The cache key: everything that decides what the binaries are."""
+    versions = pins()
+    recipe = {name: [package, ldflags(name, versions)] for name, package in BINARIES.items()}
     digest = hashlib.sha256()
-    for part in (RECIPE, GO_MOD.read_text(), GO_SUM.read_text(), json.dumps(BINARIES)):
+    for part in (RECIPE, GO_MOD.read_text(), GO_SUM.read_text(), json.dumps(recipe)):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -352,6 +350,38 @@ def ensure_built() -> Build:
     return target if target.complete() else build()
 
 
+def replace_block(go_mod_text: str, staging: Sequence[str], version: str, source: str) -> str:
+    """go.mod with its k8s.io `replace` directives swapped for one block mapping `staging`."""
+    kept: list[str] = []
+    in_block = False
+    for line in go_mod_text.splitlines():
+        if line.startswith("// Staging modules of k8s.io/kubernetes"):
+            continue
+        if line.startswith("replace ("):
+            in_block = True
+            continue
+        if in_block:
+            if line.startswith(")"):
+                in_block = False
+            elif not line.strip().startswith("k8s.io/"):
+                raise ClusterError(f"go.mod has a replace directive pin does not own: {line}")
+            continue
+        if line.startswith("replace k8s.io/"):
+            continue
+        kept.append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    block = [
+        "",
+        f"// Staging modules of {source}, mapped to their published versions by",
+        "// `localcluster.py pin` (k8s.io/kubernetes requires them at v0.0.0).",
+        "replace (",
+        *(f"\t{name} => {name} {version}" for name in staging),
+        ")",
+    ]
+    return "\n".join(kept + block) + "\n"
+
+
 def pin_kubernetes(version: str) -> None:
     """Require k8s.io/kubernetes@version and map each staging module to its published v0.x.y.
 
@@ -367,25 +397,16 @@ def pin_kubernetes(version: str) -> None:
     staging = sorted(set(re.findall(r"^\s+(k8s\.io/[\w.-]+) v0\.0\.0$", upstream, re.MULTILINE)))
     if not staging:
         raise ClusterError(f"k8s.io/kubernetes@{version} lists no v0.0.0 staging modules")
-    current = GO_MOD.read_text()
-    old = re.findall(r"^\t(k8s\.io/[\w.-]+) => ", current, flags=re.MULTILINE)
-    edits = [f"-dropreplace={name}" for name in old]
-    edits += [f"-replace={name}={name}@{staging_version}" for name in staging]
-    edits.append(f"-require=k8s.io/kubernetes@{version}")
-    go_output(["mod", "edit", *edits])
-    # `go mod tidy` may change files; it runs without -mod=readonly's refusal.
-    tidy = subprocess.run(
-        [go_command(), "mod", "tidy"], cwd=HERE, env={**go_env(), "GOFLAGS": ""}, check=False
+    GO_MOD.write_text(
+        replace_block(GO_MOD.read_text(), staging, staging_version, f"k8s.io/kubernetes@{version}")
     )
-    if tidy.returncode != 0:
-        raise ClusterError("go mod tidy failed")
+    go_output(["mod", "edit", f"-require=k8s.io/kubernetes@{version}"])
+    go_output(["mod", "tidy"])
     # The replace block decides the versions; make the require lines say the same thing.
     required = module_versions(GO_MOD.read_text())
     align = [f"-require={name}@{staging_version}" for name in staging if name in required]
     go_output(["mod", "edit", *align])
-    subprocess.run(
-        [go_command(), "mod", "tidy"], cwd=HERE, env={**go_env(), "GOFLAGS": ""}, check=True
-    )
+    go_output(["mod", "tidy"])
     log(f"pinned k8s.io/kubernetes@{version} with {len(staging)} staging modules")
 
 
@@ -585,7 +606,7 @@ class State:
         )
 
 
-def tail(path: Path, lines: int = 40) -> str:
+def tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -803,6 +824,17 @@ class Probe:
         except (OSError, ValueError, ssl.SSLError):
             return 0, None
 
+    def failing_readiness_checks(self) -> list[str]:
+        try:
+            with self.admin.open(f"{self.apiserver}/readyz?verbose", timeout=5) as response:
+                body: bytes = response.read()
+        except urllib.error.HTTPError as error:
+            with error:
+                body = error.read()
+        except (OSError, ssl.SSLError):
+            return []
+        return [line for line in body.decode(errors="replace").splitlines() if "[-]" in line]
+
     def node_ready(self) -> bool:
         code, node = self.api("GET", f"/api/v1/nodes/{NODE_NAME}")
         if code != 200:
@@ -1001,6 +1033,11 @@ def await_checks(
 def failure(state: State, name: str, what: str) -> NoReturn:
     log_text = tail(state.log_file(name))
     message = f"{name} {what}; last lines of {state.log_file(name)}:\n{log_text}"
+    if name == "kube-apiserver" and state.processes[name].alive():
+        # Which readiness checks still fail says more than the log's last lines.
+        failing = Probe(state).failing_readiness_checks()
+        if failing:
+            message += "\nfailing readiness checks:\n" + "\n".join(failing)
     if "address already in use" in log_text:
         raise PortTaken(message)
     raise ClusterError(message)
@@ -1095,7 +1132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     health = "healthy" if entry["healthy"] else "NOT healthy"
                     where = f"pid {entry['pid']}" if entry["running"] else "not running"
                     print(f"  {name:<24} {where:<12} {health}")
-                if report["kubeconfig"]:
+                if report["status"] != "stopped":
                     print(f"export KUBECONFIG={report['kubeconfig']}")
                 built = "built" if report["built"] else "not built yet"
                 print(f"binaries: {report['bin_dir']} ({built})")
