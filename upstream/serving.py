@@ -200,6 +200,17 @@ class _Connection(asyncio.Protocol):
         )
         self._transport.write(head + body)
 
+    def write_partial(self, status: int, body: bytes, keep_alive: bool) -> None:
+        """The head of a response and half its body (then the caller drops the connection)."""
+        if self._transport is None or self._lost:
+            return
+        head = self._head(
+            status,
+            [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+            keep_alive,
+        )
+        self._transport.write(head + body[: len(body) // 2])
+
     def start_stream(self, keep_alive: bool) -> bytes:
         return self._head(
             200,
@@ -392,7 +403,12 @@ class FakeUpstream:
                 delay = latency + interval * completion.completion_tokens
                 if delay:
                     await asyncio.sleep(delay)
-                connection._write_response(200, completion.response(), request.keep_alive)
+                body = completion.response()
+                if fault == "drop-mid-stream":
+                    connection.write_partial(200, body, request.keep_alive)
+                    connection.abort()
+                else:
+                    connection._write_response(200, body, request.keep_alive)
             if fault is None or fault == "status":
                 self.stats.completed += 1
         except asyncio.CancelledError:

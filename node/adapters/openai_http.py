@@ -12,6 +12,7 @@ config names, at build time; the key itself never travels or gets logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -205,26 +206,31 @@ async def _whole(data: bytes) -> AsyncIterator[RunEvent]:
 async def _stream(response: httpx.Response, wants_usage: bool) -> AsyncIterator[RunEvent]:
     usage: tuple[int, int, int] | None = None
     finish: str | None = None
-    async for data in _sse_data(response):
-        if data == _DONE:
-            break
-        document = _decode(data)
-        found = usage_from(document)
-        if found is not None:
-            usage = found
-        choices = document.get("choices")
-        if found is not None and not choices:
-            if wants_usage:
-                yield RunChunk(data, usage_only=True)
-            continue
-        finish = _finish_reason(document) or finish
-        yield RunChunk(data)
+    done = False
+    # Read to the end even after [DONE] (the end of the HTTP body follows at once): breaking out
+    # would leave httpx's inner generators to the garbage collector.
+    async with contextlib.aclosing(_sse_data(response)) as events:
+        async for data in events:
+            if done or data == _DONE:
+                done = True
+                continue
+            document = _decode(data)
+            found = usage_from(document)
+            if found is not None:
+                usage = found
+            choices = document.get("choices")
+            if found is not None and not choices:
+                if wants_usage:
+                    yield RunChunk(data, usage_only=True)
+                continue
+            finish = _finish_reason(document) or finish
+            yield RunChunk(data)
     if usage is not None:
         yield RunUsage(*usage)
     yield RunDone(finish)
 
 
-async def _sse_data(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _sse_data(response: httpx.Response) -> AsyncGenerator[bytes, None]:
     """The `data` of each server-sent event, as bytes (multi-line data joined by newlines)."""
     buffer = b""
     async for piece in response.aiter_bytes():

@@ -1,0 +1,83 @@
+"""The coalescing writer sends at once when idle and batches only what queued during a write."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from iop.wire import CoalescingWriter
+
+pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
+
+
+async def test_an_item_put_while_idle_goes_out_alone_and_at_once() -> None:
+    sent: list[list[int]] = []
+
+    async def send(batch: Sequence[int]) -> None:
+        sent.append(list(batch))
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put(1)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert sent == [[1]]
+
+
+async def test_items_queued_during_a_write_go_out_as_one_message() -> None:
+    sent: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def send(batch: Sequence[int]) -> None:
+        sent.append(list(batch))
+        await release.wait()
+        release.clear()
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put(1)
+        await asyncio.sleep(0.01)
+        for item in (2, 3, 4):
+            writer.put(item)
+        release.set()
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.sleep(0.01)
+        assert sent == [[1], [2, 3, 4]]
+        assert (writer.messages_sent, writer.items_sent) == (2, 4)
+
+
+async def test_items_put_in_one_step_share_a_message() -> None:
+    sent: list[list[str]] = []
+
+    async def send(batch: Sequence[str]) -> None:
+        sent.append(list(batch))
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put("chunk")
+        writer.put("usage")
+        writer.put("done")
+        await asyncio.sleep(0.01)
+    assert sent == [["chunk", "usage", "done"]]
+
+
+async def test_a_failed_send_stops_the_writer() -> None:
+    async def send(batch: Sequence[int]) -> None:
+        raise ConnectionError("stream broken")
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put(1)
+        with pytest.raises(ConnectionError):
+            await writer.task
+        assert writer.closed
+        assert writer.put(2) is False
+
+
+async def test_put_after_stop_is_ignored() -> None:
+    async def send(batch: Sequence[int]) -> None:
+        pass
+
+    writer: CoalescingWriter[int] = CoalescingWriter(send, name="test-writer")
+    async with writer:
+        pass
+    assert writer.put(1) is False
