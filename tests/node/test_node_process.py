@@ -1,0 +1,96 @@
+"""`iop node run` as a real process: it connects, dies, and comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from iop.upstream import iop_command, terminate
+from iop.wire import RunChunk, RunDone, RunFailed, RunRequest, statuses
+
+pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
+
+
+@contextlib.asynccontextmanager
+async def node_process(port: int, token_file: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "node",
+        "run",
+        "--edge",
+        f"127.0.0.1:{port}",
+        "--node-id",
+        "node-1",
+        "--token-file",
+        str(token_file),
+        "--backoff-max",
+        "0.5",
+        "--log-level",
+        "WARNING",
+    )
+    try:
+        yield process
+    finally:
+        await terminate(process)
+
+
+def request(run_id: str, stream: bool) -> RunRequest:
+    body = {
+        "model": "served",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        "max_tokens": 50 if stream else 1,
+    }
+    return RunRequest(run_id, "p1", "served", "chat", orjson.dumps(body), stream, None)
+
+
+async def test_a_killed_node_fails_its_runs_at_once_and_reconnects_when_restarted(
+    wire_config, start_hub, until, node_token: str, tmp_path: Path
+) -> None:
+    slow = {"type": "fake", "tokens_per_second": 5, "completion_tokens": 50}
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": slow}]))
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token + "\n")
+
+    async with node_process(hub.port, token_file) as node:
+        await until(hub.connected_providers, timeout=30)
+        async with hub.run(request("run-1", stream=True)) as stream:
+            assert isinstance(await anext(stream), RunChunk)
+            node.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            rest = [event async for event in stream]
+        assert time.monotonic() - killed < 2
+        assert isinstance(rest[-1], RunFailed)
+        assert rest[-1].code == statuses.NODE_DISCONNECTED
+        assert hub.connected_providers() == {}
+
+    async with node_process(hub.port, token_file):
+        await until(hub.connected_providers, timeout=30)
+        async with hub.run(request("run-2", stream=False)) as stream:
+            events = [event async for event in stream]
+        assert isinstance(events[-1], RunDone)
+
+
+async def test_the_command_refuses_a_missing_token_file(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "node",
+        "run",
+        "--edge",
+        "127.0.0.1:1",
+        "--node-id",
+        "node-1",
+        "--token-file",
+        str(tmp_path / "missing"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await process.communicate()
+    assert process.returncode == 2
+    assert b"cannot read --token-file" in stderr
