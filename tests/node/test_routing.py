@@ -67,7 +67,7 @@ async def test_unknown_providers_and_bad_adapters_are_named(router: Router, wire
 
 
 async def test_capacity_counts_runs_across_a_swap(router: Router, wire_config) -> None:
-    router.apply(payload(wire_config, capacity=1, adapter={"type": "fake", "latency_ms": 200}))
+    router.apply(payload(wire_config, capacity=1, adapter={"type": "fake", "latency_ms": 50}))
     admitted = router.admit(request("a"))
     assert not isinstance(admitted, RunFailed)
     events: list[RunEvent] = []
