@@ -1,0 +1,181 @@
+"""Usage metering and the Edge's Prometheus metrics, in a registry owned by one app.
+
+Counted per request: requests by outcome, and prompt, completion and total tokens by
+`principal_ref`, `token_ref`, `model` and `provider`. Observed: the time a request waited for a
+slot and the time to its first token. Read at scrape time from the dispatcher (nothing on the
+hot path): requests waiting per model, runs in flight per provider (and long-context runs).
+
+Each `Metrics` owns its `CollectorRegistry`: no module globals, so every app (and every test)
+has its own. Label children are cached, since `labels()` costs more than the increment. Raw
+bearer tokens never reach a label: the principal is a `Principal` already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from .authenticating import Principal
+from .dispatching import Dispatcher
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+_USAGE_LABELS: Final = ("principal_ref", "token_ref", "model", "provider")
+#: Queue waits and first tokens: from well under a millisecond to a long queue timeout.
+_LATENCY_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+class _PoolCollector(Collector):
+    """Gauges read from the dispatcher when Prometheus scrapes."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "iop_edge_in_flight", "Runs in flight per provider, on this Edge.", labels=["provider"]
+        )
+        long_in_flight = GaugeMetricFamily(
+            "iop_edge_long_in_flight",
+            "Long-context runs in flight per provider, on this Edge.",
+            labels=["provider"],
+        )
+        for provider_id, (runs, long_runs) in sorted(self._dispatcher.in_flight_counts().items()):
+            in_flight.add_metric([provider_id], runs)
+            long_in_flight.add_metric([provider_id], long_runs)
+        depth = GaugeMetricFamily(
+            "iop_edge_queue_depth", "Requests waiting for a free provider.", labels=["model"]
+        )
+        for model_id, waiting in sorted(self._dispatcher.queue_depths().items()):
+            depth.add_metric([model_id], waiting)
+        generation = GaugeMetricFamily(
+            "iop_edge_config_generation", "Config snapshots swapped in since the Edge started."
+        )
+        generation.add_metric([], self._dispatcher.snapshot.generation)
+        yield from (in_flight, long_in_flight, depth, generation)
+
+
+class Metrics:
+    """The Edge's metrics; `render()` is the /metrics body."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "iop_edge_requests",
+            "Requests answered, by outcome (HTTP status).",
+            [*_USAGE_LABELS, "status"],
+            registry=self.registry,
+        )
+        self._prompt = Counter(
+            "iop_edge_prompt_tokens",
+            "Prompt tokens, as the provider reported them.",
+            _USAGE_LABELS,
+            registry=self.registry,
+        )
+        self._completion = Counter(
+            "iop_edge_completion_tokens",
+            "Completion tokens, as the provider reported them.",
+            _USAGE_LABELS,
+            registry=self.registry,
+        )
+        self._total = Counter(
+            "iop_edge_total_tokens",
+            "Total tokens, as the provider reported them.",
+            _USAGE_LABELS,
+            registry=self.registry,
+        )
+        self._queue_wait = Histogram(
+            "iop_edge_queue_wait_seconds",
+            "Time a dispatched request waited for a free provider.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._first_token = Histogram(
+            "iop_edge_time_to_first_token_seconds",
+            "Time from a request's arrival to its first response bytes (first chunk or body).",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_PoolCollector(dispatcher))
+        self._request_children: dict[tuple[str, ...], Counter] = {}
+        self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
+        self._wait_children: dict[str, Histogram] = {}
+        self._first_children: dict[str, Histogram] = {}
+
+    def count_request(
+        self, principal: Principal | None, model: str, provider: str, status: int
+    ) -> None:
+        """One answered request; empty labels for what was not known (auth failed, no model)."""
+        key = (
+            principal.principal_ref if principal else "",
+            principal.token_ref if principal else "",
+            model,
+            provider,
+            str(status),
+        )
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self._requests.labels(*key)
+        child.inc()
+
+    def count_usage(
+        self,
+        principal: Principal,
+        model: str,
+        provider: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        total_tokens: int,
+    ) -> None:
+        key = (principal.principal_ref, principal.token_ref, model, provider)
+        children = self._usage_children.get(key)
+        if children is None:
+            children = self._usage_children[key] = (
+                self._prompt.labels(*key),
+                self._completion.labels(*key),
+                self._total.labels(*key),
+            )
+        children[0].inc(prompt_tokens)
+        children[1].inc(completion_tokens)
+        children[2].inc(total_tokens)
+
+    def observe_queue_wait(self, model: str, seconds: float) -> None:
+        child = self._wait_children.get(model)
+        if child is None:
+            child = self._wait_children[model] = self._queue_wait.labels(model)
+        child.observe(seconds)
+
+    def observe_first_token(self, model: str, seconds: float) -> None:
+        child = self._first_children.get(model)
+        if child is None:
+            child = self._first_children[model] = self._first_token.labels(model)
+        child.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
