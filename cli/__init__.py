@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from iop import __version__
 
-from . import config_commands, fake_upstream_commands, node_commands
+from . import config_commands, edge_commands, fake_upstream_commands, node_commands
 
 __all__ = ["main"]
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"iop {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     config_commands.register(commands)
+    edge_commands.register(commands)
     node_commands.register(commands)
     fake_upstream_commands.register(commands)
     return parser

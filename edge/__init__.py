@@ -1,0 +1,58 @@
+"""The Edge: the OpenAI-compatible API, the provider pool, the node hub and usage metering.
+
+Layers inside the package, lowest first: `errors` and `snapshots` (pure data from the config),
+`dispatching` (the pool's live state), `authenticating`, `bodies`, `metering`, `statuses`, the
+hub seam `runs` (and the hub itself, `nodehub`), `relaying` (one request's run), `serving` (the
+ASGI app) and `launching` (one process's lifecycle).
+"""
+
+from .authenticating import ANONYMOUS, Authenticator, Principal
+from .dispatching import Dispatcher, Lease
+from .errors import (
+    BadRequest,
+    EdgeError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NoProvider,
+    PayloadTooLarge,
+    QueueFull,
+    QueueTimeout,
+    RouteNotFound,
+    Unauthorized,
+    UpstreamError,
+)
+from .launching import EdgeServer
+from .metering import Metrics
+from .nodehub import NodeHub
+from .runs import Hub, NodeRuns
+from .serving import EdgeApp
+from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
+
+__all__ = [
+    "ANONYMOUS",
+    "Authenticator",
+    "BadRequest",
+    "Candidate",
+    "Dispatcher",
+    "EdgeApp",
+    "EdgeError",
+    "EdgeServer",
+    "Hub",
+    "Lease",
+    "MethodNotAllowed",
+    "Metrics",
+    "ModelNotFound",
+    "ModelRoute",
+    "NoProvider",
+    "NodeHub",
+    "NodeRuns",
+    "PayloadTooLarge",
+    "PoolSnapshot",
+    "Principal",
+    "ProviderLimits",
+    "QueueFull",
+    "QueueTimeout",
+    "RouteNotFound",
+    "Unauthorized",
+    "UpstreamError",
+]

@@ -1,15 +1,20 @@
-"""Shared fixtures of the Edge tests: small configs."""
+"""Shared fixtures of the Edge tests: small configs, and a fake node hub at our own seam."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
+import orjson
 import pytest
 
+from iop.edge.runs import Hub, ProviderLink, RunStream
 from iop.edgeconfig import EdgeConfig, load_data
+from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 
 TOKENS = {"search-chat": "sk-chat-secret", "search-batch": "sk-batch-secret"}
 
@@ -73,26 +78,208 @@ def make_config(
     return load_data(data)
 
 
-@pytest.fixture(name="provider")
+@pytest.fixture(name="provider", scope="session")
 def provider_fixture() -> Callable[..., dict[str, Any]]:
     """`provider(id, **settings)`: a provider entry (fake adapter, capacity 4, priority 10)."""
     return provider
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def config_of() -> Callable[..., EdgeConfig]:
     """`config_of(providers, models, threshold=..., openai=..., generation=...)`."""
     return make_config
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tokens() -> dict[str, str]:
     return dict(TOKENS)
 
 
-@pytest.fixture(autouse=True)
+# -- a fake node hub at the request path's seam ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    node_id: str
+    healthy: bool = True
+
+
+Script = Callable[[RunRequest], AsyncIterator[RunEvent]]
+
+
+async def echo_script(request: RunRequest) -> AsyncIterator[RunEvent]:
+    """What a well-behaved provider answers: an OpenAI body (or chunks), usage, done."""
+    body = orjson.loads(request.body)
+    created = 1_700_000_000
+    if request.stream:
+        words = ["Hello", " from", f" {request.provider_id}"]
+        for index, word in enumerate(words):
+            delta: dict[str, Any] = {"content": word}
+            if index == 0:
+                delta["role"] = "assistant"
+            yield RunChunk(
+                orjson.dumps(
+                    _chunk(request, created, [{"index": 0, "delta": delta, "finish_reason": None}])
+                )
+            )
+        yield RunChunk(
+            orjson.dumps(
+                _chunk(request, created, [{"index": 0, "delta": {}, "finish_reason": "stop"}])
+            )
+        )
+        include = (body.get("stream_options") or {}).get("include_usage")
+        if include:
+            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+            yield RunChunk(orjson.dumps(_chunk(request, created, [], usage)), usage_only=True)
+    else:
+        if request.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": f"Hello from {request.provider_id}"},
+                "finish_reason": "stop",
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": f"Hello from {request.provider_id}",
+                "finish_reason": "stop",
+            }
+            obj = "text_completion"
+        yield RunChunk(
+            orjson.dumps(
+                {
+                    "id": f"run-{request.run_id}",
+                    "object": obj,
+                    "created": created,
+                    "model": request.served_model,
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+                }
+            )
+        )
+    yield RunUsage(5, 3, 8)
+    yield RunDone("stop")
+
+
+def _chunk(
+    request: RunRequest, created: int, choices: list[Any], usage: Any = None
+) -> dict[str, Any]:
+    obj = "chat.completion.chunk" if request.kind == "chat" else "text_completion"
+    if request.kind == "completion":
+        choices = [
+            {
+                "index": c["index"],
+                "text": c["delta"].get("content", ""),
+                "finish_reason": c["finish_reason"],
+            }
+            for c in choices
+        ]
+    return {
+        "id": f"run-{request.run_id}",
+        "object": obj,
+        "created": created,
+        "model": request.served_model,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+class FakeStream:
+    def __init__(self, hub: FakeHub, request: RunRequest) -> None:
+        self._hub = hub
+        self._request = request
+        self._events: AsyncIterator[RunEvent] | None = None
+
+    async def __aenter__(self) -> FakeStream:
+        self._hub.active[self._request.run_id] = self._request
+        self._events = self._hub.script(self._request)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._hub.active.pop(self._request.run_id, None)
+        if self._hub.ended.get(self._request.run_id) is None:
+            self._hub.ended[self._request.run_id] = "cancelled" if exc is not None else "closed"
+        if self._events is not None:
+            await self._events.aclose()  # type: ignore[attr-defined]
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        assert self._events is not None
+        event = await anext(self._events)
+        if isinstance(event, RunDone | RunFailed):
+            self._hub.ended[self._request.run_id] = type(event).__name__
+        return event
+
+
+@dataclass
+class FakeHub:
+    """Runs requests in-process with `script`; records what it was asked and what ended how."""
+
+    providers: dict[str, Link] = field(default_factory=dict)
+    script: Script = echo_script
+    requests: list[RunRequest] = field(default_factory=list)
+    active: dict[str, RunRequest] = field(default_factory=dict)
+    ended: dict[str, str] = field(default_factory=dict)
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+    started: bool = False
+
+    def reset(self) -> None:
+        """Back to answering like a well-behaved provider, with nothing recorded."""
+        self.script = echo_script
+        self.requests.clear()
+        self.ended.clear()
+
+    def connected_providers(self) -> Mapping[str, ProviderLink]:
+        return self.providers
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        self.listeners.append(callback)
+
+    def run(self, request: RunRequest) -> RunStream:
+        self.requests.append(request)
+        return FakeStream(self, request)
+
+    async def start(self) -> int:
+        self.started = True
+        return 0
+
+    async def stop(self, grace: float = 0.0) -> None:
+        self.started = False
+
+    def connect(self, *provider_ids: str, node_id: str = "node-1", healthy: bool = True) -> None:
+        for pid in provider_ids:
+            self.providers[pid] = Link(node_id, healthy)
+        for callback in self.listeners:
+            callback()
+
+    def disconnect(self, *provider_ids: str) -> None:
+        for pid in provider_ids:
+            self.providers.pop(pid, None)
+        for callback in self.listeners:
+            callback()
+
+
+def _check_protocol(hub: FakeHub) -> Hub:
+    return hub  # mypy checks that the fake implements the Protocol
+
+
+@pytest.fixture(scope="module")
+def fake_hub() -> FakeHub:
+    """One fake hub per test module (a module may share one Edge between its tests)."""
+    return FakeHub()
+
+
+@pytest.fixture
 async def no_leaked_tasks() -> AsyncIterator[None]:
-    """No asyncio task a test started may outlive it."""
+    """No asyncio task a test started may outlive it (`pytestmark = usefixtures(...)`)."""
     before = asyncio.all_tasks()
     yield
     await asyncio.sleep(0)

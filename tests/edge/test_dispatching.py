@@ -14,6 +14,8 @@ from iop.edge.dispatching import BUSY_COOLDOWN_S, Dispatcher, Lease
 from iop.edge.errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
 from iop.edge.snapshots import PoolSnapshot
 
+pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
+
 
 @pytest.fixture
 def pool(config_of) -> Callable[..., Dispatcher]:

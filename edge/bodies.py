@@ -1,0 +1,271 @@
+"""OpenAI request bodies: validated with pydantic, passed on as the client sent them.
+
+The models check only the fields the Edge reads or that a client most often gets wrong (types,
+bounds, required fields); every other field passes through untouched, as OpenAI-compatible
+servers expect (`extra="ignore"` on the model, while the raw document is what is forwarded).
+Types are strict: `"max_tokens": "12"` is an error, as it is at OpenAI.
+
+The Edge then changes the document in exactly three ways: `model` becomes the name the chosen
+provider serves, and the model's generation policy applies (`max_tokens` capped or defaulted,
+`temperature` and `top_p` defaulted when the request names none).
+
+Context class: the estimated input tokens are the UTF-8 bytes of the message contents (text
+parts of multi-part contents) or of the prompt, divided by 4 and rounded up; a prompt given as
+token ids counts one token per id. A request whose estimate reaches
+`openai.long_context_threshold_tokens` is long. Since the contents are part of the body, a body
+shorter than 4 x threshold bytes is short without looking at the contents (text prompts only:
+token ids are denser than that in JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
+
+from iop.edgeconfig import GenerationPolicy
+from iop.wire import RunKind
+
+from .errors import BadRequest
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "ChatCompletionBody",
+    "CompletionBody",
+    "ParsedRequest",
+    "apply_policy",
+    "estimate_tokens",
+    "is_long",
+    "parse_request",
+]
+
+#: The cheap token estimate's ratio: UTF-8 bytes of input text per token.
+BYTES_PER_TOKEN: Final = 4
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+class ChatMessage(_Body):
+    role: Annotated[str, Field(min_length=1)]
+    content: Any = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(part, dict) for part in value):
+            for part in value:
+                if not isinstance(part.get("type"), str):
+                    raise ValueError("each content part must be an object with a string 'type'")
+            return value
+        raise ValueError("must be a string or an array of content parts")
+
+
+class _Sampling(_Body):
+    model: Annotated[str, Field(min_length=1)]
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[float | None, Field(ge=0, le=1)] = None
+    n: Annotated[int | None, Field(ge=1, le=128)] = None
+
+
+class ChatCompletionBody(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+
+
+class CompletionBody(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: Any
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value:
+            if all(isinstance(item, str) for item in value):
+                return value
+            if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+                return value
+            if all(
+                isinstance(item, list)
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in item)
+                for item in value
+            ):
+                return value
+        raise ValueError(
+            "must be a string, an array of strings, an array of token ids or an array of "
+            "arrays of token ids"
+        )
+
+
+_MODELS: Final[dict[str, type[ChatCompletionBody] | type[CompletionBody]]] = {
+    "chat": ChatCompletionBody,
+    "completion": CompletionBody,
+}
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """A valid request: its raw document (forwarded) and what the Edge reads from it."""
+
+    kind: RunKind
+    model: str
+    stream: bool
+    include_usage: bool
+    document: dict[str, Any]
+    body: ChatCompletionBody | CompletionBody
+    size: int
+
+    def encode(self, served_model: str) -> bytes:
+        """The body to forward to a provider that serves the model as `served_model`."""
+        self.document["model"] = served_model
+        return orjson.dumps(self.document)
+
+
+def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:
+    """Parse and validate a request body; `BadRequest` names the first wrong field."""
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(
+            "We could not parse the JSON body of your request: "
+            f"{exc.msg} at line {exc.lineno} column {exc.colno}. The body must be a JSON object."
+        ) from exc
+    if not isinstance(document, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    try:
+        body = _MODELS[kind].model_validate(document)
+    except ValidationError as exc:
+        raise _bad_request(exc.errors(include_url=False)) from exc
+    stream = bool(body.stream)
+    return ParsedRequest(
+        kind=kind,
+        model=body.model,
+        stream=stream,
+        include_usage=stream
+        and body.stream_options is not None
+        and bool(body.stream_options.include_usage),
+        document=document,
+        body=body,
+        size=len(raw),
+    )
+
+
+#: Fields whose problems are named first: what the request is about before how it samples.
+_FIRST_FIELDS: Final = ("model", "messages", "prompt")
+
+
+def _bad_request(errors: list[ErrorDetails]) -> BadRequest:
+    errors = sorted(
+        errors,
+        key=lambda e: (
+            _FIRST_FIELDS.index(e["loc"][0])
+            if e["loc"] and e["loc"][0] in _FIRST_FIELDS
+            else len(_FIRST_FIELDS)
+        ),
+    )
+    first = errors[0]
+    param = _param(first["loc"])
+    if first["type"] == "missing":
+        message = f"Missing required parameter: '{param}'."
+    else:
+        reason = first["msg"].removeprefix("Value error, ")
+        message = f"Invalid value for '{param}': {reason}."
+    if len(errors) > 1:
+        others = ", ".join(f"'{_param(e['loc'])}'" for e in errors[1:4])
+        message += f" Also invalid: {others}{' and more' if len(errors) > 4 else ''}."
+    return BadRequest(message, param)
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
+    """Apply a model's generation policy to the document that will be forwarded."""
+    document = request.document
+    cap = policy.max_tokens
+    if cap is not None:
+        keys = (
+            ("max_completion_tokens", "max_tokens") if request.kind == "chat" else ("max_tokens",)
+        )
+        named = False
+        for key in keys:
+            value = document.get(key)
+            if value is not None:
+                named = True
+                if value > cap:
+                    document[key] = cap
+        if not named:
+            document["max_tokens"] = cap
+    if policy.temperature is not None and document.get("temperature") is None:
+        document["temperature"] = policy.temperature
+    if policy.top_p is not None and document.get("top_p") is None:
+        document["top_p"] = policy.top_p
+
+
+def estimate_tokens(request: ParsedRequest) -> int:
+    """The cheap input-token estimate (see the module docstring)."""
+    body = request.body
+    size = 0
+    tokens = 0
+    if isinstance(body, ChatCompletionBody):
+        for message in body.messages:
+            content = message.content
+            if isinstance(content, str):
+                size += _utf8_len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        size += _utf8_len(text)
+    else:
+        prompt = body.prompt
+        for item in [prompt] if isinstance(prompt, str) else prompt:
+            if isinstance(item, str):
+                size += _utf8_len(item)
+            elif isinstance(item, int):
+                tokens += 1
+            else:
+                tokens += len(item)
+    return tokens + -(-size // BYTES_PER_TOKEN)
+
+
+def is_long(request: ParsedRequest, threshold_tokens: int) -> bool:
+    """True when the request is `context_class=long`."""
+    body = request.body
+    text_only = (
+        isinstance(body, ChatCompletionBody)
+        or isinstance(body.prompt, str)
+        or isinstance(body.prompt[0], str)
+    )
+    if text_only and -(-request.size // BYTES_PER_TOKEN) < threshold_tokens:
+        return False  # the contents are shorter than the whole body
+    return estimate_tokens(request) >= threshold_tokens
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())

@@ -1,0 +1,117 @@
+"""The one place where an Edge error becomes an HTTP status, headers and an OpenAI error body.
+
+OpenAI's error shape is `{"error": {"message", "type", "param", "code"}}`; clients (the official
+SDKs included) pick their exception class by the HTTP status and show `message`. A run's failure
+from the Node (`RunFailed`) gets its status from `iop.wire.statuses`, which the Node and the Edge
+share, and becomes an `UpstreamError` here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+from iop.wire import RunFailed
+from iop.wire import statuses as wire_statuses
+
+from .errors import (
+    BadRequest,
+    EdgeError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NoProvider,
+    PayloadTooLarge,
+    QueueFull,
+    QueueTimeout,
+    RouteNotFound,
+    Unauthorized,
+    UpstreamError,
+)
+
+__all__ = ["ErrorResponse", "error_event", "error_response", "upstream_error"]
+
+Headers = list[tuple[bytes, bytes]]
+
+_JSON: Final = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    status: int
+    headers: Headers
+    body: bytes
+
+
+def _shape(error: EdgeError) -> tuple[int, str, str | None, str | None, Headers]:
+    """status, type, code, param and extra headers of `error`."""
+    if isinstance(error, BadRequest):
+        return 400, "invalid_request_error", "invalid_request", error.param, []
+    if isinstance(error, Unauthorized):
+        code = "missing_api_key" if error.missing else "invalid_api_key"
+        return 401, "invalid_request_error", code, None, [(b"www-authenticate", b"Bearer")]
+    if isinstance(error, ModelNotFound):
+        return 404, "invalid_request_error", "model_not_found", "model", []
+    if isinstance(error, RouteNotFound):
+        return 404, "invalid_request_error", "unknown_url", None, []
+    if isinstance(error, MethodNotAllowed):
+        return (
+            405,
+            "invalid_request_error",
+            "method_not_allowed",
+            None,
+            [(b"allow", error.allowed.encode())],
+        )
+    if isinstance(error, PayloadTooLarge):
+        # The connection stays open: uvicorn's parser drops the rest of the body unbuffered, so
+        # the client can finish sending and read this answer instead of a connection reset.
+        return 413, "invalid_request_error", "request_too_large", None, []
+    if isinstance(error, QueueFull):
+        return 429, "rate_limit_error", "queue_full", None, [_retry_after(error.retry_after_s)]
+    if isinstance(error, QueueTimeout):
+        return (
+            503,
+            "service_unavailable_error",
+            "queue_timeout",
+            None,
+            [_retry_after(error.retry_after_s)],
+        )
+    if isinstance(error, NoProvider):
+        return 503, "service_unavailable_error", "no_provider", None, []
+    if isinstance(error, UpstreamError):
+        status = error.status or 502
+        kind = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
+        return status, kind, error.code, None, []
+    return 500, "server_error", "internal_error", None, []
+
+
+def _retry_after(seconds: float) -> tuple[bytes, bytes]:
+    return (b"retry-after", str(max(1, math.ceil(seconds))).encode())
+
+
+def _body(error: EdgeError, kind: str, code: str | None, param: str | None) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": error.message, "type": kind, "param": param, "code": code}}
+    )
+
+
+def error_response(error: EdgeError) -> ErrorResponse:
+    """The complete HTTP answer to `error`."""
+    status, kind, code, param, headers = _shape(error)
+    body = _body(error, kind, code, param)
+    return ErrorResponse(
+        status, [_JSON, (b"content-length", str(len(body)).encode()), *headers], body
+    )
+
+
+def error_event(error: EdgeError) -> tuple[int, bytes]:
+    """A failure after a stream began: its status (for metrics) and the SSE event to send."""
+    status, kind, code, param, _ = _shape(error)
+    return status, b"data: " + _body(error, kind, code, param) + b"\n\n"
+
+
+def upstream_error(failed: RunFailed) -> UpstreamError:
+    """The Edge error for a run the Node failed."""
+    return UpstreamError(failed.message, failed.code, wire_statuses.http_status(failed))
