@@ -2,7 +2,8 @@
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
 `POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz`, `GET /readyz`
-(config loaded and the node hub listening) and `GET /metrics` (Prometheus).
+(200 once the config is loaded and the node hub listens; its body also lists the providers
+dispatch can use now) and `GET /metrics` (Prometheus).
 
 A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
 before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
@@ -121,10 +122,15 @@ class EdgeApp:
         elif path == "/healthz":
             await _send(send, 200, b'{"status":"ok"}')
         elif path == "/readyz":
-            if self._ready():
-                await _send(send, 200, b'{"status":"ready"}')
-            else:
-                await _send(send, 503, b'{"status":"not ready"}')
+            ready = self._ready()
+            body = orjson.dumps(
+                {
+                    "status": "ready" if ready else "not ready",
+                    "config_generation": self._dispatcher.snapshot.generation,
+                    "providers_available": sorted(self._dispatcher.available),
+                }
+            )
+            await _send(send, 200 if ready else 503, body)
         elif path == "/metrics":
             await _send(send, 200, self._metrics.render(), CONTENT_TYPE.encode())
         else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -275,15 +274,3 @@ def _check_protocol(hub: FakeHub) -> Hub:
 def fake_hub() -> FakeHub:
     """One fake hub per test module (a module may share one Edge between its tests)."""
     return FakeHub()
-
-
-@pytest.fixture
-async def no_leaked_tasks() -> AsyncIterator[None]:
-    """No asyncio task a test started may outlive it (`pytestmark = usefixtures(...)`)."""
-    before = asyncio.all_tasks()
-    yield
-    await asyncio.sleep(0)
-    leaked = [
-        t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()
-    ]
-    assert not leaked, f"tasks leaked: {leaked}"

@@ -99,7 +99,9 @@ async def test_models_lists_the_catalog(client) -> None:
 
 async def test_health_readiness_and_metrics(http) -> None:
     assert (await http.get("/healthz")).json() == {"status": "ok"}
-    assert (await http.get("/readyz")).status_code == 200
+    ready = await http.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["providers_available"] == ["a", "b", "t"]
     metrics = await http.get("/metrics")
     assert metrics.status_code == 200
     assert "iop_edge_in_flight" in metrics.text

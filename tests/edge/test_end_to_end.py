@@ -1,0 +1,251 @@
+"""The product's request path with real processes: `iop edge run`, `iop node run` and
+`iop fake-upstream`, driven by the official `openai` client over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+import pytest_asyncio
+import yaml
+
+from iop.upstream import iop_command, spawn_fake_upstream, terminate
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+CLIENT_TOKEN = "sk-e2e-client"
+NODE_TOKEN = "e2e-node-token"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Stack:
+    url: str
+    upstream_url: str
+
+
+async def spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *iop_command(),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory) -> AsyncIterator[Stack]:
+    folder: Path = tmp_path_factory.mktemp("e2e")
+    async with contextlib.AsyncExitStack() as stack:
+        upstream = await stack.enter_async_context(spawn_fake_upstream())
+        config = {
+            "edge": {"id": "edge-e2e", "listen": "127.0.0.1:0"},
+            "openai": {
+                "listen": "127.0.0.1:0",
+                "long_context_threshold_tokens": 1000,
+                "principal_tokens": [
+                    {
+                        "token_ref": "e2e-app",
+                        "token_hash_sha256": sha(CLIENT_TOKEN),
+                        "principal_ref": "team-e2e",
+                    }
+                ],
+            },
+            "models": [
+                {
+                    "id": "llama",
+                    "providers": {"up-a": "meta/llama", "up-b": "meta/llama"},
+                    "generation": {"max_tokens": 6},
+                },
+                {"id": "echo", "providers": {"builtin": "echo"}},
+            ],
+            "nodes": [
+                {
+                    "id": "node-1",
+                    "token_hash_sha256": sha(NODE_TOKEN),
+                    "providers": [
+                        {
+                            "id": "up-a",
+                            "adapter": {"type": "openai", "base_url": upstream.base_url},
+                            "served_models": ["meta/llama"],
+                            "capacity": 4,
+                            "long_context_slots": 1,
+                        },
+                        {
+                            "id": "up-b",
+                            "adapter": {"type": "openai", "base_url": upstream.base_url},
+                            "served_models": ["meta/llama"],
+                            "capacity": 4,
+                        },
+                        {
+                            "id": "builtin",
+                            "adapter": {"type": "fake", "completion_tokens": 4},
+                            "served_models": ["echo"],
+                            "capacity": 2,
+                        },
+                    ],
+                }
+            ],
+        }
+        (folder / "edge.yaml").write_text(yaml.safe_dump(config))
+        (folder / "node.token").write_text(NODE_TOKEN)
+
+        edge = await spawn("edge", "run", "--config", str(folder / "edge.yaml"))
+        stack.push_async_callback(terminate, edge)
+        assert edge.stdout is not None
+        line = await asyncio.wait_for(edge.stdout.readline(), 30)
+        assert line, f"iop edge run exited with {await edge.wait()}"
+        started = orjson.loads(line)
+
+        node = await spawn(
+            "node",
+            "run",
+            "--edge",
+            f"127.0.0.1:{started['hub_port']}",
+            "--node-id",
+            "node-1",
+            "--token-file",
+            str(folder / "node.token"),
+        )
+        stack.push_async_callback(terminate, node)
+
+        async with httpx.AsyncClient(base_url=started["url"]) as http:
+            for _ in range(300):
+                ready = (await http.get("/readyz")).json()
+                if ready["providers_available"] == ["builtin", "up-a", "up-b"]:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail(f"the node's providers never became available: {ready}")
+        yield Stack(started["url"], upstream.base_url)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(stack) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(
+        base_url=f"{stack.url}/v1", api_key=CLIENT_TOKEN, max_retries=0
+    ) as client:
+        yield client
+
+
+async def in_flight(stack: Stack) -> str:
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        text = (await http.get("/metrics")).text
+    return "\n".join(line for line in text.splitlines() if line.startswith("iop_edge_in_flight{"))
+
+
+async def test_models_list(client) -> None:
+    assert [m.id for m in (await client.models.list()).data] == ["llama", "echo"]
+
+
+async def test_chat_completion_through_edge_node_and_upstream(client) -> None:
+    response = await client.chat.completions.create(
+        model="llama", messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert response.choices[0].message.content
+    assert response.choices[0].finish_reason == "length"  # the policy's max_tokens: 6
+    assert response.usage is not None and response.usage.completion_tokens == 6
+
+
+async def test_chat_stream_with_usage(client) -> None:
+    stream = await client.chat.completions.create(
+        model="llama",
+        messages=[{"role": "user", "content": "Hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+async def test_chat_stream_without_usage_has_no_usage_chunk(client) -> None:
+    stream = await client.chat.completions.create(
+        model="llama", messages=[{"role": "user", "content": "Hello"}], stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks and all(chunk.choices for chunk in chunks)
+
+
+async def test_text_completions_on_the_builtin_fake_adapter(client) -> None:
+    response = await client.completions.create(model="echo", prompt="Say something")
+    assert response.choices[0].text
+    stream = await client.completions.create(model="echo", prompt="Say something", stream=True)
+    assert [c async for c in stream]
+
+
+async def test_errors_reach_the_client_in_openai_shape(client, stack) -> None:
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(
+            model="gpt-9", messages=[{"role": "user", "content": "Hi"}]
+        )
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"max_tokens": "many"},
+        )
+    assert caught.value.param == "max_tokens"
+    async with openai.AsyncOpenAI(
+        base_url=f"{stack.url}/v1", api_key="sk-wrong", max_retries=0
+    ) as stranger:
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.models.list()
+
+
+async def test_usage_is_metered_and_nothing_stays_in_flight(client, stack) -> None:
+    await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "Hello"}]
+            )
+            for _ in range(16)
+        )
+    )
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        text = (await http.get("/metrics")).text
+    assert 'principal_ref="team-e2e"' in text and 'token_ref="e2e-app"' in text
+    assert CLIENT_TOKEN not in text
+    for _ in range(100):
+        gauges = await in_flight(stack)
+        if all(line.endswith(" 0.0") for line in gauges.splitlines()):
+            break
+        await asyncio.sleep(0.02)
+    assert all(line.endswith(" 0.0") for line in gauges.splitlines()), gauges
+
+
+async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(client, stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.upstream_url.removesuffix("/v1")) as http:
+        before = (await http.get("/fake/stats")).json()
+        stream = await client.chat.completions.create(
+            model="llama",
+            messages=[{"role": "user", "content": "Hello"}],
+            stream=True,
+            max_tokens=4,  # under the cap; the upstream goes slowly on request
+            extra_body={"fake_upstream": {"tokens_per_second": 4}},
+        )
+        async for _ in stream:
+            break
+        await stream.close()
+        for _ in range(200):
+            after = (await http.get("/fake/stats")).json()
+            if after["disconnects"] > before["disconnects"] and after["in_flight"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert after["disconnects"] == before["disconnects"] + 1
+        assert after["in_flight"] == 0
