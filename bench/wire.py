@@ -1,0 +1,213 @@
+"""Benchmark: Edge node hub -> Node -> fake upstream, against calling the fake upstream directly.
+
+    uv run --frozen python -P bench/wire.py [--seconds 4] [--concurrency 1 64]
+
+One run measures both paths side by side, streaming and not, at each concurrency:
+
+- direct: this process runs the Node's own `openai` adapter (httpx pool, SSE parsing) against
+  the fake upstream, so the only difference to the other path is the wire itself;
+- wire: this process runs the Edge's `NodeHub`; a real `iop node run` process serves the runs
+  through the same adapter against the same fake upstream (`iop fake-upstream`, a process);
+- "fake adapter" rows: the same, with the Node's built-in `fake` adapter instead of HTTP, which
+  shows the wire's own ceiling (direct = the same generator in this process).
+
+Latency is request start to terminal event (RunDone). It prints runs/s, p50/p99 latency, the
+ratio wire/direct and the latency the wire adds. Figures go to docs/benchmarks.md ("## Wire").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+
+from iop.edge.nodehub import NodeHub
+from iop.edgeconfig import FakeAdapter, OpenAIAdapter, load_data
+from iop.node import FakeGenerator, OpenAIHttpAdapter
+from iop.upstream import iop_command, spawn_fake_upstream, terminate
+from iop.wire import RunDone, RunRequest
+
+TOKEN = "bench-node-token"
+
+
+def body(stream: bool) -> bytes:
+    return orjson.dumps(
+        {
+            "model": "served",
+            "messages": [{"role": "user", "content": "Say something about gateways."}],
+            "max_tokens": 16,
+            "stream": stream,
+        }
+    )
+
+
+async def measure(
+    one: Callable[[int], Awaitable[None]], concurrency: int, seconds: float
+) -> tuple[float, list[float]]:
+    """Run `one(i)` from `concurrency` workers for `seconds`; (runs/s, latencies in ms)."""
+    latencies: list[float] = []
+    counter = iter(range(10**9))
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+
+    async def worker() -> None:
+        while loop.time() < end:
+            start = time.perf_counter()
+            await one(next(counter))
+            latencies.append((time.perf_counter() - start) * 1000)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(latencies) / (time.perf_counter() - began), latencies
+
+
+def percentile(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
+
+
+@contextlib.asynccontextmanager
+async def node_process(port: int, token_file: Path) -> AsyncIterator[None]:
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "node",
+        "run",
+        "--edge",
+        f"127.0.0.1:{port}",
+        "--node-id",
+        "node-1",
+        "--token-file",
+        str(token_file),
+        "--log-level",
+        "WARNING",
+    )
+    try:
+        yield
+    finally:
+        await terminate(process)
+
+
+async def main(seconds: float, concurrencies: list[int]) -> None:
+    async with spawn_fake_upstream() as upstream:
+        config = load_data(
+            {
+                "edge": {"id": "edge-bench", "listen": "127.0.0.1:0"},
+                "models": [{"id": "m", "providers": {"p1": "served"}}],
+                "nodes": [
+                    {
+                        "id": "node-1",
+                        "token_hash_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+                        "providers": [
+                            {
+                                "id": "p1",
+                                "adapter": {"type": "openai", "base_url": upstream.base_url},
+                                "served_models": ["served"],
+                                "capacity": 1024,
+                            },
+                            {
+                                "id": "p2",
+                                "adapter": {"type": "fake"},
+                                "served_models": ["served"],
+                                "capacity": 1024,
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
+        direct = OpenAIHttpAdapter("direct", OpenAIAdapter(base_url=upstream.base_url))
+        fake = FakeGenerator("direct-fake", FakeAdapter())
+        with tempfile.TemporaryDirectory() as tmp:
+            token_file = Path(tmp) / "token"
+            token_file.write_text(TOKEN)
+            async with NodeHub(config) as hub, node_process(hub.port or 0, token_file):
+                while not hub.connected_providers():
+                    await asyncio.sleep(0.05)
+                await run_table(hub, direct, fake, seconds, concurrencies)
+        await direct.aclose()
+
+
+async def run_table(
+    hub: NodeHub,
+    direct: OpenAIHttpAdapter,
+    fake: FakeGenerator,
+    seconds: float,
+    concurrencies: list[int],
+) -> None:
+    rows = []
+    cases = [("whole", False, "p1"), ("stream", True, "p1"), ("fake adapter, stream", True, "p2")]
+    for mode, stream, provider in cases:
+        payload = body(stream)
+        adapter: OpenAIHttpAdapter | FakeGenerator = direct if provider == "p1" else fake
+
+        async def via_direct(
+            i: int, payload: bytes = payload, stream: bool = stream, adapter: Any = adapter
+        ) -> None:
+            request = RunRequest(f"d{i}", "p1", "served", "chat", payload, stream, None)
+            last = None
+            async for event in adapter.run(request):
+                last = event
+            assert isinstance(last, RunDone), last
+
+        async def via_wire(
+            i: int,
+            payload: bytes = payload,
+            stream: bool = stream,
+            provider: str = provider,
+            mode: str = mode,
+        ) -> None:
+            request = RunRequest(f"w{i}-{mode}", provider, "served", "chat", payload, stream, None)
+            last = None
+            async with hub.run(request) as events:
+                async for event in events:
+                    last = event
+            assert isinstance(last, RunDone), last
+
+        for concurrency in concurrencies:
+            await measure(via_direct, concurrency, 0.5)  # warm-up
+            await measure(via_wire, concurrency, 0.5)
+            direct_rps, direct_lat = await measure(via_direct, concurrency, seconds)
+            wire_rps, wire_lat = await measure(via_wire, concurrency, seconds)
+            rows.append(
+                (
+                    mode,
+                    concurrency,
+                    direct_rps,
+                    wire_rps,
+                    percentile(direct_lat, 50),
+                    percentile(wire_lat, 50),
+                    percentile(direct_lat, 99),
+                    percentile(wire_lat, 99),
+                )
+            )
+            print(f"  measured {rows[-1][0]} c={concurrency}", file=sys.stderr, flush=True)
+    print(
+        "| mode | conc | direct runs/s | wire runs/s | wire/direct | direct p50 ms | wire p50 ms "
+        "| added p50 ms | direct p99 ms | wire p99 ms | added p99 ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, conc, d_rps, w_rps, d50, w50, d99, w99 in rows:
+        print(
+            f"| {mode} | {conc} | {d_rps:,.0f} | {w_rps:,.0f} | {w_rps / d_rps:.2f} | "
+            f"{d50:.2f} | {w50:.2f} | {w50 - d50:+.2f} | {d99:.2f} | {w99:.2f} | {w99 - d99:+.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="measuring time per cell")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    args = parser.parse_args()
+    print(f"# bench/wire.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    uvloop.run(main(args.seconds, args.concurrency))
