@@ -12,7 +12,13 @@ from collections.abc import Sequence
 
 from iop import __version__
 
-from . import config_commands, edge_commands, fake_upstream_commands, node_commands
+from . import (
+    config_commands,
+    edge_commands,
+    fake_upstream_commands,
+    node_commands,
+    up_commands,
+)
 
 __all__ = ["main"]
 
@@ -25,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     config_commands.register(commands)
     edge_commands.register(commands)
+    up_commands.register(commands)
     node_commands.register(commands)
     fake_upstream_commands.register(commands)
     return parser

@@ -1,0 +1,82 @@
+"""`iop up`: the local stack from the sample config, as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import openai
+import orjson
+
+from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
+from iop.edgeconfig import OpenAIAdapter, load_file
+from iop.upstream import iop_command, terminate
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "configs" / "edge.yaml"
+
+
+def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
+    original = load_file(SAMPLE)
+    local = local_config(original, "http://127.0.0.1:9999/v1", port=8123)
+    config = local.config
+    assert config.models == original.models
+    assert config.openai.listen == "127.0.0.1:8123"
+    assert config.edge.listen == "127.0.0.1:0"
+    for node, before in zip(config.nodes, original.nodes, strict=True):
+        token = local.node_tokens[node.id]
+        assert node.token_hash_sha256 == hashlib.sha256(token.encode()).hexdigest()
+        for provider, old in zip(node.providers, before.providers, strict=True):
+            assert (provider.capacity, provider.priority, provider.max_queue) == (
+                old.capacity,
+                old.priority,
+                old.max_queue,
+            )
+            if isinstance(old.adapter, OpenAIAdapter):
+                assert provider.adapter == OpenAIAdapter(base_url="http://127.0.0.1:9999/v1")
+            else:
+                assert provider.adapter == old.adapter
+    refs = [t.token_ref for t in config.openai.principal_tokens]
+    assert refs == [*(t.token_ref for t in original.openai.principal_tokens), LOCAL_TOKEN_REF]
+    assert config.openai.principal_tokens[-1].token_hash_sha256 == (
+        hashlib.sha256(local.api_key.encode()).hexdigest()
+    )
+
+
+async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "up",
+        "--json",
+        "--config",
+        str(SAMPLE),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        assert line, f"iop up exited with {await process.wait()}"
+        up = orjson.loads(line)
+        async with openai.AsyncOpenAI(
+            base_url=up["base_url"], api_key=up["api_key"], max_retries=0
+        ) as client:
+            assert [m.id for m in (await client.models.list()).data] == up["models"]
+            for model in ("demo-echo", "llama-3.1-8b"):  # the fake adapter; the fake upstream
+                reply = await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "Hello!"}]
+                )
+                assert reply.choices[0].message.content
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        for pid in up["pids"].values():  # every process it started has ended
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            raise AssertionError(f"process {pid} outlived iop up")
+    finally:
+        await terminate(process)
