@@ -116,13 +116,16 @@ async def test_a_provider_without_a_connected_node_is_unavailable(wire_config, s
     assert (failed.code, failed.retryable) == (statuses.NODE_UNAVAILABLE, True)
 
 
-async def test_connects_and_disconnects_are_announced(wire_config, start_hub, start_node) -> None:
+async def test_connects_and_disconnects_are_announced(
+    wire_config, start_hub, start_node, until
+) -> None:
     hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     seen: list[dict[str, ProviderLink]] = []
     hub.add_listener(lambda: seen.append(dict(hub.connected_providers())))
     node = await start_node(hub)
     assert hub.connected_providers() == {"p1": ProviderLink("p1", "node-1", True, "")}
     await node.stop()
+    await until(lambda: not hub.connected_providers())
     assert seen[0] == {"p1": ProviderLink("p1", "node-1", True, "")}
     assert seen[-1] == {}
     assert hub.connected_providers() == {}

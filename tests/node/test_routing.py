@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ async def test_capacity_counts_runs_across_a_swap(router: Router, wire_config) -
     await asyncio.sleep(0.01)
     router.apply(payload(wire_config, capacity=1, adapter={"type": "fake"}))
     assert isinstance(router.admit(request("b")), RunFailed)  # the old run still holds the slot
-    old_adapter = admitted.adapter
+    old_adapter: Any = admitted.adapter
     assert not old_adapter.closed
     await running
     assert isinstance(events[-1], RunDone)
