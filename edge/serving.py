@@ -207,6 +207,7 @@ class EdgeApp:
                     status = await self._respond(run, send, arrived, model)
                 gone.finished = True
         except EdgeError as error:
+            gone.finished = True  # what the watcher sees next is the end of this answer
             status = await self._refuse(send, error)
         except _ClientGone:
             status = _CLIENT_GONE

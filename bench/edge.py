@@ -1,0 +1,451 @@
+"""Benchmark: the Edge's request path (Edge -> Node -> fake upstream) against the fake upstream
+called directly, in one run, streaming and not, at several concurrencies.
+
+    uv run --frozen python -P bench/edge.py [--seconds 3] [--concurrency 1 32 128]
+
+Three real processes, as deployed: `iop fake-upstream`, `iop edge run` (auth on, metrics on, a
+principal token, the full dispatch path) and `iop node run` (the `openai` adapter against the
+fake upstream). The load generator in this process keeps one HTTP/1.1 keep-alive connection per
+worker and parses responses with httptools, so that the client costs as little CPU as possible;
+everything shares the machine's cores, as in the issue's reference figures.
+
+Rows, each against the same direct path (the fake upstream over HTTP):
+
+- `openai`: Edge -> Node -> `openai` adapter -> fake upstream, the path the issue measures;
+- `node fake`: Edge -> Node with its built-in `fake` adapter (no upstream HTTP): the Edge plus
+  the wire, without the Node's HTTP client;
+- `edge alone`: an Edge process whose hub answers at once in-process (`--stub-edge`): the Edge's
+  own HTTP, auth, validation, dispatch and metering, and nothing else.
+
+Per cell it prints requests/s for both paths and their ratio, p50/p99 latency (request sent to
+the last byte) and the latency the Edge path adds, and for streams the time to first byte of the
+body (the first SSE event) and what the Edge adds to it. Figures go to docs/benchmarks.md
+("## Edge request path").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httptools
+import orjson
+import uvloop
+import yaml
+
+from iop.edge import EdgeServer
+from iop.edgeconfig import load_file
+from iop.upstream import iop_command, spawn_fake_upstream, terminate
+from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
+
+CLIENT_TOKEN = "sk-bench-client"
+NODE_TOKEN = "bench-node-token"
+MAX_TOKENS = 8  # 8 content chunks per stream
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; `request()` sends one request and waits for its response."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.first_body = 0.0
+        self.tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        if not self.first_body:
+            self.first_body = time.perf_counter()
+        self.tail = body
+
+    def on_message_complete(self) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("the server closed the connection"))
+
+    async def request(self, payload: bytes) -> tuple[float, float]:
+        """(latency, time to the first body byte), in milliseconds."""
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.first_body = 0.0
+        start = time.perf_counter()
+        self.transport.write(payload)
+        await self.done
+        end = time.perf_counter()
+        status = self.parser.get_status_code()
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {self.tail[:300]!r}")
+        return (end - start) * 1000, (self.first_body - start) * 1000
+
+
+def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def body(model: str, stream: bool) -> bytes:
+    return orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say something about gateways."}],
+            "max_tokens": MAX_TOKENS,
+            "stream": stream,
+        }
+    )
+
+
+@dataclass
+class Cell:
+    rps: float
+    latencies: list[float]
+    firsts: list[float]
+
+
+async def measure(host: str, port: int, payload: bytes, concurrency: int, seconds: float) -> Cell:
+    loop = asyncio.get_running_loop()
+    connections = []
+    for _ in range(concurrency):
+        _, protocol = await loop.create_connection(_Connection, host, port)
+        connections.append(protocol)
+    latencies: list[float] = []
+    firsts: list[float] = []
+    end = loop.time() + seconds
+
+    async def worker(connection: _Connection) -> None:
+        while loop.time() < end:
+            latency, first = await connection.request(payload)
+            latencies.append(latency)
+            firsts.append(first)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - began
+    for connection in connections:
+        assert connection.transport is not None
+        connection.transport.close()
+    return Cell(len(latencies) / elapsed, latencies, firsts)
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
+
+
+def edge_config(upstream_url: str) -> dict[str, object]:
+    def provider(pid: str, adapter: dict[str, object]) -> dict[str, object]:
+        return {
+            "id": pid,
+            "adapter": adapter,
+            "served_models": ["served"],
+            "capacity": 1024,
+            "max_queue": 1024,
+        }
+
+    return {
+        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0"},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": sha(CLIENT_TOKEN),
+                    "principal_ref": "bench",
+                }
+            ],
+        },
+        "models": [
+            {"id": "openai", "providers": {"p-http": "served"}},
+            {"id": "node-fake", "providers": {"p-fake": "served"}},
+        ],
+        "nodes": [
+            {
+                "id": "node-1",
+                "token_hash_sha256": sha(NODE_TOKEN),
+                "providers": [
+                    provider("p-http", {"type": "openai", "base_url": upstream_url}),
+                    provider("p-fake", {"type": "fake", "completion_tokens": MAX_TOKENS}),
+                ],
+            }
+        ],
+    }
+
+
+async def started_line(process: asyncio.subprocess.Process) -> dict[str, object]:
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 30)
+    if not line:
+        raise RuntimeError(f"the Edge exited with {await process.wait()}")
+    return orjson.loads(line)  # type: ignore[no-any-return]
+
+
+def split_url(url: object) -> tuple[str, int]:
+    host, _, port = str(url).removeprefix("http://").rpartition(":")
+    return host, int(port)
+
+
+async def wait_available(host: str, port: int, wanted: bytes) -> None:
+    request = f"GET /readyz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+    for _ in range(600):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(request)
+        answer = await reader.read()
+        writer.close()
+        if wanted in answer:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the node never connected")
+
+
+@contextlib.asynccontextmanager
+async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int]]:
+    """`iop edge run` and `iop node run` processes; yields the Edge's OpenAI host and port."""
+    edge = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "edge",
+        "run",
+        "--config",
+        str(folder / "edge.yaml"),
+        "--log-level",
+        "WARNING",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    node: asyncio.subprocess.Process | None = None
+    try:
+        started = await started_line(edge)
+        node = await asyncio.create_subprocess_exec(
+            *iop_command(),
+            "node",
+            "run",
+            "--edge",
+            f"127.0.0.1:{started['hub_port']}",
+            "--node-id",
+            "node-1",
+            "--token-file",
+            str(folder / "token"),
+            "--log-level",
+            "WARNING",
+        )
+        host, port = split_url(started["url"])
+        await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
+        yield host, port
+    finally:
+        if node is not None:
+            await terminate(node)
+        await terminate(edge)
+
+
+@contextlib.asynccontextmanager
+async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int]]:
+    """This script as an Edge process whose hub answers every run at once (`--stub-edge`)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-P",
+        __file__,
+        "--stub-edge",
+        str(folder / "edge.yaml"),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        host, port = split_url((await started_line(process))["url"])
+        await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
+        yield host, port
+    finally:
+        await terminate(process)
+
+
+# -- the stub hub of `--stub-edge` ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Link:
+    node_id: str
+    healthy: bool = True
+
+
+class _InstantStream:
+    def __init__(self, events: list[RunEvent]) -> None:
+        self._events = iter(events)
+
+    async def __aenter__(self) -> _InstantStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def __aiter__(self) -> _InstantStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        for event in self._events:
+            return event
+        raise StopAsyncIteration
+
+
+class InstantHub:
+    """Answers every run at once with what the fake upstream would send (8 tokens)."""
+
+    def __init__(self) -> None:
+        words = [" word"] * MAX_TOKENS
+        self._whole: list[RunEvent] = [
+            RunChunk(
+                orjson.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 1,
+                        "model": "served",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": "".join(words)},
+                                "finish_reason": "length",
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 8, "completion_tokens": 8, "total_tokens": 16},
+                    }
+                )
+            ),
+            RunUsage(8, MAX_TOKENS, 8 + MAX_TOKENS),
+            RunDone("length"),
+        ]
+        chunks = [{"role": "assistant", "content": ""}, *({"content": w} for w in words), {}]
+        self._stream: list[RunEvent] = [
+            *(
+                RunChunk(
+                    orjson.dumps(
+                        {
+                            "id": "x",
+                            "object": "chat.completion.chunk",
+                            "created": 1,
+                            "model": "served",
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                        }
+                    )
+                )
+                for delta in chunks
+            ),
+            RunUsage(8, MAX_TOKENS, 8 + MAX_TOKENS),
+            RunDone("length"),
+        ]
+        self._links = {"p-http": _Link("node-1"), "p-fake": _Link("node-1")}
+
+    def connected_providers(self) -> Mapping[str, _Link]:
+        return self._links
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        return None
+
+    def run(self, request: RunRequest) -> _InstantStream:
+        return _InstantStream(self._stream if request.stream else self._whole)
+
+    async def start(self) -> int:
+        return 0
+
+    async def stop(self, grace: float = 0.0) -> None:
+        return None
+
+
+async def serve_stub_edge(config_path: str) -> None:
+    config = load_file(config_path)
+    async with EdgeServer(config, hub=InstantHub()) as edge:
+        print(orjson.dumps({"url": edge.url, "hub_port": 0}).decode(), flush=True)
+        await asyncio.Event().wait()
+
+
+async def main(seconds: float, concurrencies: list[int]) -> None:
+    rows = []
+    async with spawn_fake_upstream() as upstream:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            (folder / "edge.yaml").write_text(yaml.safe_dump(edge_config(upstream.base_url)))
+            (folder / "token").write_text(NODE_TOKEN)
+            up_host, up_port = split_url(upstream.listen)
+            for label, model, stack in (
+                ("openai", "openai", edge_stack),
+                ("node fake", "node-fake", edge_stack),
+                ("edge alone", "openai", stub_edge),
+            ):
+                async with stack(folder) as (edge_host, edge_port):
+                    for stream in (False, True):
+                        direct_payload = http_request(
+                            upstream.listen, "/v1/chat/completions", body("served", stream), None
+                        )
+                        edge_payload = http_request(
+                            f"{edge_host}:{edge_port}",
+                            "/v1/chat/completions",
+                            body(model, stream),
+                            CLIENT_TOKEN,
+                        )
+                        for concurrency in concurrencies:
+                            # warm-up, then both paths in turn
+                            await measure(up_host, up_port, direct_payload, concurrency, 0.5)
+                            await measure(edge_host, edge_port, edge_payload, concurrency, 0.5)
+                            direct = await measure(
+                                up_host, up_port, direct_payload, concurrency, seconds
+                            )
+                            edge = await measure(
+                                edge_host, edge_port, edge_payload, concurrency, seconds
+                            )
+                            mode = f"{label}, {'stream' if stream else 'whole'}"
+                            rows.append((mode, concurrency, direct, edge))
+                            print(f"  measured {mode} c={concurrency}", file=sys.stderr, flush=True)
+    print(
+        "| path | conc | direct req/s | edge req/s | edge/direct | direct p50 ms | edge p50 ms "
+        "| added p50 ms | direct p99 ms | edge p99 ms | added p99 ms | added TTFB p50 ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for mode, conc, d, e in rows:
+        d50, e50 = pct(d.latencies, 50), pct(e.latencies, 50)
+        d99, e99 = pct(d.latencies, 99), pct(e.latencies, 99)
+        ttfb = f"{pct(e.firsts, 50) - pct(d.firsts, 50):+.2f}" if "stream" in mode else "-"
+        print(
+            f"| {mode} | {conc} | {d.rps:,.0f} | {e.rps:,.0f} | {e.rps / d.rps:.2f} | "
+            f"{d50:.2f} | {e50:.2f} | {e50 - d50:+.2f} | {d99:.2f} | {e99:.2f} | "
+            f"{e99 - d99:+.2f} | {ttfb} |"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--stub-edge", metavar="CONFIG", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stub_edge:
+        uvloop.run(serve_stub_edge(args.stub_edge))
+        sys.exit(0)
+    print(f"# bench/edge.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    uvloop.run(main(args.seconds, args.concurrency))
