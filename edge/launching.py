@@ -128,6 +128,7 @@ class EdgeServer:
             access_log=False,
             log_config=None,
             server_header=False,
+            proxy_headers=False,  # the Edge reads no client address: skip that middleware
             timeout_graceful_shutdown=math.ceil(self._grace),
         )
         server = self._server = _Server(config)
