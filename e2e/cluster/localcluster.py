@@ -307,8 +307,10 @@ def build(*, force: bool = False) -> Build:
             return target
         log(f"building the control plane into {target.root}")
         log("  pins: " + ", ".join(f"{module}@{version}" for module, version in versions.items()))
+        # Holding the lock, any temporary folder is a dead build's leftover.
+        for leftover in cache_root().glob("*.tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         work = target.root.with_name(f"{target.root.name}.tmp-{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
         started = time.monotonic()
         timings: dict[str, float] = {}
         try:
@@ -355,7 +357,7 @@ def replace_block(go_mod_text: str, staging: Sequence[str], version: str, source
     kept: list[str] = []
     in_block = False
     for line in go_mod_text.splitlines():
-        if line.startswith("// Staging modules of k8s.io/kubernetes"):
+        if line.startswith(("// Staging modules of k8s.io/kubernetes", "// `localcluster.py pin`")):
             continue
         if line.startswith("replace ("):
             in_block = True
