@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import orjson
 
-from iop.wire import RunChunk, RunDone, RunFailed, RunKind
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind, guarded_task
 
 from .authenticating import Authenticator, Principal
 from .bodies import apply_policy, is_long, parse_request
@@ -196,8 +196,10 @@ class EdgeApp:
             long = is_long(request, snapshot.long_context_threshold_tokens)
             task = asyncio.current_task()
             assert task is not None
-            watcher = asyncio.create_task(
-                _watch(receive, task, gone), name=f"edge-http-disconnect-{id(task):x}"
+            watcher = guarded_task(
+                _watch(receive, task, gone),
+                name=f"edge-http-disconnect-{id(task):x}",
+                logger=logger,
             )
             async with self._relay.open(request, long, principal) as run:
                 provider = run.provider_id
