@@ -6,8 +6,11 @@ taking requests and lets the running ones finish, then the hub closes the Nodes'
 Signals are the caller's business (`iop edge run` maps SIGTERM/SIGINT to `stop()`), so uvicorn's
 own signal capture is switched off.
 
-`swap(config)` is the live-refresh seam: it builds the next pool snapshot and swaps it into the
-dispatcher with one reference assignment (the refresh API also hands the config to the hub).
+`refresher` is the live-refresh seam (`refreshing.py`): it swaps the next pool snapshot into the
+dispatcher and the config into the hub, and pushes node payloads. With `admin_listen`, a second
+uvicorn server serves the admin API (`admin.py`) there; `iop edge run` passes the config's
+`edge.admin.listen`, while an Edge embedded in-process (tests, benchmarks) serves none by default.
+The admin server starts last and stops first, so no apply runs while the Edge comes or goes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import contextlib
 import logging
 import math
 import socket
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -26,10 +30,12 @@ import uvicorn
 from iop.edgeconfig import EdgeConfig, split_listener
 from iop.wire import guarded_task
 
+from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
 from .dispatching import Dispatcher
 from .metering import Metrics
 from .nodehub import NodeHub
+from .refreshing import Refresher
 from .runs import Hub, available_providers
 from .serving import EdgeApp
 from .snapshots import PoolSnapshot
@@ -58,9 +64,26 @@ class EdgeServer:
         openai_listen: str | None = None,
         hub_listen: str | None = None,
         shutdown_grace_s: float = 10.0,
+        admin_listen: str | None = None,
+        config_path: str | Path | None = None,
+        ack_timeout_s: float = 10.0,
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
+        self.refresher = Refresher(
+            self.dispatcher,
+            hub=self.hub if isinstance(self.hub, NodeHub) else None,
+            config_path=config_path,
+            ack_timeout=ack_timeout_s,
+        )
+        # Checked here, before anything listens: off loopback without a token, no Edge.
+        self._admin_auth = (
+            AdminAuth.load(config.edge.admin, admin_listen) if admin_listen is not None else None
+        )
+        self._admin_listen = admin_listen
+        self._admin_server: _Server | None = None
+        self._admin_serving: asyncio.Task[None] | None = None
+        self.admin_port: int | None = None
         self.metrics = Metrics(self.dispatcher)
         self.app = EdgeApp(
             dispatcher=self.dispatcher,
@@ -93,20 +116,19 @@ class EdgeServer:
     @property
     def url(self) -> str:
         """Base URL of the OpenAI API (what clients use as base_url, minus the /v1)."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
-        return f"http://{host}:{self.port}"
+        return _url(self.host, self.port)
 
     def ready(self) -> bool:
         """Config loaded, the hub listening and the HTTP side serving."""
         server = self._server
         return self._hub_started and server is not None and server.started
 
-    def swap(self, config: EdgeConfig) -> PoolSnapshot:
-        """Dispatch on `config` from now on (one reference swap); returns the new snapshot."""
-        snapshot = PoolSnapshot.build(config, self.dispatcher.snapshot.generation + 1)
-        self.dispatcher.swap(snapshot)
-        return snapshot
+    @property
+    def admin_url(self) -> str | None:
+        """Base URL of the admin API, when it is served."""
+        if self._admin_listen is None or self.admin_port is None:
+            return None
+        return _url(split_listener(self._admin_listen)[0], self.admin_port)
 
     async def start(self) -> None:
         self.hub_port = await self.hub.start()
@@ -114,13 +136,52 @@ class EdgeServer:
         self.hub.add_listener(self._links_changed)
         self._links_changed()
         try:
-            sock = _bind(self.host, self.port)
-        except OSError:
-            await self.hub.stop(0)
+            sock = _bind(self.host, self.port, "the OpenAI API")
+            self.port = sock.getsockname()[1]
+            self._server, self._serving = await self._serve_http(
+                self.app, sock, "edge-openai-http", f"the OpenAI API on {self._listen}"
+            )
+            if self._admin_auth is not None and self._admin_listen is not None:
+                host, port = split_listener(self._admin_listen)
+                sock = _bind(host, port, "the admin API")
+                self.admin_port = sock.getsockname()[1]
+                admin = AdminApp(self.refresher, self._admin_auth)
+                self._admin_server, self._admin_serving = await self._serve_http(
+                    admin, sock, "edge-admin-http", f"the admin API on {self._admin_listen}"
+                )
+        except BaseException:
+            await self._stop(grace=0)
             raise
-        self.port = sock.getsockname()[1]
+        logger.info(
+            "edge serving the OpenAI API on %s (listen %s); nodes dial port %s; admin API %s",
+            self.url,
+            self._listen,
+            self.hub_port,
+            self.admin_url or "off",
+        )
+
+    async def stop(self) -> None:
+        """Stop the admin API, then stop taking requests and let running ones finish (up to the
+        grace), then the hub."""
+        await self._stop(self._grace)
+
+    async def _stop(self, grace: float) -> None:
+        servers = ((self._admin_server, self._admin_serving), (self._server, self._serving))
+        self._admin_server = self._admin_serving = self._server = self._serving = None
+        for server, serving in servers:
+            if server is not None and serving is not None:
+                server.should_exit = True
+                await serving
+        if self._hub_started:
+            self._hub_started = False
+            await self.hub.stop(grace)
+        self.dispatcher.close()
+
+    async def _serve_http(
+        self, app: Callable[..., Awaitable[None]], sock: socket.socket, name: str, what: str
+    ) -> tuple[_Server, asyncio.Task[None]]:
         config = uvicorn.Config(
-            self.app,
+            app,
             http="httptools",
             ws="none",
             loop="none",
@@ -131,42 +192,26 @@ class EdgeServer:
             proxy_headers=False,  # the Edge reads no client address: skip that middleware
             timeout_graceful_shutdown=math.ceil(self._grace),
         )
-        server = self._server = _Server(config)
-        self._serving = guarded_task(
-            server.serve(sockets=[sock]), name="edge-openai-http", logger=logger
-        )
+        server = _Server(config)
+        serving = guarded_task(server.serve(sockets=[sock]), name=name, logger=logger)
         while not server.started:
-            if self._serving.done():
-                await self.hub.stop(0)
-                self._serving.result()  # raises what stopped it
-                raise OSError(f"the OpenAI API did not start on {self._listen}")
+            if serving.done():
+                serving.result()  # raises what stopped it
+                raise OSError(f"{what} did not start")
             await asyncio.sleep(0.005)
-        logger.info(
-            "edge serving the OpenAI API on %s (listen %s); nodes dial port %s",
-            self.url,
-            self._listen,
-            self.hub_port,
-        )
-
-    async def stop(self) -> None:
-        """Stop taking requests, let running ones finish (up to the grace), then the hub."""
-        server, serving = self._server, self._serving
-        if server is not None and serving is not None:
-            server.should_exit = True
-            try:
-                await serving
-            finally:
-                self._server = self._serving = None
-        if self._hub_started:
-            self._hub_started = False
-            await self.hub.stop(self._grace)
-        self.dispatcher.close()
+        return server, serving
 
     def _links_changed(self) -> None:
         self.dispatcher.set_available(available_providers(self.hub.connected_providers()))
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
+    return f"http://{host}:{port}"
+
+
+def _bind(host: str, port: int, what: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -174,5 +219,5 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port} for the OpenAI API: {exc}") from exc
+        raise OSError(f"cannot listen on {host}:{port} for {what}: {exc}") from exc
     return sock

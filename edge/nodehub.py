@@ -240,27 +240,31 @@ class NodeHub:
         }
 
     async def swap_config(
-        self, config: EdgeConfig, *, ack_timeout: float = 10.0
+        self, config: EdgeConfig, *, generation: int | None = None, ack_timeout: float = 10.0
     ) -> dict[str, pb.ConfigAck | None]:
         """Make `config` current and push each connected node's payload if it changed.
 
-        Returns node id -> its ack (None when it did not answer within `ack_timeout`). Runs in
-        flight are unaffected; nodes no longer in `config` keep their connection until restart.
+        A node gets a `NodeConfigRefreshRequest` only when its payload differs from the one it
+        has (acknowledged, or was sent on a welcome it has not acknowledged yet), so a swap that
+        changes no payload pushes nothing. `generation` defaults to the next one. Returns node id
+        -> its ack (None when it did not answer within `ack_timeout` or disconnected first). Runs
+        in flight are unaffected; nodes no longer in `config` keep their connection until restart.
         """
-        snapshot = HubSnapshot.of(config, self._snapshot.generation + 1)
+        number = self._snapshot.generation + 1 if generation is None else generation
+        snapshot = HubSnapshot.of(config, number)
         self._snapshot = snapshot
         waits: dict[str, asyncio.Future[pb.ConfigAck]] = {}
         loop = asyncio.get_running_loop()
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
-            if payload is None or not session.ready or payload.digest == session.applied_hash:
+            held = session.applied_hash if session.ready else session.payload.digest
+            if payload is None or payload.digest == held:
                 continue
             future: asyncio.Future[pb.ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future
-            refresh = pb.NodeConfigRefreshRequest(
-                config=payload_to_proto(payload, snapshot.generation)
-            )
-            session.writer_put(refresh)
+            session.payload, session.payload_generation = payload, snapshot.generation
+            # No writer yet (its welcome is being written): `_serve` sends it right after.
+            session.writer_put(_refresh(payload, snapshot.generation))
             waits[node_id] = future
         self._changed()
         results: dict[str, pb.ConfigAck | None] = dict.fromkeys(waits)
@@ -369,6 +373,8 @@ class NodeHub:
             )
             async with writer:
                 session.writer = writer
+                if session.payload is not payload:  # a swap pushed while the welcome was written
+                    writer.put(_refresh(session.payload, session.payload_generation))
                 reader = guarded_task(
                     self._read(context, session), name=f"hub-reader-{node_id}", logger=logger
                 )
@@ -414,3 +420,7 @@ class NodeHub:
                     session.applied_generation,
                 )
                 self._changed()
+
+
+def _refresh(payload: NodePayload, generation: int) -> pb.NodeConfigRefreshRequest:
+    return pb.NodeConfigRefreshRequest(config=payload_to_proto(payload, generation))

@@ -1,0 +1,321 @@
+"""The admin HTTP API: live refresh and the config in use, an operator-local surface.
+
+Served on `edge.admin.listen` (loopback by default) by a second uvicorn server of the Edge
+process, as a raw ASGI app like the OpenAI API. Routes:
+
+- `POST /refresh` with `{"mode": "dry_run" | "apply"}` and at most one of `config` (the config
+  as an object), `config_yaml` (YAML or JSON text) or `path` (a file the Edge reads); with none
+  of them the Edge re-reads the file it was started from. Answers the refresh report: 200 (dry
+  run, or applied), 409 (apply refused: restart-required paths; nothing changed), 422 (invalid
+  candidate, with every problem and its path; nothing changed).
+- `GET /config`: the config in use, its hash and generation, with secrets redacted.
+- `GET /refresh/last` (`?mode=apply`: the last apply): the last report; 404 before any.
+- `GET /healthz`.
+
+Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
+configured), 404, 405, 413. Statuses and error bodies are chosen in `_status` and `_HttpError`
+only.
+
+Auth: a bearer token is accepted when its SHA-256 matches `edge.admin.token_hash_sha256` or the
+hash of `edge.admin.token_file`'s content (read once, at start), compared in constant time. With
+neither configured the API is open, which `AdminAuth.load` allows on loopback only: off loopback
+the Edge refuses to start. Tokens are never stored or logged; the log names the peer address and
+which configured credential matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, Self
+from urllib.parse import parse_qs
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener
+
+from .refreshes import Candidate, RefreshReport
+from .refreshing import Refresher
+
+__all__ = ["AdminApp", "AdminAuth", "AdminAuthError", "RefreshBody", "redacted"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Largest `POST /refresh` body: a config with thousands of nodes fits with room to spare.
+MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+_REDACTED: Final = "<redacted>"
+#: Keys whose values are credentials or their hashes (`token_ref`, `token_file`, `api_key_env`
+#: name things and stay).
+_SECRET_KEY: Final = re.compile(r"(sha256|token|secret|password|api_key)$")
+_URL_USERINFO: Final = re.compile(r"(?<=://)[^/@\s]+@")
+_BEARER: Final = b"bearer "
+
+
+class AdminAuthError(ValueError):
+    """The admin API cannot start: open off loopback, or its token file is unusable."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdminAuth:
+    """The accepted token hashes (none: the API is open, loopback only), by credential name."""
+
+    hashes: tuple[tuple[str, bytes], ...] = ()
+
+    @classmethod
+    def load(cls, section: AdminSection, listen: str) -> AdminAuth:
+        """The auth of `section`, served on `listen`; reads and hashes the token file now."""
+        hashes: list[tuple[str, bytes]] = []
+        if section.token_hash_sha256:
+            hashes.append(("token_hash_sha256", section.token_hash_sha256.encode()))
+        if section.token_file:
+            try:
+                token = Path(section.token_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise AdminAuthError(
+                    f"cannot read edge.admin.token_file {section.token_file}: {exc}"
+                ) from exc
+            if not token:
+                raise AdminAuthError(f"edge.admin.token_file {section.token_file} is empty")
+            hashes.append(("token_file", hashlib.sha256(token.encode()).hexdigest().encode()))
+        if not hashes and not is_loopback_listener(listen):
+            raise AdminAuthError(
+                f"the admin API would listen on {listen}, off loopback, without auth: set "
+                "edge.admin.token_hash_sha256 or edge.admin.token_file"
+            )
+        return cls(tuple(hashes))
+
+    @property
+    def required(self) -> bool:
+        return bool(self.hashes)
+
+    def check(self, authorization: bytes | None) -> str:
+        """Which credential the request's bearer token matched; raises `_HttpError` (401)."""
+        if not self.hashes:
+            return "no auth (loopback)"
+        if not authorization or authorization[:7].lower() != _BEARER:
+            raise _HttpError("unauthorized", "send 'Authorization: Bearer TOKEN'")
+        digest = hashlib.sha256(authorization[7:].strip()).hexdigest().encode()
+        matched = ""
+        for name, expected in self.hashes:  # compare with every one: the same time either way
+            if hmac.compare_digest(digest, expected):
+                matched = name
+        if not matched:
+            raise _HttpError("unauthorized", "wrong admin token")
+        return f"admin token ({matched})"
+
+
+class RefreshBody(BaseModel):
+    """The body of `POST /refresh`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["dry_run", "apply"]
+    config: dict[str, Any] | None = None
+    config_yaml: str | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        given = [
+            name for name in ("config", "config_yaml", "path") if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of config, config_yaml and path, not {given}")
+        return self
+
+
+#: Every status the admin API answers with, by error code, beside `_status` for reports.
+_ERROR_STATUSES: Final = {
+    "bad_request": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "no_refresh": 404,
+    "method_not_allowed": 405,
+    "too_large": 413,
+}
+
+
+class _HttpError(Exception):
+    """An answer other than a report: a code (its status from `_ERROR_STATUSES`), a sentence."""
+
+    def __init__(self, code: str, message: str, allow: str = "") -> None:
+        super().__init__(message)
+        self.status = _ERROR_STATUSES[code]
+        self.code = code
+        self.message = message
+        self.headers: list[tuple[bytes, bytes]] = []
+        if code == "unauthorized":
+            self.headers.append((b"www-authenticate", b"Bearer"))
+        if allow:
+            self.headers.append((b"allow", allow.encode()))
+
+
+def _status(report: RefreshReport) -> int:
+    """The HTTP status of a refresh report: 422 invalid, 409 apply refused, else 200."""
+    if report.outcome == "invalid":
+        return 422
+    if report.outcome == "restart_required" and report.mode == "apply":
+        return 409
+    return 200
+
+
+class AdminApp:
+    """The ASGI application of the admin API."""
+
+    def __init__(self, refresher: Refresher, auth: AdminAuth) -> None:
+        self._refresher = refresher
+        self._auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._http(scope, receive, send)
+        except _HttpError as error:
+            body = {"error": {"code": error.code, "message": error.message}}
+            await _send(send, error.status, orjson.dumps(body), error.headers)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        allowed = {"/refresh": "POST", "/config": "GET", "/refresh/last": "GET", "/healthz": "GET"}
+        wanted = allowed.get(path)
+        if wanted is None:
+            raise _HttpError("not_found", f"no route {method} {path}")
+        if method != wanted:
+            raise _HttpError("method_not_allowed", f"use {wanted} {path}", allow=wanted)
+        if path == "/healthz":
+            await _send(send, 200, b'{"status":"ok"}')
+            return
+        who = self._auth.check(_header(scope, b"authorization"))
+        client = scope.get("client")
+        peer = f"{client[0]}:{client[1]}" if client else "unknown peer"
+        if path == "/refresh":
+            await self._refresh(scope, receive, send, f"{peer}, {who}")
+        elif path == "/config":
+            snapshot = self._refresher.current
+            document = {
+                "config_hash": snapshot.config_hash,
+                "generation": snapshot.generation,
+                "config": redacted(snapshot.config),
+            }
+            await _send(send, 200, orjson.dumps(document))
+        else:
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            mode = query.get("mode", [""])[0]
+            if mode not in ("", "apply"):
+                raise _HttpError("bad_request", "mode may only be 'apply'")
+            report = self._refresher.last("apply" if mode else None)
+            if report is None:
+                raise _HttpError("no_refresh", "no refresh has run since the Edge started")
+            await _send(send, 200, orjson.dumps(report.as_dict()))
+
+    async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
+        raw = await _read_body(scope, receive)
+        try:
+            body = RefreshBody.model_validate_json(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+                for error in exc.errors(include_url=False, include_input=False)
+            )
+            raise _HttpError("bad_request", f"malformed refresh request: {problems}") from exc
+        if body.config is not None:
+            candidate = Candidate.of_data(body.config)
+        elif body.config_yaml is not None:
+            candidate = Candidate.of_text(body.config_yaml)
+        elif body.path is not None:
+            candidate = Candidate.of_path(body.path)
+        elif self._refresher.config_path is not None:
+            candidate = Candidate.of_path(self._refresher.config_path)
+        else:
+            raise _HttpError(
+                "bad_request",
+                "this Edge was not started from a file: send config, config_yaml or path",
+            )
+        report = await self._refresher.refresh(body.mode, candidate, requested_by=who)
+        await _send(send, _status(report), orjson.dumps(report.as_dict()))
+
+
+def redacted(config: EdgeConfig) -> dict[str, Any]:
+    """The config as a document, with token hashes and URL credentials replaced."""
+    result = _redact(config.model_dump(mode="json"))
+    assert isinstance(result, dict)
+    return result
+
+
+def _redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _redact(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v, key) for v in value]
+    if isinstance(value, str):
+        if _SECRET_KEY.search(key):
+            return _REDACTED
+        return _URL_USERINFO.sub(f"{_REDACTED}@", value)
+    return value
+
+
+async def _read_body(scope: Scope, receive: Receive) -> bytes:
+    length = _header(scope, b"content-length")
+    too_large = _HttpError("too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _HttpError("bad_request", "the client went away")
+        part: bytes = message.get("body", b"")
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        parts.append(part)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+async def _send(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,160 @@
+"""The values of a live refresh: the candidate config as it arrived, and the report of one refresh.
+
+A `RefreshReport` is what `POST /refresh` answers, what `GET /refresh/last` shows, what `iop edge
+reload` prints and what SIGHUP logs, so it is one shape everywhere. Its lists are tuples that
+are never None (empty when nothing applies), and `as_dict()` keeps them lists, never null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from iop.edgeconfig import ChangeReport, EdgeConfig, Problem, RestartPath
+
+__all__ = ["Candidate", "Mode", "NodePush", "Outcome", "PushStatus", "RefreshReport"]
+
+Mode = Literal["dry_run", "apply"]
+#: applied: swapped in; valid: a dry run that could apply live; restart_required: some path
+#: needs a restart (an apply is refused and changes nothing); invalid: the candidate does not load.
+Outcome = Literal["applied", "valid", "restart_required", "invalid"]
+#: acked: the node applied the payload; failed: it refused, went away or did not answer in time;
+#: not_connected: it was not connected, and receives the current payload when it connects.
+PushStatus = Literal["acked", "failed", "not_connected"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A config offered for a refresh: a parsed document or model, YAML (or JSON) text, or a file.
+
+    Exactly one of the three is set; use the constructors.
+    """
+
+    data: object = None
+    text: str | None = None
+    path: Path | None = None
+
+    @classmethod
+    def of_data(cls, data: Any) -> Candidate:
+        """A parsed document (a mapping, as in a JSON body) or an `EdgeConfig`."""
+        return cls(data=data)
+
+    @classmethod
+    def of_text(cls, text: str) -> Candidate:
+        return cls(text=text)
+
+    @classmethod
+    def of_path(cls, path: str | Path) -> Candidate:
+        return cls(path=Path(path))
+
+    def describe(self) -> str:
+        """Where the candidate came from, for the log and the report (never its content)."""
+        if self.path is not None:
+            return f"file {self.path}"
+        if self.text is not None:
+            return f"YAML text ({len(self.text.encode())} bytes)"
+        return "config model" if isinstance(self.data, EdgeConfig) else "config object"
+
+
+@dataclass(frozen=True, slots=True)
+class NodePush:
+    """What became of one node's payload push."""
+
+    node_id: str
+    status: PushStatus
+    #: Why it failed or was not sent; empty when acked.
+    reason: str = ""
+    #: The generation pushed, and the digest of the node payload (what the node acknowledges).
+    generation: int = 0
+    config_hash: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "node_id": self.node_id,
+            "status": self.status,
+            "reason": self.reason,
+            "generation": self.generation,
+            "config_hash": self.config_hash,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshReport:
+    """The result of one dry run or apply. Lists are sorted tuples and never None."""
+
+    mode: Mode
+    outcome: Outcome
+    #: True only when this refresh swapped the candidate in.
+    applied: bool
+    #: True when the candidate differs from the config in use (on any path).
+    changed: bool
+    previous_config_hash: str
+    previous_generation: int
+    #: The candidate's hash (None when it did not load) and the generation in use afterwards.
+    config_hash: str | None
+    generation: int
+    changed_nodes: tuple[str, ...] = ()
+    changed_providers: tuple[str, ...] = ()
+    changed_models: tuple[str, ...] = ()
+    live_paths: tuple[str, ...] = ()
+    restart_required_paths: tuple[RestartPath, ...] = ()
+    #: Nodes whose node-specific payload changed: the ones an apply pushes to.
+    nodes_to_push: tuple[str, ...] = ()
+    pushes: tuple[NodePush, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    #: Who asked (peer address and auth, or the signal), and what was offered.
+    requested_by: str = ""
+    source: str = ""
+    #: Unix time the refresh started, and how long it took (apply: until the last ack).
+    started_at: float = 0.0
+    duration_ms: float = 0.0
+    message: str = ""
+
+    @classmethod
+    def from_change(cls, change: ChangeReport, **values: Any) -> RefreshReport:
+        return cls(
+            changed=change.changed,
+            changed_nodes=change.changed_nodes,
+            changed_providers=change.changed_providers,
+            changed_models=change.changed_models,
+            live_paths=change.live_paths,
+            restart_required_paths=change.restart_required_paths,
+            nodes_to_push=change.nodes_to_push,
+            **values,
+        )
+
+    @property
+    def restart_scopes(self) -> tuple[str, ...]:
+        return tuple(sorted({p.scope for p in self.restart_required_paths}))
+
+    @property
+    def all_acked(self) -> bool:
+        """Every node pushed to acknowledged (vacuously true when nothing was pushed)."""
+        return all(push.status == "acked" for push in self.pushes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "mode": self.mode,
+            "outcome": self.outcome,
+            "applied": self.applied,
+            "changed": self.changed,
+            "message": self.message,
+            "previous_config_hash": self.previous_config_hash,
+            "previous_generation": self.previous_generation,
+            "config_hash": self.config_hash,
+            "generation": self.generation,
+            "changed_nodes": list(self.changed_nodes),
+            "changed_providers": list(self.changed_providers),
+            "changed_models": list(self.changed_models),
+            "live_paths": list(self.live_paths),
+            "restart_required_paths": [p.as_dict() for p in self.restart_required_paths],
+            "restart_scopes": list(self.restart_scopes),
+            "nodes_to_push": list(self.nodes_to_push),
+            "pushes": [push.as_dict() for push in self.pushes],
+            "problems": [problem.as_dict() for problem in self.problems],
+            "requested_by": self.requested_by,
+            "source": self.source,
+            "started_at": self.started_at,
+            "duration_ms": self.duration_ms,
+        }

@@ -1,0 +1,332 @@
+"""Live config refresh: load, validate and classify a candidate config, then apply it copy-on-write.
+
+Every way in goes through `Refresher.refresh` (the admin API's `POST /refresh`, SIGHUP in `iop
+edge run`, `iop edge reload`), so they all validate, classify, log and report the same way:
+
+1. Load the candidate (a document, YAML text or a file) with `iop.edgeconfig`: a candidate with
+   any problem is `invalid`, with every problem and its path, and changes nothing.
+2. Classify it against the config in use. A dry run stops here and reports. An apply with any
+   restart-required path is refused (`restart_required`, naming each path and its scope) and
+   changes nothing.
+3. Apply: build the next `PoolSnapshot` (catalog, limits, long-context threshold) and swap it
+   into the dispatcher, and the node hub's snapshot (node store and payloads) with it, in the
+   same turn of the event loop: no request ever sees one without the other. Runs in flight keep
+   the snapshot they started on; waiting requests are re-evaluated against the new pool at once;
+   slot counters survive the swap, so capacity lowered below the in-flight count only holds new
+   admissions back.
+4. Push: only nodes whose node-specific payload changed get a `NodeConfigRefreshRequest`; the
+   apply waits for their acks (bounded by `ack_timeout`) and reports each node as acked, failed
+   with the reason, or not connected (a node that connects later gets the current payload on
+   welcome). A no-change apply swaps the snapshot and pushes nothing.
+
+Applies run one at a time (an asyncio lock around classify-swap-push); dry runs never wait for
+one. The config in use is the dispatcher's snapshot: there is no second copy to drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sized
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from iop import runtime_pb2 as pb
+from iop.edgeconfig import (
+    ChangeReport,
+    ConfigError,
+    EdgeConfig,
+    classify,
+    config_hash,
+    load_data,
+    load_file,
+    load_text,
+    node_payload,
+)
+
+from .dispatching import Dispatcher
+from .nodehub import NodeStatus
+from .refreshes import Candidate, Mode, NodePush, RefreshReport
+from .snapshots import PoolSnapshot
+
+__all__ = ["ConfigPush", "Refresher"]
+
+logger = logging.getLogger(__name__)
+
+#: How many paths a log line names before it says "and N more".
+_LOGGED_PATHS = 12
+
+
+class ConfigPush(Protocol):
+    """What the refresher needs from the node hub (`NodeHub` implements it)."""
+
+    async def swap_config(
+        self, config: EdgeConfig, *, generation: int | None = ..., ack_timeout: float = ...
+    ) -> Mapping[str, pb.ConfigAck | None]: ...
+
+    def nodes(self) -> Mapping[str, NodeStatus]: ...
+
+
+class Refresher:
+    """Dry runs and applies candidate configs; see the module docstring."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        hub: ConfigPush | None = None,
+        config_path: str | Path | None = None,
+        ack_timeout: float = 10.0,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._hub = hub
+        #: The file the Edge was started from: what SIGHUP and a body without a config re-read.
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.ack_timeout = ack_timeout
+        self._lock = asyncio.Lock()
+        self._last: RefreshReport | None = None
+        self._last_apply: RefreshReport | None = None
+
+    @property
+    def current(self) -> PoolSnapshot:
+        """The config in use, with its hash and generation."""
+        return self._dispatcher.snapshot
+
+    def last(self, mode: Mode | None = None) -> RefreshReport | None:
+        """The most recent report (of `mode`, when given)."""
+        return self._last_apply if mode == "apply" else self._last
+
+    async def dry_run(self, candidate: Candidate, *, requested_by: str = "") -> RefreshReport:
+        return await self.refresh("dry_run", candidate, requested_by=requested_by)
+
+    async def apply(self, candidate: Candidate, *, requested_by: str = "") -> RefreshReport:
+        return await self.refresh("apply", candidate, requested_by=requested_by)
+
+    async def refresh(
+        self, mode: Mode, candidate: Candidate, *, requested_by: str = ""
+    ) -> RefreshReport:
+        """Load, validate and classify `candidate`; apply it too when `mode` is "apply"."""
+        clock = time.perf_counter()
+        context: dict[str, Any] = {
+            "mode": mode,
+            "requested_by": requested_by,
+            "source": candidate.describe(),
+            "started_at": round(time.time(), 3),
+        }
+        try:
+            config = await _load(candidate)
+        except ConfigError as error:
+            report = self._invalid(error, context)
+        else:
+            if mode == "dry_run":
+                report = self._judge(config, context)
+            else:
+                async with self._lock:
+                    report = await self._apply(config, context)
+        report = _timed(report, clock)
+        self._last = report
+        if mode == "apply":
+            self._last_apply = report
+        _log(report)
+        return report
+
+    # -- the three outcomes ----------------------------------------------------------------------
+
+    def _invalid(self, error: ConfigError, context: dict[str, Any]) -> RefreshReport:
+        current = self.current
+        count = len(error.problems)
+        return RefreshReport(
+            outcome="invalid",
+            applied=False,
+            changed=False,
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
+            config_hash=None,
+            generation=current.generation,
+            problems=error.problems,
+            message=f"invalid: {count} problem{'s' if count != 1 else ''}; nothing changed",
+            **context,
+        )
+
+    def _judge(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
+        """A dry run: what an apply would do."""
+        current = self.current
+        change = classify(current.config, config)
+        if change.restart_required:
+            outcome, message = "restart_required", _restart_message(change, refused=False)
+        elif not change.changed:
+            outcome, message = "valid", "no change; an apply would push nothing"
+        else:
+            outcome = "valid"
+            message = (
+                f"{_count(change.live_paths, 'live path')} would apply; "
+                f"{_count(change.nodes_to_push, 'node')} would get a push"
+            )
+        return RefreshReport.from_change(
+            change,
+            outcome=outcome,
+            applied=False,
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
+            config_hash=config_hash(config),
+            generation=current.generation,
+            message=message,
+            **context,
+        )
+
+    async def _apply(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
+        current = self.current
+        change = classify(current.config, config)
+        before = {
+            "previous_config_hash": current.config_hash,
+            "previous_generation": current.generation,
+        }
+        if change.restart_required:
+            return RefreshReport.from_change(
+                change,
+                outcome="restart_required",
+                applied=False,
+                config_hash=config_hash(config),
+                generation=current.generation,
+                message=_restart_message(change, refused=True),
+                **before,
+                **context,
+            )
+        snapshot = PoolSnapshot.build(config, current.generation + 1)
+        # The dispatcher's swap and the hub's (at the start of swap_config, before its first
+        # await) happen in this same turn of the loop.
+        self._dispatcher.swap(snapshot)
+        pushes: tuple[NodePush, ...] = ()
+        if self._hub is not None:
+            acks = await self._hub.swap_config(
+                config, generation=snapshot.generation, ack_timeout=self.ack_timeout
+            )
+            pushes = self._pushes(config, change, acks, snapshot.generation)
+        return RefreshReport.from_change(
+            change,
+            outcome="applied",
+            applied=True,
+            config_hash=snapshot.config_hash,
+            generation=snapshot.generation,
+            pushes=pushes,
+            message=_applied_message(change, pushes, snapshot.generation),
+            **before,
+            **context,
+        )
+
+    def _pushes(
+        self,
+        config: EdgeConfig,
+        change: ChangeReport,
+        acks: Mapping[str, pb.ConfigAck | None],
+        generation: int,
+    ) -> tuple[NodePush, ...]:
+        """Each targeted node's result: the nodes whose payload changed, and any the hub found
+        behind (a node that had not acknowledged an earlier push gets the current one too)."""
+        assert self._hub is not None
+        connected = self._hub.nodes()
+        results: list[NodePush] = []
+        for node_id in sorted(set(change.nodes_to_push) | set(acks)):
+            payload = node_payload(config, node_id)
+            digest = payload.digest if payload is not None else ""
+            status = connected.get(node_id)
+            if node_id in acks:
+                ack = acks[node_id]
+                if ack is not None and ack.ok:
+                    push = NodePush(node_id, "acked", "", generation, ack.config_hash)
+                elif ack is not None:
+                    push = NodePush(node_id, "failed", ack.error or "refused", generation, digest)
+                elif status is None:
+                    reason = "disconnected before acknowledging"
+                    push = NodePush(node_id, "failed", reason, generation, digest)
+                else:
+                    reason = f"no acknowledgement within {self.ack_timeout:g}s"
+                    push = NodePush(node_id, "failed", reason, generation, digest)
+            elif status is not None and status.ready and status.applied_hash == digest:
+                reason = "had this payload already (it connected during the apply)"
+                push = NodePush(node_id, "acked", reason, status.applied_generation, digest)
+            else:
+                reason = "not connected; it receives the current payload when it connects"
+                push = NodePush(node_id, "not_connected", reason, generation, digest)
+            results.append(push)
+        return tuple(results)
+
+
+async def _load(candidate: Candidate) -> EdgeConfig:
+    """The candidate as a valid config, or `ConfigError`; parsing runs off the event loop.
+
+    A config model passed in is validated again (as a document): one built with `model_copy`
+    never went through the checks between values.
+    """
+    if candidate.path is not None:
+        return await asyncio.to_thread(load_file, candidate.path)
+    if candidate.text is not None:
+        return await asyncio.to_thread(load_text, candidate.text)
+    data = candidate.data
+    if isinstance(data, EdgeConfig):
+        data = data.model_dump(mode="json")
+    return await asyncio.to_thread(load_data, data)
+
+
+def _timed(report: RefreshReport, clock: float) -> RefreshReport:
+    return replace(report, duration_ms=round((time.perf_counter() - clock) * 1000, 3))
+
+
+def _count(items: Sized, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+
+
+def _paths(paths: list[str]) -> str:
+    shown = ", ".join(paths[:_LOGGED_PATHS])
+    more = len(paths) - _LOGGED_PATHS
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _restart_message(change: ChangeReport, *, refused: bool) -> str:
+    paths = [p.path for p in change.restart_required_paths]
+    head = f"{_count(paths, 'restart-required path')} ({_paths(paths)})"
+    if refused:
+        return f"refused: {head}; nothing changed"
+    return f"{head}; an apply would be refused"
+
+
+def _applied_message(change: ChangeReport, pushes: tuple[NodePush, ...], generation: int) -> str:
+    if not change.changed:
+        return f"no change; generation {generation} swapped in, nothing pushed"
+    tally = {
+        status: sum(push.status == status for push in pushes)
+        for status in ("acked", "failed", "not_connected")
+    }
+    pushed = (
+        f"pushed to {_count(pushes, 'node')}: {tally['acked']} acked, "
+        f"{tally['failed']} failed, {tally['not_connected']} not connected"
+        if pushes
+        else "nothing to push"
+    )
+    return f"applied generation {generation}: {_count(change.live_paths, 'live path')}; {pushed}"
+
+
+def _log(report: RefreshReport) -> None:
+    """Who, what and which hashes; never a config value (only paths and hashes)."""
+    paths = [*report.live_paths, *(p.path for p in report.restart_required_paths)]
+    paths += [p.path for p in report.problems]
+    failed = [f"{p.node_id} ({p.status}: {p.reason})" for p in report.pushes if p.status != "acked"]
+    level = logging.INFO
+    if report.mode == "apply" and (not report.applied or failed):
+        level = logging.WARNING
+    logger.log(
+        level,
+        "refresh %s by %s from %s: %s; hash %s -> %s; generation %d -> %d; paths: %s%s",
+        report.mode,
+        report.requested_by or "(unknown)",
+        report.source,
+        report.message,
+        report.previous_config_hash[:12],
+        (report.config_hash or "-")[:12],
+        report.previous_generation,
+        report.generation,
+        _paths(paths) or "(none)",
+        f"; not acked: {', '.join(failed)}" if failed else "",
+    )
