@@ -244,9 +244,9 @@ class NodeHub:
     ) -> dict[str, pb.ConfigAck | None]:
         """Make `config` current and push each connected node's payload if it changed.
 
-        A node gets a `NodeConfigRefreshRequest` only when its payload differs from the one it
-        has (acknowledged, or was sent on a welcome it has not acknowledged yet), so a swap that
-        changes no payload pushes nothing. `generation` defaults to the next one. Returns node id
+        A node gets a `NodeConfigRefreshRequest` only when its payload differs from the last one
+        it was sent (on welcome or by a push) or from the last one it acknowledged, so a swap
+        that changes no payload pushes nothing. `generation` defaults to the next one. Returns node id
         -> its ack (None when it did not answer within `ack_timeout` or disconnected first). Runs
         in flight are unaffected; nodes no longer in `config` keep their connection until restart.
         """
@@ -257,8 +257,7 @@ class NodeHub:
         loop = asyncio.get_running_loop()
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
-            held = session.applied_hash if session.ready else session.payload.digest
-            if payload is None or payload.digest == held:
+            if payload is None or _holds(session, payload):
                 continue
             future: asyncio.Future[pb.ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future
@@ -424,3 +423,11 @@ class NodeHub:
 
 def _refresh(payload: NodePayload, generation: int) -> pb.NodeConfigRefreshRequest:
     return pb.NodeConfigRefreshRequest(config=payload_to_proto(payload, generation))
+
+
+def _holds(session: NodeSession, payload: NodePayload) -> bool:
+    """The node was sent `payload` last and (once welcomed) acknowledged it: nothing to push."""
+    digest = payload.digest
+    if session.payload.digest != digest:
+        return False
+    return not session.ready or session.applied_hash == digest

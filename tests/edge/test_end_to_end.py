@@ -52,7 +52,12 @@ async def stack(tmp_path_factory) -> AsyncIterator[Stack]:
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
         config = {
-            "edge": {"id": "edge-e2e", "listen": "127.0.0.1:0"},
+            "edge": {
+                "id": "edge-e2e",
+                "listen": "127.0.0.1:0",
+                # never the default admin port: test runs may share the machine
+                "admin": {"listen": "127.0.0.1:0"},
+            },
             "openai": {
                 "listen": "127.0.0.1:0",
                 "long_context_threshold_tokens": 1000,
