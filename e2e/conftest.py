@@ -122,7 +122,7 @@ def _launch(config: pytest.Config, command: str, *args: str) -> tuple[int, str]:
     last: collections.deque[str] = collections.deque(maxlen=60)
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         if reporter is not None:
-            reporter.write_line(f"e2e cluster: {LAUNCHER.parent.name}/{command} {' '.join(args)}")
+            reporter.write_line(f"e2e cluster: {' '.join([f'cluster/{command}', *args])}")
         with subprocess.Popen(
             [sys.executable, str(LAUNCHER), command, *args],
             stdout=subprocess.PIPE,
