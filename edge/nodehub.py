@@ -246,9 +246,10 @@ class NodeHub:
 
         A node gets a `NodeConfigRefreshRequest` only when its payload differs from the last one
         it was sent (on welcome or by a push) or from the last one it acknowledged, so a swap
-        that changes no payload pushes nothing. `generation` defaults to the next one. Returns node id
-        -> its ack (None when it did not answer within `ack_timeout` or disconnected first). Runs
-        in flight are unaffected; nodes no longer in `config` keep their connection until restart.
+        that changes no payload pushes nothing. `generation` defaults to the next one. Returns
+        node id -> its ack (None when it did not answer within `ack_timeout` or disconnected
+        first). Runs in flight are unaffected; nodes no longer in `config` keep their connection
+        until restart.
         """
         number = self._snapshot.generation + 1 if generation is None else generation
         snapshot = HubSnapshot.of(config, number)

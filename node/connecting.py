@@ -110,6 +110,8 @@ class EdgeConnection:
         self.edge_id: str | None = None
         self.connected = asyncio.Event()
         self.welcomes = 0
+        #: Config refreshes received from the Edge on this connection (beyond the welcome's).
+        self.refreshes = 0
         self.last_error = ""
         self._writer: CoalescingWriter[_Outgoing] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -190,6 +192,7 @@ class EdgeConnection:
                 if task is not None:
                     task.cancel()
             if message.HasField("refresh"):
+                self.refreshes += 1
                 writer.put(self._apply(message.refresh.config))
 
     def _start(self, message: pb.RunRequest, writer: CoalescingWriter[_Outgoing]) -> None:

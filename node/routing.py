@@ -38,9 +38,24 @@ from iop.wire import (
 
 from .adapters import Adapter, AdapterError, build_adapter
 
-__all__ = ["DrainReport", "Provision", "Registry", "Router"]
+__all__ = ["AdapterRuns", "DrainReport", "Provision", "Registry", "Router"]
 
 logger = logging.getLogger(__name__)
+
+
+class AdapterRuns:
+    """The runs using one adapter, shared by every registry that carries the adapter over.
+
+    A run releases through the `Provision` it was admitted with, which may belong to a registry
+    swapped out since; sharing the counter keeps the count right in the registry in use.
+    """
+
+    __slots__ = ("active", "idle")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
 
 
 @dataclass(eq=False, slots=True)
@@ -50,11 +65,11 @@ class Provision:
     payload: ProviderPayload
     adapter: Adapter | None
     problem: str = ""
-    active: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    runs: AdapterRuns = field(default_factory=AdapterRuns)
 
-    def __post_init__(self) -> None:
-        self.idle.set()
+    @property
+    def active(self) -> int:
+        return self.runs.active
 
     @property
     def settings_key(self) -> bytes:
@@ -138,8 +153,7 @@ class Router:
                 and previous.adapter is not None
                 and previous.settings_key == key
             ):
-                provision = Provision(provider, previous.adapter)
-                provision.active, provision.idle = previous.active, previous.idle
+                provision = Provision(provider, previous.adapter, runs=previous.runs)
                 carried.add(id(previous))
             else:
                 try:
@@ -169,7 +183,7 @@ class Router:
         start = time.monotonic()
         busy = [p for p in retired if p.active]
         if busy:
-            waits = [asyncio.ensure_future(p.idle.wait()) for p in busy]
+            waits = [asyncio.ensure_future(p.runs.idle.wait()) for p in busy]
             try:
                 await asyncio.wait(waits, timeout=self._drain_timeout)
             finally:
@@ -237,8 +251,8 @@ class Router:
                 )
             self._long_in_flight[pid] = self._long_in_flight.get(pid, 0) + 1
         self._in_flight[pid] = self._in_flight.get(pid, 0) + 1
-        provision.active += 1
-        provision.idle.clear()
+        provision.runs.active += 1
+        provision.runs.idle.clear()
         return provision
 
     def release(self, request: RunRequest, provision: Provision) -> None:
@@ -246,9 +260,10 @@ class Router:
         self._in_flight[pid] -= 1
         if request.long_context:
             self._long_in_flight[pid] -= 1
-        provision.active -= 1
-        if not provision.active:
-            provision.idle.set()
+        runs = provision.runs
+        runs.active -= 1
+        if not runs.active:
+            runs.idle.set()
 
     async def execute(
         self, request: RunRequest, provision: Provision, emit: Callable[[RunEvent], object]

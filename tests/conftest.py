@@ -4,6 +4,7 @@
 is a real fake OpenAI server on a loopback socket; `start_hub` and `start_node` start the Edge's
 node hub and an in-process Node agent and stop them when the test ends. `no_leaked_tasks` fails
 a test that leaves an asyncio task behind (wire tests use it through `pytestmark`).
+`start_edge` starts a whole in-process Edge with its admin API, for the live refresh tests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
@@ -120,3 +122,80 @@ def until() -> Callable[..., Awaitable[None]]:
 @pytest.fixture
 def node_token() -> str:
     return NODE_TOKEN
+
+
+# -- live refresh: an in-process Edge (with its admin API) and its documents --------------------
+
+REFRESH_CLIENT_TOKEN = "sk-refresh-client"
+
+
+def refresh_document() -> dict[str, Any]:
+    """A config document for refresh tests: model `m` on providers pa (priority 0) and pb
+    (priority 10) of node-1 (the `start_node` default), and node-2 with pc, which no test
+    connects. Every listener on a free loopback port."""
+
+    def fake(pid: str, **settings: Any) -> dict[str, Any]:
+        return {
+            "id": pid,
+            "adapter": {"type": "fake", "completion_tokens": 4},
+            "served_models": [f"served-{pid[1]}"],
+            "capacity": 2,
+            **settings,
+        }
+
+    return {
+        "edge": {"id": "edge-refresh", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "long_context_threshold_tokens": 1000,
+            "principal_tokens": [
+                {
+                    "token_ref": "refresh-app",
+                    "token_hash_sha256": sha256(REFRESH_CLIENT_TOKEN),
+                    "principal_ref": "team-refresh",
+                }
+            ],
+        },
+        "models": [{"id": "m", "providers": {"pa": "served-a", "pb": "served-b"}}],
+        "nodes": [
+            {
+                "id": "node-1",
+                "token_hash_sha256": sha256(NODE_TOKEN),
+                "providers": [fake("pa", priority=0), fake("pb", priority=10)],
+            },
+            {
+                "id": "node-2",
+                "token_hash_sha256": sha256("node-2-token"),
+                "providers": [fake("pc")],
+            },
+        ],
+    }
+
+
+@pytest.fixture(name="refresh_document")
+def refresh_document_fixture() -> Callable[[], dict[str, Any]]:
+    """`refresh_document()`: a fresh copy of the refresh tests' config document."""
+    return refresh_document
+
+
+@pytest.fixture
+def refresh_client_token() -> str:
+    """The OpenAI API key `refresh_document()` configures."""
+    return REFRESH_CLIENT_TOKEN
+
+
+@pytest.fixture
+async def start_edge() -> AsyncIterator[Callable[..., Awaitable[EdgeServer]]]:
+    """`await start_edge(config_or_document, **EdgeServer_options)`: an in-process Edge serving
+    its admin API on the config's admin listener; stopped when the test ends."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(config: EdgeConfig | dict[str, Any], **options: Any) -> EdgeServer:
+            if not isinstance(config, EdgeConfig):
+                config = load_data(config)
+            options.setdefault("admin_listen", config.edge.admin.listen)
+            options.setdefault("shutdown_grace_s", 1.0)
+            options.setdefault("ack_timeout_s", 5.0)
+            return await stack.enter_async_context(EdgeServer(config, **options))
+
+        yield start

@@ -1,13 +1,16 @@
-"""Shared fixtures of the Edge tests: small configs, and a fake node hub at our own seam."""
+"""Shared fixtures of the Edge tests: small configs, a fake node hub at our own seam, and (for the
+live refresh tests) a real in-process Edge with its admin API and a connected Node."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -274,3 +277,74 @@ def _check_protocol(hub: FakeHub) -> Hub:
 def fake_hub() -> FakeHub:
     """One fake hub per test module (a module may share one Edge between its tests)."""
     return FakeHub()
+
+
+# -- live refresh: an in-process Edge with its admin API, and node-1 connected --------------------
+
+
+@dataclass
+class RefreshStack:
+    """An Edge (in-process, admin API on), node-1 connected, and clients for both APIs."""
+
+    edge: Any
+    node: Any
+    http: httpx.AsyncClient
+    admin: httpx.AsyncClient
+
+    async def refresh(
+        self, document: Any, mode: str = "apply", *, status: int | None = 200, **body: Any
+    ) -> dict[str, Any]:
+        """POST /refresh with `document` as the config object; asserts the status."""
+        payload = {"mode": mode, **({"config": document} if document is not None else {}), **body}
+        response = await self.admin.post("/refresh", json=payload)
+        if status is not None:
+            assert response.status_code == status, response.text
+        report: dict[str, Any] = response.json()
+        return report
+
+    async def current(self) -> dict[str, Any]:
+        response = await self.admin.get("/config")
+        assert response.status_code == 200, response.text
+        document: dict[str, Any] = response.json()
+        return document
+
+    @staticmethod
+    def served(response: httpx.Response) -> str:
+        """The model name the answering provider was asked for (`served-<letter>` by default)."""
+        assert response.status_code == 200, response.text
+        model: str = response.json()["model"]
+        return model
+
+    async def chat(self, model: str = "m", **body: Any) -> httpx.Response:
+        document = {"model": model, "messages": [{"role": "user", "content": "hi"}], **body}
+        return await self.http.post("/v1/chat/completions", json=document)
+
+
+@pytest.fixture
+async def refresh_stack(
+    start_edge, start_node, refresh_document, refresh_client_token, until
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await refresh_stack(document=None, **node_options)`: a `RefreshStack`."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(
+            document: dict[str, Any] | None = None, **node_options: Any
+        ) -> RefreshStack:
+            document = document if document is not None else refresh_document()
+            edge = await start_edge(document)
+            node = await start_node(edge.hub, **node_options)
+            wanted = {p["id"] for p in document["nodes"][0]["providers"] if p.get("enabled", True)}
+            await until(lambda: wanted <= edge.dispatcher.available)
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    base_url=edge.url,
+                    headers={"authorization": f"Bearer {refresh_client_token}"},
+                    timeout=30,
+                )
+            )
+            admin = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=edge.admin_url, timeout=30)
+            )
+            return RefreshStack(edge, node, http, admin)
+
+        yield start
