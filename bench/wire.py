@@ -4,7 +4,7 @@
 
 One run measures both paths side by side, streaming and not, at each concurrency:
 
-- direct: this process runs the Node's own `openai` adapter (httpx pool, SSE parsing) against
+- direct: this process runs the Node's own `openai` adapter (aiohttp pool, SSE parsing) against
   the fake upstream, so the only difference to the other path is the wire itself;
 - wire: this process runs the Edge's `NodeHub`; a real `iop node run` process serves the runs
   through the same adapter against the same fake upstream (`iop fake-upstream`, a process);

@@ -60,8 +60,6 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # httpx logs every request at INFO: far too much on a busy Node.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     if not args.edge and not args.edge_service:
         print("iop node run: give at least one --edge or --edge-service", file=sys.stderr)
         return 2

@@ -60,13 +60,15 @@ class FakeUpstreamSettings:
 
 @dataclass(slots=True)
 class UpstreamStats:
-    """What the fake saw; `disconnects` counts clients that left before their response ended."""
+    """What the fake saw; `disconnects` counts clients that left before their response ended,
+    `connections` the connections it accepted (so a test can see a client's keep-alive pool)."""
 
     requests: int = 0
     completed: int = 0
     failures_injected: int = 0
     disconnects: int = 0
     in_flight: int = 0
+    connections: int = 0
 
 
 @dataclass(slots=True)
@@ -104,6 +106,7 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._server._connections.add(self)
+        self._server.stats.connections += 1
 
     def data_received(self, data: bytes) -> None:
         try:

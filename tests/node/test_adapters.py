@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -158,6 +162,217 @@ async def test_a_missing_api_key_variable_makes_the_provider_unhealthy(
     finally:
         await adapter.aclose()
     assert isinstance(events[-1], RunFailed) and events[-1].code == statuses.PROVIDER_UNHEALTHY
+
+
+async def test_sequential_runs_reuse_one_upstream_connection(
+    adapter: OpenAIHttpAdapter, fake_upstream: FakeUpstream
+) -> None:
+    for index in range(30):
+        events = await collect(adapter, request(index % 2 == 0, max_tokens=2))
+        assert isinstance(events[-1], RunDone)
+    assert fake_upstream.stats.connections == 1
+
+
+async def test_concurrent_runs_share_a_pool_of_connections(
+    adapter: OpenAIHttpAdapter, fake_upstream: FakeUpstream
+) -> None:
+    for _ in range(5):
+        runs = [collect(adapter, request(index % 2 == 0, max_tokens=2)) for index in range(8)]
+        for events in await asyncio.gather(*runs):
+            assert isinstance(events[-1], RunDone)
+    assert fake_upstream.stats.completed == 40
+    assert fake_upstream.stats.connections <= 8
+
+
+async def test_cancelling_a_run_closes_its_upstream_connection_at_once(
+    adapter: OpenAIHttpAdapter, fake_upstream: FakeUpstream, until
+) -> None:
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in adapter.run(request(True, fake_upstream={"tokens_per_second": 5})):
+            if isinstance(event, RunChunk):
+                first.set()
+
+    running = asyncio.create_task(consume())
+    await first.wait()
+    cancelled = time.monotonic()
+    running.cancel()
+    await asyncio.wait([running])
+    await until(lambda: fake_upstream.stats.disconnects == 1, timeout=2)
+    assert time.monotonic() - cancelled < 0.5
+    assert fake_upstream.stats.in_flight == 0
+    events = await collect(adapter, request(False))  # the pool replaced the closed connection
+    assert isinstance(events[-1], RunDone)
+    assert fake_upstream.stats.connections == 2
+
+
+async def test_a_full_pool_is_provider_busy(fake_upstream: FakeUpstream) -> None:
+    settings = OpenAIAdapter(
+        base_url=fake_upstream.base_url, max_connections=1, request_timeout_s=0.3
+    )
+    adapter = OpenAIHttpAdapter("p1", settings)
+    slow = request(True, max_tokens=12, fake_upstream={"tokens_per_second": 20})
+    try:
+        holding = asyncio.create_task(collect(adapter, slow))
+        await asyncio.sleep(0.1)
+        waiting = await collect(adapter, request(False))
+        assert isinstance((await holding)[-1], RunDone)
+    finally:
+        await adapter.aclose()
+    failed = waiting[-1]
+    assert isinstance(failed, RunFailed)
+    assert (failed.code, failed.retryable) == (statuses.PROVIDER_BUSY, True)
+    assert "all 1 connections to the upstream are busy" in failed.message
+
+
+async def test_a_closed_adapter_refuses_runs(adapter: OpenAIHttpAdapter) -> None:
+    assert isinstance((await collect(adapter, request(False)))[-1], RunDone)
+    await adapter.aclose()
+    assert not adapter.health.healthy
+    events = await collect(adapter, request(False))
+    assert isinstance(events[-1], RunFailed) and events[-1].code == statuses.PROVIDER_UNHEALTHY
+
+
+# -- SSE framing other servers use, from a raw upstream that sends prepared bytes ----------------
+
+
+class RawUpstream:
+    """Answers every request with `pieces`, written one at a time; keeps the request heads."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces = pieces
+        self.heads: list[bytes] = []
+
+    async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            self.heads.append(head)
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.lower().split(b"\r\n")
+                if line.startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            for piece in self.pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.005)  # separate reads on the client's side
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_upstream(pieces: Sequence[bytes]) -> AsyncIterator[tuple[RawUpstream, str]]:
+    upstream = RawUpstream(pieces)
+    server = await asyncio.start_server(upstream.answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield upstream, f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def sse_response(body: bytes, *, split_at: Sequence[int] = ()) -> list[bytes]:
+    """An HTTP/1.1 SSE response closed by the server, its body cut at `split_at`."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+    cuts = [0, *split_at, len(body)]
+    return [head, *(body[a:b] for a, b in itertools.pairwise(cuts))]
+
+
+def chunk(content: str, finish: str | None = None) -> bytes:
+    delta = {"content": content}
+    return orjson.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+USAGE = b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}'
+
+
+@pytest.mark.parametrize(
+    ("body", "split_at"),
+    [
+        pytest.param(
+            b"data: %s\n\ndata: %s\n\ndata: %s\n\ndata: [DONE]\n\n"
+            % (chunk("a"), chunk("b", "stop"), USAGE),
+            (),
+            id="lf",
+        ),
+        pytest.param(
+            b"data: %s\r\n\r\ndata: %s\r\n\r\ndata: %s\r\n\r\ndata: [DONE]\r\n\r\n"
+            % (chunk("a"), chunk("b", "stop"), USAGE),
+            (len(b"data: ") + 10, len(b"data: ") + len(chunk("a")) + 3),
+            id="crlf-split-mid-event-and-mid-crlf",
+        ),
+        pytest.param(
+            b": keep-alive\n\nevent: message\nid: 1\ndata:%s\n\nretry: 5\n\ndata: %s\n\n"
+            b"data: %s\n\ndata: [DONE]\n\n" % (chunk("a"), chunk("b", "stop"), USAGE),
+            (7,),
+            id="comments-and-other-fields",
+        ),
+        pytest.param(
+            b"data: %s\n\ndata: %s\n\ndata: %s" % (chunk("a"), chunk("b", "stop"), USAGE),
+            (),
+            id="no-done-no-final-blank-line",
+        ),
+    ],
+)
+async def test_sse_framings_are_read_alike(body: bytes, split_at: Sequence[int]) -> None:
+    async with raw_upstream(sse_response(body, split_at=split_at)) as (_, url):
+        adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url=url))
+        try:
+            events = await collect(adapter, request(True))
+        finally:
+            await adapter.aclose()
+    assert events == [
+        RunChunk(chunk("a")),
+        RunChunk(chunk("b", "stop")),
+        RunUsage(3, 2, 5),
+        RunDone("stop"),
+    ]
+
+
+async def test_multi_line_data_is_joined_with_newlines() -> None:
+    body = b'data: {"choices":\ndata: [{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    async with raw_upstream(sse_response(body)) as (_, url):
+        adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url=url))
+        try:
+            events = await collect(adapter, request(True))
+        finally:
+            await adapter.aclose()
+    assert events[0] == RunChunk(b'{"choices":\n[{"index":0,"delta":{},"finish_reason":"stop"}]}')
+    assert events[-1] == RunDone("stop")
+
+
+async def test_a_stream_that_is_not_json_is_an_upstream_error() -> None:
+    body = b"data: %s\n\ndata: <html>oops</html>\n\n" % chunk("a")
+    async with raw_upstream(sse_response(body)) as (_, url):
+        adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url=url))
+        try:
+            events = await collect(adapter, request(True))
+        finally:
+            await adapter.aclose()
+    assert events[0] == RunChunk(chunk("a"))
+    failed = events[-1]
+    assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_ERROR
+    assert "not JSON" in failed.message
+
+
+async def test_the_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IOP_TEST_UPSTREAM_KEY", "sk-upstream-secret")
+    body = orjson.dumps({"choices": [{"index": 0, "message": {}, "finish_reason": "stop"}]})
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    async with raw_upstream([answer]) as (upstream, url):
+        settings = OpenAIAdapter(base_url=url, api_key_env="IOP_TEST_UPSTREAM_KEY")
+        adapter = OpenAIHttpAdapter("p1", settings)
+        try:
+            events = await collect(adapter, request(False))
+        finally:
+            await adapter.aclose()
+    assert events == [RunChunk(body), RunDone("stop")]
+    (head,) = upstream.heads
+    assert head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"\r\nauthorization: bearer sk-upstream-secret\r\n" in head.lower()
 
 
 async def test_the_fake_adapter_answers_like_the_fake_upstream(adapter: OpenAIHttpAdapter) -> None:
