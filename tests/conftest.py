@@ -172,13 +172,13 @@ def refresh_document() -> dict[str, Any]:
     }
 
 
-@pytest.fixture(name="refresh_document")
+@pytest.fixture(name="refresh_document", scope="session")
 def refresh_document_fixture() -> Callable[[], dict[str, Any]]:
     """`refresh_document()`: a fresh copy of the refresh tests' config document."""
     return refresh_document
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def refresh_client_token() -> str:
     """The OpenAI API key `refresh_document()` configures."""
     return REFRESH_CLIENT_TOKEN

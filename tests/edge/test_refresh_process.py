@@ -1,0 +1,217 @@
+"""Refresh with real processes: `iop edge run` re-reads its file on SIGHUP, `iop edge reload`
+drives the admin API (exit codes 0 / 2 / 1), and an admin API off loopback without auth keeps
+the Edge from starting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import pytest_asyncio
+import yaml
+
+from iop.edgeconfig import config_hash, load_file
+from iop.upstream import iop_command, terminate
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ADMIN_TOKEN = "admin-process-token"
+NODE_TOKEN = "refresh-process-node"
+
+
+@dataclass
+class Edge:
+    url: str
+    admin_url: str
+    config_path: Path
+    token_file: Path
+    document: dict[str, Any]
+    process: asyncio.subprocess.Process
+    client_token: str
+
+    def admin(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.admin_url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30
+        )
+
+
+async def spawn(*args: str, stdout: bool = True) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *iop_command(),
+        *args,
+        stdout=asyncio.subprocess.PIPE if stdout else asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def document_for(refresh_document: Any, token_file: Path) -> dict[str, Any]:
+    document: dict[str, Any] = refresh_document()
+    document["nodes"][0]["token_hash_sha256"] = hashlib.sha256(NODE_TOKEN.encode()).hexdigest()
+    document["edge"]["admin"]["token_file"] = str(token_file)
+    return document
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def edge(tmp_path_factory, refresh_document, refresh_client_token) -> AsyncIterator[Edge]:
+    folder: Path = tmp_path_factory.mktemp("refresh-process")
+    token_file = folder / "admin.token"
+    token_file.write_text(ADMIN_TOKEN)
+    (folder / "node.token").write_text(NODE_TOKEN)
+    document = document_for(refresh_document, token_file)
+    config_path = folder / "edge.yaml"
+    config_path.write_text(yaml.safe_dump(document))
+    async with contextlib.AsyncExitStack() as stack:
+        process = await spawn("edge", "run", "--config", str(config_path), "--log-level", "WARNING")
+        stack.push_async_callback(terminate, process)
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert line, f"iop edge run exited with {await process.wait()}"
+        started = orjson.loads(line)
+        node = await spawn(
+            "node",
+            "run",
+            "--edge",
+            f"127.0.0.1:{started['hub_port']}",
+            "--node-id",
+            "node-1",
+            "--token-file",
+            str(folder / "node.token"),
+            "--log-level",
+            "WARNING",
+            stdout=False,
+        )
+        stack.push_async_callback(terminate, node)
+        async with httpx.AsyncClient(base_url=started["url"]) as http:
+            for _ in range(300):
+                ready = (await http.get("/readyz")).json()
+                if ready["providers_available"] == ["pa", "pb"]:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail(f"the node's providers never became available: {ready}")
+        yield Edge(
+            started["url"],
+            started["admin_url"],
+            config_path,
+            token_file,
+            document,
+            process,
+            refresh_client_token,
+        )
+
+
+async def reload(edge: Edge, *args: str) -> tuple[int, dict[str, Any] | None, str]:
+    """Run `iop edge reload --admin URL ARGS`: exit code, the report (if any), stderr."""
+    process = await spawn("edge", "reload", "--admin", edge.admin_url, *args)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    report = orjson.loads(stdout) if stdout.strip() else None
+    return process.returncode, report, stderr.decode()
+
+
+async def served(edge: Edge) -> str:
+    async with httpx.AsyncClient(base_url=edge.url, timeout=30) as http:
+        response = await http.post(
+            "/v1/chat/completions",
+            headers={"authorization": f"Bearer {edge.client_token}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert response.status_code == 200, response.text
+    model: str = response.json()["model"]
+    return model
+
+
+async def current(edge: Edge) -> dict[str, Any]:
+    async with edge.admin() as admin:
+        response = await admin.get("/config")
+    assert response.status_code == 200, response.text
+    document: dict[str, Any] = response.json()
+    return document
+
+
+async def test_sighup_rereads_the_config_file(edge: Edge, until) -> None:
+    before = await current(edge)
+    assert await served(edge) == "served-a"
+    document = copy.deepcopy(edge.document)
+    document["nodes"][0]["providers"][0]["priority"] = 20
+    edge.config_path.write_text(yaml.safe_dump(document))
+    edge.process.send_signal(signal.SIGHUP)
+    for _ in range(200):
+        shown = await current(edge)
+        if shown["generation"] > before["generation"]:
+            break
+        await asyncio.sleep(0.05)
+    assert shown["generation"] == before["generation"] + 1
+    assert shown["config_hash"] == config_hash(load_file(edge.config_path))
+    assert await served(edge) == "served-b"
+    async with edge.admin() as admin:
+        last = (await admin.get("/refresh/last")).json()
+    assert (last["requested_by"], last["outcome"]) == ("SIGHUP", "applied")
+    edge.document = document
+
+
+async def test_iop_edge_reload_exit_codes(edge: Edge, tmp_path: Path) -> None:
+    token = ["--token-file", str(edge.token_file)]
+    candidate = tmp_path / "candidate.yaml"
+
+    live = copy.deepcopy(edge.document)
+    live["nodes"][0]["providers"][0]["capacity"] = 3
+    candidate.write_text(yaml.safe_dump(live))
+    before = await current(edge)
+    code, report, stderr = await reload(edge, *token, "--config", str(candidate), "--dry-run")
+    assert (code, report and report["outcome"]) == (0, "valid"), stderr
+    assert (await current(edge))["generation"] == before["generation"]
+    code, report, stderr = await reload(edge, *token, "--config", str(candidate))
+    assert code == 0 and report is not None, stderr
+    assert report["outcome"] == "applied"
+    assert [(p["node_id"], p["status"]) for p in report["pushes"]] == [("node-1", "acked")]
+    assert "applied generation" in stderr
+
+    restart = copy.deepcopy(live)
+    restart["edge"]["id"] = "edge-renamed"
+    candidate.write_text(yaml.safe_dump(restart))
+    for extra in ((), ("--dry-run",)):
+        code, report, stderr = await reload(edge, *token, "--config", str(candidate), *extra)
+        assert code == 2 and report is not None, stderr
+        assert report["restart_required_paths"] == [{"path": "edge.id", "scope": "edge"}]
+
+    candidate.write_text("edge: {id: Not A Name}\n")
+    code, report, stderr = await reload(edge, *token, "--config", str(candidate))
+    assert code == 1 and report is not None
+    assert report["outcome"] == "invalid" and report["problems"]
+
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("nope")
+    code, report, stderr = await reload(edge, "--token-file", str(wrong), "--dry-run")
+    assert (code, report) == (1, None)
+    assert "401" in stderr and "wrong admin token" in stderr
+
+    # No --config: the Edge re-reads its own file (which still has capacity 2 for pa).
+    code, report, stderr = await reload(edge, *token)
+    assert code == 0 and report is not None, stderr
+    assert report["source"] == f"file {edge.config_path}"
+    assert report["live_paths"] == ["nodes[node-1].providers[pa].capacity"]
+
+
+async def test_an_admin_api_off_loopback_without_auth_stops_the_edge(
+    refresh_document, tmp_path: Path
+) -> None:
+    path = tmp_path / "edge.yaml"
+    path.write_text(yaml.safe_dump(refresh_document()))
+    process = await spawn("edge", "run", "--config", str(path), "--admin-listen", "0.0.0.0:0")
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    assert stdout == b""
+    assert b"off loopback, without auth" in stderr
