@@ -96,15 +96,28 @@ class HubSnapshot:
     config: EdgeConfig
     generation: int
     payloads: Mapping[str, NodePayload]
+    #: node id -> `payloads[node].digest`, computed once per payload (hashing is not free).
+    digests: Mapping[str, str]
     provider_nodes: Mapping[str, str]
     token_hashes: Mapping[str, str]
 
     @classmethod
-    def of(cls, config: EdgeConfig, generation: int) -> HubSnapshot:
+    def of(
+        cls, config: EdgeConfig, generation: int, previous: HubSnapshot | None = None
+    ) -> HubSnapshot:
+        payloads = node_payloads(config)
+        digests: dict[str, str] = {}
+        for node_id, payload in payloads.items():
+            before = previous.payloads.get(node_id) if previous is not None else None
+            if previous is not None and before is not None and before == payload:
+                payloads[node_id], digests[node_id] = before, previous.digests[node_id]
+            else:
+                digests[node_id] = payload.digest
         return cls(
             config=config,
             generation=generation,
-            payloads=MappingProxyType(node_payloads(config)),
+            payloads=MappingProxyType(payloads),
+            digests=MappingProxyType(digests),
             provider_nodes=MappingProxyType(
                 {p.id: node.id for node in config.nodes for p in node.providers}
             ),
@@ -252,19 +265,21 @@ class NodeHub:
         until restart.
         """
         number = self._snapshot.generation + 1 if generation is None else generation
-        snapshot = HubSnapshot.of(config, number)
+        snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
         waits: dict[str, asyncio.Future[pb.ConfigAck]] = {}
         loop = asyncio.get_running_loop()
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
-            if payload is None or _holds(session, payload):
+            digest = snapshot.digests.get(node_id, "")
+            if payload is None or _holds(session, digest):
                 continue
             future: asyncio.Future[pb.ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future
-            session.payload, session.payload_generation = payload, snapshot.generation
+            session.payload, session.payload_digest = payload, digest
+            session.payload_generation = snapshot.generation
             # No writer yet (its welcome is being written): `_serve` sends it right after.
-            session.writer_put(_refresh(payload, snapshot.generation))
+            session.writer_put(_refresh(session))
             waits[node_id] = future
         self._changed()
         results: dict[str, pb.ConfigAck | None] = dict.fromkeys(waits)
@@ -358,7 +373,7 @@ class NodeHub:
         welcome = pb.Welcome(
             protocol_version=PROTOCOL_VERSION,
             edge_id=snapshot.config.edge.id,
-            config=payload_to_proto(payload, snapshot.generation),
+            config=payload_to_proto(payload, snapshot.generation, snapshot.digests[node_id]),
         )
         code, reason = "CANCELLED", "the node went away"
         reader: asyncio.Task[None] | None = None
@@ -374,7 +389,7 @@ class NodeHub:
             async with writer:
                 session.writer = writer
                 if session.payload is not payload:  # a swap pushed while the welcome was written
-                    writer.put(_refresh(session.payload, session.payload_generation))
+                    writer.put(_refresh(session))
                 reader = guarded_task(
                     self._read(context, session), name=f"hub-reader-{node_id}", logger=logger
                 )
@@ -422,13 +437,14 @@ class NodeHub:
                 self._changed()
 
 
-def _refresh(payload: NodePayload, generation: int) -> pb.NodeConfigRefreshRequest:
-    return pb.NodeConfigRefreshRequest(config=payload_to_proto(payload, generation))
+def _refresh(session: NodeSession) -> pb.NodeConfigRefreshRequest:
+    """The refresh carrying the payload last given to `session`."""
+    config = payload_to_proto(session.payload, session.payload_generation, session.payload_digest)
+    return pb.NodeConfigRefreshRequest(config=config)
 
 
-def _holds(session: NodeSession, payload: NodePayload) -> bool:
-    """The node was sent `payload` last and (once welcomed) acknowledged it: nothing to push."""
-    digest = payload.digest
-    if session.payload.digest != digest:
+def _holds(session: NodeSession, digest: str) -> bool:
+    """The node was sent the payload of `digest` last and (once welcomed) acknowledged it."""
+    if session.payload_digest != digest:
         return False
     return not session.ready or session.applied_hash == digest

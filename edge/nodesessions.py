@@ -189,7 +189,8 @@ class NodeSession:
         self.health: dict[str, ProviderHealth] = {}
         self.ready = False
         self.welcome_generation = generation
-        #: The last payload sent (on welcome or by a refresh) and its generation.
+        #: The last payload sent (on welcome or by a refresh): its digest and generation.
+        self.payload_digest = payload.digest
         self.payload_generation = generation
         self.applied_generation = 0
         self.applied_hash = ""

@@ -229,21 +229,21 @@ class Refresher:
         connected = self._hub.nodes()
         results: list[NodePush] = []
         for node_id in sorted(set(change.nodes_to_push) | set(acks)):
-            payload = node_payload(config, node_id)
-            digest = payload.digest if payload is not None else ""
             status = connected.get(node_id)
-            if node_id in acks:
-                ack = acks[node_id]
-                if ack is not None and ack.ok:
-                    push = NodePush(node_id, "acked", "", generation, ack.config_hash)
-                elif ack is not None:
-                    push = NodePush(node_id, "failed", ack.error or "refused", generation, digest)
-                elif status is None:
-                    reason = "disconnected before acknowledging"
-                    push = NodePush(node_id, "failed", reason, generation, digest)
-                else:
-                    reason = f"no acknowledgement within {self.ack_timeout:g}s"
-                    push = NodePush(node_id, "failed", reason, generation, digest)
+            ack = acks.get(node_id)
+            if ack is not None and ack.ok:
+                results.append(NodePush(node_id, "acked", "", generation, ack.config_hash))
+                continue
+            payload = node_payload(config, node_id)  # the rarer outcomes name the digest too
+            digest = payload.digest if payload is not None else ""
+            if ack is not None:
+                push = NodePush(node_id, "failed", ack.error or "refused", generation, digest)
+            elif node_id in acks and status is None:
+                reason = "disconnected before acknowledging"
+                push = NodePush(node_id, "failed", reason, generation, digest)
+            elif node_id in acks:
+                reason = f"no acknowledgement within {self.ack_timeout:g}s"
+                push = NodePush(node_id, "failed", reason, generation, digest)
             elif status is not None and status.ready and status.applied_hash == digest:
                 reason = "had this payload already (it connected during the apply)"
                 push = NodePush(node_id, "acked", reason, status.applied_generation, digest)

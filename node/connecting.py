@@ -227,12 +227,11 @@ class EdgeConnection:
         if payload.node_id != self.identity.node_id:
             error = f"config is for node {payload.node_id!r}, this is {self.identity.node_id!r}"
             return pb.ConfigAck(generation=generation, config_hash=config.config_hash, error=error)
-        if payload.digest != config.config_hash:
-            logger.warning(
-                "config hash mismatch: edge %s, node %s", config.config_hash, payload.digest
-            )
-        self.router.apply(payload)
-        return pb.ConfigAck(generation=generation, config_hash=payload.digest, ok=True)
+        digest = payload.digest
+        if digest != config.config_hash:
+            logger.warning("config hash mismatch: edge %s, node %s", config.config_hash, digest)
+        self.router.apply(payload, digest)
+        return pb.ConfigAck(generation=generation, config_hash=digest, ok=True)
 
     def _on_health(self, health: list[ProviderHealth]) -> None:
         writer = self._writer

@@ -133,13 +133,14 @@ class Router:
 
     # -- swapping ----------------------------------------------------------------------------------
 
-    def apply(self, payload: NodePayload) -> bool:
+    def apply(self, payload: NodePayload, digest: str | None = None) -> bool:
         """Make `payload` the config in use; False when it is the one in use already.
 
-        Never raises for a bad provider: that provider gets no adapter and reports itself
-        unhealthy with the reason, the others run.
+        `digest` is `payload.digest` when the caller has it already. Never raises for a bad
+        provider: that provider gets no adapter and reports itself unhealthy with the reason,
+        the others run.
         """
-        digest = payload.digest
+        digest = payload.digest if digest is None else digest
         if digest == self._registry.digest:
             return False
         old = self._registry

@@ -143,10 +143,13 @@ def health_from_proto(message: pb.ProviderHealth) -> ProviderHealth:
     return ProviderHealth(message.provider_id, message.healthy, message.detail)
 
 
-def payload_to_proto(payload: NodePayload, generation: int) -> pb.NodeConfig:
+def payload_to_proto(
+    payload: NodePayload, generation: int, digest: str | None = None
+) -> pb.NodeConfig:
+    """The wire form of `payload`; `digest` is its `.digest`, when the caller has it already."""
     config = pb.NodeConfig(
         generation=generation,
-        config_hash=payload.digest,
+        config_hash=payload.digest if digest is None else digest,
         node_id=payload.node_id,
         alias=payload.alias or "",
     )

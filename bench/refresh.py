@@ -1,0 +1,391 @@
+"""Benchmark: live refresh. Apply -> all node acks with 20 Nodes, and throughput during an apply
+storm against a steady run, in one run.
+
+    uv run --frozen python -P bench/refresh.py [--nodes 20] [--applies 100] [--rounds 8]
+
+Real processes, as deployed: `iop edge run` (admin API on loopback) and one `iop node run` per
+node, each node with one provider (the built-in `fake` adapter: no upstream HTTP, so the figures
+are the refresh path's and the request path's own). Model `m` maps every provider.
+
+1. Apply latency, idle: `--applies` applies in a row, each flipping every provider's capacity
+   (8 <-> 9), so every node gets a `NodeConfigRefreshRequest`. The admin API answers once every
+   node has acknowledged, so the client's round trip is "POST /refresh -> all node acks"; the
+   report's own `duration_ms` (load, validate, classify, swap, push, acks) is shown beside it.
+   The same for applies that push nothing (a priority change: Edge-only), for the Edge's share,
+   and the CPU time the Edge and the nodes (all together) spent per apply (Linux /proc).
+2. Throughput: one continuous load, cut into windows that differ only in what happens
+   meanwhile: nothing (steady), applies back to back, applies paced at `--storm-rate` per second
+   (each pushes to every node). The windows interleave for `--rounds` rounds, so the machine's
+   drift hits all kinds alike; per kind the median requests/s against the steady median, and
+   the steady windows' own spread as the noise. Apply latency under load is shown too. Every
+   request must succeed, and every apply be acked by every node.
+
+The load generator keeps one HTTP/1.1 keep-alive connection per worker and parses responses with
+httptools; half the workers stream. Figures go to docs/benchmarks.md ("## Live refresh").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httptools
+import httpx
+import orjson
+import uvloop
+import yaml
+
+from iop.upstream import iop_command, terminate
+
+CLIENT_TOKEN = "sk-bench-refresh"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def document(nodes: int) -> dict[str, Any]:
+    ids = [f"{index:02d}" for index in range(1, nodes + 1)]
+    return {
+        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": sha(CLIENT_TOKEN),
+                    "principal_ref": "bench",
+                }
+            ],
+        },
+        "models": [
+            {
+                "id": "m",
+                "providers": {f"p{i}": "served" for i in ids},
+                "generation": {"max_tokens": 8},
+            }
+        ],
+        "nodes": [
+            {
+                "id": f"node-{i}",
+                "token_hash_sha256": sha(f"token-{i}"),
+                "providers": [
+                    {
+                        "id": f"p{i}",
+                        "adapter": {"type": "fake", "latency_ms": 2, "completion_tokens": 8},
+                        "served_models": ["served"],
+                        "capacity": 8,
+                        "max_queue": 256,
+                    }
+                ],
+            }
+            for i in ids
+        ],
+    }
+
+
+# -- the load -------------------------------------------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; `request()` sends one request and waits for its response."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("the server closed the connection"))
+
+    async def request(self, payload: bytes) -> int:
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(payload)
+        await self.done
+        return self.parser.get_status_code()  # type: ignore[no-any-return]
+
+
+def completion(host: str, stream: bool) -> bytes:
+    body = orjson.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
+    )
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {CLIENT_TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+@dataclass
+class Load:
+    """Requests completed so far (the windows read the count as it grows)."""
+
+    requests: int = 0
+    failed: int = 0
+
+
+async def run_load(host: str, port: int, concurrency: int, stop: asyncio.Event, load: Load) -> None:
+    loop = asyncio.get_running_loop()
+    connections = []
+    for _ in range(concurrency):
+        _, protocol = await loop.create_connection(_Connection, host, port)
+        connections.append(protocol)
+
+    async def worker(connection: _Connection, payload: bytes) -> None:
+        while not stop.is_set():
+            status = await connection.request(payload)
+            load.requests += 1
+            load.failed += status != 200
+
+    await asyncio.gather(
+        *(
+            worker(connection, completion(host, stream=index % 2 == 0))
+            for index, connection in enumerate(connections)
+        )
+    )
+    for connection in connections:
+        assert connection.transport is not None
+        connection.transport.close()
+
+
+# -- the applies ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Applies:
+    round_trips: list[float] = field(default_factory=list)
+    reported: list[float] = field(default_factory=list)
+
+
+class Applier:
+    def __init__(self, admin: httpx.AsyncClient, base: dict[str, Any]) -> None:
+        self.admin = admin
+        self.document = base
+        self.flip = 0
+
+    async def apply(self, change: str, into: Applies) -> None:
+        candidate = copy.deepcopy(self.document)
+        self.flip ^= 1
+        for node in candidate["nodes"]:
+            provider = node["providers"][0]
+            if change == "push":
+                provider["capacity"] = 8 + self.flip
+            else:
+                provider["priority"] = self.flip
+        started = time.perf_counter()
+        response = await self.admin.post("/refresh", json={"mode": "apply", "config": candidate})
+        elapsed = (time.perf_counter() - started) * 1000
+        report = response.json()
+        if response.status_code != 200 or report["outcome"] != "applied":
+            raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
+        expected = len(candidate["nodes"]) if change == "push" else 0
+        acked = [p for p in report["pushes"] if p["status"] == "acked"]
+        if len(acked) != expected or len(report["pushes"]) != expected:
+            raise RuntimeError(f"not every node acked: {report['message']}")
+        self.document = candidate
+        into.round_trips.append(elapsed)
+        into.reported.append(report["duration_ms"])
+
+
+def cpu_seconds(*pids: int) -> float:
+    """CPU time (user + system) the processes have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
+
+
+# -- the processes --------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def stack(folder: Path, nodes: int) -> AsyncIterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Start the Edge and the nodes; yields the Edge's start line (plus the pids) and the
+    config document."""
+    base = document(nodes)
+    (folder / "edge.yaml").write_text(yaml.safe_dump(base))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    async with contextlib.AsyncExitStack() as exits:
+        edge = await asyncio.create_subprocess_exec(
+            *iop_command(),
+            *("edge", "run", "--config", str(folder / "edge.yaml"), "--log-level", "WARNING"),
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        exits.push_async_callback(terminate, edge)
+        assert edge.stdout is not None
+        line = await asyncio.wait_for(edge.stdout.readline(), 60)
+        if not line:
+            raise RuntimeError(f"iop edge run exited with {await edge.wait()}")
+        started = orjson.loads(line)
+        started["edge_pid"], started["node_pids"] = edge.pid, []
+        for node in base["nodes"]:
+            token = folder / f"{node['id']}.token"
+            token.write_text(f"token-{node['id'].removeprefix('node-')}")
+            process = await asyncio.create_subprocess_exec(
+                *iop_command(),
+                *("node", "run", "--edge", f"127.0.0.1:{started['hub_port']}"),
+                *("--node-id", node["id"], "--token-file", str(token), "--log-level", "WARNING"),
+                env=env,
+            )
+            exits.push_async_callback(terminate, process)
+            started["node_pids"].append(process.pid)
+        wanted = sorted(p["id"] for n in base["nodes"] for p in n["providers"])
+        async with httpx.AsyncClient(base_url=started["url"]) as http:
+            for _ in range(1200):
+                ready = (await http.get("/readyz")).json()
+                if ready["providers_available"] == wanted:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"providers never all available: {ready}")
+        yield started, base
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+async def main(
+    nodes: int, applies: int, rounds: int, window: float, concurrency: int, storm_rate: float
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-refresh-") as folder:
+        async with stack(Path(folder), nodes) as (started, base):
+            url = httpx.URL(started["url"])
+            host, port = url.host, url.port
+            assert port is not None
+            async with httpx.AsyncClient(base_url=started["admin_url"], timeout=60) as admin:
+                applier = Applier(admin, base)
+                for _ in range(5):  # warm up: first pushes, connections, caches
+                    await applier.apply("push", Applies())
+                idle_push, idle_edge = Applies(), Applies()
+                edge_pid, node_pids = started["edge_pid"], started["node_pids"]
+                cpu = (cpu_seconds(edge_pid), cpu_seconds(*node_pids))
+                for _ in range(applies):
+                    await applier.apply("push", idle_push)
+                cpu_push = (cpu_seconds(edge_pid) - cpu[0], cpu_seconds(*node_pids) - cpu[1])
+                cpu = (cpu_seconds(edge_pid), cpu_seconds(*node_pids))
+                for _ in range(applies):
+                    await applier.apply("edge", idle_edge)
+                cpu_edge = (cpu_seconds(edge_pid) - cpu[0], cpu_seconds(*node_pids) - cpu[1])
+
+                # One continuous load; the windows differ only in what the applier does.
+                modes: list[tuple[str, float | None]] = [
+                    ("steady", None),
+                    ("storm: applies back to back", 0.0),
+                    (f"storm: {storm_rate:g} applies/s", storm_rate),
+                ]
+                windows: dict[str, list[float]] = {name: [] for name, _ in modes}
+                storms = {name: Applies() for name, rate in modes if rate is not None}
+                stop = asyncio.Event()
+                load = Load()
+                loader = asyncio.create_task(run_load(host, port, concurrency, stop, load))
+                await asyncio.sleep(1.0)  # connections up, caches warm
+                for _ in range(rounds):
+                    for name, rate in modes:
+                        count, began = load.requests, time.perf_counter()
+                        until = began + window
+                        if rate is None:
+                            await asyncio.sleep(window)
+                        while rate is not None and time.perf_counter() < until:
+                            start = time.perf_counter()
+                            await applier.apply("push", storms[name])
+                            if rate:
+                                await asyncio.sleep(
+                                    max(0.0, start + 1 / rate - time.perf_counter())
+                                )
+                        elapsed = time.perf_counter() - began
+                        windows[name].append((load.requests - count) / elapsed)
+                stop.set()
+                await loader
+
+    print(
+        f"\n{nodes} nodes; {applies} idle applies per row; load: {concurrency} connections "
+        f"(half streaming) throughout, {rounds} rounds of {len(modes)} windows of {window:g}s\n"
+    )
+    print(
+        "| applies | nodes pushed | n | round trip p50 ms | p99 ms | reported p50 ms | p99 ms "
+        "| Edge CPU ms/apply | nodes' CPU ms/apply |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows_in = [
+        ("capacity flip, idle", nodes, idle_push, cpu_push),
+        ("priority flip (no push), idle", 0, idle_edge, cpu_edge),
+    ]
+    rows_in += [(f"capacity flip, {name}", nodes, a, None) for name, a in storms.items()]
+    for name, pushed, rows, used in rows_in:
+        count = len(rows.round_trips)
+        costs = f"{used[0] / count * 1000:.1f} | {used[1] / count * 1000:.1f}" if used else "- | -"
+        print(
+            f"| {name} | {pushed} | {count} | {pct(rows.round_trips, 50):.1f} | "
+            f"{pct(rows.round_trips, 99):.1f} | {pct(rows.reported, 50):.1f} | "
+            f"{pct(rows.reported, 99):.1f} | {costs} |"
+        )
+    steady = statistics.median(windows["steady"])
+    print("\n| windows | req/s median | min | max | vs steady median | applies/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, rates in windows.items():
+        applied = len(storms[name].round_trips) / (rounds * window) if name in storms else 0.0
+        print(
+            f"| {name} | {statistics.median(rates):,.0f} | {min(rates):,.0f} | "
+            f"{max(rates):,.0f} | {statistics.median(rates) / steady:.3f} | {applied:.1f} |"
+        )
+    spread = (max(windows["steady"]) - min(windows["steady"])) / steady
+    print(
+        f"\nsteady windows spread {spread:.1%} of their median (the noise); {load.requests} "
+        f"requests, {load.failed} failed; every storm apply pushed to all {nodes} nodes and was "
+        "acked by all"
+    )
+    if load.failed:
+        sys.exit("some requests failed")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--applies", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of throughput windows")
+    parser.add_argument("--window", type=float, default=2.0, help="seconds per window")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--storm-rate", type=float, default=5.0, help="applies/s of the paced storm"
+    )
+    options = parser.parse_args()
+    uvloop.run(
+        main(
+            options.nodes,
+            options.applies,
+            options.rounds,
+            options.window,
+            options.concurrency,
+            options.storm_rate,
+        )
+    )
