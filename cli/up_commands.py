@@ -12,6 +12,11 @@ for the local stack only (the file itself is never changed):
   API key is added to `openai.principal_tokens` as token_ref `local-up` (principal `local`).
 
 Everything else (models, capacities, priorities, queues, generation policies) is the config's.
+
+The Edge's admin API is up too (its URL is printed). Edit the config file and send `iop up` a
+SIGHUP: it rewrites the file for the local stack again, with the same tokens, and has the Edge
+apply it live through the admin API; it prints the outcome (a restart-required change is refused
+and named: restart `iop up` for it).
 """
 
 from __future__ import annotations
@@ -89,14 +94,17 @@ class LocalStack:
     node_tokens: dict[str, str]
 
 
-def local_config(config: EdgeConfig, upstream_url: str, port: int = 0) -> LocalStack:
-    """`config` rewritten for a stack on this machine (see the module docstring)."""
+def local_config(
+    config: EdgeConfig, upstream_url: str, port: int = 0, *, keep: LocalStack | None = None
+) -> LocalStack:
+    """`config` rewritten for a stack on this machine (see the module docstring); with `keep`,
+    the API key and node tokens of that stack are kept (a reload of a running stack)."""
     document = config.model_dump(mode="json")
     document["edge"]["listen"] = "127.0.0.1:0"
     document["edge"]["admin"]["listen"] = "127.0.0.1:0"
     document["openai"]["listen"] = f"127.0.0.1:{port}"
     document["a2a"]["listen"] = ""
-    api_key = f"sk-local-{secrets.token_urlsafe(18)}"
+    api_key = keep.api_key if keep is not None else f"sk-local-{secrets.token_urlsafe(18)}"
     tokens = document["openai"]["principal_tokens"]
     tokens[:] = [t for t in tokens if t["token_ref"] != LOCAL_TOKEN_REF]
     tokens.append(
@@ -108,8 +116,10 @@ def local_config(config: EdgeConfig, upstream_url: str, port: int = 0) -> LocalS
         }
     )
     node_tokens: dict[str, str] = {}
+    kept = keep.node_tokens if keep is not None else {}
     for node in document["nodes"]:
-        node_tokens[node["id"]] = token = secrets.token_urlsafe(24)
+        token = kept.get(node["id"]) or secrets.token_urlsafe(24)
+        node_tokens[node["id"]] = token
         node["token_hash_sha256"] = _sha256(token)
         for provider in node["providers"]:
             if provider["adapter"]["type"] == "openai":
@@ -164,6 +174,7 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
             return 1
         started = orjson.loads(line)
         url: str = started["url"]
+        admin_url: str = started["admin_url"]
 
         processes = {"fake-upstream": upstream.pid, "edge": edge.pid}
         children = [edge]
@@ -204,6 +215,7 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
                         "base_url": f"{url}/v1",
                         "api_key": local.api_key,
                         "models": models,
+                        "admin_url": admin_url,
                         "pids": processes,
                     }
                 ).decode(),
@@ -211,6 +223,23 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
             )
         else:
             print(_banner(url, local.api_key, models, processes, args.config), flush=True)
+            print(
+                f"Admin:   {admin_url}/config    Edit {args.config}, then "
+                f"`kill -HUP {os.getpid()}` to apply it live.",
+                flush=True,
+            )
+
+        reloads: set[asyncio.Task[None]] = set()
+
+        def hangup() -> None:
+            reload = _reload(
+                args.config, local, upstream.base_url, args.port, config_path, admin_url
+            )
+            task = guarded_task(reload, name="iop-up-reload", logger=logger)
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hangup)
 
         # Stop on a signal, or as soon as any child dies (the stack would be half there).
         watchers = [
@@ -220,11 +249,38 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
         try:
             await stop.wait()
         finally:
-            await stop_tasks(watchers)
+            loop.remove_signal_handler(signal.SIGHUP)
+            await stop_tasks([*watchers, *reloads])
         died = [child for child in children if child.returncode is not None]
         for child in died:
             print(f"iop up: process {child.pid} exited with {child.returncode}", file=sys.stderr)
     return 1 if died else 0
+
+
+async def _reload(
+    path: Path,
+    running: LocalStack,
+    upstream_url: str,
+    port: int,
+    config_path: Path,
+    admin_url: str,
+) -> None:
+    """SIGHUP: the edited config, localised with the running stack's tokens, applied live."""
+    try:
+        config = await asyncio.to_thread(load_file, path)
+    except ConfigError as error:
+        print(f"iop up: {path}: {len(error.problems)} problem(s)", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return
+    local = local_config(config, upstream_url, port, keep=running)
+    text = yaml.safe_dump(local.config.model_dump(mode="json"))
+    await asyncio.to_thread(config_path.write_text, text)
+    async with httpx.AsyncClient(base_url=admin_url, timeout=60) as admin:
+        response = await admin.post("/refresh", json={"mode": "apply"})
+    report = response.json()
+    message = report.get("message") or report.get("error", {}).get("message", "")
+    print(f"iop up: reload of {path}: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.asynccontextmanager

@@ -8,8 +8,10 @@ import os
 import signal
 from pathlib import Path
 
+import httpx
 import openai
 import orjson
+import yaml
 
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
 from iop.edgeconfig import OpenAIAdapter, load_file
@@ -78,5 +80,44 @@ async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:
             except ProcessLookupError:
                 continue
             raise AssertionError(f"process {pid} outlived iop up")
+    finally:
+        await terminate(process)
+
+
+async def test_iop_up_applies_the_edited_config_on_sighup(tmp_path: Path) -> None:
+    config = tmp_path / "edge.yaml"
+    config.write_text(SAMPLE.read_text())
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "up",
+        "--json",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        assert line, f"iop up exited with {await process.wait()}"
+        up = orjson.loads(line)
+        async with httpx.AsyncClient(base_url=up["admin_url"]) as admin:
+            before = (await admin.get("/config")).json()
+            edited = yaml.safe_load(config.read_text())
+            edited["models"][0]["generation"]["max_tokens"] = 3
+            config.write_text(yaml.safe_dump(edited))
+            process.send_signal(signal.SIGHUP)
+            said = b""
+            while b"iop up: reload" not in said:  # the children log to the same stderr
+                said = await asyncio.wait_for(process.stderr.readline(), 30)
+                assert said, "iop up closed its stderr"
+            assert b"applied generation 2" in said, said
+            after = (await admin.get("/config")).json()
+        assert after["generation"] == before["generation"] + 1
+        assert after["config"]["models"][0]["generation"]["max_tokens"] == 3
+        assert after["config"]["nodes"] == before["config"]["nodes"]  # same tokens, same nodes
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
     finally:
         await terminate(process)
