@@ -168,7 +168,11 @@ def edge_config(upstream_url: str) -> dict[str, object]:
         }
 
     return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0"},
+        "edge": {
+            "id": "edge-bench",
+            "listen": "127.0.0.1:0",
+            "admin": {"listen": "127.0.0.1:0"},  # never the default 9090 another Edge may hold
+        },
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [

@@ -21,6 +21,7 @@ import random
 import socket
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, Self, TypeAlias, cast
@@ -153,6 +154,10 @@ class _Connection(asyncio.Protocol):
             keep_alive=self._parser.should_keep_alive(),
             headers=self._headers,
         )
+        if self.task is None and not self._paused and self._server._answer_at_once(self, request):
+            if not request.keep_alive:
+                self.close()
+            return
         self._pending.append(request)
         if self.task is None:
             self.task = guarded_task(self._serve(), name="fake-upstream-connection", logger=logger)
@@ -226,6 +231,11 @@ class _Connection(asyncio.Protocol):
             keep_alive,
         )
 
+    def write_now(self, data: bytes) -> None:
+        """Write without waiting for the client to drain (the caller checked it is not paused)."""
+        if self._transport is not None and not self._lost:
+            self._transport.write(data)
+
     async def write(self, data: bytes) -> None:
         if self._transport is None or self._lost:
             raise ConnectionResetError("the client went away")
@@ -239,10 +249,9 @@ class _Connection(asyncio.Protocol):
             self._drained.set_result(None)
 
 
-def _chunked(*events: bytes) -> bytes:
-    """SSE events (`data: ...\\n\\n`) framed as one HTTP/1.1 chunk."""
-    payload = b"".join(b"data: " + event + b"\n\n" for event in events)
-    return b"%x\r\n%s\r\n" % (len(payload), payload)
+def _chunked(event: bytes) -> bytes:
+    """One SSE event (`data: ...\\n\\n`) framed as one HTTP/1.1 chunk."""
+    return b"%x\r\ndata: %s\n\n\r\n" % (len(event) + 8, event)
 
 
 class FakeUpstream:
@@ -345,6 +354,47 @@ class FakeUpstream:
             return
         self.stats.completed += 1
 
+    def _answer_at_once(self, connection: _Connection, request: _Request) -> bool:
+        """Answer a plain completion (no latency, pacing, failure or test hook) from the parser's
+        callback; False leaves the request to `_handle`.
+
+        The usual benchmark request needs no waiting, and answering it here saves a task and a
+        turn of the event loop per request: the baseline the Edge is measured against, and a
+        process sharing the cores with it, should cost as little as the answer itself.
+        """
+        path = request.target.split(b"?", 1)[0]
+        settings = self.settings
+        if (
+            request.method != b"POST"
+            or path not in (_CHAT, _COMPLETIONS)
+            or settings.latency_ms
+            or settings.tokens_per_second
+            or settings.fail_rate > 0
+        ):
+            return False
+        try:
+            completion = parse_request(
+                "chat" if path == _CHAT else "completion",
+                request.body,
+                default_tokens=settings.completion_tokens,
+                models=settings.models,
+                now=int(time.time()),
+            )
+        except OpenAIError:
+            return False
+        if completion.overrides:
+            return False
+        self.stats.requests += 1
+        if completion.stream:
+            out = [connection.start_stream(request.keep_alive)]
+            out += _stream_chunks(completion, tokens(completion.completion_tokens), first=True)
+            out += _stream_end(completion)
+            connection.write_now(b"".join(out))
+        else:
+            connection._write_response(200, completion.response(), request.keep_alive)
+        self.stats.completed += 1
+        return True
+
     def _refuse(self, connection: _Connection, request: _Request, status: int) -> None:
         method = request.method.decode()
         target = request.target.decode("utf-8", "replace")
@@ -439,9 +489,7 @@ class FakeUpstream:
             await connection.write(b"".join(out))
             out.clear()
             await asyncio.sleep(latency)
-        first = completion.first_chunk()
-        if first is not None:
-            out.append(_chunked(first))
+        out += _stream_chunks(completion, (), first=True)
         start = loop.time()
         drop_at = completion.completion_tokens // 2 if fault == "drop-mid-stream" else -1
         for index, token in enumerate(tokens(completion.completion_tokens)):
@@ -453,10 +501,28 @@ class FakeUpstream:
                 await connection.write(b"".join(out))
                 out.clear()
                 await asyncio.sleep(max(0.0, start + index * interval - loop.time()))
-            out.append(_chunked(completion.token_chunk(token)))
-        out.append(_chunked(completion.final_chunk()))
-        usage = completion.usage_chunk()
-        if usage is not None:
-            out.append(_chunked(usage))
-        out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(_DONE), _DONE))
+            out += _stream_chunks(completion, (token,))
+        out += _stream_end(completion)
         await connection.write(b"".join(out))
+
+
+def _stream_chunks(
+    completion: Completion, words: Iterable[str], *, first: bool = False
+) -> list[bytes]:
+    """The HTTP chunks of a stream's token chunks (after its role chunk when `first`): one SSE
+    event per HTTP chunk, as OpenAI and vLLM send them."""
+    out = []
+    if first and (role := completion.first_chunk()) is not None:
+        out.append(_chunked(role))
+    out += [_chunked(completion.token_chunk(word)) for word in words]
+    return out
+
+
+def _stream_end(completion: Completion) -> list[bytes]:
+    """The finish chunk, the usage chunk when asked for, `[DONE]` and the end of the body."""
+    out = [_chunked(completion.final_chunk())]
+    usage = completion.usage_chunk()
+    if usage is not None:
+        out.append(_chunked(usage))
+    out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(_DONE), _DONE))
+    return out

@@ -49,8 +49,8 @@ __all__ = ["OpenAIHttpAdapter"]
 _PATHS: Final = {"chat": "/chat/completions", "completion": "/completions"}
 _DONE: Final = b"[DONE]"
 #: Idle seconds before the pool closes a keep-alive connection itself: below the 5 s idle
-#: timeout of uvicorn (vLLM's server) and most others, so the Node, not the server, closes an
-#: idle connection, and a POST is never sent on one the server is closing at that moment.
+#: timeout of uvicorn (vLLM's server) and most others, so the Node, not the server, ends an idle
+#: connection, and a POST (which aiohttp never retries) rarely meets one the server is closing.
 _KEEPALIVE_S: Final = 4.0
 
 
@@ -273,10 +273,10 @@ class _StreamDecoder:
         self._finish: str | None = None
 
     def feed(self, piece: bytes) -> Iterator[RunChunk]:
-        buffer = self._buffer + piece
+        buffer = self._buffer + piece if self._buffer else piece
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
-        events, self._buffer = _split_events(buffer)
+        *events, self._buffer = buffer.split(b"\n\n")
         return self._chunks(events)
 
     def end(self) -> Iterator[RunEvent]:
@@ -290,39 +290,31 @@ class _StreamDecoder:
 
     def _chunks(self, events: list[bytes]) -> Iterator[RunChunk]:
         for event in events:
-            data = _event_data(event)
+            if event.startswith(b"data: ") and b"\n" not in event:
+                data: bytes | None = event[6:]
+            else:
+                data = _event_data(event)
             if data is None or self._done:
                 continue
             if data == _DONE:
                 self._done = True
                 continue
             document = _decode(data)
-            found = usage_from(document)
+            choices = document.get("choices")
+            # Most chunks carry no usage or `"usage": null`: skip the lookup for those.
+            found = None if document.get("usage") is None else usage_from(document)
             if found is not None:
                 self._usage = found
-            choices = document.get("choices")
-            if found is not None and not choices:
-                if self._wants_usage:
-                    yield RunChunk(data, usage_only=True)
-                continue
+                if not choices:
+                    if self._wants_usage:
+                        yield RunChunk(data, usage_only=True)
+                    continue
             self._finish = _finish_reason(document) or self._finish
             yield RunChunk(data)
 
 
-def _split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """The complete events in `buffer` (each without its blank line) and the incomplete rest."""
-    events = []
-    start = 0
-    while (end := buffer.find(b"\n\n", start)) >= 0:
-        events.append(buffer[start:end])
-        start = end + 2
-    return events, buffer[start:] if start else buffer
-
-
 def _event_data(event: bytes) -> bytes | None:
     """The `data` of one server-sent event, as bytes (multi-line data joined by newlines)."""
-    if event.startswith(b"data: ") and b"\n" not in event:
-        return event[6:]
     lines = [
         line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
     ]

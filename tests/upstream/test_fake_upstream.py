@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import orjson
@@ -86,6 +88,31 @@ async def test_raw_sse_bytes(fake_upstream: FakeUpstream) -> None:
     assert events[-2:] == [b"data: [DONE]", b""]
     assert all(e.startswith(b"data: {") for e in events[:-2])
     assert len(events[:-2]) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_plain_requests_answered_at_once_match_the_general_path(
+    fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    """A request with no test hook is answered from the parser's callback; a request with a
+    no-op hook takes the general path. Both must send the same bytes, but for the ids."""
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 3, "stream": stream}
+    async with httpx.AsyncClient(base_url=fake_upstream.base_url) as http:
+        plain = await http.post("/chat/completions", json=body)
+        hooked = await http.post(
+            "/chat/completions", json={**body, "fake_upstream": {"latency_ms": 0}}
+        )
+
+    def without_ids(content: bytes) -> list[Any]:
+        parts = content.split(b"\n\n") if stream else [content]
+        documents = [p.removeprefix(b"data: ") for p in parts if p and p != b"data: [DONE]"]
+        return [{**orjson.loads(d), "id": None, "created": None} for d in documents]
+
+    assert plain.status_code == hooked.status_code == 200
+    assert plain.headers["content-type"] == hooked.headers["content-type"]
+    assert without_ids(plain.content) == without_ids(hooked.content)
+    assert plain.content.endswith(b"data: [DONE]\n\n") is stream
+    assert fake_upstream.stats.requests == fake_upstream.stats.completed == 2
 
 
 @pytest.mark.parametrize(
