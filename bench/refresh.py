@@ -14,11 +14,11 @@ are the refresh path's and the request path's own). Model `m` maps every provide
    The same for applies that push nothing (a priority change: Edge-only), for the Edge's share,
    and the CPU time the Edge and the nodes (all together) spent per apply (Linux /proc).
 2. Throughput: one continuous load, cut into windows that differ only in what happens
-   meanwhile: nothing (steady), applies back to back, applies paced at `--storm-rate` per second
-   (each pushes to every node). The windows interleave for `--rounds` rounds, so the machine's
-   drift hits all kinds alike; per kind the median requests/s against the steady median, and
-   the steady windows' own spread as the noise. Apply latency under load is shown too. Every
-   request must succeed, and every apply be acked by every node.
+   meanwhile: nothing (steady), applies back to back, or applies paced at `--storm-rate` per
+   second (each pushes to every node). Every storm window sits between two steady ones, and
+   counts against their mean, so the machine's drift cancels out; steady windows, compared the
+   same way with their steady neighbours, give the noise. Apply latency under load is shown too.
+   Every request must succeed, and every apply be acked by every node.
 
 The load generator keeps one HTTP/1.1 keep-alive connection per worker and parses responses with
 httptools; half the workers stream. Figures go to docs/benchmarks.md ("## Live refresh").
@@ -297,39 +297,42 @@ async def main(
                     await applier.apply("edge", idle_edge)
                 cpu_edge = (cpu_seconds(edge_pid) - cpu[0], cpu_seconds(*node_pids) - cpu[1])
 
-                # One continuous load; the windows differ only in what the applier does.
-                modes: list[tuple[str, float | None]] = [
-                    ("steady", None),
-                    ("storm: applies back to back", 0.0),
-                    (f"storm: {storm_rate:g} applies/s", storm_rate),
-                ]
-                windows: dict[str, list[float]] = {name: [] for name, _ in modes}
-                storms = {name: Applies() for name, rate in modes if rate is not None}
+                # One continuous load; the windows differ only in what the applier does, and
+                # every storm window sits between two steady ones: S B S P S B S P ... S.
+                paced = f"storm: {storm_rate:g} applies/s"
+                rates: dict[str, float | None] = {
+                    "steady": None,
+                    "storm: applies back to back": 0.0,
+                    paced: storm_rate,
+                }
+                order = ["steady"]
+                for _ in range(rounds):
+                    order += ["storm: applies back to back", "steady", paced, "steady"]
+                timeline: list[tuple[str, float]] = []
+                storms = {name: Applies() for name, rate in rates.items() if rate is not None}
                 stop = asyncio.Event()
                 load = Load()
                 loader = asyncio.create_task(run_load(host, port, concurrency, stop, load))
                 await asyncio.sleep(1.0)  # connections up, caches warm
-                for _ in range(rounds):
-                    for name, rate in modes:
-                        count, began = load.requests, time.perf_counter()
-                        until = began + window
-                        if rate is None:
-                            await asyncio.sleep(window)
-                        while rate is not None and time.perf_counter() < until:
-                            start = time.perf_counter()
-                            await applier.apply("push", storms[name])
-                            if rate:
-                                await asyncio.sleep(
-                                    max(0.0, start + 1 / rate - time.perf_counter())
-                                )
-                        elapsed = time.perf_counter() - began
-                        windows[name].append((load.requests - count) / elapsed)
+                for name in order:
+                    rate = rates[name]
+                    count, began = load.requests, time.perf_counter()
+                    until = began + window
+                    if rate is None:
+                        await asyncio.sleep(window)
+                    while rate is not None and time.perf_counter() < until:
+                        start = time.perf_counter()
+                        await applier.apply("push", storms[name])
+                        if rate:
+                            await asyncio.sleep(max(0.0, start + 1 / rate - time.perf_counter()))
+                    elapsed = time.perf_counter() - began
+                    timeline.append((name, (load.requests - count) / elapsed))
                 stop.set()
                 await loader
 
     print(
         f"\n{nodes} nodes; {applies} idle applies per row; load: {concurrency} connections "
-        f"(half streaming) throughout, {rounds} rounds of {len(modes)} windows of {window:g}s\n"
+        f"(half streaming) throughout, {len(order)} windows of {window:g}s\n"
     )
     print(
         "| applies | nodes pushed | n | round trip p50 ms | p99 ms | reported p50 ms | p99 ms "
@@ -349,20 +352,33 @@ async def main(
             f"{pct(rows.round_trips, 99):.1f} | {pct(rows.reported, 50):.1f} | "
             f"{pct(rows.reported, 99):.1f} | {costs} |"
         )
-    steady = statistics.median(windows["steady"])
-    print("\n| windows | req/s median | min | max | vs steady median | applies/s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, rates in windows.items():
+    # Each window against the mean of the steady windows around it (drift cancels out); for a
+    # steady window, its steady neighbours two places away: that spread is the noise.
+    relative: dict[str, list[float]] = {name: [] for name in rates}
+    absolute: dict[str, list[float]] = {name: [] for name in rates}
+    for index, (name, rate) in enumerate(timeline):
+        absolute[name].append(rate)
+        step = 2 if name == "steady" else 1
+        around = [
+            timeline[i][1]
+            for i in (index - step, index + step)
+            if 0 <= i < len(timeline) and timeline[i][0] == "steady"
+        ]
+        if around:
+            relative[name].append(rate / statistics.mean(around))
+    print("\n| windows | n | req/s median | vs steady neighbours: median | p25 | p75 | applies/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, ratios in relative.items():
         applied = len(storms[name].round_trips) / (rounds * window) if name in storms else 0.0
+        quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
         print(
-            f"| {name} | {statistics.median(rates):,.0f} | {min(rates):,.0f} | "
-            f"{max(rates):,.0f} | {statistics.median(rates) / steady:.3f} | {applied:.1f} |"
+            f"| {name} | {len(absolute[name])} | {statistics.median(absolute[name]):,.0f} | "
+            f"{statistics.median(ratios):.3f} | {quartiles[0]:.3f} | {quartiles[2]:.3f} | "
+            f"{applied:.1f} |"
         )
-    spread = (max(windows["steady"]) - min(windows["steady"])) / steady
     print(
-        f"\nsteady windows spread {spread:.1%} of their median (the noise); {load.requests} "
-        f"requests, {load.failed} failed; every storm apply pushed to all {nodes} nodes and was "
-        "acked by all"
+        f"\n{load.requests} requests, {load.failed} failed; every storm apply pushed to all "
+        f"{nodes} nodes and was acked by all"
     )
     if load.failed:
         sys.exit("some requests failed")
