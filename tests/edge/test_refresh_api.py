@@ -382,12 +382,17 @@ async def test_applies_run_one_at_a_time(refresh_stack, refresh_document) -> Non
 
 class SilentNode:
     """node-2 over a raw stream: acknowledges its welcome, then answers refreshes with `ack`
-    (or not at all when `ack` is None)."""
+    (or not at all when `ack` is None). With `late_welcome_ack`, it acknowledges its welcome
+    only once a refresh has arrived (a node still starting up while an apply runs)."""
 
-    def __init__(self, port: int, ack: pb.ConfigAck | None) -> None:
+    def __init__(
+        self, port: int, ack: pb.ConfigAck | None, *, late_welcome_ack: bool = False
+    ) -> None:
         self.port = port
         self.ack = ack
+        self.late_welcome_ack = late_welcome_ack
         self.refreshes = 0
+        self.applied_hash = ""
 
     async def run(self, ready: asyncio.Event) -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") as channel:
@@ -404,7 +409,9 @@ class SilentNode:
                 config_hash=welcome.config.config_hash,
                 ok=True,
             )
-            await call.write(pb.NodeMessage(acks=[ack]))
+            self.applied_hash = welcome.config.config_hash
+            if not self.late_welcome_ack:
+                await call.write(pb.NodeMessage(acks=[ack]))
             ready.set()
             while True:
                 message = await call.read()
@@ -412,10 +419,15 @@ class SilentNode:
                     return
                 if message.HasField("refresh"):
                     self.refreshes += 1
+                    if self.late_welcome_ack:
+                        await call.write(pb.NodeMessage(acks=[ack]))
                     if self.ack is not None:
                         reply = pb.ConfigAck()
                         reply.CopyFrom(self.ack)
                         reply.generation = message.refresh.config.generation
+                        if reply.ok:
+                            reply.config_hash = message.refresh.config.config_hash
+                            self.applied_hash = reply.config_hash
                         await call.write(pb.NodeMessage(acks=[reply]))
 
 
@@ -446,6 +458,30 @@ async def test_a_node_that_does_not_ack_is_reported_failed(
         (push,) = report["pushes"]
         assert (push["node_id"], push["status"], push["reason"]) == ("node-2", "failed", reason)
         assert node.refreshes == 1
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
+async def test_a_node_still_starting_up_gets_the_push_too(start_edge, refresh_document) -> None:
+    edge = await start_edge(refresh_document())
+    node = SilentNode(edge.hub_port, pb.ConfigAck(ok=True), late_welcome_ack=True)
+    ready = asyncio.Event()
+    task = asyncio.create_task(node.run(ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        assert not edge.hub.nodes()["node-2"].ready  # welcomed, not acknowledged yet
+        document = refresh_document()
+        document["nodes"][1]["providers"][0]["capacity"] = 5
+        async with admin_client(edge) as admin:
+            report = (
+                await admin.post("/refresh", json={"mode": "apply", "config": document})
+            ).json()
+        (push,) = report["pushes"]
+        assert (push["node_id"], push["status"]) == ("node-2", "acked")
+        assert node.refreshes == 1
+        assert node.applied_hash == node_payloads(load_data(document))["node-2"].digest
+        assert edge.hub.nodes()["node-2"].ready
     finally:
         task.cancel()
         await asyncio.wait([task])
