@@ -126,7 +126,8 @@ class _Connection(asyncio.Protocol):
         self.done = asyncio.get_running_loop().create_future()
         self.transport.write(payload)
         await self.done
-        return self.parser.get_status_code()  # type: ignore[no-any-return]
+        status: int = self.parser.get_status_code()
+        return status
 
 
 def completion(host: str, stream: bool) -> bytes:
@@ -339,7 +340,7 @@ async def main(
         "| Edge CPU ms/apply | nodes' CPU ms/apply |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows_in = [
+    rows_in: list[tuple[str, int, Applies, tuple[float, float] | None]] = [
         ("capacity flip, idle", nodes, idle_push, cpu_push),
         ("priority flip (no push), idle", 0, idle_edge, cpu_edge),
     ]
