@@ -186,17 +186,16 @@ class Applier:
     def __init__(self, admin: httpx.AsyncClient, base: dict[str, Any]) -> None:
         self.admin = admin
         self.document = base
-        self.flip = 0
 
     async def apply(self, change: str, into: Applies) -> None:
+        """`push`: flip every provider's capacity 8 <-> 9; else flip its priority 0 <-> 1."""
         candidate = copy.deepcopy(self.document)
-        self.flip ^= 1
         for node in candidate["nodes"]:
             provider = node["providers"][0]
             if change == "push":
-                provider["capacity"] = 8 + self.flip
+                provider["capacity"] = 17 - provider["capacity"]
             else:
-                provider["priority"] = self.flip
+                provider["priority"] = 1 - provider.get("priority", 0)
         started = time.perf_counter()
         response = await self.admin.post("/refresh", json={"mode": "apply", "config": candidate})
         elapsed = (time.perf_counter() - started) * 1000
@@ -314,22 +313,25 @@ async def main(
                 stop = asyncio.Event()
                 load = Load()
                 loader = asyncio.create_task(run_load(host, port, concurrency, stop, load))
-                await asyncio.sleep(1.0)  # connections up, caches warm
-                for name in order:
-                    rate = rates[name]
-                    count, began = load.requests, time.perf_counter()
-                    until = began + window
-                    if rate is None:
-                        await asyncio.sleep(window)
-                    while rate is not None and time.perf_counter() < until:
-                        start = time.perf_counter()
-                        await applier.apply("push", storms[name])
-                        if rate:
-                            await asyncio.sleep(max(0.0, start + 1 / rate - time.perf_counter()))
-                    elapsed = time.perf_counter() - began
-                    timeline.append((name, (load.requests - count) / elapsed))
-                stop.set()
-                await loader
+                try:
+                    await asyncio.sleep(1.0)  # connections up, caches warm
+                    for name in order:
+                        rate = rates[name]
+                        count, began = load.requests, time.perf_counter()
+                        until = began + window
+                        if rate is None:
+                            await asyncio.sleep(window)
+                        while rate is not None and time.perf_counter() < until:
+                            start = time.perf_counter()
+                            await applier.apply("push", storms[name])
+                            if rate:
+                                pause = start + 1 / rate - time.perf_counter()
+                                await asyncio.sleep(max(0.0, pause))
+                        elapsed = time.perf_counter() - began
+                        timeline.append((name, (load.requests - count) / elapsed))
+                finally:
+                    stop.set()
+                    await loader
 
     print(
         f"\n{nodes} nodes; {applies} idle applies per row; load: {concurrency} connections "
@@ -371,7 +373,9 @@ async def main(
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, ratios in relative.items():
         applied = len(storms[name].round_trips) / (rounds * window) if name in storms else 0.0
-        quartiles = statistics.quantiles(ratios, n=4, method="inclusive")
+        quartiles = (
+            statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+        )
         print(
             f"| {name} | {len(absolute[name])} | {statistics.median(absolute[name]):,.0f} | "
             f"{statistics.median(ratios):.3f} | {quartiles[0]:.3f} | {quartiles[2]:.3f} | "
