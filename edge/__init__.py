@@ -3,9 +3,11 @@
 Layers inside the package, lowest first: `errors` and `snapshots` (pure data from the config),
 `dispatching` (the pool's live state), `authenticating`, `bodies`, `metering`, `statuses`, the
 hub seam `runs` (and the hub itself, `nodehub`), `relaying` (one request's run), `serving` (the
-ASGI app) and `launching` (one process's lifecycle).
+ASGI app), the live refresh (`refreshes`, `refreshing`, and the admin API `admin`) and
+`launching` (one process's lifecycle).
 """
 
+from .admin import AdminApp, AdminAuth, AdminAuthError
 from .authenticating import ANONYMOUS, Authenticator, Principal
 from .dispatching import Dispatcher, Lease
 from .errors import (
@@ -24,15 +26,21 @@ from .errors import (
 from .launching import EdgeServer
 from .metering import Metrics
 from .nodehub import NodeHub
+from .refreshes import NodePush, RefreshReport
+from .refreshing import ConfigPush, Refresher
 from .runs import Hub, NodeRuns
 from .serving import EdgeApp
 from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
 
 __all__ = [
     "ANONYMOUS",
+    "AdminApp",
+    "AdminAuth",
+    "AdminAuthError",
     "Authenticator",
     "BadRequest",
     "Candidate",
+    "ConfigPush",
     "Dispatcher",
     "EdgeApp",
     "EdgeError",
@@ -45,6 +53,7 @@ __all__ = [
     "ModelRoute",
     "NoProvider",
     "NodeHub",
+    "NodePush",
     "NodeRuns",
     "PayloadTooLarge",
     "PoolSnapshot",
@@ -52,6 +61,8 @@ __all__ = [
     "ProviderLimits",
     "QueueFull",
     "QueueTimeout",
+    "RefreshReport",
+    "Refresher",
     "RouteNotFound",
     "Unauthorized",
     "UpstreamError",
