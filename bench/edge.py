@@ -2,6 +2,7 @@
 called directly, in one run, streaming and not, at several concurrencies.
 
     uv run --frozen python -P bench/edge.py [--seconds 3] [--concurrency 1 32 128]
+        [--paths openai node-fake edge-alone]
 
 Three real processes, as deployed: `iop fake-upstream`, `iop edge run` (auth on, metrics on, a
 principal token, the full dispatch path) and `iop node run` (the `openai` adapter against the
@@ -19,8 +20,9 @@ Rows, each against the same direct path (the fake upstream over HTTP):
 
 Per cell it prints requests/s for both paths and their ratio, p50/p99 latency (request sent to
 the last byte) and the latency the Edge path adds, and for streams the time to first byte of the
-body (the first SSE event) and what the Edge adds to it. Figures go to docs/benchmarks.md
-("## Edge request path").
+body (the first SSE event) and what the Edge adds to it; then the CPU time each process spent
+per request while the Edge path was measured (from /proc), which shows where the cores go.
+Figures go to docs/benchmarks.md ("## Edge request path").
 """
 
 from __future__ import annotations
@@ -153,6 +155,12 @@ async def measure(host: str, port: int, payload: bytes, concurrency: int, second
     return Cell(len(latencies) / elapsed, latencies, firsts)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
 
@@ -227,8 +235,9 @@ async def wait_available(host: str, port: int, wanted: bytes) -> None:
 
 
 @contextlib.asynccontextmanager
-async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int]]:
-    """`iop edge run` and `iop node run` processes; yields the Edge's OpenAI host and port."""
+async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
+    """`iop edge run` and `iop node run` processes; yields the Edge's OpenAI host and port and
+    the processes' ids."""
     edge = await asyncio.create_subprocess_exec(
         *iop_command(),
         "edge",
@@ -258,7 +267,7 @@ async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int]]:
         )
         host, port = split_url(started["url"])
         await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
-        yield host, port
+        yield host, port, {"edge": edge.pid, "node": node.pid}
     finally:
         if node is not None:
             await terminate(node)
@@ -266,7 +275,7 @@ async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int]]:
 
 
 @contextlib.asynccontextmanager
-async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int]]:
+async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
     """This script as an Edge process whose hub answers every run at once (`--stub-edge`)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -280,7 +289,7 @@ async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int]]:
     try:
         host, port = split_url((await started_line(process))["url"])
         await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
-        yield host, port
+        yield host, port, {"edge": process.pid}
     finally:
         await terminate(process)
 
@@ -389,7 +398,7 @@ async def serve_stub_edge(config_path: str) -> None:
         await asyncio.Event().wait()
 
 
-async def main(seconds: float, concurrencies: list[int]) -> None:
+async def main(seconds: float, concurrencies: list[int], paths: list[str]) -> None:
     rows = []
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
@@ -402,7 +411,10 @@ async def main(seconds: float, concurrencies: list[int]) -> None:
                 ("node fake", "node-fake", edge_stack),
                 ("edge alone", "openai", stub_edge),
             ):
-                async with stack(folder) as (edge_host, edge_port):
+                if label.replace(" ", "-") not in paths:
+                    continue
+                async with stack(folder) as (edge_host, edge_port, pids):
+                    pids = {**pids, "upstream": upstream.pid, "load": os.getpid()}
                     for stream in (False, True):
                         direct_payload = http_request(
                             upstream.listen, "/v1/chat/completions", body("served", stream), None
@@ -420,18 +432,24 @@ async def main(seconds: float, concurrencies: list[int]) -> None:
                             direct = await measure(
                                 up_host, up_port, direct_payload, concurrency, seconds
                             )
+                            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                             edge = await measure(
                                 edge_host, edge_port, edge_payload, concurrency, seconds
                             )
+                            served = len(edge.latencies)
+                            cpu = {
+                                name: (cpu_seconds(pid) - before[name]) / served * 1e6
+                                for name, pid in pids.items()
+                            }
                             mode = f"{label}, {'stream' if stream else 'whole'}"
-                            rows.append((mode, concurrency, direct, edge))
+                            rows.append((mode, concurrency, direct, edge, cpu))
                             print(f"  measured {mode} c={concurrency}", file=sys.stderr, flush=True)
     print(
         "| path | conc | direct req/s | edge req/s | edge/direct | direct p50 ms | edge p50 ms "
         "| added p50 ms | direct p99 ms | edge p99 ms | added p99 ms | added TTFB p50 ms |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for mode, conc, d, e in rows:
+    for mode, conc, d, e, _ in rows:
         d50, e50 = pct(d.latencies, 50), pct(e.latencies, 50)
         d99, e99 = pct(d.latencies, 99), pct(e.latencies, 99)
         ttfb = f"{pct(e.firsts, 50) - pct(d.firsts, 50):+.2f}" if "stream" in mode else "-"
@@ -440,16 +458,32 @@ async def main(seconds: float, concurrencies: list[int]) -> None:
             f"{d50:.2f} | {e50:.2f} | {e50 - d50:+.2f} | {d99:.2f} | {e99:.2f} | "
             f"{e99 - d99:+.2f} | {ttfb} |"
         )
+    print("\nCPU time per request on the Edge path, by process (us), load generator included:\n")
+    print("| path | conc | edge req/s | edge | node | upstream | load generator |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for mode, conc, _, e, cpu in rows:
+        node = f"{cpu['node']:,.0f}" if "node" in cpu else "-"
+        print(
+            f"| {mode} | {conc} | {e.rps:,.0f} | {cpu['edge']:,.0f} | {node} | "
+            f"{cpu['upstream']:,.0f} | {cpu['load']:,.0f} |"
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=("openai", "node-fake", "edge-alone"),
+        default=["openai", "node-fake", "edge-alone"],
+        help="which rows to measure",
+    )
     parser.add_argument("--stub-edge", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub_edge:
         uvloop.run(serve_stub_edge(args.stub_edge))
         sys.exit(0)
     print(f"# bench/edge.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
-    uvloop.run(main(args.seconds, args.concurrency))
+    uvloop.run(main(args.seconds, args.concurrency, args.paths))
