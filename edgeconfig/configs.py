@@ -113,7 +113,7 @@ def split_listener(value: str) -> tuple[str, int]:
             raise ValueError(f"{host!r} is not an IPv6 address") from None
     elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host):
         raise ValueError(f"{host!r} is not a host name or IP address (IPv6 goes in brackets)")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"port {port_text!r} must be a number from 0 to 65535")
     return host, int(port_text)
 

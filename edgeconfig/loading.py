@@ -143,7 +143,8 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
 
 def _document_order(problem: Problem) -> tuple[object, ...]:
     head = re.split(r"[.\[]", problem.path, maxsplit=1)[0]
-    rest = [int(t) if t.isdigit() else t for t in re.findall(r"\d+|[^\d\[\].]+", problem.path)]
+    tokens = re.findall(r"[0-9]+|[^0-9\[\].]+", problem.path)
+    rest = [int(t) if t.isascii() and t.isdecimal() else t for t in tokens]
     return (
         _SECTION_ORDER.get(head, len(_SECTION_ORDER)),
         *((0, t) if isinstance(t, int) else (1, t) for t in rest),

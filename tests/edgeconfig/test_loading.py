@@ -386,6 +386,19 @@ def test_json_text_is_the_same_config(config_data: dict[str, Any]) -> None:
     assert load_text("{edge: {id: a}}").edge.id == "a"  # a YAML flow mapping, not JSON
 
 
+@pytest.mark.parametrize(
+    "document",
+    [
+        pytest.param({"²": 1}, id="superscript-digit-key"),
+        pytest.param({"edge": {"id": "a", "listen": "h:²"}}, id="superscript-digit-port"),
+        pytest.param({"edge": {"id": "a", "listen": "h:١٢"}}, id="arabic-indic-port"),
+    ],
+)
+def test_non_ascii_digits_are_plain_errors(document: dict[str, Any]) -> None:
+    # Found by hypothesis: str.isdigit() accepts "²", which int() refuses.
+    assert problems_of(document)
+
+
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_file(tmp_path / "missing.yaml")
