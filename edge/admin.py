@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Self
@@ -39,15 +38,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener
 
+from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .refreshes import Candidate, RefreshReport
 from .refreshing import Refresher
 
 __all__ = ["AdminApp", "AdminAuth", "AdminAuthError", "RefreshBody", "redacted"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 #: Largest `POST /refresh` body: a config with thousands of nodes fits with room to spare.
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
@@ -176,7 +172,7 @@ class AdminApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -184,7 +180,7 @@ class AdminApp:
             await self._http(scope, receive, send)
         except _HttpError as error:
             body = {"error": {"code": error.code, "message": error.message}}
-            await _send(send, error.status, orjson.dumps(body), error.headers)
+            await send_body(send, error.status, orjson.dumps(body), headers=error.headers)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -196,9 +192,9 @@ class AdminApp:
         if method != wanted:
             raise _HttpError("method_not_allowed", f"use {wanted} {path}", allow=wanted)
         if path == "/healthz":
-            await _send(send, 200, b'{"status":"ok"}')
+            await send_body(send, 200, b'{"status":"ok"}')
             return
-        who = self._auth.check(_header(scope, b"authorization"))
+        who = self._auth.check(header(scope, b"authorization"))
         client = scope.get("client")
         peer = f"{client[0]}:{client[1]}" if client else "unknown peer"
         if path == "/refresh":
@@ -210,7 +206,7 @@ class AdminApp:
                 "generation": snapshot.generation,
                 "config": redacted(snapshot.config),
             }
-            await _send(send, 200, orjson.dumps(document))
+            await send_body(send, 200, orjson.dumps(document))
         else:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             mode = query.get("mode", [""])[0]
@@ -219,7 +215,7 @@ class AdminApp:
             report = self._refresher.last("apply" if mode else None)
             if report is None:
                 raise _HttpError("no_refresh", "no refresh has run since the Edge started")
-            await _send(send, 200, orjson.dumps(report.as_dict()))
+            await send_body(send, 200, orjson.dumps(report.as_dict()))
 
     async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
         raw = await _read_body(scope, receive)
@@ -245,7 +241,7 @@ class AdminApp:
                 "this Edge was not started from a file: send config, config_yaml or path",
             )
         report = await self._refresher.refresh(body.mode, candidate, requested_by=who)
-        await _send(send, _status(report), orjson.dumps(report.as_dict()))
+        await send_body(send, _status(report), orjson.dumps(report.as_dict()))
 
 
 def redacted(config: EdgeConfig) -> dict[str, Any]:
@@ -268,7 +264,7 @@ def _redact(value: Any, key: str = "") -> Any:
 
 
 async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    length = _header(scope, b"content-length")
+    length = header(scope, b"content-length")
     too_large = _HttpError("too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise too_large
@@ -285,37 +281,3 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes:
         parts.append(part)
         if not message.get("more_body", False):
             return b"".join(parts)
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
-
-
-async def _send(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

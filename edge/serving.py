@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
 
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind, guarded_task
 
+from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .authenticating import Authenticator, Principal
 from .bodies import apply_policy, is_long, parse_request
 from .dispatching import Dispatcher
@@ -47,10 +48,6 @@ __all__ = ["EdgeApp"]
 
 logger = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _SSE_HEADERS: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -97,7 +94,7 @@ class EdgeApp:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -120,7 +117,7 @@ class EdgeApp:
         if path == "/v1/models" or path.startswith("/v1/models/"):
             await self._models(scope, send, path)
         elif path == "/healthz":
-            await _send(send, 200, b'{"status":"ok"}')
+            await send_body(send, 200, b'{"status":"ok"}')
         elif path == "/readyz":
             ready = self._ready()
             body = orjson.dumps(
@@ -130,9 +127,9 @@ class EdgeApp:
                     "providers_available": sorted(self._dispatcher.available),
                 }
             )
-            await _send(send, 200 if ready else 503, body)
+            await send_body(send, 200 if ready else 503, body)
         elif path == "/metrics":
-            await _send(send, 200, self._metrics.render(), CONTENT_TYPE.encode())
+            await send_body(send, 200, self._metrics.render(), CONTENT_TYPE.encode())
         else:
             await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
 
@@ -140,7 +137,7 @@ class EdgeApp:
 
     async def _models(self, scope: Scope, send: Send, path: str) -> None:
         try:
-            principal = self._authenticator.authenticate(_header(scope, b"authorization"))
+            principal = self._authenticator.authenticate(header(scope, b"authorization"))
         except EdgeError as error:
             await self._refuse(send, error)
             return
@@ -162,7 +159,7 @@ class EdgeApp:
                 {model_id: orjson.dumps(entry) for model_id, entry in entries.items()},
             )
         if path == "/v1/models":
-            await _send(send, 200, cache[1])
+            await send_body(send, 200, cache[1])
             self._metrics.count_request(principal, "", "", 200)
             return
         model_id = path.removeprefix("/v1/models/")
@@ -170,7 +167,7 @@ class EdgeApp:
         if entry is None:
             await self._refuse(send, ModelNotFound(model_id), principal)
         else:
-            await _send(send, 200, entry)
+            await send_body(send, 200, entry)
             self._metrics.count_request(principal, model_id, "", 200)
 
     # -- completions ---------------------------------------------------------------------------
@@ -184,7 +181,7 @@ class EdgeApp:
         watcher: asyncio.Task[None] | None = None
         gone = _Disconnect()
         try:
-            principal = self._authenticator.authenticate(_header(scope, b"authorization"))
+            principal = self._authenticator.authenticate(header(scope, b"authorization"))
             raw = await self._read_body(scope, receive)
             request = parse_request(kind, raw)
             snapshot = self._dispatcher.snapshot
@@ -229,7 +226,7 @@ class EdgeApp:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_request_bytes
-        length = _header(scope, b"content-length")
+        length = header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(_too_large(limit))
         message = await receive()
@@ -262,7 +259,7 @@ class EdgeApp:
                 body = event.data
                 self._metrics.observe_first_token(model, time.perf_counter() - arrived)
             elif isinstance(event, RunDone):
-                await _send(send, 200, body)
+                await send_body(send, 200, body)
                 return 200
             elif isinstance(event, RunFailed):
                 return await self._refuse(send, upstream_error(event))
@@ -348,37 +345,3 @@ def _ended_early() -> EdgeError:
 
 def _too_large(limit: int) -> str:
     return f"The request body is larger than the limit of {limit} bytes."
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
-
-
-async def _send(
-    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    """The Edge's lifecycle is owned by the process (launching.py); accept the protocol."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -1,0 +1,58 @@
+"""The few ASGI pieces the Edge's two raw apps (the OpenAI API and the admin API) share.
+
+Both are plain ASGI callables on uvicorn rather than framework apps: the OpenAI API measured
+10-25% faster that way. These helpers keep the protocol details in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+__all__ = ["Message", "Receive", "Scope", "Send", "header", "lifespan", "send_body"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of request header `name` (lowercase), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+async def send_body(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """A complete response: status, content type and length, extra headers, body."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Accept the lifespan protocol; the process (launching.py) owns the Edge's lifecycle."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
