@@ -4,7 +4,8 @@
 is a real fake OpenAI server on a loopback socket; `start_hub` and `start_node` start the Edge's
 node hub and an in-process Node agent and stop them when the test ends. `no_leaked_tasks` fails
 a test that leaves an asyncio task behind (wire tests use it through `pytestmark`).
-`start_edge` starts a whole in-process Edge with its admin API, for the live refresh tests.
+`start_edge` starts a whole in-process Edge with its admin API, for the live refresh tests;
+`iop_processes` starts real `iop edge run` / `iop node run` processes.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 
 from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
-from iop.upstream import FakeUpstream, FakeUpstreamSettings
+from iop.upstream import FakeUpstream, FakeUpstreamSettings, iop_command, terminate
 
 NODE_TOKEN = "node-1-secret-token"
 
@@ -199,3 +204,62 @@ async def start_edge() -> AsyncIterator[Callable[..., Awaitable[EdgeServer]]]:
             return await stack.enter_async_context(EdgeServer(config, **options))
 
         yield start
+
+
+class IopProcesses:
+    """Real `iop edge run` / `iop node run` children, stopped by the caller's exit stack."""
+
+    async def spawn(self, *args: str, stdout: bool = True) -> asyncio.subprocess.Process:
+        """`iop ARGS...` with stdout piped (or discarded) and stderr piped."""
+        return await asyncio.create_subprocess_exec(
+            *iop_command(),
+            *args,
+            stdout=asyncio.subprocess.PIPE if stdout else asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    async def edge(
+        self, stack: contextlib.AsyncExitStack, config: Path, *extra: str
+    ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+        """Start an Edge on `config`; returns it and its start line (url, hub_port, admin_url)."""
+        process = await self.spawn(
+            "edge", "run", "--config", str(config), "--log-level", "WARNING", *extra
+        )
+        stack.push_async_callback(terminate, process)
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert line, f"iop edge run exited with {await process.wait()}"
+        return process, orjson.loads(line)
+
+    async def node(
+        self,
+        stack: contextlib.AsyncExitStack,
+        hub_port: int,
+        node_id: str,
+        token_file: Path,
+    ) -> asyncio.subprocess.Process:
+        """Start a Node that dials the Edge's hub on `hub_port`."""
+        process = await self.spawn(
+            *("node", "run", "--edge", f"127.0.0.1:{hub_port}", "--node-id", node_id),
+            *("--token-file", str(token_file), "--log-level", "WARNING"),
+            stdout=False,
+        )
+        stack.push_async_callback(terminate, process)
+        return process
+
+    async def wait_available(self, url: str, providers: list[str], timeout: float = 20) -> None:
+        """Until the Edge's /readyz lists exactly `providers` as available to dispatch."""
+        ready: Any = None
+        async with httpx.AsyncClient(base_url=url) as http:
+            for _ in range(int(timeout / 0.05)):
+                ready = (await http.get("/readyz")).json()
+                if ready["providers_available"] == providers:
+                    return
+                await asyncio.sleep(0.05)
+        pytest.fail(f"the nodes' providers never became available: {ready}")
+
+
+@pytest.fixture(scope="session")
+def iop_processes() -> IopProcesses:
+    return IopProcesses()

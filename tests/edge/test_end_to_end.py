@@ -6,19 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
-import orjson
 import pytest
 import pytest_asyncio
 import yaml
 
-from iop.upstream import iop_command, spawn_fake_upstream, terminate
+from iop.upstream import spawn_fake_upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,18 +34,8 @@ class Stack:
     upstream_url: str
 
 
-async def spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *iop_command(),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory) -> AsyncIterator[Stack]:
+async def stack(tmp_path_factory, iop_processes) -> AsyncIterator[Stack]:
     folder: Path = tmp_path_factory.mktemp("e2e")
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
@@ -108,33 +96,9 @@ async def stack(tmp_path_factory) -> AsyncIterator[Stack]:
         (folder / "edge.yaml").write_text(yaml.safe_dump(config))
         (folder / "node.token").write_text(NODE_TOKEN)
 
-        edge = await spawn("edge", "run", "--config", str(folder / "edge.yaml"))
-        stack.push_async_callback(terminate, edge)
-        assert edge.stdout is not None
-        line = await asyncio.wait_for(edge.stdout.readline(), 30)
-        assert line, f"iop edge run exited with {await edge.wait()}"
-        started = orjson.loads(line)
-
-        node = await spawn(
-            "node",
-            "run",
-            "--edge",
-            f"127.0.0.1:{started['hub_port']}",
-            "--node-id",
-            "node-1",
-            "--token-file",
-            str(folder / "node.token"),
-        )
-        stack.push_async_callback(terminate, node)
-
-        async with httpx.AsyncClient(base_url=started["url"]) as http:
-            for _ in range(300):
-                ready = (await http.get("/readyz")).json()
-                if ready["providers_available"] == ["builtin", "up-a", "up-b"]:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail(f"the node's providers never became available: {ready}")
+        _, started = await iop_processes.edge(stack, folder / "edge.yaml")
+        await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
+        await iop_processes.wait_available(started["url"], ["builtin", "up-a", "up-b"])
         yield Stack(started["url"], upstream.base_url)
 
 

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import copy
 import hashlib
-import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -32,7 +31,7 @@ import orjson
 import pytest
 import yaml
 
-from iop.upstream import iop_command, spawn_fake_upstream, terminate
+from iop.upstream import spawn_fake_upstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -125,7 +124,9 @@ class Timeline:
 
 
 @contextlib.asynccontextmanager
-async def stack(folder: Path) -> AsyncIterator[tuple[dict[str, Any], dict[str, Any]]]:
+async def stack(
+    folder: Path, iop_processes: Any
+) -> AsyncIterator[tuple[dict[str, Any], dict[str, Any]]]:
     async with contextlib.AsyncExitStack() as exits:
         upstreams = [
             await exits.enter_async_context(spawn_fake_upstream(["--latency-ms", "10"]))
@@ -133,36 +134,13 @@ async def stack(folder: Path) -> AsyncIterator[tuple[dict[str, Any], dict[str, A
         ]
         document = base_document([u.base_url for u in upstreams])
         (folder / "edge.yaml").write_text(yaml.safe_dump(document))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        edge = await asyncio.create_subprocess_exec(
-            *iop_command(),
-            *("edge", "run", "--config", str(folder / "edge.yaml"), "--log-level", "WARNING"),
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-        )
-        exits.push_async_callback(terminate, edge)
-        assert edge.stdout is not None
-        line = await asyncio.wait_for(edge.stdout.readline(), 30)
-        assert line, f"iop edge run exited with {await edge.wait()}"
-        started = orjson.loads(line)
+        _, started = await iop_processes.edge(exits, folder / "edge.yaml")
         for letter in "ab":
             (folder / f"{letter}.token").write_text(f"token-{letter}")
-            node = await asyncio.create_subprocess_exec(
-                *iop_command(),
-                *("node", "run", "--edge", f"127.0.0.1:{started['hub_port']}"),
-                *("--node-id", f"node-{letter}", "--token-file", str(folder / f"{letter}.token")),
-                *("--log-level", "WARNING"),
-                env=env,
+            await iop_processes.node(
+                exits, started["hub_port"], f"node-{letter}", folder / f"{letter}.token"
             )
-            exits.push_async_callback(terminate, node)
-        async with httpx.AsyncClient(base_url=started["url"]) as http:
-            for _ in range(400):
-                ready = (await http.get("/readyz")).json()
-                if ready["providers_available"] == ["a1", "a2", "b1", "b2"]:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail(f"the nodes' providers never became available: {ready}")
+        await iop_processes.wait_available(started["url"], ["a1", "a2", "b1", "b2"])
         yield started, document
 
 
@@ -286,8 +264,10 @@ def mutate(document: dict[str, Any], step: int, draw: random.Random, timeline: T
     return kind
 
 
-async def test_fifty_live_applies_under_load_lose_no_request(tmp_path: Path) -> None:
-    async with stack(tmp_path) as (started, document):
+async def test_fifty_live_applies_under_load_lose_no_request(
+    tmp_path: Path, iop_processes: Any
+) -> None:
+    async with stack(tmp_path, iop_processes) as (started, document):
         outcomes: list[Outcome] = []
         stop = asyncio.Event()
         load_started = time.monotonic()

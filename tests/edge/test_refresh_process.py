@@ -22,7 +22,7 @@ import pytest_asyncio
 import yaml
 
 from iop.edgeconfig import config_hash, load_file
-from iop.upstream import iop_command, terminate
+from iop.upstream import iop_command
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -64,7 +64,9 @@ def document_for(refresh_document: Any, token_file: Path) -> dict[str, Any]:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def edge(tmp_path_factory, refresh_document, refresh_client_token) -> AsyncIterator[Edge]:
+async def edge(
+    tmp_path_factory, refresh_document, refresh_client_token, iop_processes
+) -> AsyncIterator[Edge]:
     folder: Path = tmp_path_factory.mktemp("refresh-process")
     token_file = folder / "admin.token"
     token_file.write_text(ADMIN_TOKEN)
@@ -73,34 +75,9 @@ async def edge(tmp_path_factory, refresh_document, refresh_client_token) -> Asyn
     config_path = folder / "edge.yaml"
     config_path.write_text(yaml.safe_dump(document))
     async with contextlib.AsyncExitStack() as stack:
-        process = await spawn("edge", "run", "--config", str(config_path), "--log-level", "WARNING")
-        stack.push_async_callback(terminate, process)
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 30)
-        assert line, f"iop edge run exited with {await process.wait()}"
-        started = orjson.loads(line)
-        node = await spawn(
-            "node",
-            "run",
-            "--edge",
-            f"127.0.0.1:{started['hub_port']}",
-            "--node-id",
-            "node-1",
-            "--token-file",
-            str(folder / "node.token"),
-            "--log-level",
-            "WARNING",
-            stdout=False,
-        )
-        stack.push_async_callback(terminate, node)
-        async with httpx.AsyncClient(base_url=started["url"]) as http:
-            for _ in range(300):
-                ready = (await http.get("/readyz")).json()
-                if ready["providers_available"] == ["pa", "pb"]:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                pytest.fail(f"the node's providers never became available: {ready}")
+        process, started = await iop_processes.edge(stack, config_path)
+        await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
+        await iop_processes.wait_available(started["url"], ["pa", "pb"])
         yield Edge(
             started["url"],
             started["admin_url"],
