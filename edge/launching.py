@@ -22,13 +22,11 @@ import math
 import socket
 from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import uvicorn
 
 from iop.edgeconfig import EdgeConfig, split_listener
-from iop.wire import guarded_task
+from iop.wire import AsyncService, guarded_task
 
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
@@ -53,7 +51,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-class EdgeServer:
+class EdgeServer(AsyncService):
     """An Edge process's parts; `async with EdgeServer(config) as edge:` or start()/stop()."""
 
     def __init__(
@@ -100,18 +98,6 @@ class EdgeServer:
         self._hub_started = False
         self.host, self.port = split_listener(self._listen)
         self.hub_port: int | None = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def url(self) -> str:

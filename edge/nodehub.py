@@ -34,8 +34,8 @@ import hmac
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -45,6 +45,7 @@ from iop.edgeconfig import EdgeConfig, NodePayload, node_payloads
 from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
 from iop.wire import (
     PROTOCOL_VERSION,
+    AsyncService,
     CoalescingWriter,
     RunRequest,
     grpc_options,
@@ -146,7 +147,7 @@ class _Servicer(NodeRuntimeServicer):
         await self._hub._serve(context)
 
 
-class NodeHub:
+class NodeHub(AsyncService):
     """The Edge's side of the runtime wire; see the module docstring for the interface."""
 
     def __init__(self, config: EdgeConfig, *, listen: str | None = None) -> None:
@@ -158,18 +159,6 @@ class NodeHub:
         self._links: Mapping[str, ProviderLink] | None = None
         self._stopping = False
         self.port: int | None = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def snapshot(self) -> HubSnapshot:

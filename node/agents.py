@@ -14,11 +14,9 @@ import logging
 import socket
 import uuid
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
 from iop.edgeconfig import split_listener
-from iop.wire import guarded_task, stop_tasks
+from iop.wire import AsyncService, guarded_task, stop_tasks
 
 from .connecting import Backoff, EdgeConnection, NodeIdentity
 from .routing import Router
@@ -28,7 +26,7 @@ __all__ = ["NodeAgent"]
 logger = logging.getLogger(__name__)
 
 
-class NodeAgent:
+class NodeAgent(AsyncService):
     """`async with NodeAgent(edges=[...], node_id=..., token=...) as agent:` runs the Node."""
 
     def __init__(
@@ -59,18 +57,6 @@ class NodeAgent:
         self.connections: dict[str, EdgeConnection] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._resolver: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         for address in self._edges:

@@ -23,13 +23,12 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from types import TracebackType
-from typing import Any, Final, Literal, Self, TypeAlias, cast
+from typing import Any, Final, Literal, TypeAlias, cast
 
 import httptools
 import orjson
 
-from iop.wire import guarded_task, stop_tasks
+from iop.wire import AsyncService, guarded_task, stop_tasks
 from iop.wire.fakes import Completion, OpenAIError, error_body, parse_request, tokens
 
 __all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]
@@ -254,7 +253,7 @@ def _chunked(event: bytes) -> bytes:
     return b"%x\r\ndata: %s\n\n\r\n" % (len(event) + 8, event)
 
 
-class FakeUpstream:
+class FakeUpstream(AsyncService):
     """An OpenAI-compatible server with deterministic answers and injectable failures.
 
     `async with FakeUpstream(settings, port=0) as upstream:` serves on `upstream.base_url`.
@@ -274,18 +273,6 @@ class FakeUpstream:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._random = random.Random(self.settings.seed)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> int:
         """Listen; returns the bound port (useful with port 0)."""

@@ -17,6 +17,7 @@ from typing import Final
 
 from . import statuses
 from .aiotasks import guarded_task, stop_tasks
+from .lifecycles import AsyncService
 from .runs import (
     TERMINAL_EVENTS,
     ProviderHealth,
@@ -33,6 +34,7 @@ from .writing import CoalescingWriter
 __all__ = [
     "PROTOCOL_VERSION",
     "TERMINAL_EVENTS",
+    "AsyncService",
     "CoalescingWriter",
     "ProviderHealth",
     "RunChunk",

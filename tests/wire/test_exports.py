@@ -18,6 +18,7 @@ import iop.wire
             [
                 "PROTOCOL_VERSION",
                 "TERMINAL_EVENTS",
+                "AsyncService",
                 "CoalescingWriter",
                 "ProviderHealth",
                 "RunChunk",
