@@ -184,30 +184,33 @@ class Dispatcher:
 
     def release(self, lease: Lease) -> None:
         """Give the slot back (idempotent); the oldest request that can use it gets it."""
-        if lease.released:
+        slots = self._give_back(lease)
+        if slots is None:
             return
-        lease.released = True
-        slots = self._slots[lease.provider_id]
-        slots.in_flight -= 1
-        if lease.long:
-            slots.long_in_flight -= 1
         slots.cool_until = 0.0  # one of our runs ended there: the Node has room again
         if self._waiting_total:
             self._serve_freed(lease.provider_id)
 
     def refuse(self, lease: Lease) -> None:
         """The Node refused the run as busy: give the slot back and cool the provider down."""
-        if lease.released:
+        slots = self._give_back(lease)
+        if slots is None:
             return
+        slots.cool_until = time.monotonic() + BUSY_COOLDOWN_S
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(BUSY_COOLDOWN_S, self._cooled_down)
+        self._timers.add(timer)
+
+    def _give_back(self, lease: Lease) -> _Slots | None:
+        """Free the lease's slots once; None when it was already given back."""
+        if lease.released:
+            return None
         lease.released = True
         slots = self._slots[lease.provider_id]
         slots.in_flight -= 1
         if lease.long:
             slots.long_in_flight -= 1
-        slots.cool_until = time.monotonic() + BUSY_COOLDOWN_S
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(BUSY_COOLDOWN_S, self._cooled_down)
-        self._timers.add(timer)
+        return slots
 
     def close(self) -> None:
         """Cancel pending timers; waiting requests keep their own deadlines."""
