@@ -19,6 +19,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import yaml
@@ -27,7 +28,7 @@ from iop.edgeconfig import classify, load_data, load_text
 
 
 def document(nodes: int) -> dict[str, Any]:
-    node_list = []
+    node_list: list[dict[str, Any]] = []
     for n in range(nodes):
         providers = [
             {
@@ -91,10 +92,10 @@ def main() -> None:
                 "providers": nodes * 4,
                 "models": len(data["models"]),
                 "yaml_kib": len(text) // 1024,
-                "load_yaml": best_of(args.repeat, lambda text=text: load_text(text)),
-                "load_json": best_of(args.repeat, lambda t=json_text: load_text(t)),
-                "load_data": best_of(args.repeat, lambda data=data: load_data(data)),
-                "classify": best_of(args.repeat, lambda old=old, new=new: classify(old, new)),
+                "load_yaml": best_of(args.repeat, partial(load_text, text)),
+                "load_json": best_of(args.repeat, partial(load_text, json_text)),
+                "load_data": best_of(args.repeat, partial(load_data, data)),
+                "classify": best_of(args.repeat, partial(classify, old, new)),
             }
         )
 

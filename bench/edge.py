@@ -48,7 +48,7 @@ import yaml
 
 from iop.edge import EdgeServer
 from iop.edgeconfig import load_file
-from iop.upstream import iop_command, spawn_fake_upstream, terminate
+from iop.upstream import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 
 CLIENT_TOKEN = "sk-bench-client"
@@ -238,33 +238,10 @@ async def wait_available(host: str, port: int, wanted: bytes) -> None:
 async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
     """`iop edge run` and `iop node run` processes; yields the Edge's OpenAI host and port and
     the processes' ids."""
-    edge = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        "edge",
-        "run",
-        "--config",
-        str(folder / "edge.yaml"),
-        "--log-level",
-        "WARNING",
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    edge, started = await spawn_edge(folder / "edge.yaml")
     node: asyncio.subprocess.Process | None = None
     try:
-        started = await started_line(edge)
-        node = await asyncio.create_subprocess_exec(
-            *iop_command(),
-            "node",
-            "run",
-            "--edge",
-            f"127.0.0.1:{started['hub_port']}",
-            "--node-id",
-            "node-1",
-            "--token-file",
-            str(folder / "token"),
-            "--log-level",
-            "WARNING",
-        )
+        node = await spawn_node(started["hub_port"], "node-1", folder / "token")
         host, port = split_url(started["url"])
         await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
         yield host, port, {"edge": edge.pid, "node": node.pid}

@@ -47,7 +47,7 @@ import orjson
 import uvloop
 import yaml
 
-from iop.upstream import iop_command, terminate
+from iop.upstream import spawn_edge, spawn_node, terminate
 
 CLIENT_TOKEN = "sk-bench-refresh"
 
@@ -233,30 +233,14 @@ async def stack(folder: Path, nodes: int) -> AsyncIterator[tuple[dict[str, Any],
     config document."""
     base = document(nodes)
     (folder / "edge.yaml").write_text(yaml.safe_dump(base))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     async with contextlib.AsyncExitStack() as exits:
-        edge = await asyncio.create_subprocess_exec(
-            *iop_command(),
-            *("edge", "run", "--config", str(folder / "edge.yaml"), "--log-level", "WARNING"),
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-        )
+        edge, started = await spawn_edge(folder / "edge.yaml")
         exits.push_async_callback(terminate, edge)
-        assert edge.stdout is not None
-        line = await asyncio.wait_for(edge.stdout.readline(), 60)
-        if not line:
-            raise RuntimeError(f"iop edge run exited with {await edge.wait()}")
-        started = orjson.loads(line)
         started["edge_pid"], started["node_pids"] = edge.pid, []
         for node in base["nodes"]:
             token = folder / f"{node['id']}.token"
             token.write_text(f"token-{node['id'].removeprefix('node-')}")
-            process = await asyncio.create_subprocess_exec(
-                *iop_command(),
-                *("node", "run", "--edge", f"127.0.0.1:{started['hub_port']}"),
-                *("--node-id", node["id"], "--token-file", str(token), "--log-level", "WARNING"),
-                env=env,
-            )
+            process = await spawn_node(started["hub_port"], node["id"], token)
             exits.push_async_callback(terminate, process)
             started["node_pids"].append(process.pid)
         wanted = sorted(p["id"] for n in base["nodes"] for p in n["providers"])

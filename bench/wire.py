@@ -36,7 +36,7 @@ import uvloop
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import FakeAdapter, OpenAIAdapter, load_data
 from iop.node import FakeGenerator, OpenAIHttpAdapter
-from iop.upstream import iop_command, spawn_fake_upstream, terminate
+from iop.upstream import spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunDone, RunRequest
 
 TOKEN = "bench-node-token"
@@ -79,19 +79,7 @@ def percentile(values: list[float], q: int) -> float:
 
 @contextlib.asynccontextmanager
 async def node_process(port: int, token_file: Path) -> AsyncIterator[None]:
-    process = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        "node",
-        "run",
-        "--edge",
-        f"127.0.0.1:{port}",
-        "--node-id",
-        "node-1",
-        "--token-file",
-        str(token_file),
-        "--log-level",
-        "WARNING",
-    )
+    process = await spawn_node(port, "node-1", token_file)
     try:
         yield
     finally:

@@ -13,20 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
-from iop.upstream import FakeUpstream, FakeUpstreamSettings, iop_command, terminate
+from iop.upstream import FakeUpstream, FakeUpstreamSettings, spawn_edge, spawn_node, terminate
 
 NODE_TOKEN = "node-1-secret-token"
 
@@ -209,28 +207,13 @@ async def start_edge() -> AsyncIterator[Callable[..., Awaitable[EdgeServer]]]:
 class IopProcesses:
     """Real `iop edge run` / `iop node run` children, stopped by the caller's exit stack."""
 
-    async def spawn(self, *args: str, stdout: bool = True) -> asyncio.subprocess.Process:
-        """`iop ARGS...` with stdout piped (or discarded) and stderr piped."""
-        return await asyncio.create_subprocess_exec(
-            *iop_command(),
-            *args,
-            stdout=asyncio.subprocess.PIPE if stdout else asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
     async def edge(
         self, stack: contextlib.AsyncExitStack, config: Path, *extra: str
     ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
         """Start an Edge on `config`; returns it and its start line (url, hub_port, admin_url)."""
-        process = await self.spawn(
-            "edge", "run", "--config", str(config), "--log-level", "WARNING", *extra
-        )
+        process, started = await spawn_edge(config, *extra, startup_timeout=30)
         stack.push_async_callback(terminate, process)
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 30)
-        assert line, f"iop edge run exited with {await process.wait()}"
-        return process, orjson.loads(line)
+        return process, started
 
     async def node(
         self,
@@ -240,11 +223,7 @@ class IopProcesses:
         token_file: Path,
     ) -> asyncio.subprocess.Process:
         """Start a Node that dials the Edge's hub on `hub_port`."""
-        process = await self.spawn(
-            *("node", "run", "--edge", f"127.0.0.1:{hub_port}", "--node-id", node_id),
-            *("--token-file", str(token_file), "--log-level", "WARNING"),
-            stdout=False,
-        )
+        process = await spawn_node(hub_port, node_id, token_file)
         stack.push_async_callback(terminate, process)
         return process
 

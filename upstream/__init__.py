@@ -8,7 +8,15 @@ status with an OpenAI error body, or a connection dropped before or during the r
 from iop.wire.fakes import WORDS, tokens
 
 from .serving import FailMode, FakeUpstream, FakeUpstreamSettings, UpstreamStats
-from .spawning import UpstreamProcess, iop_command, spawn_fake_upstream, terminate
+from .spawning import (
+    UpstreamProcess,
+    iop_command,
+    spawn_edge,
+    spawn_fake_upstream,
+    spawn_iop,
+    spawn_node,
+    terminate,
+)
 
 __all__ = [
     "WORDS",
@@ -18,7 +26,10 @@ __all__ = [
     "UpstreamProcess",
     "UpstreamStats",
     "iop_command",
+    "spawn_edge",
     "spawn_fake_upstream",
+    "spawn_iop",
+    "spawn_node",
     "terminate",
     "tokens",
 ]

@@ -1,7 +1,8 @@
-"""Run `iop fake-upstream` as a child process and learn where it listens.
+"""Run `iop` commands as child processes: the fake upstream, an Edge, a Node.
 
-The server prints one JSON line on stdout once it listens (`{"listen": ..., "base_url": ...}`);
-this module reads it, so tests, benchmarks and `iop up` can start it on port 0.
+`iop fake-upstream` and `iop edge run` print one JSON line on stdout once they listen (where
+they listen); this module reads it, so tests, benchmarks and `iop up` can start them on port 0.
+The caller owns what it starts and stops it with `terminate`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,19 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-__all__ = ["UpstreamProcess", "iop_command", "spawn_fake_upstream", "terminate"]
+__all__ = [
+    "UpstreamProcess",
+    "iop_command",
+    "spawn_edge",
+    "spawn_fake_upstream",
+    "spawn_iop",
+    "spawn_node",
+    "terminate",
+]
 
 
 def iop_command() -> list[str]:
@@ -30,6 +40,51 @@ def iop_command() -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-P", "-c", "import sys; from iop.cli import main; sys.exit(main())"]
+
+
+async def spawn_iop(
+    *args: str, stdout: bool = False, stderr: bool = False
+) -> asyncio.subprocess.Process:
+    """`iop ARGS...`, unbuffered; stdout and stderr piped when asked, else inherited.
+
+    Pipe only what you read: a child blocks once an unread pipe fills.
+    """
+    return await asyncio.create_subprocess_exec(
+        *iop_command(),
+        *args,
+        stdout=asyncio.subprocess.PIPE if stdout else None,
+        stderr=asyncio.subprocess.PIPE if stderr else None,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+async def spawn_edge(
+    config: Path, *extra: str, startup_timeout: float = 60.0
+) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+    """`iop edge run --config CONFIG`: the process and its start line (url, hub_port, admin_url)."""
+    process = await spawn_iop(
+        "edge", "run", "--config", str(config), "--log-level", "WARNING", *extra, stdout=True
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), startup_timeout)
+        if not line:
+            raise RuntimeError(f"iop edge run exited with {await process.wait()}")
+        started: dict[str, Any] = orjson.loads(line)
+    except BaseException:
+        await terminate(process)
+        raise
+    return process, started
+
+
+async def spawn_node(
+    hub_port: int, node_id: str, token_file: Path, *extra: str
+) -> asyncio.subprocess.Process:
+    """`iop node run` dialing the Edge's node hub on 127.0.0.1:HUB_PORT."""
+    return await spawn_iop(
+        *("node", "run", "--edge", f"127.0.0.1:{hub_port}", "--node-id", node_id),
+        *("--token-file", str(token_file), "--log-level", "WARNING", *extra),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from iop.upstream import iop_command, terminate
+from iop.upstream import spawn_iop, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunFailed, RunRequest, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -20,21 +20,7 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 @contextlib.asynccontextmanager
 async def node_process(port: int, token_file: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        "node",
-        "run",
-        "--edge",
-        f"127.0.0.1:{port}",
-        "--node-id",
-        "node-1",
-        "--token-file",
-        str(token_file),
-        "--backoff-max",
-        "0.5",
-        "--log-level",
-        "WARNING",
-    )
+    process = await spawn_node(port, "node-1", token_file, "--backoff-max", "0.5")
     try:
         yield process
     finally:
@@ -79,17 +65,10 @@ async def test_a_killed_node_fails_its_runs_at_once_and_reconnects_when_restarte
 
 
 async def test_the_command_refuses_a_missing_token_file(tmp_path: Path) -> None:
-    process = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        "node",
-        "run",
-        "--edge",
-        "127.0.0.1:1",
-        "--node-id",
-        "node-1",
-        "--token-file",
-        str(tmp_path / "missing"),
-        stderr=asyncio.subprocess.PIPE,
+    process = await spawn_iop(
+        *("node", "run", "--edge", "127.0.0.1:1", "--node-id", "node-1"),
+        *("--token-file", str(tmp_path / "missing")),
+        stderr=True,
     )
     _, stderr = await process.communicate()
     assert process.returncode == 2
