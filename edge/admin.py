@@ -7,8 +7,12 @@ process, as a raw ASGI app like the OpenAI API. Routes:
   as an object), `config_yaml` (YAML or JSON text) or `path` (a file the Edge reads); with none
   of them the Edge re-reads the file it was started from. Answers the refresh report: 200 (dry
   run, or applied), 409 (apply refused: restart-required paths; nothing changed), 422 (invalid
-  candidate, with every problem and its path; nothing changed).
+  candidate, with every problem and its path; nothing changed). `restarting: ["node:<id>"]`
+  says the caller restarts those nodes itself (the operator rolls their workloads): their
+  restart-required paths do not refuse the apply, and they get no push.
 - `GET /config`: the config in use, its hash and generation, with secrets redacted.
+- `GET /status`: the config hash and generation in use, and for every node whether it runs the
+  payload of that config (what the operator reads after an apply or a node's restart).
 - `GET /refresh/last` (`?mode=apply`: the last apply): the last report; 404 before any.
 - `GET /healthz`.
 
@@ -30,11 +34,11 @@ import hmac
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 from urllib.parse import parse_qs
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener
 
@@ -117,6 +121,11 @@ class RefreshBody(BaseModel):
     config: dict[str, Any] | None = None
     config_yaml: str | None = None
     path: str | None = None
+    #: `node:<id>` restart scopes the caller restarts itself. The Edge cannot restart itself
+    #: through its own API, so scope `edge` is not accepted here.
+    restarting: tuple[
+        Annotated[str, Field(pattern=r"^node:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")], ...
+    ] = ()
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -185,7 +194,13 @@ class AdminApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        allowed = {"/refresh": "POST", "/config": "GET", "/refresh/last": "GET", "/healthz": "GET"}
+        allowed = {
+            "/refresh": "POST",
+            "/config": "GET",
+            "/status": "GET",
+            "/refresh/last": "GET",
+            "/healthz": "GET",
+        }
         wanted = allowed.get(path)
         if wanted is None:
             raise _HttpError("not_found", f"no route {method} {path}")
@@ -207,6 +222,8 @@ class AdminApp:
                 "config": redacted(snapshot.config),
             }
             await send_body(send, 200, orjson.dumps(document))
+        elif path == "/status":
+            await send_body(send, 200, orjson.dumps(self._refresher.status()))
         else:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             mode = query.get("mode", [""])[0]
@@ -240,7 +257,9 @@ class AdminApp:
                 "bad_request",
                 "this Edge was not started from a file: send config, config_yaml or path",
             )
-        report = await self._refresher.refresh(body.mode, candidate, requested_by=who)
+        report = await self._refresher.refresh(
+            body.mode, candidate, requested_by=who, restarting=body.restarting
+        )
         await send_body(send, _status(report), orjson.dumps(report.as_dict()))
 
 

@@ -32,7 +32,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -241,17 +241,27 @@ class NodeHub(AsyncService):
             for node_id, s in self._sessions.items()
         }
 
+    def payload_digests(self) -> Mapping[str, str]:
+        """node id -> digest of the payload the config in use gives that node."""
+        return self._snapshot.digests
+
     async def swap_config(
-        self, config: EdgeConfig, *, generation: int | None = None, ack_timeout: float = 10.0
+        self,
+        config: EdgeConfig,
+        *,
+        generation: int | None = None,
+        ack_timeout: float = 10.0,
+        hold: Collection[str] = (),
     ) -> dict[str, pb.ConfigAck | None]:
         """Make `config` current and push each connected node's payload if it changed.
 
         A node gets a `NodeConfigRefreshRequest` only when its payload differs from the last one
         it was sent (on welcome or by a push) or from the last one it acknowledged, so a swap
-        that changes no payload pushes nothing. `generation` defaults to the next one. Returns
-        node id -> its ack (None when it did not answer within `ack_timeout` or disconnected
-        first). Runs in flight are unaffected; nodes no longer in `config` keep their connection
-        until restart.
+        that changes no payload pushes nothing. Nodes in `hold` get no push: they are about to
+        restart and take the new payload on welcome. `generation` defaults to the next one.
+        Returns node id -> its ack (None when it did not answer within `ack_timeout` or
+        disconnected first). Runs in flight are unaffected; nodes no longer in `config` keep
+        their connection until restart.
         """
         number = self._snapshot.generation + 1 if generation is None else generation
         snapshot = HubSnapshot.of(config, number, self._snapshot)
@@ -261,7 +271,7 @@ class NodeHub(AsyncService):
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
             digest = snapshot.digests.get(node_id, "")
-            if payload is None or _holds(session, digest):
+            if payload is None or node_id in hold or _holds(session, digest):
                 continue
             future: asyncio.Future[pb.ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future

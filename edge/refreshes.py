@@ -20,8 +20,10 @@ Mode = Literal["dry_run", "apply"]
 #: needs a restart (an apply is refused and changes nothing); invalid: the candidate does not load.
 Outcome = Literal["applied", "valid", "restart_required", "invalid"]
 #: acked: the node applied the payload; failed: it refused, went away or did not answer in time;
-#: not_connected: it was not connected, and receives the current payload when it connects.
-PushStatus = Literal["acked", "failed", "not_connected"]
+#: not_connected: it was not connected, and receives the current payload when it connects;
+#: held: not pushed, because the caller restarts the node to take it (`restarting`); the node
+#: receives it when it connects again.
+PushStatus = Literal["acked", "failed", "not_connected", "held"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,9 @@ class RefreshReport:
     restart_required_paths: tuple[RestartPath, ...] = ()
     #: Nodes whose node-specific payload changed: the ones an apply pushes to.
     nodes_to_push: tuple[str, ...] = ()
+    #: Restart scopes (`node:<id>`) the caller restarts itself: their paths did not refuse the
+    #: apply, and those nodes were not pushed to.
+    restarting: tuple[str, ...] = ()
     pushes: tuple[NodePush, ...] = ()
     problems: tuple[Problem, ...] = ()
     #: Who asked (peer address and auth, or the signal), and what was offered.
@@ -130,8 +135,9 @@ class RefreshReport:
 
     @property
     def all_acked(self) -> bool:
-        """Every node pushed to acknowledged (vacuously true when nothing was pushed)."""
-        return all(push.status == "acked" for push in self.pushes)
+        """Every node pushed to acknowledged (vacuously true when nothing was pushed; a node
+        held for its restart was not pushed to)."""
+        return all(push.status in ("acked", "held") for push in self.pushes)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -151,6 +157,7 @@ class RefreshReport:
             "restart_required_paths": [p.as_dict() for p in self.restart_required_paths],
             "restart_scopes": list(self.restart_scopes),
             "nodes_to_push": list(self.nodes_to_push),
+            "restarting": list(self.restarting),
             "pushes": [push.as_dict() for push in self.pushes],
             "problems": [problem.as_dict() for problem in self.problems],
             "requested_by": self.requested_by,

@@ -7,7 +7,10 @@ edge run`, `iop edge reload`), so they all validate, classify, log and report th
    any problem is `invalid`, with every problem and its path, and changes nothing.
 2. Classify it against the config in use. A dry run stops here and reports. An apply with any
    restart-required path is refused (`restart_required`, naming each path and its scope) and
-   changes nothing.
+   changes nothing, unless the caller says it restarts that path's node itself (`restarting`,
+   `node:<id>` scopes only: the operator rolls that node's workload); then the apply goes on and
+   those nodes are not pushed to, so they keep their running adapters until they restart and
+   take the new payload on welcome.
 3. Apply: build the next `PoolSnapshot` (catalog, limits, long-context threshold) and swap it
    into the dispatcher, and the node hub's snapshot (node store and payloads) with it, in the
    same turn of the event loop: no request ever sees one without the other. Runs in flight keep
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sized
+from collections.abc import Collection, Mapping, Sized
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,10 +66,19 @@ class ConfigPush(Protocol):
     """What the refresher needs from the node hub (`NodeHub` implements it)."""
 
     async def swap_config(
-        self, config: EdgeConfig, *, generation: int | None = ..., ack_timeout: float = ...
+        self,
+        config: EdgeConfig,
+        *,
+        generation: int | None = ...,
+        ack_timeout: float = ...,
+        hold: Collection[str] = ...,
     ) -> Mapping[str, pb.ConfigAck | None]: ...
 
     def nodes(self) -> Mapping[str, NodeStatus]: ...
+
+    def payload_digests(self) -> Mapping[str, str]:
+        """node id -> the digest of the payload the config in use gives that node."""
+        ...
 
 
 class Refresher:
@@ -94,6 +106,37 @@ class Refresher:
         """The config in use, with its hash and generation."""
         return self._dispatcher.snapshot
 
+    def status(self) -> dict[str, object]:
+        """The config in use and, for every node of it, whether it runs that config's payload.
+
+        What a caller that applied a config (the operator) reads to learn which nodes are
+        current: connected, welcomed, and acknowledging the payload the config in use gives them.
+        """
+        current = self.current
+        connected = self._hub.nodes() if self._hub is not None else {}
+        digests = self._hub.payload_digests() if self._hub is not None else {}
+        nodes: list[dict[str, object]] = []
+        for node in sorted(current.config.nodes, key=lambda n: n.id):
+            status = connected.get(node.id)
+            expected = digests.get(node.id, "")
+            applied = status.applied_hash if status is not None else ""
+            nodes.append(
+                {
+                    "node_id": node.id,
+                    "connected": status is not None,
+                    "ready": status is not None and status.ready,
+                    "current": status is not None and status.ready and applied == expected,
+                    "expected_hash": expected,
+                    "applied_hash": applied,
+                    "applied_generation": status.applied_generation if status is not None else 0,
+                }
+            )
+        return {
+            "config_hash": current.config_hash,
+            "generation": current.generation,
+            "nodes": nodes,
+        }
+
     def last(self, mode: Mode | None = None) -> RefreshReport | None:
         """The most recent report (of `mode`, when given)."""
         return self._last_apply if mode == "apply" else self._last
@@ -105,15 +148,25 @@ class Refresher:
         return await self.refresh("apply", candidate, requested_by=requested_by)
 
     async def refresh(
-        self, mode: Mode, candidate: Candidate, *, requested_by: str = ""
+        self,
+        mode: Mode,
+        candidate: Candidate,
+        *,
+        requested_by: str = "",
+        restarting: Collection[str] = (),
     ) -> RefreshReport:
-        """Load, validate and classify `candidate`; apply it too when `mode` is "apply"."""
+        """Load, validate and classify `candidate`; apply it too when `mode` is "apply".
+
+        `restarting`: `node:<id>` scopes the caller restarts itself; their restart-required
+        paths do not refuse the apply, and those nodes get no push.
+        """
         clock = time.perf_counter()
         context: dict[str, Any] = {
             "mode": mode,
             "requested_by": requested_by,
             "source": candidate.describe(),
             "started_at": round(time.time(), 3),
+            "restarting": tuple(sorted(set(restarting))),
         }
         try:
             config = await _load(candidate)
@@ -154,7 +207,7 @@ class Refresher:
         """A dry run: what an apply would do."""
         current = self.current
         change = classify(current.config, config)
-        if change.restart_required:
+        if _blocking(change, context["restarting"]):
             outcome, message = "restart_required", _restart_message(change, refused=False)
         elif not change.changed:
             outcome, message = "valid", "no change; an apply would push nothing"
@@ -183,7 +236,8 @@ class Refresher:
             "previous_config_hash": current.config_hash,
             "previous_generation": current.generation,
         }
-        if change.restart_required:
+        held = _held_nodes(change, context["restarting"])
+        if _blocking(change, context["restarting"]):
             return RefreshReport.from_change(
                 change,
                 outcome="restart_required",
@@ -201,9 +255,9 @@ class Refresher:
         pushes: tuple[NodePush, ...] = ()
         if self._hub is not None:
             acks = await self._hub.swap_config(
-                config, generation=snapshot.generation, ack_timeout=self.ack_timeout
+                config, generation=snapshot.generation, ack_timeout=self.ack_timeout, hold=held
             )
-            pushes = self._pushes(config, change, acks, snapshot.generation)
+            pushes = self._pushes(config, change, acks, snapshot.generation, held)
         return RefreshReport.from_change(
             change,
             outcome="applied",
@@ -222,6 +276,7 @@ class Refresher:
         change: ChangeReport,
         acks: Mapping[str, pb.ConfigAck | None],
         generation: int,
+        held: Collection[str] = (),
     ) -> tuple[NodePush, ...]:
         """Each targeted node's result: the nodes whose payload changed, and any the hub found
         behind (a node that had not acknowledged an earlier push gets the current one too)."""
@@ -236,7 +291,10 @@ class Refresher:
                 continue
             payload = node_payload(config, node_id)  # the rarer outcomes name the digest too
             digest = payload.digest if payload is not None else ""
-            if ack is not None:
+            if node_id in held and node_id not in acks:
+                reason = "held for its restart; it receives this payload when it connects again"
+                push = NodePush(node_id, "held", reason, generation, digest)
+            elif ack is not None:
                 push = NodePush(node_id, "failed", ack.error or "refused", generation, digest)
             elif node_id in acks and status is None:
                 reason = "disconnected before acknowledging"
@@ -252,6 +310,20 @@ class Refresher:
                 push = NodePush(node_id, "not_connected", reason, generation, digest)
             results.append(push)
         return tuple(results)
+
+
+def _blocking(change: ChangeReport, restarting: Collection[str]) -> bool:
+    """Whether a restart-required path of `change` is not in a scope the caller restarts."""
+    return any(path.scope not in restarting for path in change.restart_required_paths)
+
+
+def _held_nodes(change: ChangeReport, restarting: Collection[str]) -> frozenset[str]:
+    """The nodes of the `node:<id>` scopes the caller restarts: they get no push."""
+    return frozenset(
+        path.scope.removeprefix("node:")
+        for path in change.restart_required_paths
+        if path.scope in restarting and path.scope.startswith("node:")
+    )
 
 
 async def _load(candidate: Candidate) -> EdgeConfig:
@@ -297,15 +369,22 @@ def _applied_message(change: ChangeReport, pushes: tuple[NodePush, ...], generat
         return f"no change; generation {generation} swapped in, nothing pushed"
     tally = {
         status: sum(push.status == status for push in pushes)
-        for status in ("acked", "failed", "not_connected")
+        for status in ("acked", "failed", "not_connected", "held")
     }
+    sent = len(pushes) - tally["held"]
     pushed = (
-        f"pushed to {_count(pushes, 'node')}: {tally['acked']} acked, "
+        f"pushed to {sent} node{'' if sent == 1 else 's'}: {tally['acked']} acked, "
         f"{tally['failed']} failed, {tally['not_connected']} not connected"
-        if pushes
+        if sent
         else "nothing to push"
     )
-    return f"applied generation {generation}: {_count(change.live_paths, 'live path')}; {pushed}"
+    if tally["held"]:
+        pushed += f"; {tally['held']} held for restart"
+    restarts = len(change.restart_required_paths)
+    live = _count(change.live_paths, "live path")
+    if restarts:
+        live += f", {_count(change.restart_required_paths, 'path')} for the caller's restarts"
+    return f"applied generation {generation}: {live}; {pushed}"
 
 
 def _log(report: RefreshReport) -> None:

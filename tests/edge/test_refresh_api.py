@@ -485,3 +485,99 @@ async def test_a_node_still_starting_up_gets_the_push_too(start_edge, refresh_do
     finally:
         task.cancel()
         await asyncio.wait([task])
+
+
+# -- restarts the caller makes itself, and the per-node status ------------------------------------
+
+
+def adapter_changed(document: dict[str, Any]) -> dict[str, Any]:
+    """node-2's provider gets another adapter setting: restart-required, scope node:node-2."""
+    document["nodes"][1]["providers"][0]["adapter"]["completion_tokens"] = 9
+    document["nodes"][1]["providers"][0]["capacity"] = 3
+    return document
+
+
+async def test_a_node_the_caller_restarts_does_not_refuse_the_apply_and_gets_no_push(
+    start_edge, refresh_document, until
+) -> None:
+    edge = await start_edge(refresh_document())
+    node = SilentNode(edge.hub_port, pb.ConfigAck(ok=True))
+    ready = asyncio.Event()
+    task = asyncio.create_task(node.run(ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        await until(lambda: edge.hub.nodes().get("node-2") and edge.hub.nodes()["node-2"].ready)
+        document = adapter_changed(refresh_document())
+        async with admin_client(edge) as admin:
+            refused = await admin.post("/refresh", json={"mode": "apply", "config": document})
+            body = {"mode": "apply", "config": document, "restarting": ["node:node-2"]}
+            applied = await admin.post("/refresh", json=body)
+            status = (await admin.get("/status")).json()
+
+        assert refused.status_code == 409
+        assert applied.status_code == 200
+        report = applied.json()
+        assert (report["outcome"], report["applied"], report["restarting"]) == (
+            "applied",
+            True,
+            ["node:node-2"],
+        )
+        assert report["restart_scopes"] == ["node:node-2"]
+        (push,) = report["pushes"]
+        assert (push["node_id"], push["status"]) == ("node-2", "held")
+        assert node.refreshes == 0
+        assert edge.hub.snapshot.config.nodes[1].providers[0].capacity == 3
+        assert status["config_hash"] == config_hash(load_data(document))
+        states = {n["node_id"]: n for n in status["nodes"]}
+        assert states["node-1"]["connected"] is False
+        assert states["node-2"]["connected"] is True
+        assert states["node-2"]["current"] is False  # still on the payload it had
+        assert (
+            states["node-2"]["expected_hash"] == node_payloads(load_data(document))["node-2"].digest
+        )
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+    # Its restart: connecting again, it is welcomed with the new payload.
+    node = SilentNode(edge.hub_port, pb.ConfigAck(ok=True))
+    ready = asyncio.Event()
+    task = asyncio.create_task(node.run(ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        expected = node_payloads(load_data(document))["node-2"].digest
+        await until(lambda: edge.hub.nodes()["node-2"].applied_hash == expected)
+        async with admin_client(edge) as admin:
+            status = (await admin.get("/status")).json()
+        assert {n["node_id"]: n["current"] for n in status["nodes"]} == {
+            "node-1": False,
+            "node-2": True,
+        }
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
+@pytest.mark.parametrize(
+    ("edit", "restarting", "status"),
+    [
+        pytest.param(adapter_changed, ["node:node-1"], 409, id="another-node"),
+        pytest.param(
+            lambda d: adapter_changed(d) | {"a2a": {"listen": "127.0.0.1:0"}},
+            ["node:node-2"],
+            409,
+            id="an-edge-path-too",
+        ),
+        pytest.param(adapter_changed, ["edge"], 400, id="edge-scope"),
+        pytest.param(adapter_changed, ["node:Node_2"], 400, id="not-a-node-id"),
+    ],
+)
+async def test_only_the_named_node_scopes_are_taken_over(
+    start_edge, refresh_document, edit, restarting, status
+) -> None:
+    edge = await start_edge(refresh_document())
+    body = {"mode": "apply", "config": edit(refresh_document()), "restarting": restarting}
+    async with admin_client(edge) as admin:
+        response = await admin.post("/refresh", json=body)
+        assert response.status_code == status
+        assert (await admin.get("/status")).json()["generation"] == 1
