@@ -17,6 +17,7 @@ from . import (
     edge_commands,
     fake_upstream_commands,
     node_commands,
+    operator_commands,
     up_commands,
 )
 
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_commands.register(commands)
     up_commands.register(commands)
     node_commands.register(commands)
+    operator_commands.register(commands)
     fake_upstream_commands.register(commands)
     return parser
 

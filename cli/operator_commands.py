@@ -1,0 +1,134 @@
+"""`iop operator run | crd`: the EdgeConfig operator, and the CRD it serves."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from iop.operator.crds import crd_yaml
+from iop.operator.running import OperatorOptions, default_namespace, run_operator
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    operator = commands.add_parser("operator", help="the EdgeConfig operator")
+    sub = operator.add_subparsers(dest="operator_command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="reconcile the EdgeConfigs of one namespace",
+        description="Watch the EdgeConfigs of the namespace: validate each change, write the "
+        "Edge ConfigMap, apply live changes on every Edge replica or roll only the workloads "
+        "a restart needs, and report in status and Events; serve the validating webhook. "
+        "docs/operator.md describes it all.",
+    )
+    run.add_argument(
+        "--namespace",
+        default=None,
+        help="the namespace to serve (default: $POD_NAMESPACE, the ServiceAccount's, 'default')",
+    )
+    run.add_argument("--kubeconfig", default=None, help="a kubeconfig (default: in-cluster)")
+    run.add_argument(
+        "--edge-admin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="the admin API of an Edge replica running outside the cluster (repeat for "
+        "several); by default the replicas are the pods of the Edge workload",
+    )
+    run.add_argument(
+        "--webhook-listen",
+        default="0.0.0.0:9443",
+        metavar="HOST:PORT",
+        help="where the validating webhook listens (HTTPS)",
+    )
+    run.add_argument("--no-webhook", action="store_true", help="serve no webhook")
+    run.add_argument(
+        "--webhook-configuration",
+        default=None,
+        metavar="NAME",
+        help="the ValidatingWebhookConfiguration to give this operator's CA bundle",
+    )
+    run.add_argument(
+        "--webhook-service",
+        default=None,
+        metavar="NAME",
+        help="the Service the API server calls the webhook through (named in the certificate)",
+    )
+    run.add_argument(
+        "--webhook-url",
+        default=None,
+        metavar="URL",
+        help="instead of the Service, the base URL the API server calls (operator outside "
+        "the cluster); it is written into the webhook configuration",
+    )
+    run.add_argument(
+        "--webhook-san",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another DNS name or IP address for the webhook certificate",
+    )
+    run.add_argument(
+        "--liveness-listen",
+        default="0.0.0.0:8080",
+        metavar="HOST:PORT",
+        help="where GET /healthz answers (kopf's liveness endpoint); 'off' for none",
+    )
+    run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    run.set_defaults(run=_run)
+
+    crd = sub.add_parser(
+        "crd",
+        help="print the EdgeConfig CustomResourceDefinition",
+        description="The CRD generated from the config model: the file under deploy/crds/.",
+    )
+    crd.add_argument("--output", type=Path, default=None, help="write it to this file")
+    crd.set_defaults(run=_crd)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    text = crd_yaml()
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # kopf logs every handler call at INFO, and pods change often: its object log is for DEBUG.
+    if args.log_level != "DEBUG":
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    options = OperatorOptions(
+        namespace=args.namespace or default_namespace(),
+        kubeconfig=args.kubeconfig,
+        edge_admin_urls=tuple(args.edge_admin),
+        webhook_listen=None if args.no_webhook else args.webhook_listen,
+        webhook_configuration=args.webhook_configuration,
+        webhook_service=args.webhook_service,
+        webhook_url=args.webhook_url,
+        liveness_listen=None if args.liveness_listen == "off" else args.liveness_listen,
+        extra_sans=tuple(args.webhook_san),
+    )
+    uvloop.run(_serve(options))
+    return 0
+
+
+async def _serve(options: OperatorOptions) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await run_operator(options, stop=stop)

@@ -1,0 +1,84 @@
+"""The names the operator and the Helm chart agree on (docs/operator.md, "The contract").
+
+Everything the operator looks up or writes in the cluster is named here, from the EdgeConfig's
+name, so the chart (another codebase) and the operator can never drift on a string.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ADMIN_TOKEN_KEY",
+    "COMPONENT_EDGE",
+    "COMPONENT_LABEL",
+    "COMPONENT_NODE",
+    "CONFIG_HASH_ANNOTATION",
+    "CONFIG_KEY",
+    "EDGECONFIG_LABEL",
+    "GROUP",
+    "KIND",
+    "NODE_ID_LABEL",
+    "PLURAL",
+    "SINGULAR",
+    "VERSION",
+    "admin_secret_name",
+    "edge_configmap_name",
+    "edge_selector",
+    "node_selector",
+    "nodes_selector",
+    "state_configmap_name",
+]
+
+GROUP: Final = "iop.dev"
+VERSION: Final = "v1alpha1"
+KIND: Final = "EdgeConfig"
+PLURAL: Final = "edgeconfigs"
+SINGULAR: Final = "edgeconfig"
+
+#: Labels on the workloads (Deployments) and their pods.
+EDGECONFIG_LABEL: Final = "iop.dev/edgeconfig"
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+COMPONENT_EDGE: Final = "edge"
+COMPONENT_NODE: Final = "node"
+NODE_ID_LABEL: Final = "iop.dev/node-id"
+
+#: The stamp on a workload's pod template (never on the EdgeConfig): the config hash that the
+#: workload was last rolled for. Changing it rolls the workload; an equal stamp never rolls again.
+CONFIG_HASH_ANNOTATION: Final = "iop.dev/config-hash"
+
+#: The key of the Edge ConfigMap that holds the rendered config (mounted as a file).
+CONFIG_KEY: Final = "edge.yaml"
+#: The key of the admin token Secret.
+ADMIN_TOKEN_KEY: Final = "token"
+
+
+def edge_configmap_name(name: str) -> str:
+    """The ConfigMap the Edge reads its config from (`--config .../edge.yaml`)."""
+    return f"{name}-edge"
+
+
+def admin_secret_name(name: str) -> str:
+    """The Secret holding the Edge's admin API token (key `token`)."""
+    return f"{name}-edge-admin"
+
+
+def state_configmap_name(name: str) -> str:
+    """The operator's own record for one EdgeConfig: the config last applied (compressed) and
+    the stamps it wrote. Owned by the EdgeConfig, so it goes when the EdgeConfig goes."""
+    return f"{name}-edge-applied"
+
+
+def edge_selector(name: str) -> str:
+    """The label selector of the Edge workload(s) and their pods."""
+    return f"{EDGECONFIG_LABEL}={name},{COMPONENT_LABEL}={COMPONENT_EDGE}"
+
+
+def nodes_selector(name: str) -> str:
+    """The label selector of every Node workload of the EdgeConfig."""
+    return f"{EDGECONFIG_LABEL}={name},{COMPONENT_LABEL}={COMPONENT_NODE}"
+
+
+def node_selector(name: str, node_id: str) -> str:
+    """The label selector of one node's workload."""
+    return f"{nodes_selector(name)},{NODE_ID_LABEL}={node_id}"

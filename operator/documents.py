@@ -1,0 +1,165 @@
+"""The objects the operator writes for an EdgeConfig, and the record of what it last applied.
+
+- The Edge ConfigMap (`NAME-edge`, key `edge.yaml`): the config rendered as compact JSON (JSON is
+  YAML, and the Edge parses a JSON document with the standard library's C parser), snake_case,
+  only the keys the spec set. A pod that starts reads it and is current at once.
+- The applied record (`NAME-edge-applied`): the config *last applied* (the base the next change
+  is classified against; a refused or failed change never becomes it), gzip-compressed (a
+  config compresses about tenfold, so this record is never what limits a config's size), its
+  hash and generation, and the stamps the operator wrote on workloads. It is a ConfigMap of its
+  own, not an annotation: annotations on the EdgeConfig would re-trigger every watcher (and
+  count against 256 KiB), and the Edge ConfigMap is mounted into pods.
+
+Both are owned by the EdgeConfig (garbage-collected with it) and written with server-side apply.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from iop.edgeconfig import ConfigError, EdgeConfig, config_hash, load_data
+
+from . import conventions
+
+__all__ = [
+    "AppliedState",
+    "Owner",
+    "RestartRecord",
+    "decode_state",
+    "edge_configmap",
+    "render_config",
+    "state_configmap",
+]
+
+logger = logging.getLogger(__name__)
+
+_STATE_KEY: Final = "config.json.gz"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The EdgeConfig an object belongs to (for names and ownerReferences)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        # No blockOwnerDeletion: setting it needs update on edgeconfigs/finalizers, and the
+        # garbage collector removes these after the EdgeConfig either way.
+        return {
+            "apiVersion": f"{conventions.GROUP}/{conventions.VERSION}",
+            "kind": conventions.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+        }
+
+    def labels(self) -> dict[str, str]:
+        return {
+            conventions.EDGECONFIG_LABEL: self.name,
+            "app.kubernetes.io/managed-by": "iop-operator",
+        }
+
+
+def render_config(config: EdgeConfig) -> str:
+    """The config as edge.yaml: compact JSON, snake_case, only what was set."""
+    return orjson.dumps(config.model_dump(mode="json", exclude_unset=True)).decode()
+
+
+def edge_configmap(owner: Owner, config: EdgeConfig, digest: str) -> dict[str, Any]:
+    """The Edge ConfigMap, as a server-side apply body."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": conventions.edge_configmap_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": owner.labels(),
+            "annotations": {conventions.CONFIG_HASH_ANNOTATION: digest},
+            "ownerReferences": [owner.reference()],
+        },
+        "data": {conventions.CONFIG_KEY: render_config(config)},
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRecord:
+    """A restart scope a committed change needs and that is not confirmed done yet, with the
+    config hash its workloads were stamped with (a later change never stamps it again)."""
+
+    scope: str
+    config_hash: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"scope": self.scope, "configHash": self.config_hash}
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedState:
+    """What the operator last applied for one EdgeConfig."""
+
+    config: EdgeConfig
+    config_hash: str
+    #: The EdgeConfig's .metadata.generation it came from.
+    generation: int
+    #: Workload ("Deployment/NAME") -> the config hash its pod template was stamped with.
+    stamps: Mapping[str, str] = field(default_factory=dict)
+    #: Restarts still to confirm (rollouts under way, nodes outside the cluster to restart).
+    restarts: tuple[RestartRecord, ...] = ()
+
+
+def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
+    """The applied record, as a server-side apply body."""
+    packed = gzip.compress(render_config(state.config).encode(), compresslevel=6, mtime=0)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": conventions.state_configmap_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": owner.labels(),
+            "ownerReferences": [owner.reference()],
+        },
+        "data": {
+            "configHash": state.config_hash,
+            "generation": str(state.generation),
+            "stamps": orjson.dumps(dict(state.stamps), option=orjson.OPT_SORT_KEYS).decode(),
+            "restarts": orjson.dumps([r.as_dict() for r in state.restarts]).decode(),
+        },
+        "binaryData": {_STATE_KEY: base64.b64encode(packed).decode()},
+    }
+
+
+def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
+    """The record back; None (logged) when it is unreadable, so the operator starts afresh
+    rather than classify against a base it cannot trust. Parses and validates a whole config:
+    call it off the event loop."""
+    name = configmap.get("metadata", {}).get("name", "?")
+    try:
+        data = configmap.get("data") or {}
+        packed = base64.b64decode((configmap.get("binaryData") or {})[_STATE_KEY])
+        config = load_data(orjson.loads(gzip.decompress(packed)))
+        stamps = orjson.loads(data.get("stamps") or "{}")
+        restarts = orjson.loads(data.get("restarts") or "[]")
+        state = AppliedState(
+            config=config,
+            config_hash=config_hash(config),
+            generation=int(data.get("generation") or 0),
+            stamps={str(k): str(v) for k, v in stamps.items()},
+            restarts=tuple(RestartRecord(str(r["scope"]), str(r["configHash"])) for r in restarts),
+        )
+    except (KeyError, ValueError, TypeError, OSError, ConfigError, AttributeError) as exc:
+        logger.warning("the applied record %s is unreadable (%r); starting afresh", name, exc)
+        return None
+    if data.get("configHash") not in (None, state.config_hash):
+        logger.warning("the applied record %s does not match its hash; starting afresh", name)
+        return None
+    return state

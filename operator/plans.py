@@ -1,0 +1,79 @@
+"""The plan of a change in a few short lines: what the admission webhook warns at apply time.
+
+`kubectl apply` (and `--dry-run=server`) print each warning on its own line, so the user sees
+before anything happens which paths apply live and what restarts:
+
+    Warning: restart edge: openai.listen
+    Warning: restart node node-2: nodes[node-2].providers[ollama-c].adapter.base_url
+    Warning: live: nodes[node-1].providers[vllm-a].capacity
+
+The API server truncates long warnings and drops them beyond 4 KiB in all, so each line is
+kept short and the list bounded; the last line says how many were left out.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from iop.edgeconfig import ChangeReport, ConfigError, EdgeConfig, is_loopback_listener
+
+__all__ = ["MAX_LINE", "MAX_TOTAL", "admission_message", "plan_warnings"]
+
+#: Longest warning line: the API server may truncate warnings beyond 256 characters, and
+#: terminals wrap far sooner.
+MAX_LINE: Final = 120
+#: All warning text together (the API server keeps 4 KiB of warnings per response).
+MAX_TOTAL: Final = 3500
+#: Most problems an admission refusal lists (the status message keeps them all).
+MAX_PROBLEMS: Final = 50
+
+
+def _line(text: str) -> str:
+    return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
+
+
+def plan_warnings(change: ChangeReport | None, desired: EdgeConfig, desired_hash: str) -> list[str]:
+    """The plan as warning lines; `change` is None when nothing was applied before."""
+    lines: list[str] = []
+    if change is None:
+        lines.append(f"plan: first apply of config {desired_hash[:12]}")
+    elif not change.changed:
+        lines.append("plan: nothing in effect changes")
+    else:
+        for path in change.restart_required_paths:
+            where = "edge" if path.scope == "edge" else f"node {path.scope.removeprefix('node:')}"
+            lines.append(_line(f"restart {where}: {path.path}"))
+        lines += [_line(f"live: {path}") for path in change.live_paths]
+    if is_loopback_listener(desired.edge.admin.listen):
+        lines.insert(
+            0,
+            _line(
+                f"edge.admin.listen {desired.edge.admin.listen} is loopback: the operator "
+                "cannot reach the Edge replicas to apply changes"
+            ),
+        )
+    return _bounded(lines)
+
+
+def _bounded(lines: list[str]) -> list[str]:
+    kept: list[str] = []
+    total = 0
+    for index, line in enumerate(lines):
+        rest = len(lines) - index
+        if total + len(line) > MAX_TOTAL - 80:
+            kept.append(f"... and {rest} more (the full list: status.lastChange once applied)")
+            break
+        kept.append(line)
+        total += len(line)
+    return kept
+
+
+def admission_message(error: ConfigError) -> str:
+    """Why the webhook refuses a spec: every problem with its path (bounded)."""
+    problems = error.problems
+    count = len(problems)
+    lines = [f"{count} problem{'s' if count != 1 else ''} in the EdgeConfig spec:"]
+    lines += [f"  {problem}" for problem in problems[:MAX_PROBLEMS]]
+    if count > MAX_PROBLEMS:
+        lines.append(f"  ... and {count - MAX_PROBLEMS} more")
+    return "\n".join(lines)

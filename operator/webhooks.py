@@ -1,0 +1,85 @@
+"""The validating admission webhook: refuse an invalid EdgeConfig with every problem, and admit
+a valid one with warnings that state the plan (`plans.py`).
+
+It runs in the operator (`kopf.on.validate`), so it validates with exactly the reconcile's model
+and classifies against exactly its base, the config last applied. It has no side effects
+(`sideEffects: None`), so `kubectl apply --dry-run=server` calls it too and shows the plan
+without changing anything. How the API server reaches it and what happens when it cannot
+(certificates, `failurePolicy: Ignore`): docs/operator.md, "The webhook".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from iop.edgeconfig import ConfigError, EdgeConfig, classify, config_hash, load_data
+
+from . import conventions
+from .documents import decode_state
+from .errors import KubeApiError, KubeNotFound
+from .kubeapi import KubeApi, resource_path
+from .plans import admission_message, plan_warnings
+from .workers import Workers
+
+__all__ = ["WEBHOOK_ID", "register_webhook"]
+
+logger = logging.getLogger(__name__)
+
+#: The handler id, which is also the URL path the webhook configuration points at (/validate).
+WEBHOOK_ID = "validate"
+
+
+def register_webhook(registry: kopf.OperatorRegistry, workers: Workers, api: KubeApi) -> None:
+    """Add the validating webhook handler to `registry`."""
+
+    @kopf.on.validate(
+        conventions.GROUP,
+        conventions.VERSION,
+        conventions.PLURAL,
+        id=WEBHOOK_ID,
+        operations=["CREATE", "UPDATE"],
+        side_effects=False,
+        ignore_failures=True,
+        registry=registry,
+    )
+    async def validate(
+        body: kopf.Body, warnings: list[str], name: str, namespace: str | None, **kwargs: Any
+    ) -> None:
+        operation = kwargs.get("operation")
+        spec = dict(body.get("spec") or {})
+        try:
+            desired = await asyncio.to_thread(load_data, spec)
+        except ConfigError as error:
+            raise kopf.AdmissionError(admission_message(error), code=422) from None
+        # A new object has nothing applied (a record left by a deleted namesake is not its base).
+        base = None
+        if operation != "CREATE":
+            base = await _applied_base(workers, api, namespace or "", name or "")
+        change = classify(base, desired) if base is not None else None
+        warnings.extend(plan_warnings(change, desired, config_hash(desired)))
+
+
+async def _applied_base(
+    workers: Workers, api: KubeApi, namespace: str, name: str
+) -> EdgeConfig | None:
+    """The config last applied for this EdgeConfig: the worker's copy, else the record."""
+    reconciler = workers.reconciler(namespace, name)
+    if reconciler is not None and reconciler.applied is not None:
+        return reconciler.applied.config
+    if not name:
+        return None
+    path = resource_path("v1", "configmaps", namespace, conventions.state_configmap_name(name))
+    try:
+        configmap: Mapping[str, Any] = await api.get(path, what="read the applied record")
+    except KubeNotFound:
+        return None
+    except KubeApiError as error:  # the plan is a courtesy: admit, say so in the log
+        logger.warning("no plan for %s/%s: %s", namespace, name, error)
+        return None
+    state = await asyncio.to_thread(decode_state, configmap)
+    return state.config if state is not None else None
