@@ -1,0 +1,110 @@
+"""`iop edge run`: the Edge, serving the OpenAI API through the provider pool; `iop edge reload`.
+
+SIGHUP makes a running Edge re-read its config file and apply it through the same path as the
+admin API's `POST /refresh` (the report is logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+import orjson
+import uvloop
+
+from iop.aiokits import guarded_task, stop_tasks
+from iop.edge import EdgeServer
+from iop.edge.admin import AdminAuthError
+from iop.edge.refreshes import Candidate
+from iop.edgeconfig import ConfigError, load_file
+
+from . import reload_commands
+
+__all__ = ["register"]
+
+logger = logging.getLogger("iop.edge.run")
+
+
+def register(commands: Any) -> None:
+    edge = commands.add_parser("edge", help="run the Edge")
+    sub = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="serve the OpenAI API and the node hub from a config file",
+        description="Load and validate the config, listen for Nodes on edge.listen and serve "
+        "the OpenAI-compatible API on openai.listen until SIGTERM or SIGINT; then stop taking "
+        "requests, let running ones finish and close the Nodes' connections.",
+    )
+    run.add_argument("--config", required=True, help="path of the edge.yaml")
+    run.add_argument("--openai-listen", default=None, help="override openai.listen (host:port)")
+    run.add_argument("--hub-listen", default=None, help="override edge.listen (host:port)")
+    run.add_argument("--admin-listen", default=None, help="override edge.admin.listen (host:port)")
+    run.add_argument(
+        "--shutdown-grace", type=float, default=10.0, help="seconds running requests may finish"
+    )
+    run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    run.set_defaults(run=_run)
+    reload_commands.register(sub)
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_file(args.config)
+    except ConfigError as error:
+        print(f"{args.config}: {len(error.problems)} problem(s)", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    try:
+        edge = EdgeServer(
+            config,
+            openai_listen=args.openai_listen,
+            hub_listen=args.hub_listen,
+            shutdown_grace_s=args.shutdown_grace,
+            admin_listen=args.admin_listen or config.edge.admin.listen,
+            config_path=args.config,
+        )
+    except AdminAuthError as exc:
+        print(f"iop edge run: {exc}", file=sys.stderr)
+        return 1
+    try:
+        uvloop.run(_serve(edge, args.config))
+    except OSError as exc:
+        print(f"iop edge run: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(edge: EdgeServer, config_path: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def hangup() -> None:
+        task = guarded_task(_reload(edge, config_path), name="edge-sighup-reload", logger=logger)
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, hangup)
+    async with edge:
+        # One line on stdout once serving, for scripts that start the Edge (like `iop up`).
+        started = {"url": edge.url, "hub_port": edge.hub_port, "admin_url": edge.admin_url}
+        print(orjson.dumps(started).decode(), flush=True)
+        await stop.wait()
+        loop.remove_signal_handler(signal.SIGHUP)
+        await stop_tasks(reloads)
+
+
+async def _reload(edge: EdgeServer, config_path: str) -> None:
+    """SIGHUP: re-read the config file and apply it (the refresher logs the outcome)."""
+    report = await edge.refresher.apply(Candidate.of_path(config_path), requested_by="SIGHUP")
+    logger.debug("SIGHUP refresh report: %s", orjson.dumps(report.as_dict()).decode())

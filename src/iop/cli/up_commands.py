@@ -1,0 +1,326 @@
+"""`iop up`: the whole product on this machine, from one config file, in one command.
+
+It starts a fake OpenAI-compatible upstream, an Edge and one Node per node of the config, as
+real processes, and prints the URL, an API key and examples to paste. The config is rewritten
+for the local stack only (the file itself is never changed):
+
+- every `openai` adapter points at the local fake upstream (and needs no API key); `fake`
+  adapters stay as they are;
+- every listener moves to loopback: the OpenAI API on `--port` (default: a free port), the node
+  hub and the admin API on free ports;
+- each node gets a fresh random token (its hash replaces the configured one), and a fresh client
+  API key is added to `openai.principal_tokens` as token_ref `local-up` (principal `local`).
+
+Everything else (models, capacities, priorities, queues, generation policies) is the config's.
+
+The Edge's admin API is up too (its URL is printed). Edit the config file and send `iop up` a
+SIGHUP: it rewrites the file for the local stack again, with the same tokens, and has the Edge
+apply it live through the admin API; it prints the outcome (a restart-required change is refused
+and named: restart `iop up` for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import uvloop
+import yaml
+
+from iop.aiokits import guarded_task, stop_tasks
+from iop.edgeconfig import ConfigError, EdgeConfig, load_data, load_file
+from iop.processes import owned, spawn_edge, spawn_fake_upstream, spawn_node
+
+__all__ = ["LocalStack", "local_config", "register"]
+
+logger = logging.getLogger("iop.up")
+
+DEFAULT_CONFIG = Path("configs/edge.yaml")
+LOCAL_TOKEN_REF = "local-up"
+LOCAL_PRINCIPAL = "local"
+READY_TIMEOUT_S = 30.0
+
+
+def register(commands: Any) -> None:
+    up = commands.add_parser(
+        "up",
+        help="run an Edge, its Nodes and a fake upstream locally from a config",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"the edge.yaml to run (default: {DEFAULT_CONFIG})",
+    )
+    up.add_argument("--port", type=int, default=0, help="port of the OpenAI API (default: free)")
+    up.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON line (url, api_key, models, pids) instead of the examples",
+    )
+    up.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level of the processes (default: WARNING)",
+    )
+    up.set_defaults(run=_run)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStack:
+    """What `iop up` runs: the rewritten config, and the secrets it made for it."""
+
+    config: EdgeConfig
+    api_key: str
+    node_tokens: dict[str, str]
+
+
+def local_config(
+    config: EdgeConfig, upstream_url: str, port: int = 0, *, keep: LocalStack | None = None
+) -> LocalStack:
+    """`config` rewritten for a stack on this machine (see the module docstring); with `keep`,
+    the API key and node tokens of that stack are kept (a reload of a running stack)."""
+    document = config.model_dump(mode="json")
+    document["edge"]["listen"] = "127.0.0.1:0"
+    document["edge"]["admin"]["listen"] = "127.0.0.1:0"
+    document["openai"]["listen"] = f"127.0.0.1:{port}"
+    document["a2a"]["listen"] = ""
+    api_key = keep.api_key if keep is not None else f"sk-local-{secrets.token_urlsafe(18)}"
+    tokens = document["openai"]["principal_tokens"]
+    tokens[:] = [t for t in tokens if t["token_ref"] != LOCAL_TOKEN_REF]
+    tokens.append(
+        {
+            "token_ref": LOCAL_TOKEN_REF,
+            "token_hash_sha256": _sha256(api_key),
+            "principal_ref": LOCAL_PRINCIPAL,
+            "alias": "iop up",
+        }
+    )
+    node_tokens: dict[str, str] = {}
+    kept = keep.node_tokens if keep is not None else {}
+    for node in document["nodes"]:
+        token = kept.get(node["id"]) or secrets.token_urlsafe(24)
+        node_tokens[node["id"]] = token
+        node["token_hash_sha256"] = _sha256(token)
+        for provider in node["providers"]:
+            if provider["adapter"]["type"] == "openai":
+                provider["adapter"] = {"type": "openai", "base_url": upstream_url}
+    return LocalStack(load_data(document), api_key, node_tokens)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_file(args.config)
+    except ConfigError as error:
+        print(f"{args.config}: {len(error.problems)} problem(s)", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    if not 0 <= args.port <= 65535:
+        print("iop up: --port must be 0..65535", file=sys.stderr)
+        return 2
+    folder = Path(tempfile.mkdtemp(prefix="iop-up-"))
+    try:
+        return uvloop.run(_up(config, args, folder))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        upstream = await stack.enter_async_context(spawn_fake_upstream())
+        local = local_config(config, upstream.base_url, args.port)
+        config_path = folder / "edge.yaml"
+        config_path.write_text(yaml.safe_dump(local.config.model_dump(mode="json")))
+
+        try:
+            edge_process, started = await spawn_edge(
+                config_path, log_level=args.log_level, startup_timeout=READY_TIMEOUT_S
+            )
+        except (RuntimeError, TimeoutError) as error:
+            print(f"iop up: the Edge did not start: {error!r}", file=sys.stderr)
+            return 1
+        edge = await stack.enter_async_context(owned(edge_process))
+        url: str = started["url"]
+        admin_url: str = started["admin_url"]
+
+        processes = {"fake-upstream": upstream.pid, "edge": edge.pid}
+        children = [edge]
+        for node_id, token in local.node_tokens.items():
+            token_file = folder / f"{node_id}.token"
+            token_file.write_text(token)
+            token_file.chmod(0o600)
+            node_process = await spawn_node(
+                started["hub_port"], node_id, token_file, log_level=args.log_level
+            )
+            node = await stack.enter_async_context(owned(node_process))
+            processes[f"node {node_id}"] = node.pid
+            children.append(node)
+
+        wanted = {p.id for n in local.config.nodes for p in n.providers if p.enabled}
+        missing = await _wait_ready(url, wanted)
+        if missing:
+            print(
+                f"iop up: still not available after {READY_TIMEOUT_S:.0f}s: "
+                f"{', '.join(sorted(missing))}",
+                file=sys.stderr,
+            )
+        models = [model.id for model in local.config.models]
+        if args.json:
+            print(
+                orjson.dumps(
+                    {
+                        "url": url,
+                        "base_url": f"{url}/v1",
+                        "api_key": local.api_key,
+                        "models": models,
+                        "admin_url": admin_url,
+                        "pids": processes,
+                    }
+                ).decode(),
+                flush=True,
+            )
+        else:
+            print(_banner(url, local.api_key, models, processes, args.config), flush=True)
+            print(
+                f"Admin:   {admin_url}/config    Edit {args.config}, then "
+                f"`kill -HUP {os.getpid()}` to apply it live.",
+                flush=True,
+            )
+
+        reloads: set[asyncio.Task[None]] = set()
+
+        def hangup() -> None:
+            reload = _reload(
+                args.config, local, upstream.base_url, args.port, config_path, admin_url
+            )
+            task = guarded_task(reload, name="iop-up-reload", logger=logger)
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hangup)
+
+        # Stop on a signal, or as soon as any child dies (the stack would be half there).
+        watchers = [
+            guarded_task(_exited(child, stop), name=f"iop-up-watch-{child.pid}", logger=logger)
+            for child in children
+        ]
+        try:
+            await stop.wait()
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+            await stop_tasks([*watchers, *reloads])
+        died = [child for child in children if child.returncode is not None]
+        for child in died:
+            print(f"iop up: process {child.pid} exited with {child.returncode}", file=sys.stderr)
+    return 1 if died else 0
+
+
+async def _reload(
+    path: Path,
+    running: LocalStack,
+    upstream_url: str,
+    port: int,
+    config_path: Path,
+    admin_url: str,
+) -> None:
+    """SIGHUP: the edited config, localised with the running stack's tokens, applied live."""
+    try:
+        config = await asyncio.to_thread(load_file, path)
+    except ConfigError as error:
+        print(f"iop up: {path}: {len(error.problems)} problem(s)", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return
+    local = local_config(config, upstream_url, port, keep=running)
+    text = yaml.safe_dump(local.config.model_dump(mode="json"))
+    await asyncio.to_thread(config_path.write_text, text)
+    async with httpx.AsyncClient(base_url=admin_url, timeout=60) as admin:
+        response = await admin.post("/refresh", json={"mode": "apply"})
+    report = response.json()
+    message = report.get("message") or report.get("error", {}).get("message", "")
+    print(f"iop up: reload of {path}: {message}", file=sys.stderr, flush=True)
+
+
+async def _exited(process: asyncio.subprocess.Process, stop: asyncio.Event) -> None:
+    await process.wait()
+    stop.set()
+
+
+async def _wait_ready(url: str, wanted: set[str]) -> set[str]:
+    """Wait until the Edge can dispatch to every wanted provider; returns those still missing."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + READY_TIMEOUT_S
+    missing = set(wanted)
+    async with httpx.AsyncClient(base_url=url, timeout=2.0) as http:
+        while loop.time() < until:
+            with contextlib.suppress(httpx.HTTPError):
+                response = await http.get("/readyz")
+                missing = wanted - set(response.json().get("providers_available", ()))
+                if response.status_code == 200 and not missing:
+                    return set()
+            await asyncio.sleep(0.05)
+    return missing
+
+
+def _banner(
+    url: str, api_key: str, models: list[str], processes: dict[str, int], config: Path
+) -> str:
+    model = models[-1] if models else "MODEL"
+    body = orjson.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "Hello!"}]}
+    ).decode()
+    pids = ", ".join(f"{name} {pid}" for name, pid in processes.items())
+    return f"""\
+IOP Edge is up on {url}/v1 (from {config}; {pids})
+API key: {api_key}
+Models:  {", ".join(models)}
+
+Try it with curl:
+
+curl {url}/v1/chat/completions \\
+  -H "Authorization: Bearer {api_key}" \\
+  -H "Content-Type: application/json" \\
+  -d {shlex.quote(body)}
+
+or with the openai Python client:
+
+python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{url}/v1", api_key="{api_key}")
+reply = client.chat.completions.create(
+    model="{model}", messages=[{{"role": "user", "content": "Hello!"}}]
+)
+print(reply.choices[0].message.content)
+EOF
+
+Metrics: {url}/metrics    Press Ctrl-C to stop."""

@@ -1,0 +1,209 @@
+"""One Edge: the node hub, the provider pool and the OpenAI HTTP API, under one lifecycle.
+
+`EdgeServer` owns every part and starts and stops them in order: the hub first (Nodes may dial in
+while the HTTP side comes up), then uvicorn on the OpenAI listener; on stop, the HTTP side stops
+taking requests and lets the running ones finish, then the hub closes the Nodes' connections.
+Signals are the caller's business (`iop edge run` maps SIGTERM/SIGINT to `stop()`), so uvicorn's
+own signal capture is switched off.
+
+`refresher` is the live-refresh seam (`refreshing.py`): it swaps the next pool snapshot into the
+dispatcher and the config into the hub, and pushes node payloads. With `admin_listen`, a second
+uvicorn server serves the admin API (`admin.py`) there; `iop edge run` passes the config's
+`edge.admin.listen`, while an Edge embedded in-process (tests, benchmarks) serves none by default.
+The admin server starts last and stops first, so no apply runs while the Edge comes or goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import socket
+from collections.abc import Awaitable, Callable, Generator
+from pathlib import Path
+
+import uvicorn
+
+from iop.aiokits import AsyncService, guarded_task
+from iop.edgeconfig import EdgeConfig, split_listener
+
+from .admin import AdminApp, AdminAuth
+from .authenticating import Authenticator
+from .dispatching import Dispatcher
+from .metering import Metrics
+from .nodehub import NodeHub
+from .refreshing import Refresher
+from .runs import Hub, available_providers
+from .serving import EdgeApp
+from .snapshots import PoolSnapshot
+
+__all__ = ["EdgeServer"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the process decides when the Edge stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class EdgeServer(AsyncService):
+    """An Edge process's parts; `async with EdgeServer(config) as edge:` or start()/stop()."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        *,
+        hub: Hub | None = None,
+        openai_listen: str | None = None,
+        hub_listen: str | None = None,
+        shutdown_grace_s: float = 10.0,
+        admin_listen: str | None = None,
+        config_path: str | Path | None = None,
+        ack_timeout_s: float = 10.0,
+    ) -> None:
+        self.dispatcher = Dispatcher(PoolSnapshot.build(config))
+        self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
+        self.refresher = Refresher(
+            self.dispatcher,
+            hub=self.hub if isinstance(self.hub, NodeHub) else None,
+            config_path=config_path,
+            ack_timeout=ack_timeout_s,
+        )
+        # Checked here, before anything listens: off loopback without a token, no Edge.
+        self._admin_auth = (
+            AdminAuth.load(config.edge.admin, admin_listen) if admin_listen is not None else None
+        )
+        self._admin_listen = admin_listen
+        self._admin_server: _Server | None = None
+        self._admin_serving: asyncio.Task[None] | None = None
+        self.admin_port: int | None = None
+        self.metrics = Metrics(self.dispatcher)
+        self.app = EdgeApp(
+            dispatcher=self.dispatcher,
+            hub=self.hub,
+            authenticator=Authenticator(config.openai),
+            metrics=self.metrics,
+            max_request_bytes=config.openai.max_request_bytes,
+            ready=self.ready,
+        )
+        self._listen = openai_listen or config.openai.listen
+        self._grace = shutdown_grace_s
+        self._server: _Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._hub_started = False
+        self.host, self.port = split_listener(self._listen)
+        self.hub_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the OpenAI API (what clients use as base_url, minus the /v1)."""
+        return _url(self.host, self.port)
+
+    def ready(self) -> bool:
+        """Config loaded, the hub listening and the HTTP side serving."""
+        server = self._server
+        return self._hub_started and server is not None and server.started
+
+    @property
+    def admin_url(self) -> str | None:
+        """Base URL of the admin API, when it is served."""
+        if self._admin_listen is None or self.admin_port is None:
+            return None
+        return _url(split_listener(self._admin_listen)[0], self.admin_port)
+
+    async def start(self) -> None:
+        self.hub_port = await self.hub.start()
+        self._hub_started = True
+        self.hub.add_listener(self._links_changed)
+        self._links_changed()
+        try:
+            sock = _bind(self.host, self.port, "the OpenAI API")
+            self.port = sock.getsockname()[1]
+            self._server, self._serving = await self._serve_http(
+                self.app, sock, "edge-openai-http", f"the OpenAI API on {self._listen}"
+            )
+            if self._admin_auth is not None and self._admin_listen is not None:
+                host, port = split_listener(self._admin_listen)
+                sock = _bind(host, port, "the admin API")
+                self.admin_port = sock.getsockname()[1]
+                admin = AdminApp(self.refresher, self._admin_auth)
+                self._admin_server, self._admin_serving = await self._serve_http(
+                    admin, sock, "edge-admin-http", f"the admin API on {self._admin_listen}"
+                )
+        except BaseException:
+            await self._stop(grace=0)
+            raise
+        logger.info(
+            "edge serving the OpenAI API on %s (listen %s); nodes dial port %s; admin API %s",
+            self.url,
+            self._listen,
+            self.hub_port,
+            self.admin_url or "off",
+        )
+
+    async def stop(self) -> None:
+        """Stop the admin API, then stop taking requests and let running ones finish (up to the
+        grace), then the hub."""
+        await self._stop(self._grace)
+
+    async def _stop(self, grace: float) -> None:
+        servers = ((self._admin_server, self._admin_serving), (self._server, self._serving))
+        self._admin_server = self._admin_serving = self._server = self._serving = None
+        for server, serving in servers:
+            if server is not None and serving is not None:
+                server.should_exit = True
+                await serving
+        if self._hub_started:
+            self._hub_started = False
+            await self.hub.stop(grace)
+        self.dispatcher.close()
+
+    async def _serve_http(
+        self, app: Callable[..., Awaitable[None]], sock: socket.socket, name: str, what: str
+    ) -> tuple[_Server, asyncio.Task[None]]:
+        config = uvicorn.Config(
+            app,
+            http="httptools",
+            ws="none",
+            loop="none",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            proxy_headers=False,  # the Edge reads no client address: skip that middleware
+            timeout_graceful_shutdown=math.ceil(self._grace),
+        )
+        server = _Server(config)
+        serving = guarded_task(server.serve(sockets=[sock]), name=name, logger=logger)
+        while not server.started:
+            if serving.done():
+                serving.result()  # raises what stopped it
+                raise OSError(f"{what} did not start")
+            await asyncio.sleep(0.005)
+        return server, serving
+
+    def _links_changed(self) -> None:
+        self.dispatcher.set_available(available_providers(self.hub.connected_providers()))
+
+
+def _url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
+    return f"http://{host}:{port}"
+
+
+def _bind(host: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port} for {what}: {exc}") from exc
+    return sock

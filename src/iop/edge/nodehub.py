@@ -1,0 +1,441 @@
+"""The node hub: the Edge's gRPC server that Nodes dial, and the one call dispatch uses to run.
+
+Interface for the rest of the Edge (dispatch, HTTP API):
+
+    hub = NodeHub(config)                    # or: async with NodeHub(config) as hub
+    port = await hub.start()                 # binds config.edge.listen (port 0 allowed)
+    hub.connected_providers()                # provider id -> ProviderLink(provider_id, node_id,
+                                             #   healthy, detail), providers of connected nodes
+    hub.add_listener(callback)               # callback() when nodes connect or disconnect or a
+                                             #   provider's health changes
+    async with hub.run(request) as stream:   # RunRequest -> RunStream
+        async for event in stream: ...       # RunChunk, RunUsage, then RunDone or RunFailed
+    await hub.swap_config(config)            # push changed node payloads, collect the acks
+    await hub.stop(grace)
+
+A node counts as connected once it has authenticated and acknowledged the config it was sent on
+welcome; from then on runs for its providers go to it. Authentication compares the SHA-256 of
+the node's token with `nodes[].token_hash_sha256` in constant time; the token itself is never
+logged. A node that connects again (a restart) replaces its previous connection. When a node's
+stream ends, its in-flight runs fail at once with `node_disconnected`.
+
+`run` never raises for a run it cannot place: the stream yields a `RunFailed` (retryable
+`node_unavailable` when the provider's node is not connected, `edge_stopping` while stopping).
+
+The config lives in one immutable snapshot (config, generation, node payloads, token hashes)
+replaced by one reference assignment; in-flight runs are not affected by a swap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from iop import runtime_pb2 as pb
+from iop.aiokits import AsyncService, guarded_task, stop_tasks
+from iop.edgeconfig import EdgeConfig, NodePayload, node_payloads
+from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
+from iop.wire import PROTOCOL_VERSION, CoalescingWriter, RunRequest, grpc_options, statuses
+from iop.wire.converting import health_from_proto, payload_to_proto
+
+from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
+
+__all__ = ["HubSnapshot", "NodeHub", "NodeStatus", "ProviderLink", "RunStream"]
+
+logger = logging.getLogger(__name__)
+
+#: Hash compared for an unknown node id, so both refusals cost the same.
+_NO_HASH = "0" * 64
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLink:
+    """A provider of a connected node, as the hub sees it."""
+
+    provider_id: str
+    node_id: str
+    healthy: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """A connected node, for status pages and the admin API."""
+
+    node_id: str
+    alias: str
+    instance_id: str
+    peer: str
+    ready: bool
+    applied_generation: int
+    applied_hash: str
+    runs_in_flight: int
+    connected_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HubSnapshot:
+    """Everything the hub reads from the config, swapped as one reference."""
+
+    config: EdgeConfig
+    generation: int
+    payloads: Mapping[str, NodePayload]
+    #: node id -> `payloads[node].digest`, computed once per payload (hashing is not free).
+    digests: Mapping[str, str]
+    provider_nodes: Mapping[str, str]
+    token_hashes: Mapping[str, str]
+
+    @classmethod
+    def of(
+        cls, config: EdgeConfig, generation: int, previous: HubSnapshot | None = None
+    ) -> HubSnapshot:
+        payloads = node_payloads(config)
+        digests: dict[str, str] = {}
+        for node_id, payload in payloads.items():
+            before = previous.payloads.get(node_id) if previous is not None else None
+            if previous is not None and before is not None and before == payload:
+                payloads[node_id], digests[node_id] = before, previous.digests[node_id]
+            else:
+                digests[node_id] = payload.digest
+        return cls(
+            config=config,
+            generation=generation,
+            payloads=MappingProxyType(payloads),
+            digests=MappingProxyType(digests),
+            provider_nodes=MappingProxyType(
+                {p.id: node.id for node in config.nodes for p in node.providers}
+            ),
+            token_hashes=MappingProxyType({n.id: n.token_hash_sha256 for n in config.nodes}),
+        )
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Servicer(NodeRuntimeServicer):
+    def __init__(self, hub: NodeHub) -> None:
+        self._hub = hub
+
+    # grpc.aio runs a coroutine handler that writes through `context`; the generated stub only
+    # knows the iterator style, hence the ignore.
+    async def Connect(  # type: ignore[override]
+        self,
+        request_iterator: Any,
+        context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage],
+    ) -> None:
+        await self._hub._serve(context)
+
+
+class NodeHub(AsyncService):
+    """The Edge's side of the runtime wire; see the module docstring for the interface."""
+
+    def __init__(self, config: EdgeConfig, *, listen: str | None = None) -> None:
+        self._snapshot = HubSnapshot.of(config, generation=1)
+        self._listen = listen or config.edge.listen
+        self._server: grpc.aio.Server | None = None
+        self._sessions: dict[str, NodeSession] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._links: Mapping[str, ProviderLink] | None = None
+        self._stopping = False
+        self.port: int | None = None
+
+    @property
+    def snapshot(self) -> HubSnapshot:
+        return self._snapshot
+
+    async def start(self) -> int:
+        """Listen on the configured address; returns the bound port."""
+        server = grpc.aio.server(options=[*grpc_options(), ("grpc.so_reuseport", 0)])
+        add_NodeRuntimeServicer_to_server(_Servicer(self), server)
+        try:
+            port = server.add_insecure_port(self._listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {self._listen} for nodes: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot listen on {self._listen} for nodes")
+        await server.start()
+        self._server = server
+        self.port = port
+        logger.info("node hub listening on %s (port %d)", self._listen, port)
+        return port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Take no new runs, let in-flight runs finish for up to `grace` seconds, then close."""
+        if self._server is None:
+            return
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
+        while any(s.runs for s in self._sessions.values()) and loop.time() < until:
+            await asyncio.sleep(0.02)
+        for session in list(self._sessions.values()):
+            session.close("UNAVAILABLE", "the Edge is stopping")
+        await self._server.stop(grace=0.5)
+        self._server = None
+
+    # -- what dispatch uses ----------------------------------------------------------------------
+
+    def connected_providers(self) -> Mapping[str, ProviderLink]:
+        """provider id -> link, for the providers of every connected (and configured) node."""
+        links = self._links
+        if links is None:
+            found: dict[str, ProviderLink] = {}
+            payloads = self._snapshot.payloads
+            for node_id, session in self._sessions.items():
+                payload = payloads.get(node_id)
+                if not session.ready or payload is None:
+                    continue
+                for provider in payload.providers:
+                    health = session.health.get(provider.id)
+                    found[provider.id] = ProviderLink(
+                        provider.id,
+                        node_id,
+                        healthy=health is not None and health.healthy,
+                        detail="no health reported" if health is None else health.detail,
+                    )
+            links = self._links = MappingProxyType(found)
+        return links
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` whenever nodes connect or disconnect or a provider's health changes."""
+        self._listeners.append(callback)
+
+    def run(self, request: RunRequest) -> RunStream:
+        """The run's stream; the request goes to the node when the stream is entered/iterated."""
+        return RunStream(self, request)
+
+    def nodes(self) -> Mapping[str, NodeStatus]:
+        return {
+            node_id: NodeStatus(
+                node_id,
+                s.alias,
+                s.instance_id,
+                s.peer,
+                s.ready,
+                s.applied_generation,
+                s.applied_hash,
+                len(s.runs),
+                s.connected_at,
+            )
+            for node_id, s in self._sessions.items()
+        }
+
+    def payload_digests(self) -> Mapping[str, str]:
+        """node id -> digest of the payload the config in use gives that node."""
+        return self._snapshot.digests
+
+    async def swap_config(
+        self,
+        config: EdgeConfig,
+        *,
+        generation: int | None = None,
+        ack_timeout: float = 10.0,
+        hold: Collection[str] = (),
+    ) -> dict[str, pb.ConfigAck | None]:
+        """Make `config` current and push each connected node's payload if it changed.
+
+        A node gets a `NodeConfigRefreshRequest` only when its payload differs from the last one
+        it was sent (on welcome or by a push) or from the last one it acknowledged, so a swap
+        that changes no payload pushes nothing. Nodes in `hold` get no push: they are about to
+        restart and take the new payload on welcome. `generation` defaults to the next one.
+        Returns node id -> its ack (None when it did not answer within `ack_timeout` or
+        disconnected first). Runs in flight are unaffected; nodes no longer in `config` keep
+        their connection until restart.
+        """
+        number = self._snapshot.generation + 1 if generation is None else generation
+        snapshot = HubSnapshot.of(config, number, self._snapshot)
+        self._snapshot = snapshot
+        waits: dict[str, asyncio.Future[pb.ConfigAck]] = {}
+        loop = asyncio.get_running_loop()
+        for node_id, session in self._sessions.items():
+            payload = snapshot.payloads.get(node_id)
+            digest = snapshot.digests.get(node_id, "")
+            if payload is None or node_id in hold or _holds(session, digest):
+                continue
+            future: asyncio.Future[pb.ConfigAck] = loop.create_future()
+            session.acks[snapshot.generation] = future
+            session.payload, session.payload_digest = payload, digest
+            session.payload_generation = snapshot.generation
+            # No writer yet (its welcome is being written): `_serve` sends it right after.
+            session.writer_put(_refresh(session))
+            waits[node_id] = future
+        self._changed()
+        results: dict[str, pb.ConfigAck | None] = dict.fromkeys(waits)
+        if waits:
+            await asyncio.wait(waits.values(), timeout=ack_timeout)
+            for node_id, future in waits.items():
+                if future.done() and not future.cancelled():
+                    results[node_id] = future.result()
+                else:
+                    future.cancel()
+        return results
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._links = None
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception:
+                logger.exception("node hub listener %r failed", callback)
+
+    def _start_run(self, stream: RunStream) -> None:
+        request = stream.request
+        if self._stopping:
+            stream.fail(statuses.EDGE_STOPPING, "the Edge is stopping")
+            return
+        node_id = self._snapshot.provider_nodes.get(request.provider_id)
+        session = self._sessions.get(node_id) if node_id is not None else None
+        if session is None or not session.ready:
+            where = f"node {node_id}" if node_id else "no node"
+            stream.fail(
+                statuses.NODE_UNAVAILABLE,
+                f"provider {request.provider_id} is on {where}, which is not connected",
+            )
+            return
+        session.send_run(stream)
+
+    def _authenticate(self, first: object) -> pb.Hello:
+        if not isinstance(first, pb.NodeMessage) or not first.HasField("hello"):
+            raise _Refused(statuses.REFUSED_NO_HELLO, "the first message must carry a hello")
+        hello = first.hello
+        if hello.protocol_version != PROTOCOL_VERSION:
+            raise _Refused(
+                statuses.REFUSED_VERSION,
+                f"this Edge speaks runtime protocol {PROTOCOL_VERSION}, the node "
+                f"{hello.protocol_version}",
+            )
+        expected = self._snapshot.token_hashes.get(hello.node_id)
+        given = hashlib.sha256(hello.token.encode()).hexdigest()
+        matches = hmac.compare_digest(given, expected or _NO_HASH)
+        if expected is None:
+            raise _Refused(
+                statuses.REFUSED_CREDENTIALS, f"node {hello.node_id!r} is not in this Edge's config"
+            )
+        if not matches:
+            raise _Refused(statuses.REFUSED_CREDENTIALS, f"wrong token for node {hello.node_id!r}")
+        return hello
+
+    async def _serve(
+        self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
+    ) -> None:
+        peer = context.peer()
+        if self._stopping:
+            await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
+        try:
+            hello = self._authenticate(await context.read())
+        except _Refused as refused:
+            logger.warning("refused a node from %s: %s", peer, refused.details)
+            await context.abort(refused.code, refused.details)
+        snapshot = self._snapshot
+        node_id = hello.node_id
+        payload = snapshot.payloads[node_id]
+        session = NodeSession(
+            node_id=node_id,
+            alias=hello.alias,
+            instance_id=hello.instance_id,
+            peer=peer,
+            payload=payload,
+            generation=snapshot.generation,
+            on_change=self._changed,
+        )
+        for item in hello.health:
+            health = health_from_proto(item)
+            session.health[health.provider_id] = health
+        previous = self._sessions.get(node_id)
+        if previous is not None:
+            previous.close("ABORTED", "replaced by a newer connection of the same node")
+        self._sessions[node_id] = session
+        logger.info("node %s connected from %s (instance %s)", node_id, peer, hello.instance_id)
+        welcome = pb.Welcome(
+            protocol_version=PROTOCOL_VERSION,
+            edge_id=snapshot.config.edge.id,
+            config=payload_to_proto(payload, snapshot.generation, snapshot.digests[node_id]),
+        )
+        code, reason = "CANCELLED", "the node went away"
+        reader: asyncio.Task[None] | None = None
+        try:
+            await context.write(pb.EdgeMessage(welcome=welcome))
+
+            async def send(batch: Sequence[EdgeItem]) -> None:
+                await context.write(edge_message(batch))
+
+            writer: CoalescingWriter[EdgeItem] = CoalescingWriter(
+                send, name=f"hub-writer-{node_id}"
+            )
+            async with writer:
+                session.writer = writer
+                if session.payload is not payload:  # a swap pushed while the welcome was written
+                    writer.put(_refresh(session))
+                reader = guarded_task(
+                    self._read(context, session), name=f"hub-reader-{node_id}", logger=logger
+                )
+                ends: list[asyncio.Future[Any]] = [reader, writer.task, session.closing]
+                await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+                if session.closing.done():
+                    code, reason = session.closing.result()
+                elif reader.done() and not reader.cancelled() and reader.exception() is None:
+                    reason = "the node ended its stream"
+        finally:
+            session.writer = None
+            if reader is not None:
+                await stop_tasks([reader])
+            was_ready = session.ready
+            session.ready = False
+            if self._sessions.get(node_id) is session:
+                del self._sessions[node_id]
+            code_name = statuses.EDGE_STOPPING if self._stopping else statuses.NODE_DISCONNECTED
+            session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
+            logger.info("node %s disconnected: %s", node_id, reason)
+            if was_ready:
+                self._changed()
+        if code != "CANCELLED":
+            context.set_code(getattr(grpc.StatusCode, code))
+            context.set_details(reason)
+
+    async def _read(
+        self,
+        context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage],
+        session: NodeSession,
+    ) -> None:
+        was_ready = False
+        while True:
+            message: object = await context.read()
+            if not isinstance(message, pb.NodeMessage):
+                return
+            session.receive(message)
+            if session.ready and not was_ready:
+                was_ready = True
+                logger.info(
+                    "node %s ready (config generation %d)",
+                    session.node_id,
+                    session.applied_generation,
+                )
+                self._changed()
+
+
+def _refresh(session: NodeSession) -> pb.NodeConfigRefreshRequest:
+    """The refresh carrying the payload last given to `session`."""
+    config = payload_to_proto(session.payload, session.payload_generation, session.payload_digest)
+    return pb.NodeConfigRefreshRequest(config=config)
+
+
+def _holds(session: NodeSession, digest: str) -> bool:
+    """The node was sent the payload of `digest` last and (once welcomed) acknowledged it."""
+    if session.payload_digest != digest:
+        return False
+    return not session.ready or session.applied_hash == digest

@@ -1,0 +1,348 @@
+"""The OpenAI-compatible HTTP API, as a raw ASGI app (served by uvicorn with httptools).
+
+Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
+`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz`, `GET /readyz`
+(200 once the config is loaded and the node hub listens; its body also lists the providers
+dispatch can use now) and `GET /metrics` (Prometheus).
+
+A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
+before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
+lookup -> generation policy and context class -> `Relay` (slot, run, events). Every failure is an
+`EdgeError` rendered by `statuses.py`. Once the body is read, a watcher waits for the client to
+disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
+frees its slot at once. A raw ASGI app is used because it measured 10-25% faster than
+aiohttp.web on this path, and a framework would add a layer per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import orjson
+
+from iop.aiokits import guarded_task
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind
+
+from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .authenticating import Authenticator, Principal
+from .bodies import apply_policy, is_long, parse_request
+from .dispatching import Dispatcher
+from .errors import (
+    EdgeError,
+    MethodNotAllowed,
+    ModelNotFound,
+    PayloadTooLarge,
+    RouteNotFound,
+    UpstreamError,
+)
+from .metering import CONTENT_TYPE, Metrics
+from .relaying import Relay, RelayedRun
+from .runs import NodeRuns
+from .snapshots import PoolSnapshot
+from .statuses import error_event, error_response, upstream_error
+
+__all__ = ["EdgeApp"]
+
+logger = logging.getLogger(__name__)
+
+
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_DONE: Final = b"data: [DONE]\n\n"
+#: The status recorded for a request whose client went away before its answer.
+_CLIENT_GONE: Final = 499
+
+_COMPLETIONS: Final[dict[str, RunKind]] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+}
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its body was being read."""
+
+
+class EdgeApp:
+    """The ASGI application; one per Edge process, everything injected."""
+
+    def __init__(
+        self,
+        *,
+        dispatcher: Dispatcher,
+        hub: NodeRuns,
+        authenticator: Authenticator,
+        metrics: Metrics,
+        max_request_bytes: int,
+        ready: Callable[[], bool],
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._authenticator = authenticator
+        self._metrics = metrics
+        self._relay = Relay(dispatcher, hub, metrics)
+        self._max_request_bytes = max_request_bytes
+        self._ready = ready
+        self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        completion = _COMPLETIONS.get(path)
+        if completion is not None:
+            if method == "POST":
+                await self._completion(completion, scope, receive, send)
+            else:
+                await self._refuse(send, MethodNotAllowed(f"Use POST {path}.", "POST"))
+            return
+        if method not in ("GET", "HEAD"):
+            if path in ("/v1/models", "/healthz", "/readyz", "/metrics") or path.startswith(
+                "/v1/models/"
+            ):
+                await self._refuse(send, MethodNotAllowed(f"Use GET {path}.", "GET"))
+            else:
+                await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
+            return
+        if path == "/v1/models" or path.startswith("/v1/models/"):
+            await self._models(scope, send, path)
+        elif path == "/healthz":
+            await send_body(send, 200, b'{"status":"ok"}')
+        elif path == "/readyz":
+            ready = self._ready()
+            body = orjson.dumps(
+                {
+                    "status": "ready" if ready else "not ready",
+                    "config_generation": self._dispatcher.snapshot.generation,
+                    "providers_available": sorted(self._dispatcher.available),
+                }
+            )
+            await send_body(send, 200 if ready else 503, body)
+        elif path == "/metrics":
+            await send_body(send, 200, self._metrics.render(), CONTENT_TYPE.encode())
+        else:
+            await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
+
+    # -- the model catalog ---------------------------------------------------------------------
+
+    async def _models(self, scope: Scope, send: Send, path: str) -> None:
+        try:
+            principal = self._authenticator.authenticate(header(scope, b"authorization"))
+        except EdgeError as error:
+            await self._refuse(send, error)
+            return
+        snapshot = self._dispatcher.snapshot
+        cache = self._models_cache
+        if cache is None or cache[0] is not snapshot:
+            entries = {
+                model_id: {
+                    "id": model_id,
+                    "object": "model",
+                    "created": snapshot.created,
+                    "owned_by": "iop-edge",
+                }
+                for model_id in snapshot.models
+            }
+            cache = self._models_cache = (
+                snapshot,
+                orjson.dumps({"object": "list", "data": list(entries.values())}),
+                {model_id: orjson.dumps(entry) for model_id, entry in entries.items()},
+            )
+        if path == "/v1/models":
+            await send_body(send, 200, cache[1])
+            self._metrics.count_request(principal, "", "", 200)
+            return
+        model_id = path.removeprefix("/v1/models/")
+        entry = cache[2].get(model_id)
+        if entry is None:
+            await self._refuse(send, ModelNotFound(model_id), principal)
+        else:
+            await send_body(send, 200, entry)
+            self._metrics.count_request(principal, model_id, "", 200)
+
+    # -- completions ---------------------------------------------------------------------------
+
+    async def _completion(self, kind: RunKind, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = time.perf_counter()
+        principal: Principal | None = None
+        model = ""  # a metrics label: only ids of the catalog, never what a client made up
+        provider = ""
+        status = 200
+        watcher: asyncio.Task[None] | None = None
+        gone = _Disconnect()
+        try:
+            principal = self._authenticator.authenticate(header(scope, b"authorization"))
+            raw = await self._read_body(scope, receive)
+            request = parse_request(kind, raw)
+            snapshot = self._dispatcher.snapshot
+            route = snapshot.models.get(request.model)
+            if route is None:
+                raise ModelNotFound(request.model)
+            model = route.id
+            apply_policy(request, route.generation)
+            long = is_long(request, snapshot.long_context_threshold_tokens)
+            task = asyncio.current_task()
+            assert task is not None
+            watcher = guarded_task(
+                _watch(receive, task, gone),
+                name=f"edge-http-disconnect-{id(task):x}",
+                logger=logger,
+            )
+            async with self._relay.open(request, long, principal) as run:
+                provider = run.provider_id
+                if request.stream:
+                    status = await self._stream(run, send, arrived, model, request.include_usage)
+                else:
+                    status = await self._respond(run, send, arrived, model)
+                gone.finished = True
+        except EdgeError as error:
+            gone.finished = True  # what the watcher sees next is the end of this answer
+            status = await self._refuse(send, error)
+        except _ClientGone:
+            status = _CLIENT_GONE
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if gone.seen and task is not None and task.uncancel() == 0:
+                status = _CLIENT_GONE  # our own cancellation: the client left, nothing to send
+            else:
+                raise
+        except Exception:
+            status = 500  # a bug: uvicorn logs it and answers 500
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            self._metrics.count_request(principal, model, provider, status)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self._max_request_bytes
+        length = header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLarge(_too_large(limit))
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > limit:
+                raise PayloadTooLarge(_too_large(limit))
+            return body
+        parts = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            part = message.get("body", b"")
+            size += len(part)
+            if size > limit:
+                raise PayloadTooLarge(_too_large(limit))
+            parts.append(part)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def _respond(self, run: RelayedRun, send: Send, arrived: float, model: str) -> int:
+        """A non-streaming answer: the Node's one chunk is the whole body."""
+        body = b""
+        async for event in run:
+            if isinstance(event, RunChunk):
+                body = event.data
+                self._metrics.observe_first_token(model, time.perf_counter() - arrived)
+            elif isinstance(event, RunDone):
+                await send_body(send, 200, body)
+                return 200
+            elif isinstance(event, RunFailed):
+                return await self._refuse(send, upstream_error(event))
+        return await self._refuse(send, _ended_early())
+
+    async def _stream(
+        self, run: RelayedRun, send: Send, arrived: float, model: str, include_usage: bool
+    ) -> int:
+        """An SSE answer: one `data:` event per chunk, then `data: [DONE]`."""
+        started = False
+        async for event in run:
+            if isinstance(event, RunChunk):
+                if event.usage_only and not include_usage:
+                    continue
+                if not started:
+                    started = True
+                    self._metrics.observe_first_token(model, time.perf_counter() - arrived)
+                    await send(
+                        {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                    )
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + event.data + b"\n\n",
+                        "more_body": True,
+                    }
+                )
+            elif isinstance(event, RunDone):
+                if not started:
+                    await send(
+                        {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                    )
+                await send({"type": "http.response.body", "body": _DONE, "more_body": False})
+                return 200
+            elif isinstance(event, RunFailed):
+                error = upstream_error(event)
+                if not started:
+                    return await self._refuse(send, error)
+                status, data = error_event(error)
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return status
+        if not started:
+            return await self._refuse(send, _ended_early())
+        status, data = error_event(_ended_early())
+        await send({"type": "http.response.body", "body": data, "more_body": False})
+        return status
+
+    async def _refuse(
+        self, send: Send, error: EdgeError, principal: Principal | None = None
+    ) -> int:
+        response = error_response(error)
+        await send(
+            {"type": "http.response.start", "status": response.status, "headers": response.headers}
+        )
+        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+        if principal is not None:
+            self._metrics.count_request(principal, "", "", response.status)
+        return response.status
+
+
+class _Disconnect:
+    __slots__ = ("finished", "seen")
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.finished = False
+
+
+async def _watch(receive: Receive, task: asyncio.Task[Any], gone: _Disconnect) -> None:
+    """Cancel `task` when its client disconnects (the body is read: only that can arrive)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not gone.finished:
+                gone.seen = True
+                task.cancel()
+            return
+
+
+def _ended_early() -> EdgeError:
+    return UpstreamError("The run ended without a result.", "incomplete_run", 502)
+
+
+def _too_large(limit: int) -> str:
+    return f"The request body is larger than the limit of {limit} bytes."

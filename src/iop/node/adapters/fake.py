@@ -1,0 +1,73 @@
+"""The `fake` adapter: a deterministic generator inside the Node, for demos, tests and benchmarks.
+
+It answers exactly what the fake upstream would (the same module builds the bytes), paced by
+`latency_ms` (time to the first token) and `tokens_per_second`, without any network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+
+from iop.edgeconfig import FakeAdapter as FakeSettings
+from iop.fakes import OpenAIError, parse_request, tokens
+from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
+
+__all__ = ["FakeGenerator"]
+
+
+class FakeGenerator:
+    """Implements `Adapter` for `adapter: {type: fake}`."""
+
+    def __init__(self, provider_id: str, settings: FakeSettings) -> None:
+        self.provider_id = provider_id
+        self.settings = settings
+        self.closed = False
+
+    @property
+    def health(self) -> ProviderHealth:
+        return ProviderHealth(self.provider_id, healthy=not self.closed)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    async def run(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:
+        try:
+            completion = parse_request(
+                request.kind,
+                request.body,
+                default_tokens=self.settings.completion_tokens,
+                models=(),
+                now=int(time.time()),
+            )
+        except OpenAIError as refusal:
+            yield statuses.upstream_http_failure(refusal.status, refusal.body)
+            return
+        latency = self.settings.latency_ms / 1000
+        speed = self.settings.tokens_per_second
+        interval = 1 / speed if speed else 0.0
+        usage = completion.usage
+        if not completion.stream:
+            delay = latency + interval * completion.completion_tokens
+            if delay:
+                await asyncio.sleep(delay)
+            yield RunChunk(completion.response())
+        else:
+            loop = asyncio.get_running_loop()
+            if latency:
+                await asyncio.sleep(latency)
+            first = completion.first_chunk()
+            if first is not None:
+                yield RunChunk(first)
+            start = loop.time()
+            for index, token in enumerate(tokens(completion.completion_tokens)):
+                if interval and index:
+                    await asyncio.sleep(max(0.0, start + index * interval - loop.time()))
+                yield RunChunk(completion.token_chunk(token))
+            yield RunChunk(completion.final_chunk())
+            usage_chunk = completion.usage_chunk()
+            if usage_chunk is not None:
+                yield RunChunk(usage_chunk, usage_only=True)
+        yield RunUsage(usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+        yield RunDone(completion.finish_reason)

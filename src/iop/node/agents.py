@@ -1,0 +1,134 @@
+"""The Node agent: one router shared by connections to every Edge replica.
+
+In production the Edge runs as several replicas behind a Service, and every replica must be able
+to dispatch to every Node. The agent keeps one `EdgeConnection` per Edge address: the addresses
+given (`edges`), plus every address a service name resolves to (`services`, for a headless
+Service), re-resolved periodically so replicas that come and go are followed. All connections
+share one `Router`, so a provider's capacity holds across all Edges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import uuid
+from collections.abc import Sequence
+
+from iop.aiokits import AsyncService, guarded_task, stop_tasks
+from iop.edgeconfig import split_listener
+
+from .connecting import Backoff, EdgeConnection, NodeIdentity
+from .routing import Router
+
+__all__ = ["NodeAgent"]
+
+logger = logging.getLogger(__name__)
+
+
+class NodeAgent(AsyncService):
+    """`async with NodeAgent(edges=[...], node_id=..., token=...) as agent:` runs the Node."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        token: str,
+        edges: Sequence[str] = (),
+        services: Sequence[str] = (),
+        alias: str | None = None,
+        drain_timeout: float = 60.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 10.0,
+        heartbeat_interval: float = 15.0,
+        resolve_interval: float = 30.0,
+    ) -> None:
+        if not edges and not services:
+            raise ValueError("a node needs at least one Edge address or service name")
+        for address in (*edges, *services):
+            split_listener(address)
+        self.identity = NodeIdentity(node_id, token, alias, instance_id=uuid.uuid4().hex[:12])
+        self.router = Router(drain_timeout=drain_timeout)
+        self._edges = tuple(edges)
+        self._services = tuple(services)
+        self._backoff = (backoff_initial, backoff_max)
+        self._heartbeat_interval = heartbeat_interval
+        self._resolve_interval = resolve_interval
+        self.connections: dict[str, EdgeConnection] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._resolver: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        for address in self._edges:
+            self._connect(address)
+        if self._services:
+            await self._resolve_once()
+            self._resolver = guarded_task(
+                self._resolve_forever(), name="node-resolver", logger=logger
+            )
+
+    async def stop(self) -> None:
+        """Drop every connection (their runs are cancelled), then close the adapters."""
+        tasks = list(self._tasks.values())
+        if self._resolver is not None:
+            tasks.append(self._resolver)
+        await stop_tasks(tasks)
+        self._tasks.clear()
+        await self.router.aclose()
+
+    async def wait_connected(self, count: int | None = None) -> None:
+        """Until `count` connections (default: all current) have been welcomed."""
+        connections = list(self.connections.values())
+        waits = [c.connected.wait() for c in connections]
+        if count is None or count >= len(waits):
+            await asyncio.gather(*waits)
+            return
+        while sum(c.connected.is_set() for c in connections) < count:
+            await asyncio.sleep(0.01)
+
+    def _connect(self, address: str) -> None:
+        if address in self.connections:
+            return
+        connection = EdgeConnection(
+            address,
+            self.identity,
+            self.router,
+            backoff=Backoff(*self._backoff),
+            heartbeat_interval=self._heartbeat_interval,
+        )
+        self.connections[address] = connection
+        self._tasks[address] = guarded_task(
+            connection.run(), name=f"edge-connection-{address}", logger=logger
+        )
+
+    async def _disconnect(self, address: str) -> None:
+        task = self._tasks.pop(address, None)
+        self.connections.pop(address, None)
+        if task is not None:
+            await stop_tasks([task])
+
+    async def _resolve_once(self) -> None:
+        wanted = set(self._edges)
+        loop = asyncio.get_running_loop()
+        for service in self._services:
+            host, port = split_listener(service)
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                logger.warning("cannot resolve %s: %s", service, exc)
+                wanted |= {a for a in self.connections if a not in self._edges}
+                continue
+            for family, _, _, _, sockaddr in infos:
+                ip = str(sockaddr[0])
+                wanted.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+        for address in sorted(wanted - set(self.connections)):
+            logger.info("new Edge address %s", address)
+            self._connect(address)
+        for address in sorted(set(self.connections) - wanted):
+            logger.info("Edge address %s is gone", address)
+            await self._disconnect(address)
+
+    async def _resolve_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._resolve_interval)
+            await self._resolve_once()

@@ -1,0 +1,291 @@
+"""The Node's router: the adapter registry in use, capacity across every Edge, swap with drain.
+
+A registry is an immutable map of provider id -> `Provision` (the provider's payload and its
+adapter), built from a config payload. `Router.apply` builds the next registry and swaps one
+reference: new runs use the new registry at once. An adapter whose settings did not change is
+carried over (its connection pool stays warm); every other old adapter is closed only after the
+runs still using it have finished, bounded by the drain timeout, and the drain is reported.
+
+Capacity is a limit on the provider, not on one Edge: the in-flight counters live here, per
+provider id, shared by the connections to every Edge and kept across swaps. A run beyond
+`capacity` (or beyond `long_context_slots` for a long-context run) is refused at once with the
+retryable `provider_busy`, which the Edge reads as "try another candidate or wait".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import orjson
+
+from iop.aiokits import guarded_task, stop_tasks
+from iop.edgeconfig import NodePayload, ProviderPayload
+from iop.wire import TERMINAL_EVENTS, ProviderHealth, RunEvent, RunFailed, RunRequest, statuses
+
+from .adapters import Adapter, AdapterError, build_adapter
+
+__all__ = ["AdapterRuns", "DrainReport", "Provision", "Registry", "Router"]
+
+logger = logging.getLogger(__name__)
+
+
+class AdapterRuns:
+    """The runs using one adapter, shared by every registry that carries the adapter over.
+
+    A run releases through the `Provision` it was admitted with, which may belong to a registry
+    swapped out since; sharing the counter keeps the count right in the registry in use.
+    """
+
+    __slots__ = ("active", "idle")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+
+@dataclass(eq=False, slots=True)
+class Provision:
+    """One provider in a registry: its payload, its adapter and the runs using that adapter."""
+
+    payload: ProviderPayload
+    adapter: Adapter | None
+    problem: str = ""
+    runs: AdapterRuns = field(default_factory=AdapterRuns)
+
+    @property
+    def active(self) -> int:
+        return self.runs.active
+
+    @property
+    def settings_key(self) -> bytes:
+        return orjson.dumps(self.payload.adapter, option=orjson.OPT_SORT_KEYS)
+
+    @property
+    def health(self) -> ProviderHealth:
+        if self.adapter is None:
+            return ProviderHealth(self.payload.id, False, self.problem)
+        return self.adapter.health
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    """An immutable provider id -> `Provision` map, with the payload it was built from."""
+
+    provisions: Mapping[str, Provision]
+    payload: NodePayload | None
+    digest: str
+
+    @classmethod
+    def empty(cls) -> Registry:
+        return cls(MappingProxyType({}), None, "")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """How closing the adapters a swap replaced went."""
+
+    provider_ids: tuple[str, ...]
+    waited_s: float
+    #: Runs still in flight when the drain timeout ran out (their adapter was closed anyway).
+    cut_runs: int
+
+
+class Router:
+    """Admits, runs and counts runs; swaps registries. One per Node process, shared by all Edges."""
+
+    def __init__(self, *, drain_timeout: float = 60.0) -> None:
+        self._registry = Registry.empty()
+        self._drain_timeout = drain_timeout
+        self._in_flight: dict[str, int] = {}
+        self._long_in_flight: dict[str, int] = {}
+        self._drains: set[asyncio.Task[DrainReport]] = set()
+        self.drain_reports: deque[DrainReport] = deque(maxlen=32)
+        self._listeners: list[Callable[[list[ProviderHealth]], None]] = []
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    def in_flight(self) -> dict[str, int]:
+        return {pid: n for pid, n in self._in_flight.items() if n}
+
+    def health(self) -> list[ProviderHealth]:
+        return [p.health for p in self._registry.provisions.values()]
+
+    def add_health_listener(self, callback: Callable[[list[ProviderHealth]], None]) -> None:
+        """`callback(health)` after every swap, with the health of every provider."""
+        self._listeners.append(callback)
+
+    # -- swapping ----------------------------------------------------------------------------------
+
+    def apply(self, payload: NodePayload, digest: str | None = None) -> bool:
+        """Make `payload` the config in use; False when it is the one in use already.
+
+        `digest` is `payload.digest` when the caller has it already. Never raises for a bad
+        provider: that provider gets no adapter and reports itself unhealthy with the reason,
+        the others run.
+        """
+        digest = payload.digest if digest is None else digest
+        if digest == self._registry.digest:
+            return False
+        old = self._registry
+        provisions: dict[str, Provision] = {}
+        carried: set[int] = set()
+        for provider in payload.providers:
+            previous = old.provisions.get(provider.id)
+            key = orjson.dumps(provider.adapter, option=orjson.OPT_SORT_KEYS)
+            if (
+                previous is not None
+                and previous.adapter is not None
+                and previous.settings_key == key
+            ):
+                provision = Provision(provider, previous.adapter, runs=previous.runs)
+                carried.add(id(previous))
+            else:
+                try:
+                    provision = Provision(provider, build_adapter(provider))
+                except AdapterError as exc:
+                    logger.error("%s", exc)
+                    provision = Provision(provider, None, problem=str(exc))
+            provisions[provider.id] = provision
+        self._registry = Registry(MappingProxyType(provisions), payload, digest)
+        retired = [p for p in old.provisions.values() if id(p) not in carried]
+        logger.info(
+            "config %s applied: %d provider(s), %d adapter(s) retired",
+            digest[:12],
+            len(provisions),
+            len(retired),
+        )
+        if retired:
+            task = guarded_task(self._drain(retired), name=f"drain-{digest[:12]}", logger=logger)
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
+        health = self.health()
+        for listener in self._listeners:
+            listener(health)
+        return True
+
+    async def _drain(self, retired: list[Provision]) -> DrainReport:
+        start = time.monotonic()
+        busy = [p for p in retired if p.active]
+        if busy:
+            waits = [asyncio.ensure_future(p.runs.idle.wait()) for p in busy]
+            try:
+                await asyncio.wait(waits, timeout=self._drain_timeout)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        cut = sum(p.active for p in retired)
+        for provision in retired:
+            if provision.adapter is not None:
+                try:
+                    await provision.adapter.aclose()
+                except Exception:
+                    logger.exception("closing the adapter of %s failed", provision.payload.id)
+        report = DrainReport(
+            tuple(p.payload.id for p in retired), round(time.monotonic() - start, 3), cut
+        )
+        self.drain_reports.append(report)
+        if cut:
+            logger.warning(
+                "drain timed out after %.0fs: %d run(s) cut on %s",
+                self._drain_timeout,
+                cut,
+                ", ".join(report.provider_ids),
+            )
+        else:
+            logger.info(
+                "retired adapters of %s closed after %.3fs",
+                ", ".join(report.provider_ids),
+                report.waited_s,
+            )
+        return report
+
+    async def aclose(self) -> None:
+        """Close every adapter: the current ones (after their runs end) and any still draining."""
+        retired = list(self._registry.provisions.values())
+        self._registry = Registry.empty()
+        if retired:
+            await self._drain(retired)
+        await stop_tasks(self._drains)
+
+    # -- running -----------------------------------------------------------------------------------
+
+    def admit(self, request: RunRequest) -> Provision | RunFailed:
+        """Take a capacity slot for `request`, or say why not (retryable: `provider_busy`)."""
+        provision = self._registry.provisions.get(request.provider_id)
+        if provision is None:
+            return statuses.failure(
+                statuses.UNKNOWN_PROVIDER,
+                f"this node has no provider {request.provider_id!r} in its current config",
+            )
+        if provision.adapter is None:
+            return statuses.failure(statuses.PROVIDER_UNHEALTHY, provision.problem)
+        pid = request.provider_id
+        payload = provision.payload
+        if self._in_flight.get(pid, 0) >= payload.capacity:
+            return statuses.failure(
+                statuses.PROVIDER_BUSY,
+                f"provider {pid} is at capacity ({payload.capacity} runs, across all Edges)",
+            )
+        if request.long_context:
+            slots = payload.long_context_slots
+            if slots is not None and self._long_in_flight.get(pid, 0) >= slots:
+                return statuses.failure(
+                    statuses.PROVIDER_BUSY,
+                    f"provider {pid} has no free long-context slot ({slots}, across all Edges)",
+                )
+            self._long_in_flight[pid] = self._long_in_flight.get(pid, 0) + 1
+        self._in_flight[pid] = self._in_flight.get(pid, 0) + 1
+        provision.runs.active += 1
+        provision.runs.idle.clear()
+        return provision
+
+    def release(self, request: RunRequest, provision: Provision) -> None:
+        pid = request.provider_id
+        self._in_flight[pid] -= 1
+        if request.long_context:
+            self._long_in_flight[pid] -= 1
+        runs = provision.runs
+        runs.active -= 1
+        if not runs.active:
+            runs.idle.set()
+
+    async def execute(
+        self, request: RunRequest, provision: Provision, emit: Callable[[RunEvent], object]
+    ) -> None:
+        """Run an admitted request, `emit`ting its events; releases the slot however it ends.
+
+        Cancellation (the Edge's Cancel, a lost connection) aborts the adapter's work at once
+        and emits nothing more.
+        """
+        adapter = provision.adapter
+        assert adapter is not None
+        terminal = False
+        try:
+            events = adapter.run(request)
+            try:
+                async for event in events:
+                    emit(event)
+                    if isinstance(event, TERMINAL_EVENTS):
+                        terminal = True
+                        break
+            finally:
+                await events.aclose()
+            if not terminal:
+                emit(
+                    statuses.failure(statuses.INTERNAL_ERROR, "the adapter ended without a result")
+                )
+        except Exception as exc:
+            logger.exception("run %s on %s failed", request.run_id, request.provider_id)
+            if not terminal:
+                emit(statuses.failure(statuses.INTERNAL_ERROR, f"the adapter failed: {exc!r}"))
+        finally:
+            self.release(request, provision)

@@ -1,0 +1,201 @@
+"""The operator's client of the Edge's admin HTTP API (docs/refresh.md): apply, and read status.
+
+The operator never imports the Edge: it talks to each replica over the same API `iop edge
+reload` uses, with the replica's admin token. Answers are read into small values here, and
+every failure becomes an `AdminApiError` naming the replica, so the reconcile can say who
+failed and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import orjson
+
+from iop.aiokits import AsyncService
+
+from .discovering import EdgeReplica
+from .errors import AdminApiError, AdminRefused, AdminUnreachable
+
+__all__ = ["ApplyReport", "EdgeAdmin", "NodePushResult", "NodeState", "ReplicaStatus", "apply_body"]
+
+#: How long one replica may take to apply: its own wait for node acks is 10 s.
+_APPLY_TIMEOUT_S: Final = 30.0
+_STATUS_TIMEOUT_S: Final = 5.0
+_CONNECT_TIMEOUT_S: Final = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One node as one replica sees it (`GET /status`)."""
+
+    node_id: str
+    connected: bool
+    current: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """What one replica runs, and which of its nodes run that config's payload."""
+
+    config_hash: str
+    generation: int
+    nodes: tuple[NodeState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodePushResult:
+    """One node's push in an apply: acked, failed, not_connected or held (for its restart)."""
+
+    node_id: str
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyReport:
+    """The part of a replica's refresh report the operator acts on."""
+
+    config_hash: str
+    generation: int
+    changed: bool
+    pushes: tuple[NodePushResult, ...]
+    #: The replica's own time for the apply, node acks included.
+    duration_ms: float
+    message: str
+
+
+def apply_body(document: Mapping[str, Any], restarting: Sequence[str]) -> bytes:
+    """The `POST /refresh` body, encoded once and sent to every replica."""
+    return orjson.dumps({"mode": "apply", "config": document, "restarting": list(restarting)})
+
+
+class EdgeAdmin(AsyncService):
+    """One pooled session for every replica of every EdgeConfig."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=_APPLY_TIMEOUT_S, connect=_CONNECT_TIMEOUT_S)
+        self._session = aiohttp.ClientSession(timeout=timeout)
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def status(self, replica: EdgeReplica, token: str | None) -> ReplicaStatus:
+        """`GET /status`: the config hash in use and each node's currency."""
+        document = await self._call(replica, "GET", "/status", None, token, _STATUS_TIMEOUT_S)
+        try:
+            return ReplicaStatus(
+                config_hash=str(document["config_hash"]),
+                generation=int(document["generation"]),
+                nodes=tuple(
+                    NodeState(str(n["node_id"]), bool(n["connected"]), bool(n["current"]))
+                    for n in document["nodes"]
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdminRefused(
+                replica.name, f"unexpected /status answer: {exc!r}", status=200
+            ) from exc
+
+    async def apply(self, replica: EdgeReplica, body: bytes, token: str | None) -> ApplyReport:
+        """`POST /refresh` apply; a refusal raises `AdminRefused` with the replica's reason."""
+        report = await self._call(replica, "POST", "/refresh", body, token, _APPLY_TIMEOUT_S)
+        try:
+            return ApplyReport(
+                config_hash=str(report["config_hash"]),
+                generation=int(report["generation"]),
+                changed=bool(report["changed"]),
+                pushes=tuple(
+                    NodePushResult(str(p["node_id"]), str(p["status"]), str(p.get("reason", "")))
+                    for p in report["pushes"]
+                ),
+                duration_ms=float(report.get("duration_ms", 0.0)),
+                message=str(report.get("message", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdminRefused(
+                replica.name, f"unexpected refresh report: {exc!r}", status=200
+            ) from exc
+
+    async def _call(
+        self,
+        replica: EdgeReplica,
+        method: str,
+        route: str,
+        body: bytes | None,
+        token: str | None,
+        timeout: float,
+    ) -> dict[str, Any]:
+        if self._session is None:
+            raise RuntimeError("EdgeAdmin is not started")
+        if not replica.admin_url:
+            raise AdminUnreachable(replica.name, "it has no address yet")
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            async with self._session.request(
+                method,
+                replica.admin_url + route,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout, connect=_CONNECT_TIMEOUT_S),
+            ) as response:
+                raw = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise AdminUnreachable(
+                replica.name, f"admin API at {replica.admin_url} unreachable: {_describe(exc)}"
+            ) from exc
+        try:
+            document = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            document = None
+        if status == 200 and isinstance(document, dict):
+            return document
+        raise _refusal(replica, status, document)
+
+
+def _refusal(replica: EdgeReplica, status: int, document: object) -> AdminApiError:
+    answer = document if isinstance(document, dict) else {}
+    if status == 401:
+        return AdminRefused(
+            replica.name,
+            "the admin API refused the token (401): check the admin Secret",
+            status=401,
+        )
+    if status == 409:
+        scopes = tuple(str(s) for s in answer.get("restart_scopes") or ())
+        paths = [str(p.get("path")) for p in answer.get("restart_required_paths") or ()]
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        return AdminRefused(
+            replica.name,
+            f"it needs a restart for {shown or 'this change'} (scopes {', '.join(scopes)})",
+            status=409,
+            restart_scopes=scopes,
+        )
+    if status == 422:
+        problems = [f"{p.get('path')}: {p.get('message')}" for p in answer.get("problems") or ()]
+        return AdminRefused(
+            replica.name, f"it found the config invalid: {'; '.join(problems[:3])}", status=422
+        )
+    error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+    message = error.get("message") if isinstance(error, dict) else None
+    return AdminRefused(
+        replica.name, f"answered {status}: {message or 'no details'}", status=status
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc) or type(exc).__name__
+    return text[:200]

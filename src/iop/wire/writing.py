@@ -1,0 +1,112 @@
+"""The single writer of one stream direction, which coalesces without adding latency.
+
+A grpc.aio message costs 110-200 us of CPU on each side, far more than the bytes in it, so each
+direction of a Node-Edge stream has exactly one writer task. Producers `put` items and never
+wait. When the writer is idle an item goes out at once, alone; while a write is in flight,
+whatever producers put queues up, and the next write sends all of it as one message. Under light
+load that is one message per item with no delay; under heavy load the batches grow by themselves
+and the per-message cost is shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Generic, Self, TypeVar
+
+from iop.aiokits import guarded_task, stop_tasks
+
+__all__ = ["CoalescingWriter"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+class CoalescingWriter(Generic[T]):
+    """Sends the items put into it through `send(batch)`, one batch per write.
+
+    Use it as `async with CoalescingWriter(send, name=...) as writer:`; leaving the block stops
+    the writer (items still queued are dropped: the stream is going away). When `send` raises,
+    the writer stops, `task` holds the error and further `put`s are ignored.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[Sequence[T]], Awaitable[None]],
+        *,
+        name: str,
+        max_items: int = 2048,
+    ) -> None:
+        self._send = send
+        self._name = name
+        self._max_items = max_items
+        self._queue: list[T] = []
+        self._wakeup: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.messages_sent = 0
+        self.items_sent = 0
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = guarded_task(self._run(), name=self._name, logger=logger)
+
+    async def stop(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            await stop_tasks([self._task])
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        """The writer task: done when the writer stopped or its `send` failed."""
+        if self._task is None:
+            raise RuntimeError(f"writer {self._name} was never started")
+        return self._task
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or (self._task is not None and self._task.done())
+
+    def put(self, item: T) -> bool:
+        """Queue `item` for the next write; False (and dropped) when the writer has stopped."""
+        if self.closed:
+            return False
+        self._queue.append(item)
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+        return True
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self._queue:
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
+                    self._wakeup = None
+                if len(self._queue) <= self._max_items:
+                    batch, self._queue = self._queue, []
+                else:
+                    batch = self._queue[: self._max_items]
+                    del self._queue[: self._max_items]
+                await self._send(batch)
+                self.messages_sent += 1
+                self.items_sent += len(batch)
+        finally:
+            self._closed = True
