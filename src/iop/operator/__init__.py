@@ -1,8 +1,15 @@
-"""The kopf operator for the EdgeConfig custom resource (`iop operator ...`).
+"""The kopf operator for the EdgeConfig custom resource (`iop operator ...`, docs/operator.md).
 
 It lives at `src/iop/operator/`, so it is only ever imported as `iop.operator`: nothing puts
 `src/iop/` on `sys.path`, and the standard library's `operator` stays the one `import operator`
 finds (tests/test_layout.py pins this).
+
+The operator talks to the Edge only over its admin HTTP API and imports nothing of `iop.edge`
+(import-linter holds it to that); the config model (`iop.edgeconfig`) is the one thing they share.
 """
 
-__all__: list[str] = []
+from .crds import crd_yaml, edgeconfig_crd
+from .reconciling import PassTimings
+from .running import OperatorOptions, run_operator
+
+__all__ = ["OperatorOptions", "PassTimings", "crd_yaml", "edgeconfig_crd", "run_operator"]

@@ -40,7 +40,10 @@ def plan_warnings(change: ChangeReport | None, desired: EdgeConfig, desired_hash
     elif not change.changed:
         lines.append("plan: nothing in effect changes")
     else:
-        for path in change.restart_required_paths:
+        ordered = sorted(
+            change.restart_required_paths, key=lambda p: (p.scope != "edge", p.scope, p.path)
+        )
+        for path in ordered:  # the Edge's restart first: it is the one clients notice
             where = "edge" if path.scope == "edge" else f"node {path.scope.removeprefix('node:')}"
             lines.append(_line(f"restart {where}: {path.path}"))
         lines += [_line(f"live: {path}") for path in change.live_paths]

@@ -1,0 +1,135 @@
+"""The CRD is generated from the config model, committed, and structural."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from iop.edgeconfig import EdgeConfig
+from iop.operator import crd_yaml, edgeconfig_crd
+from iop.operator.crds import spec_schema
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
+
+
+def test_the_committed_crd_is_what_the_model_generates() -> None:
+    assert COMMITTED.read_text(encoding="utf-8") == crd_yaml(), (
+        "deploy/crds/edgeconfigs.iop.dev.yaml is stale: run "
+        "`uv run iop operator crd --output deploy/crds/edgeconfigs.iop.dev.yaml`"
+    )
+
+
+def walk(schema: dict[str, Any], path: str = "spec") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, schema)]
+    for name, child in (schema.get("properties") or {}).items():
+        found += walk(child, f"{path}.{name}")
+    if "items" in schema:
+        found += walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        found += walk(schema["additionalProperties"], f"{path}.*")
+    return found
+
+
+SPEC = walk(spec_schema())
+FIELDS = [(p, s) for p, s in SPEC if p != "spec" and not p.endswith(("[]", ".*"))]
+
+
+@pytest.mark.parametrize(("path", "schema"), SPEC, ids=[p for p, _ in SPEC])
+def test_every_node_is_structural(path: str, schema: dict[str, Any]) -> None:
+    assert "type" in schema, path
+    for forbidden in ("$ref", "anyOf", "oneOf", "allOf", "default", "title", "x-iop-apply"):
+        assert forbidden not in schema, (path, forbidden)
+    if schema["type"] == "object":
+        assert "properties" in schema or "additionalProperties" in schema, path
+
+
+@pytest.mark.parametrize(("path", "schema"), FIELDS, ids=[p for p, _ in FIELDS])
+def test_every_field_says_whether_a_change_is_live(path: str, schema: dict[str, Any]) -> None:
+    description = schema.get("description", "")
+    assert description.endswith(
+        ("applies without a restart.", "rolls the Edge.", "rolls this node's workload.")
+    ), (path, description)
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [
+        pytest.param("spec.nodes", "id", id="nodes"),
+        pytest.param("spec.nodes[].providers", "id", id="providers"),
+        pytest.param("spec.models", "id", id="models"),
+        pytest.param("spec.openai.principalTokens", "tokenRef", id="principal-tokens"),
+    ],
+)
+def test_lists_of_items_are_maps_keyed_by_id(path: str, key: str) -> None:
+    schema = dict(SPEC)[path]
+    assert schema["x-kubernetes-list-type"] == "map"
+    assert schema["x-kubernetes-list-map-keys"] == [key]
+    assert key in schema["items"]["required"]
+
+
+def test_bounds_enums_and_nullability_come_from_the_model() -> None:
+    fields = dict(SPEC)
+    provider = "spec.nodes[].providers[]"
+    assert fields[f"{provider}.capacity"]["minimum"] == 1
+    assert fields[f"{provider}.queueTimeoutMs"] == {
+        **fields[f"{provider}.queueTimeoutMs"],
+        "minimum": 0,
+        "exclusiveMinimum": True,
+    }
+    assert fields[f"{provider}.longContextSlots"]["nullable"] is True
+    assert fields[f"{provider}.adapter.type"]["enum"] == ["openai", "fake"]
+    assert fields["spec.nodes[].tokenHashSha256"]["pattern"] == "^[0-9a-f]{64}$"
+    assert "Default: 1." in fields[f"{provider}.capacity"]["description"]
+
+
+def test_cel_rules_are_the_cheap_invariants_only() -> None:
+    rules = [
+        rule["rule"] for _, schema in SPEC for rule in schema.get("x-kubernetes-validations", ())
+    ]
+    assert sorted(rules) == sorted(
+        [
+            "self.type != 'openai' || has(self.baseUrl)",
+            "!has(self.longContextSlots) || self.longContextSlots <= "
+            "(has(self.capacity) ? self.capacity : 1)",
+        ]
+    )
+
+
+def test_every_model_field_is_in_the_schema() -> None:
+    camel = EdgeConfig.model_json_schema(by_alias=True)
+    assert set(camel["properties"]) == set(spec_schema()["properties"])
+
+
+def test_names_subresource_and_printer_columns() -> None:
+    crd = edgeconfig_crd()
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "EdgeConfig",
+        "edgeconfigs",
+        ["ec"],
+        ["iop"],
+    )
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [(c["name"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("Valid", 0),
+        ("Applied", 0),
+        ("Restart", 0),
+        ("Nodes", 0),
+        ("Age", 0),
+        ("Generation", 1),
+        ("Observed", 1),
+        ("Config", 1),
+        ("Message", 1),
+    ]
+
+
+def test_the_file_is_plain_yaml_with_a_header() -> None:
+    text = crd_yaml()
+    assert text.startswith("# Generated by `iop operator crd`")
+    assert yaml.safe_load(text) == edgeconfig_crd()

@@ -1,0 +1,89 @@
+"""What the operator writes: the rendered edge.yaml, and the compact record of the last apply."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+
+import orjson
+
+from iop.edgeconfig import config_hash, load_data, load_text
+from iop.operator.documents import (
+    AppliedState,
+    Owner,
+    RestartRecord,
+    decode_state,
+    edge_configmap,
+    render_config,
+    state_configmap,
+)
+
+OWNER = Owner("demo", "ns", "uid-1")
+
+
+def test_the_rendered_config_loads_back_to_the_same_hash(document) -> None:
+    config = load_data(document)
+    text = render_config(config)
+    assert text.startswith("{") and "\n" not in text  # compact JSON: YAML, parsed at C speed
+    assert config_hash(load_text(text)) == config_hash(config)
+    assert "max_queue" not in text  # only what the spec set
+
+
+def test_a_camel_case_spec_renders_snake_case(document) -> None:
+    document["nodes"][0]["tokenHashSha256"] = document["nodes"][0].pop("token_hash_sha256")
+    assert "token_hash_sha256" in render_config(load_data(document))
+
+
+def test_the_edge_configmap_is_owned_and_stamped(document) -> None:
+    config = load_data(document)
+    body = edge_configmap(OWNER, config, config_hash(config))
+    metadata = body["metadata"]
+    assert metadata["name"] == "demo-edge"
+    assert metadata["annotations"] == {"iop.dev/config-hash": config_hash(config)}
+    assert metadata["ownerReferences"][0]["uid"] == "uid-1"
+    assert body["data"]["edge.yaml"] == render_config(config)
+
+
+def test_the_record_round_trips_compressed(document) -> None:
+    config = load_data(document)
+    state = AppliedState(
+        config,
+        config_hash(config),
+        7,
+        {"Deployment/demo-edge": "ab" * 32},
+        (RestartRecord("node:node-2", "cd" * 32),),
+    )
+    body = state_configmap(OWNER, state)
+    packed = base64.b64decode(body["binaryData"]["config.json.gz"])
+    assert len(packed) < len(render_config(config))
+    assert decode_state(orjson.loads(orjson.dumps(body))) == state
+
+
+def test_many_nodes_compress_about_tenfold(document) -> None:
+    template = document["nodes"][0]
+    document["nodes"] = [
+        {
+            **template,
+            "id": f"node-{n}",
+            "token_hash_sha256": f"{n:064x}",
+            "providers": [{**p, "id": f"{p['id']}-{n}"} for p in template["providers"]],
+        }
+        for n in range(300)
+    ]
+    document["models"] = [{"id": "m", "providers": {"pa-0": "served-1"}}]
+    config = load_data(document)
+    body = state_configmap(OWNER, AppliedState(config, config_hash(config), 1))
+    plain = len(render_config(config))
+    packed = len(gzip.decompress(base64.b64decode(body["binaryData"]["config.json.gz"])))
+    assert packed == plain
+    assert len(base64.b64decode(body["binaryData"]["config.json.gz"])) * 5 < plain
+
+
+def test_an_unreadable_record_means_starting_afresh(document) -> None:
+    config = load_data(document)
+    body = state_configmap(OWNER, AppliedState(config, config_hash(config), 1))
+    broken = {**body, "binaryData": {"config.json.gz": base64.b64encode(b"not gzip").decode()}}
+    assert decode_state(broken) is None
+    lying = {**body, "data": {**body["data"], "configHash": "0" * 64}}
+    assert decode_state(lying) is None
+    assert decode_state({"metadata": {"name": "x"}}) is None
