@@ -1,0 +1,451 @@
+"""Fixtures for the operator's end-to-end tests: the CRD, `iop operator run` as a real process,
+the webhook configuration that points the API server at it, and EdgeConfig documents.
+
+Two ways the Edge runs in these tests:
+
+- on the host (`host_stack`): `iop edge run` and `iop node run` processes started by the test,
+  and the operator told where their admin API is (`--edge-admin`): what runs without pods;
+- as pods (`e2e/testdata/operator/`): the Edge and Node Deployments of the chart contract, run
+  by the process kubelet, with the operator finding the replicas through the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+
+from iop.processes import iop_command, spawn_edge, spawn_node, terminate
+
+if TYPE_CHECKING:
+    from e2e.conftest import KubeCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
+CLIENT_TOKEN = "sk-e2e-operator-client"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def wait_for(probe: Callable[[], object], *, timeout: float, what: str) -> None:
+    """Poll `probe` until it is truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- EdgeConfig documents ----------------------------------------------------------------------
+
+
+def host_spec() -> dict[str, Any]:
+    """A spec (camelCase, as users write it) for an Edge on the host, listening on free ports.
+
+    - model `m`: pa (priority 0, no long-context slot) and pb (priority 10, one long slot), on
+      node-1: which one answers shows priority, `enabled` and the long-context threshold;
+    - model `solo`: pd alone on node-1, slow (300 ms), capacity 1, no queue: two requests at
+      once show the capacity;
+    - model `n`: pc on node-2 (the background load's model).
+    """
+
+    def fake(pid: str, **settings: Any) -> dict[str, Any]:
+        return {
+            "id": pid,
+            "adapter": {"type": "fake", "completionTokens": 8},
+            "servedModels": [f"served-{pid[1]}"],
+            "capacity": 4,
+            **settings,
+        }
+
+    return {
+        "edge": {
+            "id": "edge-e2e",
+            "listen": "127.0.0.1:0",
+            "admin": {"listen": "127.0.0.1:0"},
+        },
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "longContextThresholdTokens": 1000,
+            "principalTokens": [
+                {
+                    "tokenRef": "e2e-app",
+                    "tokenHashSha256": sha(CLIENT_TOKEN),
+                    "principalRef": "team-e2e",
+                }
+            ],
+        },
+        "models": [
+            {"id": "m", "providers": {"pa": "served-a", "pb": "served-b"}},
+            {"id": "solo", "providers": {"pd": "served-d"}},
+            {"id": "n", "providers": {"pc": "served-c"}},
+        ],
+        "nodes": [
+            {
+                "id": "node-1",
+                "tokenHashSha256": sha("node-1-token"),
+                "providers": [
+                    fake("pa", priority=0, longContextSlots=0),
+                    fake("pb", priority=10, longContextSlots=1),
+                    fake(
+                        "pd",
+                        adapter={"type": "fake", "latencyMs": 300},
+                        capacity=1,
+                        maxQueue=0,
+                    ),
+                ],
+            },
+            {"id": "node-2", "tokenHashSha256": sha("node-2-token"), "providers": [fake("pc")]},
+        ],
+    }
+
+
+def edgeconfig(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "iop.dev/v1alpha1",
+        "kind": "EdgeConfig",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
+    for node in spec["nodes"]:
+        for item in node["providers"]:
+            if item["id"] == provider_id:
+                return item  # type: ignore[no-any-return]
+    raise KeyError(provider_id)
+
+
+# -- the cluster side ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def edgeconfig_crd(kube_cluster: KubeCluster) -> None:
+    """The EdgeConfig CRD from deploy/crds, installed and established (cluster-wide, once)."""
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev", "--timeout=30s"
+    )
+    # Established comes a moment before discovery serves the resource.
+    wait_for(
+        lambda: kube_cluster.kubectl("get", "ec", "-A", check=False).returncode == 0,
+        timeout=30,
+        what="the EdgeConfig resource to be served",
+    )
+
+
+def webhook_configuration(name: str, namespace: str, url: str | None) -> dict[str, Any]:
+    """What the chart installs (docs/operator.md, "The webhook"), for one test namespace."""
+    client: dict[str, Any] = {"url": url} if url else {
+        "service": {"name": "iop-operator-webhook", "namespace": namespace, "port": 443,
+                    "path": "/validate"}
+    }  # fmt: skip
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "validate.edgeconfigs.iop.dev",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 5,
+                "matchPolicy": "Equivalent",
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "rules": [
+                    {
+                        "apiGroups": ["iop.dev"],
+                        "apiVersions": ["v1alpha1"],
+                        "resources": ["edgeconfigs"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "clientConfig": client,
+            }
+        ],
+    }
+
+
+@dataclass
+class OperatorProcess:
+    """`iop operator run` on the host, for one namespace, logging to a file."""
+
+    cluster: KubeCluster
+    namespace: str
+    log_path: Path
+    edge_admins: list[str] = field(default_factory=list)
+    webhook_configuration: str | None = None
+    webhook_port: int = 0
+    liveness_port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = [
+            *iop_command(), "operator", "run",
+            "--namespace", self.namespace,
+            "--kubeconfig", str(self.cluster.kubeconfig),
+            "--liveness-listen", f"127.0.0.1:{self.liveness_port}",
+            "--log-level", "INFO",
+        ]  # fmt: skip
+        for url in self.edge_admins:
+            args += ["--edge-admin", url]
+        if self.webhook_configuration:
+            args += [
+                "--webhook-listen", f"127.0.0.1:{self.webhook_port}",
+                "--webhook-configuration", self.webhook_configuration,
+                "--webhook-url", f"https://127.0.0.1:{self.webhook_port}",
+            ]  # fmt: skip
+        else:
+            args.append("--no-webhook")
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        log.close()
+        wait_for(self._live, timeout=60, what="the operator's liveness endpoint")
+
+    def _live(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            pytest.fail(f"the operator exited with {self.process.returncode}:\n{self.log()}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1).is_success
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, as when a node dies under it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def start_operator(
+    kube_cluster: KubeCluster, namespace: str, edgeconfig_crd: None, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """`start_operator(edge_admins=[...], webhook=True)`: the operator, stopped at the end."""
+    started: list[OperatorProcess] = []
+    configurations: list[str] = []
+
+    def start(
+        *, edge_admins: list[str] | None = None, webhook: bool = True, port: int | None = None
+    ) -> OperatorProcess:
+        name = None
+        webhook_port = port or free_port()
+        if webhook:
+            name = f"iop-e2e-{namespace}"
+            if name not in configurations:
+                kube_cluster.apply(
+                    webhook_configuration(
+                        name, namespace, f"https://127.0.0.1:{webhook_port}/validate"
+                    )
+                )
+                configurations.append(name)
+        operator = OperatorProcess(
+            kube_cluster,
+            namespace,
+            tmp_path / f"operator-{len(started)}.log",
+            edge_admins=list(edge_admins or []),
+            webhook_configuration=name,
+            webhook_port=webhook_port,
+            liveness_port=free_port(),
+        )
+        started.append(operator)
+        operator.start()
+        return operator
+
+    yield start
+    for operator in started:
+        operator.stop()
+    for name in configurations:
+        kube_cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
+    for operator in started:
+        sys.stdout.write(f"--- {operator.log_path.name} ---\n{operator.log()[-6000:]}\n")
+
+
+# -- EdgeConfig helpers ---------------------------------------------------------------------------
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+
+
+@dataclass
+class EdgeConfigs:
+    """Read and wait on the EdgeConfigs of one namespace."""
+
+    cluster: KubeCluster
+    namespace: str
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.cluster.get("ec", name, "-n", self.namespace)  # type: ignore[no-any-return]
+
+    def apply(self, name: str, spec: dict[str, Any], *args: str) -> str:
+        return self.cluster.apply(edgeconfig(name, spec), "-n", self.namespace, *args)
+
+    def wait(
+        self,
+        name: str,
+        condition: str = "Ready",
+        status: str = "True",
+        *,
+        generation: int | None = None,
+        timeout: float = 60,
+    ) -> dict[str, Any]:
+        """Until `condition` has `status` for the newest (or the given) generation."""
+        found: dict[str, Any] = {}
+
+        def holds() -> bool:
+            nonlocal found
+            found = self.get(name)
+            wanted = generation or found["metadata"]["generation"]
+            got = conditions(found).get(condition)
+            return (
+                found.get("status", {}).get("observedGeneration") == wanted
+                and got is not None
+                and got["status"] == status
+                and got.get("observedGeneration") == wanted
+            )
+
+        try:
+            wait_for(holds, timeout=timeout, what=f"{condition}={status} on ec/{name}")
+        except BaseException:
+            sys.stdout.write(json.dumps(found.get("status"), indent=1) + "\n")
+            raise
+        return found
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        listed = self.cluster.get(
+            "events", "-n", self.namespace, "--field-selector", f"involvedObject.name={name}"
+        )
+        return sorted(listed["items"], key=lambda e: e.get("lastTimestamp") or "")
+
+
+@pytest.fixture(name="host_spec", scope="session")
+def host_spec_fixture() -> Callable[[], dict[str, Any]]:
+    """`host_spec()`: a fresh copy of the host-mode spec."""
+    return host_spec
+
+
+@pytest.fixture
+def edgeconfigs(kube_cluster: KubeCluster, namespace: str) -> EdgeConfigs:
+    return EdgeConfigs(kube_cluster, namespace)
+
+
+# -- an Edge and its Nodes on the host ------------------------------------------------------------
+
+
+@dataclass
+class HostStack:
+    """`iop edge run` and one `iop node run` per node, on the host, from a spec."""
+
+    folder: Path
+    edge: asyncio.subprocess.Process | None = None
+    nodes: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    url: str = ""
+    admin_url: str = ""
+    hub_port: int = 0
+    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    async def start(self, spec: dict[str, Any]) -> HostStack:
+        config = self.folder / "edge.yaml"
+        config.write_text(json.dumps(spec))
+        self.edge, started = await spawn_edge(config, startup_timeout=30)
+        self.stack.push_async_callback(terminate, self.edge)
+        self.url, self.admin_url = started["url"], started["admin_url"]
+        self.hub_port = started["hub_port"]
+        for node in spec["nodes"]:
+            token = self.folder / f"{node['id']}.token"
+            token.write_text(f"{node['id']}-token")
+            process = await spawn_node(self.hub_port, node["id"], token)
+            self.stack.push_async_callback(terminate, process)
+            self.nodes[node["id"]] = process
+        return self
+
+    async def restart_edge(self, spec: dict[str, Any]) -> None:
+        """A restart by hand (what the operator cannot do for an Edge outside the cluster):
+        the same admin and hub ports, the new config."""
+        assert self.edge is not None
+        await terminate(self.edge)
+        admin_port = int(self.admin_url.rsplit(":", 1)[1])
+        spec = copy.deepcopy(spec)
+        spec["edge"]["admin"]["listen"] = f"127.0.0.1:{admin_port}"
+        spec["edge"]["listen"] = f"127.0.0.1:{self.hub_port}"
+        config = self.folder / "edge.yaml"
+        config.write_text(json.dumps(spec))
+        self.edge, started = await spawn_edge(config, startup_timeout=30)
+        self.stack.push_async_callback(terminate, self.edge)
+        self.url = started["url"]
+
+    def pids(self) -> dict[str, int]:
+        assert self.edge is not None
+        return {"edge": self.edge.pid, **{n: p.pid for n, p in self.nodes.items()}}
+
+    def client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=CLIENT_TOKEN, max_retries=0)
+
+    async def wait_available(self, providers: list[str], timeout: float = 30) -> None:
+        ready: Any = None
+        async with httpx.AsyncClient(base_url=self.url) as http:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                ready = (await http.get("/readyz")).json()
+                if ready["providers_available"] == providers:
+                    return
+                await asyncio.sleep(0.05)
+        pytest.fail(f"the nodes' providers never became available: {ready}")
+
+
+@pytest.fixture
+async def host_stack(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any]], Any]]:
+    stacks: list[HostStack] = []
+
+    async def start(spec: dict[str, Any]) -> HostStack:
+        stack = HostStack(tmp_path / f"stack-{len(stacks)}")
+        stack.folder.mkdir()
+        stacks.append(stack)
+        return await stack.start(spec)
+
+    yield start
+    for stack in stacks:
+        await stack.stack.aclose()
