@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import hashlib
 import json
 import os
@@ -83,13 +82,14 @@ def host_spec() -> dict[str, Any]:
         }
 
     return {
+        # Fixed free ports, so an Edge restarted by hand runs exactly this config again.
         "edge": {
             "id": "edge-e2e",
-            "listen": "127.0.0.1:0",
-            "admin": {"listen": "127.0.0.1:0"},
+            "listen": f"127.0.0.1:{free_port()}",
+            "admin": {"listen": f"127.0.0.1:{free_port()}"},
         },
         "openai": {
-            "listen": "127.0.0.1:0",
+            "listen": f"127.0.0.1:{free_port()}",
             "longContextThresholdTokens": 1000,
             "principalTokens": [
                 {
@@ -403,19 +403,22 @@ class HostStack:
         return self
 
     async def restart_edge(self, spec: dict[str, Any]) -> None:
-        """A restart by hand (what the operator cannot do for an Edge outside the cluster):
-        the same admin and hub ports, the new config."""
+        """A restart by hand (what the operator cannot do for an Edge outside the cluster)."""
         assert self.edge is not None
         await terminate(self.edge)
-        admin_port = int(self.admin_url.rsplit(":", 1)[1])
-        spec = copy.deepcopy(spec)
-        spec["edge"]["admin"]["listen"] = f"127.0.0.1:{admin_port}"
-        spec["edge"]["listen"] = f"127.0.0.1:{self.hub_port}"
         config = self.folder / "edge.yaml"
         config.write_text(json.dumps(spec))
         self.edge, started = await spawn_edge(config, startup_timeout=30)
         self.stack.push_async_callback(terminate, self.edge)
-        self.url = started["url"]
+        self.url, self.admin_url = started["url"], started["admin_url"]
+
+    async def restart_node(self, node_id: str) -> None:
+        """A Node restarted by hand: a new process, welcomed with the current payload."""
+        await terminate(self.nodes[node_id])
+        token = self.folder / f"{node_id}.token"
+        process = await spawn_node(self.hub_port, node_id, token)
+        self.stack.push_async_callback(terminate, process)
+        self.nodes[node_id] = process
 
     def pids(self) -> dict[str, int]:
         assert self.edge is not None
@@ -424,7 +427,7 @@ class HostStack:
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=CLIENT_TOKEN, max_retries=0)
 
-    async def wait_available(self, providers: list[str], timeout: float = 30) -> None:
+    async def wait_available(self, providers: list[str], timeout: float = 90) -> None:
         ready: Any = None
         async with httpx.AsyncClient(base_url=self.url) as http:
             deadline = time.monotonic() + timeout
@@ -449,3 +452,86 @@ async def host_stack(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any]],
     yield start
     for stack in stacks:
         await stack.stack.aclose()
+
+
+# -- workloads of the chart contract (e2e/testdata/operator-chart) ----------------------------
+
+CHART = REPO / "e2e" / "testdata" / "operator-chart"
+ADMIN_TOKEN = "e2e-admin-token"
+
+
+@dataclass
+class Workloads:
+    """The chart's release in one namespace, and what its Deployments did."""
+
+    cluster: KubeCluster
+    namespace: str
+    release: str = "iop"
+
+    def install(self, values: dict[str, Any], *, wait: bool = False) -> None:
+        path = Path(self.cluster.client_home) / f"values-{self.namespace}.json"
+        path.write_text(json.dumps(values))
+        args = [
+            "upgrade",
+            "--install",
+            self.release,
+            str(CHART),
+            "-n",
+            self.namespace,
+            "-f",
+            str(path),
+        ]
+        if wait:
+            args += ["--wait", "--timeout=120s"]
+        self.cluster.helm(*args, timeout=180)
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return self.cluster.get("deployment", name, "-n", self.namespace)  # type: ignore[no-any-return]
+
+    def stamp(self, name: str) -> str:
+        template = self.deployment(name)["spec"]["template"]["metadata"]
+        return (template.get("annotations") or {}).get("iop.dev/config-hash", "")
+
+    def revisions(self) -> dict[str, int]:
+        """Deployment name -> how many pod templates it has had (its ReplicaSets)."""
+        listed = self.cluster.get("rs", "-n", self.namespace, "-l", "iop.dev/edgeconfig")
+        counts: dict[str, int] = {}
+        for rs in listed["items"]:
+            owner = rs["metadata"]["ownerReferences"][0]["name"]
+            counts[owner] = counts.get(owner, 0) + 1
+        return counts
+
+    def install_kwok(self, nodes: list[str]) -> None:
+        self.install(kwok_values(nodes))
+
+    def wait_rolled_out(self, name: str, timeout: float = 60) -> None:
+        wait_for(lambda: self.rolled_out(name), timeout=timeout, what=f"{name} to roll out")
+
+    def rolled_out(self, name: str) -> bool:
+        deployment = self.deployment(name)
+        status = deployment.get("status", {})
+        wanted = deployment["spec"]["replicas"]
+        return (
+            status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
+            and status.get("updatedReplicas", 0) == wanted
+            and status.get("replicas", 0) == wanted
+            and status.get("availableReplicas", 0) == wanted
+        )
+
+
+@pytest.fixture
+def workloads(kube_cluster: KubeCluster, namespace: str) -> Iterator[Workloads]:
+    release = Workloads(kube_cluster, namespace)
+    yield release
+    kube_cluster.helm(
+        "uninstall", release.release, "-n", namespace, "--ignore-not-found", check=False
+    )
+
+
+def kwok_values(nodes: list[str]) -> dict[str, Any]:
+    """Workloads on kwok's node: stamped and rolled by the operator, but nothing runs."""
+    return {
+        "kwok": True,
+        "edge": {"replicas": 2, "adminToken": ADMIN_TOKEN},
+        "nodes": [{"id": node, "token": f"{node}-token"} for node in nodes],
+    }

@@ -82,8 +82,8 @@ async def test_warnings_state_the_plan_and_a_dry_run_changes_nothing(
     assert dry.returncode == 0, dry.stderr
     warnings = [line for line in dry.stderr.splitlines() if line.startswith("Warning: ")]
     assert warnings == [
-        "Warning: edge.admin.listen 127.0.0.1:0 is loopback: the operator cannot reach the Edge "
-        "replicas to apply changes",
+        f"Warning: edge.admin.listen {spec['edge']['admin']['listen']} is loopback: the operator "
+        "cannot reach the Edge replicas to apply changes",
         "Warning: restart edge: openai.allow_unauthenticated",
         "Warning: restart node node-2: nodes[node-2].providers[pc].adapter.completion_tokens",
         "Warning: live: nodes[node-1].providers[pa].capacity",

@@ -1,8 +1,19 @@
-"""Deterministic OpenAI answers, shared by the Node's `fake` adapter and the fake upstream.
+"""Deterministic stand-ins for tests, demos and benchmarks.
 
-Both send the same bytes for the same request, so a test can predict every one of them.
+- `answers`: OpenAI answers, shared by the Node's `fake` adapter and the fake upstream; both send
+  the same bytes for the same request, so a test can predict every one of them.
+- `configs`: synthetic EdgeConfigs of a given size (nodes of four providers).
 """
 
 from .answers import WORDS, Completion, OpenAIError, error_body, parse_request, tokens
+from .configs import sized_spec
 
-__all__ = ["WORDS", "Completion", "OpenAIError", "error_body", "parse_request", "tokens"]
+__all__ = [
+    "WORDS",
+    "Completion",
+    "OpenAIError",
+    "error_body",
+    "parse_request",
+    "sized_spec",
+    "tokens",
+]

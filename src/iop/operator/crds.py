@@ -324,7 +324,13 @@ def status_schema() -> dict[str, Any]:
                         "address": {"type": "string"},
                         "state": {
                             "type": "string",
-                            "enum": ["Applied", "Failed", "Unreachable", "Replaced"],
+                            "enum": [
+                                "Applied",
+                                "Failed",
+                                "Unreachable",
+                                "Replaced",
+                                "AwaitingRestart",
+                            ],
                         },
                         "configHash": {"type": "string"},
                         "generation": {"type": "integer"},

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from .adminapi import ApplyReport, EdgeAdmin, ReplicaStatus
@@ -21,7 +21,10 @@ from .errors import AdminApiError, AdminRefused, AdminUnreachable
 
 __all__ = ["NodeResult", "ReplicaOutcome", "apply_on_replicas", "node_results", "read_replicas"]
 
-ReplicaState = Literal["Applied", "Failed", "Unreachable", "Replaced"]
+#: Applied: runs the desired config; Failed, Unreachable: named in Degraded; Replaced: its pod
+#: template is being rolled away (not asked); AwaitingRestart: it needs a restart the operator
+#: already waits for (an Edge outside the cluster, restarted by hand).
+ReplicaState = Literal["Applied", "Failed", "Unreachable", "Replaced", "AwaitingRestart"]
 NodeResultState = Literal["Acked", "Failed", "NotConnected", "Restarting"]
 
 
@@ -84,6 +87,7 @@ async def _apply(
     admin: EdgeAdmin, replica: EdgeReplica, body: bytes, desired_hash: str, token: str | None
 ) -> ReplicaOutcome:
     clock = time.perf_counter()
+    before: ReplicaStatus | None = None
     try:
         before = await admin.status(replica, token)
         if before.config_hash == desired_hash:
@@ -91,7 +95,7 @@ async def _apply(
         report = await admin.apply(replica, body, token)
         after = await admin.status(replica, token)
     except AdminApiError as error:
-        return _failed(replica, error, clock)
+        return replace(_failed(replica, error, clock), status=before)
     if after.config_hash != desired_hash:  # another writer raced us; the next pass sees it
         reason = f"runs config {after.config_hash[:12]} after the apply, not {desired_hash[:12]}"
         return ReplicaOutcome(
@@ -121,7 +125,11 @@ def node_results(
     """Each node across every replica that answered: Acked when it runs the desired payload on
     all of them; Restarting while its workload rolls for a restart scope; Failed when a push
     failed or it lags on a replica it is connected to; NotConnected when connected to none."""
-    answered = [o for o in outcomes if o.status is not None]
+    # Only replicas that run the desired config say whether a node runs its payload.
+    answered = [o for o in outcomes if o.status is not None and o.state == "Applied"]
+    if not answered:
+        reason = "no Edge replica runs the desired config yet"
+        return [NodeResult(node_id, "NotConnected", reason) for node_id in sorted(node_ids)]
     failures: dict[str, str] = {}
     for outcome in answered:
         for push in outcome.report.pushes if outcome.report is not None else ():

@@ -29,7 +29,7 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from iop.edgeconfig import (
@@ -211,7 +211,7 @@ class Reconciler:
                 return await self._api_failed(owner, finding, error, previous, timings)
         clock = timings.mark("replicas", clock)
 
-        failed = [o for o in outcomes if o.state != "Applied"]
+        failed = [o for o in outcomes if o.state in ("Failed", "Unreachable")]
         edge_rolls = any(r.scope == "edge" and r.config_hash == desired_hash for r in restarts)
         committed = not new_change
         if new_change and (not failed or edge_rolls):
@@ -439,6 +439,18 @@ class Reconciler:
                 restarts.append(RestartRecord(scope, desired_hash))
             if "edge" in missing:
                 break  # the Edge rolls: its replicas are replaced, not refreshed
+        waiting_for = {r.scope for r in restarts}
+        outcomes = [
+            replace(o, state="AwaitingRestart")
+            if o.state == "Failed" and o.restart_scopes and set(o.restart_scopes) <= waiting_for
+            else o
+            for o in outcomes
+        ]
+        outcomes += [
+            ReplicaOutcome(r, "Replaced", "its pod template is being replaced")
+            for r in replicas
+            if r not in current
+        ]
         if admin_port == 0 or _loopback(desired.edge.admin.listen):
             for outcome in outcomes:
                 if outcome.state == "Unreachable":
@@ -493,8 +505,9 @@ class Reconciler:
         left: list[RestartRecord] = []
         rollouts: list[RolloutRecord] = []
         pending: list[PendingRestart] = []
-        replicas_current = bool(outcomes) and all(
-            o.state == "Applied" and o.config_hash == desired_hash for o in outcomes
+        asked = [o for o in outcomes if o.state != "Replaced"]
+        replicas_current = bool(asked) and all(
+            o.state == "Applied" and o.config_hash == desired_hash for o in asked
         )
         for record in restarts:
             if record.scope == "edge":
@@ -547,7 +560,7 @@ class Reconciler:
     ) -> None:
         """Fill in Applied, Progressing and Degraded from what the pass saw."""
         for outcome in outcomes:
-            if outcome.state != "Applied":
+            if outcome.state in ("Failed", "Unreachable"):
                 finding.degraded.append(
                     f"replica {outcome.replica.name} {outcome.state.lower()}: {outcome.reason}"
                 )
@@ -569,6 +582,7 @@ class Reconciler:
         finding.pending = unique
         finding.progressing = bool(open_restarts) and not stalled
         ready = [o for o in outcomes if o.state == "Applied"]
+        asked = [o for o in outcomes if o.state != "Replaced"]
         if not committed:
             finding.waiting = ("ApplyFailed", "the change is not applied on every replica yet")
         elif open_restarts:
@@ -584,7 +598,7 @@ class Reconciler:
             finding.degraded_reason = finding.degraded_reason or "NoEdgeWorkload"
         elif not ready:
             finding.waiting = ("WaitingForReplicas", "no ready Edge replica yet")
-        elif len(ready) < len(outcomes):
+        elif len(ready) < len(asked):
             finding.waiting = ("ApplyFailed", "not every ready replica runs the desired config")
         else:
             finding.applied = True
@@ -640,7 +654,7 @@ class Reconciler:
         if len(self._said) > 256:
             self._said.clear()
         self._said.add(key)
-        await self._events.post(owner, kind, reason, message)
+        self._events.post(owner, kind, reason, message)
 
 
 def _plan(generation: int, change: ChangeReport | None) -> str:

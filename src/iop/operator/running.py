@@ -27,6 +27,7 @@ from iop.edgeconfig import split_listener
 
 from . import conventions
 from .adminapi import EdgeAdmin
+from .admitting import AdmissionServer
 from .certifying import SelfSignedCertificate, patch_ca_bundle
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
 from .errors import KubeApiError
@@ -185,8 +186,7 @@ async def run_operator(
     api = await KubeApi.connect(options.kubeconfig)
     tasks: list[asyncio.Task[None]] = []
     try:
-        async with EdgeAdmin() as admin:
-            events = EventPoster(api)
+        async with EdgeAdmin() as admin, EventPoster(api) as events:
             finder: ReplicaFinder = (
                 FixedReplicas(options.edge_admin_urls)
                 if options.edge_admin_urls
@@ -238,7 +238,9 @@ async def run_operator(
         await api.stop()
 
 
-def _webhook_server(options: OperatorOptions) -> tuple[kopf.WebhookServer, SelfSignedCertificate]:
+def _webhook_server(
+    options: OperatorOptions,
+) -> tuple[AdmissionServer, SelfSignedCertificate]:
     assert options.webhook_listen is not None
     host, port = split_listener(options.webhook_listen)
     names: list[str] = []
@@ -249,13 +251,8 @@ def _webhook_server(options: OperatorOptions) -> tuple[kopf.WebhookServer, SelfS
     if host not in ("0.0.0.0", "::"):
         names.append(host)
     certificate = SelfSignedCertificate.create(names)
-    server = kopf.WebhookServer(
-        addr=host,
-        port=port,
-        certfile=certificate.certfile,
-        pkeyfile=certificate.keyfile,
-        cadata=certificate.cert_pem,
-    )
+    url = options.webhook_url or f"https://{host}:{port}"
+    server = AdmissionServer(options.webhook_listen, certificate, f"{url.rstrip('/')}/{WEBHOOK_ID}")
     return server, certificate
 
 
