@@ -85,7 +85,9 @@ def manifest(nodes: int, capacity: int = 8, **spec: Any) -> dict[str, Any]:
 
 
 def sizes(cluster: Cluster, namespace: str) -> dict[str, int]:
-    raw = cluster.kubectl("get", "ec", "large", "-n", namespace, "-o", "json").stdout
+    raw = cluster.kubectl(
+        "get", "ec", "large", "-n", namespace, "-o", "json", "--show-managed-fields"
+    ).stdout
     obj = json.loads(raw)
     annotations = obj["metadata"].get("annotations") or {}
     return {
@@ -108,7 +110,7 @@ def by_kubectl(cluster: Cluster, nodes: int, *flags: str) -> tuple[bool, str, di
                 stdin=json.dumps(manifest(nodes, capacity)), check=False,
             )  # fmt: skip
             if result.returncode != 0:
-                return False, result.stderr.strip().splitlines()[-1][:300], {}
+                return False, _why(result.stderr), {}
         return True, "", sizes(cluster, namespace)
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
@@ -198,7 +200,7 @@ async def by_operator(
             check=False,
         )
         if created.returncode != 0:
-            return False, created.stderr.strip().splitlines()[-1][:300], {}
+            return False, _why(created.stderr), {}
         if not await asyncio.to_thread(wait, lambda: ready(cluster, namespace, 1), 300):
             return False, "not Ready: " + _tail(log), {}
         body["spec"]["nodes"][0]["providers"][0]["capacity"] = 9
@@ -212,6 +214,8 @@ async def by_operator(
             stdin=json.dumps(body),
             check=False,
         )
+        if changed.returncode != 0:
+            return False, "the change: " + _why(changed.stderr), {}
         if "Warning: live: nodes[node-0000].providers[n0000-vllm].capacity" not in changed.stderr:
             return False, f"no plan in the warnings: {changed.stderr[-300:]}", {}
         if not await asyncio.to_thread(wait, lambda: ready(cluster, namespace, 2), 300):
@@ -236,6 +240,16 @@ async def by_operator(
         await terminate(edge)
         cluster.kubectl("delete", "validatingwebhookconfiguration", webhook, check=False)
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _why(stderr: str) -> str:
+    """The line of kubectl's error that names the limit."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for marker in ("Too long", "too large", "conflict", "denied"):
+        for line in lines:
+            if marker in line:
+                return line[:300]
+    return (lines[-1] if lines else "?")[:300]
 
 
 def _tail(log: Path) -> str:
@@ -297,6 +311,9 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=("client", "server", "operator"), action="append", default=[]
     )
+    parser.add_argument(
+        "--nodes", type=int, action="append", default=[], help="try these sizes, no bisection"
+    )
     args = parser.parse_args()
     cluster = Cluster()
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
@@ -305,6 +322,17 @@ def main() -> None:
     print(f"one node of four providers: {per_node:.0f} bytes of JSON in the spec")
     results = []
     wanted = args.only or ["client", "server", "operator"]
+    if args.nodes:
+        with tempfile.TemporaryDirectory() as folder:
+            for n in args.nodes:
+                for way in wanted:
+                    if way == "operator":
+                        outcome = asyncio.run(by_operator(cluster, n, Path(folder)))
+                    else:
+                        flags = ("--server-side",) if way == "server" else ()
+                        outcome = by_kubectl(cluster, n, *flags)
+                    print(f"{way} {n}: {outcome}", flush=True)
+        return
     if "client" in wanted:
         results.append(
             ("kubectl apply", *bisect("client", 10, args.high, lambda n: by_kubectl(cluster, n)))

@@ -206,6 +206,8 @@ async def live(args: argparse.Namespace, env: dict[str, str]) -> None:
                 sent = time.monotonic()
                 await api.merge_patch(path, patch)
                 seen = await ready_generation(api, path, generation, 60)
+                while generation not in timings:  # the pass ends just after its status write
+                    await asyncio.sleep(0.001)
                 t = timings[generation]
                 rows.append(
                     {

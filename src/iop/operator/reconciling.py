@@ -185,7 +185,9 @@ class Reconciler:
             await self._write_configmap(owner, desired, desired_hash)
             clock = timings.mark("configmap", clock)
             edges = await edge_workloads(self._api, owner.namespace, owner.name)
-            nodes = await node_workloads(self._api, owner.namespace, owner.name)
+            nodes: dict[str, list[Workload]] = {}
+            if any(r.scope != "edge" for r in restarts):  # a live change rolls no node
+                nodes = await node_workloads(self._api, owner.namespace, owner.name)
             stamps = dict(state.stamps) if state is not None else {}
             edges, nodes = await self._roll(owner, restarts, edges, nodes, stamps)
             clock = timings.mark("workloads", clock)
@@ -206,6 +208,8 @@ class Reconciler:
             # A replica named a restart the classification lacked (its config was not the
             # record's, e.g. before the first apply): roll that scope after all.
             try:
+                if not nodes and any(r.scope != "edge" for r in restarts):
+                    nodes = await node_workloads(self._api, owner.namespace, owner.name)
                 edges, nodes = await self._roll(owner, restarts, edges, nodes, stamps)
             except KubeApiError as error:
                 return await self._api_failed(owner, finding, error, previous, timings)

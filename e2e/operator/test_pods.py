@@ -1,0 +1,402 @@
+"""The operator on running pods: the chart contract installed (`e2e/testdata/operator-chart`), the
+operator itself a pod with its ServiceAccount's RBAC, the Edge (two replicas) and two Nodes run
+by the process kubelet, requests through the Edge's Service with the official `openai` client.
+
+- create -> Ready, every model served;
+- each live class -> Applied with no pod restarted (same pod UIDs and PIDs), seen in requests;
+- a restart at `edge` scope -> only the Edge pods roll, and the new pods serve the new config;
+- an adapter change on one node -> only that node's workload rolls;
+- the operator killed in the middle of a roll -> it converges on restart, nothing rolls twice;
+- the webhook through its Service: an invalid spec refused with every path, the plan on a dry run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from iop.edgeconfig import config_hash, load_data
+
+CHART = Path(__file__).resolve().parents[1] / "testdata" / "operator-chart"
+
+pytestmark = pytest.mark.e2e
+
+NAME = "demo"
+EDGE, NODE_1, NODE_2 = f"{NAME}-edge", f"{NAME}-node-node-1", f"{NAME}-node-node-2"
+CLIENT_TOKEN = "sk-e2e-operator-client"
+ADMIN_TOKEN = "e2e-admin-token"
+
+
+def pod_spec(host_spec: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The host-mode spec on the chart's ports: listeners on all interfaces, the admin API
+    with the token file the chart mounts."""
+    spec = host_spec()
+    spec["edge"]["listen"] = "0.0.0.0:7443"
+    spec["edge"]["admin"] = {"listen": "0.0.0.0:9090", "tokenFile": "/etc/iop/admin/token"}
+    spec["openai"]["listen"] = "0.0.0.0:8080"
+    return spec
+
+
+@dataclass
+class PodStack:
+    cluster: Any
+    namespace: str
+    spec: dict[str, Any]
+    generation: int = 1
+
+    def kubectl(self, *args: str, **kw: Any) -> Any:
+        return self.cluster.kubectl(*args, "-n", self.namespace, **kw)
+
+    def get(self, *args: str) -> Any:
+        return self.cluster.get(*args, "-n", self.namespace)
+
+    def ec(self) -> dict[str, Any]:
+        return self.get("ec", NAME)  # type: ignore[no-any-return]
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        listed = self.get("pods", "-l", f"app.kubernetes.io/component={component}")["items"]
+        return [p for p in listed if not p["metadata"].get("deletionTimestamp")]
+
+    def identities(self) -> dict[str, tuple[str, str]]:
+        """pod name -> (uid, containerID: iop://<pid>) for the Edge and Node pods."""
+        found = {}
+        for component in ("edge", "node"):
+            for pod in self.pods(component):
+                statuses = pod["status"].get("containerStatuses") or [{}]
+                found[pod["metadata"]["name"]] = (
+                    pod["metadata"]["uid"],
+                    statuses[0].get("containerID", ""),
+                )
+        return found
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return self.get("deployment", name)  # type: ignore[no-any-return]
+
+    def stamp(self, name: str) -> str:
+        template = self.deployment(name)["spec"]["template"]["metadata"]
+        return (template.get("annotations") or {}).get("iop.dev/config-hash", "")
+
+    def revisions(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for rs in self.get("rs", "-l", "iop.dev/edgeconfig")["items"]:
+            owner = rs["metadata"]["ownerReferences"][0]["name"]
+            counts[owner] = counts.get(owner, 0) + 1
+        return counts
+
+    def base_url(self) -> str:
+        service = self.get("service", EDGE)
+        return f"http://{service['spec']['clusterIP']}:8080/v1"
+
+    def client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url(), api_key=CLIENT_TOKEN, max_retries=0)
+
+    def apply(self, spec: dict[str, Any], *args: str) -> Any:
+        manifest = {
+            "apiVersion": "iop.dev/v1alpha1",
+            "kind": "EdgeConfig",
+            "metadata": {"name": NAME},
+            "spec": spec,
+        }
+        return self.kubectl("apply", "-f", "-", *args, stdin=json.dumps(manifest))
+
+    def change(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Apply `spec` as the next generation and wait until it is Ready."""
+        self.apply(spec)
+        self.generation += 1
+        self.spec = spec
+        return self.wait_ready(self.generation)
+
+    def wait_ready(self, generation: int, timeout: float = 180) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        def ready() -> bool:
+            nonlocal found
+            found = self.ec()
+            status = found.get("status", {})
+            conditions = {c["type"]: c for c in status.get("conditions", [])}
+            got = conditions.get("Ready", {})
+            return (
+                status.get("observedGeneration") == generation
+                and got.get("status") == "True"
+                and got.get("observedGeneration") == generation
+            )
+
+        wait_until(ready, timeout, f"ec/{NAME} Ready for generation {generation}", lambda: found)
+        return found
+
+    def rolled_out(self, name: str) -> bool:
+        deployment = self.deployment(name)
+        status = deployment.get("status", {})
+        wanted = deployment["spec"]["replicas"]
+        return (
+            status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
+            and status.get("updatedReplicas", 0) == wanted
+            and status.get("replicas", 0) == wanted
+            and status.get("readyReplicas", 0) == wanted
+        )
+
+
+def wait_until(probe: Callable[[], object], timeout: float, what: str, show: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            detail = json.dumps(show().get("status"), indent=1) if show else ""
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{detail}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[PodStack]:
+    """The chart installed with the operator, two Edge replicas, two Nodes, Ready."""
+    namespace = f"e2e-pods-{secrets.token_hex(3)}"
+    kube_cluster.kubectl("create", "namespace", namespace)
+    webhook = f"iop-e2e-{namespace}"
+    spec = pod_spec(host_spec)
+    values = {
+        "edgeConfigName": NAME,
+        "edge": {"replicas": 2, "adminToken": ADMIN_TOKEN},
+        "nodes": [{"id": n, "token": f"{n}-token"} for n in ("node-1", "node-2")],
+        "operator": {"enabled": True, "webhookConfiguration": webhook},
+        "edgeConfig": spec,
+    }
+    chart = str(CHART)
+    values_file = Path(kube_cluster.client_home) / f"{namespace}.json"
+    values_file.write_text(json.dumps(values))
+    stack = PodStack(kube_cluster, namespace, spec)
+    try:
+        kube_cluster.helm(
+            "install", "iop", chart, "-n", namespace, "-f", str(values_file), timeout=180
+        )
+        stack.wait_ready(1, timeout=240)
+        for name in (EDGE, NODE_1, NODE_2):
+            wait_until(lambda n=name: stack.rolled_out(n), 120, f"{name} to roll out")
+        wait_until(
+            lambda: stack.ec()["status"].get("nodesAcked") == "2/2", 120, "both nodes acked",
+            stack.ec,
+        )  # fmt: skip
+        yield stack
+    finally:
+        logs = kube_cluster.kubectl(
+            "logs", "deploy/iop-operator", "-n", namespace, "--tail=200", check=False
+        )
+        print(f"--- operator log ---\n{logs.stdout}\n{logs.stderr}")
+        kube_cluster.helm("uninstall", "iop", "-n", namespace, "--wait", check=False)
+        kube_cluster.kubectl("delete", "validatingwebhookconfiguration", webhook, check=False)
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+async def served(stack: PodStack, model: str = "m", content: str = "hi") -> str:
+    async with stack.client() as client:
+        reply = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": content}]
+        )
+    return reply.model
+
+
+async def tokens(stack: PodStack, model: str) -> int:
+    async with stack.client() as client:
+        reply = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert reply.usage is not None
+    return reply.usage.completion_tokens
+
+
+def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
+    for node in spec["nodes"]:
+        for item in node["providers"]:
+            if item["id"] == provider_id:
+                return item  # type: ignore[no-any-return]
+    raise KeyError(provider_id)
+
+
+async def test_created_ready_and_serving_every_model(pods: PodStack) -> None:
+    ec = await asyncio.to_thread(pods.ec)
+    assert [r["state"] for r in ec["status"]["replicas"]] == ["Applied", "Applied"]
+    assert all(r["pod"].startswith(f"{EDGE}-") for r in ec["status"]["replicas"])
+    for model, name in (("m", "served-a"), ("solo", "served-d"), ("n", "served-c")):
+        assert await served(pods, model) == name
+
+
+LIVE = [
+    pytest.param(
+        lambda s: provider(s, "pa").update(priority=20), "served-a", "served-b", id="priority"
+    ),
+    pytest.param(
+        lambda s: provider(s, "pa").update(enabled=False), "served-a", "served-b", id="enabled"
+    ),
+    pytest.param(
+        lambda s: s["models"].__setitem__(0, {**s["models"][0], "providers": {"pb": "served-b"}}),
+        "served-a",
+        "served-b",
+        id="model-providers",
+    ),
+    pytest.param(
+        lambda s: s["openai"].update(longContextThresholdTokens=100000),
+        None,
+        None,
+        id="long-context-threshold",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "before", "after"), LIVE)
+async def test_a_live_change_restarts_no_pod(pods: PodStack, edit, before, after) -> None:
+    identities = await asyncio.to_thread(pods.identities)
+    original = copy.deepcopy(pods.spec)
+    long = "lorem ipsum " * 600
+    content = long if before is None else "hi"
+    before = before or "served-b"  # long: only pb has a long slot
+    after = after or "served-a"  # no longer long
+    assert await served(pods, content=content) == before
+    changed = copy.deepcopy(original)
+    edit(changed)
+    try:
+        ec = await asyncio.to_thread(pods.change, changed)
+        assert ec["status"]["lastChange"]["restartPaths"] == []
+        # Every replica took it: each request may land on either one.
+        assert {await served(pods, content=content) for _ in range(6)} == {after}
+        assert await asyncio.to_thread(pods.identities) == identities
+    finally:
+        await asyncio.to_thread(pods.change, original)
+
+
+async def test_capacity_and_generation_policy_restart_no_pod(pods: PodStack) -> None:
+    identities = await asyncio.to_thread(pods.identities)
+    original = copy.deepcopy(pods.spec)
+    assert await tokens(pods, "m") == 8
+    changed = copy.deepcopy(original)
+    changed["models"][0]["generation"] = {"maxTokens": 3}
+    provider(changed, "pc")["capacity"] = 6  # pushed to node-2, acked on both replicas
+    try:
+        ec = await asyncio.to_thread(pods.change, changed)
+        assert sorted(ec["status"]["lastChange"]["livePaths"]) == [
+            "models[m].generation.max_tokens",
+            "nodes[node-2].providers[pc].capacity",
+        ]
+        assert ec["status"]["nodesAcked"] == "2/2"
+        assert {await tokens(pods, "m") for _ in range(4)} == {3}
+        assert await asyncio.to_thread(pods.identities) == identities
+    finally:
+        await asyncio.to_thread(pods.change, original)
+
+
+async def test_a_load_runs_through_live_applies_without_a_failed_request(pods: PodStack) -> None:
+    original = copy.deepcopy(pods.spec)
+    done = asyncio.Event()
+    outcomes: list[str] = []
+
+    async def load() -> None:
+        async with pods.client() as client:
+            while not done.is_set():
+                try:
+                    reply = await client.chat.completions.create(
+                        model="n", messages=[{"role": "user", "content": "hi"}]
+                    )
+                    outcomes.append(reply.model)
+                except openai.APIError as error:
+                    outcomes.append(f"failed: {error!r}")
+
+    workers = [asyncio.create_task(load(), name=f"load-{i}") for i in range(4)]
+    try:
+        for capacity in (6, 5, 7, 4):
+            changed = copy.deepcopy(pods.spec)
+            provider(changed, "pc")["capacity"] = capacity
+            provider(changed, "pa")["priority"] = capacity
+            await asyncio.to_thread(pods.change, changed)
+    finally:
+        done.set()
+        await asyncio.gather(*workers)
+        await asyncio.to_thread(pods.change, original)
+    assert [o for o in outcomes if o.startswith("failed")] == []
+    assert len(outcomes) > 20
+
+
+async def test_an_edge_restart_rolls_only_the_edge_pods(pods: PodStack) -> None:
+    before = await asyncio.to_thread(pods.identities)
+    revisions = await asyncio.to_thread(pods.revisions)
+    changed = copy.deepcopy(pods.spec)
+    changed["openai"]["allowUnauthenticated"] = True
+    ec = await asyncio.to_thread(pods.change, changed)
+
+    assert ec["status"]["lastChange"]["restartScopes"] == ["edge"]
+    assert await asyncio.to_thread(pods.revisions) == {**revisions, EDGE: revisions[EDGE] + 1}
+    after = await asyncio.to_thread(pods.identities)
+    edge_before = {k for k in before if k.startswith(f"{EDGE}-")}
+    edge_after = {k for k in after if k.startswith(f"{EDGE}-")}
+    assert edge_before.isdisjoint(edge_after) and len(edge_after) == 2
+    assert {k: v for k, v in after.items() if "-node-" in k} == {
+        k: v for k, v in before.items() if "-node-" in k
+    }
+    desired = config_hash(load_data(changed))
+    assert pods.stamp(EDGE) == desired
+    # The new pods serve the new config: no token needed now.
+    async with openai.AsyncOpenAI(base_url=pods.base_url(), api_key="", max_retries=0) as client:
+        reply = await client.chat.completions.create(
+            model="n", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert reply.model == "served-c"
+
+
+async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_operator_dies(
+    pods: PodStack,
+) -> None:
+    before = await asyncio.to_thread(pods.identities)
+    revisions = await asyncio.to_thread(pods.revisions)
+    assert await tokens(pods, "n") == 8
+    changed = copy.deepcopy(pods.spec)
+    changed["nodes"][1]["providers"][0]["adapter"]["completionTokens"] = 5
+    desired = config_hash(load_data(changed))
+    await asyncio.to_thread(pods.apply, changed)
+    pods.generation += 1
+    pods.spec = changed
+
+    # Kill the operator as soon as it has stamped node-2's workload, before the roll is done.
+    wait_until(lambda: pods.stamp(NODE_2) == desired, 60, "node-2's workload stamped")
+    (operator,) = [
+        p["metadata"]["name"]
+        for p in pods.get("pods", "-l", "app.kubernetes.io/component=operator")["items"]
+    ]
+    pods.kubectl("delete", "pod", operator, "--grace-period=0", "--force", "--wait=false")
+    ec = await asyncio.to_thread(pods.wait_ready, pods.generation, 240)
+
+    assert ec["status"]["lastChange"]["restartScopes"] == ["node:node-2"]
+    assert await asyncio.to_thread(pods.revisions) == {
+        **revisions,
+        NODE_2: revisions[NODE_2] + 1,
+    }
+    assert (pods.stamp(EDGE), pods.stamp(NODE_1)) == ("", "")
+    after = await asyncio.to_thread(pods.identities)
+    unchanged = {k: v for k, v in before.items() if not k.startswith(f"{NODE_2}-")}
+    assert {k: v for k, v in after.items() if not k.startswith(f"{NODE_2}-")} == unchanged
+    assert {await tokens(pods, "n") for _ in range(4)} == {5}
+
+
+async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodStack) -> None:
+    broken = copy.deepcopy(pods.spec)
+    broken["models"][0]["providers"]["zz"] = "x"
+    manifest = {
+        "apiVersion": "iop.dev/v1alpha1",
+        "kind": "EdgeConfig",
+        "metadata": {"name": NAME},
+        "spec": broken,
+    }
+    result = pods.kubectl("apply", "-f", "-", stdin=json.dumps(manifest), check=False)
+    assert result.returncode != 0
+    assert 'models[0].providers.zz: unknown provider "zz"' in result.stderr
+    live = copy.deepcopy(pods.spec)
+    provider(live, "pa")["capacity"] = 3
+    manifest["spec"] = live
+    dry = pods.kubectl("apply", "-f", "-", "--dry-run=server", stdin=json.dumps(manifest))
+    assert "Warning: live: nodes[node-1].providers[pa].capacity" in dry.stderr
+    assert pods.ec()["metadata"]["generation"] == pods.generation
