@@ -14,7 +14,8 @@ import httpx
 import orjson
 import pytest
 
-from iop.edge.runs import Hub, ProviderLink, RunStream
+from iop import runtime_pb2 as pb
+from iop.edge.hubs import Hub, NodeStatus, ProviderLink, RunEvents
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 
@@ -98,12 +99,6 @@ def tokens() -> dict[str, str]:
 
 
 # -- a fake node hub at the request path's seam ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    node_id: str
-    healthy: bool = True
 
 
 Script = Callable[[RunRequest], AsyncIterator[RunEvent]]
@@ -225,7 +220,7 @@ class FakeStream:
 class FakeHub:
     """Runs requests in-process with `script`; records what it was asked and what ended how."""
 
-    providers: dict[str, Link] = field(default_factory=dict)
+    providers: dict[str, ProviderLink] = field(default_factory=dict)
     script: Script = echo_script
     requests: list[RunRequest] = field(default_factory=list)
     active: dict[str, RunRequest] = field(default_factory=dict)
@@ -245,7 +240,7 @@ class FakeHub:
     def add_listener(self, callback: Callable[[], None]) -> None:
         self.listeners.append(callback)
 
-    def run(self, request: RunRequest) -> RunStream:
+    def run(self, request: RunRequest) -> RunEvents:
         self.requests.append(request)
         return FakeStream(self, request)
 
@@ -256,9 +251,17 @@ class FakeHub:
     async def stop(self, grace: float = 0.0) -> None:
         self.started = False
 
+    async def swap_config(
+        self, config: EdgeConfig, *, generation: int | None = None, ack_timeout: float = 0.0
+    ) -> Mapping[str, pb.ConfigAck | None]:
+        return {}  # no Node is connected to a fake hub: nothing to push
+
+    def nodes(self) -> Mapping[str, NodeStatus]:
+        return {}
+
     def connect(self, *provider_ids: str, node_id: str = "node-1", healthy: bool = True) -> None:
         for pid in provider_ids:
-            self.providers[pid] = Link(node_id, healthy)
+            self.providers[pid] = ProviderLink(pid, node_id, healthy)
         for callback in self.listeners:
             callback()
 

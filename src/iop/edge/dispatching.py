@@ -1,6 +1,6 @@
 """Dispatch: which provider runs a request now, and which request a freed slot serves next.
 
-The rules (DESIGN §1 and §4), as implemented:
+The rules (docs/edge.md explains them for operators), as implemented:
 
 - Candidates of a request are the model's enabled providers (from the snapshot) that are on a
   connected node and healthy (`set_available`), with in-flight < capacity. A long-context request

@@ -31,10 +31,10 @@ from iop.edgeconfig import EdgeConfig, split_listener
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
 from .dispatching import Dispatcher
+from .hubs import Hub, available_providers
 from .metering import Metrics
 from .nodehub import NodeHub
 from .refreshing import Refresher
-from .runs import Hub, available_providers
 from .serving import EdgeApp
 from .snapshots import PoolSnapshot
 
@@ -70,7 +70,7 @@ class EdgeServer(AsyncService):
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
         self.refresher = Refresher(
             self.dispatcher,
-            hub=self.hub if isinstance(self.hub, NodeHub) else None,
+            hub=self.hub,
             config_path=config_path,
             ack_timeout=ack_timeout_s,
         )

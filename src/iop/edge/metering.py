@@ -25,6 +25,7 @@ from .dispatching import Dispatcher
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
+#: The Content-Type of the Prometheus text exposition served at /metrics.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 _USAGE_LABELS: Final = ("principal_ref", "token_ref", "model", "provider")

@@ -5,7 +5,7 @@ path reads plain immutable data without locks, and every run keeps the snapshot 
 The counters that do change (slots in use, waiting requests) live in the dispatcher, keyed by
 provider id, and outlive any one snapshot.
 
-Queueing rules derived here (DESIGN §4; for operators in docs/edge.md):
+Queueing rules derived here (for operators: docs/edge.md):
 - a model's waiting queue holds at most the sum of `max_queue` over its *enabled* providers;
 - a request waits at most the largest `queue_timeout_ms` among those providers (a request may
   be served by any of them, so it waits as long as the most patient one allows).

@@ -12,12 +12,12 @@ from .configs import (
     ControlPlaneSection,
     EdgeConfig,
     EdgeSection,
-    FakeAdapter,
+    FakeAdapterSettings,
     GenerationPolicy,
     ModelSpec,
     NodeRuntime,
     NodeSpec,
-    OpenAIAdapter,
+    OpenAIAdapterSettings,
     OpenAISection,
     PrincipalToken,
     ProviderSpec,
@@ -28,6 +28,7 @@ from .errors import ConfigError, Problem
 from .loading import load_data, load_file, load_text, parse_yaml
 from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath
+from .secrets import is_secret_field
 from .trees import config_hash
 
 __all__ = [
@@ -39,13 +40,13 @@ __all__ = [
     "ControlPlaneSection",
     "EdgeConfig",
     "EdgeSection",
-    "FakeAdapter",
+    "FakeAdapterSettings",
     "GenerationPolicy",
     "ModelSpec",
     "NodePayload",
     "NodeRuntime",
     "NodeSpec",
-    "OpenAIAdapter",
+    "OpenAIAdapterSettings",
     "OpenAISection",
     "PrincipalToken",
     "Problem",
@@ -55,6 +56,7 @@ __all__ = [
     "classify",
     "config_hash",
     "is_loopback_listener",
+    "is_secret_field",
     "load_data",
     "load_file",
     "load_text",

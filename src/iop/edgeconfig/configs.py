@@ -28,12 +28,12 @@ __all__ = [
     "ControlPlaneSection",
     "EdgeConfig",
     "EdgeSection",
-    "FakeAdapter",
+    "FakeAdapterSettings",
     "GenerationPolicy",
     "ModelSpec",
     "NodeRuntime",
     "NodeSpec",
-    "OpenAIAdapter",
+    "OpenAIAdapterSettings",
     "OpenAISection",
     "PrincipalToken",
     "ProviderSpec",
@@ -42,6 +42,7 @@ __all__ = [
     "split_listener",
 ]
 
+#: The JSON-schema key each field's apply marker (live / restart:edge / restart:node) sits under.
 APPLY_KEY: Final = "x-iop-apply"
 LIVE: Final = "live"
 RESTART_EDGE: Final = "restart:edge"
@@ -324,7 +325,7 @@ class ModelSpec(Spec):
 # -- nodes and their providers -------------------------------------------------------------------
 
 
-class OpenAIAdapter(Spec):
+class OpenAIAdapterSettings(Spec):
     """Any OpenAI-compatible HTTP server: vLLM, Ollama, llama.cpp server, TGI, OpenAI."""
 
     type: Literal["openai"] = "openai"
@@ -350,7 +351,7 @@ class OpenAIAdapter(Spec):
     ] = 256
 
 
-class FakeAdapter(Spec):
+class FakeAdapterSettings(Spec):
     """A deterministic built-in generator for demos, tests and benchmarks."""
 
     type: Literal["fake"] = "fake"
@@ -367,7 +368,9 @@ class FakeAdapter(Spec):
     ] = 16
 
 
-Adapter = Annotated[OpenAIAdapter | FakeAdapter, Field(discriminator="type")]
+AdapterSettings = Annotated[
+    OpenAIAdapterSettings | FakeAdapterSettings, Field(discriminator="type")
+]
 
 
 class ProviderSpec(Spec):
@@ -380,7 +383,7 @@ class ProviderSpec(Spec):
             "changes the node's adapters."
         ),
     ]
-    adapter: Annotated[Adapter, restart_node("How the Node talks to this provider.")]
+    adapter: Annotated[AdapterSettings, restart_node("How the Node talks to this provider.")]
     served_models: Annotated[
         list[Annotated[str, Field(min_length=1)]],
         live("Model names this provider serves.", min_length=1),

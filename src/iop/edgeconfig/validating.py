@@ -8,7 +8,6 @@ problem. Each check skips a value whose type is wrong; the schema reports that o
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -17,11 +16,10 @@ from pydantic.alias_generators import to_camel
 
 from .configs import is_loopback_listener, split_listener
 from .errors import Problem, render_value
+from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
 __all__ = ["check_document", "close_match_hint"]
 
-_RAW_SECRET_KEYS = {"token", "apikey", "password", "secret", "bearertoken", "rawtoken"}
-_RAW_SECRET_VALUE = re.compile(r"^(sk-[A-Za-z0-9_-]{8,}|Bearer\s+\S+)")
 # Keys ending like a secret's name, or values starting like one (a superset of the walk's rules).
 _SUSPICIOUS = (b'token":', b'key":', b'password":', b'secret":', b'"sk-', b'"bearer')
 
@@ -100,15 +98,15 @@ def _check_secrets(value: object, path: str, problems: list[Problem]) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             item_path = f"{path}.{key}" if path else str(key)
-            normalized = str(key).replace("_", "").replace("-", "").lower()
-            if normalized in _RAW_SECRET_KEYS:
+            normalized = normalized_key(str(key))
+            if normalized in RAW_SECRET_KEYS:
                 problems.append(Problem(item_path, _secret_advice(normalized)))
             else:
                 _check_secrets(item, item_path, problems)
     elif isinstance(value, list):
         for position, item in enumerate(value):
             _check_secrets(item, f"{path}[{position}]", problems)
-    elif isinstance(value, str) and _RAW_SECRET_VALUE.match(value):
+    elif isinstance(value, str) and RAW_SECRET_VALUE.match(value):
         leaf = path.rsplit(".", 1)[-1]
         if "sha256" not in leaf.lower():  # the schema explains bad hashes itself
             problems.append(

@@ -30,7 +30,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from iop.edgeconfig import OpenAIAdapter as OpenAISettings
+from iop.edgeconfig import OpenAIAdapterSettings as OpenAISettings
 from iop.wire import (
     ProviderHealth,
     RunChunk,
@@ -44,7 +44,7 @@ from iop.wire import (
 
 from .base import client_wants_usage, usage_from
 
-__all__ = ["OpenAIHttpAdapter"]
+__all__ = ["OpenAIAdapter"]
 
 _PATHS: Final = {"chat": "/chat/completions", "completion": "/completions"}
 _DONE: Final = b"[DONE]"
@@ -54,7 +54,7 @@ _DONE: Final = b"[DONE]"
 _KEEPALIVE_S: Final = 4.0
 
 
-class OpenAIHttpAdapter:
+class OpenAIAdapter:
     """Implements `Adapter` for `adapter: {type: openai}`."""
 
     def __init__(self, provider_id: str, settings: OpenAISettings) -> None:
