@@ -152,16 +152,24 @@ class EdgeServer(AsyncService):
         await self._stop(self._grace)
 
     async def _stop(self, grace: float) -> None:
+        """Stop each part even when one before it fails; the first failure is raised at the end."""
         servers = ((self._admin_server, self._admin_serving), (self._server, self._serving))
         self._admin_server = self._admin_serving = self._server = self._serving = None
-        for server, serving in servers:
-            if server is not None and serving is not None:
-                server.should_exit = True
-                await serving
-        if self._hub_started:
-            self._hub_started = False
-            await self.hub.stop(grace)
-        self.dispatcher.close()
+        try:
+            for server, serving in servers:
+                if server is not None and serving is not None:
+                    server.should_exit = True
+                    try:
+                        await serving
+                    except Exception:
+                        logger.exception("an HTTP server of the Edge failed while stopping")
+        finally:
+            try:
+                if self._hub_started:
+                    self._hub_started = False
+                    await self.hub.stop(grace)
+            finally:
+                self.dispatcher.close()
 
     async def _serve_http(
         self, app: Callable[..., Awaitable[None]], sock: socket.socket, name: str, what: str
