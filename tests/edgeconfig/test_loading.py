@@ -48,6 +48,8 @@ def test_camel_case_is_the_same_config(config_data: dict[str, Any]) -> None:
     camel_document = snake.model_dump(by_alias=True, mode="json")
     assert "longContextThresholdTokens" in camel_document["openai"]
     assert "servedModels" in camel_document["nodes"][0]["providers"][0]
+    assert "tokenHashSha256" in camel_document["nodes"][0]
+    assert "a2a" in camel_document  # only underscores start a word: not "a2A"
     assert load_data(camel_document) == snake
 
 

@@ -17,7 +17,6 @@ import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 __all__ = [
@@ -154,13 +153,23 @@ OptionalListener = Annotated[str, AfterValidator(_check_optional_listener)]
 Url = Annotated[str, AfterValidator(_check_url)]
 
 
+def camel_name(name: str) -> str:
+    """The camelCase spelling of a field (the CRD's): `long_context_slots` -> `longContextSlots`.
+
+    Only underscores start a new word, so `a2a` stays `a2a` (pydantic's `to_camel` would give
+    `a2A`, capitalising after the digit).
+    """
+    first, *rest = name.split("_")
+    return first + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
 class Spec(BaseModel):
     """Base of every config section: immutable, strict about unknown keys, snake or camel."""
 
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
-        alias_generator=to_camel,
+        alias_generator=camel_name,
         validate_by_name=True,
         validate_by_alias=True,
         use_attribute_docstrings=False,

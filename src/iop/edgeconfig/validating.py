@@ -12,9 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
-from pydantic.alias_generators import to_camel
 
-from .configs import ANONYMOUS_PRINCIPAL, is_loopback_listener, split_listener
+from .configs import ANONYMOUS_PRINCIPAL, camel_name, is_loopback_listener, split_listener
 from .errors import Problem, render_value
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
@@ -34,7 +33,7 @@ def _get(mapping: Mapping[str, object], name: str) -> tuple[str, object]:
     """The key actually used for field `name` (snake or camel) and its value (None if absent)."""
     if name in mapping:
         return name, mapping[name]
-    camel = to_camel(name)
+    camel = camel_name(name)
     return camel, mapping.get(camel)
 
 
