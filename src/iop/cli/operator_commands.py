@@ -19,6 +19,7 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
+    """Add this module's subcommands to the `iop` parser."""
     operator = commands.add_parser("operator", help="the EdgeConfig operator")
     sub = operator.add_subparsers(dest="operator_command", required=True, metavar="COMMAND")
 

@@ -34,7 +34,7 @@ import time
 from collections.abc import Collection, Mapping, Sized
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from iop import runtime_pb2 as pb
 from iop.edgeconfig import (
@@ -50,8 +50,8 @@ from iop.edgeconfig import (
 )
 
 from .dispatching import Dispatcher
-from .nodehub import NodeStatus
-from .refreshes import Candidate, Mode, NodePush, RefreshReport
+from .hubs import ConfigPush
+from .refreshreports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
 from .snapshots import PoolSnapshot
 
 __all__ = ["ConfigPush", "Refresher"]
@@ -60,25 +60,6 @@ logger = logging.getLogger(__name__)
 
 #: How many paths a log line names before it says "and N more".
 _LOGGED_PATHS = 12
-
-
-class ConfigPush(Protocol):
-    """What the refresher needs from the node hub (`NodeHub` implements it)."""
-
-    async def swap_config(
-        self,
-        config: EdgeConfig,
-        *,
-        generation: int | None = ...,
-        ack_timeout: float = ...,
-        hold: Collection[str] = ...,
-    ) -> Mapping[str, pb.ConfigAck | None]: ...
-
-    def nodes(self) -> Mapping[str, NodeStatus]: ...
-
-    def payload_digests(self) -> Mapping[str, str]:
-        """node id -> the digest of the payload the config in use gives that node."""
-        ...
 
 
 class Refresher:
@@ -141,16 +122,16 @@ class Refresher:
         """The most recent report (of `mode`, when given)."""
         return self._last_apply if mode == "apply" else self._last
 
-    async def dry_run(self, candidate: Candidate, *, requested_by: str = "") -> RefreshReport:
+    async def dry_run(self, candidate: ConfigSource, *, requested_by: str = "") -> RefreshReport:
         return await self.refresh("dry_run", candidate, requested_by=requested_by)
 
-    async def apply(self, candidate: Candidate, *, requested_by: str = "") -> RefreshReport:
+    async def apply(self, candidate: ConfigSource, *, requested_by: str = "") -> RefreshReport:
         return await self.refresh("apply", candidate, requested_by=requested_by)
 
     async def refresh(
         self,
         mode: Mode,
-        candidate: Candidate,
+        candidate: ConfigSource,
         *,
         requested_by: str = "",
         restarting: Collection[str] = (),
@@ -193,7 +174,6 @@ class Refresher:
         return RefreshReport(
             outcome="invalid",
             applied=False,
-            changed=False,
             previous_config_hash=current.config_hash,
             previous_generation=current.generation,
             config_hash=None,
@@ -207,6 +187,7 @@ class Refresher:
         """A dry run: what an apply would do."""
         current = self.current
         change = classify(current.config, config)
+        outcome: Outcome
         if _blocking(change, context["restarting"]):
             outcome, message = "restart_required", _restart_message(change, refused=False)
         elif not change.changed:
@@ -217,8 +198,8 @@ class Refresher:
                 f"{_count(change.live_paths, 'live path')} would apply; "
                 f"{_count(change.nodes_to_push, 'node')} would get a push"
             )
-        return RefreshReport.from_change(
-            change,
+        return RefreshReport(
+            change=change,
             outcome=outcome,
             applied=False,
             previous_config_hash=current.config_hash,
@@ -232,20 +213,17 @@ class Refresher:
     async def _apply(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
         current = self.current
         change = classify(current.config, config)
-        before = {
-            "previous_config_hash": current.config_hash,
-            "previous_generation": current.generation,
-        }
         held = _held_nodes(change, context["restarting"])
         if _blocking(change, context["restarting"]):
-            return RefreshReport.from_change(
-                change,
+            return RefreshReport(
+                change=change,
                 outcome="restart_required",
                 applied=False,
                 config_hash=config_hash(config),
                 generation=current.generation,
                 message=_restart_message(change, refused=True),
-                **before,
+                previous_config_hash=current.config_hash,
+                previous_generation=current.generation,
                 **context,
             )
         snapshot = PoolSnapshot.build(config, current.generation + 1)
@@ -258,15 +236,16 @@ class Refresher:
                 config, generation=snapshot.generation, ack_timeout=self.ack_timeout, hold=held
             )
             pushes = self._pushes(config, change, acks, snapshot.generation, held)
-        return RefreshReport.from_change(
-            change,
+        return RefreshReport(
+            change=change,
             outcome="applied",
             applied=True,
             config_hash=snapshot.config_hash,
             generation=snapshot.generation,
             pushes=pushes,
             message=_applied_message(change, pushes, snapshot.generation),
-            **before,
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
             **context,
         )
 
@@ -326,7 +305,7 @@ def _held_nodes(change: ChangeReport, restarting: Collection[str]) -> frozenset[
     )
 
 
-async def _load(candidate: Candidate) -> EdgeConfig:
+async def _load(candidate: ConfigSource) -> EdgeConfig:
     """The candidate as a valid config, or `ConfigError`; parsing runs off the event loop.
 
     A config model passed in is validated again (as a document): one built with `model_copy`
@@ -389,7 +368,7 @@ def _applied_message(change: ChangeReport, pushes: tuple[NodePush, ...], generat
 
 def _log(report: RefreshReport) -> None:
     """Who, what and which hashes; never a config value (only paths and hashes)."""
-    paths = [*report.live_paths, *(p.path for p in report.restart_required_paths)]
+    paths = [*report.change.live_paths, *(p.path for p in report.change.restart_required_paths)]
     paths += [p.path for p in report.problems]
     failed = [f"{p.node_id} ({p.status}: {p.reason})" for p in report.pushes if p.status != "acked"]
     level = logging.INFO

@@ -30,17 +30,26 @@ __all__ = [
     "state_configmap_name",
 ]
 
+#: The API group of the EdgeConfig resource.
 GROUP: Final = "iop.dev"
+#: Its one served and stored version.
 VERSION: Final = "v1alpha1"
+#: Its kind.
 KIND: Final = "EdgeConfig"
+#: Its plural name (the REST path).
 PLURAL: Final = "edgeconfigs"
+#: Its singular name.
 SINGULAR: Final = "edgeconfig"
 
-#: Labels on the workloads (Deployments) and their pods.
+#: The label every workload and pod of an EdgeConfig carries: the EdgeConfig's name.
 EDGECONFIG_LABEL: Final = "iop.dev/edgeconfig"
+#: The label that says which part a workload is: `edge` or `node`.
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+#: `COMPONENT_LABEL` of the Edge workload(s).
 COMPONENT_EDGE: Final = "edge"
+#: `COMPONENT_LABEL` of a Node workload.
 COMPONENT_NODE: Final = "node"
+#: The label of a Node workload that names its node id (the restart scope `node:<id>`).
 NODE_ID_LABEL: Final = "iop.dev/node-id"
 
 #: The stamp on a workload's pod template (never on the EdgeConfig): the config hash that the

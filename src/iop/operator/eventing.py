@@ -26,6 +26,7 @@ __all__ = ["EventPoster", "EventType"]
 
 logger = logging.getLogger(__name__)
 
+#: An Event's type, as Kubernetes spells it.
 EventType = Literal["Normal", "Warning"]
 #: The API server refuses Event messages over 1 KiB.
 _MAX_MESSAGE: Final = 1000

@@ -48,6 +48,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 
 def now() -> str:
+    """The current time as Kubernetes writes it in conditions and Events (RFC 3339, UTC)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
