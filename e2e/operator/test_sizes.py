@@ -27,6 +27,7 @@ def documented_largest() -> int:
     return int(match.group(1))
 
 
+@pytest.mark.timeout(600)  # a 644-node config: each apply moves about a megabyte, four times over
 async def test_the_largest_documented_edgeconfig_is_admitted_classified_and_applied(
     kube_cluster, namespace, start_operator, host_stack, host_spec, edgeconfigs
 ) -> None:

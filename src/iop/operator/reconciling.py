@@ -218,23 +218,27 @@ class Reconciler:
         failed = [o for o in outcomes if o.state in ("Failed", "Unreachable")]
         edge_rolls = any(r.scope == "edge" and r.config_hash == desired_hash for r in restarts)
         committed = not new_change
-        if new_change and (not failed or edge_rolls):
-            await self._commit(owner, desired, generation, stamps, restarts, change, outcomes)
-            committed = True
-
         open_restarts, rollouts, pending = self._restarts_left(
             restarts, edges, nodes, outcomes, desired_hash
         )
-        if committed and self._state is not None and tuple(open_restarts) != self._state.restarts:
-            await self._save_state(owner, _replace_restarts(self._state, open_restarts))
-            for record in restarts:
-                if record not in open_restarts:
-                    await self._say(
-                        owner,
-                        "Normal",
-                        "RolledOut",
-                        f"restart {record.scope} done for config {record.config_hash[:12]}",
-                    )
+        try:
+            if new_change and (not failed or edge_rolls):
+                await self._commit(owner, desired, generation, stamps, restarts, change, outcomes)
+                committed = True
+            if committed and self._state is not None and self._state.restarts != tuple(
+                open_restarts
+            ):
+                await self._save_state(owner, _replace_restarts(self._state, open_restarts))
+                for record in restarts:
+                    if record not in open_restarts:
+                        await self._say(
+                            owner,
+                            "Normal",
+                            "RolledOut",
+                            f"restart {record.scope} done for config {record.config_hash[:12]}",
+                        )
+        except KubeApiError as error:
+            return await self._api_failed(owner, finding, error, previous, timings)
 
         restarting_nodes = {_node_of(r.scope) for r in open_restarts if r.scope != "edge"}
         nodes_seen = node_results(node_ids, outcomes, restarting_nodes)
@@ -244,7 +248,10 @@ class Reconciler:
         if finding.applied:
             self._effective = desired_hash
         finding.applied_hash = self._effective or previous.get("appliedConfigHash") or ""
-        await self._report(owner, finding, previous, nodes_seen)
+        try:
+            await self._report(owner, finding, previous, nodes_seen)
+        except KubeApiError as error:
+            return await self._api_failed(owner, finding, error, previous, timings)
         timings.mark("status", clock)
         timings.finished_at = time.monotonic()
         if self._on_pass is not None:
