@@ -199,10 +199,6 @@ def _build(net: Network) -> None:
         check=True,
         capture_output=True,
     )
-    # The bridge is up (and its address reachable) only with a port: a dummy keeps it so
-    # before the first pod.
-    ip("-n", node, "link", "add", "keep", "type", "dummy")
-    ip("-n", node, "link", "set", "keep", "master", "br0", "up")
 
 
 def teardown(net: Network, *, grace: float = 5.0) -> list[str]:

@@ -176,7 +176,9 @@ class Informer:
         listing = await self.api.get(self.path, **self.params)
         fresh = {self.key(obj): obj for obj in listing["items"]}
         gone = [obj for key, obj in self.objects.items() if key not in fresh]
-        self.objects = fresh
+        # In place: others hold a reference to this very dict.
+        self.objects.clear()
+        self.objects.update(fresh)
         for obj in gone:
             await self.handler("DELETED", obj)
         for obj in fresh.values():

@@ -108,10 +108,11 @@ class PodWorker:
                 if not deleting.done():  # every container finished for good: keep the status
                     await self.deleting.wait()
                 deleting.cancel()
-                await self._stop_containers()
+                # No restarts from here on: the containers' supervision ends, then they stop.
                 life.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await life
+                await self._stop_containers()
         finally:
             tasks += self._background
             for task in tasks:
@@ -155,7 +156,10 @@ class PodWorker:
                 message = f"MountVolume.SetUp failed: {error}"
                 for container in self.containers:
                     container.wait("ContainerCreating", message)
-                await asyncio.sleep(delay)
+                # Try again when a ConfigMap or Secret it reads changes, or after a while.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._volume_sync.wait(), delay)
+                self._volume_sync.clear()
                 delay = min(delay * 2, 5.0)
 
     async def _sync_volumes_forever(self) -> None:
