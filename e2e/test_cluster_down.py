@@ -38,11 +38,13 @@ def launch(state: Path, *args: str, timeout: float) -> subprocess.CompletedProce
 
 
 def alive(process: dict[str, Any]) -> bool:
+    """The recorded process still runs (a zombie waiting for its reaper does not count)."""
     try:
         stat = Path(f"/proc/{process['pid']}/stat").read_text()
     except OSError:
         return False
-    return int(stat[stat.rindex(")") + 2 :].split()[19]) == process["start_time"]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0] != "Z" and int(fields[19]) == process["start_time"]
 
 
 @pytest.mark.timeout(240)
@@ -80,7 +82,7 @@ def test_down_of_a_second_cluster_leaves_nothing_and_spares_the_first(
         )  # fmt: skip
         (container,) = json.loads(listed.stdout)["status"]["containerStatuses"]
         sleeper = int(container["containerID"].removeprefix("iop://"))
-        assert Path(f"/proc/{sleeper}").exists()
+        sleeper_start = int(Path(f"/proc/{sleeper}/stat").read_text().rsplit(")", 1)[1].split()[19])
         pod_netns = f"iop-{network['id']}-"
         assert any(name.startswith(pod_netns) for name in os.listdir("/run/netns"))
     finally:
@@ -91,7 +93,7 @@ def test_down_of_a_second_cluster_leaves_nothing_and_spares_the_first(
 
     assert not state.exists()
     assert not [p for p in recorded["processes"].values() if alive(p)]
-    assert not Path(f"/proc/{sleeper}").exists()
+    assert not alive({"pid": sleeper, "start_time": sleeper_start})
     assert not [n for n in os.listdir("/run/netns") if n.startswith(f"iop-{network['id']}-")]
     assert not Path(f"/sys/class/net/iop{network['id']}").exists()
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout

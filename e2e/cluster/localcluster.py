@@ -700,7 +700,9 @@ class State:
 
     @property
     def apiserver(self) -> str:
-        return f"https://{self.net.host_ip}:{self.ports['apiserver']}"
+        # A cluster.json without a network comes from an older `up` (API server on loopback).
+        host = self.network.host_ip if self.network is not None else LOOPBACK
+        return f"https://{host}:{self.ports['apiserver']}"
 
 
 def tail(path: Path, lines: int = 30) -> str:
