@@ -48,7 +48,7 @@ import yaml
 
 from iop.edge import EdgeServer
 from iop.edgeconfig import load_file
-from iop.upstream import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 
 CLIENT_TOKEN = "sk-bench-client"

@@ -47,7 +47,7 @@ import orjson
 import uvloop
 import yaml
 
-from iop.upstream import spawn_edge, spawn_node, terminate
+from iop.processes import spawn_edge, spawn_node, terminate
 
 CLIENT_TOKEN = "sk-bench-refresh"
 

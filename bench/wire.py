@@ -36,7 +36,7 @@ import uvloop
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import FakeAdapter, OpenAIAdapter, load_data
 from iop.node import FakeGenerator, OpenAIHttpAdapter
-from iop.upstream import spawn_fake_upstream, spawn_node, terminate
+from iop.processes import spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunDone, RunRequest
 
 TOKEN = "bench-node-token"

@@ -24,7 +24,8 @@ from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
-from iop.upstream import FakeUpstream, FakeUpstreamSettings, spawn_edge, spawn_node, terminate
+from iop.processes import spawn_edge, spawn_node, terminate
+from iop.upstream import FakeUpstream, FakeUpstreamSettings
 
 NODE_TOKEN = "node-1-secret-token"
 

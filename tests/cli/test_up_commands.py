@@ -15,7 +15,7 @@ import yaml
 
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
 from iop.edgeconfig import OpenAIAdapter, load_file
-from iop.upstream import iop_command, terminate
+from iop.processes import iop_command, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "configs" / "edge.yaml"

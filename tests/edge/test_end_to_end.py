@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from iop.upstream import spawn_fake_upstream
+from iop.processes import spawn_fake_upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

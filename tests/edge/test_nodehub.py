@@ -14,8 +14,9 @@ import pytest
 
 from iop import runtime_pb2 as pb
 from iop.edge.nodehub import NodeHub, ProviderLink
+from iop.fakes import tokens
 from iop.runtime_pb2_grpc import NodeRuntimeStub
-from iop.upstream import FakeUpstream, tokens
+from iop.upstream import FakeUpstream
 from iop.wire import (
     PROTOCOL_VERSION,
     RunChunk,

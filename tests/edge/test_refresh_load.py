@@ -31,7 +31,7 @@ import orjson
 import pytest
 import yaml
 
-from iop.upstream import spawn_fake_upstream
+from iop.processes import spawn_fake_upstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -22,7 +22,7 @@ import pytest_asyncio
 import yaml
 
 from iop.edgeconfig import config_hash, load_file
-from iop.upstream import iop_command
+from iop.processes import iop_command
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

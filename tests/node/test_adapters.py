@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from iop.edgeconfig import FakeAdapter, OpenAIAdapter
+from iop.fakes import tokens
 from iop.node import FakeGenerator, OpenAIHttpAdapter
-from iop.upstream import FakeUpstream, tokens
+from iop.upstream import FakeUpstream
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

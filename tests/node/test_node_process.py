@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from iop.upstream import spawn_iop, spawn_node, terminate
+from iop.processes import spawn_iop, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunFailed, RunRequest, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

@@ -10,7 +10,9 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from iop.upstream import FakeUpstream, FakeUpstreamSettings, spawn_fake_upstream, tokens
+from iop.fakes import tokens
+from iop.processes import spawn_fake_upstream
+from iop.upstream import FakeUpstream, FakeUpstreamSettings
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 

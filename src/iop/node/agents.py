@@ -15,8 +15,8 @@ import socket
 import uuid
 from collections.abc import Sequence
 
+from iop.aiokits import AsyncService, guarded_task, stop_tasks
 from iop.edgeconfig import split_listener
-from iop.wire import AsyncService, guarded_task, stop_tasks
 
 from .connecting import Backoff, EdgeConnection, NodeIdentity
 from .routing import Router

@@ -16,11 +16,11 @@ from typing import Any
 import orjson
 import uvloop
 
+from iop.aiokits import guarded_task, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
 from iop.edge.refreshes import Candidate
 from iop.edgeconfig import ConfigError, load_file
-from iop.wire import guarded_task, stop_tasks
 
 from . import reload_commands
 

@@ -5,31 +5,6 @@ the bytes OpenAI would send, at a configurable latency and speed, and fails on r
 status with an OpenAI error body, or a connection dropped before or during the response.
 """
 
-from iop.wire.fakes import WORDS, tokens
-
 from .serving import FailMode, FakeUpstream, FakeUpstreamSettings, UpstreamStats
-from .spawning import (
-    UpstreamProcess,
-    iop_command,
-    spawn_edge,
-    spawn_fake_upstream,
-    spawn_iop,
-    spawn_node,
-    terminate,
-)
 
-__all__ = [
-    "WORDS",
-    "FailMode",
-    "FakeUpstream",
-    "FakeUpstreamSettings",
-    "UpstreamProcess",
-    "UpstreamStats",
-    "iop_command",
-    "spawn_edge",
-    "spawn_fake_upstream",
-    "spawn_iop",
-    "spawn_node",
-    "terminate",
-    "tokens",
-]
+__all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]

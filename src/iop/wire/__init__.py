@@ -16,8 +16,6 @@ one writer per stream direction both sides use.
 from typing import Final
 
 from . import statuses
-from .aiotasks import guarded_task, stop_tasks
-from .lifecycles import AsyncService
 from .runs import (
     TERMINAL_EVENTS,
     ProviderHealth,
@@ -34,7 +32,6 @@ from .writing import CoalescingWriter
 __all__ = [
     "PROTOCOL_VERSION",
     "TERMINAL_EVENTS",
-    "AsyncService",
     "CoalescingWriter",
     "ProviderHealth",
     "RunChunk",
@@ -45,9 +42,7 @@ __all__ = [
     "RunRequest",
     "RunUsage",
     "grpc_options",
-    "guarded_task",
     "statuses",
-    "stop_tasks",
 ]
 
 #: The version of runtime.proto's semantics; an Edge refuses a Node that speaks another.

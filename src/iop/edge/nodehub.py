@@ -41,18 +41,10 @@ import grpc
 import grpc.aio
 
 from iop import runtime_pb2 as pb
+from iop.aiokits import AsyncService, guarded_task, stop_tasks
 from iop.edgeconfig import EdgeConfig, NodePayload, node_payloads
 from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
-from iop.wire import (
-    PROTOCOL_VERSION,
-    AsyncService,
-    CoalescingWriter,
-    RunRequest,
-    grpc_options,
-    guarded_task,
-    statuses,
-    stop_tasks,
-)
+from iop.wire import PROTOCOL_VERSION, CoalescingWriter, RunRequest, grpc_options, statuses
 from iop.wire.converting import health_from_proto, payload_to_proto
 
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message

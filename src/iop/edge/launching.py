@@ -25,8 +25,8 @@ from pathlib import Path
 
 import uvicorn
 
+from iop.aiokits import AsyncService, guarded_task
 from iop.edgeconfig import EdgeConfig, split_listener
-from iop.wire import AsyncService, guarded_task
 
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator

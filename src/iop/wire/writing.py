@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Generic, Self, TypeVar
 
-from .aiotasks import guarded_task, stop_tasks
+from iop.aiokits import guarded_task, stop_tasks
 
 __all__ = ["CoalescingWriter"]
 

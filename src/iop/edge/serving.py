@@ -24,7 +24,8 @@ from typing import Any, Final
 
 import orjson
 
-from iop.wire import RunChunk, RunDone, RunFailed, RunKind, guarded_task
+from iop.aiokits import guarded_task
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .authenticating import Authenticator, Principal

@@ -33,7 +33,6 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,9 @@ import orjson
 import uvloop
 import yaml
 
+from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import ConfigError, EdgeConfig, load_data, load_file
-from iop.upstream import iop_command, spawn_fake_upstream, terminate
-from iop.wire import guarded_task, stop_tasks
+from iop.processes import owned, spawn_edge, spawn_fake_upstream, spawn_node
 
 __all__ = ["LocalStack", "local_config", "register"]
 
@@ -157,22 +156,20 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    log_level = ["--log-level", args.log_level]
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
         local = local_config(config, upstream.base_url, args.port)
         config_path = folder / "edge.yaml"
         config_path.write_text(yaml.safe_dump(local.config.model_dump(mode="json")))
 
-        edge = await stack.enter_async_context(
-            _child("edge", "run", "--config", str(config_path), *log_level, stdout=True)
-        )
-        assert edge.stdout is not None
-        line = await asyncio.wait_for(edge.stdout.readline(), READY_TIMEOUT_S)
-        if not line:
-            print(f"iop up: the Edge exited with {await edge.wait()}", file=sys.stderr)
+        try:
+            edge_process, started = await spawn_edge(
+                config_path, log_level=args.log_level, startup_timeout=READY_TIMEOUT_S
+            )
+        except (RuntimeError, TimeoutError) as error:
+            print(f"iop up: the Edge did not start: {error!r}", file=sys.stderr)
             return 1
-        started = orjson.loads(line)
+        edge = await stack.enter_async_context(owned(edge_process))
         url: str = started["url"]
         admin_url: str = started["admin_url"]
 
@@ -182,19 +179,10 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
             token_file = folder / f"{node_id}.token"
             token_file.write_text(token)
             token_file.chmod(0o600)
-            node = await stack.enter_async_context(
-                _child(
-                    "node",
-                    "run",
-                    "--edge",
-                    f"127.0.0.1:{started['hub_port']}",
-                    "--node-id",
-                    node_id,
-                    "--token-file",
-                    str(token_file),
-                    *log_level,
-                )
+            node_process = await spawn_node(
+                started["hub_port"], node_id, token_file, log_level=args.log_level
             )
+            node = await stack.enter_async_context(owned(node_process))
             processes[f"node {node_id}"] = node.pid
             children.append(node)
 
@@ -281,20 +269,6 @@ async def _reload(
     report = response.json()
     message = report.get("message") or report.get("error", {}).get("message", "")
     print(f"iop up: reload of {path}: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.asynccontextmanager
-async def _child(*args: str, stdout: bool = False) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        *args,
-        stdout=asyncio.subprocess.PIPE if stdout else asyncio.subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        yield process
-    finally:
-        await terminate(process)
 
 
 async def _exited(process: asyncio.subprocess.Process, stop: asyncio.Event) -> None:

@@ -2,7 +2,7 @@
 
 `iop fake-upstream` and `iop edge run` print one JSON line on stdout once they listen (where
 they listen); this module reads it, so tests, benchmarks and `iop up` can start them on port 0.
-The caller owns what it starts and stops it with `terminate`.
+The caller owns what it starts: it stops it with `terminate`, or enters `owned(process)`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import orjson
 __all__ = [
     "UpstreamProcess",
     "iop_command",
+    "owned",
     "spawn_edge",
     "spawn_fake_upstream",
     "spawn_iop",
@@ -59,11 +60,11 @@ async def spawn_iop(
 
 
 async def spawn_edge(
-    config: Path, *extra: str, startup_timeout: float = 60.0
+    config: Path, *extra: str, log_level: str = "WARNING", startup_timeout: float = 60.0
 ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
     """`iop edge run --config CONFIG`: the process and its start line (url, hub_port, admin_url)."""
     process = await spawn_iop(
-        "edge", "run", "--config", str(config), "--log-level", "WARNING", *extra, stdout=True
+        "edge", "run", "--config", str(config), "--log-level", log_level, *extra, stdout=True
     )
     try:
         assert process.stdout is not None
@@ -78,13 +79,22 @@ async def spawn_edge(
 
 
 async def spawn_node(
-    hub_port: int, node_id: str, token_file: Path, *extra: str
+    hub_port: int, node_id: str, token_file: Path, *extra: str, log_level: str = "WARNING"
 ) -> asyncio.subprocess.Process:
     """`iop node run` dialing the Edge's node hub on 127.0.0.1:HUB_PORT."""
     return await spawn_iop(
         *("node", "run", "--edge", f"127.0.0.1:{hub_port}", "--node-id", node_id),
-        *("--token-file", str(token_file), "--log-level", "WARNING", *extra),
+        *("--token-file", str(token_file), "--log-level", log_level, *extra),
     )
+
+
+@contextlib.asynccontextmanager
+async def owned(process: asyncio.subprocess.Process) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`async with owned(await spawn_...(...))`: the process is terminated on the way out."""
+    try:
+        yield process
+    finally:
+        await terminate(process)
 
 
 @dataclass(frozen=True, slots=True)

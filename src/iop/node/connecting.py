@@ -19,6 +19,7 @@ import grpc
 import grpc.aio
 
 from iop import runtime_pb2 as pb
+from iop.aiokits import guarded_task, stop_tasks
 from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.wire import (
     PROTOCOL_VERSION,
@@ -27,9 +28,7 @@ from iop.wire import (
     RunEvent,
     RunFailed,
     grpc_options,
-    guarded_task,
     statuses,
-    stop_tasks,
 )
 from iop.wire.converting import (
     event_to_proto,

@@ -24,17 +24,9 @@ from types import MappingProxyType
 
 import orjson
 
+from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import NodePayload, ProviderPayload
-from iop.wire import (
-    TERMINAL_EVENTS,
-    ProviderHealth,
-    RunEvent,
-    RunFailed,
-    RunRequest,
-    guarded_task,
-    statuses,
-    stop_tasks,
-)
+from iop.wire import TERMINAL_EVENTS, ProviderHealth, RunEvent, RunFailed, RunRequest, statuses
 
 from .adapters import Adapter, AdapterError, build_adapter
 

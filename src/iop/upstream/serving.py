@@ -28,8 +28,8 @@ from typing import Any, Final, Literal, TypeAlias, cast
 import httptools
 import orjson
 
-from iop.wire import AsyncService, guarded_task, stop_tasks
-from iop.wire.fakes import Completion, OpenAIError, error_body, parse_request, tokens
+from iop.aiokits import AsyncService, guarded_task, stop_tasks
+from iop.fakes import Completion, OpenAIError, error_body, parse_request, tokens
 
 __all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]
 

@@ -11,8 +11,8 @@ import time
 from collections.abc import AsyncGenerator
 
 from iop.edgeconfig import FakeAdapter as FakeSettings
+from iop.fakes import OpenAIError, parse_request, tokens
 from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
-from iop.wire.fakes import OpenAIError, parse_request, tokens
 
 __all__ = ["FakeGenerator"]
 

@@ -1,0 +1,27 @@
+"""Starting `iop` commands as child processes: the one place `iop up`, tests and benchmarks use.
+
+`iop fake-upstream` and `iop edge run` print one JSON line on stdout once they listen; this
+package reads it, so callers can start them on port 0 and learn where they listen.
+"""
+
+from .spawning import (
+    UpstreamProcess,
+    iop_command,
+    owned,
+    spawn_edge,
+    spawn_fake_upstream,
+    spawn_iop,
+    spawn_node,
+    terminate,
+)
+
+__all__ = [
+    "UpstreamProcess",
+    "iop_command",
+    "owned",
+    "spawn_edge",
+    "spawn_fake_upstream",
+    "spawn_iop",
+    "spawn_node",
+    "terminate",
+]
