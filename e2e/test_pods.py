@@ -341,3 +341,40 @@ def test_an_image_that_cannot_run_here_waits_with_a_reason(
         what="the ErrImageNeverPull waiting reason",
     )
     assert "ghcr.io/iop-edge/iop-edge" in reason["message"]
+
+
+def test_a_crashing_container_is_restarted_with_back_off(
+    kube_cluster: KubeCluster, namespace: str
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "crasher"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "crasher",
+                    "image": IMAGE,
+                    "command": [
+                        "python",
+                        "-c",
+                        "print('attempt', flush=True); raise SystemExit(3)",
+                    ],
+                }
+            ]
+        },
+    }
+    kube_cluster.apply(pod, "-n", namespace)
+
+    def restarted_twice() -> dict[str, Any] | None:
+        statuses = kube_cluster.get("pod", "crasher", "-n", namespace)["status"].get(
+            "containerStatuses", []
+        )
+        return statuses[0] if statuses and statuses[0]["restartCount"] >= 2 else None
+
+    # Back-off 1 s, then 2 s: two restarts take about 3 s.
+    status = kube_cluster.wait_for(restarted_twice, timeout=30, what="two restarts")
+    last = status["lastState"]["terminated"]
+    assert (last["exitCode"], last["reason"]) == (3, "Error")
+    previous = kube_cluster.kubectl("logs", "crasher", "-n", namespace, "--previous").stdout
+    assert previous == "attempt\n"

@@ -85,8 +85,9 @@ PINNED_MODULES = (
 )
 COREDNS_MODULE = "github.com/coredns/coredns"
 
-# Debian packages the cluster needs on the host: kube-proxy's nftables mode runs `nft`.
-DEBIAN_PACKAGES = {"nft": "nftables"}
+# Debian packages the cluster needs on the host (command -> package): kube-proxy's nftables
+# mode runs `nft`; the network and the kubelet run `ip` and `nsenter`.
+DEBIAN_PACKAGES = {"nft": "nftables", "ip": "iproute2", "nsenter": "util-linux"}
 
 # kwok ships its default stages (what kwokctl feeds it) as kustomize folders; the build copies the
 # pinned module's own files, so a kwok bump brings its matching stages.
