@@ -214,6 +214,8 @@ class Kubelet:
                     last_status = time.monotonic()
             except ApiError as error:
                 log.warning("lease/heartbeat failed: %s", error)
+            except Exception:  # a long-lived loop logs the unexpected and carries on
+                log.exception("lease/heartbeat failed")
             await asyncio.sleep(LEASE_RENEW)
 
     # -- tokens

@@ -105,12 +105,18 @@ class PodWorker:
                 tasks.append(life)
                 deleting = loop.create_task(self.deleting.wait())
                 await asyncio.wait({life, deleting}, return_when=asyncio.FIRST_COMPLETED)
+                if life.done() and not life.cancelled() and life.exception() is not None:
+                    error = life.exception()
+                    log.error("%s: pod failed: %r", self.key, error, exc_info=error)
+                    for container in self.containers:
+                        if container.pid is None:
+                            container.wait("RunContainerError", f"kubelet error: {error!r}")
                 if not deleting.done():  # every container finished for good: keep the status
                     await self.deleting.wait()
                 deleting.cancel()
                 # No restarts from here on: the containers' supervision ends, then they stop.
                 life.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await life
                 await self._stop_containers()
         finally:
@@ -172,6 +178,8 @@ class PodWorker:
                 await self.volumes.sync()
             except (VolumeError, ApiError) as error:
                 log.warning("%s: volume sync failed: %s", self.key, error)
+            except Exception:  # a long-lived loop logs the unexpected and carries on
+                log.exception("%s: volume sync failed", self.key)
 
     async def _run_container(self, container: Container, *, init: bool) -> bool:
         """Run one container per restartPolicy; True when an init container succeeded."""
@@ -372,6 +380,10 @@ class PodWorker:
                 if error.status == 404:
                     return
                 log.warning("%s: status update failed: %s", self.key, error)
+                await asyncio.sleep(1)
+                self.changed()
+            except Exception:  # a long-lived loop logs the unexpected and carries on
+                log.exception("%s: status update failed", self.key)
                 await asyncio.sleep(1)
                 self.changed()
             await asyncio.sleep(0.05)  # coalesce bursts of changes
