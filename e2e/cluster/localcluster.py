@@ -69,7 +69,7 @@ BINARIES: dict[str, str] = {
     "kwok": "sigs.k8s.io/kwok/cmd/kwok",
     "helm": "helm.sh/helm/v3/cmd/helm",
     "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
-    "coredns": "github.com/coredns/coredns",
+    "coredns": "iop-edge.local/e2e/cluster/coredns",  # coredns/main.go
 }
 
 # Binaries built from a Go module folder of their own (its dependency graph is its own);
@@ -735,10 +735,12 @@ def corefile(state: State) -> str:
 
 
 def kubelet_python() -> Path:
-    """The checkout's virtualenv: the kubelet runs in it, and so do the pods it starts."""
-    python = CHECKOUT / ".venv" / "bin" / "python"
-    if not os.access(python, os.X_OK):
-        raise ClusterError(f"{python} is missing: run scripts/bootstrap first")
+    """The virtualenv the kubelet runs in, and its pods too: the checkout's `.venv`, or
+    IOP_KUBELET_VENV (which the kubelet also reads, from the environment `up` passes on)."""
+    venv = Path(os.environ.get("IOP_KUBELET_VENV") or CHECKOUT / ".venv")
+    python = venv / "bin" / "python"
+    if not os.access(python, os.X_OK) or not os.access(venv / "bin" / "iop", os.X_OK):
+        raise ClusterError(f"{venv} has no bin/python and bin/iop: run scripts/bootstrap first")
     return python
 
 

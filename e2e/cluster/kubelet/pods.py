@@ -103,7 +103,7 @@ class PodWorker:
                 tasks.append(loop.create_task(self._write_status(), name=f"status:{self.key}"))
                 life = loop.create_task(self._live(), name=f"pod:{self.key}")
                 tasks.append(life)
-                deleting = loop.create_task(self.deleting.wait())
+                deleting = loop.create_task(self.deleting.wait(), name=f"deleting:{self.key}")
                 await asyncio.wait({life, deleting}, return_when=asyncio.FIRST_COMPLETED)
                 if life.done() and not life.cancelled() and life.exception() is not None:
                     error = life.exception()
