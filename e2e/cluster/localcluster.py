@@ -1173,6 +1173,7 @@ def up(timeout: float) -> State:
                 if attempt == 2:
                     raise ClusterError(str(error)) from None
                 log("a port was taken meanwhile: trying again with new ports")
+                remove_state(root)
     raise AssertionError("unreachable")
 
 
@@ -1187,10 +1188,24 @@ def start(root: Path, build_: Build, timeout: float) -> State:
     (root / "logs").mkdir()
     state = State(root=root, bin_dir=build_.bin_dir, ports={}, processes={})
     try:
-        state.network = clusternet.create(root)
-    except clusternet.NetworkError as error:
-        raise ClusterError(f"the pod network could not be made: {error}") from None
-    state.save()
+        try:
+            state.network = clusternet.create(root)
+        except clusternet.NetworkError as error:
+            raise ClusterError(f"the pod network could not be made: {error}") from None
+        state.save()
+        launch(state, build_, began, began + timeout)
+    except BaseException as error:
+        # Everything started so far stops; the network goes too (stop_processes).
+        stop_processes(state)
+        if isinstance(error, ClusterError):
+            log(f"start failed; logs kept in {root / 'logs'}")
+        raise
+    log(f"ready in {time.monotonic() - began:.1f}s: {root}")
+    return state
+
+
+def launch(state: State, build_: Build, began: float, deadline: float) -> None:
+    """Certificates, then every component in order, each awaited until healthy."""
     net = state.net
     log(f"network: pods {net.pod_cidr}, services {net.service_cidr}, node netns {net.node_netns}")
     loopback = ("etcd", "etcd-peer", "controller-manager", "scheduler")
@@ -1208,32 +1223,23 @@ def start(root: Path, build_: Build, timeout: float) -> State:
     argv = command_lines(state, build_)
     env = child_env(state)
     state.save()
-    deadline = began + timeout
     probe = Probe(state)
-    try:
-        # etcd and the API server start together (the API server retries etcd); the others
-        # start once it is ready, as they read RBAC-protected objects on start and give up.
-        for name in ("etcd", "kube-apiserver"):
-            state.processes[name] = spawn(name, argv[name], state, env)
-            state.save()
-        await_checks(state, began, deadline, {name: probe.check(name) for name in state.processes})
-        for name in COMPONENTS[2:]:
-            state.processes[name] = spawn(name, argv[name], state, env)
-            state.save()
-        probe.register_node()
-        checks = {name: probe.check(name) for name in COMPONENTS[2:]}
-        await_checks(state, began, deadline, checks)
-        # Pods need their namespace's default ServiceAccount, which the controller manager
-        # makes; seeing it in `default` shows its controllers run.
-        sa_check = {"kube-controller-manager": probe.default_service_account}
-        await_checks(state, began, deadline, sa_check, what="default ServiceAccount")
-    except BaseException as error:
-        stop_processes(state)
-        if isinstance(error, ClusterError):
-            log(f"start failed; logs kept in {root / 'logs'}")
-        raise
-    log(f"ready in {time.monotonic() - began:.1f}s: {root}")
-    return state
+    # etcd and the API server start together (the API server retries etcd); the others
+    # start once it is ready, as they read RBAC-protected objects on start and give up.
+    for name in ("etcd", "kube-apiserver"):
+        state.processes[name] = spawn(name, argv[name], state, env)
+        state.save()
+    await_checks(state, began, deadline, {name: probe.check(name) for name in state.processes})
+    for name in COMPONENTS[2:]:
+        state.processes[name] = spawn(name, argv[name], state, env)
+        state.save()
+    probe.register_node()
+    checks = {name: probe.check(name) for name in COMPONENTS[2:]}
+    await_checks(state, began, deadline, checks)
+    # Pods need their namespace's default ServiceAccount, which the controller manager
+    # makes; seeing it in `default` shows its controllers run.
+    sa_check = {"kube-controller-manager": probe.default_service_account}
+    await_checks(state, began, deadline, sa_check, what="default ServiceAccount")
 
 
 def await_checks(
