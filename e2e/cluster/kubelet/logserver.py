@@ -36,6 +36,8 @@ class LogServer:
         app = web.Application()
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self.container_logs)
+        for verb in ("exec", "attach", "portForward", "run"):
+            app.router.add_route("*", f"/{verb}/{{tail:.*}}", self.unsupported)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, config.node_ip, config.serving_port, ssl_context=context)
@@ -47,6 +49,11 @@ class LogServer:
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def unsupported(self, request: web.Request) -> web.Response:
+        verb = request.path.split("/")[1]
+        text = f"{verb} is not supported by the process kubelet (see e2e/cluster/README.md)"
+        return web.Response(status=501, text=text)
 
     def _find(self, namespace: str, pod: str, name: str) -> tuple[Path, int, bool] | None:
         """(log folder, current restart count, whether it still runs) of one container."""
