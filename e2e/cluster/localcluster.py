@@ -1045,7 +1045,12 @@ class Probe:
         if code != 200:
             return False
         conditions = node.get("status", {}).get("conditions", [])
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        # The node lifecycle controller lifts the not-ready taint a moment after Ready: until
+        # then nothing is scheduled there.
+        taints = node.get("spec", {}).get("taints") or []
+        not_ready = any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return ready and not not_ready
 
     def register_node(self) -> None:
         node = {
