@@ -378,3 +378,47 @@ def test_a_crashing_container_is_restarted_with_back_off(
     assert (last["exitCode"], last["reason"]) == (3, "Error")
     previous = kube_cluster.kubectl("logs", "crasher", "-n", namespace, "--previous").stdout
     assert previous == "attempt\n"
+
+
+GRACEFUL = """
+import pathlib, signal, sys, time
+def stop(*_):
+    pathlib.Path("/out/sigterm").write_text(str(pathlib.Path("/out/prestop").exists()))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_deletion_runs_pre_stop_then_sigterm(
+    kube_cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "graceful"},
+        "spec": {
+            "terminationGracePeriodSeconds": 10,
+            "containers": [
+                {
+                    "name": "graceful",
+                    "image": IMAGE,
+                    "command": ["python", "-c", GRACEFUL],
+                    "lifecycle": {
+                        "preStop": {"exec": {"command": ["sh", "-c", "echo bye > /out/prestop"]}}
+                    },
+                    "volumeMounts": [{"name": "out", "mountPath": "/out"}],
+                }
+            ],
+            "volumes": [{"name": "out", "hostPath": {"path": str(tmp_path)}}],
+        },
+    }
+    kube_cluster.apply(pod, "-n", namespace)
+    kube_cluster.kubectl("wait", "--for=condition=Ready", "pod/graceful", "-n", namespace,
+                         "--timeout=30s")  # fmt: skip
+    kube_cluster.kubectl("delete", "pod", "graceful", "-n", namespace, "--timeout=30s")
+
+    assert (tmp_path / "prestop").read_text() == "bye\n"
+    assert (tmp_path / "sigterm").read_text() == "True"  # the hook ran before SIGTERM

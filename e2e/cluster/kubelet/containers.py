@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from .probing import run_probe
+from .probing import check, run_probe
 
 Object = dict[str, Any]
 log = logging.getLogger("kubelet.containers")
@@ -69,6 +69,8 @@ class Container:
     stopping: bool = False
     _probes: list[asyncio.Task[None]] = field(default_factory=list)
     _kill_reason: str = ""
+    _pod_ip: str = ""
+    _session: aiohttp.ClientSession | None = None
 
     @property
     def name(self) -> str:
@@ -117,6 +119,7 @@ class Container:
         started_at = now()
         self.state = {"running": {"startedAt": started_at}}
         self._kill_reason = ""
+        self._pod_ip, self._session = pod_ip, session
         self._start_probes(pod_ip, session)
         self.changed()
         code = await self.process.wait()
@@ -205,17 +208,34 @@ class Container:
                 os.killpg(self.pid, sig)
 
     async def stop(self, grace: float) -> None:
-        """SIGTERM, up to `grace` seconds, then SIGKILL."""
+        """The preStop hook, SIGTERM, and SIGKILL once `grace` seconds have passed."""
         self.stopping = True
         process = self.process
         if process is None or process.returncode is not None:
             return
+        deadline = time.monotonic() + grace
+        hook = (self.spec.get("lifecycle") or {}).get("preStop")
+        if hook:
+            try:
+                await asyncio.wait_for(self._pre_stop(hook, grace), grace)
+            except TimeoutError:
+                log.info("%s: preStop hook still running after the grace period", self.name)
         self.kill("", signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), grace)
+            await asyncio.wait_for(process.wait(), max(deadline - time.monotonic(), 0.1))
         except TimeoutError:
             self.kill("", signal.SIGKILL)
             await process.wait()
+
+    async def _pre_stop(self, hook: Object, grace: float) -> None:
+        if "sleep" in hook:
+            await asyncio.sleep(float(hook["sleep"]["seconds"]))
+            return
+        if self._session is None:
+            return
+        ok, message = await check(hook, self.spec, self._pod_ip, self.pid, self._session, grace)
+        if not ok:
+            log.info("%s: preStop hook failed: %s", self.name, message)
 
     def finished(self, code: int, policy: str) -> bool:
         """Whether the container stays down after exiting with `code` under `policy`."""
