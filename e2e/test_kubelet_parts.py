@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
 
 from kubelet.downward import quantity, resource_value
-from kubelet.envs import Image, argv, expand, repository
+from kubelet.envs import Image, argv, expand, repository, service_links
 from kubelet.volumes import write_atomically
 
 IMAGE = Image(name="ghcr.io/iop-edge/iop-edge", venv="/checkout/.venv")
@@ -84,3 +84,26 @@ def test_the_atomic_writer_swaps_data_and_drops_stale_keys(tmp_path: Path) -> No
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith("..2")) == [
         os.readlink(folder / "..data")
     ]
+
+
+def test_services_give_docker_link_variables() -> None:
+    services = [
+        {
+            "metadata": {"name": "iop-edge"},
+            "spec": {
+                "clusterIP": "10.252.0.7",
+                "ports": [
+                    {"name": "grpc", "port": 7443, "protocol": "TCP"},
+                    {"name": "open-ai", "port": 8080, "protocol": "TCP"},
+                ],
+            },
+        },
+        {"metadata": {"name": "headless"}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}},
+    ]
+    env = service_links(services)
+    assert env["IOP_EDGE_SERVICE_HOST"] == "10.252.0.7"
+    assert env["IOP_EDGE_SERVICE_PORT"] == "7443"
+    assert env["IOP_EDGE_SERVICE_PORT_OPEN_AI"] == "8080"
+    assert env["IOP_EDGE_PORT"] == "tcp://10.252.0.7:7443"
+    assert env["IOP_EDGE_PORT_8080_TCP_ADDR"] == "10.252.0.7"
+    assert not [name for name in env if name.startswith("HEADLESS")]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,7 @@ class Context:
     configmaps: Mapping[tuple[str, str], Object]
     secrets: Mapping[tuple[str, str], Object]
     allocatable: Mapping[str, str]
+    services: Iterable[Object] = ()
 
 
 def _lookup(context: Context, kind: str, ref: Object, key: str | None) -> dict[str, str] | None:
@@ -88,10 +89,41 @@ def _lookup(context: Context, kind: str, ref: Object, key: str | None) -> dict[s
     return {name: value.decode(errors="replace") for name, value in values.items()}
 
 
+def service_links(services: Iterable[Object]) -> dict[str, str]:
+    """The Docker-link variables a kubelet gives for each Service with a ClusterIP in the pod's
+    namespace (unless the pod sets enableServiceLinks: false): MY_SVC_SERVICE_HOST, MY_SVC_PORT,
+    ... A chart whose program reads, say, EDGE_PORT meets them in a real cluster, so here too."""
+    env: dict[str, str] = {}
+    for service in sorted(services, key=lambda s: s["metadata"]["name"]):
+        spec = service.get("spec") or {}
+        ip, ports = spec.get("clusterIP"), spec.get("ports") or []
+        if not ip or ip == "None" or not ports:
+            continue
+        name = service["metadata"]["name"].upper().replace("-", "_")
+        first = ports[0]
+        env[f"{name}_SERVICE_HOST"] = ip
+        env[f"{name}_SERVICE_PORT"] = str(first["port"])
+        env[f"{name}_PORT"] = f"{first.get('protocol', 'TCP').lower()}://{ip}:{first['port']}"
+        for port in ports:
+            proto = port.get("protocol", "TCP")
+            if port.get("name"):
+                env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(
+                    port["port"]
+                )
+            prefix = f"{name}_PORT_{port['port']}_{proto}"
+            env[prefix] = f"{proto.lower()}://{ip}:{port['port']}"
+            env[f"{prefix}_PROTO"] = proto.lower()
+            env[f"{prefix}_PORT"] = str(port["port"])
+            env[f"{prefix}_ADDR"] = ip
+    return env
+
+
 def environment(container: Object, image: Image, context: Context) -> dict[str, str]:
     pod = context.pod
     host, port = context.api_host, context.api_port
+    links = service_links(context.services) if pod["spec"].get("enableServiceLinks", True) else {}
     env: dict[str, str] = {
+        **links,
         "PATH": image.path,
         "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"],
         "HOME": "/root",

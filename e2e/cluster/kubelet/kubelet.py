@@ -111,6 +111,7 @@ class Kubelet:
         )
         self.configmaps = Informer(api, "/api/v1/configmaps", self._source_handler("configmap"))
         self.secrets = Informer(api, "/api/v1/secrets", self._source_handler("secret"))
+        self.services = Informer(api, "/api/v1/services", self._ignore)
         self.pods = Informer(
             api, "/api/v1/pods", self._pod_event, fieldSelector=f"spec.nodeName={config.node_name}"
         )
@@ -248,6 +249,9 @@ class Kubelet:
 
     # -- events
 
+    async def _ignore(self, _kind: str, _obj: Object) -> None:
+        """Services are only read when a container starts (its Docker-link variables)."""
+
     def _source_handler(self, what: str) -> Handler:
         async def changed(_kind: str, obj: Object) -> None:
             meta = obj["metadata"]
@@ -279,6 +283,7 @@ class Kubelet:
     async def _wait_for_sources(self) -> None:
         await self.configmaps.synced.wait()
         await self.secrets.synced.wait()
+        await self.services.synced.wait()
 
     async def _guard(self, worker: PodWorker) -> None:
         try:
@@ -320,6 +325,7 @@ async def serve(config: Config) -> None:
             loop.create_task(kubelet.keep_lease(), name="lease"),
             loop.create_task(kubelet.configmaps.run(), name="watch:configmaps"),
             loop.create_task(kubelet.secrets.run(), name="watch:secrets"),
+            loop.create_task(kubelet.services.run(), name="watch:services"),
             loop.create_task(kubelet.pods.run(), name="watch:pods"),
         ]
         log.info("serving node %s", config.node_name)

@@ -222,6 +222,11 @@ class PodWorker:
             configmaps=self.kubelet.sources.configmaps,
             secrets=self.kubelet.sources.secrets,
             allocatable=self.kubelet.sources.allocatable,
+            services=[
+                service
+                for (namespace, _), service in self.kubelet.services.objects.items()
+                if namespace == self.pod["metadata"]["namespace"]
+            ],
         )
         env = environment(container.spec, config.image, context)
         volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
