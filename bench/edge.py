@@ -46,8 +46,10 @@ import orjson
 import uvloop
 import yaml
 
+from iop import runtime_pb2 as pb
 from iop.edge import EdgeServer
-from iop.edgeconfig import load_file
+from iop.edge.hubs import NodeStatus, ProviderLink
+from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 
@@ -274,12 +276,6 @@ async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int
 # -- the stub hub of `--stub-edge` ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Link:
-    node_id: str
-    healthy: bool = True
-
-
 class _InstantStream:
     def __init__(self, events: list[RunEvent]) -> None:
         self._events = iter(events)
@@ -350,9 +346,9 @@ class InstantHub:
             RunUsage(8, MAX_TOKENS, 8 + MAX_TOKENS),
             RunDone("length"),
         ]
-        self._links = {"p-http": _Link("node-1"), "p-fake": _Link("node-1")}
+        self._links = {p: ProviderLink(p, "node-1", healthy=True) for p in ("p-http", "p-fake")}
 
-    def connected_providers(self) -> Mapping[str, _Link]:
+    def connected_providers(self) -> Mapping[str, ProviderLink]:
         return self._links
 
     def add_listener(self, callback: Callable[[], None]) -> None:
@@ -363,6 +359,14 @@ class InstantHub:
 
     async def start(self) -> int:
         return 0
+
+    async def swap_config(
+        self, config: EdgeConfig, *, generation: int | None = None, ack_timeout: float = 0.0
+    ) -> Mapping[str, pb.ConfigAck | None]:
+        return {}
+
+    def nodes(self) -> Mapping[str, NodeStatus]:
+        return {}
 
     async def stop(self, grace: float = 0.0) -> None:
         return None

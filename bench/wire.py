@@ -34,8 +34,8 @@ import orjson
 import uvloop
 
 from iop.edge.nodehub import NodeHub
-from iop.edgeconfig import FakeAdapter, OpenAIAdapter, load_data
-from iop.node import FakeGenerator, OpenAIHttpAdapter
+from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data
+from iop.node import FakeAdapter, OpenAIAdapter
 from iop.processes import spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunDone, RunRequest
 
@@ -114,8 +114,8 @@ async def main(seconds: float, concurrencies: list[int]) -> None:
                 ],
             }
         )
-        direct = OpenAIHttpAdapter("direct", OpenAIAdapter(base_url=upstream.base_url))
-        fake = FakeGenerator("direct-fake", FakeAdapter())
+        direct = OpenAIAdapter("direct", OpenAIAdapterSettings(base_url=upstream.base_url))
+        fake = FakeAdapter("direct-fake", FakeAdapterSettings())
         with tempfile.TemporaryDirectory() as tmp:
             token_file = Path(tmp) / "token"
             token_file.write_text(TOKEN)
@@ -128,8 +128,8 @@ async def main(seconds: float, concurrencies: list[int]) -> None:
 
 async def run_table(
     hub: NodeHub,
-    direct: OpenAIHttpAdapter,
-    fake: FakeGenerator,
+    direct: OpenAIAdapter,
+    fake: FakeAdapter,
     seconds: float,
     concurrencies: list[int],
 ) -> None:
@@ -137,7 +137,7 @@ async def run_table(
     cases = [("whole", False, "p1"), ("stream", True, "p1"), ("fake adapter, stream", True, "p2")]
     for mode, stream, provider in cases:
         payload = body(stream)
-        adapter: OpenAIHttpAdapter | FakeGenerator = direct if provider == "p1" else fake
+        adapter: OpenAIAdapter | FakeAdapter = direct if provider == "p1" else fake
 
         async def via_direct(
             i: int, payload: bytes = payload, stream: bool = stream, adapter: Any = adapter

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
 
 from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
@@ -27,29 +29,88 @@ from iop.node import NodeAgent
 from iop.processes import spawn_edge, spawn_node, terminate
 from iop.upstream import FakeUpstream, FakeUpstreamSettings
 
+# Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI
+# runner a fast example can take a second. The properties bound their work by example counts.
+settings.register_profile("iop", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("iop")
+
 NODE_TOKEN = "node-1-secret-token"
+#: The OpenAI API keys every built config knows: token_ref -> raw key (principal team-search).
+CLIENT_TOKENS = {"search-chat": "sk-chat-secret", "search-batch": "sk-batch-secret"}
 
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def build_wire_config(
-    providers: list[dict[str, Any]], *, node_id: str = "node-1", token: str = NODE_TOKEN
-) -> EdgeConfig:
-    """One Edge, one node holding `providers` (each needs id and adapter), one model each."""
+def build_document(
+    providers: list[dict[str, Any]],
+    models: Mapping[str, list[str]] | None = None,
+    *,
+    node_id: str = "node-1",
+    token: str = NODE_TOKEN,
+    threshold: int = 1000,
+    openai: Mapping[str, Any] | None = None,
+    generation: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The one config builder of the tests: a valid document with one node holding `providers`.
+
+    Each provider needs `id`, `adapter` and `served_models`; `models` maps model id -> provider
+    ids, each serving its first served model (default: one model "m" over every provider).
+    Listeners are on loopback port 0; the clients of `CLIENT_TOKENS` are known.
+    """
+    models = models if models is not None else {"m": [p["id"] for p in providers]}
+    served = {p["id"]: p["served_models"][0] for p in providers}
+    principal_tokens = [
+        {"token_ref": ref, "token_hash_sha256": sha256(key), "principal_ref": "team-search"}
+        for ref, key in CLIENT_TOKENS.items()
+    ]
+    return {
+        "edge": {"id": "edge-test", "listen": "127.0.0.1:0"},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "long_context_threshold_tokens": threshold,
+            "principal_tokens": principal_tokens,
+            **(openai or {}),
+        },
+        "models": [
+            {
+                "id": model_id,
+                "providers": {pid: served[pid] for pid in pids},
+                "generation": dict((generation or {}).get(model_id, {})),
+            }
+            for model_id, pids in models.items()
+        ],
+        "nodes": [{"id": node_id, "token_hash_sha256": sha256(token), "providers": providers}],
+    }
+
+
+def build_config(providers: list[dict[str, Any]], *args: Any, **options: Any) -> EdgeConfig:
+    """`build_document(...)`, loaded."""
+    return load_data(build_document(providers, *args, **options))
+
+
+def build_wire_config(providers: list[dict[str, Any]], **options: Any) -> EdgeConfig:
+    """For wire tests: every provider serves "served" (capacity 8), one model `m-<id>` each."""
     full = [{"served_models": ["served"], "capacity": 8, **provider} for provider in providers]
-    return load_data(
-        {
-            "edge": {"id": "edge-test", "listen": "127.0.0.1:0"},
-            "models": [{"id": f"m-{p['id']}", "providers": {p["id"]: "served"}} for p in full],
-            "nodes": [{"id": node_id, "token_hash_sha256": sha256(token), "providers": full}],
-        }
-    )
+    return build_config(full, {f"m-{p['id']}": [p["id"]] for p in full}, **options)
+
+
+@pytest.fixture(scope="session")
+def config_of() -> Callable[..., EdgeConfig]:
+    """`config_of(providers, models, threshold=..., openai=..., generation=...)`: `build_config`."""
+    return build_config
+
+
+@pytest.fixture(scope="session")
+def tokens() -> dict[str, str]:
+    """The OpenAI API keys every built config knows (`CLIENT_TOKENS`)."""
+    return dict(CLIENT_TOKENS)
 
 
 @pytest.fixture
 def wire_config() -> Callable[..., EdgeConfig]:
+    """`wire_config(providers, node_id=..., token=...)`: see `build_wire_config`."""
     return build_wire_config
 
 
@@ -107,19 +168,30 @@ async def start_node() -> AsyncIterator[Callable[..., Awaitable[NodeAgent]]]:
         yield start
 
 
-async def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    """Poll `condition` until it holds (an event-free wait for state in another process)."""
+async def wait_until(
+    condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.01
+) -> Any:
+    """Poll `condition` until it returns something true, and return that.
+
+    The one polling helper of the tests: for state that gives no event to wait on (in another
+    process, say). `condition` may be async (an HTTP call); it is awaited each time.
+    """
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout
-    while not condition():
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
         if loop.time() > until:
-            raise TimeoutError("the condition did not hold in time")
-        await asyncio.sleep(0.01)
+            raise TimeoutError(f"the condition did not hold within {timeout:g}s; last: {value!r}")
+        await asyncio.sleep(interval)
 
 
 @pytest.fixture
-def until() -> Callable[..., Awaitable[None]]:
-    """`await until(lambda: condition, timeout=10)`."""
+def until() -> Callable[..., Awaitable[Any]]:
+    """`await until(lambda: condition, timeout=10)`: see `wait_until`."""
     return wait_until
 
 
@@ -129,8 +201,6 @@ def node_token() -> str:
 
 
 # -- live refresh: an in-process Edge (with its admin API) and its documents --------------------
-
-REFRESH_CLIENT_TOKEN = "sk-refresh-client"
 
 
 def refresh_document() -> dict[str, Any]:
@@ -147,33 +217,16 @@ def refresh_document() -> dict[str, Any]:
             **settings,
         }
 
-    return {
-        "edge": {"id": "edge-refresh", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "long_context_threshold_tokens": 1000,
-            "principal_tokens": [
-                {
-                    "token_ref": "refresh-app",
-                    "token_hash_sha256": sha256(REFRESH_CLIENT_TOKEN),
-                    "principal_ref": "team-refresh",
-                }
-            ],
-        },
-        "models": [{"id": "m", "providers": {"pa": "served-a", "pb": "served-b"}}],
-        "nodes": [
-            {
-                "id": "node-1",
-                "token_hash_sha256": sha256(NODE_TOKEN),
-                "providers": [fake("pa", priority=0), fake("pb", priority=10)],
-            },
-            {
-                "id": "node-2",
-                "token_hash_sha256": sha256("node-2-token"),
-                "providers": [fake("pc")],
-            },
-        ],
+    document = build_document([fake("pa", priority=0), fake("pb", priority=10)])
+    document["edge"] = {
+        "id": "edge-refresh",
+        "listen": "127.0.0.1:0",
+        "admin": {"listen": "127.0.0.1:0"},
     }
+    document["nodes"].append(
+        {"id": "node-2", "token_hash_sha256": sha256("node-2-token"), "providers": [fake("pc")]}
+    )
+    return document
 
 
 @pytest.fixture(name="refresh_document", scope="session")
@@ -184,8 +237,8 @@ def refresh_document_fixture() -> Callable[[], dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def refresh_client_token() -> str:
-    """The OpenAI API key `refresh_document()` configures."""
-    return REFRESH_CLIENT_TOKEN
+    """An OpenAI API key `refresh_document()` configures."""
+    return CLIENT_TOKENS["search-chat"]
 
 
 @pytest.fixture
@@ -230,14 +283,13 @@ class IopProcesses:
 
     async def wait_available(self, url: str, providers: list[str], timeout: float = 20) -> None:
         """Until the Edge's /readyz lists exactly `providers` as available to dispatch."""
-        ready: Any = None
         async with httpx.AsyncClient(base_url=url) as http:
-            for _ in range(int(timeout / 0.05)):
+
+            async def available() -> bool:
                 ready = (await http.get("/readyz")).json()
-                if ready["providers_available"] == providers:
-                    return
-                await asyncio.sleep(0.05)
-        pytest.fail(f"the nodes' providers never became available: {ready}")
+                return bool(ready["providers_available"] == providers)
+
+            await wait_until(available, timeout, interval=0.05)
 
 
 @pytest.fixture(scope="session")

@@ -1,3 +1,6 @@
 """IOP Edge: an OpenAI-compatible LLM inference gateway for Kubernetes."""
 
+__all__ = ["__version__"]
+
+#: The version of the distribution (`iop --version`).
 __version__ = "0.1.0"

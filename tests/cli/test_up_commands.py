@@ -14,7 +14,7 @@ import orjson
 import yaml
 
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
-from iop.edgeconfig import OpenAIAdapter, load_file
+from iop.edgeconfig import OpenAIAdapterSettings, load_file
 from iop.processes import iop_command, terminate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,8 +37,10 @@ def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
                 old.priority,
                 old.max_queue,
             )
-            if isinstance(old.adapter, OpenAIAdapter):
-                assert provider.adapter == OpenAIAdapter(base_url="http://127.0.0.1:9999/v1")
+            if isinstance(old.adapter, OpenAIAdapterSettings):
+                assert provider.adapter == OpenAIAdapterSettings(
+                    base_url="http://127.0.0.1:9999/v1"
+                )
             else:
                 assert provider.adapter == old.adapter
     refs = [t.token_ref for t in config.openai.principal_tokens]

@@ -4,7 +4,6 @@ live refresh tests) a real in-process Edge with its admin API and a connected No
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -14,15 +13,10 @@ import httpx
 import orjson
 import pytest
 
-from iop.edge.runs import Hub, ProviderLink, RunStream
-from iop.edgeconfig import EdgeConfig, load_data
+from iop import runtime_pb2 as pb
+from iop.edge.hubs import Hub, NodeStatus, ProviderLink, RunEvents
+from iop.edgeconfig import EdgeConfig
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
-
-TOKENS = {"search-chat": "sk-chat-secret", "search-batch": "sk-batch-secret"}
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def provider(pid: str, **settings: Any) -> dict[str, Any]:
@@ -36,74 +30,13 @@ def provider(pid: str, **settings: Any) -> dict[str, Any]:
     }
 
 
-def make_config(
-    providers: list[dict[str, Any]],
-    models: Mapping[str, list[str]] | None = None,
-    *,
-    threshold: int = 1000,
-    openai: Mapping[str, Any] | None = None,
-    generation: Mapping[str, Mapping[str, Any]] | None = None,
-) -> EdgeConfig:
-    """A valid config with one node holding `providers`; `models` maps model id -> provider ids
-    (default: one model "m" over every provider)."""
-    models = models if models is not None else {"m": [p["id"] for p in providers]}
-    served = {p["id"]: p["served_models"][0] for p in providers}
-    data = {
-        "edge": {"id": "edge-test", "listen": "127.0.0.1:0"},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "long_context_threshold_tokens": threshold,
-            "principal_tokens": [
-                {
-                    "token_ref": "search-chat",
-                    "token_hash_sha256": sha(TOKENS["search-chat"]),
-                    "principal_ref": "team-search",
-                },
-                {
-                    "token_ref": "search-batch",
-                    "token_hash_sha256": sha(TOKENS["search-batch"]),
-                    "principal_ref": "team-search",
-                },
-            ],
-            **(openai or {}),
-        },
-        "models": [
-            {
-                "id": model_id,
-                "providers": {pid: served[pid] for pid in pids},
-                "generation": dict((generation or {}).get(model_id, {})),
-            }
-            for model_id, pids in models.items()
-        ],
-        "nodes": [{"id": "node-1", "token_hash_sha256": "c" * 64, "providers": providers}],
-    }
-    return load_data(data)
-
-
 @pytest.fixture(name="provider", scope="session")
 def provider_fixture() -> Callable[..., dict[str, Any]]:
     """`provider(id, **settings)`: a provider entry (fake adapter, capacity 4, priority 10)."""
     return provider
 
 
-@pytest.fixture(scope="session")
-def config_of() -> Callable[..., EdgeConfig]:
-    """`config_of(providers, models, threshold=..., openai=..., generation=...)`."""
-    return make_config
-
-
-@pytest.fixture(scope="session")
-def tokens() -> dict[str, str]:
-    return dict(TOKENS)
-
-
 # -- a fake node hub at the request path's seam ------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    node_id: str
-    healthy: bool = True
 
 
 Script = Callable[[RunRequest], AsyncIterator[RunEvent]]
@@ -225,7 +158,7 @@ class FakeStream:
 class FakeHub:
     """Runs requests in-process with `script`; records what it was asked and what ended how."""
 
-    providers: dict[str, Link] = field(default_factory=dict)
+    providers: dict[str, ProviderLink] = field(default_factory=dict)
     script: Script = echo_script
     requests: list[RunRequest] = field(default_factory=list)
     active: dict[str, RunRequest] = field(default_factory=dict)
@@ -245,7 +178,7 @@ class FakeHub:
     def add_listener(self, callback: Callable[[], None]) -> None:
         self.listeners.append(callback)
 
-    def run(self, request: RunRequest) -> RunStream:
+    def run(self, request: RunRequest) -> RunEvents:
         self.requests.append(request)
         return FakeStream(self, request)
 
@@ -256,9 +189,17 @@ class FakeHub:
     async def stop(self, grace: float = 0.0) -> None:
         self.started = False
 
+    async def swap_config(
+        self, config: EdgeConfig, *, generation: int | None = None, ack_timeout: float = 0.0
+    ) -> Mapping[str, pb.ConfigAck | None]:
+        return {}  # no Node is connected to a fake hub: nothing to push
+
+    def nodes(self) -> Mapping[str, NodeStatus]:
+        return {}
+
     def connect(self, *provider_ids: str, node_id: str = "node-1", healthy: bool = True) -> None:
         for pid in provider_ids:
-            self.providers[pid] = Link(node_id, healthy)
+            self.providers[pid] = ProviderLink(pid, node_id, healthy)
         for callback in self.listeners:
             callback()
 
@@ -273,9 +214,9 @@ def _check_protocol(hub: FakeHub) -> Hub:
     return hub  # mypy checks that the fake implements the Protocol
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fake_hub() -> FakeHub:
-    """One fake hub per test module (a module may share one Edge between its tests)."""
+    """A fresh fake hub for each test."""
     return FakeHub()
 
 

@@ -1,4 +1,4 @@
-"""Dispatch rules (DESIGN §1, §4), driven straight at the dispatcher on a real event loop."""
+"""Dispatch rules (docs/edge.md), driven straight at the dispatcher on a real event loop."""
 
 from __future__ import annotations
 

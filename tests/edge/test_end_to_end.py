@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -177,7 +178,7 @@ async def test_errors_reach_the_client_in_openai_shape(client, stack) -> None:
             await stranger.models.list()
 
 
-async def test_usage_is_metered_and_nothing_stays_in_flight(client, stack) -> None:
+async def test_usage_is_metered_and_nothing_stays_in_flight(client, stack, until) -> None:
     await asyncio.gather(
         *(
             client.chat.completions.create(
@@ -190,15 +191,17 @@ async def test_usage_is_metered_and_nothing_stays_in_flight(client, stack) -> No
         text = (await http.get("/metrics")).text
     assert 'principal_ref="team-e2e"' in text and 'token_ref="e2e-app"' in text
     assert CLIENT_TOKEN not in text
-    for _ in range(100):
+
+    async def idle() -> bool:
         gauges = await in_flight(stack)
-        if all(line.endswith(" 0.0") for line in gauges.splitlines()):
-            break
-        await asyncio.sleep(0.02)
-    assert all(line.endswith(" 0.0") for line in gauges.splitlines()), gauges
+        return all(line.endswith(" 0.0") for line in gauges.splitlines())
+
+    await until(idle, timeout=2)
 
 
-async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(client, stack) -> None:
+async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(
+    client, stack, until
+) -> None:
     async with httpx.AsyncClient(base_url=stack.upstream_url.removesuffix("/v1")) as http:
         before = (await http.get("/fake/stats")).json()
         stream = await client.chat.completions.create(
@@ -211,10 +214,12 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_upstream_request(clie
         async for _ in stream:
             break
         await stream.close()
-        for _ in range(200):
-            after = (await http.get("/fake/stats")).json()
-            if after["disconnects"] > before["disconnects"] and after["in_flight"] == 0:
-                break
-            await asyncio.sleep(0.02)
+
+        async def cancelled() -> dict[str, Any] | None:
+            after: dict[str, Any] = (await http.get("/fake/stats")).json()
+            done = after["disconnects"] > before["disconnects"] and after["in_flight"] == 0
+            return after if done else None
+
+        after = await until(cancelled, timeout=4)
         assert after["disconnects"] == before["disconnects"] + 1
         assert after["in_flight"] == 0

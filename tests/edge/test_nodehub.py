@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from iop import runtime_pb2 as pb
-from iop.edge.nodehub import NodeHub, ProviderLink
+from iop.edge.hubs import ProviderLink
+from iop.edge.nodehub import NodeHub
 from iop.fakes import tokens
 from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.upstream import FakeUpstream

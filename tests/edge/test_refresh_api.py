@@ -247,9 +247,9 @@ async def test_config_is_shown_with_its_hash_and_secrets_redacted(start_edge, re
     assert shown["config"]["nodes"][0]["token_hash_sha256"] == "<redacted>"
     token = shown["config"]["openai"]["principal_tokens"][0]
     assert token == {
-        "token_ref": "refresh-app",
+        "token_ref": "search-chat",
         "token_hash_sha256": "<redacted>",
-        "principal_ref": "team-refresh",
+        "principal_ref": "team-search",
         "alias": None,
     }
 
@@ -289,9 +289,16 @@ async def test_a_no_change_apply_swaps_and_pushes_nothing(refresh_stack, refresh
     assert reports[1]["outcome"] == "applied" and reports[1]["applied"] is True
     assert (reports[1]["previous_generation"], reports[1]["generation"]) == (1, 2)
     assert "nothing pushed" in reports[1]["message"]
-    await asyncio.sleep(0.1)  # a push, had there been one, would have arrived by now
-    assert connection.refreshes == 0
     assert stack.edge.hub.nodes()["node-1"].applied_generation == 1
+
+    # A change for node-1 now: its push is acknowledged before the report returns, and the
+    # stream keeps order, so a push of the no-change apply would have been counted before it.
+    document = refresh_document()
+    document["nodes"][0]["providers"][0]["capacity"] = 3
+    report = await stack.refresh(document)
+    assert [push["status"] for push in report["pushes"]] == ["acked"]
+    assert connection.refreshes == 1
+    assert stack.edge.hub.nodes()["node-1"].applied_generation == 3
 
 
 async def test_lists_are_never_null_in_any_report(refresh_stack, refresh_document) -> None:
@@ -323,8 +330,6 @@ async def test_only_nodes_whose_payload_changed_get_a_push(refresh_stack, refres
     assert (push["node_id"], push["status"]) == ("node-2", "not_connected")
     assert "when it connects" in push["reason"]
     assert "1 not connected" in report["message"]
-    await asyncio.sleep(0.1)
-    assert connection.refreshes == 0  # node-1's payload did not change
 
     document["nodes"][0]["providers"][1]["capacity"] = 5  # pb, on node-1
     report = await stack.refresh(document)
@@ -337,6 +342,8 @@ async def test_only_nodes_whose_payload_changed_get_a_push(refresh_stack, refres
         "generation": 3,
         "config_hash": digest,
     }
+    # Acked before the report returned, on an ordered stream: the first push node-1 ever got,
+    # so the apply that changed only node-2 sent node-1 nothing.
     assert connection.refreshes == 1
     assert stack.node.router.registry.digest == digest
 

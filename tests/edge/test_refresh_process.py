@@ -125,11 +125,12 @@ async def test_sighup_rereads_the_config_file(edge: Edge, until) -> None:
     document["nodes"][0]["providers"][0]["priority"] = 20
     edge.config_path.write_text(yaml.safe_dump(document))
     edge.process.send_signal(signal.SIGHUP)
-    for _ in range(200):
+
+    async def applied() -> dict[str, Any] | None:
         shown = await current(edge)
-        if shown["generation"] > before["generation"]:
-            break
-        await asyncio.sleep(0.05)
+        return shown if shown["generation"] > before["generation"] else None
+
+    shown = await until(applied, timeout=10)
     assert shown["generation"] == before["generation"] + 1
     assert shown["config_hash"] == config_hash(load_file(edge.config_path))
     assert await served(edge) == "served-b"

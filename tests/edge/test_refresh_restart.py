@@ -112,7 +112,7 @@ CASES = [
     ),
     pytest.param(
         lambda d: d["openai"]["principal_tokens"][0].update(principal_ref="team-other"),
-        "openai.principal_tokens[refresh-app].principal_ref",
+        "openai.principal_tokens[search-chat].principal_ref",
         "edge",
         id="principal-token-remapped",
     ),

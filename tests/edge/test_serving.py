@@ -20,13 +20,11 @@ from openai.types.chat import ChatCompletionMessageParam
 from iop.edge import EdgeServer
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
-
 MAX_BYTES = 64 * 1024
 THRESHOLD = 1000  # tokens: 4,000 bytes of message content
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
+@pytest_asyncio.fixture
 async def server(config_of, provider, fake_hub) -> AsyncIterator[EdgeServer]:
     config = config_of(
         [
@@ -46,21 +44,22 @@ async def server(config_of, provider, fake_hub) -> AsyncIterator[EdgeServer]:
     await edge.stop()
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def edge(server, fake_hub) -> AsyncIterator[EdgeServer]:
+@pytest_asyncio.fixture
+async def edge(server, fake_hub, until) -> AsyncIterator[EdgeServer]:
     fake_hub.reset()
     yield server
-    for _ in range(200):
-        idle = all(n == (0, 0) for n in server.dispatcher.in_flight_counts().values())
-        if idle and not server.dispatcher.waiting and not fake_hub.active:
-            break
-        await asyncio.sleep(0.01)
+
+    def idle() -> bool:
+        counts = server.dispatcher.in_flight_counts().values()
+        return all(n == (0, 0) for n in counts) and not server.dispatcher.waiting
+
+    await until(lambda: idle() and not fake_hub.active, timeout=2)
     assert server.dispatcher.in_flight_counts() == {"a": (0, 0), "b": (0, 0), "t": (0, 0)}
     assert server.dispatcher.waiting == 0
     assert not fake_hub.active
 
 
-@pytest_asyncio.fixture(loop_scope="module")
+@pytest_asyncio.fixture
 async def client(edge, tokens) -> AsyncIterator[openai.AsyncOpenAI]:
     async with openai.AsyncOpenAI(
         base_url=f"{edge.url}/v1", api_key=tokens["search-chat"], max_retries=0
@@ -68,7 +67,7 @@ async def client(edge, tokens) -> AsyncIterator[openai.AsyncOpenAI]:
         yield client
 
 
-@pytest_asyncio.fixture(loop_scope="module")
+@pytest_asyncio.fixture
 async def http(edge, tokens) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(
         base_url=edge.url,
@@ -354,22 +353,14 @@ def gated(gate: asyncio.Event):
     return script
 
 
-async def wait_for(predicate, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < until, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
-async def test_queue_full_is_429_and_queue_timeout_is_503(http, edge, fake_hub) -> None:
+async def test_queue_full_is_429_and_queue_timeout_is_503(http, edge, fake_hub, until) -> None:
     gate = asyncio.Event()
     fake_hub.script = gated(gate)
     body = {"model": "tiny", "messages": HELLO}
     running = asyncio.create_task(http.post(CHAT, json=body))
-    await wait_for(lambda: edge.dispatcher.in_flight("t") == 1)
+    await until(lambda: edge.dispatcher.in_flight("t") == 1)
     waiting = asyncio.create_task(http.post(CHAT, json=body))
-    await wait_for(lambda: edge.dispatcher.queue_depth("tiny") == 1)
+    await until(lambda: edge.dispatcher.queue_depth("tiny") == 1)
     full = await http.post(CHAT, json=body)
     assert full.status_code == 429
     assert full.headers["retry-after"] == "1"
@@ -383,7 +374,7 @@ async def test_queue_full_is_429_and_queue_timeout_is_503(http, edge, fake_hub) 
 
 
 async def test_a_client_that_disconnects_cancels_its_run_and_frees_its_slot(
-    edge, fake_hub, tokens
+    edge, fake_hub, tokens, until
 ) -> None:
     gate = asyncio.Event()
     fake_hub.script = gated(gate)
@@ -393,18 +384,18 @@ async def test_a_client_that_disconnects_cancels_its_run_and_frees_its_slot(
         request = asyncio.create_task(
             leaving.post(CHAT, json={"model": "tiny", "messages": HELLO, "stream": True})
         )
-        await wait_for(lambda: bool(fake_hub.active))
+        await until(lambda: bool(fake_hub.active))
         (run_id,) = fake_hub.active
         queued = asyncio.create_task(leaving.post(CHAT, json={"model": "tiny", "messages": HELLO}))
-        await wait_for(lambda: edge.dispatcher.queue_depth("tiny") == 1)
+        await until(lambda: edge.dispatcher.queue_depth("tiny") == 1)
         request.cancel()
         queued.cancel()
         for task in (request, queued):
             with pytest.raises(asyncio.CancelledError):
                 await task
     # The clients' connections are closed: the run is cancelled and the slot and queue are free.
-    await wait_for(lambda: edge.dispatcher.in_flight("t") == 0)
-    await wait_for(lambda: edge.dispatcher.queue_depth("tiny") == 0)
+    await until(lambda: edge.dispatcher.in_flight("t") == 0)
+    await until(lambda: edge.dispatcher.queue_depth("tiny") == 0)
     assert fake_hub.ended[run_id] == "cancelled"
     gate.set()
 

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from iop.edgeconfig import FakeAdapter, OpenAIAdapter
+from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings
 from iop.fakes import tokens
-from iop.node import FakeGenerator, OpenAIHttpAdapter
+from iop.node import FakeAdapter, OpenAIAdapter
 from iop.upstream import FakeUpstream
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage, statuses
 
@@ -40,14 +40,14 @@ async def collect(adapter: Any, run: RunRequest) -> list[RunEvent]:
 
 @pytest.fixture
 async def adapter(fake_upstream: FakeUpstream):
-    adapter = OpenAIHttpAdapter(
-        "p1", OpenAIAdapter(base_url=fake_upstream.base_url, request_timeout_s=2)
+    adapter = OpenAIAdapter(
+        "p1", OpenAIAdapterSettings(base_url=fake_upstream.base_url, request_timeout_s=2)
     )
     yield adapter
     await adapter.aclose()
 
 
-async def test_non_streaming_run(adapter: OpenAIHttpAdapter) -> None:
+async def test_non_streaming_run(adapter: OpenAIAdapter) -> None:
     events = await collect(adapter, request(False, max_tokens=3))
     chunk, usage, done = events
     assert isinstance(chunk, RunChunk)
@@ -58,7 +58,7 @@ async def test_non_streaming_run(adapter: OpenAIHttpAdapter) -> None:
 
 
 async def test_stream_strips_the_usage_chunk_the_client_did_not_ask_for(
-    adapter: OpenAIHttpAdapter,
+    adapter: OpenAIAdapter,
 ) -> None:
     events = await collect(adapter, request(True, max_tokens=2))
     chunks = [e for e in events if isinstance(e, RunChunk)]
@@ -70,7 +70,7 @@ async def test_stream_strips_the_usage_chunk_the_client_did_not_ask_for(
 
 
 async def test_stream_forwards_the_usage_chunk_marked_when_asked(
-    adapter: OpenAIHttpAdapter,
+    adapter: OpenAIAdapter,
 ) -> None:
     events = await collect(
         adapter, request(True, max_tokens=2, stream_options={"include_usage": True})
@@ -81,7 +81,7 @@ async def test_stream_forwards_the_usage_chunk_marked_when_asked(
     assert isinstance(events[-2], RunUsage)
 
 
-async def test_completions_stream(adapter: OpenAIHttpAdapter) -> None:
+async def test_completions_stream(adapter: OpenAIAdapter) -> None:
     events = await collect(adapter, request(True, kind="completion", max_tokens=2))
     texts = [orjson.loads(e.data)["choices"][0]["text"] for e in events if isinstance(e, RunChunk)]
     assert "".join(texts) == "".join(tokens(2))
@@ -104,7 +104,7 @@ async def test_completions_stream(adapter: OpenAIHttpAdapter) -> None:
 )
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 async def test_upstream_failures_become_clear_run_errors(
-    adapter: OpenAIHttpAdapter,
+    adapter: OpenAIAdapter,
     hook: dict[str, Any],
     code: str,
     retryable: bool,
@@ -119,8 +119,8 @@ async def test_upstream_failures_become_clear_run_errors(
 
 
 async def test_an_upstream_that_goes_silent_times_out(fake_upstream: FakeUpstream) -> None:
-    adapter = OpenAIHttpAdapter(
-        "p1", OpenAIAdapter(base_url=fake_upstream.base_url, request_timeout_s=0.2)
+    adapter = OpenAIAdapter(
+        "p1", OpenAIAdapterSettings(base_url=fake_upstream.base_url, request_timeout_s=0.2)
     )
     try:
         events = await collect(adapter, request(False, fake_upstream={"latency_ms": 2000}))
@@ -131,7 +131,7 @@ async def test_an_upstream_that_goes_silent_times_out(fake_upstream: FakeUpstrea
     assert "sent nothing for 0.2s" in events[-1].message
 
 
-async def test_the_run_deadline_is_enforced(adapter: OpenAIHttpAdapter) -> None:
+async def test_the_run_deadline_is_enforced(adapter: OpenAIAdapter) -> None:
     run = request(True, deadline=time.time() + 0.2, fake_upstream={"tokens_per_second": 5})
     events = await collect(adapter, run)
     assert isinstance(events[-1], RunFailed)
@@ -140,7 +140,7 @@ async def test_the_run_deadline_is_enforced(adapter: OpenAIHttpAdapter) -> None:
 
 
 async def test_an_unreachable_upstream_is_retryable() -> None:
-    adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url="http://127.0.0.1:9/v1"))
+    adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url="http://127.0.0.1:9/v1"))
     try:
         events = await collect(adapter, request(False))
     finally:
@@ -153,8 +153,9 @@ async def test_a_missing_api_key_variable_makes_the_provider_unhealthy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("IOP_TEST_MISSING_KEY", raising=False)
-    adapter = OpenAIHttpAdapter(
-        "p1", OpenAIAdapter(base_url="http://127.0.0.1:9/v1", api_key_env="IOP_TEST_MISSING_KEY")
+    adapter = OpenAIAdapter(
+        "p1",
+        OpenAIAdapterSettings(base_url="http://127.0.0.1:9/v1", api_key_env="IOP_TEST_MISSING_KEY"),
     )
     try:
         assert not adapter.health.healthy
@@ -166,7 +167,7 @@ async def test_a_missing_api_key_variable_makes_the_provider_unhealthy(
 
 
 async def test_sequential_runs_reuse_one_upstream_connection(
-    adapter: OpenAIHttpAdapter, fake_upstream: FakeUpstream
+    adapter: OpenAIAdapter, fake_upstream: FakeUpstream
 ) -> None:
     for index in range(30):
         events = await collect(adapter, request(index % 2 == 0, max_tokens=2))
@@ -175,7 +176,7 @@ async def test_sequential_runs_reuse_one_upstream_connection(
 
 
 async def test_concurrent_runs_share_a_pool_of_connections(
-    adapter: OpenAIHttpAdapter, fake_upstream: FakeUpstream
+    adapter: OpenAIAdapter, fake_upstream: FakeUpstream
 ) -> None:
     for _ in range(5):
         runs = [collect(adapter, request(index % 2 == 0, max_tokens=2)) for index in range(8)]
@@ -186,7 +187,7 @@ async def test_concurrent_runs_share_a_pool_of_connections(
 
 
 async def test_cancelling_a_run_closes_its_upstream_connection_at_once(
-    adapter: OpenAIHttpAdapter, fake_upstream: FakeUpstream, until
+    adapter: OpenAIAdapter, fake_upstream: FakeUpstream, until
 ) -> None:
     first = asyncio.Event()
 
@@ -209,10 +210,10 @@ async def test_cancelling_a_run_closes_its_upstream_connection_at_once(
 
 
 async def test_a_full_pool_is_provider_busy(fake_upstream: FakeUpstream) -> None:
-    settings = OpenAIAdapter(
+    settings = OpenAIAdapterSettings(
         base_url=fake_upstream.base_url, max_connections=1, request_timeout_s=0.3
     )
-    adapter = OpenAIHttpAdapter("p1", settings)
+    adapter = OpenAIAdapter("p1", settings)
     slow = request(True, max_tokens=12, fake_upstream={"tokens_per_second": 20})
     try:
         holding = asyncio.create_task(collect(adapter, slow))
@@ -227,7 +228,7 @@ async def test_a_full_pool_is_provider_busy(fake_upstream: FakeUpstream) -> None
     assert "all 1 connections to the upstream are busy" in failed.message
 
 
-async def test_a_closed_adapter_refuses_runs(adapter: OpenAIHttpAdapter) -> None:
+async def test_a_closed_adapter_refuses_runs(adapter: OpenAIAdapter) -> None:
     assert isinstance((await collect(adapter, request(False)))[-1], RunDone)
     await adapter.aclose()
     assert not adapter.health.healthy
@@ -320,7 +321,7 @@ USAGE = b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_
 )
 async def test_sse_framings_are_read_alike(body: bytes, split_at: Sequence[int]) -> None:
     async with raw_upstream(sse_response(body, split_at=split_at)) as (_, url):
-        adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url=url))
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
         try:
             events = await collect(adapter, request(True))
         finally:
@@ -336,7 +337,7 @@ async def test_sse_framings_are_read_alike(body: bytes, split_at: Sequence[int])
 async def test_multi_line_data_is_joined_with_newlines() -> None:
     body = b'data: {"choices":\ndata: [{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
     async with raw_upstream(sse_response(body)) as (_, url):
-        adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url=url))
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
         try:
             events = await collect(adapter, request(True))
         finally:
@@ -348,7 +349,7 @@ async def test_multi_line_data_is_joined_with_newlines() -> None:
 async def test_a_stream_that_is_not_json_is_an_upstream_error() -> None:
     body = b"data: %s\n\ndata: <html>oops</html>\n\n" % chunk("a")
     async with raw_upstream(sse_response(body)) as (_, url):
-        adapter = OpenAIHttpAdapter("p1", OpenAIAdapter(base_url=url))
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
         try:
             events = await collect(adapter, request(True))
         finally:
@@ -364,8 +365,8 @@ async def test_the_api_key_comes_from_the_named_variable(monkeypatch: pytest.Mon
     body = orjson.dumps({"choices": [{"index": 0, "message": {}, "finish_reason": "stop"}]})
     answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
     async with raw_upstream([answer]) as (upstream, url):
-        settings = OpenAIAdapter(base_url=url, api_key_env="IOP_TEST_UPSTREAM_KEY")
-        adapter = OpenAIHttpAdapter("p1", settings)
+        settings = OpenAIAdapterSettings(base_url=url, api_key_env="IOP_TEST_UPSTREAM_KEY")
+        adapter = OpenAIAdapter("p1", settings)
         try:
             events = await collect(adapter, request(False))
         finally:
@@ -376,8 +377,8 @@ async def test_the_api_key_comes_from_the_named_variable(monkeypatch: pytest.Mon
     assert b"\r\nauthorization: bearer sk-upstream-secret\r\n" in head.lower()
 
 
-async def test_the_fake_adapter_answers_like_the_fake_upstream(adapter: OpenAIHttpAdapter) -> None:
-    fake = FakeGenerator("p1", FakeAdapter(completion_tokens=5))
+async def test_the_fake_adapter_answers_like_the_fake_upstream(adapter: OpenAIAdapter) -> None:
+    fake = FakeAdapter("p1", FakeAdapterSettings(completion_tokens=5))
     run = request(True, stream_options={"include_usage": True})
     local = await collect(fake, run)
     remote = await collect(adapter, run)
@@ -397,8 +398,8 @@ async def test_the_fake_adapter_answers_like_the_fake_upstream(adapter: OpenAIHt
 
 
 async def test_the_fake_adapter_paces_tokens() -> None:
-    fake = FakeGenerator(
-        "p1", FakeAdapter(latency_ms=50, tokens_per_second=100, completion_tokens=5)
+    fake = FakeAdapter(
+        "p1", FakeAdapterSettings(latency_ms=50, tokens_per_second=100, completion_tokens=5)
     )
     start = time.perf_counter()
     events = await collect(fake, request(False))

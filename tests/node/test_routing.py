@@ -67,7 +67,7 @@ async def test_unknown_providers_and_bad_adapters_are_named(router: Router, wire
     assert isinstance(refused, RunFailed) and refused.code == statuses.PROVIDER_UNHEALTHY
 
 
-async def test_capacity_counts_runs_across_a_swap(router: Router, wire_config) -> None:
+async def test_capacity_counts_runs_across_a_swap(router: Router, wire_config, until) -> None:
     router.apply(payload(wire_config, capacity=1, adapter={"type": "fake", "latency_ms": 50}))
     admitted = router.admit(request("a"))
     assert not isinstance(admitted, RunFailed)
@@ -80,19 +80,19 @@ async def test_capacity_counts_runs_across_a_swap(router: Router, wire_config) -
     assert not old_adapter.closed
     await running
     assert isinstance(events[-1], RunDone)
-    await asyncio.sleep(0.05)
-    assert old_adapter.closed
+    await until(lambda: old_adapter.closed)
+    await until(lambda: router.drain_reports)
     assert router.drain_reports[-1].cut_runs == 0
 
 
-async def test_a_drain_that_times_out_is_reported(wire_config) -> None:
+async def test_a_drain_that_times_out_is_reported(wire_config, until) -> None:
     router = Router(drain_timeout=0.05)
     router.apply(payload(wire_config, adapter={"type": "fake", "latency_ms": 5000}))
     admitted = router.admit(request("a"))
     assert not isinstance(admitted, RunFailed)
     running = asyncio.create_task(router.execute(request("a"), admitted, lambda e: None))
     router.apply(payload(wire_config, adapter={"type": "fake"}))
-    await asyncio.sleep(0.2)
+    await until(lambda: router.drain_reports)
     assert router.drain_reports[-1].cut_runs == 1
     running.cancel()
     await asyncio.wait([running])

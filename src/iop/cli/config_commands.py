@@ -17,6 +17,8 @@ from iop.edgeconfig import (
     load_file,
 )
 
+from .problems import print_problems
+
 __all__ = ["register"]
 
 EXIT_OK = 0
@@ -25,6 +27,7 @@ EXIT_RESTART_REQUIRED = 2
 
 
 def register(commands: Any) -> None:
+    """Add this module\'s subcommands to the `iop` parser."""
     config = commands.add_parser("config", help="check, compare and describe EdgeConfig files")
     sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
 
@@ -64,10 +67,7 @@ def _report_invalid(args: argparse.Namespace, label: str, error: ConfigError) ->
             {"valid": False, "file": label, "problems": [p.as_dict() for p in error.problems]}
         )
     else:
-        count = len(error.problems)
-        print(f"{label}: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
-        for problem in error.problems:
-            print(f"  {problem}", file=sys.stderr)
+        print_problems(label, error)
     return EXIT_INVALID
 
 

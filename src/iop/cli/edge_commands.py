@@ -19,10 +19,11 @@ import uvloop
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
-from iop.edge.refreshes import Candidate
+from iop.edge.refreshreports import ConfigSource
 from iop.edgeconfig import ConfigError, load_file
 
 from . import reload_commands
+from .problems import print_problems
 
 __all__ = ["register"]
 
@@ -30,6 +31,7 @@ logger = logging.getLogger("iop.edge.run")
 
 
 def register(commands: Any) -> None:
+    """Add this module\'s subcommands to the `iop` parser."""
     edge = commands.add_parser("edge", help="run the Edge")
     sub = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
     run = sub.add_parser(
@@ -58,9 +60,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_file(args.config)
     except ConfigError as error:
-        print(f"{args.config}: {len(error.problems)} problem(s)", file=sys.stderr)
-        for problem in error.problems:
-            print(f"  {problem}", file=sys.stderr)
+        print_problems(str(args.config), error)
         return 1
     try:
         edge = EdgeServer(
@@ -106,5 +106,5 @@ async def _serve(edge: EdgeServer, config_path: str) -> None:
 
 async def _reload(edge: EdgeServer, config_path: str) -> None:
     """SIGHUP: re-read the config file and apply it (the refresher logs the outcome)."""
-    report = await edge.refresher.apply(Candidate.of_path(config_path), requested_by="SIGHUP")
+    report = await edge.refresher.apply(ConfigSource.of_path(config_path), requested_by="SIGHUP")
     logger.debug("SIGHUP refresh report: %s", orjson.dumps(report.as_dict()).decode())

@@ -21,6 +21,7 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
+    """Add this module\'s subcommands to the `iop` parser."""
     parser = commands.add_parser(
         "fake-upstream",
         help="serve a fake OpenAI-compatible API (prints its address as one JSON line)",

@@ -18,6 +18,7 @@ __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
+    """Add this module\'s subcommands to the `iop` parser."""
     node = commands.add_parser("node", help="run a Node agent")
     sub = node.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
     run = sub.add_parser(

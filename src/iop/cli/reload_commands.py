@@ -25,6 +25,7 @@ EXIT_RESTART_REQUIRED = 2
 
 
 def register(sub: Any) -> None:
+    """Add `iop edge reload` to the `iop edge` parser."""
     reload = sub.add_parser(
         "reload",
         help="apply (or dry-run) a config on a running Edge through its admin API",

@@ -46,6 +46,8 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import ConfigError, EdgeConfig, load_data, load_file
 from iop.processes import owned, spawn_edge, spawn_fake_upstream, spawn_node
 
+from .problems import print_problems
+
 __all__ = ["LocalStack", "local_config", "register"]
 
 logger = logging.getLogger("iop.up")
@@ -57,6 +59,7 @@ READY_TIMEOUT_S = 30.0
 
 
 def register(commands: Any) -> None:
+    """Add this module\'s subcommands to the `iop` parser."""
     up = commands.add_parser(
         "up",
         help="run an Edge, its Nodes and a fake upstream locally from a config",
@@ -135,9 +138,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_file(args.config)
     except ConfigError as error:
-        print(f"{args.config}: {len(error.problems)} problem(s)", file=sys.stderr)
-        for problem in error.problems:
-            print(f"  {problem}", file=sys.stderr)
+        print_problems(str(args.config), error)
         return 1
     if not 0 <= args.port <= 65535:
         print("iop up: --port must be 0..65535", file=sys.stderr)
@@ -257,9 +258,7 @@ async def _reload(
     try:
         config = await asyncio.to_thread(load_file, path)
     except ConfigError as error:
-        print(f"iop up: {path}: {len(error.problems)} problem(s)", file=sys.stderr)
-        for problem in error.problems:
-            print(f"  {problem}", file=sys.stderr)
+        print_problems(f"iop up: {path}", error)
         return
     local = local_config(config, upstream_url, port, keep=running)
     text = yaml.safe_dump(local.config.model_dump(mode="json"))

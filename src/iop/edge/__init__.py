@@ -23,12 +23,12 @@ from .errors import (
     Unauthorized,
     UpstreamError,
 )
+from .hubs import Hub, NodeRuns
 from .launching import EdgeServer
 from .metering import Metrics
 from .nodehub import NodeHub
-from .refreshes import NodePush, RefreshReport
 from .refreshing import ConfigPush, Refresher
-from .runs import Hub, NodeRuns
+from .refreshreports import NodePush, RefreshReport
 from .serving import EdgeApp
 from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
 

@@ -36,11 +36,11 @@ from urllib.parse import parse_qs
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener
+from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
-from .refreshes import Candidate, RefreshReport
 from .refreshing import Refresher
+from .refreshreports import ConfigSource, RefreshReport
 
 __all__ = ["AdminApp", "AdminAuth", "AdminAuthError", "RefreshBody", "redacted"]
 
@@ -50,7 +50,6 @@ MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 _REDACTED: Final = "<redacted>"
 #: Keys whose values are credentials or their hashes (`token_ref`, `token_file`, `api_key_env`
 #: name things and stay).
-_SECRET_KEY: Final = re.compile(r"(sha256|token|secret|password|api_key)$")
 _URL_USERINFO: Final = re.compile(r"(?<=://)[^/@\s]+@")
 _BEARER: Final = b"bearer "
 
@@ -228,13 +227,13 @@ class AdminApp:
             )
             raise _HttpError("bad_request", f"malformed refresh request: {problems}") from exc
         if body.config is not None:
-            candidate = Candidate.of_data(body.config)
+            candidate = ConfigSource.of_data(body.config)
         elif body.config_yaml is not None:
-            candidate = Candidate.of_text(body.config_yaml)
+            candidate = ConfigSource.of_text(body.config_yaml)
         elif body.path is not None:
-            candidate = Candidate.of_path(body.path)
+            candidate = ConfigSource.of_path(body.path)
         elif self._refresher.config_path is not None:
-            candidate = Candidate.of_path(self._refresher.config_path)
+            candidate = ConfigSource.of_path(self._refresher.config_path)
         else:
             raise _HttpError(
                 "bad_request",
@@ -257,7 +256,7 @@ def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [_redact(v, key) for v in value]
     if isinstance(value, str):
-        if _SECRET_KEY.search(key):
+        if is_secret_field(key):
             return _REDACTED
         return _URL_USERINFO.sub(f"{_REDACTED}@", value)
     return value

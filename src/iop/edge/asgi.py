@@ -1,7 +1,7 @@
 """The few ASGI pieces the Edge's two raw apps (the OpenAI API and the admin API) share.
 
 Both are plain ASGI callables on uvicorn rather than framework apps: the OpenAI API measured
-10-25% faster that way. These helpers keep the protocol details in one place.
+faster that way (docs/benchmarks.md). These helpers keep the protocol details in one place.
 """
 
 from __future__ import annotations
@@ -11,9 +11,13 @@ from typing import Any
 
 __all__ = ["Message", "Receive", "Scope", "Send", "header", "lifespan", "send_body"]
 
+#: The ASGI connection scope.
 Scope = MutableMapping[str, Any]
+#: One ASGI event, received or sent.
 Message = MutableMapping[str, Any]
+#: The ASGI `receive` callable.
 Receive = Callable[[], Awaitable[Message]]
+#: The ASGI `send` callable.
 Send = Callable[[Message], Awaitable[None]]
 
 

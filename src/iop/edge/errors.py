@@ -1,6 +1,6 @@
 """The Edge's one exception hierarchy: everything a request can fail with, before HTTP.
 
-Dispatch, auth and request parsing raise these; `statuses.py` is the one place that turns them
+Dispatch, auth and request parsing raise these; `httperrors.py` is the one place that turns them
 into HTTP statuses and OpenAI error bodies, so no other module knows a status code.
 """
 

@@ -31,10 +31,10 @@ from iop.edgeconfig import EdgeConfig, split_listener
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
 from .dispatching import Dispatcher
+from .hubs import Hub, available_providers
 from .metering import Metrics
 from .nodehub import NodeHub
 from .refreshing import Refresher
-from .runs import Hub, available_providers
 from .serving import EdgeApp
 from .snapshots import PoolSnapshot
 
@@ -70,7 +70,7 @@ class EdgeServer(AsyncService):
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
         self.refresher = Refresher(
             self.dispatcher,
-            hub=self.hub if isinstance(self.hub, NodeHub) else None,
+            hub=self.hub,
             config_path=config_path,
             ack_timeout=ack_timeout_s,
         )
@@ -152,16 +152,24 @@ class EdgeServer(AsyncService):
         await self._stop(self._grace)
 
     async def _stop(self, grace: float) -> None:
+        """Stop each part even when one before it fails; the first failure is raised at the end."""
         servers = ((self._admin_server, self._admin_serving), (self._server, self._serving))
         self._admin_server = self._admin_serving = self._server = self._serving = None
-        for server, serving in servers:
-            if server is not None and serving is not None:
-                server.should_exit = True
-                await serving
-        if self._hub_started:
-            self._hub_started = False
-            await self.hub.stop(grace)
-        self.dispatcher.close()
+        try:
+            for server, serving in servers:
+                if server is not None and serving is not None:
+                    server.should_exit = True
+                    try:
+                        await serving
+                    except Exception:
+                        logger.exception("an HTTP server of the Edge failed while stopping")
+        finally:
+            try:
+                if self._hub_started:
+                    self._hub_started = False
+                    await self.hub.stop(grace)
+            finally:
+                self.dispatcher.close()
 
     async def _serve_http(
         self, app: Callable[..., Awaitable[None]], sock: socket.socket, name: str, what: str

@@ -47,39 +47,15 @@ from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to
 from iop.wire import PROTOCOL_VERSION, CoalescingWriter, RunRequest, grpc_options, statuses
 from iop.wire.converting import health_from_proto, payload_to_proto
 
+from .hubs import NodeStatus, ProviderLink
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 
-__all__ = ["HubSnapshot", "NodeHub", "NodeStatus", "ProviderLink", "RunStream"]
+__all__ = ["HubSnapshot", "NodeHub"]
 
 logger = logging.getLogger(__name__)
 
 #: Hash compared for an unknown node id, so both refusals cost the same.
 _NO_HASH = "0" * 64
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderLink:
-    """A provider of a connected node, as the hub sees it."""
-
-    provider_id: str
-    node_id: str
-    healthy: bool
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    """A connected node, for status pages and the admin API."""
-
-    node_id: str
-    alias: str
-    instance_id: str
-    peer: str
-    ready: bool
-    applied_generation: int
-    applied_hash: str
-    runs_in_flight: int
-    connected_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +158,7 @@ class NodeHub(AsyncService):
         while any(s.runs for s in self._sessions.values()) and loop.time() < until:
             await asyncio.sleep(0.02)
         for session in list(self._sessions.values()):
-            session.close("UNAVAILABLE", "the Edge is stopping")
+            session.close(statuses.REFUSED_STOPPING, "the Edge is stopping")
         await self._server.stop(grace=0.5)
         self._server = None
 
@@ -348,7 +324,7 @@ class NodeHub(AsyncService):
             session.health[health.provider_id] = health
         previous = self._sessions.get(node_id)
         if previous is not None:
-            previous.close("ABORTED", "replaced by a newer connection of the same node")
+            previous.close(statuses.REPLACED, "replaced by a newer connection of the same node")
         self._sessions[node_id] = session
         logger.info("node %s connected from %s (instance %s)", node_id, peer, hello.instance_id)
         welcome = pb.Welcome(
@@ -356,7 +332,8 @@ class NodeHub(AsyncService):
             edge_id=snapshot.config.edge.id,
             config=payload_to_proto(payload, snapshot.generation, snapshot.digests[node_id]),
         )
-        code, reason = "CANCELLED", "the node went away"
+        code: grpc.StatusCode | None = None
+        reason = "the node went away"
         reader: asyncio.Task[None] | None = None
         try:
             await context.write(pb.EdgeMessage(welcome=welcome))
@@ -393,8 +370,8 @@ class NodeHub(AsyncService):
             logger.info("node %s disconnected: %s", node_id, reason)
             if was_ready:
                 self._changed()
-        if code != "CANCELLED":
-            context.set_code(getattr(grpc.StatusCode, code))
+        if code is not None:
+            context.set_code(code)
             context.set_details(reason)
 
     async def _read(

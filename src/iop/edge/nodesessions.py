@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+import grpc
+
 from iop import runtime_pb2 as pb
 from iop.edgeconfig import NodePayload
 from iop.wire import (
@@ -39,6 +41,7 @@ __all__ = ["EdgeItem", "NodeSession", "RunStream"]
 
 logger = logging.getLogger(__name__)
 
+#: What the Edge sends a Node: runs, cancellations and config pushes.
 EdgeItem = pb.RunRequest | pb.Cancel | pb.NodeConfigRefreshRequest
 
 
@@ -198,7 +201,9 @@ class NodeSession:
         self.node_in_flight: dict[str, int] = {}
         self.acks: dict[int, asyncio.Future[pb.ConfigAck]] = {}
         self.writer: CoalescingWriter[EdgeItem] | None = None
-        self.closing: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
+        self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._on_change = on_change
 
     def writer_put(self, item: EdgeItem) -> bool:
@@ -265,8 +270,8 @@ class NodeSession:
             return True
         return False
 
-    def close(self, code: str, reason: str) -> None:
-        """Ask the session to end (its handler returns with `code`, a gRPC status name)."""
+    def close(self, code: grpc.StatusCode, reason: str) -> None:
+        """Ask the session to end (its handler returns with the gRPC status `code`)."""
         if not self.closing.done():
             self.closing.set_result((code, reason))
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sized
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from iop import runtime_pb2 as pb
 from iop.edgeconfig import (
@@ -47,8 +47,8 @@ from iop.edgeconfig import (
 )
 
 from .dispatching import Dispatcher
-from .nodehub import NodeStatus
-from .refreshes import Candidate, Mode, NodePush, RefreshReport
+from .hubs import ConfigPush
+from .refreshreports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
 from .snapshots import PoolSnapshot
 
 __all__ = ["ConfigPush", "Refresher"]
@@ -57,16 +57,6 @@ logger = logging.getLogger(__name__)
 
 #: How many paths a log line names before it says "and N more".
 _LOGGED_PATHS = 12
-
-
-class ConfigPush(Protocol):
-    """What the refresher needs from the node hub (`NodeHub` implements it)."""
-
-    async def swap_config(
-        self, config: EdgeConfig, *, generation: int | None = ..., ack_timeout: float = ...
-    ) -> Mapping[str, pb.ConfigAck | None]: ...
-
-    def nodes(self) -> Mapping[str, NodeStatus]: ...
 
 
 class Refresher:
@@ -98,14 +88,14 @@ class Refresher:
         """The most recent report (of `mode`, when given)."""
         return self._last_apply if mode == "apply" else self._last
 
-    async def dry_run(self, candidate: Candidate, *, requested_by: str = "") -> RefreshReport:
+    async def dry_run(self, candidate: ConfigSource, *, requested_by: str = "") -> RefreshReport:
         return await self.refresh("dry_run", candidate, requested_by=requested_by)
 
-    async def apply(self, candidate: Candidate, *, requested_by: str = "") -> RefreshReport:
+    async def apply(self, candidate: ConfigSource, *, requested_by: str = "") -> RefreshReport:
         return await self.refresh("apply", candidate, requested_by=requested_by)
 
     async def refresh(
-        self, mode: Mode, candidate: Candidate, *, requested_by: str = ""
+        self, mode: Mode, candidate: ConfigSource, *, requested_by: str = ""
     ) -> RefreshReport:
         """Load, validate and classify `candidate`; apply it too when `mode` is "apply"."""
         clock = time.perf_counter()
@@ -140,7 +130,6 @@ class Refresher:
         return RefreshReport(
             outcome="invalid",
             applied=False,
-            changed=False,
             previous_config_hash=current.config_hash,
             previous_generation=current.generation,
             config_hash=None,
@@ -154,6 +143,7 @@ class Refresher:
         """A dry run: what an apply would do."""
         current = self.current
         change = classify(current.config, config)
+        outcome: Outcome
         if change.restart_required:
             outcome, message = "restart_required", _restart_message(change, refused=False)
         elif not change.changed:
@@ -164,8 +154,8 @@ class Refresher:
                 f"{_count(change.live_paths, 'live path')} would apply; "
                 f"{_count(change.nodes_to_push, 'node')} would get a push"
             )
-        return RefreshReport.from_change(
-            change,
+        return RefreshReport(
+            change=change,
             outcome=outcome,
             applied=False,
             previous_config_hash=current.config_hash,
@@ -179,19 +169,16 @@ class Refresher:
     async def _apply(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
         current = self.current
         change = classify(current.config, config)
-        before = {
-            "previous_config_hash": current.config_hash,
-            "previous_generation": current.generation,
-        }
         if change.restart_required:
-            return RefreshReport.from_change(
-                change,
+            return RefreshReport(
+                change=change,
                 outcome="restart_required",
                 applied=False,
                 config_hash=config_hash(config),
                 generation=current.generation,
                 message=_restart_message(change, refused=True),
-                **before,
+                previous_config_hash=current.config_hash,
+                previous_generation=current.generation,
                 **context,
             )
         snapshot = PoolSnapshot.build(config, current.generation + 1)
@@ -204,15 +191,16 @@ class Refresher:
                 config, generation=snapshot.generation, ack_timeout=self.ack_timeout
             )
             pushes = self._pushes(config, change, acks, snapshot.generation)
-        return RefreshReport.from_change(
-            change,
+        return RefreshReport(
+            change=change,
             outcome="applied",
             applied=True,
             config_hash=snapshot.config_hash,
             generation=snapshot.generation,
             pushes=pushes,
             message=_applied_message(change, pushes, snapshot.generation),
-            **before,
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
             **context,
         )
 
@@ -254,7 +242,7 @@ class Refresher:
         return tuple(results)
 
 
-async def _load(candidate: Candidate) -> EdgeConfig:
+async def _load(candidate: ConfigSource) -> EdgeConfig:
     """The candidate as a valid config, or `ConfigError`; parsing runs off the event loop.
 
     A config model passed in is validated again (as a document): one built with `model_copy`
@@ -310,7 +298,7 @@ def _applied_message(change: ChangeReport, pushes: tuple[NodePush, ...], generat
 
 def _log(report: RefreshReport) -> None:
     """Who, what and which hashes; never a config value (only paths and hashes)."""
-    paths = [*report.live_paths, *(p.path for p in report.restart_required_paths)]
+    paths = [*report.change.live_paths, *(p.path for p in report.change.restart_required_paths)]
     paths += [p.path for p in report.problems]
     failed = [f"{p.node_id} ({p.status}: {p.reason})" for p in report.pushes if p.status != "acked"]
     level = logging.INFO

@@ -29,8 +29,8 @@ from iop.wire import statuses as wire_statuses
 from .authenticating import Principal
 from .bodies import ParsedRequest
 from .dispatching import Dispatcher, Lease
+from .hubs import NodeRuns, RunEvents
 from .metering import Metrics
-from .runs import NodeRuns, RunStream
 
 __all__ = ["MAX_RETRIES", "Relay", "RelayedRun"]
 
@@ -66,7 +66,7 @@ class RelayedRun:
         self._long = long
         self._principal = principal
         self._lease: Lease | None = None
-        self._stream: RunStream | None = None
+        self._stream: RunEvents | None = None
         self._events: AsyncIterator[RunEvent] | None = None
         self._first: RunEvent | None = None
 
@@ -85,9 +85,16 @@ class RelayedRun:
         deadline: float | None = None
         retries = 0
         while True:
-            lease = await dispatcher.acquire(request.model, self._long, deadline=deadline)
+            lease = await dispatcher.acquire(
+                request.model,
+                self._long,
+                deadline=deadline,
+                principal=self._principal.principal_ref,
+            )
             if deadline is None:
-                relay._metrics.observe_queue_wait(request.model, lease.waited_s)
+                relay._metrics.observe_queue_wait(
+                    request.model, self._principal.principal_ref, lease.waited_s
+                )
             deadline = lease.deadline
             self._lease = lease
             try:

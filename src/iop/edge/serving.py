@@ -8,10 +8,10 @@ dispatch can use now) and `GET /metrics` (Prometheus).
 A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
 before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
 lookup -> generation policy and context class -> `Relay` (slot, run, events). Every failure is an
-`EdgeError` rendered by `statuses.py`. Once the body is read, a watcher waits for the client to
+`EdgeError` rendered by `httperrors.py`. Once the body is read, a watcher waits for the client to
 disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
-frees its slot at once. A raw ASGI app is used because it measured 10-25% faster than
-aiohttp.web on this path, and a framework would add a layer per request.
+frees its slot at once. A raw ASGI app is used because it measured faster than aiohttp.web on
+this path (docs/benchmarks.md), and a framework would add a layer per request.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from .errors import (
     RouteNotFound,
     UpstreamError,
 )
+from .httperrors import error_event, error_response, upstream_error
+from .hubs import NodeRuns
 from .metering import CONTENT_TYPE, Metrics
 from .relaying import Relay, RelayedRun
-from .runs import NodeRuns
 from .snapshots import PoolSnapshot
-from .statuses import error_event, error_response, upstream_error
 
 __all__ = ["EdgeApp"]
 

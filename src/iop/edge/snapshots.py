@@ -5,7 +5,7 @@ path reads plain immutable data without locks, and every run keeps the snapshot 
 The counters that do change (slots in use, waiting requests) live in the dispatcher, keyed by
 provider id, and outlive any one snapshot.
 
-Queueing rules derived here (DESIGN §4; for operators in docs/edge.md):
+Queueing rules derived here (for operators: docs/edge.md):
 - a model's waiting queue holds at most the sum of `max_queue` over its *enabled* providers;
 - a request waits at most the largest `queue_timeout_ms` among those providers (a request may
   be served by any of them, so it waits as long as the most patient one allows).
@@ -88,6 +88,8 @@ class PoolSnapshot:
     providers: Mapping[str, ProviderLimits]
     #: For each enabled provider, the routes it is a candidate of (with its candidate entry).
     routes_by_provider: Mapping[str, tuple[tuple[ModelRoute, Candidate], ...]]
+    #: principal_ref -> its fair-share weight in a model's queue (absent: 1).
+    principal_weights: Mapping[str, int]
 
     @classmethod
     def build(cls, config: EdgeConfig, generation: int = 1) -> PoolSnapshot:
@@ -140,4 +142,5 @@ class PoolSnapshot:
             routes_by_provider=MappingProxyType(
                 {key: tuple(value) for key, value in by_provider.items()}
             ),
+            principal_weights=MappingProxyType(dict(config.openai.principal_weights)),
         )

@@ -6,18 +6,19 @@ all build on it.
 
 from .classifying import classify
 from .configs import (
+    ANONYMOUS_PRINCIPAL,
     A2ASection,
     AdminSection,
     BootstrapSection,
     ControlPlaneSection,
     EdgeConfig,
     EdgeSection,
-    FakeAdapter,
+    FakeAdapterSettings,
     GenerationPolicy,
     ModelSpec,
     NodeRuntime,
     NodeSpec,
-    OpenAIAdapter,
+    OpenAIAdapterSettings,
     OpenAISection,
     PrincipalToken,
     ProviderSpec,
@@ -28,9 +29,11 @@ from .errors import ConfigError, Problem
 from .loading import load_data, load_file, load_text, parse_yaml
 from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath
+from .secrets import is_secret_field
 from .trees import config_hash
 
 __all__ = [
+    "ANONYMOUS_PRINCIPAL",
     "A2ASection",
     "AdminSection",
     "BootstrapSection",
@@ -39,13 +42,13 @@ __all__ = [
     "ControlPlaneSection",
     "EdgeConfig",
     "EdgeSection",
-    "FakeAdapter",
+    "FakeAdapterSettings",
     "GenerationPolicy",
     "ModelSpec",
     "NodePayload",
     "NodeRuntime",
     "NodeSpec",
-    "OpenAIAdapter",
+    "OpenAIAdapterSettings",
     "OpenAISection",
     "PrincipalToken",
     "Problem",
@@ -55,6 +58,7 @@ __all__ = [
     "classify",
     "config_hash",
     "is_loopback_listener",
+    "is_secret_field",
     "load_data",
     "load_file",
     "load_text",

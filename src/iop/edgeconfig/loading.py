@@ -22,12 +22,12 @@ from pydantic_core import ErrorDetails
 
 from .configs import PATTERN_MESSAGES, EdgeConfig
 from .errors import ConfigError, Problem, render_value
+from .secrets import is_secret_field
 from .validating import check_document, close_match_hint
 
 __all__ = ["load_data", "load_file", "load_text", "parse_yaml"]
 
 _SECTION_ORDER = {name: i for i, name in enumerate(EdgeConfig.model_fields)}
-_REDACTED_FIELDS = re.compile(r"(token|secret|password|key)$|sha256", re.IGNORECASE)
 
 
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
@@ -160,7 +160,7 @@ def _translate(error: ErrorDetails) -> Problem:
     ctx = error.get("ctx") or {}
     value = error.get("input")
     leaf = str(error["loc"][-1]) if error["loc"] else ""
-    got = "" if _REDACTED_FIELDS.search(leaf) else f", got {render_value(value)}"
+    got = "" if is_secret_field(leaf) else f", got {render_value(value)}"
     message: str
     if kind == "missing":
         # pydantic names a missing field by its alias; the file's spelling is snake_case

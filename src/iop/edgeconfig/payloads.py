@@ -69,4 +69,5 @@ def node_payload(config: EdgeConfig, node_id: str) -> NodePayload | None:
 
 
 def node_payloads(config: EdgeConfig) -> dict[str, NodePayload]:
+    """node id -> what that Node receives, for every node of `config`."""
     return {node.id: NodePayload.of(node) for node in config.nodes}

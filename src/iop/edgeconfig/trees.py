@@ -21,6 +21,7 @@ ID_FIELDS = ("id", "token_ref")
 
 
 def item_key(item: BaseModel) -> str | None:
+    """The id a list item is keyed by in paths (`nodes[node-1]`), or None if it has none."""
     for name in ID_FIELDS:
         value = getattr(item, name, None)
         if isinstance(value, str):

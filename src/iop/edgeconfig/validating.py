@@ -8,20 +8,17 @@ problem. Each check skips a value whose type is wrong; the schema reports that o
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
-from pydantic.alias_generators import to_camel
 
-from .configs import is_loopback_listener, split_listener
+from .configs import ANONYMOUS_PRINCIPAL, camel_name, is_loopback_listener, split_listener
 from .errors import Problem, render_value
+from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
 __all__ = ["check_document", "close_match_hint"]
 
-_RAW_SECRET_KEYS = {"token", "apikey", "password", "secret", "bearertoken", "rawtoken"}
-_RAW_SECRET_VALUE = re.compile(r"^(sk-[A-Za-z0-9_-]{8,}|Bearer\s+\S+)")
 # Keys ending like a secret's name, or values starting like one (a superset of the walk's rules).
 _SUSPICIOUS = (b'token":', b'key":', b'password":', b'secret":', b'"sk-', b'"bearer')
 
@@ -36,7 +33,7 @@ def _get(mapping: Mapping[str, object], name: str) -> tuple[str, object]:
     """The key actually used for field `name` (snake or camel) and its value (None if absent)."""
     if name in mapping:
         return name, mapping[name]
-    camel = to_camel(name)
+    camel = camel_name(name)
     return camel, mapping.get(camel)
 
 
@@ -100,15 +97,15 @@ def _check_secrets(value: object, path: str, problems: list[Problem]) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             item_path = f"{path}.{key}" if path else str(key)
-            normalized = str(key).replace("_", "").replace("-", "").lower()
-            if normalized in _RAW_SECRET_KEYS:
+            normalized = normalized_key(str(key))
+            if normalized in RAW_SECRET_KEYS:
                 problems.append(Problem(item_path, _secret_advice(normalized)))
             else:
                 _check_secrets(item, item_path, problems)
     elif isinstance(value, list):
         for position, item in enumerate(value):
             _check_secrets(item, f"{path}[{position}]", problems)
-    elif isinstance(value, str) and _RAW_SECRET_VALUE.match(value):
+    elif isinstance(value, str) and RAW_SECRET_VALUE.match(value):
         leaf = path.rsplit(".", 1)[-1]
         if "sha256" not in leaf.lower():  # the schema explains bad hashes itself
             problems.append(
@@ -211,6 +208,7 @@ def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:
         return
     refs: dict[str, str] = {}
     hashes: dict[str, str] = {}
+    principals = {ANONYMOUS_PRINCIPAL}
     for token_path, token in _items(openai, "principal_tokens", "openai."):
         ref_key, ref = _get(token, "token_ref")
         if isinstance(ref, str):
@@ -218,6 +216,21 @@ def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:
         hash_key, digest = _get(token, "token_hash_sha256")
         if isinstance(digest, str):
             index.duplicate(hashes, digest, f"{token_path}.{hash_key}", "token_hash_sha256")
+        _, principal = _get(token, "principal_ref")
+        if isinstance(principal, str):
+            principals.add(principal)
+    weights_key, weights = _get(openai, "principal_weights")
+    if isinstance(weights, Mapping):
+        for principal in weights:
+            if principal not in principals:
+                known = sorted(principals)
+                index.problems.append(
+                    Problem(
+                        f"openai.{weights_key}.{principal}",
+                        f"no principal_tokens entry bills to principal {render_value(principal)}"
+                        f"{close_match_hint(str(principal), known)}",
+                    )
+                )
 
 
 def _check_admin(data: Mapping[str, object], index: _Index) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "tokens",
 ]
 
+#: The words of every fake answer, in order, one per token, cycled.
 WORDS: Final = (
     "The quick brown fox jumps over the lazy dog while a patient gateway streams every token "
     "in order"
@@ -56,6 +57,7 @@ class OpenAIError(Exception):
 def error_body(
     message: str, *, type: str = "server_error", param: str | None = None, code: str | None = None
 ) -> bytes:
+    """An OpenAI error body: `{"error": {"message", "type", "param", "code"}}`."""
     return orjson.dumps({"error": {"message": message, "type": type, "param": param, "code": code}})
 
 

@@ -5,7 +5,7 @@ and enforces capacity across every Edge; `EdgeConnection` keeps one Edge's strea
 adapters (`openai`, `fake`) are in `iop.node.adapters`.
 """
 
-from .adapters import Adapter, AdapterError, FakeGenerator, OpenAIHttpAdapter, build_adapter
+from .adapters import Adapter, AdapterError, FakeAdapter, OpenAIAdapter, build_adapter
 from .agents import NodeAgent
 from .connecting import Backoff, EdgeConnection, NodeIdentity
 from .routing import DrainReport, Provision, Registry, Router
@@ -16,10 +16,10 @@ __all__ = [
     "Backoff",
     "DrainReport",
     "EdgeConnection",
-    "FakeGenerator",
+    "FakeAdapter",
     "NodeAgent",
     "NodeIdentity",
-    "OpenAIHttpAdapter",
+    "OpenAIAdapter",
     "Provision",
     "Registry",
     "Router",

@@ -112,14 +112,22 @@ class EdgeConnection:
         #: Config refreshes received from the Edge on this connection (beyond the welcome's).
         self.refreshes = 0
         self.last_error = ""
+        #: Sessions that ended in a refusal, a lost stream or an error (each one is redialed).
+        self.failures = 0
         self._writer: CoalescingWriter[_Outgoing] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
-        router.add_health_listener(self._on_health)
 
     async def run(self) -> None:
-        """Connect, serve, and reconnect after every loss, until cancelled."""
+        """Connect, serve, and reconnect after every loss, until cancelled.
+
+        Only cancellation ends this loop. A refusal or a lost stream is expected and logged in
+        a line; anything else is a bug somewhere below (an adapter that fails to build from a
+        pushed config, say), logged with its traceback, and the Node reconnects all the same:
+        a Node that stays up but disconnected would serve nothing and say nothing.
+        """
         while True:
             slowest = False
+            unexpected: Exception | None = None
             try:
                 await self._session()
                 self.last_error = "the Edge ended the stream"
@@ -129,9 +137,19 @@ class EdgeConnection:
                 self.last_error = refusal.description
             except _StreamEnded as exc:
                 self.last_error = str(exc)
+            except Exception as exc:
+                unexpected = exc
+                self.last_error = f"unexpected error: {exc!r}"
+            self.failures += 1
             delay = self.backoff.next_delay(slowest=slowest)
-            log = logger.error if slowest else logger.warning
-            log("edge %s: %s; retrying in %.2fs", self.target, self.last_error, delay)
+            log = logger.error if slowest or unexpected else logger.warning
+            log(
+                "edge %s: %s; retrying in %.2fs",
+                self.target,
+                self.last_error,
+                delay,
+                exc_info=unexpected,
+            )
             await asyncio.sleep(delay)
 
     async def _session(self) -> None:
@@ -157,6 +175,9 @@ class EdgeConnection:
             name = f"node-writer-{self.target}"
             async with CoalescingWriter(send, name=name) as writer:
                 self._writer = writer
+                # Health reaches the Edge through this session's writer: listen only while it
+                # lives, so connections that come and go leave no listener behind.
+                self.router.add_health_listener(self._on_health)
                 heartbeat = guarded_task(
                     self._heartbeat(writer), name=f"node-heartbeat-{self.target}", logger=logger
                 )
@@ -170,6 +191,7 @@ class EdgeConnection:
                     logger.info("connected to edge %s at %s", welcome.edge_id, self.target)
                     await self._read(call, writer)
                 finally:
+                    self.router.remove_health_listener(self._on_health)
                     self.connected.clear()
                     self._writer = None
                     await stop_tasks([heartbeat, *self._runs.values()])

@@ -15,6 +15,7 @@ retryable `provider_busy`, which the Edge reads as "try another candidate or wai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -122,6 +123,16 @@ class Router:
     def add_health_listener(self, callback: Callable[[list[ProviderHealth]], None]) -> None:
         """`callback(health)` after every swap, with the health of every provider."""
         self._listeners.append(callback)
+
+    def remove_health_listener(self, callback: Callable[[list[ProviderHealth]], None]) -> None:
+        """Stop calling `callback` (one registration of it; absent is fine)."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
+    @property
+    def health_listeners(self) -> int:
+        """How many listeners are registered (one per live Edge session)."""
+        return len(self._listeners)
 
     # -- swapping ----------------------------------------------------------------------------------
 

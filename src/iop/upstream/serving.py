@@ -35,6 +35,8 @@ __all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]
 
 logger = logging.getLogger(__name__)
 
+#: How an injected failure shows: an error status, a connection dropped before the response,
+#: or one dropped in the middle of a stream.
 FailMode: TypeAlias = Literal["status", "drop", "drop-mid-stream"]
 FAIL_MODES: Final = ("status", "drop", "drop-mid-stream")
 

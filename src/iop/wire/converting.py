@@ -49,6 +49,7 @@ _EXPIRED: Final = 1e-6
 
 
 def request_to_proto(request: RunRequest, now: float | None = None) -> pb.RunRequest:
+    """The protobuf of a run; the deadline travels as seconds remaining (clocks differ)."""
     timeout = 0.0
     if request.deadline is not None:
         timeout = max(request.deadline - (time.time() if now is None else now), _EXPIRED)
@@ -88,6 +89,7 @@ def request_from_proto(message: pb.RunRequest, now: float | None = None) -> RunR
 
 
 def event_to_proto(run_id: str, event: RunEvent) -> pb.RunEvent:
+    """The protobuf of one event of run `run_id`."""
     if isinstance(event, RunChunk):
         return pb.RunEvent(
             run_id=run_id, chunk=pb.RunChunk(data=event.data, usage_only=event.usage_only)
@@ -134,12 +136,14 @@ def event_from_proto(message: pb.RunEvent) -> RunEvent:
 
 
 def health_to_proto(health: ProviderHealth) -> pb.ProviderHealth:
+    """The protobuf of a provider's health."""
     return pb.ProviderHealth(
         provider_id=health.provider_id, healthy=health.healthy, detail=health.detail
     )
 
 
 def health_from_proto(message: pb.ProviderHealth) -> ProviderHealth:
+    """A provider's health from its protobuf."""
     return ProviderHealth(message.provider_id, message.healthy, message.detail)
 
 

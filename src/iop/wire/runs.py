@@ -22,6 +22,7 @@ __all__ = [
     "RunUsage",
 ]
 
+#: The OpenAI endpoint a run is for: /v1/chat/completions or /v1/completions.
 RunKind: TypeAlias = Literal["chat", "completion"]
 
 
@@ -91,8 +92,10 @@ class RunFailed:
     status: int | None = None
 
 
+#: One event of a run, in order; exactly one terminal event ends each run.
 RunEvent: TypeAlias = RunChunk | RunUsage | RunDone | RunFailed
 
+#: The events that end a run.
 TERMINAL_EVENTS: Final = (RunDone, RunFailed)
 
 

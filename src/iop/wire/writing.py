@@ -1,7 +1,7 @@
 """The single writer of one stream direction, which coalesces without adding latency.
 
-A grpc.aio message costs 110-200 us of CPU on each side, far more than the bytes in it, so each
-direction of a Node-Edge stream has exactly one writer task. Producers `put` items and never
+A grpc.aio message costs far more CPU on each side than the bytes in it (docs/benchmarks.md),
+so each direction of a Node-Edge stream has exactly one writer task. Producers `put` items and never
 wait. When the writer is idle an item goes out at once, alone; while a write is in flight,
 whatever producers put queues up, and the next write sends all of it as one message. Under light
 load that is one message per item with no delay; under heavy load the batches grow by themselves

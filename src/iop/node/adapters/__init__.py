@@ -4,24 +4,24 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter, ValidationError
 
-from iop.edgeconfig import FakeAdapter, OpenAIAdapter, ProviderPayload
-from iop.edgeconfig.configs import Adapter as AdapterSettings
+from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, ProviderPayload
+from iop.edgeconfig.configs import AdapterSettings
 
 from .base import Adapter, client_wants_usage, usage_from
-from .fake import FakeGenerator
-from .openai_http import OpenAIHttpAdapter
+from .fake import FakeAdapter
+from .openai_http import OpenAIAdapter
 
 __all__ = [
     "Adapter",
     "AdapterError",
-    "FakeGenerator",
-    "OpenAIHttpAdapter",
+    "FakeAdapter",
+    "OpenAIAdapter",
     "build_adapter",
     "client_wants_usage",
     "usage_from",
 ]
 
-_SETTINGS: TypeAdapter[OpenAIAdapter | FakeAdapter] = TypeAdapter(AdapterSettings)
+_SETTINGS: TypeAdapter[OpenAIAdapterSettings | FakeAdapterSettings] = TypeAdapter(AdapterSettings)
 
 
 class AdapterError(Exception):
@@ -38,6 +38,6 @@ def build_adapter(provider: ProviderPayload) -> Adapter:
             for error in exc.errors(include_url=False)
         )
         raise AdapterError(f"provider {provider.id}: invalid adapter settings: {details}") from exc
-    if isinstance(settings, OpenAIAdapter):
-        return OpenAIHttpAdapter(provider.id, settings)
-    return FakeGenerator(provider.id, settings)
+    if isinstance(settings, OpenAIAdapterSettings):
+        return OpenAIAdapter(provider.id, settings)
+    return FakeAdapter(provider.id, settings)

@@ -10,14 +10,14 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 
-from iop.edgeconfig import FakeAdapter as FakeSettings
+from iop.edgeconfig import FakeAdapterSettings as FakeSettings
 from iop.fakes import OpenAIError, parse_request, tokens
 from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
 
-__all__ = ["FakeGenerator"]
+__all__ = ["FakeAdapter"]
 
 
-class FakeGenerator:
+class FakeAdapter:
     """Implements `Adapter` for `adapter: {type: fake}`."""
 
     def __init__(self, provider_id: str, settings: FakeSettings) -> None:

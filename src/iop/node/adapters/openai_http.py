@@ -20,7 +20,6 @@ logged.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
@@ -30,7 +29,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from iop.edgeconfig import OpenAIAdapter as OpenAISettings
+from iop.edgeconfig import OpenAIAdapterSettings as OpenAISettings
 from iop.wire import (
     ProviderHealth,
     RunChunk,
@@ -44,7 +43,7 @@ from iop.wire import (
 
 from .base import client_wants_usage, usage_from
 
-__all__ = ["OpenAIHttpAdapter"]
+__all__ = ["OpenAIAdapter"]
 
 _PATHS: Final = {"chat": "/chat/completions", "completion": "/completions"}
 _DONE: Final = b"[DONE]"
@@ -54,7 +53,7 @@ _DONE: Final = b"[DONE]"
 _KEEPALIVE_S: Final = 4.0
 
 
-class OpenAIHttpAdapter:
+class OpenAIAdapter:
     """Implements `Adapter` for `adapter: {type: openai}`."""
 
     def __init__(self, provider_id: str, settings: OpenAISettings) -> None:
@@ -71,6 +70,15 @@ class OpenAIHttpAdapter:
                 self._problem = f"environment variable {settings.api_key_env} is not set"
         self._urls = {kind: settings.base_url.rstrip("/") + path for kind, path in _PATHS.items()}
         self._session: aiohttp.ClientSession | None = None
+        # The timeouts of every request; a run with a deadline adds `total` (see `run`).
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            # `connect` bounds the wait for a free pooled connection (httpx's pool timeout);
+            # `sock_connect` the TCP connect itself; `sock_read` every wait for bytes.
+            connect=settings.request_timeout_s,
+            sock_connect=settings.connect_timeout_s,
+            sock_read=settings.request_timeout_s,
+        )
         # Runs holding or waiting for a pooled connection: tells a wait for a free connection
         # from a slow connect when aiohttp reports either as the same connection timeout.
         self._in_use = 0
@@ -98,14 +106,7 @@ class OpenAIHttpAdapter:
                 limit=settings.max_connections, keepalive_timeout=_KEEPALIVE_S
             ),
             headers=self._headers,
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                # `connect` bounds the wait for a free pooled connection (httpx's pool timeout);
-                # `sock_connect` the TCP connect itself; `sock_read` every wait for bytes.
-                connect=settings.request_timeout_s,
-                sock_connect=settings.connect_timeout_s,
-                sock_read=settings.request_timeout_s,
-            ),
+            timeout=self._timeout,
             # Cookies an upstream sets for one client's run must never ride along on another's.
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
@@ -139,39 +140,52 @@ class OpenAIHttpAdapter:
         session = self._session
         if session is None:
             session = self._session = self._open()
-        timeout = None if request.deadline is None else request.deadline - time.time()
         settings = self.settings
+        timeout = self._timeout
+        if request.deadline is not None:
+            remaining = request.deadline - time.time()
+            if remaining <= 0:
+                yield statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
+                return
+            # aiohttp's own `total` bounds the whole exchange, reads included, and never cancels
+            # the consumer of this generator: an asyncio.timeout() here would stay armed across
+            # each `yield` and could fire inside the caller's code instead.
+            timeout = aiohttp.ClientTimeout(
+                total=remaining,
+                connect=timeout.connect,
+                sock_read=timeout.sock_read,
+                sock_connect=timeout.sock_connect,
+            )
         queued = self._in_use >= settings.max_connections
         self._in_use += 1
         response: aiohttp.ClientResponse | None = None
         sent_chunk = False
         try:
-            async with asyncio.timeout(timeout):
-                response = await session.post(
-                    self._urls[request.kind], data=body, allow_redirects=False
-                )
-                if response.status >= 400:
-                    yield statuses.upstream_http_failure(response.status, await response.read())
-                    return
-                if not request.stream:
-                    data = await response.read()
-                    document = _decode(data)
-                    yield RunChunk(data)
-                    usage = usage_from(document)
-                    if usage is not None:
-                        yield RunUsage(*usage)
-                    yield RunDone(_finish_reason(document))
-                    return
-                # Everything that arrived is split at each turn (often a whole burst of events).
-                # Read to the end even after [DONE], which the end of the body follows at once:
-                # only a response read to its end gives its connection back to the pool.
-                decoder = _StreamDecoder(wants_usage)
-                while piece := await response.content.readany():
-                    for chunk in decoder.feed(piece):
-                        sent_chunk = True
-                        yield chunk
-                for event in decoder.end():
-                    yield event
+            response = await session.post(
+                self._urls[request.kind], data=body, allow_redirects=False, timeout=timeout
+            )
+            if response.status >= 400:
+                yield statuses.upstream_http_failure(response.status, await response.read())
+                return
+            if not request.stream:
+                data = await response.read()
+                document = _decode(data)
+                yield RunChunk(data)
+                usage = usage_from(document)
+                if usage is not None:
+                    yield RunUsage(*usage)
+                yield RunDone(_finish_reason(document))
+                return
+            # Everything that arrived is split at each turn (often a whole burst of events).
+            # Read to the end even after [DONE], which the end of the body follows at once:
+            # only a response read to its end gives its connection back to the pool.
+            decoder = _StreamDecoder(wants_usage)
+            while piece := await response.content.readany():
+                for chunk in decoder.feed(piece):
+                    sent_chunk = True
+                    yield chunk
+            for event in decoder.end():
+                yield event
         except aiohttp.ConnectionTimeoutError:
             if queued:
                 yield _failed(

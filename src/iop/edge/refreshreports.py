@@ -7,14 +7,15 @@ are never None (empty when nothing applies), and `as_dict()` keeps them lists, n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from iop.edgeconfig import ChangeReport, EdgeConfig, Problem, RestartPath
+from iop.edgeconfig import ChangeReport, EdgeConfig, Problem
 
-__all__ = ["Candidate", "Mode", "NodePush", "Outcome", "PushStatus", "RefreshReport"]
+__all__ = ["ConfigSource", "Mode", "NodePush", "Outcome", "PushStatus", "RefreshReport"]
 
+#: dry_run: judge the candidate and change nothing; apply: swap it in and push it.
 Mode = Literal["dry_run", "apply"]
 #: applied: swapped in; valid: a dry run that could apply live; restart_required: some path
 #: needs a restart (an apply is refused and changes nothing); invalid: the candidate does not load.
@@ -25,7 +26,7 @@ PushStatus = Literal["acked", "failed", "not_connected"]
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class ConfigSource:
     """A config offered for a refresh: a parsed document or model, YAML (or JSON) text, or a file.
 
     Exactly one of the three is set; use the constructors.
@@ -36,16 +37,16 @@ class Candidate:
     path: Path | None = None
 
     @classmethod
-    def of_data(cls, data: Any) -> Candidate:
+    def of_data(cls, data: Any) -> ConfigSource:
         """A parsed document (a mapping, as in a JSON body) or an `EdgeConfig`."""
         return cls(data=data)
 
     @classmethod
-    def of_text(cls, text: str) -> Candidate:
+    def of_text(cls, text: str) -> ConfigSource:
         return cls(text=text)
 
     @classmethod
-    def of_path(cls, path: str | Path) -> Candidate:
+    def of_path(cls, path: str | Path) -> ConfigSource:
         return cls(path=Path(path))
 
     def describe(self) -> str:
@@ -87,20 +88,13 @@ class RefreshReport:
     outcome: Outcome
     #: True only when this refresh swapped the candidate in.
     applied: bool
-    #: True when the candidate differs from the config in use (on any path).
-    changed: bool
     previous_config_hash: str
     previous_generation: int
     #: The candidate's hash (None when it did not load) and the generation in use afterwards.
     config_hash: str | None
     generation: int
-    changed_nodes: tuple[str, ...] = ()
-    changed_providers: tuple[str, ...] = ()
-    changed_models: tuple[str, ...] = ()
-    live_paths: tuple[str, ...] = ()
-    restart_required_paths: tuple[RestartPath, ...] = ()
-    #: Nodes whose node-specific payload changed: the ones an apply pushes to.
-    nodes_to_push: tuple[str, ...] = ()
+    #: What changed between the config in use and the candidate (empty when it did not load).
+    change: ChangeReport = field(default_factory=ChangeReport)
     pushes: tuple[NodePush, ...] = ()
     problems: tuple[Problem, ...] = ()
     #: Who asked (peer address and auth, or the signal), and what was offered.
@@ -111,46 +105,23 @@ class RefreshReport:
     duration_ms: float = 0.0
     message: str = ""
 
-    @classmethod
-    def from_change(cls, change: ChangeReport, **values: Any) -> RefreshReport:
-        return cls(
-            changed=change.changed,
-            changed_nodes=change.changed_nodes,
-            changed_providers=change.changed_providers,
-            changed_models=change.changed_models,
-            live_paths=change.live_paths,
-            restart_required_paths=change.restart_required_paths,
-            nodes_to_push=change.nodes_to_push,
-            **values,
-        )
-
-    @property
-    def restart_scopes(self) -> tuple[str, ...]:
-        return tuple(sorted({p.scope for p in self.restart_required_paths}))
-
     @property
     def all_acked(self) -> bool:
         """Every node pushed to acknowledged (vacuously true when nothing was pushed)."""
         return all(push.status == "acked" for push in self.pushes)
 
     def as_dict(self) -> dict[str, object]:
+        """The admin API's JSON: the change report's fields at the top level, beside the rest."""
         return {
             "mode": self.mode,
             "outcome": self.outcome,
             "applied": self.applied,
-            "changed": self.changed,
             "message": self.message,
             "previous_config_hash": self.previous_config_hash,
             "previous_generation": self.previous_generation,
             "config_hash": self.config_hash,
             "generation": self.generation,
-            "changed_nodes": list(self.changed_nodes),
-            "changed_providers": list(self.changed_providers),
-            "changed_models": list(self.changed_models),
-            "live_paths": list(self.live_paths),
-            "restart_required_paths": [p.as_dict() for p in self.restart_required_paths],
-            "restart_scopes": list(self.restart_scopes),
-            "nodes_to_push": list(self.nodes_to_push),
+            **self.change.as_dict(),
             "pushes": [push.as_dict() for push in self.pushes],
             "problems": [problem.as_dict() for problem in self.problems],
             "requested_by": self.requested_by,

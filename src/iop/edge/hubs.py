@@ -8,28 +8,54 @@ written (and unit-tested, with an in-process fake) against this Protocol rather 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
+from iop import runtime_pb2 as pb
+from iop.edgeconfig import EdgeConfig
 from iop.wire import RunEvent, RunRequest
 
-__all__ = ["Hub", "NodeRuns", "ProviderLink", "RunStream", "available_providers"]
+__all__ = [
+    "ConfigPush",
+    "Hub",
+    "NodeRuns",
+    "NodeStatus",
+    "ProviderLink",
+    "RunEvents",
+    "available_providers",
+]
 
 
-class ProviderLink(Protocol):
+@dataclass(frozen=True, slots=True)
+class ProviderLink:
     """A provider of a connected node, as the hub sees it."""
 
-    @property
-    def node_id(self) -> str: ...
+    provider_id: str
+    node_id: str
+    healthy: bool
+    detail: str = ""
 
-    @property
-    def healthy(self) -> bool: ...
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """A connected node, for status pages and the admin API."""
+
+    node_id: str
+    alias: str
+    instance_id: str
+    peer: str
+    ready: bool
+    applied_generation: int
+    applied_hash: str
+    runs_in_flight: int
+    connected_at: float
 
 
-class RunStream(Protocol):
+class RunEvents(Protocol):
     """The events of one run; leaving the `async with` early cancels the run on its Node."""
 
-    async def __aenter__(self) -> RunStream: ...
+    async def __aenter__(self) -> RunEvents: ...
 
     async def __aexit__(
         self,
@@ -52,12 +78,26 @@ class NodeRuns(Protocol):
         """Call `callback` whenever nodes connect or disconnect or a provider's health changes."""
         ...
 
-    def run(self, request: RunRequest) -> RunStream:
+    def run(self, request: RunRequest) -> RunEvents:
         """Start `request` on the node of its provider."""
         ...
 
 
-class Hub(NodeRuns, Protocol):
+class ConfigPush(Protocol):
+    """The node hub, as the refresher uses it: swap the config, push payloads, report nodes."""
+
+    async def swap_config(
+        self, config: EdgeConfig, *, generation: int | None = ..., ack_timeout: float = ...
+    ) -> Mapping[str, pb.ConfigAck | None]:
+        """Make `config` current; push each connected node's changed payload; node id -> ack."""
+        ...
+
+    def nodes(self) -> Mapping[str, NodeStatus]:
+        """The connected nodes."""
+        ...
+
+
+class Hub(NodeRuns, ConfigPush, Protocol):
     """The node hub with its lifecycle, as the Edge process owns it."""
 
     async def start(self) -> int:
