@@ -400,10 +400,12 @@ def ensure_host_packages() -> None:
         raise ClusterError(f"install the Debian packages {', '.join(missing)} (apt-get, as root)")
     log(f"installing Debian packages: {', '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    # Another apt-get (another worktree's build) may hold dpkg's lock: wait for it.
+    wait = ["-o", "DPkg::Lock::Timeout=300"]
+    install = ["apt-get", *wait, "install", "-y", "--no-install-recommends", *missing]
     result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:  # the package lists may be missing or stale
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
+        subprocess.run(["apt-get", *wait, "update"], env=env, capture_output=True, check=False)
         result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{result.stderr[-2000:]}")
