@@ -112,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     # kopf logs every handler call at INFO, and pods change often: its object log is for DEBUG.
     if args.log_level != "DEBUG":
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # probes, every second
     options = OperatorOptions(
         namespace=args.namespace or default_namespace(),
         kubeconfig=args.kubeconfig,

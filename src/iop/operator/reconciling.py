@@ -77,7 +77,8 @@ _TOKEN_TTL_S: Final = 60.0
 #: Look again this soon while a rollout or a restart is under way (Deployment and Pod events
 #: wake a pass sooner; this bounds the wait when none comes).
 _RECHECK_S: Final = 5.0
-#: And this often while nodes are not all current (they connect on their own schedule).
+#: While nodes are not all current (they connect on their own schedule, and no event says when),
+#: look again after 1 s, doubling up to this.
 _NODES_RECHECK_S: Final = 30.0
 
 
@@ -136,6 +137,7 @@ class Reconciler:
         #: The config hash last seen fully in effect (Applied=True).
         self._effective: str | None = None
         self._token: tuple[str | None, float] | None = None
+        self._nodes_recheck = 1.0
         self._said: set[tuple[str, str]] = set()
 
     @property
@@ -225,8 +227,10 @@ class Reconciler:
             if new_change and (not failed or edge_rolls):
                 await self._commit(owner, desired, generation, stamps, restarts, change, outcomes)
                 committed = True
-            if committed and self._state is not None and self._state.restarts != tuple(
-                open_restarts
+            if (
+                committed
+                and self._state is not None
+                and self._state.restarts != tuple(open_restarts)
             ):
                 await self._save_state(owner, _replace_restarts(self._state, open_restarts))
                 for record in restarts:
@@ -262,7 +266,12 @@ class Reconciler:
         if finding.progressing or not finding.applied:
             return PassResult(recheck_after=_RECHECK_S)
         if any(node.state != "Acked" for node in nodes_seen):
-            return PassResult(recheck_after=_NODES_RECHECK_S)
+            delay, self._nodes_recheck = (
+                self._nodes_recheck,
+                min(self._nodes_recheck * 2, _NODES_RECHECK_S),
+            )
+            return PassResult(recheck_after=delay)
+        self._nodes_recheck = 1.0
         return PassResult()
 
     # -- steps -----------------------------------------------------------------------------------
@@ -486,7 +495,17 @@ class Reconciler:
             desired, config_hash(desired), generation, dict(stamps), tuple(restarts)
         )
         await self._save_state(owner, state)
-        if not restarts:
+        if change is None:
+            ready = sum(o.state == "Applied" for o in outcomes)
+            await self._say(
+                owner,
+                "Normal",
+                "AppliedLive",
+                f"generation {generation} (config {state.config_hash[:12]}) is the first applied: "
+                f"{conventions.edge_configmap_name(owner.name)} written, {ready} ready "
+                f"replica{'s' if ready != 1 else ''} run{'s' if ready == 1 else ''} it",
+            )
+        elif not restarts:
             applied = sum(o.state == "Applied" for o in outcomes)
             paths = len(change.live_paths) if change is not None else 0
             await self._say(
