@@ -19,9 +19,10 @@
    - status: the status patch;
    - seen: the status written -> the client's poll sees it.
 2. **Restart change -> rollout complete** (`--pods`, needs the process kubelet): the chart of
-   `e2e/testdata/operator-chart` on pods, the operator as in (1) but finding the replicas as
-   pods; an Edge-scope change (a listener), from the patch until `Ready` again: the new pods
-   are up, serve, and run the new config.
+   `e2e/testdata/operator-chart` on pods (two Edge replicas, maxSurge 1, maxUnavailable 0), the
+   operator as in (1) but finding the replicas as pods; first (1) on pods, then `--restarts`
+   Edge-scope changes (`openai.maxRequestBytes`), each from the patch until `Ready` again: the
+   rollout complete and the new pods running the new config.
 
 Figures go to docs/benchmarks.md ("## Operator").
 """
@@ -48,6 +49,7 @@ from iop.processes import spawn_edge, spawn_node, terminate
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "e2e" / "cluster" / "localcluster.py"
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
+CHART = REPO / "e2e" / "testdata" / "operator-chart"
 NAME = "bench"
 
 
@@ -141,98 +143,146 @@ async def ready_generation(api: KubeApi, path: str, generation: int, timeout: fl
 
 
 async def live(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Host mode: an Edge and its Nodes as processes here, the operator told their admin URL."""
     os.environ.update(env)
     namespace = f"bench-{os.getpid()}"
     kubectl(env, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     kubectl(env, "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev")
     kubectl(env, "create", "namespace", namespace)
     document = spec(args.nodes)
-    timings: dict[int, PassTimings] = {}
-    stop = asyncio.Event()
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "edge.yaml"
         config.write_text(json.dumps(document))
         edge, started = await spawn_edge(config, startup_timeout=60)
         nodes = []
-        for n in range(args.nodes):
-            token = Path(folder) / f"node-{n}.token"
-            token.write_text(f"node-{n}-token")
-            nodes.append(await spawn_node(started["hub_port"], f"node-{n}", token))
-        options = OperatorOptions(
-            namespace=namespace,
-            kubeconfig=env["KUBECONFIG"],
-            edge_admin_urls=(started["admin_url"],),
-            webhook_listen=None,
-            liveness_listen=None,
-        )
-
-        def record(timing: PassTimings) -> None:
-            timings[timing.generation] = timing
-
-        operator = asyncio.create_task(
-            run_operator(options, stop=stop, on_pass=record), name="bench-operator"
-        )
-        api = await KubeApi.connect(env["KUBECONFIG"])
-        path = resource_path("iop.dev/v1alpha1", "edgeconfigs", namespace, NAME)
         try:
-            metadata = {"name": NAME, "namespace": namespace}
-            body = {"apiVersion": "iop.dev/v1alpha1", "kind": "EdgeConfig", "metadata": metadata}
-            body["spec"] = document
-            collection = resource_path("iop.dev/v1alpha1", "edgeconfigs", namespace)
-            await api.create(collection, body)
-            await ready_generation(api, path, 1, 120)
-            # Wait until every node is connected and acked, so each flip pushes to all of them.
-            for _ in range(600):
-                obj = await api.get(path)
-                if obj["status"].get("nodesAcked") == f"{args.nodes}/{args.nodes}":
-                    break
-                await asyncio.sleep(0.1)
-            rows: list[dict[str, float | str]] = []
-            for change in range(args.changes):
-                generation = change + 2
-                kind = "capacity" if change % 2 == 0 else "priority"
-                value = 8 + (change // 2) % 2 + (1 if kind == "capacity" else 0)
-                providers = [
-                    {"id": f"p{n}", "adapter": {"type": "fake"}, "servedModels": ["served"],
-                     "capacity": document["nodes"][n]["providers"][0]["capacity"],
-                     "priority": document["nodes"][n]["providers"][0].get("priority", 0)}
-                    for n in range(args.nodes)
-                ]  # fmt: skip
-                for provider in providers:
-                    provider[kind] = value
-                for n, node in enumerate(document["nodes"]):
-                    node["providers"][0] = providers[n]
-                patch = {"spec": {"nodes": document["nodes"]}}
-                sent = time.monotonic()
-                await api.merge_patch(path, patch)
-                seen = await ready_generation(api, path, generation, 60)
-                while generation not in timings:  # the pass ends just after its status write
-                    await asyncio.sleep(0.001)
-                t = timings[generation]
-                rows.append(
-                    {
-                        "kind": kind,
-                        "total": (seen - sent) * 1000,
-                        "watch": (t.received_at - sent) * 1000,
-                        "validate+classify": t.parts.get("validate", 0)
-                        + t.parts.get("classify", 0),
-                        "configmap": t.parts.get("configmap", 0),
-                        "workloads": t.parts.get("workloads", 0),
-                        "replicas": t.parts.get("replicas", 0),
-                        "replica apply": statistics.fmean(t.replica_apply_ms or [0.0]),
-                        "status": t.parts.get("status", 0),
-                        "seen": (seen - t.finished_at) * 1000,
-                    }
-                )
-            report(rows)
+            for n in range(args.nodes):
+                token = Path(folder) / f"node-{n}.token"
+                token.write_text(f"node-{n}-token")
+                nodes.append(await spawn_node(started["hub_port"], f"node-{n}", token))
+            await measure(args, env, namespace, document, (started["admin_url"],))
         finally:
-            stop.set()
-            await operator
-            await api.stop()
             for node in nodes:
                 await terminate(node)
             await terminate(edge)
             kubectl(env, "delete", "namespace", namespace, "--wait=false")
+
+
+async def pods(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Pods mode: the chart's Edge (2 replicas) and Nodes run by the process kubelet; the
+    operator here finds the replicas as pods, as in a cluster."""
+    os.environ.update(env)
+    namespace = f"bench-{os.getpid()}"
+    kubectl(env, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl(env, "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev")
+    kubectl(env, "create", "namespace", namespace)
+    document = spec(args.nodes)
+    document["edge"]["listen"] = "0.0.0.0:7443"
+    document["edge"]["admin"] = {"listen": "0.0.0.0:9090", "tokenFile": "/etc/iop/admin/token"}
+    document["openai"]["listen"] = "0.0.0.0:8080"
+    values = {
+        "edgeConfigName": NAME,
+        "edge": {"replicas": 2, "adminToken": "bench-admin-token"},
+        "nodes": [{"id": f"node-{n}", "token": f"node-{n}-token"} for n in range(args.nodes)],
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        file.write(json.dumps(values))
+        file.flush()
+        subprocess.run(
+            ["helm", "install", "iop", str(CHART), "-n", namespace, "-f", file.name],
+            check=True, capture_output=True, env={**os.environ, **env},
+        )  # fmt: skip
+    try:
+        await measure(args, env, namespace, document, ())
+    finally:
+        kubectl(env, "delete", "namespace", namespace, "--wait=false")
+
+
+async def measure(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    namespace: str,
+    document: dict[str, Any],
+    edge_admin_urls: tuple[str, ...],
+) -> None:
+    timings: dict[int, PassTimings] = {}
+    stop = asyncio.Event()
+    options = OperatorOptions(
+        namespace=namespace,
+        kubeconfig=env["KUBECONFIG"],
+        edge_admin_urls=edge_admin_urls,
+        webhook_listen=None,
+        liveness_listen=None,
+    )
+
+    def record(timing: PassTimings) -> None:
+        timings[timing.generation] = timing
+
+    operator = asyncio.create_task(
+        run_operator(options, stop=stop, on_pass=record), name="bench-operator"
+    )
+    api = await KubeApi.connect(env["KUBECONFIG"])
+    path = resource_path("iop.dev/v1alpha1", "edgeconfigs", namespace, NAME)
+    try:
+        metadata = {"name": NAME, "namespace": namespace}
+        body = {"apiVersion": "iop.dev/v1alpha1", "kind": "EdgeConfig", "metadata": metadata}
+        body["spec"] = document
+        collection = resource_path("iop.dev/v1alpha1", "edgeconfigs", namespace)
+        created = time.monotonic()
+        await api.create(collection, body)
+        seen = await ready_generation(api, path, 1, 300)
+        print(f"create -> Ready: {(seen - created) * 1000:.0f} ms")
+        # Wait until every node is connected and acked, so each flip pushes to all of them.
+        for _ in range(1200):
+            obj = await api.get(path)
+            if obj["status"].get("nodesAcked") == f"{args.nodes}/{args.nodes}":
+                break
+            await asyncio.sleep(0.1)
+        rows: list[dict[str, float | str]] = []
+        generation = 1
+        for change in range(args.changes):
+            generation += 1
+            kind = "capacity" if change % 2 == 0 else "priority"
+            value = 8 + (change // 2) % 2 + (1 if kind == "capacity" else 0)
+            for node in document["nodes"]:
+                node["providers"][0][kind] = value
+            sent = time.monotonic()
+            await api.merge_patch(path, {"spec": {"nodes": document["nodes"]}})
+            seen = await ready_generation(api, path, generation, 60)
+            while generation not in timings:  # the pass ends just after its status write
+                await asyncio.sleep(0.001)
+            t = timings[generation]
+            rows.append(
+                {
+                    "kind": kind,
+                    "total": (seen - sent) * 1000,
+                    "watch": (t.received_at - sent) * 1000,
+                    "validate+classify": t.parts.get("validate", 0) + t.parts.get("classify", 0),
+                    "configmap": t.parts.get("configmap", 0),
+                    "workloads": t.parts.get("workloads", 0),
+                    "replicas": t.parts.get("replicas", 0),
+                    "replica apply": statistics.fmean(t.replica_apply_ms or [0.0]),
+                    "status": t.parts.get("status", 0),
+                    "seen": (seen - t.finished_at) * 1000,
+                }
+            )
+        report(rows)
+        if not edge_admin_urls:  # pods: the operator rolls the Edge itself
+            # An Edge-scope change the chart's probes do not depend on (a listener would be).
+            for restart in range(args.restarts):
+                generation += 1
+                limit = 4 * 1024 * 1024 + restart
+                sent = time.monotonic()
+                await api.merge_patch(path, {"spec": {"openai": {"maxRequestBytes": limit}}})
+                seen = await ready_generation(api, path, generation, 300)
+                print(
+                    f"restart edge (openai.maxRequestBytes): patch -> Ready (rollout complete, "
+                    f"the new pods run it): {(seen - sent) * 1000:.0f} ms"
+                )
+    finally:
+        stop.set()
+        await operator
+        await api.stop()
 
 
 def report(rows: list[dict[str, float | str]]) -> None:
@@ -257,9 +307,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--changes", type=int, default=30)
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--pods", action="store_true", help="on pods (needs the process kubelet)")
+    parser.add_argument("--restarts", type=int, default=2, help="Edge restarts to time (pods)")
     args = parser.parse_args()
     env = cluster_env()
-    asyncio.run(live(args, env))
+    asyncio.run(pods(args, env) if args.pods else live(args, env))
 
 
 if __name__ == "__main__":
