@@ -206,8 +206,8 @@ async def run_operator(
 
             workers = Workers(make)
             server = None
-            if options.webhook_listen is not None:
-                server, certificate = _webhook_server(options)
+            if options.webhook_listen is not None:  # a key made, files written: off the loop
+                server, certificate = await asyncio.to_thread(_webhook_server, options)
                 if options.webhook_configuration:
                     tasks.append(
                         guarded_task(

@@ -113,6 +113,8 @@ class Workers:
     def __init__(self, make: Callable[[str, str], Reconciler]) -> None:
         self._make = make
         self._workers: dict[Key, Worker] = {}
+        #: Workers of deleted-and-recreated namesakes, cancelled and awaited at `stop`.
+        self._retired: set[asyncio.Task[None]] = set()
 
     def notify(self, body: Mapping[str, Any]) -> None:
         metadata = body["metadata"]
@@ -120,6 +122,8 @@ class Workers:
         worker = self._workers.get(key)
         if worker is not None and (worker.uid != metadata.get("uid") or worker.task.done()):
             worker.task.cancel()  # deleted and created again under the same name: start afresh
+            self._retired.add(worker.task)
+            worker.task.add_done_callback(self._retired.discard)
             worker = None
         if worker is None:
             worker = Worker(key, metadata.get("uid", ""), self._make(*key))
@@ -143,4 +147,4 @@ class Workers:
 
     async def stop(self) -> None:
         workers, self._workers = list(self._workers.values()), {}
-        await stop_tasks([worker.task for worker in workers])
+        await stop_tasks([*(worker.task for worker in workers), *self._retired])

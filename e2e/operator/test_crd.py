@@ -1,0 +1,85 @@
+"""The CRD on the real API server: `kubectl explain` tells live or restart, the API server itself
+refuses what the schema and the cheap CEL rules can see, and the printer columns are there."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_explain_says_what_a_field_does_and_how_a_change_applies(kube_cluster, edgeconfig_crd):
+    capacity = kube_cluster.kubectl("explain", "edgeconfig.spec.nodes.providers.capacity").stdout
+    assert "Most requests this provider runs at once, across all Edges." in capacity
+    assert "Live: a change applies without a restart." in capacity
+    adapter = kube_cluster.kubectl("explain", "ec.spec.nodes.providers.adapter.baseUrl").stdout
+    assert "Restart-required: a change rolls this node's workload." in adapter
+    listen = kube_cluster.kubectl("explain", "ec.spec.openai.listen").stdout
+    assert "Restart-required: a change rolls the Edge." in listen
+
+
+def create(kube_cluster, namespace: str, spec: dict[str, Any]):
+    manifest = {"apiVersion": "iop.dev/v1alpha1", "kind": "EdgeConfig",
+                "metadata": {"name": "bad"}, "spec": spec}  # fmt: skip
+    return kube_cluster.kubectl(
+        "create", "-n", namespace, "-f", "-", stdin=json.dumps(manifest), check=False
+    )
+
+
+def with_provider(spec: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(spec)
+    spec["nodes"][0]["providers"][0].update(changes)
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        pytest.param(
+            lambda s: with_provider(s, capacity=0),
+            "should be greater than or equal to 1",
+            id="bound",
+        ),
+        pytest.param(
+            lambda s: with_provider(s, longContextSlots=9),
+            "longContextSlots must be <= capacity",
+            id="cel-long-slots",
+        ),
+        pytest.param(
+            lambda s: with_provider(s, adapter={"type": "openai"}),
+            "baseUrl is required when type is openai",
+            id="cel-base-url",
+        ),
+        pytest.param(
+            lambda s: with_provider(s, adapter={"type": "grpc"}),
+            'Unsupported value: "grpc"',
+            id="enum",
+        ),
+        pytest.param(
+            lambda s: {**s, "nodes": [s["nodes"][0], s["nodes"][0]]},
+            'Duplicate value: map[string]interface {}{"id":"node-1"}',
+            id="duplicate-node-id",
+        ),
+    ],
+)
+def test_the_api_server_refuses_what_the_schema_can_see(
+    kube_cluster, namespace, edgeconfig_crd, host_spec, edit, says
+) -> None:
+    result = create(kube_cluster, namespace, edit(host_spec()))
+    assert result.returncode != 0
+    assert says in result.stderr
+
+
+def test_printer_columns(kube_cluster, namespace, edgeconfig_crd, host_spec) -> None:
+    assert create(kube_cluster, namespace, host_spec()).returncode == 0
+    plain = kube_cluster.kubectl("get", "ec", "-n", namespace).stdout.splitlines()[0].split()
+    wide = kube_cluster.kubectl("get", "iop", "-n", namespace, "-o", "wide").stdout
+    assert plain == ["NAME", "VALID", "APPLIED", "RESTART", "NODES", "AGE"]
+    assert wide.splitlines()[0].split() == [
+        "NAME", "VALID", "APPLIED", "RESTART", "NODES", "AGE",
+        "GENERATION", "OBSERVED", "CONFIG", "MESSAGE",
+    ]  # fmt: skip
