@@ -6,6 +6,10 @@ wait. When the writer is idle an item goes out at once, alone; while a write is 
 whatever producers put queues up, and the next write sends all of it as one message. Under light
 load that is one message per item with no delay; under heavy load the batches grow by themselves
 and the per-message cost is shared.
+
+`put` never waits, so a producer that could outrun the stream (a run reading its upstream faster
+than the peer takes the stream's messages) bounds the queue itself: `wait_for_room(limit)`
+returns once fewer than `limit` items wait.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class CoalescingWriter(Generic[T]):
         self._max_items = max_items
         self._queue: list[T] = []
         self._wakeup: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.messages_sent = 0
@@ -92,6 +97,24 @@ class CoalescingWriter(Generic[T]):
             wakeup.set_result(None)
         return True
 
+    @property
+    def backlog(self) -> int:
+        """Items queued and not yet taken by a write."""
+        return len(self._queue)
+
+    async def wait_for_room(self, limit: int) -> None:
+        """Return once fewer than `limit` items are queued, or the writer has stopped."""
+        while len(self._queue) >= limit and not self.closed:
+            room = self._room
+            if room is None or room.done():
+                room = self._room = asyncio.get_running_loop().create_future()
+            await asyncio.shield(room)
+
+    def _wake_producers(self) -> None:
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -105,8 +128,10 @@ class CoalescingWriter(Generic[T]):
                 else:
                     batch = self._queue[: self._max_items]
                     del self._queue[: self._max_items]
+                self._wake_producers()
                 await self._send(batch)
                 self.messages_sent += 1
                 self.items_sent += len(batch)
         finally:
             self._closed = True
+            self._wake_producers()
