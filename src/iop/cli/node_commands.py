@@ -108,9 +108,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"iop node run: {args.token_file} is empty", file=sys.stderr)
         return 2
     try:
-        tls = _tls(args)
-        if tls is not None:
-            tls.credentials()  # read the files now: a wrong path fails here, not at each dial
         agent = NodeAgent(
             node_id=args.node_id,
             token=token,
@@ -119,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
             alias=args.alias,
             drain_timeout=args.drain_timeout,
             backoff_max=args.backoff_max,
-            tls=tls,
+            tls=_tls(args),
         )
     except ValueError as exc:  # TlsError included
         print(f"iop node run: {exc}", file=sys.stderr)

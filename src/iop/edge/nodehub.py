@@ -157,6 +157,8 @@ class NodeHub(AsyncService):
         self._tls = (
             ServerTls(tls.cert_file, tls.key_file, tls.client_ca_file) if tls is not None else None
         )
+        # Read now, before anything listens: a missing file stops the Edge at once (TlsError).
+        self._credentials = self._tls.credentials() if self._tls is not None else None
         self._server: grpc.aio.Server | None = None
         self._sessions: dict[str, NodeSession] = {}
         #: Sessions of older instances that finish their runs before they end.
@@ -180,7 +182,7 @@ class NodeHub(AsyncService):
 
     async def start(self) -> int:
         """Listen on the configured address; returns the bound port."""
-        credentials = self._tls.credentials() if self._tls is not None else None
+        credentials = self._credentials
         server = grpc.aio.server(options=[*grpc_options(), ("grpc.so_reuseport", 0)])
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
         try:

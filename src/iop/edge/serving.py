@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP API, as a raw ASGI app (served by uvicorn with httptools).
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
-`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz`, `GET /readyz`
-(200 once the config is loaded and the node hub listens; its body also lists the providers
-dispatch can use now) and `GET /metrics` (Prometheus).
+`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz` and
+`GET /readyz` (200 once the config is loaded and the node hub listens; its body also lists the
+providers dispatch can use now). Metrics are on a listener of their own (`metering.MetricsApp`):
+they name every principal and token ref, which this public listener tells nobody.
 
 A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
 before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
@@ -41,7 +42,7 @@ from .errors import (
 )
 from .httperrors import error_event, error_response, upstream_error
 from .hubs import NodeRuns
-from .metering import CONTENT_TYPE, Metrics
+from .metering import Metrics
 from .relaying import Relay, RelayedRun
 from .snapshots import PoolSnapshot
 
@@ -108,9 +109,7 @@ class EdgeApp:
                 await self._refuse(send, MethodNotAllowed(f"Use POST {path}.", "POST"))
             return
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/readyz", "/metrics") or path.startswith(
-                "/v1/models/"
-            ):
+            if path in ("/v1/models", "/healthz", "/readyz") or path.startswith("/v1/models/"):
                 await self._refuse(send, MethodNotAllowed(f"Use GET {path}.", "GET"))
             else:
                 await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
@@ -129,8 +128,6 @@ class EdgeApp:
                 }
             )
             await send_body(send, 200 if ready else 503, body)
-        elif path == "/metrics":
-            await send_body(send, 200, self._metrics.render(), CONTENT_TYPE.encode())
         else:
             await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
 

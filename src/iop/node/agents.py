@@ -67,6 +67,8 @@ class NodeAgent(AsyncService):
         self._backoff = (backoff_initial, backoff_max)
         self._liveness = liveness
         self._tls = tls
+        # Read here, once for every connection: a missing or empty file fails at once.
+        self._credentials = tls.credentials() if tls is not None else None
         self._resolve_interval = resolve_interval
         self.connections: dict[str, EdgeConnection] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -128,6 +130,7 @@ class NodeAgent(AsyncService):
             arbiter=self.arbiter,
             backoff=Backoff(*self._backoff),
             tls=self._tls,
+            credentials=self._credentials,
             liveness=self._liveness,
         )
         self.connections[address] = connection

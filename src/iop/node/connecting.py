@@ -129,6 +129,7 @@ class EdgeConnection:
         arbiter: PayloadArbiter | None = None,
         backoff: Backoff | None = None,
         tls: ClientTls | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
         liveness: Liveness = DEFAULT_LIVENESS,
     ) -> None:
         self.target = target
@@ -137,6 +138,10 @@ class EdgeConnection:
         self.arbiter = arbiter if arbiter is not None else PayloadArbiter(router)
         self.backoff = backoff or Backoff()
         self.tls = tls
+        # Read once (not at each dial, inside the event loop); the agent reads them for all.
+        if credentials is None and tls is not None:
+            credentials = tls.credentials()
+        self._credentials = credentials
         #: Used until a welcome brings the Edge's values (and for the handshake itself).
         self.default_liveness = liveness
         self.edge_id: str | None = None
@@ -190,10 +195,10 @@ class EdgeConnection:
             await asyncio.sleep(delay)
 
     def _channel(self) -> grpc.aio.Channel:
-        if self.tls is None:
+        if self.tls is None or self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=grpc_options())
         options: list[tuple[str, int | str]] = [*grpc_options(), *self.tls.channel_options()]
-        return grpc.aio.secure_channel(self.target, self.tls.credentials(), options=options)
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
     async def _handshake(
         self, call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage]

@@ -206,6 +206,7 @@ def payload_from_proto(message: pb.NodeConfig) -> tuple[NodePayload, int]:
 
 
 def liveness_to_proto(liveness: Liveness) -> pb.Liveness:
+    """The wire form of the Edge's liveness values (what its welcome carries)."""
     return pb.Liveness(
         heartbeat_interval_ms=round(liveness.heartbeat_interval * 1000),
         heartbeat_timeout_ms=round(liveness.heartbeat_timeout * 1000),
