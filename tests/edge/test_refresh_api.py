@@ -118,6 +118,7 @@ async def test_yaml_text_and_a_path_are_candidates_too(
     start_edge, refresh_document, tmp_path: Path
 ) -> None:
     document = refresh_document()
+    document["edge"]["admin"]["config_dir"] = str(tmp_path)  # where a refresh may read files
     edge = await start_edge(document)
     document["models"][0]["generation"] = {"max_tokens": 7}
     path = tmp_path / "candidate.yaml"

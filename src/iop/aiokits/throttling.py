@@ -28,8 +28,10 @@ class LogThrottle:
         """Lines held back since the last one written."""
         return self._left_out
 
-    def log(self, level: int, message: str, *args: object) -> bool:
-        """Write the line now, or count it; True when it was written."""
+    def log(
+        self, level: int, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> bool:
+        """Write the line now (with `exc_info`'s traceback), or count it; True when written."""
         now = time.monotonic()
         if now < self._next:
             self._left_out += 1
@@ -39,8 +41,11 @@ class LogThrottle:
             message += " (and %d more like it since the last such line)"
             args = (*args, self._left_out)
             self._left_out = 0
-        self._logger.log(level, message, *args)
+        self._logger.log(level, message, *args, exc_info=exc_info)
         return True
+
+    def error(self, message: str, *args: object, exc_info: BaseException | None = None) -> bool:
+        return self.log(logging.ERROR, message, *args, exc_info=exc_info)
 
     def warning(self, message: str, *args: object) -> bool:
         return self.log(logging.WARNING, message, *args)

@@ -69,6 +69,7 @@ class EdgeServer(AsyncService):
             self.dispatcher,
             hub=self.hub,
             config_path=config_path,
+            config_dir=config.edge.admin.config_dir,
             ack_timeout=ack_timeout_s,
         )
         # Checked here, before anything listens: off loopback without a token, no Edge.

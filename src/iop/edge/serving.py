@@ -11,13 +11,16 @@ before it is read, or as soon as it grows past the limit -> JSON and field valid
 lookup -> generation policy and context class -> `Relay` (slot, run, events). Every failure is an
 `EdgeError` rendered by `httperrors.py`. Once the body is read, a watcher waits for the client to
 disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
-frees its slot at once. A raw ASGI app is used because it measured faster than aiohttp.web on
-this path (docs/benchmarks.md), and a framework would add a layer per request.
+frees its slot at once. A bug (any other exception) is answered with an OpenAI-shaped 500 when
+the answer has not begun, and logged with its traceback at most once a minute: a request that
+triggers it can be sent in a loop. A raw ASGI app is used because it measured faster than
+aiohttp.web on this path (docs/benchmarks.md), and a framework would add a layer per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +28,7 @@ from typing import Any, Final
 
 import orjson
 
-from iop.aiokits import guarded_task
+from iop.aiokits import LogThrottle, guarded_task
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
@@ -34,6 +37,7 @@ from .bodies import apply_policy, is_long, parse_request
 from .dispatching import Dispatcher
 from .errors import (
     EdgeError,
+    InternalError,
     MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
@@ -90,11 +94,23 @@ class EdgeApp:
         self._max_request_bytes = max_request_bytes
         self._ready = ready
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
+        self._bugs = LogThrottle(logger)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            try:
+                await self._http(scope, receive, send)
+            except Exception as exc:
+                self._bugs.error(
+                    "a request to %s %s failed with a bug: %r",
+                    scope.get("method"),
+                    scope.get("path"),
+                    exc,
+                    exc_info=exc,
+                )
+                with contextlib.suppress(Exception):  # the answer may have begun already
+                    await self._refuse(send, InternalError("The server failed this request."))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
@@ -215,7 +231,7 @@ class EdgeApp:
             else:
                 raise
         except Exception:
-            status = 500  # a bug: uvicorn logs it and answers 500
+            status = 500  # a bug: __call__ logs it and answers 500
             raise
         finally:
             if watcher is not None:
