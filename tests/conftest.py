@@ -236,6 +236,12 @@ def build_wire_config(providers: list[dict[str, Any]], **options: Any) -> EdgeCo
 
 
 @pytest.fixture(scope="session")
+def document_of() -> Callable[..., dict[str, Any]]:
+    """`document_of(providers, models, ...)`: `build_document`, the one config builder."""
+    return build_document
+
+
+@pytest.fixture(scope="session")
 def config_of() -> Callable[..., EdgeConfig]:
     """`config_of(providers, models, threshold=..., openai=..., generation=...)`: `build_config`."""
     return build_config

@@ -68,8 +68,10 @@ def grpc_options() -> list[tuple[str, int]]:
     Keepalive is the transport's backstop behind the application's heartbeats (`liveness.py`):
     it closes a link whose peer stops acknowledging pings, so a half-dead connection does not
     linger once the heartbeat deadline has ended its stream. A ping goes out after
-    `keepalive_time_ms` and the transport closes when its ack has not come within
-    `keepalive_timeout_ms`. Each side accepts the other's pings as often as every second
+    `keepalive_time_ms` without reads; the transport closes when its ack has not come within the
+    *ping* timeout: grpc-core (1.85) times a keepalive ping with `http2.ping_timeout_ms`
+    (default 60 s) and `keepalive_timeout_ms` alone never closed a link whose peer was frozen,
+    so both are set. Each side accepts the other's pings as often as every second
     (`min_ping_interval_without_data_ms`); a stricter receiver would answer them with GOAWAY
     ("too many pings") and end a healthy link.
     """
@@ -78,6 +80,7 @@ def grpc_options() -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 5_000),
         ("grpc.keepalive_timeout_ms", 3_000),
+        ("grpc.http2.ping_timeout_ms", 3_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
