@@ -11,15 +11,19 @@ correctness properties ("detected before the deadline plus a generous slack"), n
 - `frozen(process)`: SIGSTOP while inside the block, SIGCONT on the way out (always).
 - `rss_mb(pid)`: a process's resident memory, from /proc.
 - `chat(...)`: one chat completion over httpx, as a tuple of (status, body text), streamed or not.
+- `Load`: clients sending requests back to back (streamed and not) until stopped, recording
+  every outcome; `failed` lists what did not end well.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +134,46 @@ def error_code(text: str) -> str | None:
     return None
 
 
+@dataclass
+class Load:
+    """`workers` clients of `http`, each sending requests back to back until `stop()`."""
+
+    http: httpx.AsyncClient
+    workers: int = 4
+    outcomes: list[tuple[bool, int, str]] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def start(self) -> Load:
+        for index in range(self.workers):
+            self._tasks.append(asyncio.create_task(self._client(index), name=f"load-{index}"))
+        return self
+
+    async def _client(self, index: int) -> None:
+        stream = bool(index % 2)
+        while not self._stopping.is_set():
+            try:
+                status, text = await chat(self.http, stream=stream)
+            except httpx.HTTPError as exc:
+                self.outcomes.append((False, 0, repr(exc)))
+                continue
+            ok = stream_ok(status, text) if stream else status == 200
+            self.outcomes.append((ok, status, "" if ok else text[-300:]))
+
+    @property
+    def served(self) -> int:
+        return sum(ok for ok, _, _ in self.outcomes)
+
+    @property
+    def failed(self) -> list[tuple[bool, int, str]]:
+        return [outcome for outcome in self.outcomes if not outcome[0]]
+
+    async def stop(self) -> None:
+        """Let every request in flight finish, then stop."""
+        self._stopping.set()
+        await asyncio.gather(*self._tasks)
+
+
 class ChaosKit:
     """The helpers above, for the tests (fixture `kit`)."""
 
@@ -141,6 +185,7 @@ class ChaosKit:
     chat = staticmethod(chat)
     stream_ok = staticmethod(stream_ok)
     error_code = staticmethod(error_code)
+    Load = Load
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,13 @@ for an HTTP/1.0 client. `_LimitedProtocol` is that protocol with those fixed:
 - a timer from the connection's start, and from each request's first byte, closes a connection
   whose head is not complete in `header_timeout` (408 when it sent something);
 - a connection beyond `max_connections` gets 503 and is closed;
-- while the transport's buffer is full (the client reads nothing), a timer runs; at
-  `send_timeout` the connection is cut, which the app sees as a disconnect;
+- while the transport's buffer is full, a timer checks every `send_timeout` whether the client
+  took any of it; a client that took nothing in that time is cut (the app sees a disconnect),
+  while one that reads slowly is not;
 - malformed framing gets the OpenAI-shaped 400 of `httplimits.Refusals`, logged throttled;
+- every refusal is a lingering close: the answer, then the write side shut (FIN), then what the
+  client still sends is read and dropped for a moment before the socket closes; closing at
+  once with its bytes unread would reset the connection and could destroy the answer;
 - an HTTP/1.0 answer without a length (a stream) is sent as is and ends with the connection.
 
 A different server (granian, say) would enforce the same `HttpLimits` its own way; nothing else
@@ -48,9 +52,9 @@ __all__ = ["HttpServer"]
 
 logger = logging.getLogger(__name__)
 
-#: How long a refused connection may take to send its request before it is closed anyway:
-#: closing with the request unread would reset the connection and could destroy the 503.
-_REFUSED_LINGER_S = 1.0
+#: How long a refused connection's further bytes are read and dropped before it is closed:
+#: closing with them unread would reset the connection and could destroy the answer.
+_LINGER_S = 1.0
 
 
 class _HeadTooLarge(Exception):
@@ -80,32 +84,31 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._head_count = 0
         self._too_large = ""
         self._received = False
-        self._refused = False
+        self._accepted = False  # counted in the server's connections
+        self._lingering = False  # answered by the server itself: what comes next is dropped
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes waiting in the transport when the send timer was armed
 
     # -- connections -----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self._limits.max_connections:
-            self._refused = True
             self.transport = transport
-            transport.write(self.refusals.too_many_connections(len(self.connections)))
-            self._head_timer = self.loop.call_later(_REFUSED_LINGER_S, transport.close)
+            self._linger(self.refusals.too_many_connections(len(self.connections)))
             return
         super().connection_made(transport)
+        self._accepted = True
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
-        if self._refused:
-            return
-        super().connection_lost(exc)
+        if self._accepted:
+            super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            self.transport.close()
-            return
+        if self._lingering:
+            return  # answered already: dropped
         self._received = True
         self._unset_keepalive_if_required()
         if self._in_head:
@@ -127,7 +130,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self._limits.send_timeout, self._send_stalled)
+            self._arm_send_timer()
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -200,17 +203,37 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.refusals.idle_closed()
             self.transport.close()
 
-    def _send_stalled(self) -> None:
+    def _arm_send_timer(self) -> None:
+        self._unsent = self.transport.get_write_buffer_size()
+        self._send_timer = self.loop.call_later(self._limits.send_timeout, self._send_checked)
+
+    def _send_checked(self) -> None:
+        """A send timeout passed with writing paused: cut the client unless it took some."""
         self._send_timer = None
-        if not self.transport.is_closing():
-            self.refusals.send_timeout()
-            self.transport.abort()
+        if self.transport.is_closing() or not self.flow.write_paused:
+            return
+        if self.transport.get_write_buffer_size() < self._unsent:
+            self._arm_send_timer()  # slow, but reading
+            return
+        self.refusals.send_timeout()
+        self.transport.abort()
 
     def _answer_and_close(self, answer: bytes) -> None:
         cycle = self.cycle
-        if cycle is None or cycle.response_complete:
-            self.transport.write(answer)  # no answer in progress: this one is whole
-        self.transport.close()
+        if cycle is not None and not cycle.response_complete:
+            self.transport.close()  # an answer is in progress: no room for another one
+            return
+        self._linger(answer)
+
+    def _linger(self, answer: bytes) -> None:
+        """Send `answer`, shut the write side, drop what still arrives, close in a moment."""
+        self._lingering = True
+        self._cancel_timers()
+        transport = self.transport
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._head_timer = self.loop.call_later(_LINGER_S, transport.close)
 
     def _cancel_timers(self) -> None:
         for timer in (self._head_timer, self._send_timer):
