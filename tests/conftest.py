@@ -175,6 +175,12 @@ def tls() -> TlsFiles:
     return TEST_TLS
 
 
+@pytest.fixture(scope="session")
+def tls_factory() -> Callable[[Path], TlsFiles]:
+    """`tls_factory(folder)`: another CA and certificates, in `folder` (`make_tls_files`)."""
+    return make_tls_files
+
+
 def build_document(
     providers: list[dict[str, Any]],
     models: Mapping[str, list[str]] | None = None,
