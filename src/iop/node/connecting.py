@@ -270,8 +270,8 @@ class EdgeConnection:
                         ended = reader.result()
                         if ended is not None:
                             raise ended
-                    if writer.task.done() and not writer.task.cancelled():
-                        writer.task.result()
+                    if writer.error is not None:
+                        raise writer.error
                 finally:
                     self.router.remove_health_listener(self._on_health)
                     self.arbiter.withdraw(self.target)

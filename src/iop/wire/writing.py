@@ -33,8 +33,10 @@ class CoalescingWriter(Generic[T]):
     """Sends the items put into it through `send(batch)`, one batch per write.
 
     Use it as `async with CoalescingWriter(send, name=...) as writer:`; leaving the block stops
-    the writer (items still queued are dropped: the stream is going away). When `send` raises,
-    the writer stops, `task` holds the error and further `put`s are ignored.
+    the writer (items still queued are dropped: the stream is going away). When `send` raises
+    (the stream broke: the peer went away, the transport closed), the writer stops, `error`
+    holds what was raised, `task` ends (without an error of its own: a broken stream is the
+    owner's news, not a dying task's) and further `put`s are ignored.
     """
 
     def __init__(
@@ -52,6 +54,8 @@ class CoalescingWriter(Generic[T]):
         self._room: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        #: What `send` raised, when it did; the writer stopped then.
+        self.error: Exception | None = None
         self.messages_sent = 0
         self.items_sent = 0
 
@@ -78,7 +82,7 @@ class CoalescingWriter(Generic[T]):
 
     @property
     def task(self) -> asyncio.Task[None]:
-        """The writer task: done when the writer stopped or its `send` failed."""
+        """The writer task: done when the writer stopped or its `send` failed (see `error`)."""
         if self._task is None:
             raise RuntimeError(f"writer {self._name} was never started")
         return self._task
@@ -129,7 +133,12 @@ class CoalescingWriter(Generic[T]):
                     batch = self._queue[: self._max_items]
                     del self._queue[: self._max_items]
                 self._wake_producers()
-                await self._send(batch)
+                try:
+                    await self._send(batch)
+                except Exception as exc:
+                    logger.debug("writer %s stopped: its stream broke: %r", self._name, exc)
+                    self.error = exc
+                    return
                 self.messages_sent += 1
                 self.items_sent += len(batch)
         finally:
