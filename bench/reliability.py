@@ -12,6 +12,8 @@ runs a load also counts what it lost.
   a plain request took that was in flight or sent while node-1 was frozen (it waits for the
   detection, then runs on node-2). Streams that had sent bytes fail fast: time to their error.
   Then SIGCONT, and the time until node-1 serves again.
+- keepalive: the same freeze with heartbeats all but off (a minute's deadline): how long the
+  HTTP/2 keepalive ping (the transport's backstop) takes to close the frozen node's link.
 - frozen-edge: an Edge process frozen under a Node (in this process) that also serves a second
   Edge: time until the Node leaves it, and whether the other Edge kept being served.
 - slow-clients: streams whose clients stop reading (answers of about 35 MB from a model at
@@ -250,6 +252,31 @@ async def frozen_node(folder: Path, rounds: int) -> None:
     )
 
 
+async def keepalive(folder: Path, rounds: int) -> None:
+    config = document(
+        {
+            "node-1": [provider("p1", {"type": "fake"}, priority=0)],
+            "node-2": [provider("p2", {"type": "fake"}, priority=10)],
+        }
+    )
+    config["edge"]["node_link"] = {"heartbeat_interval_ms": 20_000, "heartbeat_timeout_ms": 60_000}
+    closed = []
+    async with stack(folder, config, ["node-1", "node-2"]) as (started, nodes):
+        async with client(started["url"]) as http:
+            for _ in range(rounds):
+                await until(lambda: _both(http), 30)
+                await asyncio.sleep(1.0)
+                os.kill(nodes["node-1"].pid, signal.SIGSTOP)
+                frozen = time.monotonic()
+
+                async def p1_gone() -> bool:
+                    return "p1" not in await available(http)
+
+                closed.append(await until(p1_gone, 60) - frozen)
+                os.kill(nodes["node-1"].pid, signal.SIGCONT)
+    print(f"frozen node, heartbeats off, HTTP/2 keepalive alone: link closed {summary(closed)}")
+
+
 async def _both(http: httpx.AsyncClient) -> bool:
     return await available(http) == ["p1", "p2"]
 
@@ -394,20 +421,23 @@ async def headers(folder: Path, rounds: int) -> None:
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_sendall(sock, b"GET /healthz HTTP/1.1\r\nhost: e\r\nx-big: ")
-            sent, piece, during = 0, b"a" * 65536, []
+            sent, piece, during, answer = 0, b"a" * 65536, [], b""
             try:
-                while sent < 64 * 1024 * 1024:
+                while sent < 64 * 1024 * 1024 and not answer:
                     await loop.sock_sendall(sock, piece)
                     sent += len(piece)
+                    with contextlib.suppress(BlockingIOError):
+                        answer = sock.recv(65536)
                     if sent % (1 << 20) == 0:
                         during.append(await _latency(http))
             except (BrokenPipeError, ConnectionResetError):
                 pass
             sock.close()
     print(
-        f"64 MiB header: refused with 431 after the client pushed {sent / 1024:.0f} KiB (kernel "
-        f"buffers included); /healthz p50 {statistics.median(before) * 1000:.1f} ms before, "
-        f"max {max(during, default=0) * 1000:.1f} ms during"
+        f"64 MiB header: {answer[:12].decode(errors='replace')!r} once the client had pushed "
+        f"{sent / 1024:.0f} KiB (kernel buffers included); /healthz p50 "
+        f"{statistics.median(before) * 1000:.1f} ms before, max "
+        f"{max(during, default=0) * 1000:.1f} ms during"
     )
 
 
@@ -435,6 +465,7 @@ async def yaml_bomb(folder: Path, rounds: int) -> None:
 
 PARTS = {
     "frozen-node": frozen_node,
+    "keepalive": keepalive,
     "frozen-edge": frozen_edge,
     "slow-clients": slow_clients,
     "rollout": rollout,

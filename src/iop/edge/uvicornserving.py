@@ -52,9 +52,11 @@ __all__ = ["HttpServer"]
 
 logger = logging.getLogger(__name__)
 
-#: How long a refused connection's further bytes are read and dropped before it is closed:
-#: closing with them unread would reset the connection and could destroy the answer.
+#: How long, and how many of, a refused connection's further bytes are read and dropped before
+#: it is closed: closing with them unread would reset the connection and could destroy the
+#: answer, while reading them forever would let the client keep the Edge busy.
 _LINGER_S = 1.0
+_LINGER_BYTES = 1024 * 1024
 
 
 class _HeadTooLarge(Exception):
@@ -86,6 +88,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._received = False
         self._accepted = False  # counted in the server's connections
         self._lingering = False  # answered by the server itself: what comes next is dropped
+        self._dropped = 0
         self._head_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes waiting in the transport when the send timer was armed
@@ -107,8 +110,11 @@ class _LimitedProtocol(HttpToolsProtocol):
             super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
-            return  # answered already: dropped
+        if self._lingering:  # answered already: dropped, up to a bound
+            self._dropped += len(data)
+            if self._dropped > _LINGER_BYTES:
+                self.transport.close()
+            return
         self._received = True
         self._unset_keepalive_if_required()
         if self._in_head:
