@@ -55,7 +55,7 @@ import grpc.aio
 
 from iop import runtime_pb2 as pb
 from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
-from iop.edgeconfig import EdgeConfig, NodePayload, node_payloads
+from iop.edgeconfig import EdgeConfig, NodePayload, is_loopback_listener, node_payloads
 from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
 from iop.wire import (
     PROTOCOL_VERSION,
@@ -202,6 +202,12 @@ class NodeHub(AsyncService):
         if self._tls is not None:
             security = "mutual TLS" if self._tls.client_ca_file else "TLS"
         logger.info("node hub listening on %s (port %d, %s)", self._listen, port, security)
+        if self._tls is None and not is_loopback_listener(self._listen):
+            logger.warning(
+                "nodes dial %s in plaintext: their tokens and every prompt cross the network "
+                "in clear; set edge.tls off a trusted network",
+                self._listen,
+            )
         return port
 
     async def stop(self, grace: float = 5.0) -> None:
