@@ -31,8 +31,10 @@ runs that were on it, the Node cancels them and redials. HTTP/2 keepalive pings 
 transport's backstop, not the detector: a frozen process (SIGSTOP, a hung host) keeps its TCP
 connections open, so only a deadline on what the peer's *application* sends can tell. Every run
 also has a deadline for its first sign of life: the Node lists each run it admitted in
-`accepted_runs` at once (or refuses it with an error event), and a run neither accepted nor
-answered within `first_event_timeout_ms` of being sent fails as retryable on the Edge.
+`accepted_runs` (or refuses it with an error event), and a run neither accepted nor answered
+within `first_event_timeout_ms` of being sent fails as retryable on the Edge. The acceptance
+costs no message of its own: it rides with the run's first event, or at the latest with the
+next heartbeat, well inside the deadline.
 
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.
@@ -114,7 +116,8 @@ class NodeMessage(_message.Message):
     @_builtins.property
     def accepted_runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Runs the node admitted (a run it refuses gets an error event instead): the first sign of
-        life the Edge's first-event deadline waits for, before any output exists.
+        life the Edge's first-event deadline waits for, before any output exists. Sent with the
+        next message of any kind (at the latest the next heartbeat), never alone.
         """
 
     def __init__(

@@ -85,3 +85,18 @@ async def test_put_after_stop_is_ignored() -> None:
     async with writer:
         pass
     assert writer.put(1) is False
+
+
+async def test_an_item_put_without_waking_rides_with_the_next_write() -> None:
+    sent: list[list[str]] = []
+    wrote = asyncio.Event()
+
+    async def send(batch: Sequence[str]) -> None:
+        sent.append(list(batch))
+        wrote.set()
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put("accepted", wake=False)
+        writer.put("first chunk")  # wakes the writer: both go out as one message
+        await asyncio.wait_for(wrote.wait(), 5)
+    assert sent == [["accepted", "first chunk"]]

@@ -7,11 +7,12 @@ cancels the task, which aborts the upstream request at once.
 
 Liveness: the keep-alive task sends a heartbeat every interval and ends the session when the
 Edge sent nothing for the heartbeat timeout (values from the welcome; `DEFAULT_LIVENESS` until
-then, and a handshake that takes longer than the timeout fails the same way), so a frozen Edge
-is left and redialed instead of holding the Node's runs forever. Every run the Node admits is
-listed in `accepted_runs` at once: that is the first sign of life the Edge's per-run deadline
-waits for. The Edge's pause and resume reach the run's `RunGate`, and a run also waits when the
-connection's writer holds too much, so no buffer here grows with a slow client or a slow link.
+then; a handshake gets at most 10 s), so a frozen Edge is left and redialed instead of holding
+the Node's runs forever. Every run the Node admits is listed in `accepted_runs`, with its first
+event or at the latest the next heartbeat (no message of its own): that is the first sign of
+life the Edge's per-run deadline waits for. The Edge's pause and resume reach the run's
+`RunGate`, and a run also waits when the connection's writer holds too much, so no buffer here
+grows with a slow client or a slow link.
 """
 
 from __future__ import annotations
@@ -344,7 +345,9 @@ class EdgeConnection:
         if isinstance(admitted, RunFailed):
             writer.put(event_to_proto(run_id, admitted))
             return
-        writer.put(_Accepted(run_id))
+        # No message of its own: it rides with the run's first event, or at the latest with
+        # the next heartbeat (an interval, well inside the Edge's first-event deadline).
+        writer.put(_Accepted(run_id), wake=False)
 
         def emit(event: RunEvent) -> None:
             writer.put(event_to_proto(run_id, event))

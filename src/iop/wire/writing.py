@@ -91,14 +91,20 @@ class CoalescingWriter(Generic[T]):
     def closed(self) -> bool:
         return self._closed or (self._task is not None and self._task.done())
 
-    def put(self, item: T) -> bool:
-        """Queue `item` for the next write; False (and dropped) when the writer has stopped."""
+    def put(self, item: T, *, wake: bool = True) -> bool:
+        """Queue `item` for the next write; False (and dropped) when the writer has stopped.
+
+        `wake=False` queues an item that need not go out alone: it rides with the next write
+        whatever causes it (an item put with `wake`, or one already in flight), which saves a
+        message when something else follows soon.
+        """
         if self.closed:
             return False
         self._queue.append(item)
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        if wake:
+            wakeup = self._wakeup
+            if wakeup is not None and not wakeup.done():
+                wakeup.set_result(None)
         return True
 
     @property
