@@ -150,7 +150,7 @@ async def test_connections_beyond_the_cap_get_503_and_real_requests_are_served_a
         document_of, start_edge, start_node, until, max_connections=8, header_timeout_ms=60_000
     )
     idle = [await connect(edge.url) for _ in range(8)]
-    await until(lambda: len(edge.http_server._server.server_state.connections) == 8)
+    await until(lambda: edge.http_server.open_connections == 8)
     reader, writer = await connect(edge.url)
     writer.write(b"GET /healthz HTTP/1.1\r\nhost: edge\r\n\r\n")
     status, headers, body = await answer_of(reader)
@@ -160,7 +160,7 @@ async def test_connections_beyond_the_cap_get_503_and_real_requests_are_served_a
     assert openai_error(body)["code"] == "too_many_connections"
     for _, idle_writer in idle:
         idle_writer.close()
-    await until(lambda: not edge.http_server._server.server_state.connections)
+    await until(lambda: edge.http_server.open_connections == 0)
     async with httpx.AsyncClient(base_url=edge.url, timeout=10) as http:
         assert (await http.get("/healthz")).status_code == 200
 

@@ -324,34 +324,39 @@ class NodeHub(AsyncService):
         """Heartbeats to every node; ends silent sessions; fails runs never accepted in time.
 
         A tick that comes late (this Edge's own loop stalled) judges nobody: what the nodes sent
-        meanwhile may still wait unread, and the readers catch up before the next tick.
+        meanwhile may still wait unread, and the readers catch up before the next tick. Only
+        cancellation ends the loop: a failing tick is logged with its traceback and the next
+        one runs, since an Edge without this loop would never notice a frozen node again.
         """
-        liveness = self.liveness
-        ticker = Ticker(liveness.heartbeat_interval)
-        loop = asyncio.get_running_loop()
+        ticker = Ticker(self.liveness.heartbeat_interval)
         while True:
             on_time = await ticker.tick()
-            beat = pb.Heartbeat(sent_at=time.time())
-            now = loop.time()
-            for session in list(self._every_session()):
-                session.writer_put(beat)
-                if not on_time:
-                    continue
-                silent = now - session.last_heard
-                if silent > liveness.heartbeat_timeout:
-                    if not session.closing.done():
-                        self.silent_nodes += 1
-                        logger.warning(
-                            "node %s (instance %s) sent nothing for %.1fs: ending its session",
-                            session.node_id,
-                            session.instance_id,
-                            silent,
-                        )
-                    session.close(statuses.SILENT, f"no message from the node for {silent:.1f}s")
-                elif session.unaccepted:
-                    self.runs_not_accepted += session.expire_unaccepted(
-                        now, self.first_event_timeout
+            try:
+                self._tick(on_time)
+            except Exception:
+                logger.exception("the hub's liveness tick failed; carrying on")
+
+    def _tick(self, on_time: bool) -> None:
+        liveness = self.liveness
+        beat = pb.Heartbeat(sent_at=time.time())
+        now = asyncio.get_running_loop().time()
+        for session in list(self._every_session()):
+            session.writer_put(beat)
+            if not on_time:
+                continue
+            silent = now - session.last_heard
+            if silent > liveness.heartbeat_timeout:
+                if not session.closing.done():
+                    self.silent_nodes += 1
+                    logger.warning(
+                        "node %s (instance %s) sent nothing for %.1fs: ending its session",
+                        session.node_id,
+                        session.instance_id,
+                        silent,
                     )
+                session.close(statuses.SILENT, f"no message from the node for {silent:.1f}s")
+            elif session.unaccepted:
+                self.runs_not_accepted += session.expire_unaccepted(now, self.first_event_timeout)
 
     def _changed(self) -> None:
         self._links = None

@@ -342,6 +342,11 @@ class HttpServer:
     def started(self) -> bool:
         return self._server.started
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now (those over the cap, refused, not counted)."""
+        return len(self._server.server_state.connections)
+
     async def start(self) -> None:
         """Serve; returns once the socket accepts connections."""
         server = self._server

@@ -319,13 +319,17 @@ class EdgeConnection:
         """Heartbeat every interval; return when the Edge has been silent past the deadline.
 
         A tick that comes late (this Node's own loop stalled) judges nothing: the Edge's
-        messages may be waiting unread, and the reader catches up first.
+        messages may be waiting unread, and the reader catches up first. A failing heartbeat is
+        logged with its traceback and the loop carries on: it must not pass for silence.
         """
         ticker = Ticker(liveness.heartbeat_interval)
         loop = asyncio.get_running_loop()
         while True:
             on_time = await ticker.tick()
-            writer.put(pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight()))
+            try:
+                writer.put(pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight()))
+            except Exception:
+                logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
             if on_time and loop.time() - self._last_heard > liveness.heartbeat_timeout:
                 logger.warning(
                     "edge %s sent nothing for %.1fs: leaving it",
