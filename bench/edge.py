@@ -299,6 +299,9 @@ class _InstantStream:
             return event
         raise StopAsyncIteration
 
+    def on_end(self, callback: Callable[[], object]) -> None:
+        callback()  # every event is there from the start: the run has ended already
+
 
 class InstantHub:
     """Answers every run at once with what the fake upstream would send (8 tokens)."""

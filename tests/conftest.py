@@ -6,20 +6,34 @@ node hub and an in-process Node agent and stop them when the test ends. `no_leak
 a test that leaves an asyncio task behind (wire tests use it through `pytestmark`).
 `start_edge` starts a whole in-process Edge with its admin API, for the live refresh tests;
 `iop_processes` starts real `iop edge run` / `iop node run` processes.
+
+Every Node link in the tests runs over mutual TLS, as deployed: a CA, a server certificate for
+loopback and a client certificate are made once per session (`TEST_TLS`, with `cryptography`;
+no key is ever committed), every built config carries `edge.tls`, and every Node, in-process or
+a process, dials with them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import hashlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import ipaddress
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, settings
 
 from iop.edge import EdgeServer
@@ -28,6 +42,7 @@ from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
 from iop.processes import spawn_edge, spawn_node, terminate
 from iop.upstream import FakeUpstream, FakeUpstreamSettings
+from iop.wire import ClientTls
 
 # Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI
 # runner a fast example can take a second. The properties bound their work by example counts.
@@ -43,6 +58,135 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# -- TLS on the Node links: certificates made at test time ---------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A test CA, the Edge's certificate (for localhost and loopback IPs) and a Node's."""
+
+    folder: Path
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    def edge_section(self, *, mutual: bool = True) -> dict[str, str]:
+        """`edge.tls` of a config: server TLS, and mutual TLS unless `mutual=False`."""
+        section = {"cert_file": str(self.server_cert), "key_file": str(self.server_key)}
+        if mutual:
+            section["client_ca_file"] = str(self.ca)
+        return section
+
+    def client(self) -> ClientTls:
+        """How a Node dials an Edge of `edge_section()`."""
+        return ClientTls(str(self.ca), str(self.client_cert), str(self.client_key))
+
+    def node_args(self) -> tuple[str, ...]:
+        """The `iop node run` flags of `client()`."""
+        return (
+            *("--tls-ca-file", str(self.ca)),
+            *("--tls-cert-file", str(self.client_cert), "--tls-key-file", str(self.client_key)),
+        )
+
+
+def make_tls_files(folder: Path) -> TlsFiles:
+    """A fresh CA and two certificates it signed, as PEM files in `folder` (keys mode 0600)."""
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    def write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        path.chmod(0o600)
+        return path
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("iop test CA"))
+        .issuer_name(name("iop test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def issue(common: str, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]) -> Any:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(common))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return key, builder.sign(ca_key, hashes.SHA256())
+
+    loopback: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
+    server_key, server_cert = issue("iop edge", ExtendedKeyUsageOID.SERVER_AUTH, loopback)
+    client_key, client_cert = issue("iop node", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+
+    def write_cert(cert: x509.Certificate, path: Path) -> Path:
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    return TlsFiles(
+        folder=folder,
+        ca=write_cert(ca_cert, folder / "ca.pem"),
+        server_cert=write_cert(server_cert, folder / "edge.pem"),
+        server_key=write_key(server_key, folder / "edge-key.pem"),
+        client_cert=write_cert(client_cert, folder / "node.pem"),
+        client_key=write_key(client_key, folder / "node-key.pem"),
+    )
+
+
+def _session_tls() -> TlsFiles:
+    folder = Path(tempfile.mkdtemp(prefix="iop-test-tls-"))
+    return make_tls_files(folder)
+
+
+#: The session's test certificates (removed when the session ends).
+TEST_TLS = _session_tls()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_tls() -> Iterator[None]:
+    yield
+    shutil.rmtree(TEST_TLS.folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tls() -> TlsFiles:
+    """The session's test CA and certificates (`TEST_TLS`)."""
+    return TEST_TLS
+
+
+@pytest.fixture(scope="session")
+def tls_factory() -> Callable[[Path], TlsFiles]:
+    """`tls_factory(folder)`: another CA and certificates, in `folder` (`make_tls_files`)."""
+    return make_tls_files
+
+
 def build_document(
     providers: list[dict[str, Any]],
     models: Mapping[str, list[str]] | None = None,
@@ -52,12 +196,14 @@ def build_document(
     threshold: int = 1000,
     openai: Mapping[str, Any] | None = None,
     generation: Mapping[str, Mapping[str, Any]] | None = None,
+    edge: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The one config builder of the tests: a valid document with one node holding `providers`.
 
     Each provider needs `id`, `adapter` and `served_models`; `models` maps model id -> provider
     ids, each serving its first served model (default: one model "m" over every provider).
-    Listeners are on loopback port 0; the clients of `CLIENT_TOKENS` are known.
+    Listeners are on loopback port 0; the clients of `CLIENT_TOKENS` are known; the Node link
+    is mutual TLS with `TEST_TLS`. `edge` adds to (or overrides) the `edge` section.
     """
     models = models if models is not None else {"m": [p["id"] for p in providers]}
     served = {p["id"]: p["served_models"][0] for p in providers}
@@ -66,7 +212,12 @@ def build_document(
         for ref, key in CLIENT_TOKENS.items()
     ]
     return {
-        "edge": {"id": "edge-test", "listen": "127.0.0.1:0"},
+        "edge": {
+            "id": "edge-test",
+            "listen": "127.0.0.1:0",
+            "tls": TEST_TLS.edge_section(),
+            **(edge or {}),
+        },
         "openai": {
             "listen": "127.0.0.1:0",
             "long_context_threshold_tokens": threshold,
@@ -94,6 +245,12 @@ def build_wire_config(providers: list[dict[str, Any]], **options: Any) -> EdgeCo
     """For wire tests: every provider serves "served" (capacity 8), one model `m-<id>` each."""
     full = [{"served_models": ["served"], "capacity": 8, **provider} for provider in providers]
     return build_config(full, {f"m-{p['id']}": [p["id"]] for p in full}, **options)
+
+
+@pytest.fixture(scope="session")
+def document_of() -> Callable[..., dict[str, Any]]:
+    """`document_of(providers, models, ...)`: `build_document`, the one config builder."""
+    return build_document
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +313,7 @@ async def start_node() -> AsyncIterator[Callable[..., Awaitable[NodeAgent]]]:
         async def start(*hubs: NodeHub, wait: bool = True, **options: Any) -> NodeAgent:
             options.setdefault("node_id", "node-1")
             options.setdefault("token", NODE_TOKEN)
+            options.setdefault("tls", TEST_TLS.client())
             options.setdefault("backoff_initial", 0.05)
             options.setdefault("backoff_max", 0.5)
             agent = NodeAgent(edges=[f"127.0.0.1:{hub.port}" for hub in hubs], **options)
@@ -222,6 +380,7 @@ def refresh_document() -> dict[str, Any]:
         "id": "edge-refresh",
         "listen": "127.0.0.1:0",
         "admin": {"listen": "127.0.0.1:0"},
+        "tls": TEST_TLS.edge_section(),
     }
     document["nodes"].append(
         {"id": "node-2", "token_hash_sha256": sha256("node-2-token"), "providers": [fake("pc")]}
@@ -259,7 +418,12 @@ async def start_edge() -> AsyncIterator[Callable[..., Awaitable[EdgeServer]]]:
 
 
 class IopProcesses:
-    """Real `iop edge run` / `iop node run` children, stopped by the caller's exit stack."""
+    """Real `iop edge run` / `iop node run` children, stopped by the caller's exit stack.
+
+    Configs of these Edges carry `tls.edge_section()`: the Nodes dial with `tls.node_args()`.
+    """
+
+    tls = TEST_TLS
 
     async def edge(
         self, stack: contextlib.AsyncExitStack, config: Path, *extra: str
@@ -276,8 +440,8 @@ class IopProcesses:
         node_id: str,
         token_file: Path,
     ) -> asyncio.subprocess.Process:
-        """Start a Node that dials the Edge's hub on `hub_port`."""
-        process = await spawn_node(hub_port, node_id, token_file)
+        """Start a Node that dials the Edge's hub on `hub_port` (over the tests' mutual TLS)."""
+        process = await spawn_node(hub_port, node_id, token_file, *TEST_TLS.node_args())
         stack.push_async_callback(terminate, process)
         return process
 

@@ -15,13 +15,26 @@ every message below holds *repeated* runs, cancels and events, and each side has
 writer task per direction that coalesces: it sends at once when it is idle (no added latency
 for a lone event) and batches only what queued while a previous write was in flight.
 
-Per-run flow control: there is none on purpose, beyond HTTP/2's flow control of the whole
-stream. A credit window per run would cost extra messages (the expensive thing) on every run,
-and what it would protect against is small: one run's output is bounded by its max_tokens (a
-few KB to a few MB of JSON) and arrives at generation speed, the Edge demultiplexes events into
-per-run buffers without ever blocking the stream, and a client that goes away cancels its run
-at once (Cancel below), which stops the upstream request on the Node. A slow consumer therefore
-costs the Edge at most the buffered remainder of its own response, never stalls other runs.
+Per-run flow control: by exception, so the common case costs no message. The Edge holds a run's
+events for its client in a buffer bounded in bytes; when a client reads slower than its run
+produces and the buffer passes its bound, the Edge sends `pause_runs` with the run id, and
+`resume_runs` once the client has caught up. A paused run stops reading its upstream, so the
+backpressure reaches the model server through TCP, and neither side's memory grows with a slow
+client. A credit window per run would cost messages (the expensive thing) on every run; a
+pause costs two, and only for runs whose clients fall behind. A client that reads nothing at
+all is cut by the Edge after its send timeout, which cancels the run.
+
+Liveness: both sides send a `Heartbeat` every `Liveness.heartbeat_interval_ms` (the Edge tells
+the Node the values in its welcome) and treat a peer they heard nothing from (no message of any
+kind) for `heartbeat_timeout_ms` as dead: the connection ends, the Edge fails or retries the
+runs that were on it, the Node cancels them and redials. HTTP/2 keepalive pings are the
+transport's backstop, not the detector: a frozen process (SIGSTOP, a hung host) keeps its TCP
+connections open, so only a deadline on what the peer's *application* sends can tell. Every run
+also has a deadline for its first sign of life: the Node lists each run it admitted in
+`accepted_runs` (or refuses it with an error event), and a run neither accepted nor answered
+within `first_event_timeout_ms` of being sent fails as retryable on the Edge. The acceptance
+costs no message of its own: it rides with the run's first event, or at the latest with the
+next heartbeat, well inside the deadline.
 
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.
@@ -79,6 +92,7 @@ class NodeMessage(_message.Message):
     HEALTH_FIELD_NUMBER: _builtins.int
     ACKS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    ACCEPTED_RUNS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello:
         """the first message only"""
@@ -97,7 +111,14 @@ class NodeMessage(_message.Message):
 
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat:
-        """liveness and load when nothing else was sent for a while"""
+        """liveness and load, every heartbeat interval"""
+
+    @_builtins.property
+    def accepted_runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Runs the node admitted (a run it refuses gets an error event instead): the first sign of
+        life the Edge's first-event deadline waits for, before any output exists. Sent with the
+        next message of any kind (at the latest the next heartbeat), never alone.
+        """
 
     def __init__(
         self,
@@ -107,10 +128,11 @@ class NodeMessage(_message.Message):
         health: _abc.Iterable[Global___ProviderHealth] | None = ...,
         acks: _abc.Iterable[Global___ConfigAck] | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        accepted_runs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "events", b"events", "health", b"health", "heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_runs", b"accepted_runs", "acks", b"acks", "events", b"events", "health", b"health", "heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -126,6 +148,7 @@ class Hello(_message.Message):
     TOKEN_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     node_id: _builtins.str
     alias: _builtins.str
@@ -135,6 +158,13 @@ class Hello(_message.Message):
     """
     instance_id: _builtins.str
     """An id of this node process, so an Edge can tell a restart from a reconnect."""
+    started_at: _builtins.float
+    """When this node process started (unix seconds). Two processes with one node id (a rolling
+    update with surge) never share it: the one that started last wins. An Edge moves dispatch to
+    the newer instance at once, lets the older one finish the runs it has and then ends its
+    stream with ALREADY_EXISTS, and refuses the older one (ALREADY_EXISTS) while the newer one
+    is connected, so neither flaps.
+    """
     @_builtins.property
     def health(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProviderHealth]:
         """Health of the providers the node already runs (after a reconnect); empty on a first start."""
@@ -148,10 +178,11 @@ class Hello(_message.Message):
         token: _builtins.str = ...,
         health: _abc.Iterable[Global___ProviderHealth] | None = ...,
         instance_id: _builtins.str = ...,
+        started_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "health", b"health", "instance_id", b"instance_id", "node_id", b"node_id", "protocol_version", b"protocol_version", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "health", b"health", "instance_id", b"instance_id", "node_id", b"node_id", "protocol_version", b"protocol_version", "started_at", b"started_at", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -336,10 +367,18 @@ class ConfigAck(_message.Message):
     CONFIG_HASH_FIELD_NUMBER: _builtins.int
     OK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    IN_USE_HASH_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     config_hash: _builtins.str
     ok: _builtins.bool
     error: _builtins.str
+    pending: _builtins.bool
+    """ok, but not in use yet: a node connected to several Edge replicas switches to a payload only
+    once every one of them sends it (replicas that disagree mid-rollout never flip it back and
+    forth); `in_use_hash` is the payload it runs meanwhile.
+    """
+    in_use_hash: _builtins.str
     def __init__(
         self,
         *,
@@ -347,10 +386,12 @@ class ConfigAck(_message.Message):
         config_hash: _builtins.str = ...,
         ok: _builtins.bool = ...,
         error: _builtins.str = ...,
+        pending: _builtins.bool = ...,
+        in_use_hash: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_hash", b"config_hash", "error", b"error", "generation", b"generation", "ok", b"ok"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_hash", b"config_hash", "error", b"error", "generation", b"generation", "in_use_hash", b"in_use_hash", "ok", b"ok", "pending", b"pending"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -403,6 +444,32 @@ class Heartbeat(_message.Message):
 Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
 
 @_typing.final
+class Liveness(_message.Message):
+    """How often each side sends a heartbeat and how long a silent peer counts as alive: the Edge's
+    config (edge.node_link), sent on welcome so both directions use the same values.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    heartbeat_interval_ms: _builtins.int
+    heartbeat_timeout_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        heartbeat_interval_ms: _builtins.int = ...,
+        heartbeat_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "heartbeat_timeout_ms", b"heartbeat_timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Liveness: _TypeAlias = Liveness  # noqa: Y015
+
+@_typing.final
 class EdgeMessage(_message.Message):
     """-- Edge -> Node ---------------------------------------------------------------------------------"""
 
@@ -412,6 +479,9 @@ class EdgeMessage(_message.Message):
     RUNS_FIELD_NUMBER: _builtins.int
     CANCELS_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    PAUSE_RUNS_FIELD_NUMBER: _builtins.int
+    RESUME_RUNS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome:
         """the first message only"""
@@ -424,6 +494,18 @@ class EdgeMessage(_message.Message):
     def refresh(self) -> Global___NodeConfigRefreshRequest:
         """a new node-specific config (live refresh)"""
 
+    @_builtins.property
+    def heartbeat(self) -> Global___Heartbeat:
+        """liveness, every heartbeat interval"""
+
+    @_builtins.property
+    def pause_runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """stop producing these runs' events until resumed"""
+
+    @_builtins.property
+    def resume_runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """carry on with these paused runs"""
+
     def __init__(
         self,
         *,
@@ -431,10 +513,13 @@ class EdgeMessage(_message.Message):
         runs: _abc.Iterable[Global___RunRequest] | None = ...,
         cancels: _abc.Iterable[Global___Cancel] | None = ...,
         refresh: Global___NodeConfigRefreshRequest | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
+        pause_runs: _abc.Iterable[_builtins.str] | None = ...,
+        resume_runs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["refresh", b"refresh", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "refresh", b"refresh", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancels", b"cancels", "refresh", b"refresh", "runs", b"runs", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancels", b"cancels", "heartbeat", b"heartbeat", "pause_runs", b"pause_runs", "refresh", b"refresh", "resume_runs", b"resume_runs", "runs", b"runs", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -447,20 +532,24 @@ class Welcome(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     EDGE_ID_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    LIVENESS_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     edge_id: _builtins.str
     @_builtins.property
     def config(self) -> Global___NodeConfig: ...
+    @_builtins.property
+    def liveness(self) -> Global___Liveness: ...
     def __init__(
         self,
         *,
         protocol_version: _builtins.int = ...,
         edge_id: _builtins.str = ...,
         config: Global___NodeConfig | None = ...,
+        liveness: Global___Liveness | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "liveness", b"liveness"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "edge_id", b"edge_id", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "edge_id", b"edge_id", "liveness", b"liveness", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -46,8 +46,10 @@ class NodeRuntimeServicer:
 
     def Connect(self, request_iterator, context):
         """The Node's first message must carry `hello`; the Edge answers with `welcome` or ends the call
-        with UNAUTHENTICATED (unknown node id, wrong token), FAILED_PRECONDITION (protocol version)
-        or INVALID_ARGUMENT (no hello). After that both sides stream until either one goes away.
+        with UNAUTHENTICATED (unknown node id or wrong token: the same answer for both),
+        FAILED_PRECONDITION (protocol version), INVALID_ARGUMENT (no hello) or ALREADY_EXISTS (a newer
+        instance of the same node id is connected; see Hello.started_at). After that both sides
+        stream until either one goes away.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -15,13 +15,26 @@ every message below holds *repeated* runs, cancels and events, and each side has
 writer task per direction that coalesces: it sends at once when it is idle (no added latency
 for a lone event) and batches only what queued while a previous write was in flight.
 
-Per-run flow control: there is none on purpose, beyond HTTP/2's flow control of the whole
-stream. A credit window per run would cost extra messages (the expensive thing) on every run,
-and what it would protect against is small: one run's output is bounded by its max_tokens (a
-few KB to a few MB of JSON) and arrives at generation speed, the Edge demultiplexes events into
-per-run buffers without ever blocking the stream, and a client that goes away cancels its run
-at once (Cancel below), which stops the upstream request on the Node. A slow consumer therefore
-costs the Edge at most the buffered remainder of its own response, never stalls other runs.
+Per-run flow control: by exception, so the common case costs no message. The Edge holds a run's
+events for its client in a buffer bounded in bytes; when a client reads slower than its run
+produces and the buffer passes its bound, the Edge sends `pause_runs` with the run id, and
+`resume_runs` once the client has caught up. A paused run stops reading its upstream, so the
+backpressure reaches the model server through TCP, and neither side's memory grows with a slow
+client. A credit window per run would cost messages (the expensive thing) on every run; a
+pause costs two, and only for runs whose clients fall behind. A client that reads nothing at
+all is cut by the Edge after its send timeout, which cancels the run.
+
+Liveness: both sides send a `Heartbeat` every `Liveness.heartbeat_interval_ms` (the Edge tells
+the Node the values in its welcome) and treat a peer they heard nothing from (no message of any
+kind) for `heartbeat_timeout_ms` as dead: the connection ends, the Edge fails or retries the
+runs that were on it, the Node cancels them and redials. HTTP/2 keepalive pings are the
+transport's backstop, not the detector: a frozen process (SIGSTOP, a hung host) keeps its TCP
+connections open, so only a deadline on what the peer's *application* sends can tell. Every run
+also has a deadline for its first sign of life: the Node lists each run it admitted in
+`accepted_runs` (or refuses it with an error event), and a run neither accepted nor answered
+within `first_event_timeout_ms` of being sent fails as retryable on the Edge. The acceptance
+costs no message of its own: it rides with the run's first event, or at the latest with the
+next heartbeat, well inside the deadline.
 
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.
@@ -61,8 +74,10 @@ class NodeRuntimeStub:
     def __new__(cls, channel: _aio.Channel) -> NodeRuntimeAsyncStub: ...
     Connect: _grpc.StreamStreamMultiCallable[_runtime_pb2.NodeMessage, _runtime_pb2.EdgeMessage]
     """The Node's first message must carry `hello`; the Edge answers with `welcome` or ends the call
-    with UNAUTHENTICATED (unknown node id, wrong token), FAILED_PRECONDITION (protocol version)
-    or INVALID_ARGUMENT (no hello). After that both sides stream until either one goes away.
+    with UNAUTHENTICATED (unknown node id or wrong token: the same answer for both),
+    FAILED_PRECONDITION (protocol version), INVALID_ARGUMENT (no hello) or ALREADY_EXISTS (a newer
+    instance of the same node id is connected; see Hello.started_at). After that both sides
+    stream until either one goes away.
     """
 
 @_typing.type_check_only
@@ -70,8 +85,10 @@ class NodeRuntimeAsyncStub(NodeRuntimeStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Connect: _aio.StreamStreamMultiCallable[_runtime_pb2.NodeMessage, _runtime_pb2.EdgeMessage]  # type: ignore[assignment]
     """The Node's first message must carry `hello`; the Edge answers with `welcome` or ends the call
-    with UNAUTHENTICATED (unknown node id, wrong token), FAILED_PRECONDITION (protocol version)
-    or INVALID_ARGUMENT (no hello). After that both sides stream until either one goes away.
+    with UNAUTHENTICATED (unknown node id or wrong token: the same answer for both),
+    FAILED_PRECONDITION (protocol version), INVALID_ARGUMENT (no hello) or ALREADY_EXISTS (a newer
+    instance of the same node id is connected; see Hello.started_at). After that both sides
+    stream until either one goes away.
     """
 
 class NodeRuntimeServicer(metaclass=_abc_1.ABCMeta):
@@ -82,8 +99,10 @@ class NodeRuntimeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_runtime_pb2.EdgeMessage], _abc.AsyncIterator[_runtime_pb2.EdgeMessage]]:
         """The Node's first message must carry `hello`; the Edge answers with `welcome` or ends the call
-        with UNAUTHENTICATED (unknown node id, wrong token), FAILED_PRECONDITION (protocol version)
-        or INVALID_ARGUMENT (no hello). After that both sides stream until either one goes away.
+        with UNAUTHENTICATED (unknown node id or wrong token: the same answer for both),
+        FAILED_PRECONDITION (protocol version), INVALID_ARGUMENT (no hello) or ALREADY_EXISTS (a newer
+        instance of the same node id is connected; see Hello.started_at). After that both sides
+        stream until either one goes away.
         """
 
 def add_NodeRuntimeServicer_to_server(servicer: NodeRuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -125,6 +125,20 @@ class FakeStream:
         self._hub = hub
         self._request = request
         self._events: AsyncIterator[RunEvent] | None = None
+        self._on_end: list[Callable[[], object]] = []
+        self._ended = False
+
+    def on_end(self, callback: Callable[[], object]) -> None:
+        if self._ended:
+            callback()
+        else:
+            self._on_end.append(callback)
+
+    def _end(self) -> None:
+        self._ended = True
+        callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            callback()
 
     async def __aenter__(self) -> FakeStream:
         self._hub.active[self._request.run_id] = self._request
@@ -138,6 +152,7 @@ class FakeStream:
         tb: TracebackType | None,
     ) -> None:
         self._hub.active.pop(self._request.run_id, None)
+        self._end()
         if self._hub.ended.get(self._request.run_id) is None:
             self._hub.ended[self._request.run_id] = "cancelled" if exc is not None else "closed"
         if self._events is not None:
@@ -151,6 +166,7 @@ class FakeStream:
         event = await anext(self._events)
         if isinstance(event, RunDone | RunFailed):
             self._hub.ended[self._request.run_id] = type(event).__name__
+            self._end()
         return event
 
 

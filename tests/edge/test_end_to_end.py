@@ -33,10 +33,11 @@ def sha(text: str) -> str:
 class Stack:
     url: str
     upstream_url: str
+    metrics_url: str
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory, iop_processes) -> AsyncIterator[Stack]:
+async def stack(tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
     folder: Path = tmp_path_factory.mktemp("e2e")
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
@@ -46,6 +47,8 @@ async def stack(tmp_path_factory, iop_processes) -> AsyncIterator[Stack]:
                 "listen": "127.0.0.1:0",
                 # never the default admin port: test runs may share the machine
                 "admin": {"listen": "127.0.0.1:0"},
+                "metrics": {"listen": "127.0.0.1:0"},
+                "tls": tls.edge_section(),
             },
             "openai": {
                 "listen": "127.0.0.1:0",
@@ -100,7 +103,7 @@ async def stack(tmp_path_factory, iop_processes) -> AsyncIterator[Stack]:
         _, started = await iop_processes.edge(stack, folder / "edge.yaml")
         await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
         await iop_processes.wait_available(started["url"], ["builtin", "up-a", "up-b"])
-        yield Stack(started["url"], upstream.base_url)
+        yield Stack(started["url"], upstream.base_url, started["metrics_url"])
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -112,7 +115,7 @@ async def client(stack) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 async def in_flight(stack: Stack) -> str:
-    async with httpx.AsyncClient(base_url=stack.url) as http:
+    async with httpx.AsyncClient(base_url=stack.metrics_url) as http:
         text = (await http.get("/metrics")).text
     return "\n".join(line for line in text.splitlines() if line.startswith("iop_edge_in_flight{"))
 
@@ -187,7 +190,7 @@ async def test_usage_is_metered_and_nothing_stays_in_flight(client, stack, until
             for _ in range(16)
         )
     )
-    async with httpx.AsyncClient(base_url=stack.url) as http:
+    async with httpx.AsyncClient(base_url=stack.metrics_url) as http:
         text = (await http.get("/metrics")).text
     assert 'principal_ref="team-e2e"' in text and 'token_ref="e2e-app"' in text
     assert CLIENT_TOKEN not in text

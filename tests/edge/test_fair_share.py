@@ -187,5 +187,5 @@ async def test_through_the_edge_a_quiet_principal_overtakes_a_flood(
     await asyncio.gather(*flood)
     # FIFO would have put it behind all 19 waiting batch requests; fair share lets it in next.
     assert finished.index("frontend") <= 2, finished
-    metrics = (await stack.http.get("/metrics")).text
+    metrics = stack.edge.metrics.render().decode()  # the public listener serves no metrics
     assert 'iop_edge_queue_wait_seconds_count{model="m",principal_ref="frontend"} 1.0' in metrics

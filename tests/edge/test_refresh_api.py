@@ -118,6 +118,7 @@ async def test_yaml_text_and_a_path_are_candidates_too(
     start_edge, refresh_document, tmp_path: Path
 ) -> None:
     document = refresh_document()
+    document["edge"]["admin"]["config_dir"] = str(tmp_path)  # where a refresh may read files
     edge = await start_edge(document)
     document["models"][0]["generation"] = {"max_tokens": 7}
     path = tmp_path / "candidate.yaml"
@@ -390,19 +391,26 @@ async def test_applies_run_one_at_a_time(refresh_stack, refresh_document) -> Non
 class SilentNode:
     """node-2 over a raw stream: acknowledges its welcome, then answers refreshes with `ack`
     (or not at all when `ack` is None). With `late_welcome_ack`, it acknowledges its welcome
-    only once a refresh has arrived (a node still starting up while an apply runs)."""
+    only once a refresh has arrived (a node still starting up while an apply runs). It sends no
+    heartbeats: its Edge's config (`patient()`) waits a minute before it counts it as gone."""
 
     def __init__(
-        self, port: int, ack: pb.ConfigAck | None, *, late_welcome_ack: bool = False
+        self,
+        port: int,
+        credentials: grpc.ChannelCredentials,
+        ack: pb.ConfigAck | None,
+        *,
+        late_welcome_ack: bool = False,
     ) -> None:
         self.port = port
+        self.credentials = credentials
         self.ack = ack
         self.late_welcome_ack = late_welcome_ack
         self.refreshes = 0
         self.applied_hash = ""
 
     async def run(self, ready: asyncio.Event) -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{self.port}", self.credentials) as channel:
             call = NodeRuntimeStub(channel).Connect()
             hello = pb.Hello(
                 protocol_version=PROTOCOL_VERSION, node_id="node-2", token="node-2-token"
@@ -438,6 +446,12 @@ class SilentNode:
                         await call.write(pb.NodeMessage(acks=[reply]))
 
 
+def patient(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` with a heartbeat deadline long enough for a `SilentNode`."""
+    document["edge"]["node_link"] = {"heartbeat_timeout_ms": 60_000}
+    return document
+
+
 @pytest.mark.parametrize(
     ("ack", "reason"),
     [
@@ -446,16 +460,16 @@ class SilentNode:
     ],
 )
 async def test_a_node_that_does_not_ack_is_reported_failed(
-    start_edge, refresh_document, until, ack, reason
+    start_edge, refresh_document, until, tls, ack, reason
 ) -> None:
-    edge = await start_edge(refresh_document(), ack_timeout_s=0.3)
-    node = SilentNode(edge.hub_port, ack)
+    edge = await start_edge(patient(refresh_document()), ack_timeout_s=0.3)
+    node = SilentNode(edge.hub_port, tls.client().credentials(), ack)
     ready = asyncio.Event()
     task = asyncio.create_task(node.run(ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         await until(lambda: edge.hub.nodes().get("node-2") and edge.hub.nodes()["node-2"].ready)
-        document = refresh_document()
+        document = patient(refresh_document())
         document["nodes"][1]["providers"][0]["capacity"] = 5
         async with admin_client(edge) as admin:
             report = (
@@ -470,15 +484,19 @@ async def test_a_node_that_does_not_ack_is_reported_failed(
         await asyncio.wait([task])
 
 
-async def test_a_node_still_starting_up_gets_the_push_too(start_edge, refresh_document) -> None:
-    edge = await start_edge(refresh_document())
-    node = SilentNode(edge.hub_port, pb.ConfigAck(ok=True), late_welcome_ack=True)
+async def test_a_node_still_starting_up_gets_the_push_too(
+    start_edge, refresh_document, tls
+) -> None:
+    edge = await start_edge(patient(refresh_document()))
+    node = SilentNode(
+        edge.hub_port, tls.client().credentials(), pb.ConfigAck(ok=True), late_welcome_ack=True
+    )
     ready = asyncio.Event()
     task = asyncio.create_task(node.run(ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         assert not edge.hub.nodes()["node-2"].ready  # welcomed, not acknowledged yet
-        document = refresh_document()
+        document = patient(refresh_document())
         document["nodes"][1]["providers"][0]["capacity"] = 5
         async with admin_client(edge) as admin:
             report = (
@@ -505,16 +523,16 @@ def adapter_changed(document: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_a_node_the_caller_restarts_does_not_refuse_the_apply_and_gets_no_push(
-    start_edge, refresh_document, until
+    start_edge, refresh_document, until, tls
 ) -> None:
-    edge = await start_edge(refresh_document())
-    node = SilentNode(edge.hub_port, pb.ConfigAck(ok=True))
+    edge = await start_edge(patient(refresh_document()))
+    node = SilentNode(edge.hub_port, tls.client().credentials(), pb.ConfigAck(ok=True))
     ready = asyncio.Event()
     task = asyncio.create_task(node.run(ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         await until(lambda: edge.hub.nodes().get("node-2") and edge.hub.nodes()["node-2"].ready)
-        document = adapter_changed(refresh_document())
+        document = adapter_changed(patient(refresh_document()))
         async with admin_client(edge) as admin:
             refused = await admin.post("/refresh", json={"mode": "apply", "config": document})
             body = {"mode": "apply", "config": document, "restarting": ["node:node-2"]}
@@ -547,7 +565,7 @@ async def test_a_node_the_caller_restarts_does_not_refuse_the_apply_and_gets_no_
         await asyncio.wait([task])
 
     # Its restart: connecting again, it is welcomed with the new payload.
-    node = SilentNode(edge.hub_port, pb.ConfigAck(ok=True))
+    node = SilentNode(edge.hub_port, tls.client().credentials(), pb.ConfigAck(ok=True))
     ready = asyncio.Event()
     task = asyncio.create_task(node.run(ready))
     try:

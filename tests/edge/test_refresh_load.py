@@ -50,7 +50,7 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def base_document(upstreams: list[str]) -> dict[str, Any]:
+def base_document(upstreams: list[str], tls: dict[str, str]) -> dict[str, Any]:
     def provider(pid: str, adapter: dict[str, Any], priority: int) -> dict[str, Any]:
         return {
             "id": pid,
@@ -64,7 +64,13 @@ def base_document(upstreams: list[str]) -> dict[str, Any]:
 
     fake = {"type": "fake", "latency_ms": 10, "completion_tokens": 4}
     return {
-        "edge": {"id": "edge-load", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "edge": {
+            "id": "edge-load",
+            "listen": "127.0.0.1:0",
+            "admin": {"listen": "127.0.0.1:0"},
+            "metrics": {"listen": "127.0.0.1:0"},
+            "tls": tls,
+        },
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
@@ -132,7 +138,7 @@ async def stack(
             await exits.enter_async_context(spawn_fake_upstream(["--latency-ms", "10"]))
             for _ in range(2)
         ]
-        document = base_document([u.base_url for u in upstreams])
+        document = base_document([u.base_url for u in upstreams], iop_processes.tls.edge_section())
         (folder / "edge.yaml").write_text(yaml.safe_dump(document))
         _, started = await iop_processes.edge(exits, folder / "edge.yaml")
         for letter in "ab":
@@ -340,7 +346,7 @@ async def test_fifty_live_applies_under_load_lose_no_request(
         assert {o.stream for o in outcomes} == {True, False}
 
         # Nothing leaked: no slot in flight, nothing waiting, on any provider or model.
-        async with httpx.AsyncClient(base_url=started["url"]) as http:
+        async with httpx.AsyncClient(base_url=started["metrics_url"]) as http:
             metrics = (await http.get("/metrics")).text
         gauges = [line for line in metrics.splitlines() if line.startswith(GAUGES)]
         assert gauges and all(line.endswith(" 0.0") for line in gauges), gauges

@@ -37,7 +37,13 @@ async def server(config_of, provider, fake_hub) -> AsyncIterator[EdgeServer]:
         openai={"max_request_bytes": MAX_BYTES},
         generation={"m": {"max_tokens": 100, "temperature": 0.5}},
     )
-    edge = EdgeServer(config, hub=fake_hub, openai_listen="127.0.0.1:0", shutdown_grace_s=1)
+    edge = EdgeServer(
+        config,
+        hub=fake_hub,
+        openai_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        shutdown_grace_s=1,
+    )
     await edge.start()
     fake_hub.connect("a", "b", "t")
     yield edge
@@ -77,6 +83,13 @@ async def http(edge, tokens) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
+@pytest_asyncio.fixture
+async def metrics(edge) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the Edge's metrics listener (apart from the OpenAI API)."""
+    async with httpx.AsyncClient(base_url=edge.metrics_url, timeout=10) as metrics:
+        yield metrics
+
+
 def forwarded(fake_hub):
     return orjson.loads(fake_hub.requests[-1].body)
 
@@ -96,15 +109,23 @@ async def test_models_lists_the_catalog(client) -> None:
     assert caught.value.code == "model_not_found"
 
 
-async def test_health_readiness_and_metrics(http) -> None:
+async def test_health_readiness_and_metrics(http, metrics) -> None:
     assert (await http.get("/healthz")).json() == {"status": "ok"}
     ready = await http.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["providers_available"] == ["a", "b", "t"]
-    metrics = await http.get("/metrics")
-    assert metrics.status_code == 200
-    assert "iop_edge_in_flight" in metrics.text
-    assert metrics.headers["content-type"].startswith("text/plain")
+    scraped = await metrics.get("/metrics")
+    assert scraped.status_code == 200
+    assert "iop_edge_in_flight" in scraped.text
+    assert scraped.headers["content-type"].startswith("text/plain")
+
+
+async def test_the_public_listener_serves_no_metrics(http) -> None:
+    """They name every principal and token ref: only the metrics listener serves them."""
+    answer = await http.get("/metrics")
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "unknown_url"
+    assert "principal_ref" not in answer.text
 
 
 # -- completions -------------------------------------------------------------------------------
@@ -183,9 +204,11 @@ async def test_long_context_requests_take_a_long_slot(client, fake_hub) -> None:
     assert not fake_hub.requests[-1].long_context
 
 
-async def test_usage_is_metered_by_principal_token_model_and_provider(client, http, tokens) -> None:
+async def test_usage_is_metered_by_principal_token_model_and_provider(
+    client, metrics, tokens
+) -> None:
     await client.chat.completions.create(model="m", messages=HELLO)
-    text = (await http.get("/metrics")).text
+    text = (await metrics.get("/metrics")).text
     assert (
         'iop_edge_total_tokens_total{model="m",principal_ref="team-search",provider="a",'
         'token_ref="search-chat"}'

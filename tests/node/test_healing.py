@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -69,15 +70,22 @@ async def test_health_listeners_stay_flat_over_200_sessions(
     wire_config: Callable[..., EdgeConfig],
     start_hub: Callable[[EdgeConfig], Awaitable[NodeHub]],
     node_token: str,
+    tls: Any,
 ) -> None:
     hub = await start_hub(wire_config([{"id": "p1", "adapter": FAKE}]))
     router = Router(drain_timeout=1.0)
+    credentials = tls.client().credentials()
     identity = NodeIdentity("node-1", node_token, instance_id="healing")
     try:
         for _ in range(200):
             # An Edge replica that comes and goes: a connection made, welcomed, then dropped.
             connection = EdgeConnection(
-                f"127.0.0.1:{hub.port}", identity, router, backoff=Backoff(0.01, 0.05)
+                f"127.0.0.1:{hub.port}",
+                identity,
+                router,
+                backoff=Backoff(0.01, 0.05),
+                tls=tls.client(),
+                credentials=credentials,
             )
             task = asyncio.create_task(connection.run(), name="healing-connection")
             await asyncio.wait_for(connection.connected.wait(), 10)

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 
 @contextlib.asynccontextmanager
-async def node_process(port: int, token_file: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await spawn_node(port, "node-1", token_file, "--backoff-max", "0.5")
+async def node_process(
+    port: int, token_file: Path, tls_args: tuple[str, ...]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await spawn_node(port, "node-1", token_file, "--backoff-max", "0.5", *tls_args)
     try:
         yield process
     finally:
@@ -38,14 +40,14 @@ def request(run_id: str, stream: bool) -> RunRequest:
 
 
 async def test_a_killed_node_fails_its_runs_at_once_and_reconnects_when_restarted(
-    wire_config, start_hub, until, node_token: str, tmp_path: Path
+    wire_config, start_hub, until, node_token: str, tmp_path: Path, tls
 ) -> None:
     slow = {"type": "fake", "tokens_per_second": 5, "completion_tokens": 50}
     hub = await start_hub(wire_config([{"id": "p1", "adapter": slow}]))
     token_file = tmp_path / "token"
     token_file.write_text(node_token + "\n")
 
-    async with node_process(hub.port, token_file) as node:
+    async with node_process(hub.port, token_file, tls.node_args()) as node:
         await until(hub.connected_providers, timeout=30)
         async with hub.run(request("run-1", stream=True)) as stream:
             assert isinstance(await anext(stream), RunChunk)
@@ -57,7 +59,7 @@ async def test_a_killed_node_fails_its_runs_at_once_and_reconnects_when_restarte
         assert rest[-1].code == statuses.NODE_DISCONNECTED
         assert hub.connected_providers() == {}
 
-    async with node_process(hub.port, token_file):
+    async with node_process(hub.port, token_file, tls.node_args()):
         await until(hub.connected_providers, timeout=30)
         async with hub.run(request("run-2", stream=False)) as stream:
             events = [event async for event in stream]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -61,16 +62,19 @@ async def test_items_put_in_one_step_share_a_message() -> None:
     assert sent == [["chunk", "usage", "done"]]
 
 
-async def test_a_failed_send_stops_the_writer() -> None:
+async def test_a_failed_send_stops_the_writer_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def send(batch: Sequence[int]) -> None:
         raise ConnectionError("stream broken")
 
     async with CoalescingWriter(send, name="test-writer") as writer:
         writer.put(1)
-        with pytest.raises(ConnectionError):
-            await writer.task
+        await writer.task  # ends quietly: a broken stream is its owner's news
+        assert isinstance(writer.error, ConnectionError)
         assert writer.closed
         assert writer.put(2) is False
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_put_after_stop_is_ignored() -> None:
@@ -81,3 +85,18 @@ async def test_put_after_stop_is_ignored() -> None:
     async with writer:
         pass
     assert writer.put(1) is False
+
+
+async def test_an_item_put_without_waking_rides_with_the_next_write() -> None:
+    sent: list[list[str]] = []
+    wrote = asyncio.Event()
+
+    async def send(batch: Sequence[str]) -> None:
+        sent.append(list(batch))
+        wrote.set()
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put("accepted", wake=False)
+        writer.put("first chunk")  # wakes the writer: both go out as one message
+        await asyncio.wait_for(wrote.wait(), 5)
+    assert sent == [["accepted", "first chunk"]]

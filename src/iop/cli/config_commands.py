@@ -137,9 +137,13 @@ def explain(config: EdgeConfig) -> str:
     edge, openai = config.edge, config.openai
     admin_scope = "loopback" if is_loopback_listener(edge.admin.listen) else "token required"
     principals = {t.principal_ref for t in openai.principal_tokens}
+    link = "plaintext"
+    if edge.tls is not None:
+        link = "mutual TLS" if edge.tls.client_ca_file else "TLS"
+    metrics = edge.metrics.listen or "off"
     lines = [
-        f"Edge {edge.id}: OpenAI API on {openai.listen}, Nodes dial {edge.listen}, "
-        f"admin API on {edge.admin.listen} ({admin_scope})",
+        f"Edge {edge.id}: OpenAI API on {openai.listen}, Nodes dial {edge.listen} ({link}), "
+        f"admin API on {edge.admin.listen} ({admin_scope}), metrics on {metrics}",
         f"Clients: {len(openai.principal_tokens)} token(s) for {len(principals)} principal(s); "
         f"requests without a token are {'accepted' if openai.allow_unauthenticated else 'refused'}"
         f"; long-context threshold {openai.long_context_threshold_tokens} tokens",

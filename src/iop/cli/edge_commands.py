@@ -21,6 +21,7 @@ from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
 from iop.edge.refreshreports import ConfigSource
 from iop.edgeconfig import ConfigError, load_file
+from iop.wire import TlsError
 
 from . import reload_commands
 from .problems import print_problems
@@ -46,6 +47,9 @@ def register(commands: Any) -> None:
     run.add_argument("--hub-listen", default=None, help="override edge.listen (host:port)")
     run.add_argument("--admin-listen", default=None, help="override edge.admin.listen (host:port)")
     run.add_argument(
+        "--metrics-listen", default=None, help="override edge.metrics.listen (host:port)"
+    )
+    run.add_argument(
         "--shutdown-grace", type=float, default=10.0, help="seconds running requests may finish"
     )
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -69,9 +73,10 @@ def _run(args: argparse.Namespace) -> int:
             hub_listen=args.hub_listen,
             shutdown_grace_s=args.shutdown_grace,
             admin_listen=args.admin_listen or config.edge.admin.listen,
+            metrics_listen=args.metrics_listen or config.edge.metrics.listen,
             config_path=args.config,
         )
-    except AdminAuthError as exc:
+    except (AdminAuthError, TlsError) as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)
         return 1
     try:
@@ -97,7 +102,12 @@ async def _serve(edge: EdgeServer, config_path: str) -> None:
     loop.add_signal_handler(signal.SIGHUP, hangup)
     async with edge:
         # One line on stdout once serving, for scripts that start the Edge (like `iop up`).
-        started = {"url": edge.url, "hub_port": edge.hub_port, "admin_url": edge.admin_url}
+        started = {
+            "url": edge.url,
+            "hub_port": edge.hub_port,
+            "admin_url": edge.admin_url,
+            "metrics_url": edge.metrics_url,
+        }
         print(orjson.dumps(started).decode(), flush=True)
         await stop.wait()
         loop.remove_signal_handler(signal.SIGHUP)

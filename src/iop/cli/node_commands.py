@@ -1,4 +1,13 @@
-"""`iop node run`: the Node agent, dialing one or several Edges."""
+"""`iop node run`: the Node agent, dialing one or several Edges.
+
+SIGTERM drains: the Node tells every Edge it is leaving (they stop dispatching to it), refuses
+runs that still arrive with the retryable `provider_busy`, lets the runs in flight finish for up
+to `--shutdown-grace` seconds, then exits. A second SIGTERM (or SIGINT) exits at once.
+
+TLS is a per-process setting, hence flags rather than config: the Node has no config file (the
+Edge sends it everything else), while its CA, certificate and key are files mounted into its
+own pod.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from typing import Any
 import uvloop
 
 from iop.node import NodeAgent
+from iop.wire import ClientTls, TlsError
 
 __all__ = ["register"]
 
@@ -53,6 +63,31 @@ def register(commands: Any) -> None:
     run.add_argument(
         "--backoff-max", type=float, default=10.0, help="longest wait between reconnects"
     )
+    run.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=25.0,
+        help="seconds the runs in flight may finish after SIGTERM (stay below the pod's "
+        "terminationGracePeriodSeconds)",
+    )
+    run.add_argument(
+        "--tls-ca-file",
+        type=Path,
+        default=None,
+        help="PEM CA that signed the Edge's certificate: dial with TLS and verify the Edge",
+    )
+    run.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        default=None,
+        help="PEM client certificate, for an Edge that requires mutual TLS",
+    )
+    run.add_argument("--tls-key-file", type=Path, default=None, help="PEM key of --tls-cert-file")
+    run.add_argument(
+        "--tls-server-name",
+        default=None,
+        help="the name the Edge's certificate carries, when the dialed address is not in it",
+    )
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
 
@@ -81,18 +116,40 @@ def _run(args: argparse.Namespace) -> int:
             alias=args.alias,
             drain_timeout=args.drain_timeout,
             backoff_max=args.backoff_max,
+            tls=_tls(args),
         )
-    except ValueError as exc:
+    except ValueError as exc:  # TlsError included
         print(f"iop node run: {exc}", file=sys.stderr)
         return 2
-    uvloop.run(_serve(agent))
+    uvloop.run(_serve(agent, args.shutdown_grace))
     return 0
 
 
-async def _serve(agent: NodeAgent) -> None:
-    stop = asyncio.Event()
+def _tls(args: argparse.Namespace) -> ClientTls | None:
+    if args.tls_ca_file is None:
+        if args.tls_cert_file or args.tls_key_file or args.tls_server_name:
+            raise TlsError(
+                "--tls-cert-file, --tls-key-file and --tls-server-name need --tls-ca-file"
+            )
+        return None
+    return ClientTls(
+        ca_file=str(args.tls_ca_file),
+        cert_file=str(args.tls_cert_file) if args.tls_cert_file else None,
+        key_file=str(args.tls_key_file) if args.tls_key_file else None,
+        server_name=args.tls_server_name,
+    )
+
+
+async def _serve(agent: NodeAgent, grace: float) -> None:
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, signals.put_nowait, signum)
     async with agent:
-        await stop.wait()
+        await signals.get()
+        drain = asyncio.ensure_future(agent.drain(grace))
+        second = asyncio.ensure_future(signals.get())
+        await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, second):
+            task.cancel()
+        await asyncio.wait([drain, second])

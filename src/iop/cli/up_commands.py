@@ -7,7 +7,7 @@ for the local stack only (the file itself is never changed):
 - every `openai` adapter points at the local fake upstream (and needs no API key); `fake`
   adapters stay as they are;
 - every listener moves to loopback: the OpenAI API on `--port` (default: a free port), the node
-  hub and the admin API on free ports;
+  hub, the admin API and the metrics on free ports;
 - each node gets a fresh random token (its hash replaces the configured one), and a fresh client
   API key is added to `openai.principal_tokens` as token_ref `local-up` (principal `local`).
 
@@ -104,6 +104,7 @@ def local_config(
     document = config.model_dump(mode="json")
     document["edge"]["listen"] = "127.0.0.1:0"
     document["edge"]["admin"]["listen"] = "127.0.0.1:0"
+    document["edge"]["metrics"]["listen"] = "127.0.0.1:0"
     document["openai"]["listen"] = f"127.0.0.1:{port}"
     document["a2a"]["listen"] = ""
     api_key = keep.api_key if keep is not None else f"sk-local-{secrets.token_urlsafe(18)}"
@@ -173,6 +174,7 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
         edge = await stack.enter_async_context(owned(edge_process))
         url: str = started["url"]
         admin_url: str = started["admin_url"]
+        metrics_url: str = started["metrics_url"]
 
         processes = {"fake-upstream": upstream.pid, "edge": edge.pid}
         children = [edge]
@@ -205,13 +207,17 @@ async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int
                         "api_key": local.api_key,
                         "models": models,
                         "admin_url": admin_url,
+                        "metrics_url": metrics_url,
                         "pids": processes,
                     }
                 ).decode(),
                 flush=True,
             )
         else:
-            print(_banner(url, local.api_key, models, processes, args.config), flush=True)
+            print(
+                _banner(url, local.api_key, models, processes, args.config, metrics_url),
+                flush=True,
+            )
             print(
                 f"Admin:   {admin_url}/config    Edit {args.config}, then "
                 f"`kill -HUP {os.getpid()}` to apply it live.",
@@ -292,7 +298,12 @@ async def _wait_ready(url: str, wanted: set[str]) -> set[str]:
 
 
 def _banner(
-    url: str, api_key: str, models: list[str], processes: dict[str, int], config: Path
+    url: str,
+    api_key: str,
+    models: list[str],
+    processes: dict[str, int],
+    config: Path,
+    metrics_url: str,
 ) -> str:
     model = models[-1] if models else "MODEL"
     body = orjson.dumps(
@@ -322,4 +333,4 @@ reply = client.chat.completions.create(
 print(reply.choices[0].message.content)
 EOF
 
-Metrics: {url}/metrics    Press Ctrl-C to stop."""
+Metrics: {metrics_url}/metrics    Press Ctrl-C to stop."""

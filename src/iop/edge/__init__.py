@@ -13,6 +13,10 @@ from .dispatching import Dispatcher, Lease
 from .errors import (
     BadRequest,
     EdgeError,
+    HeadersTooLarge,
+    HeaderTimeout,
+    InternalError,
+    MalformedRequest,
     MethodNotAllowed,
     ModelNotFound,
     NoProvider,
@@ -20,9 +24,11 @@ from .errors import (
     QueueFull,
     QueueTimeout,
     RouteNotFound,
+    TooManyConnections,
     Unauthorized,
     UpstreamError,
 )
+from .httplimits import HttpLimits
 from .hubs import Hub, NodeRuns
 from .launching import EdgeServer
 from .metering import Metrics
@@ -45,8 +51,13 @@ __all__ = [
     "EdgeApp",
     "EdgeError",
     "EdgeServer",
+    "HeaderTimeout",
+    "HeadersTooLarge",
+    "HttpLimits",
     "Hub",
+    "InternalError",
     "Lease",
+    "MalformedRequest",
     "MethodNotAllowed",
     "Metrics",
     "ModelNotFound",
@@ -64,6 +75,7 @@ __all__ = [
     "RefreshReport",
     "Refresher",
     "RouteNotFound",
+    "TooManyConnections",
     "Unauthorized",
     "UpstreamError",
 ]

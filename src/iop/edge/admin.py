@@ -4,13 +4,16 @@ Served on `edge.admin.listen` (loopback by default) by a second uvicorn server o
 process, as a raw ASGI app like the OpenAI API. Routes:
 
 - `POST /refresh` with `{"mode": "dry_run" | "apply"}` and at most one of `config` (the config
-  as an object), `config_yaml` (YAML or JSON text) or `path` (a file the Edge reads); with none
-  of them the Edge re-reads the file it was started from. Answers the refresh report: 200 (dry
+  as an object), `config_yaml` (YAML or JSON text) or `path` (a file the Edge reads: only its
+  own config file or one in `edge.admin.config_dir`, and only a regular file; anything else is a
+  400 that names the path's problem, never the file's content); with none of them the Edge
+  re-reads the file it was started from. Answers the refresh report: 200 (dry
   run, or applied), 409 (apply refused: restart-required paths; nothing changed), 422 (invalid
   candidate, with every problem and its path; nothing changed). `restarting: ["node:<id>"]`
   says the caller restarts those nodes itself (the operator rolls their workloads): their
   restart-required paths do not refuse the apply, and they get no push.
-- `GET /config`: the config in use, its hash and generation, with secrets redacted.
+- `GET /config`: the config in use, its hash and generation, with secrets redacted (token
+  hashes, and the credentials in URLs: userinfo and every query value).
 - `GET /status`: the config hash and generation in use, and for every node whether it runs the
   payload of that config (what the operator reads after an apply or a node's restart).
 - `GET /refresh/last` (`?mode=apply`: the last apply): the last report; 404 before any.
@@ -38,12 +41,12 @@ from typing import Annotated, Any, Final, Literal, Self
 from urllib.parse import parse_qs
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
-from .refreshing import Refresher
+from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport
 
 __all__ = ["AdminApp", "AdminAuth", "AdminAuthError", "RefreshBody", "redacted"]
@@ -55,6 +58,10 @@ _REDACTED: Final = "<redacted>"
 #: Keys whose values are credentials or their hashes (`token_ref`, `token_file`, `api_key_env`
 #: name things and stay).
 _URL_USERINFO: Final = re.compile(r"(?<=://)[^/@\s]+@")
+#: Every query value of a URL (`?api_key=...`, `&token=...`): any of them may be a credential.
+_URL_QUERY_VALUE: Final = re.compile(r"(?<=[?&])([^=&#\s]*)=[^&#\s]*")
+#: A fragment may carry a credential too (`#access_token=...`).
+_URL_FRAGMENT: Final = re.compile(r"#\S*$")
 _BEARER: Final = b"bearer "
 
 
@@ -125,6 +132,13 @@ class RefreshBody(BaseModel):
     restarting: tuple[
         Annotated[str, Field(pattern=r"^node:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")], ...
     ] = ()
+
+    @field_validator("path")
+    @classmethod
+    def _plain_path(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("the path contains a NUL byte")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -256,9 +270,12 @@ class AdminApp:
                 "bad_request",
                 "this Edge was not started from a file: send config, config_yaml or path",
             )
-        report = await self._refresher.refresh(
-            body.mode, candidate, requested_by=who, restarting=body.restarting
-        )
+        try:
+            report = await self._refresher.refresh(
+                body.mode, candidate, requested_by=who, restarting=body.restarting
+            )
+        except ConfigFileRefused as refused:
+            raise _HttpError("bad_request", f"path refused: {refused}") from refused
         await send_body(send, _status(report), orjson.dumps(report.as_dict()))
 
 
@@ -277,7 +294,11 @@ def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, str):
         if is_secret_field(key):
             return _REDACTED
-        return _URL_USERINFO.sub(f"{_REDACTED}@", value)
+        if "://" in value:
+            value = _URL_USERINFO.sub(f"{_REDACTED}@", value)
+            value = _URL_QUERY_VALUE.sub(rf"\1={_REDACTED}", value)
+            value = _URL_FRAGMENT.sub(f"#{_REDACTED}", value)
+        return value
     return value
 
 

@@ -134,9 +134,18 @@ class ParsedRequest:
     size: int
 
     def encode(self, served_model: str) -> bytes:
-        """The body to forward to a provider that serves the model as `served_model`."""
+        """The body to forward to a provider that serves the model as `served_model`.
+
+        A document nested deeper than the serializer goes (orjson stops at 255 levels, while
+        its parser reads 1,024) is the client's problem, not the Edge's: a 400.
+        """
         self.document["model"] = served_model
-        return orjson.dumps(self.document)
+        try:
+            return orjson.dumps(self.document)
+        except orjson.JSONEncodeError as exc:
+            raise BadRequest(
+                f"The request body cannot be forwarded: {exc}. Nest it less deeply."
+            ) from exc
 
 
 def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:

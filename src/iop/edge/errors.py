@@ -9,6 +9,10 @@ from __future__ import annotations
 __all__ = [
     "BadRequest",
     "EdgeError",
+    "HeaderTimeout",
+    "HeadersTooLarge",
+    "InternalError",
+    "MalformedRequest",
     "MethodNotAllowed",
     "ModelNotFound",
     "NoProvider",
@@ -16,6 +20,7 @@ __all__ = [
     "QueueFull",
     "QueueTimeout",
     "RouteNotFound",
+    "TooManyConnections",
     "Unauthorized",
     "UpstreamError",
 ]
@@ -96,3 +101,26 @@ class UpstreamError(EdgeError):
         super().__init__(message)
         self.code = code
         self.status = status
+
+
+# -- refused before a request reaches the app: the HTTP server's limits (httplimits.py) ---------
+
+
+class HeadersTooLarge(EdgeError):
+    """The request line and headers are larger, or more, than the listener accepts (431)."""
+
+
+class HeaderTimeout(EdgeError):
+    """The client did not finish sending its request's head in time (408)."""
+
+
+class TooManyConnections(EdgeError):
+    """The listener holds as many connections as it may; this one is refused (503)."""
+
+
+class MalformedRequest(EdgeError):
+    """The bytes are not an HTTP/1.x request (400)."""
+
+
+class InternalError(EdgeError):
+    """A bug: the Edge failed a request it should have answered (500)."""

@@ -8,6 +8,7 @@ share, and becomes an `UpstreamError` here.
 
 from __future__ import annotations
 
+import http
 import math
 from dataclasses import dataclass
 from typing import Final
@@ -20,6 +21,9 @@ from iop.wire import statuses as wire_statuses
 from .errors import (
     BadRequest,
     EdgeError,
+    HeadersTooLarge,
+    HeaderTimeout,
+    MalformedRequest,
     MethodNotAllowed,
     ModelNotFound,
     NoProvider,
@@ -27,11 +31,12 @@ from .errors import (
     QueueFull,
     QueueTimeout,
     RouteNotFound,
+    TooManyConnections,
     Unauthorized,
     UpstreamError,
 )
 
-__all__ = ["ErrorResponse", "error_event", "error_response", "upstream_error"]
+__all__ = ["ErrorResponse", "error_event", "error_response", "raw_response", "upstream_error"]
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -80,6 +85,20 @@ def _shape(error: EdgeError) -> tuple[int, str, str | None, str | None, Headers]
         )
     if isinstance(error, NoProvider):
         return 503, "service_unavailable_error", "no_provider", None, []
+    if isinstance(error, HeadersTooLarge):
+        return 431, "invalid_request_error", "request_header_fields_too_large", None, []
+    if isinstance(error, HeaderTimeout):
+        return 408, "invalid_request_error", "request_timeout", None, []
+    if isinstance(error, MalformedRequest):
+        return 400, "invalid_request_error", "malformed_http_request", None, []
+    if isinstance(error, TooManyConnections):
+        return (
+            503,
+            "service_unavailable_error",
+            "too_many_connections",
+            None,
+            [_retry_after(1.0)],
+        )
     if isinstance(error, UpstreamError):
         status = error.status or 502
         kind = "invalid_request_error" if 400 <= status < 500 else "upstream_error"
@@ -104,6 +123,17 @@ def error_response(error: EdgeError) -> ErrorResponse:
     return ErrorResponse(
         status, [_JSON, (b"content-length", str(len(body)).encode()), *headers], body
     )
+
+
+def raw_response(error: EdgeError) -> bytes:
+    """The whole HTTP/1.1 answer to `error` as bytes, closing the connection: for what the
+    HTTP server refuses before any app sees a request (its limits, malformed framing)."""
+    response = error_response(error)
+    phrase = http.HTTPStatus(response.status).phrase.encode()
+    lines = [b"HTTP/1.1 %d %s" % (response.status, phrase)]
+    lines += [name + b": " + value for name, value in response.headers]
+    lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + response.body
 
 
 def error_event(error: EdgeError) -> tuple[int, bytes]:

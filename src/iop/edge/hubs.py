@@ -66,6 +66,11 @@ class RunEvents(Protocol):
 
     def __aiter__(self) -> AsyncIterator[RunEvent]: ...
 
+    def on_end(self, callback: Callable[[], object]) -> None:
+        """Call `callback()` once the run has ended on its Node (its last event arrived), even
+        while the consumer has not read every event yet; at once if it has ended already."""
+        ...
+
 
 class NodeRuns(Protocol):
     """The node hub, as the request path uses it."""

@@ -1,10 +1,14 @@
 """One Edge: the node hub, the provider pool and the OpenAI HTTP API, under one lifecycle.
 
 `EdgeServer` owns every part and starts and stops them in order: the hub first (Nodes may dial in
-while the HTTP side comes up), then uvicorn on the OpenAI listener; on stop, the HTTP side stops
-taking requests and lets the running ones finish, then the hub closes the Nodes' connections.
-Signals are the caller's business (`iop edge run` maps SIGTERM/SIGINT to `stop()`), so uvicorn's
-own signal capture is switched off.
+while the HTTP side comes up), then the HTTP server on the OpenAI listener (`uvicornserving.py`,
+with the limits of `openai.*`: `httplimits.py`); on stop, the HTTP side stops taking requests and
+lets the running ones finish, then the hub closes the Nodes' connections. Signals are the
+caller's business (`iop edge run` maps SIGTERM/SIGINT to `stop()`).
+
+Prometheus metrics name every principal and token ref, so they are not on the public listener:
+with `metrics_listen` (`iop edge run` passes `edge.metrics.listen`) a small app serves
+`GET /metrics` there.
 
 `refresher` is the live-refresh seam (`refreshing.py`): it swaps the next pool snapshot into the
 dispatcher and the config into the hub, and pushes node payloads. With `admin_listen`, a second
@@ -15,40 +19,32 @@ The admin server starts last and stops first, so no apply runs while the Edge co
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import math
 import socket
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import uvicorn
-
-from iop.aiokits import AsyncService, guarded_task
+from iop.aiokits import AsyncService
 from iop.edgeconfig import EdgeConfig, split_listener
 
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
 from .dispatching import Dispatcher
+from .httplimits import HttpLimits
 from .hubs import Hub, available_providers
-from .metering import Metrics
+from .metering import Metrics, MetricsApp
 from .nodehub import NodeHub
 from .refreshing import Refresher
 from .serving import EdgeApp
 from .snapshots import PoolSnapshot
+from .uvicornserving import HttpServer
 
 __all__ = ["EdgeServer"]
 
 logger = logging.getLogger(__name__)
 
-
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the process decides when the Edge stops."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
+#: The limits of the operator-local listeners (admin API, metrics): few clients, small heads.
+_LOCAL_LIMITS = HttpLimits(max_connections=256)
 
 
 class EdgeServer(AsyncService):
@@ -63,6 +59,7 @@ class EdgeServer(AsyncService):
         hub_listen: str | None = None,
         shutdown_grace_s: float = 10.0,
         admin_listen: str | None = None,
+        metrics_listen: str | None = None,
         config_path: str | Path | None = None,
         ack_timeout_s: float = 10.0,
     ) -> None:
@@ -72,6 +69,7 @@ class EdgeServer(AsyncService):
             self.dispatcher,
             hub=self.hub,
             config_path=config_path,
+            config_dir=config.edge.admin.config_dir,
             ack_timeout=ack_timeout_s,
         )
         # Checked here, before anything listens: off loopback without a token, no Edge.
@@ -79,9 +77,11 @@ class EdgeServer(AsyncService):
             AdminAuth.load(config.edge.admin, admin_listen) if admin_listen is not None else None
         )
         self._admin_listen = admin_listen
-        self._admin_server: _Server | None = None
-        self._admin_serving: asyncio.Task[None] | None = None
+        self._admin_server: HttpServer | None = None
         self.admin_port: int | None = None
+        self._metrics_listen = metrics_listen or None
+        self._metrics_server: HttpServer | None = None
+        self.metrics_port: int | None = None
         self.metrics = Metrics(self.dispatcher)
         self.app = EdgeApp(
             dispatcher=self.dispatcher,
@@ -91,10 +91,10 @@ class EdgeServer(AsyncService):
             max_request_bytes=config.openai.max_request_bytes,
             ready=self.ready,
         )
+        self.limits = HttpLimits.of(config.openai)
         self._listen = openai_listen or config.openai.listen
         self._grace = shutdown_grace_s
-        self._server: _Server | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._server: HttpServer | None = None
         self._hub_started = False
         self.host, self.port = split_listener(self._listen)
         self.hub_port: int | None = None
@@ -116,6 +116,18 @@ class EdgeServer(AsyncService):
             return None
         return _url(split_listener(self._admin_listen)[0], self.admin_port)
 
+    @property
+    def metrics_url(self) -> str | None:
+        """Base URL of the metrics listener, when it is served."""
+        if self._metrics_listen is None or self.metrics_port is None:
+            return None
+        return _url(split_listener(self._metrics_listen)[0], self.metrics_port)
+
+    @property
+    def http_server(self) -> HttpServer | None:
+        """The OpenAI API's HTTP server (its refusals count what its limits turned away)."""
+        return self._server
+
     async def start(self) -> None:
         self.hub_port = await self.hub.start()
         self._hub_started = True
@@ -124,26 +136,43 @@ class EdgeServer(AsyncService):
         try:
             sock = _bind(self.host, self.port, "the OpenAI API")
             self.port = sock.getsockname()[1]
-            self._server, self._serving = await self._serve_http(
-                self.app, sock, "edge-openai-http", f"the OpenAI API on {self._listen}"
+            self._server = await self._serve_http(
+                self.app, sock, self.limits, "edge-openai-http", f"the OpenAI API on {self._listen}"
             )
+            if self._metrics_listen is not None:
+                host, port = split_listener(self._metrics_listen)
+                sock = _bind(host, port, "the metrics")
+                self.metrics_port = sock.getsockname()[1]
+                self._metrics_server = await self._serve_http(
+                    MetricsApp(self.metrics),
+                    sock,
+                    _LOCAL_LIMITS,
+                    "edge-metrics-http",
+                    f"the metrics on {self._metrics_listen}",
+                )
             if self._admin_auth is not None and self._admin_listen is not None:
                 host, port = split_listener(self._admin_listen)
                 sock = _bind(host, port, "the admin API")
                 self.admin_port = sock.getsockname()[1]
                 admin = AdminApp(self.refresher, self._admin_auth)
-                self._admin_server, self._admin_serving = await self._serve_http(
-                    admin, sock, "edge-admin-http", f"the admin API on {self._admin_listen}"
+                self._admin_server = await self._serve_http(
+                    admin,
+                    sock,
+                    _LOCAL_LIMITS,
+                    "edge-admin-http",
+                    f"the admin API on {self._admin_listen}",
                 )
         except BaseException:
             await self._stop(grace=0)
             raise
         logger.info(
-            "edge serving the OpenAI API on %s (listen %s); nodes dial port %s; admin API %s",
+            "edge serving the OpenAI API on %s (listen %s); nodes dial port %s; admin API %s; "
+            "metrics %s",
             self.url,
             self._listen,
             self.hub_port,
             self.admin_url or "off",
+            self.metrics_url or "off",
         )
 
     async def stop(self) -> None:
@@ -153,14 +182,13 @@ class EdgeServer(AsyncService):
 
     async def _stop(self, grace: float) -> None:
         """Stop each part even when one before it fails; the first failure is raised at the end."""
-        servers = ((self._admin_server, self._admin_serving), (self._server, self._serving))
-        self._admin_server = self._admin_serving = self._server = self._serving = None
+        servers = (self._admin_server, self._server, self._metrics_server)
+        self._admin_server = self._server = self._metrics_server = None
         try:
-            for server, serving in servers:
-                if server is not None and serving is not None:
-                    server.should_exit = True
+            for server in servers:
+                if server is not None:
                     try:
-                        await serving
+                        await server.stop()
                     except Exception:
                         logger.exception("an HTTP server of the Edge failed while stopping")
         finally:
@@ -172,28 +200,16 @@ class EdgeServer(AsyncService):
                 self.dispatcher.close()
 
     async def _serve_http(
-        self, app: Callable[..., Awaitable[None]], sock: socket.socket, name: str, what: str
-    ) -> tuple[_Server, asyncio.Task[None]]:
-        config = uvicorn.Config(
-            app,
-            http="httptools",
-            ws="none",
-            loop="none",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            proxy_headers=False,  # the Edge reads no client address: skip that middleware
-            timeout_graceful_shutdown=math.ceil(self._grace),
-        )
-        server = _Server(config)
-        serving = guarded_task(server.serve(sockets=[sock]), name=name, logger=logger)
-        while not server.started:
-            if serving.done():
-                serving.result()  # raises what stopped it
-                raise OSError(f"{what} did not start")
-            await asyncio.sleep(0.005)
-        return server, serving
+        self,
+        app: Callable[..., Awaitable[None]],
+        sock: socket.socket,
+        limits: HttpLimits,
+        name: str,
+        what: str,
+    ) -> HttpServer:
+        server = HttpServer(app, sock, limits=limits, name=name, what=what, grace=self._grace)
+        await server.start()
+        return server
 
     def _links_changed(self) -> None:
         self.dispatcher.set_available(available_providers(self.hub.connected_providers()))

@@ -8,6 +8,9 @@ hot path): requests waiting per model, runs in flight per provider (and long-con
 Each `Metrics` owns its `CollectorRegistry`: no module globals, so every app (and every test)
 has its own. Label children are cached, since `labels()` costs more than the increment. Raw
 bearer tokens never reach a label: the principal is a `Principal` already.
+
+The metrics name every principal and token ref with their counts, so they are served by
+`MetricsApp` on a listener of their own (`edge.metrics.listen`), never on the public OpenAI one.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from .asgi import Receive, Scope, Send, lifespan, send_body
 from .authenticating import Principal
 from .dispatching import Dispatcher
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics", "MetricsApp"]
 
 #: The Content-Type of the Prometheus text exposition served at /metrics.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
@@ -190,3 +194,28 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MetricsApp:
+    """The ASGI app of the metrics listener: `GET /metrics` (Prometheus) and `GET /healthz`."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._content_type = CONTENT_TYPE.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if scope["method"] not in ("GET", "HEAD"):
+            body = b'{"error":{"code":"method_not_allowed","message":"use GET"}}'
+            await send_body(send, 405, body, headers=[(b"allow", b"GET")])
+        elif path == "/metrics":
+            await send_body(send, 200, self._metrics.render(), self._content_type)
+        elif path == "/healthz":
+            await send_body(send, 200, b'{"status":"ok"}')
+        else:
+            await send_body(send, 404, b'{"error":{"code":"not_found","message":"no such path"}}')

@@ -16,8 +16,20 @@ Interface for the rest of the Edge (dispatch, HTTP API):
 A node counts as connected once it has authenticated and acknowledged the config it was sent on
 welcome; from then on runs for its providers go to it. Authentication compares the SHA-256 of
 the node's token with `nodes[].token_hash_sha256` in constant time; the token itself is never
-logged. A node that connects again (a restart) replaces its previous connection. When a node's
-stream ends, its in-flight runs fail at once with `node_disconnected`.
+logged, and an unknown node id gets the same answer as a wrong token. When a node's stream ends,
+its in-flight runs fail at once with `node_disconnected` (retryable while nothing reached the
+client).
+
+Liveness (`edge.node_link`): every heartbeat interval the hub sends each node a heartbeat, ends
+the session of a node it heard nothing from for the heartbeat timeout (a frozen process keeps
+its TCP connection open, so only this tells), and fails as retryable the runs a node neither
+accepted nor answered within the first-event timeout.
+
+One node id, two processes (a rolling update with surge): the instance that started last wins
+(`Hello.started_at`). A newer instance takes dispatch over at once; the older one's session only
+finishes the runs it has and then ends with ALREADY_EXISTS, and the older instance is refused
+with ALREADY_EXISTS while the newer one is connected, so the two never take turns. A process
+that reconnects (the same instance) replaces its previous connection.
 
 `run` never raises for a run it cannot place: the stream yields a `RunFailed` (retryable
 `node_unavailable` when the provider's node is not connected, `edge_stopping` while stopping).
@@ -32,7 +44,8 @@ import asyncio
 import hashlib
 import hmac
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -41,11 +54,20 @@ import grpc
 import grpc.aio
 
 from iop import runtime_pb2 as pb
-from iop.aiokits import AsyncService, guarded_task, stop_tasks
-from iop.edgeconfig import EdgeConfig, NodePayload, node_payloads
+from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
+from iop.edgeconfig import EdgeConfig, NodePayload, is_loopback_listener, node_payloads
 from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
-from iop.wire import PROTOCOL_VERSION, CoalescingWriter, RunRequest, grpc_options, statuses
-from iop.wire.converting import health_from_proto, payload_to_proto
+from iop.wire import (
+    PROTOCOL_VERSION,
+    CoalescingWriter,
+    Liveness,
+    RunRequest,
+    ServerTls,
+    Ticker,
+    grpc_options,
+    statuses,
+)
+from iop.wire.converting import health_from_proto, liveness_to_proto, payload_to_proto
 
 from .hubs import NodeStatus, ProviderLink
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
@@ -95,10 +117,14 @@ class HubSnapshot:
 
 
 class _Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    """A connection the hub turns away: the status and details the node gets, and (for the log
+    only) what exactly was wrong."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, why: str = "") -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.why = why or details
 
 
 class _Servicer(NodeRuntimeServicer):
@@ -121,12 +147,34 @@ class NodeHub(AsyncService):
     def __init__(self, config: EdgeConfig, *, listen: str | None = None) -> None:
         self._snapshot = HubSnapshot.of(config, generation=1)
         self._listen = listen or config.edge.listen
+        link = config.edge.node_link
+        self.liveness = Liveness(
+            link.heartbeat_interval_ms / 1000, link.heartbeat_timeout_ms / 1000
+        )
+        self.first_event_timeout = link.first_event_timeout_ms / 1000
+        self.stream_buffer_bytes = config.openai.stream_buffer_bytes
+        tls = config.edge.tls
+        self._tls = (
+            ServerTls(tls.cert_file, tls.key_file, tls.client_ca_file) if tls is not None else None
+        )
+        # Read now, before anything listens: a missing file stops the Edge at once (TlsError).
+        self._credentials = self._tls.credentials() if self._tls is not None else None
         self._server: grpc.aio.Server | None = None
         self._sessions: dict[str, NodeSession] = {}
+        #: Sessions of older instances that finish their runs before they end.
+        self._superseded: set[NodeSession] = set()
         self._listeners: list[Callable[[], None]] = []
         self._links: Mapping[str, ProviderLink] | None = None
         self._stopping = False
+        self._liveness_task: asyncio.Task[None] | None = None
+        self._refusals = LogThrottle(logger, interval=60.0)
         self.port: int | None = None
+        #: Sessions opened since start (a node flapping between two processes shows here).
+        self.sessions_opened = 0
+        #: Sessions the hub ended because their node fell silent past the heartbeat deadline.
+        self.silent_nodes = 0
+        #: Runs failed because their node never accepted them in time.
+        self.runs_not_accepted = 0
 
     @property
     def snapshot(self) -> HubSnapshot:
@@ -134,10 +182,14 @@ class NodeHub(AsyncService):
 
     async def start(self) -> int:
         """Listen on the configured address; returns the bound port."""
+        credentials = self._credentials
         server = grpc.aio.server(options=[*grpc_options(), ("grpc.so_reuseport", 0)])
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
         try:
-            port = server.add_insecure_port(self._listen)
+            if credentials is not None:
+                port = server.add_secure_port(self._listen, credentials)
+            else:
+                port = server.add_insecure_port(self._listen)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {self._listen} for nodes: {exc}") from exc
         if port == 0:
@@ -145,7 +197,17 @@ class NodeHub(AsyncService):
         await server.start()
         self._server = server
         self.port = port
-        logger.info("node hub listening on %s (port %d)", self._listen, port)
+        self._liveness_task = guarded_task(self._keep_alive(), name="hub-liveness", logger=logger)
+        security = "plaintext"
+        if self._tls is not None:
+            security = "mutual TLS" if self._tls.client_ca_file else "TLS"
+        logger.info("node hub listening on %s (port %d, %s)", self._listen, port, security)
+        if self._tls is None and not is_loopback_listener(self._listen):
+            logger.warning(
+                "nodes dial %s in plaintext: their tokens and every prompt cross the network "
+                "in clear; set edge.tls off a trusted network",
+                self._listen,
+            )
         return port
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -155,10 +217,13 @@ class NodeHub(AsyncService):
         self._stopping = True
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
-        while any(s.runs for s in self._sessions.values()) and loop.time() < until:
+        while any(s.runs for s in self._every_session()) and loop.time() < until:
             await asyncio.sleep(0.02)
-        for session in list(self._sessions.values()):
+        for session in list(self._every_session()):
             session.close(statuses.REFUSED_STOPPING, "the Edge is stopping")
+        if self._liveness_task is not None:
+            await stop_tasks([self._liveness_task])
+            self._liveness_task = None
         await self._server.stop(grace=0.5)
         self._server = None
 
@@ -191,7 +256,7 @@ class NodeHub(AsyncService):
 
     def run(self, request: RunRequest) -> RunStream:
         """The run's stream; the request goes to the node when the stream is entered/iterated."""
-        return RunStream(self, request)
+        return RunStream(self, request, self.stream_buffer_bytes)
 
     def nodes(self) -> Mapping[str, NodeStatus]:
         return {
@@ -261,6 +326,48 @@ class NodeHub(AsyncService):
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _every_session(self) -> Iterator[NodeSession]:
+        yield from self._sessions.values()
+        yield from self._superseded
+
+    async def _keep_alive(self) -> None:
+        """Heartbeats to every node; ends silent sessions; fails runs never accepted in time.
+
+        A tick that comes late (this Edge's own loop stalled) judges nobody: what the nodes sent
+        meanwhile may still wait unread, and the readers catch up before the next tick. Only
+        cancellation ends the loop: a failing tick is logged with its traceback and the next
+        one runs, since an Edge without this loop would never notice a frozen node again.
+        """
+        ticker = Ticker(self.liveness.heartbeat_interval)
+        while True:
+            on_time = await ticker.tick()
+            try:
+                self._tick(on_time)
+            except Exception:
+                logger.exception("the hub's liveness tick failed; carrying on")
+
+    def _tick(self, on_time: bool) -> None:
+        liveness = self.liveness
+        beat = pb.Heartbeat(sent_at=time.time())
+        now = asyncio.get_running_loop().time()
+        for session in list(self._every_session()):
+            session.writer_put(beat)
+            if not on_time:
+                continue
+            silent = now - session.last_heard
+            if silent > liveness.heartbeat_timeout:
+                if not session.closing.done():
+                    self.silent_nodes += 1
+                    logger.warning(
+                        "node %s (instance %s) sent nothing for %.1fs: ending its session",
+                        session.node_id,
+                        session.instance_id,
+                        silent,
+                    )
+                session.close(statuses.SILENT, f"no message from the node for {silent:.1f}s")
+            elif session.unaccepted:
+                self.runs_not_accepted += session.expire_unaccepted(now, self.first_event_timeout)
+
     def _changed(self) -> None:
         self._links = None
         for callback in list(self._listeners):
@@ -298,12 +405,15 @@ class NodeHub(AsyncService):
         expected = self._snapshot.token_hashes.get(hello.node_id)
         given = hashlib.sha256(hello.token.encode()).hexdigest()
         matches = hmac.compare_digest(given, expected or _NO_HASH)
-        if expected is None:
+        if expected is None or not matches:
+            # One answer for both, so a caller cannot probe which node ids exist; the log (an
+            # operator's surface) says which it was.
+            why = "unknown node id" if expected is None else "wrong token"
             raise _Refused(
-                statuses.REFUSED_CREDENTIALS, f"node {hello.node_id!r} is not in this Edge's config"
+                statuses.REFUSED_CREDENTIALS,
+                statuses.REFUSED_CREDENTIALS_DETAILS,
+                f"{why} (node id {hello.node_id[:64]!r})",
             )
-        if not matches:
-            raise _Refused(statuses.REFUSED_CREDENTIALS, f"wrong token for node {hello.node_id!r}")
         return hello
 
     async def _serve(
@@ -314,8 +424,19 @@ class NodeHub(AsyncService):
             await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
         try:
             hello = self._authenticate(await context.read())
+            previous = self._sessions.get(hello.node_id)
+            if (
+                previous is not None
+                and previous.instance_id != hello.instance_id
+                and previous.rank > (hello.started_at, hello.instance_id)
+            ):
+                raise _Refused(
+                    statuses.SUPERSEDED,
+                    f"a newer instance ({previous.instance_id}) of node {hello.node_id} is "
+                    "connected",
+                )
         except _Refused as refused:
-            logger.warning("refused a node from %s: %s", peer, refused.details)
+            self._refusals.warning("refused a node from %s: %s", peer, refused.why)
             await context.abort(refused.code, refused.details)
         snapshot = self._snapshot
         node_id = hello.node_id
@@ -324,6 +445,7 @@ class NodeHub(AsyncService):
             node_id=node_id,
             alias=hello.alias,
             instance_id=hello.instance_id,
+            started_at=hello.started_at,
             peer=peer,
             payload=payload,
             generation=snapshot.generation,
@@ -332,15 +454,29 @@ class NodeHub(AsyncService):
         for item in hello.health:
             health = health_from_proto(item)
             session.health[health.provider_id] = health
-        previous = self._sessions.get(node_id)
         if previous is not None:
-            previous.close(statuses.REPLACED, "replaced by a newer connection of the same node")
+            if previous.instance_id == hello.instance_id:
+                previous.close(statuses.REPLACED, "replaced by a newer connection of this process")
+            else:
+                logger.info(
+                    "node %s: instance %s supersedes %s, which finishes its %d run(s)",
+                    node_id,
+                    hello.instance_id,
+                    previous.instance_id,
+                    len(previous.runs),
+                )
+                self._superseded.add(previous)
+                previous.supersede(hello.instance_id)
         self._sessions[node_id] = session
+        self.sessions_opened += 1
+        if previous is not None and previous.ready:
+            self._changed()  # its providers wait for the new session to be ready
         logger.info("node %s connected from %s (instance %s)", node_id, peer, hello.instance_id)
         welcome = pb.Welcome(
             protocol_version=PROTOCOL_VERSION,
             edge_id=snapshot.config.edge.id,
             config=payload_to_proto(payload, snapshot.generation, snapshot.digests[node_id]),
+            liveness=liveness_to_proto(self.liveness),
         )
         code: grpc.StatusCode | None = None
         reason = "the node went away"
@@ -375,6 +511,9 @@ class NodeHub(AsyncService):
             session.ready = False
             if self._sessions.get(node_id) is session:
                 del self._sessions[node_id]
+            else:
+                was_ready = False  # superseded or replaced: dispatch moved on already
+            self._superseded.discard(session)
             code_name = statuses.EDGE_STOPPING if self._stopping else statuses.NODE_DISCONNECTED
             session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
             logger.info("node %s disconnected: %s", node_id, reason)

@@ -2,10 +2,18 @@
 
 A `NodeSession` lives as long as its Node's `Connect` stream: it owns that stream's single
 writer, the runs in flight on it, the providers' health the Node reported and the config
-generation it acknowledged. A `RunStream` is what `NodeHub.run` hands the dispatch layer: an
-async iterator of the run's events and an async context manager whose early exit cancels the run
-on the Node at once. When the session ends, every run still in flight on it fails at once with
-`node_disconnected`, so nothing hangs on a Node that went away.
+generation it acknowledged, and when it last heard from the Node (the hub's liveness loop ends a
+session that fell silent past the heartbeat deadline, and fails runs the Node never accepted). A
+`RunStream` is what `NodeHub.run` hands the dispatch layer: an async iterator of the run's events
+and an async context manager whose early exit cancels the run on the Node at once. When the
+session ends, every run still in flight on it fails at once with `node_disconnected`, so nothing
+hangs on a Node that went away.
+
+A run's events wait in its `RunStream` until the client's connection takes them. That buffer is
+bounded: past `buffer_limit` bytes the Edge asks the Node to pause the run (backpressure through
+the wire to the upstream), and resumes it once the client has read half of it. The run's end
+arrives as soon as the Node has it, whether or not the client has read everything, so the
+dispatch slot is given back then (`on_end`), not when a slow client is done.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -37,12 +46,21 @@ from iop.wire.converting import event_from_proto, health_from_proto, request_to_
 if TYPE_CHECKING:
     from .nodehub import NodeHub
 
-__all__ = ["EdgeItem", "NodeSession", "RunStream"]
+__all__ = ["EdgeItem", "FlowSignal", "NodeSession", "RunStream"]
 
 logger = logging.getLogger(__name__)
 
-#: What the Edge sends a Node: runs, cancellations and config pushes.
-EdgeItem = pb.RunRequest | pb.Cancel | pb.NodeConfigRefreshRequest
+
+@dataclass(frozen=True, slots=True)
+class FlowSignal:
+    """Pause (or resume) one run on its Node: its client reads slower than it produces."""
+
+    run_id: str
+    pause: bool
+
+
+#: What the Edge sends a Node: runs, cancellations, config pushes, heartbeats, flow signals.
+EdgeItem = pb.RunRequest | pb.Cancel | pb.NodeConfigRefreshRequest | pb.Heartbeat | FlowSignal
 
 
 def edge_message(batch: Sequence[EdgeItem]) -> pb.EdgeMessage:
@@ -52,6 +70,10 @@ def edge_message(batch: Sequence[EdgeItem]) -> pb.EdgeMessage:
             message.runs.append(item)
         elif isinstance(item, pb.Cancel):
             message.cancels.append(item)
+        elif isinstance(item, FlowSignal):
+            (message.pause_runs if item.pause else message.resume_runs).append(item.run_id)
+        elif isinstance(item, pb.Heartbeat):
+            message.heartbeat.CopyFrom(item)
         else:
             message.refresh.CopyFrom(item)
     return message
@@ -67,9 +89,14 @@ class RunStream:
     """
 
     __slots__ = (
+        "_buffered",
+        "_ended",
         "_events",
         "_finished",
         "_hub",
+        "_limit",
+        "_on_end",
+        "_paused",
         "_saw_chunk",
         "_session",
         "_started",
@@ -77,7 +104,7 @@ class RunStream:
         "request",
     )
 
-    def __init__(self, hub: NodeHub, request: RunRequest) -> None:
+    def __init__(self, hub: NodeHub, request: RunRequest, buffer_limit: int) -> None:
         self.request = request
         self._hub = hub
         self._session: NodeSession | None = None
@@ -86,6 +113,12 @@ class RunStream:
         self._started = False
         self._finished = False
         self._saw_chunk = False
+        # Flow control of streamed runs: bytes of chunks waiting for the consumer.
+        self._limit = buffer_limit if request.stream else 0
+        self._buffered = 0
+        self._paused = False
+        self._ended = False
+        self._on_end: list[Callable[[], object]] = []
 
     async def __aenter__(self) -> RunStream:
         self._start()
@@ -116,10 +149,34 @@ class RunStream:
         event = self._events.popleft()
         if isinstance(event, TERMINAL_EVENTS):
             self._finished = True
+        elif self._limit and type(event) is RunChunk:
+            self._buffered -= len(event.data)
+            if self._paused and self._buffered <= self._limit // 2:
+                self._paused = False
+                session = self._session
+                if session is not None:
+                    session.writer_put(FlowSignal(self.request.run_id, pause=False))
         return event
 
     async def aclose(self) -> None:
         self.cancel()
+
+    def on_end(self, callback: Callable[[], object]) -> None:
+        """Call `callback()` once the run has ended (its last event arrived, or it was cancelled
+        or failed), even while the consumer has not read everything; at once if it has."""
+        if self._ended:
+            callback()
+        else:
+            self._on_end.append(callback)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of chunks that arrived and wait for the consumer."""
+        return self._buffered
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     @property
     def node_id(self) -> str | None:
@@ -133,10 +190,11 @@ class RunStream:
             self._finished = True
             return
         session = self._session
-        if session is not None and session.runs.pop(self.request.run_id, None) is self:
+        if session is not None and session.forget(self.request.run_id) is self:
             session.writer_put(pb.Cancel(run_id=self.request.run_id))
         self._session = None
         self._finished = True
+        self._end()
         self._wake()
 
     def _start(self) -> None:
@@ -148,12 +206,34 @@ class RunStream:
 
     def deliver(self, event: RunEvent) -> None:
         """Queue an event for the consumer (called by the session's reader)."""
-        if isinstance(event, RunChunk):
+        if type(event) is RunChunk:
             self._saw_chunk = True
+            if self._limit:
+                self._buffered += len(event.data)
+                if not self._paused and self._buffered > self._limit:
+                    session = self._session
+                    if session is not None:
+                        self._paused = True
+                        session.writer_put(FlowSignal(self.request.run_id, pause=True))
         elif isinstance(event, TERMINAL_EVENTS):
             self._session = None
+            self._events.append(event)
+            self._end()
+            self._wake()
+            return
         self._events.append(event)
         self._wake()
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                logger.exception("an end callback of run %s failed", self.request.run_id)
 
     def fail(self, code: str, message: str) -> None:
         """End the run with a failure; retryable only while nothing reached the client."""
@@ -177,6 +257,7 @@ class NodeSession:
         node_id: str,
         alias: str,
         instance_id: str,
+        started_at: float,
         peer: str,
         payload: NodePayload,
         generation: int,
@@ -185,7 +266,16 @@ class NodeSession:
         self.node_id = node_id
         self.alias = alias
         self.instance_id = instance_id
+        #: When the node process started (its own clock): the newest instance of a node id wins.
+        self.started_at = started_at
         self.peer = peer
+        self._loop = asyncio.get_running_loop()
+        #: Loop time of the last message of any kind from the Node.
+        self.last_heard = self._loop.time()
+        #: Runs sent and neither accepted nor answered yet: run id -> loop time sent (in order).
+        self.unaccepted: dict[str, float] = {}
+        #: Set once a newer instance of the node took over: this session only finishes its runs.
+        self.superseded_by: str | None = None
         self.payload = payload
         self.connected_at = time.time()
         self.runs: dict[str, RunStream] = {}
@@ -201,10 +291,13 @@ class NodeSession:
         self.node_in_flight: dict[str, int] = {}
         self.acks: dict[int, asyncio.Future[pb.ConfigAck]] = {}
         self.writer: CoalescingWriter[EdgeItem] | None = None
-        self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = self._loop.create_future()
         self._on_change = on_change
+
+    @property
+    def rank(self) -> tuple[float, str]:
+        """Which of two instances of one node id wins: the one that started last."""
+        return (self.started_at, self.instance_id)
 
     def writer_put(self, item: EdgeItem) -> bool:
         writer = self.writer
@@ -220,17 +313,58 @@ class NodeSession:
         if not self.writer_put(request_to_proto(stream.request)):
             self.runs.pop(run_id, None)
             stream.fail(statuses.NODE_DISCONNECTED, f"node {self.node_id} is disconnecting")
+            return
+        self.unaccepted[run_id] = self._loop.time()
+
+    def forget(self, run_id: str) -> RunStream | None:
+        """Take a run off this session (cancelled on the Edge's side); returns its stream."""
+        stream = self.runs.pop(run_id, None)
+        if self.unaccepted:
+            self.unaccepted.pop(run_id, None)
+        if self.superseded_by is not None and not self.runs:
+            self.close(statuses.SUPERSEDED, f"superseded by instance {self.superseded_by}")
+        return stream
+
+    def supersede(self, instance_id: str) -> None:
+        """A newer instance of this node took over: finish the runs in flight, then end."""
+        self.superseded_by = instance_id
+        if not self.runs:
+            self.close(statuses.SUPERSEDED, f"superseded by instance {instance_id}")
+
+    def expire_unaccepted(self, now: float, timeout: float) -> int:
+        """Fail the runs the Node neither accepted nor answered within `timeout`; how many."""
+        expired = []
+        for run_id, sent in self.unaccepted.items():
+            if now - sent <= timeout:
+                break  # sent in order: every later one is younger
+            expired.append(run_id)
+        for run_id in expired:
+            stream = self.forget(run_id)
+            if stream is not None:
+                self.writer_put(pb.Cancel(run_id=run_id))
+                stream.fail(
+                    statuses.NOT_ACCEPTED,
+                    f"node {self.node_id} did not accept the run within {timeout:g}s",
+                )
+        return len(expired)
 
     def receive(self, message: pb.NodeMessage) -> None:
         """Apply one message from the Node: events to their runs, health, acks, heartbeat."""
+        self.last_heard = self._loop.time()
         runs = self.runs
+        unaccepted = self.unaccepted
+        if unaccepted:
+            for run_id in message.accepted_runs:
+                unaccepted.pop(run_id, None)
         for item in message.events:
             stream = runs.get(item.run_id)
             if stream is None:
                 continue  # cancelled on this side already
+            if unaccepted:
+                unaccepted.pop(item.run_id, None)
             event = event_from_proto(item)
             if isinstance(event, TERMINAL_EVENTS):
-                del runs[item.run_id]
+                self.forget(item.run_id)
             stream.deliver(event)
         changed = False
         for report in message.health:
@@ -277,6 +411,7 @@ class NodeSession:
 
     def fail_runs(self, code: str, message: str) -> None:
         runs, self.runs = self.runs, {}
+        self.unaccepted.clear()
         for stream in runs.values():
             stream.fail(code, message)
         for future in self.acks.values():

@@ -4,7 +4,10 @@ Every way in goes through `Refresher.refresh` (the admin API's `POST /refresh`, 
 edge run`, `iop edge reload`), so they all validate, classify, log and report the same way:
 
 1. Load the candidate (a document, YAML text or a file) with `iop.edgeconfig`: a candidate with
-   any problem is `invalid`, with every problem and its path, and changes nothing.
+   any problem is `invalid`, with every problem and its path, and changes nothing. A file is
+   read only when `configfiles.ConfigFiles` allows it (the Edge's own file or one in
+   `edge.admin.config_dir`, regular, bounded); otherwise `refresh` raises `ConfigFileRefused`.
+   A file that is not an EdgeConfig at all gets one problem saying so, never its content.
 2. Classify it against the config in use. A dry run stops here and reports. An apply with any
    restart-required path is refused (`restart_required`, naming each path and its scope) and
    changes nothing, unless the caller says it restarts that path's node itself (`restarting`,
@@ -41,20 +44,22 @@ from iop.edgeconfig import (
     ChangeReport,
     ConfigError,
     EdgeConfig,
+    Problem,
     classify,
     config_hash,
     load_data,
-    load_file,
     load_text,
     node_payload,
+    parse_yaml,
 )
 
+from .configfiles import ConfigFileRefused, ConfigFiles
 from .dispatching import Dispatcher
 from .hubs import ConfigPush
 from .refreshreports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
 from .snapshots import PoolSnapshot
 
-__all__ = ["ConfigPush", "Refresher"]
+__all__ = ["ConfigFileRefused", "ConfigPush", "Refresher"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +76,17 @@ class Refresher:
         *,
         hub: ConfigPush | None = None,
         config_path: str | Path | None = None,
+        config_dir: str | Path | None = None,
         ack_timeout: float = 10.0,
     ) -> None:
         self._dispatcher = dispatcher
         self._hub = hub
         #: The file the Edge was started from: what SIGHUP and a body without a config re-read.
         self.config_path = Path(config_path) if config_path is not None else None
+        #: The files a refresh may read.
+        self.files = ConfigFiles(
+            self.config_path, Path(config_dir) if config_dir is not None else None
+        )
         self.ack_timeout = ack_timeout
         self._lock = asyncio.Lock()
         self._last: RefreshReport | None = None
@@ -140,6 +150,7 @@ class Refresher:
 
         `restarting`: `node:<id>` scopes the caller restarts itself; their restart-required
         paths do not refuse the apply, and those nodes get no push.
+        Raises `ConfigFileRefused` for a file a refresh may not read (nothing is reported).
         """
         clock = time.perf_counter()
         context: dict[str, Any] = {
@@ -150,7 +161,7 @@ class Refresher:
             "restarting": tuple(sorted(set(restarting))),
         }
         try:
-            config = await _load(candidate)
+            config = await _load(candidate, self.files)
         except ConfigError as error:
             report = self._invalid(error, context)
         else:
@@ -266,7 +277,14 @@ class Refresher:
             status = connected.get(node_id)
             ack = acks.get(node_id)
             if ack is not None and ack.ok:
-                results.append(NodePush(node_id, "acked", "", generation, ack.config_hash))
+                reason = ""
+                if ack.pending:
+                    # The node serves several Edges that disagree for now (docs/reliability.md).
+                    reason = (
+                        "received; the node switches once every Edge it is connected to sends "
+                        f"this payload (it runs {ack.in_use_hash[:12]} meanwhile)"
+                    )
+                results.append(NodePush(node_id, "acked", reason, generation, ack.config_hash))
                 continue
             payload = node_payload(config, node_id)  # the rarer outcomes name the digest too
             digest = payload.digest if payload is not None else ""
@@ -305,20 +323,31 @@ def _held_nodes(change: ChangeReport, restarting: Collection[str]) -> frozenset[
     )
 
 
-async def _load(candidate: ConfigSource) -> EdgeConfig:
-    """The candidate as a valid config, or `ConfigError`; parsing runs off the event loop.
+async def _load(candidate: ConfigSource, files: ConfigFiles) -> EdgeConfig:
+    """The candidate as a valid config, or `ConfigError`; reading and parsing run off the event
+    loop. A file is read through `files` (or `ConfigFileRefused`).
 
     A config model passed in is validated again (as a document): one built with `model_copy`
     never went through the checks between values.
     """
     if candidate.path is not None:
-        return await asyncio.to_thread(load_file, candidate.path)
+        text = await asyncio.to_thread(files.read, candidate.path)
+        return await asyncio.to_thread(_load_file_text, text)
     if candidate.text is not None:
         return await asyncio.to_thread(load_text, candidate.text)
     data = candidate.data
     if isinstance(data, EdgeConfig):
         data = data.model_dump(mode="json")
     return await asyncio.to_thread(load_data, data)
+
+
+def _load_file_text(text: str) -> EdgeConfig:
+    """A file's config; a file that is not an EdgeConfig document at all (no `edge` section)
+    gets one problem that says so, without echoing any of its lines or values."""
+    document = parse_yaml(text)
+    if not isinstance(document, Mapping) or "edge" not in document:
+        raise ConfigError([Problem("", "the file is not an EdgeConfig document (no edge section)")])
+    return load_data(document)
 
 
 def _timed(report: RefreshReport, clock: float) -> RefreshReport:

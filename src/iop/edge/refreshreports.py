@@ -20,7 +20,8 @@ Mode = Literal["dry_run", "apply"]
 #: applied: swapped in; valid: a dry run that could apply live; restart_required: some path
 #: needs a restart (an apply is refused and changes nothing); invalid: the candidate does not load.
 Outcome = Literal["applied", "valid", "restart_required", "invalid"]
-#: acked: the node applied the payload; failed: it refused, went away or did not answer in time;
+#: acked: the node applied the payload (or holds it until every Edge it serves sends it: the
+#: reason says so); failed: it refused, went away or did not answer in time;
 #: not_connected: it was not connected, and receives the current payload when it connects;
 #: held: not pushed, because the caller restarts the node to take it (`restarting`); the node
 #: receives it when it connects again.

@@ -11,12 +11,15 @@ still be retried:
 - other retryable failures (node gone, provider unknown to its Node, upstream unreachable...): the
   same, at most `MAX_RETRIES` times; then the failure is the answer.
 
-Leaving the context (normally, by an error or by cancellation when the client disconnects)
-closes the run, which cancels it on the Node at once, and releases the slot.
+The slot goes back as soon as the run has ended on its Node, even while a slow client still
+reads the end of its answer from the Edge's buffer: the provider is free then. Leaving the
+context (normally, by an error or by cancellation when the client disconnects) closes the run,
+which cancels it on the Node at once, and releases the slot if it was still held.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import AsyncIterator
@@ -115,6 +118,9 @@ class RelayedRun:
                 self._lease = None
                 continue
             self._first = first
+            stream = self._stream
+            assert stream is not None
+            stream.on_end(functools.partial(dispatcher.release, lease))
             return self
 
     async def _start(self, lease: Lease) -> RunEvent:

@@ -1,22 +1,26 @@
 """The OpenAI-compatible HTTP API, as a raw ASGI app (served by uvicorn with httptools).
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
-`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz`, `GET /readyz`
-(200 once the config is loaded and the node hub listens; its body also lists the providers
-dispatch can use now) and `GET /metrics` (Prometheus).
+`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz` and
+`GET /readyz` (200 once the config is loaded and the node hub listens; its body also lists the
+providers dispatch can use now). Metrics are on a listener of their own (`metering.MetricsApp`):
+they name every principal and token ref, which this public listener tells nobody.
 
 A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
 before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
 lookup -> generation policy and context class -> `Relay` (slot, run, events). Every failure is an
 `EdgeError` rendered by `httperrors.py`. Once the body is read, a watcher waits for the client to
 disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
-frees its slot at once. A raw ASGI app is used because it measured faster than aiohttp.web on
-this path (docs/benchmarks.md), and a framework would add a layer per request.
+frees its slot at once. A bug (any other exception) is answered with an OpenAI-shaped 500 when
+the answer has not begun, and logged with its traceback at most once a minute: a request that
+triggers it can be sent in a loop. A raw ASGI app is used because it measured faster than
+aiohttp.web on this path (docs/benchmarks.md), and a framework would add a layer per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,7 +28,7 @@ from typing import Any, Final
 
 import orjson
 
-from iop.aiokits import guarded_task
+from iop.aiokits import LogThrottle, guarded_task
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
@@ -33,6 +37,7 @@ from .bodies import apply_policy, is_long, parse_request
 from .dispatching import Dispatcher
 from .errors import (
     EdgeError,
+    InternalError,
     MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
@@ -41,7 +46,7 @@ from .errors import (
 )
 from .httperrors import error_event, error_response, upstream_error
 from .hubs import NodeRuns
-from .metering import CONTENT_TYPE, Metrics
+from .metering import Metrics
 from .relaying import Relay, RelayedRun
 from .snapshots import PoolSnapshot
 
@@ -89,11 +94,23 @@ class EdgeApp:
         self._max_request_bytes = max_request_bytes
         self._ready = ready
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
+        self._bugs = LogThrottle(logger)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            try:
+                await self._http(scope, receive, send)
+            except Exception as exc:
+                self._bugs.error(
+                    "a request to %s %s failed with a bug: %r",
+                    scope.get("method"),
+                    scope.get("path"),
+                    exc,
+                    exc_info=exc,
+                )
+                with contextlib.suppress(Exception):  # the answer may have begun already
+                    await self._refuse(send, InternalError("The server failed this request."))
         elif kind == "lifespan":
             await lifespan(receive, send)
 
@@ -108,9 +125,7 @@ class EdgeApp:
                 await self._refuse(send, MethodNotAllowed(f"Use POST {path}.", "POST"))
             return
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/readyz", "/metrics") or path.startswith(
-                "/v1/models/"
-            ):
+            if path in ("/v1/models", "/healthz", "/readyz") or path.startswith("/v1/models/"):
                 await self._refuse(send, MethodNotAllowed(f"Use GET {path}.", "GET"))
             else:
                 await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
@@ -129,8 +144,6 @@ class EdgeApp:
                 }
             )
             await send_body(send, 200 if ready else 503, body)
-        elif path == "/metrics":
-            await send_body(send, 200, self._metrics.render(), CONTENT_TYPE.encode())
         else:
             await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
 
@@ -218,7 +231,7 @@ class EdgeApp:
             else:
                 raise
         except Exception:
-            status = 500  # a bug: uvicorn logs it and answers 500
+            status = 500  # a bug: __call__ logs it and answers 500
             raise
         finally:
             if watcher is not None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 __all__ = [
@@ -30,7 +30,9 @@ __all__ = [
     "EdgeSection",
     "FakeAdapterSettings",
     "GenerationPolicy",
+    "MetricsSection",
     "ModelSpec",
+    "NodeLinkSection",
     "NodeRuntime",
     "NodeSpec",
     "OpenAIAdapterSettings",
@@ -38,6 +40,7 @@ __all__ = [
     "PrincipalToken",
     "ProviderSpec",
     "Spec",
+    "TlsSection",
     "is_loopback_listener",
     "split_listener",
 ]
@@ -199,6 +202,84 @@ class AdminSection(Spec):
             "the Edge hashes it at start and never logs it."
         ),
     ] = None
+    config_dir: Annotated[
+        str | None,
+        restart_edge(
+            "A directory whose config files POST /refresh may name in `path`, besides the file "
+            "the Edge was started from; null means only that file.",
+            min_length=1,
+        ),
+    ] = None
+
+
+class MetricsSection(Spec):
+    """The Prometheus metrics listener, apart from the OpenAI API: the metrics name every
+    principal and token ref, which the public listener must not tell anyone who asks."""
+
+    listen: Annotated[
+        OptionalListener,
+        restart_edge(
+            "host:port where GET /metrics is served; empty means no metrics listener. Keep it "
+            "off the public interface (scrape it from inside the cluster)."
+        ),
+    ] = ""
+
+
+class NodeLinkSection(Spec):
+    """Liveness of the Node links: heartbeats in both directions and their deadlines."""
+
+    heartbeat_interval_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds between heartbeats, sent both ways on every Node link (Nodes get "
+            "the value on welcome).",
+            ge=50,
+        ),
+    ] = 500
+    heartbeat_timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds of silence (no message of any kind) after which either side counts "
+            "the other as dead: the Edge fails or retries that Node's runs and stops "
+            "dispatching to it, the Node cancels them and redials. Above the interval.",
+            ge=100,
+        ),
+    ] = 2000
+    first_event_timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds a Node has to accept (or refuse) a run sent to it; a run with no "
+            "answer by then fails as retryable and is tried elsewhere.",
+            ge=100,
+        ),
+    ] = 3000
+
+    @model_validator(mode="after")
+    def _timeout_above_interval(self) -> Self:
+        if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms:
+            raise ValueError(
+                f"heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be above "
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms})"
+            )
+        return self
+
+
+class TlsSection(Spec):
+    """TLS on the gRPC listener Nodes dial (files, such as a mounted Kubernetes Secret)."""
+
+    cert_file: Annotated[
+        str,
+        restart_edge("PEM certificate chain the Edge presents to Nodes.", min_length=1),
+    ]
+    key_file: Annotated[str, restart_edge("PEM private key of that certificate.", min_length=1)]
+    client_ca_file: Annotated[
+        str | None,
+        restart_edge(
+            "PEM CA bundle; when set, every Node must present a client certificate it signed "
+            "(mutual TLS). Null means server-side TLS only.",
+            min_length=1,
+        ),
+    ] = None
 
 
 class BootstrapSection(Spec):
@@ -222,6 +303,16 @@ class EdgeSection(Spec):
     bootstrap: Annotated[
         BootstrapSection, restart_edge("Bootstrap artifacts for joining Nodes.")
     ] = BootstrapSection()
+    tls: Annotated[
+        TlsSection | None,
+        restart_edge("TLS on the listener Nodes dial; null means plaintext (trusted networks)."),
+    ] = None
+    node_link: Annotated[
+        NodeLinkSection, restart_edge("Heartbeats and deadlines of the Node links.")
+    ] = NodeLinkSection()
+    metrics: Annotated[MetricsSection, restart_edge("The Prometheus metrics listener.")] = (
+        MetricsSection()
+    )
 
 
 class ControlPlaneSection(Spec):
@@ -276,6 +367,54 @@ class OpenAISection(Spec):
     max_request_bytes: Annotated[
         int, restart_edge("Largest request body accepted, in bytes; larger gets 413.", ge=1024)
     ] = 8 * 1024 * 1024
+    max_header_bytes: Annotated[
+        int,
+        restart_edge(
+            "Largest request head (request line and every header), in bytes; larger gets 431 "
+            "and the connection is closed.",
+            ge=1024,
+        ),
+    ] = 64 * 1024
+    max_header_field_bytes: Annotated[
+        int,
+        restart_edge("Largest single header (name and value), in bytes; larger gets 431.", ge=256),
+    ] = 16 * 1024
+    max_headers: Annotated[
+        int, restart_edge("Most headers in one request; more gets 431.", ge=8)
+    ] = 100
+    header_timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds a client may take to send a request's head; then it gets 408 and "
+            "the connection is closed (a new connection that sent nothing is just closed).",
+            gt=0,
+        ),
+    ] = 10_000
+    max_connections: Annotated[
+        int,
+        restart_edge(
+            "Most client connections at once; a connection beyond it gets 503 and is closed. "
+            "The Edge lowers it to fit the process's open-file limit.",
+            ge=1,
+        ),
+    ] = 4096
+    send_timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds a client may read nothing of its answer while the Edge has more to "
+            "send; then the connection is cut and its run cancelled.",
+            gt=0,
+        ),
+    ] = 30_000
+    stream_buffer_bytes: Annotated[
+        int,
+        restart_edge(
+            "Bytes of one streamed answer the Edge holds for a client that reads slower than "
+            "the provider writes; past it the run pauses, back to the provider, until the "
+            "client catches up.",
+            ge=4096,
+        ),
+    ] = 256 * 1024
     principal_tokens: Annotated[
         list[PrincipalToken],
         restart_edge(

@@ -3,6 +3,13 @@
 This is the only way in: whatever the input, the caller gets a complete, valid, immutable config
 or every problem with its path. Pydantic's errors are translated here, once, into sentences
 that name the path, what is expected and what was found.
+
+Config text can come from outside (the admin API's `config_yaml`), so parsing is bounded: the
+text by `MAX_CONFIG_BYTES`, YAML aliases by how much they may expand the document
+(`MAX_ALIAS_EXPANSION` nodes beyond the text's own, so a "billion laughs" document is refused
+before anything walks the tree it would make), and nesting by `MAX_DEPTH`: libyaml's composer
+recurses in C, where a deep enough document overflows the stack and kills the process, so the
+depth is measured on the parser's (iterative) event stream first.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import typing
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -25,7 +32,24 @@ from .errors import ConfigError, Problem, render_value
 from .secrets import is_secret_field
 from .validating import check_document, close_match_hint
 
-__all__ = ["load_data", "load_file", "load_text", "parse_yaml"]
+__all__ = [
+    "MAX_ALIAS_EXPANSION",
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "load_data",
+    "load_file",
+    "load_text",
+    "parse_yaml",
+]
+
+#: Largest config text parsed: far above any real config (a CRD spec is capped near 1.5 MB).
+MAX_CONFIG_BYTES: Final = 8 * 1024 * 1024
+#: Nodes that YAML aliases may add to a document beyond those written out. Anchors that reuse
+#: a provider's settings a thousand times stay far below; nested aliases that multiply a few
+#: hundred bytes into billions of nodes are refused.
+MAX_ALIAS_EXPANSION: Final = 100_000
+#: Deepest nesting of mappings and sequences a config may have (a real one has about eight).
+MAX_DEPTH: Final = 64
 
 _SECTION_ORDER = {name: i for i, name in enumerate(EdgeConfig.model_fields)}
 
@@ -74,21 +98,101 @@ def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return mapping
 
 
+def _too_deep() -> ConfigError:
+    return ConfigError([Problem("", "the document is nested too deeply to be a config")])
+
+
+_OPENS: Final = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES: Final = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+def _check_depth(text: str) -> None:
+    """Refuse a document nested deeper than `MAX_DEPTH`, from the parser's events alone."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_BaseLoader):
+        if isinstance(event, _OPENS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep()
+        elif isinstance(event, _CLOSES):
+            depth -= 1
+
+
+def _check_aliases(root: yaml.Node) -> None:
+    """Refuse a document whose aliases would expand it by more than `MAX_ALIAS_EXPANSION`
+    nodes; counts each node once per reference, memoizing shared subtrees (so it costs a walk
+    of the composed graph, not of the expansion)."""
+    sizes: dict[int, int] = {}
+    written: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        written.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                total += size(key) + size(value)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+        if total > MAX_ALIAS_EXPANSION * 2:
+            raise _Expansion
+        sizes[id(node)] = total
+        return total
+
+    try:
+        expanded = size(root)
+    except _Expansion:
+        expanded = MAX_ALIAS_EXPANSION * 2 + 1
+    if expanded - len(written) > MAX_ALIAS_EXPANSION:
+        raise ConfigError(
+            [
+                Problem(
+                    "",
+                    "YAML aliases expand the document too far (more than "
+                    f"{MAX_ALIAS_EXPANSION} nodes beyond those written)",
+                )
+            ]
+        )
+
+
+class _Expansion(Exception):
+    pass
+
+
 def parse_yaml(text: str) -> object:
     """Parse YAML text with duplicate keys refused; errors become a `ConfigError`.
 
     JSON is YAML too, and a JSON document (what the operator renders) takes the C-speed path of
-    the standard library's parser; anything else goes through PyYAML's safe loader.
+    the standard library's parser; anything else goes through PyYAML's safe loader, composed
+    first so that alias expansion is checked before any object is built.
     """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError([Problem("", f"the config text is larger than {MAX_CONFIG_BYTES} bytes")])
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text, object_pairs_hook=_unique_pairs)
         except _DuplicateKey as exc:
             raise ConfigError([Problem("", f'invalid JSON: duplicate key "{exc}"')]) from exc
+        except RecursionError:
+            raise _too_deep() from None
         except ValueError:
             pass  # a YAML flow mapping such as {edge: {id: a}}
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        _check_depth(text)
+        loader = _UniqueKeyLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None
+            _check_aliases(root)
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise _too_deep() from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
@@ -117,6 +221,13 @@ def load_file(path: str | Path) -> EdgeConfig:
 
 def load_data(data: object) -> EdgeConfig:
     """Validate a parsed document; every problem (schema and cross-reference) at once."""
+    try:
+        return _load_data(data)
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _load_data(data: object) -> EdgeConfig:
     if data is None:
         raise ConfigError([Problem("", "the config is empty")])
     if not isinstance(data, Mapping):

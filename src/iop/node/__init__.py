@@ -7,8 +7,9 @@ adapters (`openai`, `fake`) are in `iop.node.adapters`.
 
 from .adapters import Adapter, AdapterError, FakeAdapter, OpenAIAdapter, build_adapter
 from .agents import NodeAgent
+from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
-from .routing import DrainReport, Provision, Registry, Router
+from .routing import DrainReport, Provision, Registry, Router, RunGate
 
 __all__ = [
     "Adapter",
@@ -20,8 +21,10 @@ __all__ = [
     "NodeAgent",
     "NodeIdentity",
     "OpenAIAdapter",
+    "PayloadArbiter",
     "Provision",
     "Registry",
     "Router",
+    "RunGate",
     "build_adapter",
 ]

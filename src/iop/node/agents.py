@@ -4,7 +4,13 @@ In production the Edge runs as several replicas behind a Service, and every repl
 to dispatch to every Node. The agent keeps one `EdgeConnection` per Edge address: the addresses
 given (`edges`), plus every address a service name resolves to (`services`, for a headless
 Service), re-resolved periodically so replicas that come and go are followed. All connections
-share one `Router`, so a provider's capacity holds across all Edges.
+share one `Router`, so a provider's capacity holds across all Edges, and one `PayloadArbiter`,
+so replicas that disagree on the config mid-rollout never flip the Node between two.
+
+`drain(grace)` is how a Node leaves (SIGTERM in `iop node run`): every Edge hears at once that
+its providers are draining and stops dispatching here, runs that still arrive are refused with
+the retryable `provider_busy`, and the runs in flight get up to `grace` seconds to finish before
+`stop()` closes the connections.
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 
 from iop.aiokits import AsyncService, guarded_task, stop_tasks
 from iop.edgeconfig import split_listener
+from iop.wire import DEFAULT_LIVENESS, ClientTls, Liveness
 
+from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
 from .routing import Router
 
@@ -40,19 +49,26 @@ class NodeAgent(AsyncService):
         drain_timeout: float = 60.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 10.0,
-        heartbeat_interval: float = 15.0,
+        liveness: Liveness = DEFAULT_LIVENESS,
         resolve_interval: float = 30.0,
+        tls: ClientTls | None = None,
     ) -> None:
         if not edges and not services:
             raise ValueError("a node needs at least one Edge address or service name")
         for address in (*edges, *services):
             split_listener(address)
-        self.identity = NodeIdentity(node_id, token, alias, instance_id=uuid.uuid4().hex[:12])
+        self.identity = NodeIdentity(
+            node_id, token, alias, instance_id=uuid.uuid4().hex[:12], started_at=time.time()
+        )
         self.router = Router(drain_timeout=drain_timeout)
+        self.arbiter = PayloadArbiter(self.router)
         self._edges = tuple(edges)
         self._services = tuple(services)
         self._backoff = (backoff_initial, backoff_max)
-        self._heartbeat_interval = heartbeat_interval
+        self._liveness = liveness
+        self._tls = tls
+        # Read here, once for every connection: a missing or empty file fails at once.
+        self._credentials = tls.credentials() if tls is not None else None
         self._resolve_interval = resolve_interval
         self.connections: dict[str, EdgeConnection] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -66,6 +82,24 @@ class NodeAgent(AsyncService):
             self._resolver = guarded_task(
                 self._resolve_forever(), name="node-resolver", logger=logger
             )
+
+    async def drain(self, grace: float) -> bool:
+        """Stop taking runs, tell every Edge, and wait up to `grace` seconds for the runs in
+        flight to end; True when they all did. Call `stop()` after it."""
+        self.router.drain()
+        running = self.router.running
+        logger.info("draining: %d run(s) in flight, up to %.0fs", running, grace)
+        try:
+            await asyncio.wait_for(self.router.wait_idle(), grace)
+        except TimeoutError:
+            logger.warning(
+                "drain grace of %.0fs over: %d run(s) still in flight are cut",
+                grace,
+                self.router.running,
+            )
+            return False
+        logger.info("drained: every run ended")
+        return True
 
     async def stop(self) -> None:
         """Drop every connection (their runs are cancelled), then close the adapters."""
@@ -93,8 +127,11 @@ class NodeAgent(AsyncService):
             address,
             self.identity,
             self.router,
+            arbiter=self.arbiter,
             backoff=Backoff(*self._backoff),
-            heartbeat_interval=self._heartbeat_interval,
+            tls=self._tls,
+            credentials=self._credentials,
+            liveness=self._liveness,
         )
         self.connections[address] = connection
         self._tasks[address] = guarded_task(

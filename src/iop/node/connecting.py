@@ -1,9 +1,18 @@
 """One Node-Edge connection, kept up: dial, hello, serve runs, and redial with backoff on loss.
 
 The Node dials (it may sit behind NAT). Per connection there is one bidirectional stream, one
-reader (this coroutine) and one `CoalescingWriter`; runs share them. Every run is a task owned
-by the connection that received it: a Cancel from the Edge or the loss of the connection
+reader, one `CoalescingWriter` and one keep-alive task; runs share them. Every run is a task
+owned by the connection that received it: a Cancel from the Edge or the loss of the connection
 cancels the task, which aborts the upstream request at once.
+
+Liveness: the keep-alive task sends a heartbeat every interval and ends the session when the
+Edge sent nothing for the heartbeat timeout (values from the welcome; `DEFAULT_LIVENESS` until
+then; a handshake gets at most 10 s), so a frozen Edge is left and redialed instead of holding
+the Node's runs forever. Every run the Node admits is listed in `accepted_runs`, with its first
+event or at the latest the next heartbeat (no message of its own): that is the first sign of
+life the Edge's per-run deadline waits for. The Edge's pause and resume reach the run's
+`RunGate`, and a run also waits when the connection's writer holds too much, so no buffer here
+grows with a slow client or a slow link.
 """
 
 from __future__ import annotations
@@ -12,8 +21,9 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 import grpc
 import grpc.aio
@@ -22,28 +32,43 @@ from iop import runtime_pb2 as pb
 from iop.aiokits import guarded_task, stop_tasks
 from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.wire import (
+    DEFAULT_LIVENESS,
     PROTOCOL_VERSION,
+    ClientTls,
     CoalescingWriter,
+    Liveness,
     ProviderHealth,
     RunEvent,
     RunFailed,
+    Ticker,
     grpc_options,
     statuses,
 )
 from iop.wire.converting import (
     event_to_proto,
     health_to_proto,
+    liveness_from_proto,
     payload_from_proto,
     request_from_proto,
 )
 
-from .routing import Router
+from .arbitrating import PayloadArbiter
+from .routing import Router, RunGate
 
 __all__ = ["Backoff", "EdgeConnection", "NodeIdentity"]
 
 logger = logging.getLogger(__name__)
 
-_Outgoing = pb.RunEvent | pb.ProviderHealth | pb.ConfigAck | pb.Heartbeat
+#: Items the writer may hold before runs wait for it to catch up (a slow or stalled link).
+WRITER_BACKLOG: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Accepted:
+    run_id: str
+
+
+_Outgoing = pb.RunEvent | pb.ProviderHealth | pb.ConfigAck | pb.Heartbeat | _Accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +77,8 @@ class NodeIdentity:
     token: str = field(repr=False)
     alias: str | None = None
     instance_id: str = ""
+    #: When this process started (unix seconds): the newest instance of a node id wins an Edge.
+    started_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -72,7 +99,7 @@ class Backoff:
 
 
 class _StreamEnded(Exception):
-    """The Edge ended the stream (or never welcomed us)."""
+    """The Edge ended the stream, never welcomed us, or fell silent."""
 
 
 def _message(batch: Sequence[_Outgoing]) -> pb.NodeMessage:
@@ -80,6 +107,8 @@ def _message(batch: Sequence[_Outgoing]) -> pb.NodeMessage:
     for item in batch:
         if isinstance(item, pb.RunEvent):
             message.events.append(item)
+        elif isinstance(item, _Accepted):
+            message.accepted_runs.append(item.run_id)
         elif isinstance(item, pb.ProviderHealth):
             message.health.append(item)
         elif isinstance(item, pb.ConfigAck):
@@ -98,14 +127,24 @@ class EdgeConnection:
         identity: NodeIdentity,
         router: Router,
         *,
+        arbiter: PayloadArbiter | None = None,
         backoff: Backoff | None = None,
-        heartbeat_interval: float = 15.0,
+        tls: ClientTls | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        liveness: Liveness = DEFAULT_LIVENESS,
     ) -> None:
         self.target = target
         self.identity = identity
         self.router = router
+        self.arbiter = arbiter if arbiter is not None else PayloadArbiter(router)
         self.backoff = backoff or Backoff()
-        self.heartbeat_interval = heartbeat_interval
+        self.tls = tls
+        # Read once (not at each dial, inside the event loop); the agent reads them for all.
+        if credentials is None and tls is not None:
+            credentials = tls.credentials()
+        self._credentials = credentials
+        #: Used until a welcome brings the Edge's values (and for the handshake itself).
+        self.default_liveness = liveness
         self.edge_id: str | None = None
         self.connected = asyncio.Event()
         self.welcomes = 0
@@ -114,8 +153,12 @@ class EdgeConnection:
         self.last_error = ""
         #: Sessions that ended in a refusal, a lost stream or an error (each one is redialed).
         self.failures = 0
+        #: Sessions this Node ended because the Edge fell silent past the heartbeat deadline.
+        self.silences = 0
         self._writer: CoalescingWriter[_Outgoing] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self._gates: dict[str, RunGate] = {}
+        self._last_heard = 0.0
 
     async def run(self) -> None:
         """Connect, serve, and reconnect after every loss, until cancelled.
@@ -126,14 +169,14 @@ class EdgeConnection:
         a Node that stays up but disconnected would serve nothing and say nothing.
         """
         while True:
-            slowest = False
+            slowest = permanent = False
             unexpected: Exception | None = None
             try:
                 await self._session()
                 self.last_error = "the Edge ended the stream"
             except grpc.aio.AioRpcError as exc:
                 refusal = statuses.describe_connection_error(exc.code(), exc.details())
-                slowest = refusal.permanent
+                slowest, permanent = refusal.slowest, refusal.permanent
                 self.last_error = refusal.description
             except _StreamEnded as exc:
                 self.last_error = str(exc)
@@ -142,7 +185,7 @@ class EdgeConnection:
                 self.last_error = f"unexpected error: {exc!r}"
             self.failures += 1
             delay = self.backoff.next_delay(slowest=slowest)
-            log = logger.error if slowest or unexpected else logger.warning
+            log = logger.error if permanent or unexpected else logger.warning
             log(
                 "edge %s: %s; retrying in %.2fs",
                 self.target,
@@ -152,22 +195,45 @@ class EdgeConnection:
             )
             await asyncio.sleep(delay)
 
+    def _channel(self) -> grpc.aio.Channel:
+        if self.tls is None or self._credentials is None:
+            return grpc.aio.insecure_channel(self.target, options=grpc_options())
+        options: list[tuple[str, int | str]] = [*grpc_options(), *self.tls.channel_options()]
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
+
+    async def _handshake(
+        self, call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage]
+    ) -> pb.Welcome:
+        hello = pb.Hello(
+            protocol_version=PROTOCOL_VERSION,
+            node_id=self.identity.node_id,
+            alias=self.identity.alias or "",
+            token=self.identity.token,
+            instance_id=self.identity.instance_id,
+            started_at=self.identity.started_at,
+            health=[health_to_proto(h) for h in self.router.health()],
+        )
+        await call.write(pb.NodeMessage(hello=hello))
+        first = await call.read()
+        if not isinstance(first, pb.EdgeMessage) or not first.HasField("welcome"):
+            raise _StreamEnded("the Edge ended the stream without a welcome")
+        return first.welcome
+
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.target, options=grpc_options()) as channel:
+        async with self._channel() as channel:
             call = NodeRuntimeStub(channel).Connect()
-            hello = pb.Hello(
-                protocol_version=PROTOCOL_VERSION,
-                node_id=self.identity.node_id,
-                alias=self.identity.alias or "",
-                token=self.identity.token,
-                instance_id=self.identity.instance_id,
-                health=[health_to_proto(h) for h in self.router.health()],
-            )
-            await call.write(pb.NodeMessage(hello=hello))
-            first = await call.read()
-            if not isinstance(first, pb.EdgeMessage) or not first.HasField("welcome"):
-                raise _StreamEnded("the Edge ended the stream without a welcome")
-            welcome = first.welcome
+            timeout = self.default_liveness.heartbeat_timeout
+            try:
+                # Dialing, TLS and the hello/welcome exchange: a frozen Edge would hold them
+                # forever. Covered by the Edge's own handshake and not by its heartbeats yet.
+                welcome = await asyncio.wait_for(self._handshake(call), max(timeout, 10.0))
+            except TimeoutError:
+                call.cancel()
+                raise _StreamEnded("no welcome from the Edge in time") from None
+            liveness = self.default_liveness
+            if welcome.HasField("liveness"):
+                liveness = liveness_from_proto(welcome.liveness, self.default_liveness)
+            self._last_heard = asyncio.get_running_loop().time()
 
             async def send(batch: Sequence[_Outgoing]) -> None:
                 await call.write(_message(batch))
@@ -178,8 +244,13 @@ class EdgeConnection:
                 # Health reaches the Edge through this session's writer: listen only while it
                 # lives, so connections that come and go leave no listener behind.
                 self.router.add_health_listener(self._on_health)
-                heartbeat = guarded_task(
-                    self._heartbeat(writer), name=f"node-heartbeat-{self.target}", logger=logger
+                reader = guarded_task(
+                    self._read(call, writer), name=f"node-reader-{self.target}", logger=logger
+                )
+                keeper = guarded_task(
+                    self._keep_alive(writer, liveness),
+                    name=f"node-keepalive-{self.target}",
+                    logger=logger,
                 )
                 try:
                     writer.put(self._apply(welcome.config))
@@ -189,32 +260,83 @@ class EdgeConnection:
                     self.backoff.reset()
                     self.connected.set()
                     logger.info("connected to edge %s at %s", welcome.edge_id, self.target)
-                    await self._read(call, writer)
+                    ends: list[asyncio.Future[Any]] = [reader, keeper, writer.task]
+                    await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+                    if keeper.done() and not keeper.cancelled():
+                        self.silences += 1
+                        raise _StreamEnded(
+                            f"the Edge sent nothing for {liveness.heartbeat_timeout:g}s"
+                        )
+                    if reader.done():
+                        ended = reader.result()
+                        if ended is not None:
+                            raise ended
+                    if writer.error is not None:
+                        raise writer.error
                 finally:
                     self.router.remove_health_listener(self._on_health)
+                    self.arbiter.withdraw(self.target)
                     self.connected.clear()
                     self._writer = None
-                    await stop_tasks([heartbeat, *self._runs.values()])
+                    await stop_tasks([reader, keeper, *self._runs.values()])
                     call.cancel()
 
     async def _read(
         self,
         call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage],
         writer: CoalescingWriter[_Outgoing],
-    ) -> None:
+    ) -> Exception | None:
+        """Serve what the Edge sends until the stream ends; returns how it ended (the owner
+        raises it), so an Edge going away is one line in the owner's log, not a task's death."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                message = await call.read()
+                self._last_heard = loop.time()
+                if not isinstance(message, pb.EdgeMessage):
+                    return _StreamEnded("the Edge ended the stream")
+                for request in message.runs:
+                    self._start(request, writer)
+                for cancel in message.cancels:
+                    task = self._runs.get(cancel.run_id)
+                    if task is not None:
+                        task.cancel()
+                for run_id in message.pause_runs:
+                    gate = self._gates.get(run_id)
+                    if gate is not None:
+                        gate.pause()
+                for run_id in message.resume_runs:
+                    gate = self._gates.get(run_id)
+                    if gate is not None:
+                        gate.resume()
+                if message.HasField("refresh"):
+                    self.refreshes += 1
+                    writer.put(self._apply(message.refresh.config))
+        except (grpc.aio.AioRpcError, _StreamEnded) as exc:
+            return exc
+
+    async def _keep_alive(self, writer: CoalescingWriter[_Outgoing], liveness: Liveness) -> None:
+        """Heartbeat every interval; return when the Edge has been silent past the deadline.
+
+        A tick that comes late (this Node's own loop stalled) judges nothing: the Edge's
+        messages may be waiting unread, and the reader catches up first. A failing heartbeat is
+        logged with its traceback and the loop carries on: it must not pass for silence.
+        """
+        ticker = Ticker(liveness.heartbeat_interval)
+        loop = asyncio.get_running_loop()
         while True:
-            message = await call.read()
-            if not isinstance(message, pb.EdgeMessage):
-                raise _StreamEnded("the Edge ended the stream")
-            for request in message.runs:
-                self._start(request, writer)
-            for cancel in message.cancels:
-                task = self._runs.get(cancel.run_id)
-                if task is not None:
-                    task.cancel()
-            if message.HasField("refresh"):
-                self.refreshes += 1
-                writer.put(self._apply(message.refresh.config))
+            on_time = await ticker.tick()
+            try:
+                writer.put(pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight()))
+            except Exception:
+                logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
+            if on_time and loop.time() - self._last_heard > liveness.heartbeat_timeout:
+                logger.warning(
+                    "edge %s sent nothing for %.1fs: leaving it",
+                    self.target,
+                    loop.time() - self._last_heard,
+                )
+                return
 
     def _start(self, message: pb.RunRequest, writer: CoalescingWriter[_Outgoing]) -> None:
         run_id = message.run_id
@@ -227,15 +349,33 @@ class EdgeConnection:
         if isinstance(admitted, RunFailed):
             writer.put(event_to_proto(run_id, admitted))
             return
+        # No message of its own: it rides with the run's first event, or at the latest with
+        # the next heartbeat (an interval, well inside the Edge's first-event deadline).
+        writer.put(_Accepted(run_id), wake=False)
 
         def emit(event: RunEvent) -> None:
             writer.put(event_to_proto(run_id, event))
 
+        def room() -> Awaitable[None] | None:
+            if writer.backlog < WRITER_BACKLOG:
+                return None
+            return writer.wait_for_room(WRITER_BACKLOG)
+
+        gate = RunGate() if request.stream else None
         task = guarded_task(
-            self.router.execute(request, admitted, emit), name=f"run-{run_id}", logger=logger
+            self.router.execute(request, admitted, emit, gate, room),
+            name=f"run-{run_id}",
+            logger=logger,
         )
         self._runs[run_id] = task
-        task.add_done_callback(lambda _: self._runs.pop(run_id, None))
+        if gate is not None:
+            self._gates[run_id] = gate
+
+        def done(_: object) -> None:
+            self._runs.pop(run_id, None)
+            self._gates.pop(run_id, None)
+
+        task.add_done_callback(done)
 
     def _apply(self, config: pb.NodeConfig) -> pb.ConfigAck:
         try:
@@ -251,16 +391,17 @@ class EdgeConnection:
         digest = payload.digest
         if digest != config.config_hash:
             logger.warning("config hash mismatch: edge %s, node %s", config.config_hash, digest)
-        self.router.apply(payload, digest)
-        return pb.ConfigAck(generation=generation, config_hash=digest, ok=True)
+        in_use = self.arbiter.offer(self.target, payload, digest)
+        return pb.ConfigAck(
+            generation=generation,
+            config_hash=digest,
+            ok=True,
+            pending=not in_use,
+            in_use_hash=self.arbiter.in_use,
+        )
 
     def _on_health(self, health: list[ProviderHealth]) -> None:
         writer = self._writer
         if writer is not None:
             for item in health:
                 writer.put(health_to_proto(item))
-
-    async def _heartbeat(self, writer: CoalescingWriter[_Outgoing]) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_interval)
-            writer.put(pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight()))

@@ -10,6 +10,14 @@ Capacity is a limit on the provider, not on one Edge: the in-flight counters liv
 provider id, shared by the connections to every Edge and kept across swaps. A run beyond
 `capacity` (or beyond `long_context_slots` for a long-context run) is refused at once with the
 retryable `provider_busy`, which the Edge reads as "try another candidate or wait".
+
+Draining (SIGTERM): `drain()` reports every provider unhealthy ("draining"), so the Edges stop
+dispatching here, refuses any run that still arrives with `provider_busy`, and `wait_idle`
+returns once the runs in flight have ended.
+
+A run's `RunGate` is how the Edge's flow control reaches the upstream: while the Edge has a run
+paused (its client reads slower than the run produces) the run stops pulling events from its
+adapter, which stops reading the upstream's response, and TCP carries the backpressure on.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -31,7 +39,7 @@ from iop.wire import TERMINAL_EVENTS, ProviderHealth, RunEvent, RunFailed, RunRe
 
 from .adapters import Adapter, AdapterError, build_adapter
 
-__all__ = ["AdapterRuns", "DrainReport", "Provision", "Registry", "Router"]
+__all__ = ["AdapterRuns", "DrainReport", "Provision", "Registry", "Router", "RunGate"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +106,29 @@ class DrainReport:
     cut_runs: int
 
 
+class RunGate:
+    """Open unless the Edge paused the run; a paused run waits here between two events."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    def pause(self) -> None:
+        self._open.clear()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def wait_open(self) -> None:
+        await self._open.wait()
+
+
 class Router:
     """Admits, runs and counts runs; swaps registries. One per Node process, shared by all Edges."""
 
@@ -106,6 +137,10 @@ class Router:
         self._drain_timeout = drain_timeout
         self._in_flight: dict[str, int] = {}
         self._long_in_flight: dict[str, int] = {}
+        self._running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
         self._drains: set[asyncio.Task[DrainReport]] = set()
         self.drain_reports: deque[DrainReport] = deque(maxlen=32)
         self._listeners: list[Callable[[list[ProviderHealth]], None]] = []
@@ -118,7 +153,30 @@ class Router:
         return {pid: n for pid, n in self._in_flight.items() if n}
 
     def health(self) -> list[ProviderHealth]:
+        if self.draining:
+            return [
+                ProviderHealth(pid, False, "the node is draining")
+                for pid in self._registry.provisions
+            ]
         return [p.health for p in self._registry.provisions.values()]
+
+    @property
+    def running(self) -> int:
+        """Runs in flight on this node, across every Edge."""
+        return self._running
+
+    def drain(self) -> None:
+        """Take no new runs from now on and tell every Edge (health: unhealthy, draining)."""
+        if self.draining:
+            return
+        self.draining = True
+        health = self.health()
+        for listener in list(self._listeners):
+            listener(health)
+
+    async def wait_idle(self) -> None:
+        """Until no run is in flight."""
+        await self._idle.wait()
 
     def add_health_listener(self, callback: Callable[[list[ProviderHealth]], None]) -> None:
         """`callback(health)` after every swap, with the health of every provider."""
@@ -231,6 +289,10 @@ class Router:
 
     def admit(self, request: RunRequest) -> Provision | RunFailed:
         """Take a capacity slot for `request`, or say why not (retryable: `provider_busy`)."""
+        if self.draining:
+            return statuses.failure(
+                statuses.PROVIDER_BUSY, "the node is draining before it exits: try another"
+            )
         provision = self._registry.provisions.get(request.provider_id)
         if provision is None:
             return statuses.failure(
@@ -255,6 +317,8 @@ class Router:
                 )
             self._long_in_flight[pid] = self._long_in_flight.get(pid, 0) + 1
         self._in_flight[pid] = self._in_flight.get(pid, 0) + 1
+        self._running += 1
+        self._idle.clear()
         provision.runs.active += 1
         provision.runs.idle.clear()
         return provision
@@ -264,18 +328,28 @@ class Router:
         self._in_flight[pid] -= 1
         if request.long_context:
             self._long_in_flight[pid] -= 1
+        self._running -= 1
+        if not self._running:
+            self._idle.set()
         runs = provision.runs
         runs.active -= 1
         if not runs.active:
             runs.idle.set()
 
     async def execute(
-        self, request: RunRequest, provision: Provision, emit: Callable[[RunEvent], object]
+        self,
+        request: RunRequest,
+        provision: Provision,
+        emit: Callable[[RunEvent], object],
+        gate: RunGate | None = None,
+        room: Callable[[], Awaitable[None] | None] | None = None,
     ) -> None:
         """Run an admitted request, `emit`ting its events; releases the slot however it ends.
 
-        Cancellation (the Edge's Cancel, a lost connection) aborts the adapter's work at once
-        and emits nothing more.
+        Between two events the run waits while `gate` is paused, and for what `room()` returns
+        when it returns something (the connection's writer bounding what it holds): the next
+        event is pulled from the adapter only then. Cancellation (the Edge's Cancel, a lost
+        connection) aborts the adapter's work at once and emits nothing more.
         """
         adapter = provision.adapter
         assert adapter is not None
@@ -288,6 +362,10 @@ class Router:
                     if isinstance(event, TERMINAL_EVENTS):
                         terminal = True
                         break
+                    if gate is not None and gate.paused:
+                        await gate.wait_open()
+                    if room is not None and (wait := room()) is not None:
+                        await wait
             finally:
                 await events.aclose()
             if not terminal:

@@ -10,12 +10,14 @@ The dispatch layer of the Edge sees only this package's values:
 - the error codes and their HTTP statuses in `iop.wire.statuses`.
 
 The protobuf messages (`iop.runtime_pb2`) stay behind `converting.py`; `CoalescingWriter` is the
-one writer per stream direction both sides use.
+one writer per stream direction both sides use; `liveness.py` holds the heartbeat deadline both
+sides judge a peer by, and `tls.py` the credentials of the link.
 """
 
 from typing import Final
 
 from . import statuses
+from .liveness import DEFAULT_LIVENESS, Liveness, Ticker
 from .runs import (
     TERMINAL_EVENTS,
     ProviderHealth,
@@ -27,12 +29,16 @@ from .runs import (
     RunRequest,
     RunUsage,
 )
+from .tls import ClientTls, ServerTls, TlsError
 from .writing import CoalescingWriter
 
 __all__ = [
+    "DEFAULT_LIVENESS",
     "PROTOCOL_VERSION",
     "TERMINAL_EVENTS",
+    "ClientTls",
     "CoalescingWriter",
+    "Liveness",
     "ProviderHealth",
     "RunChunk",
     "RunDone",
@@ -41,25 +47,41 @@ __all__ = [
     "RunKind",
     "RunRequest",
     "RunUsage",
+    "ServerTls",
+    "Ticker",
+    "TlsError",
     "grpc_options",
     "statuses",
 ]
 
 #: The version of runtime.proto's semantics; an Edge refuses a Node that speaks another.
-PROTOCOL_VERSION: Final = 1
+#: 2: heartbeats both ways with a deadline, accepted runs, per-run pause, instance precedence.
+PROTOCOL_VERSION: Final = 2
 
 #: Largest message either side accepts: a batch of whole response bodies can be large.
 MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
 
 
 def grpc_options() -> list[tuple[str, int]]:
-    """Channel and server options both sides use: big messages, keepalive to spot dead peers."""
+    """Channel and server options both sides use: big messages, and HTTP/2 keepalive.
+
+    Keepalive is the transport's backstop behind the application's heartbeats (`liveness.py`):
+    it closes a link whose peer stops acknowledging pings, so a half-dead connection does not
+    linger once the heartbeat deadline has ended its stream. A ping goes out after
+    `keepalive_time_ms` without reads; the transport closes when its ack has not come within the
+    *ping* timeout: grpc-core (1.85) times a keepalive ping with `http2.ping_timeout_ms`
+    (default 60 s) and `keepalive_timeout_ms` alone never closed a link whose peer was frozen,
+    so both are set. Each side accepts the other's pings as often as every second
+    (`min_ping_interval_without_data_ms`); a stricter receiver would answer them with GOAWAY
+    ("too many pings") and end a healthy link.
+    """
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_time_ms", 5_000),
+        ("grpc.keepalive_timeout_ms", 3_000),
+        ("grpc.http2.ping_timeout_ms", 3_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
     ]

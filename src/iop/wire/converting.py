@@ -14,6 +14,7 @@ import orjson
 from iop import runtime_pb2 as pb
 from iop.edgeconfig import NodePayload, ProviderPayload
 
+from .liveness import Liveness
 from .runs import (
     ProviderHealth,
     RunChunk,
@@ -30,6 +31,8 @@ __all__ = [
     "event_to_proto",
     "health_from_proto",
     "health_to_proto",
+    "liveness_from_proto",
+    "liveness_to_proto",
     "payload_from_proto",
     "payload_to_proto",
     "request_from_proto",
@@ -200,3 +203,19 @@ def payload_from_proto(message: pb.NodeConfig) -> tuple[NodePayload, int]:
         node_id=message.node_id, alias=message.alias or None, providers=tuple(providers)
     )
     return payload, message.generation
+
+
+def liveness_to_proto(liveness: Liveness) -> pb.Liveness:
+    """The wire form of the Edge's liveness values (what its welcome carries)."""
+    return pb.Liveness(
+        heartbeat_interval_ms=round(liveness.heartbeat_interval * 1000),
+        heartbeat_timeout_ms=round(liveness.heartbeat_timeout * 1000),
+    )
+
+
+def liveness_from_proto(message: pb.Liveness, default: Liveness) -> Liveness:
+    """The Edge's liveness values; `default` when it sent none or values that make no sense."""
+    try:
+        return Liveness(message.heartbeat_interval_ms / 1000, message.heartbeat_timeout_ms / 1000)
+    except ValueError:
+        return default

@@ -22,6 +22,7 @@ __all__ = [
     "INTERNAL_ERROR",
     "NODE_DISCONNECTED",
     "NODE_UNAVAILABLE",
+    "NOT_ACCEPTED",
     "PROVIDER_BUSY",
     "PROVIDER_UNHEALTHY",
     "UNKNOWN_PROVIDER",
@@ -39,8 +40,9 @@ __all__ = [
 
 # -- run error codes (RunFailed.code) -----------------------------------------------------------
 
-#: The provider is at capacity on its Node (counted across every Edge). Retryable: the Edge tries
-#: another candidate or waits; the request never fails because of it.
+#: The provider is at capacity on its Node (counted across every Edge), or its Node is draining
+#: before it exits. Retryable: the Edge tries another candidate or waits; the request never fails
+#: because of it.
 PROVIDER_BUSY: Final = "provider_busy"
 #: The Node has no such provider (its config lags the Edge's). Retryable.
 UNKNOWN_PROVIDER: Final = "unknown_provider"
@@ -48,8 +50,13 @@ UNKNOWN_PROVIDER: Final = "unknown_provider"
 PROVIDER_UNHEALTHY: Final = "provider_unhealthy"
 #: The provider's node is not connected to this Edge. Retryable.
 NODE_UNAVAILABLE: Final = "node_unavailable"
-#: The node went away while the run was in flight. Retryable until the first chunk arrived.
+#: The node went away (or fell silent past its heartbeat deadline) while the run was in flight.
+#: Retryable until the first chunk arrived.
 NODE_DISCONNECTED: Final = "node_disconnected"
+#: The node neither accepted nor answered the run within the first-event deadline (a node that
+#: is alive but never got to it). Retryable: nothing reached the client, and the run is
+#: cancelled on the node.
+NOT_ACCEPTED: Final = "run_not_accepted"
 #: The Edge is shutting down and takes no new runs. Retryable (on another replica).
 EDGE_STOPPING: Final = "edge_stopping"
 #: The upstream could not be reached (connection refused, DNS): nothing was sent. Retryable.
@@ -75,6 +82,7 @@ _RETRYABLE: Final = frozenset(
         UNKNOWN_PROVIDER,
         PROVIDER_UNHEALTHY,
         NODE_UNAVAILABLE,
+        NOT_ACCEPTED,
         EDGE_STOPPING,
         UPSTREAM_UNAVAILABLE,
         UPSTREAM_RATE_LIMITED,
@@ -87,6 +95,7 @@ _HTTP_STATUS: Final = {
     PROVIDER_UNHEALTHY: 503,
     NODE_UNAVAILABLE: 503,
     NODE_DISCONNECTED: 502,
+    NOT_ACCEPTED: 504,
     EDGE_STOPPING: 503,
     UPSTREAM_UNAVAILABLE: 502,
     UPSTREAM_ERROR: 502,
@@ -154,16 +163,23 @@ def _error_message(body: bytes) -> str:
 
 # -- gRPC statuses that end a Node's connection -------------------------------------------------
 
-#: Unknown node id or wrong token.
+#: Unknown node id or wrong token (one answer for both, so a caller learns nothing of the ids).
 REFUSED_CREDENTIALS: Final = grpc.StatusCode.UNAUTHENTICATED
+#: What the Edge tells a node that fails authentication, whichever way it failed.
+REFUSED_CREDENTIALS_DETAILS: Final = "unknown node id or wrong token"
 #: The node speaks a protocol version the Edge does not.
 REFUSED_VERSION: Final = grpc.StatusCode.FAILED_PRECONDITION
 #: The first message carried no hello.
 REFUSED_NO_HELLO: Final = grpc.StatusCode.INVALID_ARGUMENT
 #: The Edge is shutting down.
 REFUSED_STOPPING: Final = grpc.StatusCode.UNAVAILABLE
-#: Another connection of the same node replaced this one.
+#: Another connection of the same node process replaced this one.
 REPLACED: Final = grpc.StatusCode.ABORTED
+#: A newer process with the same node id is connected (a rolling update): the older one finished
+#: its runs on this connection, or is refused while the newer one is connected.
+SUPERSEDED: Final = grpc.StatusCode.ALREADY_EXISTS
+#: The peer sent nothing (not even a heartbeat) within the heartbeat deadline.
+SILENT: Final = grpc.StatusCode.UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,17 +190,24 @@ class ConnectionRefusal:
     #: True when retrying cannot help until someone changes a config or a token (the Node keeps
     #: retrying at its slowest pace, and logs an error instead of a warning).
     permanent: bool
+    #: Retry at the slowest pace (permanent refusals, and a newer instance of this node holding
+    #: the Edge: dialing again quickly would only be refused again).
+    slowest: bool = False
 
 
 def describe_connection_error(code: grpc.StatusCode, details: str | None) -> ConnectionRefusal:
     """How the Node should read a gRPC status that ended its connection."""
     text = details or code.name
     if code in (REFUSED_CREDENTIALS, grpc.StatusCode.PERMISSION_DENIED):
-        return ConnectionRefusal(f"refused by the Edge: {text}", permanent=True)
+        return ConnectionRefusal(f"refused by the Edge: {text}", permanent=True, slowest=True)
     if code == REFUSED_VERSION:
-        return ConnectionRefusal(f"protocol mismatch: {text}", permanent=True)
+        return ConnectionRefusal(f"protocol mismatch: {text}", permanent=True, slowest=True)
     if code == REFUSED_NO_HELLO:
-        return ConnectionRefusal(f"the Edge refused the handshake: {text}", permanent=True)
+        return ConnectionRefusal(
+            f"the Edge refused the handshake: {text}", permanent=True, slowest=True
+        )
+    if code == SUPERSEDED:
+        return ConnectionRefusal(f"superseded: {text}", permanent=False, slowest=True)
     if code == grpc.StatusCode.UNAVAILABLE:
         return ConnectionRefusal(f"Edge unavailable: {text}", permanent=False)
     if code == REPLACED:

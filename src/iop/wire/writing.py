@@ -6,6 +6,10 @@ wait. When the writer is idle an item goes out at once, alone; while a write is 
 whatever producers put queues up, and the next write sends all of it as one message. Under light
 load that is one message per item with no delay; under heavy load the batches grow by themselves
 and the per-message cost is shared.
+
+`put` never waits, so a producer that could outrun the stream (a run reading its upstream faster
+than the peer takes the stream's messages) bounds the queue itself: `wait_for_room(limit)`
+returns once fewer than `limit` items wait.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ class CoalescingWriter(Generic[T]):
     """Sends the items put into it through `send(batch)`, one batch per write.
 
     Use it as `async with CoalescingWriter(send, name=...) as writer:`; leaving the block stops
-    the writer (items still queued are dropped: the stream is going away). When `send` raises,
-    the writer stops, `task` holds the error and further `put`s are ignored.
+    the writer (items still queued are dropped: the stream is going away). When `send` raises
+    (the stream broke: the peer went away, the transport closed), the writer stops, `error`
+    holds what was raised, `task` ends (without an error of its own: a broken stream is the
+    owner's news, not a dying task's) and further `put`s are ignored.
     """
 
     def __init__(
@@ -45,8 +51,11 @@ class CoalescingWriter(Generic[T]):
         self._max_items = max_items
         self._queue: list[T] = []
         self._wakeup: asyncio.Future[None] | None = None
+        self._room: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        #: What `send` raised, when it did; the writer stopped then.
+        self.error: Exception | None = None
         self.messages_sent = 0
         self.items_sent = 0
 
@@ -73,7 +82,7 @@ class CoalescingWriter(Generic[T]):
 
     @property
     def task(self) -> asyncio.Task[None]:
-        """The writer task: done when the writer stopped or its `send` failed."""
+        """The writer task: done when the writer stopped or its `send` failed (see `error`)."""
         if self._task is None:
             raise RuntimeError(f"writer {self._name} was never started")
         return self._task
@@ -82,15 +91,39 @@ class CoalescingWriter(Generic[T]):
     def closed(self) -> bool:
         return self._closed or (self._task is not None and self._task.done())
 
-    def put(self, item: T) -> bool:
-        """Queue `item` for the next write; False (and dropped) when the writer has stopped."""
+    def put(self, item: T, *, wake: bool = True) -> bool:
+        """Queue `item` for the next write; False (and dropped) when the writer has stopped.
+
+        `wake=False` queues an item that need not go out alone: it rides with the next write
+        whatever causes it (an item put with `wake`, or one already in flight), which saves a
+        message when something else follows soon.
+        """
         if self.closed:
             return False
         self._queue.append(item)
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        if wake:
+            wakeup = self._wakeup
+            if wakeup is not None and not wakeup.done():
+                wakeup.set_result(None)
         return True
+
+    @property
+    def backlog(self) -> int:
+        """Items queued and not yet taken by a write."""
+        return len(self._queue)
+
+    async def wait_for_room(self, limit: int) -> None:
+        """Return once fewer than `limit` items are queued, or the writer has stopped."""
+        while len(self._queue) >= limit and not self.closed:
+            room = self._room
+            if room is None or room.done():
+                room = self._room = asyncio.get_running_loop().create_future()
+            await asyncio.shield(room)
+
+    def _wake_producers(self) -> None:
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -105,8 +138,15 @@ class CoalescingWriter(Generic[T]):
                 else:
                     batch = self._queue[: self._max_items]
                     del self._queue[: self._max_items]
-                await self._send(batch)
+                self._wake_producers()
+                try:
+                    await self._send(batch)
+                except Exception as exc:
+                    logger.debug("writer %s stopped: its stream broke: %r", self._name, exc)
+                    self.error = exc
+                    return
                 self.messages_sent += 1
                 self.items_sent += len(batch)
         finally:
             self._closed = True
+            self._wake_producers()

@@ -1,0 +1,54 @@
+"""Liveness on the Node-Edge link: heartbeats both ways, and a deadline for a silent peer.
+
+A frozen peer (SIGSTOP, a hung host, a stuck event loop) keeps its TCP connection open and its
+kernel keeps acknowledging segments, so neither TCP nor a pending read ever says it is gone.
+Only what the peer's *application* sends can: each side sends a heartbeat every
+`heartbeat_interval` and counts a peer it heard nothing from (no message of any kind) for
+`heartbeat_timeout` as dead. The Edge's values (`edge.node_link`) travel in the welcome, so both
+directions use the same ones.
+
+The judge is fair to the peer when the judging side itself stalls: if its own ticker wakes up
+late by more than a tick, the messages the peer sent meanwhile may still sit unread in the
+socket, so that tick judges nobody and the readers catch up first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["DEFAULT_LIVENESS", "Liveness", "Ticker"]
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """How often each side sends a heartbeat, and how long a silent peer counts as alive."""
+
+    heartbeat_interval: float
+    heartbeat_timeout: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
+            raise ValueError("the heartbeat interval must be positive and below the timeout")
+
+
+#: What a Node uses until an Edge's welcome says otherwise (and what edge.node_link defaults to).
+DEFAULT_LIVENESS: Final = Liveness(heartbeat_interval=0.5, heartbeat_timeout=2.0)
+
+
+class Ticker:
+    """Wakes every `interval` seconds and says whether this side's own event loop kept time."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._next = self._loop.time() + interval
+
+    async def tick(self) -> bool:
+        """Sleep until the next tick; False when it came more than a tick late (a stall here)."""
+        await asyncio.sleep(max(0.0, self._next - self._loop.time()))
+        now = self._loop.time()
+        on_time = now - self._next <= self.interval
+        self._next = now + self.interval
+        return on_time
