@@ -52,9 +52,10 @@ class SelfSignedCertificate:
         private temporary folder by default), readable by this user only."""
         names = list(dict.fromkeys(h for h in hostnames if h))
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name(
-            [x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "iop-operator")]
-        )
+        # The names are in the SubjectAlternativeName, which is what clients check; the common
+        # name is only a label, and X.509 bounds it at 64 characters (a long Service name in a
+        # long namespace is longer).
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _common_name(names))])
         alternatives: list[x509.GeneralName] = []
         for name in names:
             try:
@@ -102,6 +103,15 @@ class SelfSignedCertificate:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(key_pem)
         return cls(cert_pem, key_pem, certfile, keyfile)
+
+
+def _common_name(names: list[str]) -> str:
+    """The first name if it fits the 64 characters X.509 allows, else the operator's label."""
+    first = names[0] if names else ""
+    return first if 0 < len(first) <= _COMMON_NAME_LIMIT else "iop-operator"
+
+
+_COMMON_NAME_LIMIT = 64
 
 
 async def patch_ca_bundle(

@@ -1,0 +1,38 @@
+"""The webhook's self-signed certificate: every name in its SANs, whatever their length."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from iop.operator.certifying import SelfSignedCertificate
+
+
+def test_a_service_name_longer_than_a_common_name_allows_still_makes_a_certificate(
+    tmp_path: Path,
+) -> None:
+    service = "iop-edge-operator-webhook." + "a-namespace-with-a-long-name-" * 2 + "x.svc"
+    assert len(service) > 64
+    certificate = SelfSignedCertificate.create([service, "10.88.0.7", "127.0.0.1"], tmp_path)
+
+    parsed = x509.load_pem_x509_certificate(certificate.cert_pem)
+    names = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [service]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == ["10.88.0.7", "127.0.0.1"]
+    (common,) = parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    assert common.value == "iop-operator"
+    # A TLS server loads it as it is.
+    ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+        certificate.certfile, certificate.keyfile
+    )
+    assert certificate.keyfile.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_short_name_is_the_common_name(tmp_path: Path) -> None:
+    certificate = SelfSignedCertificate.create(["webhook.iop.svc"], tmp_path)
+    parsed = x509.load_pem_x509_certificate(certificate.cert_pem)
+    (common,) = parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    assert common.value == "webhook.iop.svc"
