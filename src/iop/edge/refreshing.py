@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sized
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -69,8 +69,11 @@ class Refresher:
         hub: ConfigPush | None = None,
         config_path: str | Path | None = None,
         ack_timeout: float = 10.0,
+        on_report: Callable[[RefreshReport], None] | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        #: Called with every report (the Edge counts them in its metrics).
+        self._on_report = on_report
         self._hub = hub
         #: The file the Edge was started from: what SIGHUP and a body without a config re-read.
         self.config_path = Path(config_path) if config_path is not None else None
@@ -120,6 +123,8 @@ class Refresher:
         if mode == "apply":
             self._last_apply = report
         _log(report)
+        if self._on_report is not None:
+            self._on_report(report)
         return report
 
     # -- the three outcomes ----------------------------------------------------------------------
