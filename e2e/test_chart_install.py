@@ -163,7 +163,7 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     assert chat(cluster, namespace)
 
     # helm test: a pod of the image sends a chat completion through the Service.
-    result = cluster.helm("test", RELEASE, "-n", namespace, "--logs", timeout=300)
+    result = cluster.helm("test", RELEASE, "-n", namespace, timeout=300)
     assert "Phase:          Succeeded" in result.stdout, result.stdout
 
     # Uninstall leaves nothing of the release: not the EdgeConfig, not the operator's ConfigMaps
