@@ -31,11 +31,10 @@ def edit_file(live: dict[str, Any], change: str) -> dict[str, Any]:
         provider["capacity"] = provider["capacity"] + 4
     else:
         spec["openai"]["listen"] = "[::]:8080"  # the same port, IPv6 too: an Edge restart
-    meta = live["metadata"]
     return {
         "apiVersion": live["apiVersion"],
         "kind": live["kind"],
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "metadata": {"name": live["metadata"]["name"], "namespace": live["metadata"]["namespace"]},
         "spec": spec,
     }
 
@@ -52,8 +51,10 @@ def main() -> None:
     edits = state / "edits"
     edits.mkdir(parents=True, exist_ok=True)
     capacity, listener = edits / "capacity.yaml", edits / "listener.yaml"
-    capacity.write_text(yaml.safe_dump(edit_file(live, "capacity"), sort_keys=False))
-    listener.write_text(yaml.safe_dump(edit_file(live, "listener"), sort_keys=False))
+    live_edit = edit_file(live, "capacity")
+    capacity.write_text(yaml.safe_dump(live_edit, sort_keys=False))
+    # The second edit starts from the first, so applying both in order changes one thing each.
+    listener.write_text(yaml.safe_dump(edit_file(live_edit, "listener"), sort_keys=False))
     node = live["spec"]["nodes"][0]
     provider = node["providers"][0]
     before = provider["capacity"]
