@@ -176,6 +176,17 @@ RULES = [
         id="duplicate-token-hash",
     ),
     pytest.param(
+        _set("openai.principal_weights", {"team-a": 2, "tema-b": 1}),
+        'openai.principal_weights.tema-b: no principal_tokens entry bills to principal "tema-b"'
+        '; did you mean "team-a"?',
+        id="weight-of-an-unknown-principal",
+    ),
+    pytest.param(
+        _set("openai.principal_weights", {"team-a": 0}),
+        "openai.principal_weights.team-a: must be >= 1, got 0",
+        id="weight-zero",
+    ),
+    pytest.param(
         _set("openai.principal_tokens[0].token_hash_sha256", "A" * 64),
         "openai.principal_tokens[0].token_hash_sha256: must be 64 lowercase hex characters: the "
         'SHA-256 of the token, never the token itself (printf %s "$TOKEN" | sha256sum) '

@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 __all__ = [
+    "ANONYMOUS_PRINCIPAL",
     "APPLY_KEY",
     "A2ASection",
     "AdminSection",
@@ -44,6 +45,9 @@ __all__ = [
 
 #: The JSON-schema key each field's apply marker (live / restart:edge / restart:node) sits under.
 APPLY_KEY: Final = "x-iop-apply"
+
+#: The principal_ref of requests without a bearer token (`openai.allow_unauthenticated`).
+ANONYMOUS_PRINCIPAL: Final = "anonymous"
 LIVE: Final = "live"
 RESTART_EDGE: Final = "restart:edge"
 RESTART_NODE: Final = "restart:node"
@@ -270,6 +274,15 @@ class OpenAISection(Spec):
             "Several tokens may share a principal_ref."
         ),
     ] = Field(default_factory=list)
+    principal_weights: Annotated[
+        dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1, le=1000)]],
+        live(
+            "Fair share of a model's queue: when requests of several principals wait for one "
+            "model, each principal_ref is admitted in proportion to its weight (1 to 1000; a "
+            "principal not named here weighs 1), and each principal's own requests in arrival "
+            "order. Has no effect while nothing waits."
+        ),
+    ] = Field(default_factory=dict)
 
 
 class A2ASection(Spec):
