@@ -24,6 +24,9 @@ async def test_usage_and_pool_gauges_are_exposed(config_of, provider) -> None:
     metrics.count_request(None, "", "", 401)
     metrics.observe_queue_wait("m", "team-search", 0.002)
     metrics.observe_first_token("m", 0.01)
+    metrics.observe_duration("m", 0.05)
+    metrics.count_refresh("apply", "applied")
+    metrics.count_refresh("apply", "restart_required")
     text = metrics.render().decode()
     labels = f'principal_ref="team-search",provider="{lease.provider_id}",token_ref="search-chat"'
     assert f'iop_edge_prompt_tokens_total{{model="m",{labels}}} 6.0' in text
@@ -35,6 +38,9 @@ async def test_usage_and_pool_gauges_are_exposed(config_of, provider) -> None:
     assert 'iop_edge_queue_depth{model="m"} 0.0' in text
     assert 'iop_edge_queue_wait_seconds_count{model="m",principal_ref="team-search"} 1.0' in text
     assert 'iop_edge_time_to_first_token_seconds_count{model="m"} 1.0' in text
+    assert 'iop_edge_request_duration_seconds_count{model="m"} 1.0' in text
+    assert 'iop_edge_refreshes_total{mode="apply",outcome="applied"} 1.0' in text
+    assert 'iop_edge_refreshes_total{mode="apply",outcome="restart_required"} 1.0' in text
     dispatcher.release(lease)
     assert f'iop_edge_in_flight{{provider="{lease.provider_id}"}} 0.0' in metrics.render().decode()
 

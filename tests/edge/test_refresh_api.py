@@ -268,6 +268,10 @@ async def test_the_last_report_is_kept(start_edge, refresh_document) -> None:
         assert (await admin.get("/refresh/last", params={"mode": "x"})).status_code == 400
     assert dry["requested_by"].startswith("127.0.0.1:")
     assert dry["requested_by"].endswith("no auth (loopback)")
+    # Each report is counted by mode and outcome: the dashboard's "config applies" panel.
+    metrics = edge.metrics.render().decode()
+    assert 'iop_edge_refreshes_total{mode="dry_run",outcome="valid"} 1.0' in metrics
+    assert 'iop_edge_refreshes_total{mode="apply",outcome="applied"} 1.0' in metrics
 
 
 # -- pushes ----------------------------------------------------------------------------------------

@@ -65,12 +65,14 @@ class EdgeServer(AsyncService):
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
+        self.metrics = Metrics(self.dispatcher)
         self.refresher = Refresher(
             self.dispatcher,
             hub=self.hub,
             config_path=config_path,
             config_dir=config.edge.admin.config_dir,
             ack_timeout=ack_timeout_s,
+            on_report=lambda report: self.metrics.count_refresh(report.mode, report.outcome),
         )
         # Checked here, before anything listens: off loopback without a token, no Edge.
         self._admin_auth = (
@@ -82,7 +84,6 @@ class EdgeServer(AsyncService):
         self._metrics_listen = metrics_listen or None
         self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
-        self.metrics = Metrics(self.dispatcher)
         self.app = EdgeApp(
             dispatcher=self.dispatcher,
             hub=self.hub,

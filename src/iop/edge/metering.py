@@ -136,11 +136,26 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._duration = Histogram(
+            "iop_edge_request_duration_seconds",
+            "Time from a completion request's arrival to the end of its answer, any outcome.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._refreshes = Counter(
+            "iop_edge_refreshes",
+            "Refreshes (admin API, SIGHUP) by mode and outcome: applied, valid, "
+            "restart_required, invalid.",
+            ["mode", "outcome"],
+            registry=self.registry,
+        )
         self.registry.register(_PoolCollector(dispatcher))
         self._request_children: dict[tuple[str, ...], Counter] = {}
         self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
         self._wait_children: dict[tuple[str, str], Histogram] = {}
         self._first_children: dict[str, Histogram] = {}
+        self._duration_children: dict[str, Histogram] = {}
 
     def count_request(
         self, principal: Principal | None, model: str, provider: str, status: int
@@ -191,6 +206,16 @@ class Metrics:
         if child is None:
             child = self._first_children[model] = self._first_token.labels(model)
         child.observe(seconds)
+
+    def observe_duration(self, model: str, seconds: float) -> None:
+        child = self._duration_children.get(model)
+        if child is None:
+            child = self._duration_children[model] = self._duration.labels(model)
+        child.observe(seconds)
+
+    def count_refresh(self, mode: str, outcome: str) -> None:
+        """One refresh report: the dashboard's view of what the operator's applies did here."""
+        self._refreshes.labels(mode, outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping, Sized
+from collections.abc import Callable, Collection, Mapping, Sized
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -78,8 +78,11 @@ class Refresher:
         config_path: str | Path | None = None,
         config_dir: str | Path | None = None,
         ack_timeout: float = 10.0,
+        on_report: Callable[[RefreshReport], None] | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        #: Called with every report (the Edge counts them in its metrics).
+        self._on_report = on_report
         self._hub = hub
         #: The file the Edge was started from: what SIGHUP and a body without a config re-read.
         self.config_path = Path(config_path) if config_path is not None else None
@@ -175,6 +178,8 @@ class Refresher:
         if mode == "apply":
             self._last_apply = report
         _log(report)
+        if self._on_report is not None:
+            self._on_report(report)
         return report
 
     # -- the three outcomes ----------------------------------------------------------------------

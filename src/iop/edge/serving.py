@@ -237,6 +237,7 @@ class EdgeApp:
             if watcher is not None:
                 watcher.cancel()
             self._metrics.count_request(principal, model, provider, status)
+            self._metrics.observe_duration(model, time.perf_counter() - arrived)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_request_bytes

@@ -1,0 +1,52 @@
+# syntax=docker/dockerfile:1
+# One image for every part of IOP Edge: `iop operator run`, `iop edge run`, `iop node run`,
+# `iop fake-upstream` (the chart passes the subcommand as the container's args).
+#
+#   docker build -t ghcr.io/iop-edge/iop-edge:0.1.0 .
+#
+# Two stages: the first installs the locked dependencies (uv.lock, --frozen: exactly those
+# versions, or the build fails) and then the project as a regular, non-editable package into a
+# virtualenv, with bytecode compiled ahead (the root file system is read-only in the chart); the
+# second copies only that virtualenv onto a slim Python and runs as a non-root user. The build
+# context is pyproject.toml, uv.lock, README.md, LICENSE and src/ (.dockerignore lets nothing else
+# in); tests/test_packaging.py builds and runs the package from exactly the files copied here.
+
+ARG PYTHON_VERSION=3.11
+# Match scripts/bootstrap.
+ARG UV_VERSION=0.13.8
+
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+ARG UV_VERSION
+RUN python -m pip install --no-cache-dir --disable-pip-version-check "uv==${UV_VERSION}"
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PYTHON=/usr/local/bin/python \
+    UV_PROJECT_ENVIRONMENT=/opt/iop
+WORKDIR /src
+# Dependencies first, in their own layer: it is rebuilt only when the lock changes.
+COPY pyproject.toml uv.lock ./
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-install-project
+COPY README.md LICENSE ./
+COPY src/ ./src/
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable \
+ && /opt/iop/bin/iop --version
+
+FROM python:${PYTHON_VERSION}-slim-bookworm
+LABEL org.opencontainers.image.title="iop-edge" \
+      org.opencontainers.image.description="IOP Edge: the EdgeConfig operator, the Edge and the Node agent" \
+      org.opencontainers.image.source="https://github.com/iop-edge/iop-edge" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 iop \
+ && useradd --system --uid 10001 --gid iop --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin iop
+COPY --from=build /opt/iop /opt/iop
+ENV PATH=/opt/iop/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# Numeric, so runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+ENTRYPOINT ["iop"]
+CMD ["--help"]

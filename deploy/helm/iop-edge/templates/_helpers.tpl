@@ -1,0 +1,325 @@
+{{/*
+Names, labels and the few computations every template shares. The names the operator looks up
+(the EdgeConfig's NAME-edge ConfigMap, NAME-edge-admin Secret, the iop.dev/* labels) follow
+docs/operator.md, "The contract with the Helm chart".
+*/}}
+
+{{- define "iop-edge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "iop-edge.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "iop-edge.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* A resource name under the release prefix: (list $ "suffix"). */}}
+{{- define "iop-edge.component-name" -}}
+{{- $root := index . 0 }}
+{{- printf "%s-%s" (include "iop-edge.fullname" $root) (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Cluster-scoped objects (the webhook configuration, the ClusterRole for it) are shared by every
+namespace, so their names carry the release's namespace too.
+*/}}
+{{- define "iop-edge.cluster-name" -}}
+{{- printf "%s-%s" (include "iop-edge.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The EdgeConfig's name: every operator-side name derives from it. */}}
+{{- define "iop-edge.edgeconfig-name" -}}
+{{- default (include "iop-edge.fullname" .) .Values.edgeConfig.name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "iop-edge.edge-configmap" -}}
+{{- printf "%s-edge" (include "iop-edge.edgeconfig-name" .) }}
+{{- end }}
+
+{{- define "iop-edge.admin-secret" -}}
+{{- printf "%s-edge-admin" (include "iop-edge.edgeconfig-name" .) }}
+{{- end }}
+
+{{- define "iop-edge.selector-labels" -}}
+app.kubernetes.io/name: {{ include "iop-edge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "iop-edge.labels" -}}
+helm.sh/chart: {{ include "iop-edge.chart" . }}
+{{ include "iop-edge.selector-labels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: iop-edge
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of one component: (list $ "edge"). */}}
+{{- define "iop-edge.component-labels" -}}
+{{- $root := index . 0 }}
+{{ include "iop-edge.labels" $root }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* Selector of one component: (list $ "edge"). */}}
+{{- define "iop-edge.component-selector" -}}
+{{- $root := index . 0 }}
+{{ include "iop-edge.selector-labels" $root }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* The operator finds the Edge and Node workloads and their pods by these (conventions.py). */}}
+{{- define "iop-edge.edge-selector" -}}
+{{ include "iop-edge.component-selector" (list . "edge") }}
+iop.dev/edgeconfig: {{ include "iop-edge.edgeconfig-name" . }}
+{{- end }}
+
+{{- define "iop-edge.node-selector" -}}
+{{- $root := index . 0 }}
+{{ include "iop-edge.component-selector" (list $root "node") }}
+iop.dev/edgeconfig: {{ include "iop-edge.edgeconfig-name" $root }}
+iop.dev/node-id: {{ index . 1 }}
+{{- end }}
+
+{{- define "iop-edge.operator-service-account" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "iop-edge.component-name" (list . "operator")) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "iop-edge.webhook-service" -}}
+{{- include "iop-edge.component-name" (list . "operator-webhook") }}
+{{- end }}
+
+{{- define "iop-edge.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "iop-edge.pod-security" -}}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "iop-edge.container-security" -}}
+{{- with .Values.containerSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+A random token that is generated once and then kept: (list $ "secret-name" "key").
+On upgrade the Secret's current value is read back with `lookup`; on install (or under `helm
+template`, where lookup finds nothing) a new one is drawn. A template may ask for the same token
+several times (the Secret that holds it, the EdgeConfig that needs its hash): the first answer is
+remembered for the rest of the render, so both always agree.
+*/}}
+{{- define "iop-edge.generated-token" -}}
+{{- $root := index . 0 }}
+{{- $name := index . 1 }}
+{{- $key := index . 2 }}
+{{- if not (hasKey $root "iopEdgeTokens") }}
+{{- $_ := set $root "iopEdgeTokens" dict }}
+{{- end }}
+{{- $memo := get $root "iopEdgeTokens" }}
+{{- $id := printf "%s/%s" $name $key }}
+{{- if not (hasKey $memo $id) }}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace $name }}
+{{- $current := "" }}
+{{- if $existing }}
+{{- $current = index ($existing.data | default dict) $key | default "" | b64dec }}
+{{- end }}
+{{- $_ := set $memo $id (default (randAlphaNum 48) $current) }}
+{{- end }}
+{{- get $memo $id }}
+{{- end }}
+
+{{/*
+The token in a Secret the user made: (list $ "secret-name" "key" "what needs it"). It must exist
+before the chart is rendered against the cluster; `helm template` cannot read Secrets.
+*/}}
+{{- define "iop-edge.existing-token" -}}
+{{- $root := index . 0 }}
+{{- $name := index . 1 }}
+{{- $key := index . 2 }}
+{{- $secret := lookup "v1" "Secret" $root.Release.Namespace $name }}
+{{- if not $secret }}
+{{- fail (printf "%s: Secret %s/%s not found; create it first (helm template and --dry-run=client cannot read Secrets: use --dry-run=server), or give tokenHashSha256" (index . 3) $root.Release.Namespace $name) }}
+{{- end }}
+{{- $value := index ($secret.data | default dict) $key | default "" }}
+{{- if not $value }}
+{{- fail (printf "%s: Secret %s/%s has no key %q" (index . 3) $root.Release.Namespace $name $key) }}
+{{- end }}
+{{- $value | b64dec }}
+{{- end }}
+
+{{- define "iop-edge.node-token-secret" -}}
+{{- include "iop-edge.component-name" (list (index . 0) (printf "node-%s" (index . 1))) }}
+{{- end }}
+
+{{- define "iop-edge.api-keys-secret" -}}
+{{- include "iop-edge.component-name" (list . "api-keys") }}
+{{- end }}
+
+{{/*
+Where a node's token lives: (list $ node) -> {"name": ..., "key": ..., "generated": bool}, as
+JSON. A `tokenSecret` on the node names the user's Secret; otherwise the chart's own.
+*/}}
+{{- define "iop-edge.node-token-ref" -}}
+{{- $root := index . 0 }}
+{{- $node := index . 1 }}
+{{- if $node.tokenSecret }}
+{{- dict "name" $node.tokenSecret.name "key" (default "token" $node.tokenSecret.key) "generated" false | toJson }}
+{{- else }}
+{{- dict "name" (include "iop-edge.node-token-secret" (list $root $node.id)) "key" "token" "generated" true | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* A node's token: (list $ node). */}}
+{{- define "iop-edge.node-token" -}}
+{{- $root := index . 0 }}
+{{- $node := index . 1 }}
+{{- $ref := include "iop-edge.node-token-ref" . | fromJson }}
+{{- if $ref.generated }}
+{{- include "iop-edge.generated-token" (list $root $ref.name $ref.key) }}
+{{- else }}
+{{- include "iop-edge.existing-token" (list $root $ref.name $ref.key (printf "node %s" $node.id)) }}
+{{- end }}
+{{- end }}
+
+{{/* A principal token's value: (list $ entry). */}}
+{{- define "iop-edge.client-token" -}}
+{{- $root := index . 0 }}
+{{- $entry := index . 1 }}
+{{- if $entry.tokenSecret }}
+{{- include "iop-edge.existing-token" (list $root $entry.tokenSecret.name (default "token" $entry.tokenSecret.key) (printf "principal token %s" $entry.tokenRef)) }}
+{{- else }}
+{{- include "iop-edge.generated-token" (list $root (include "iop-edge.api-keys-secret" $root) $entry.tokenRef) }}
+{{- end }}
+{{- end }}
+
+{{/* The spec from values, through `tpl`, as a dict. */}}
+{{- define "iop-edge.values-spec" -}}
+{{- tpl (toYaml (.Values.edgeConfig.spec | default dict)) . }}
+{{- end }}
+
+{{/* The nodes of the spec from values, as {"nodes": [...]} JSON. */}}
+{{- define "iop-edge.spec-nodes" -}}
+{{- $spec := include "iop-edge.values-spec" . | fromYaml }}
+{{- dict "nodes" ($spec.nodes | default list) | toJson }}
+{{- end }}
+
+{{/* Principal tokens of the spec that the chart generates, as {"tokens": [...]} JSON. */}}
+{{- define "iop-edge.generated-client-tokens" -}}
+{{- $spec := include "iop-edge.values-spec" . | fromYaml }}
+{{- $out := list }}
+{{- if .Values.edgeConfig.create }}
+{{- range (($spec.openai | default dict).principalTokens | default list) }}
+{{- if and (not .tokenHashSha256) (not .tokenSecret) }}
+{{- $out = append $out . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- dict "tokens" $out | toJson }}
+{{- end }}
+
+{{/*
+Nodes whose token the chart generates, as {"nodes": [...]} JSON: every node of the spec without
+a tokenHashSha256 or tokenSecret, and every in-cluster node (which may be a node of an EdgeConfig
+the user applies).
+*/}}
+{{- define "iop-edge.generated-node-tokens" -}}
+{{- $ids := list }}
+{{- if .Values.edgeConfig.create }}
+{{- range (include "iop-edge.spec-nodes" . | fromJson).nodes }}
+{{- if and (not .tokenHashSha256) (not .tokenSecret) }}
+{{- $ids = append $ids .id }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range .Values.nodes }}
+{{- if not .tokenSecret }}
+{{- $ids = append $ids .id }}
+{{- end }}
+{{- end }}
+{{- dict "nodes" ($ids | uniq) | toJson }}
+{{- end }}
+
+{{/*
+The EdgeConfig spec as the cluster gets it: the values' spec, the listeners and admin API the
+chart wires (the ports of its Services and probes, the admin token it mounts), and every token
+hash computed from its Secret. Chart-only keys (tokenSecret) are removed.
+*/}}
+{{- define "iop-edge.spec" -}}
+{{- $root := . }}
+{{- $spec := include "iop-edge.values-spec" . | fromYaml }}
+{{- $ports := .Values.edge.ports }}
+{{- $edge := mergeOverwrite (dict) ($spec.edge | default dict) (dict
+      "listen" (printf "0.0.0.0:%v" $ports.hub)
+      "admin" (dict "listen" (printf "0.0.0.0:%v" $ports.admin) "tokenFile" "/etc/iop/admin/token")) }}
+{{- $openai := mergeOverwrite (dict) ($spec.openai | default dict) (dict "listen" (printf "0.0.0.0:%v" $ports.openai)) }}
+{{- $tokens := list }}
+{{- range ($openai.principalTokens | default list) }}
+{{- $entry := omit . "tokenSecret" }}
+{{- if not .tokenHashSha256 }}
+{{- $_ := set $entry "tokenHashSha256" (include "iop-edge.client-token" (list $root .) | sha256sum) }}
+{{- end }}
+{{- $tokens = append $tokens $entry }}
+{{- end }}
+{{- if $openai.principalTokens }}
+{{- $_ := set $openai "principalTokens" $tokens }}
+{{- end }}
+{{- $nodes := list }}
+{{- range ($spec.nodes | default list) }}
+{{- $node := omit . "tokenSecret" }}
+{{- if not .tokenHashSha256 }}
+{{- $_ := set $node "tokenHashSha256" (include "iop-edge.node-token" (list $root .) | sha256sum) }}
+{{- end }}
+{{- $nodes = append $nodes $node }}
+{{- end }}
+{{- $out := omit $spec "edge" "openai" "nodes" }}
+{{- $_ := set $out "edge" $edge }}
+{{- $_ := set $out "openai" $openai }}
+{{- if $spec.nodes }}
+{{- $_ := set $out "nodes" $nodes }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* The model `helm test` asks for. */}}
+{{- define "iop-edge.test-model" -}}
+{{- if .Values.tests.model }}
+{{- .Values.tests.model }}
+{{- else }}
+{{- $spec := include "iop-edge.values-spec" . | fromYaml }}
+{{- $models := $spec.models | default list }}
+{{- if $models }}{{ (first $models).id }}{{ end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,187 @@
+"""The chart keeps the operator's contract (docs/operator.md, "The contract with the Helm chart").
+
+The names come from `iop.operator.conventions` and the RBAC rules from the table in
+docs/operator.md, so the chart, the operator and its documentation cannot drift apart unseen.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from iop.operator import conventions
+
+if TYPE_CHECKING:
+    from tests.chart.conftest import ChartTools
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "iop-edge"
+RUN_VALUES = REPO / "configs" / "helm-values.yaml"
+NAME = "edge"  # edgeConfig.name in configs/helm-values.yaml
+
+
+def by_kind(documents: Sequence[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in documents if d["kind"] == kind}
+
+
+def test_the_chart_ships_the_generated_crd_unchanged() -> None:
+    chart_crd = (CHART / "crds" / "edgeconfigs.iop.dev.yaml").read_bytes()
+    assert chart_crd == (REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml").read_bytes(), (
+        "copy deploy/crds/edgeconfigs.iop.dev.yaml into deploy/helm/iop-edge/crds/"
+    )
+    assert list((CHART / "crds").iterdir()) == [CHART / "crds" / "edgeconfigs.iop.dev.yaml"]
+
+
+def rbac_table() -> set[tuple[str, str, tuple[str, ...]]]:
+    """(apiGroup, resource, verbs) rows of docs/operator.md's RBAC table."""
+    text = (REPO / "docs" / "operator.md").read_text()
+    section = text[text.index("**RBAC.**") :]
+    rows: set[tuple[str, str, tuple[str, ...]]] = set()
+    for line in section.splitlines()[1:]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].startswith("`"):
+            continue
+        group = cells[0].strip("`").strip('"')
+        resource = re.match(r"`([^`]+)`", cells[1])
+        assert resource is not None, line
+        verbs = tuple(sorted(verb.strip() for verb in cells[2].split(",")))
+        rows.add((group, resource.group(1), verbs))
+    return rows
+
+
+def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents()
+    granted: set[tuple[str, str, tuple[str, ...]]] = set()
+    (role,) = by_kind(documents, "Role").values()
+    (cluster_role,) = by_kind(documents, "ClusterRole").values()
+    for rule in [*role["rules"], *cluster_role["rules"]]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.add((group, resource, tuple(sorted(rule["verbs"]))))
+    assert granted == rbac_table()
+    # The cluster-scoped rule names this release's webhook configuration, and nothing else.
+    (webhook,) = by_kind(documents, "ValidatingWebhookConfiguration")
+    assert cluster_role["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": [webhook],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    # Only the operator's ServiceAccount is bound; the Edge and Nodes get no API token at all.
+    deployments = by_kind(documents, "Deployment")
+    operator = deployments["iop-iop-edge-operator"]["spec"]["template"]["spec"]
+    for binding_kind in ("RoleBinding", "ClusterRoleBinding"):
+        for binding in by_kind(documents, binding_kind).values():
+            assert binding["subjects"] == [
+                {
+                    "kind": "ServiceAccount",
+                    "name": operator["serviceAccountName"],
+                    "namespace": "iop-system",
+                }
+            ]
+    for name, deployment in deployments.items():
+        if name != "iop-iop-edge-operator":
+            assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_workloads_carry_the_labels_and_mounts_the_operator_looks_for(
+    chart_tools: ChartTools,
+) -> None:
+    documents = chart_tools.documents("--values", str(RUN_VALUES))
+    deployments = by_kind(documents, "Deployment")
+    (edgeconfig,) = by_kind(documents, "EdgeConfig")
+    assert edgeconfig == NAME
+
+    edge = deployments["iop-edge"]
+    edge_labels = dict(pair.split("=") for pair in conventions.edge_selector(NAME).split(","))
+    for labels in (edge["metadata"]["labels"], edge["spec"]["template"]["metadata"]["labels"]):
+        assert edge_labels.items() <= labels.items()
+    assert edge_labels.items() <= edge["spec"]["selector"]["matchLabels"].items()
+    pod = edge["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].startswith("ghcr.io/iop-edge/iop-edge:")
+    assert container["args"][:3] == ["edge", "run", "--config=/etc/iop/edge.yaml"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/iop")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    sources = volume["projected"]["sources"]
+    assert sources[0]["configMap"]["name"] == conventions.edge_configmap_name(NAME)
+    assert sources[0]["configMap"]["items"] == [
+        {"key": conventions.CONFIG_KEY, "path": "edge.yaml"}
+    ]
+    assert "optional" not in sources[0]["configMap"]  # pods wait for the operator's first pass
+    assert sources[1]["secret"]["name"] == conventions.admin_secret_name(NAME)
+    assert sources[1]["secret"]["items"] == [
+        {"key": conventions.ADMIN_TOKEN_KEY, "path": "admin/token"}
+    ]
+    assert conventions.admin_secret_name(NAME) in by_kind(documents, "Secret")
+    # The stamp is the operator's: the chart never writes it, so helm upgrade keeps it.
+    annotations = edge["spec"]["template"]["metadata"].get("annotations", {})
+    assert conventions.CONFIG_HASH_ANNOTATION not in annotations
+
+    for node_id in ("node-1", "node-2", "node-3"):
+        node = deployments[f"iop-node-{node_id}"]
+        selector = dict(
+            pair.split("=") for pair in conventions.node_selector(NAME, node_id).split(",")
+        )
+        assert selector.items() <= node["spec"]["template"]["metadata"]["labels"].items()
+        assert selector.items() <= node["metadata"]["labels"].items()
+        assert node["spec"]["replicas"] == 1
+        assert node["spec"]["strategy"] == {"type": "Recreate"}
+        (agent,) = node["spec"]["template"]["spec"]["containers"]
+        assert agent["args"][:5] == [
+            "node",
+            "run",
+            "--edge-service=iop-hub:7443",
+            f"--node-id={node_id}",
+            "--token-file=/etc/iop/node/token",
+        ]
+    (key,) = deployments["iop-node-node-1"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert key == {
+        "name": "VLLM_A_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "iop-provider-keys", "key": "vllm-a"}},
+    }
+    hub = by_kind(documents, "Service")["iop-hub"]
+    assert hub["spec"]["clusterIP"] == "None"
+
+
+def test_the_operator_and_its_webhook_are_wired_as_the_contract_says(
+    chart_tools: ChartTools,
+) -> None:
+    documents = chart_tools.documents()
+    operator = by_kind(documents, "Deployment")["iop-iop-edge-operator"]
+    assert operator["spec"]["replicas"] == 1
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = operator["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    (webhook_name,) = by_kind(documents, "ValidatingWebhookConfiguration")
+    service_name = next(a.split("=", 1)[1] for a in args if a.startswith("--webhook-service="))
+    assert f"--webhook-configuration={webhook_name}" in args
+    service = by_kind(documents, "Service")[service_name]
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {e["name"] for e in container["env"]} == {"POD_IP", "POD_NAMESPACE"}
+
+    # The webhook as docs/operator.md gives it, field by field.
+    text = (REPO / "docs" / "operator.md").read_text()
+    block = text[text.index("The chart's ValidatingWebhookConfiguration:") :]
+    block = block[block.index("```yaml") + 7 : block.index("```", block.index("```yaml") + 7)]
+    documented = yaml.safe_load(
+        block.replace("<the namespace>", "iop-system")
+        .replace("<operator webhook Service>", service_name)
+        .replace("<ns>", "iop-system")
+    )["webhooks"][0]
+    (hook,) = by_kind(documents, "ValidatingWebhookConfiguration")[webhook_name]["webhooks"]
+    assert hook == documented

@@ -1,0 +1,256 @@
+"""The chart renders what the cluster accepts, follows the operator's contract, keeps tokens in
+Secrets, and refuses values it does not know.
+
+Rendered with the pinned helm and validated by kubeconform (-strict) against the pinned
+Kubernetes release's schemas and the EdgeConfig CRD, so a misspelt field or a spec the CRD
+refuses fails here, not at `helm install`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from iop.edgeconfig.loading import load_data
+
+if TYPE_CHECKING:
+    # Only for annotations: conftest.py is pytest's to import.
+    from tests.chart.conftest import ChartTools
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "iop-edge"
+RUN_VALUES = REPO / "configs" / "helm-values.yaml"
+
+# Every optional part on, so that each template is rendered and validated at least once.
+EVERYTHING = {
+    "fakeUpstream": {"enabled": True},
+    "metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+    "edge": {"replicas": 3, "service": {"type": "NodePort", "nodePort": 30080}},
+}
+VALUE_SETS = [
+    pytest.param([], None, id="defaults"),
+    pytest.param(["--values", str(RUN_VALUES)], None, id="make-run"),
+    pytest.param([], EVERYTHING, id="everything"),
+    pytest.param(
+        [],
+        {"edgeConfig": {"create": False}, "operator": {"webhook": {"enabled": False}}},
+        id="own-edgeconfig-no-webhook",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "values"), VALUE_SETS)
+def test_helm_lint_strict_passes(chart_tools: ChartTools, args, values, tmp_path: Path) -> None:
+    extra = list(args)
+    if values is not None:
+        path = tmp_path / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        extra += ["--values", str(path)]
+    result = chart_tools.lint(*extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "values"), VALUE_SETS)
+def test_rendered_manifests_fit_the_kubernetes_and_crd_schemas(
+    chart_tools: ChartTools, args, values
+) -> None:
+    manifests = chart_tools.template(*args, values=values)
+    result = chart_tools.kubeconform_run(manifests)
+    assert result.returncode == 0, result.stdout + result.stderr
+    count = len([d for d in yaml.safe_load_all(manifests) if d])
+    assert f"Valid: {count}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
+
+
+def test_kubeconform_catches_a_misspelt_field_and_a_spec_the_crd_refuses(
+    chart_tools: ChartTools,
+) -> None:
+    # Proof that the validation above can fail: the same output with two mistakes in it.
+    manifests = chart_tools.template()
+    broken = manifests.replace("readinessProbe:", "readinesProbe:", 1).replace(
+        "longContextThresholdTokens:", "longContextThreshold:", 1
+    )
+    result = chart_tools.kubeconform_run(broken)
+    assert result.returncode != 0
+    assert "additional properties 'readinesProbe' not allowed" in result.stdout
+    assert "additional properties 'longContextThreshold' not allowed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        pytest.param({"edge": {"replica": 2}}, "replica", id="typo-top"),
+        pytest.param(
+            {"operator": {"webhook": {"failurePolicy": "Fail"}}}, "failurePolicy", id="typo-nested"
+        ),
+        pytest.param({"edgeConfig": {"spec": {"modles": []}}}, "modles", id="typo-spec"),
+        pytest.param({"nodes": [{"id": "node-1", "apikeys": []}]}, "apikeys", id="typo-node"),
+        pytest.param({"edge": {"ports": {"openai": 0}}}, "openai", id="port-0"),
+        pytest.param({"nodes": [{"id": "Node_1"}]}, "id", id="node-id-not-a-dns-label"),
+    ],
+)
+def test_the_values_schema_refuses_what_it_does_not_know(
+    chart_tools: ChartTools, values: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(AssertionError) as failure:  # conftest's RenderFailed
+        chart_tools.template(values=values)
+    assert "values don't meet the specifications of the schema" in str(failure.value)
+    assert says in str(failure.value)
+
+
+def test_every_value_is_in_the_schema_and_documented(chart_values: dict[str, Any]) -> None:
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    readme = (CHART / "README.md").read_text()
+
+    def walk(values: dict[str, Any], node: dict[str, Any], path: str) -> None:
+        for key, value in values.items():
+            assert key in node.get("properties", {}), f"{path}{key} is not in values.schema.json"
+            child = node["properties"][key]
+            if isinstance(value, dict) and child.get("additionalProperties") is False:
+                walk(value, child, f"{path}{key}.")
+            elif f"`{path}{key}`" not in readme:
+                # A leaf (or an open object such as resources): the README's table names it.
+                raise AssertionError(f"{path}{key} is not documented in the chart's README.md")
+
+    assert schema["additionalProperties"] is False
+    walk(chart_values, schema, "")
+
+
+def test_no_raw_token_outside_a_secret(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents("--values", str(RUN_VALUES))
+    secrets = by_kind(documents, "Secret")
+    tokens = {
+        (name, key): base64.b64decode(value).decode()
+        for name, secret in secrets.items()
+        for key, value in secret["data"].items()
+    }
+    assert len(tokens) == 1 + 3 + 3  # admin, three nodes, three client tokens
+    assert all(len(token) >= 32 for token in tokens.values())
+    others = yaml.safe_dump_all([d for d in documents if d["kind"] != "Secret"])
+    for (name, key), token in tokens.items():
+        assert token not in others, f"the token {name}/{key} appears outside its Secret"
+
+    spec = by_kind(documents, "EdgeConfig")["edge"]["spec"]
+    for node in spec["nodes"]:
+        assert node["tokenHashSha256"] == sha256(tokens[(f"iop-node-{node['id']}", "token")])
+    for entry in spec["openai"]["principalTokens"]:
+        assert entry["tokenHashSha256"] == sha256(tokens[("iop-api-keys", entry["tokenRef"])])
+        assert "tokenSecret" not in entry
+
+
+def test_the_edgeconfig_from_values_is_a_valid_config_wired_to_the_chart(
+    chart_tools: ChartTools,
+) -> None:
+    documents = chart_tools.documents("--values", str(RUN_VALUES))
+    spec = by_kind(documents, "EdgeConfig")["edge"]["spec"]
+    config = load_data(spec)  # what `iop config check` and the operator accept
+    assert config.edge.listen == "0.0.0.0:7443"
+    assert config.openai.listen == "0.0.0.0:8080"
+    assert config.edge.admin.listen == "0.0.0.0:9090"
+    assert config.edge.admin.token_file == "/etc/iop/admin/token"
+    urls = {
+        provider.id: provider.adapter.base_url
+        for node in config.nodes
+        for provider in node.providers
+        if provider.adapter.type == "openai"
+    }
+    assert set(urls.values()) == {"http://iop-fake-upstream:8000/v1"}
+
+
+def test_the_make_run_values_describe_the_sample_config(chart_tools: ChartTools) -> None:
+    # configs/helm-values.yaml is configs/edge.yaml in camelCase, but for the upstream URLs,
+    # the listeners the chart wires and the token hashes it computes.
+    original = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))
+    documents = chart_tools.documents("--values", str(RUN_VALUES))
+    rendered = load_data(by_kind(documents, "EdgeConfig")["edge"]["spec"])
+    assert [m.model_dump() for m in rendered.models] == [m.model_dump() for m in original.models]
+    assert [(n.id, n.alias) for n in rendered.nodes] == [(n.id, n.alias) for n in original.nodes]
+    for mine, theirs in zip(rendered.nodes, original.nodes, strict=True):
+        for a, b in zip(mine.providers, theirs.providers, strict=True):
+            assert a.model_dump(exclude={"adapter"}) == b.model_dump(exclude={"adapter"})
+            assert a.adapter.type == b.adapter.type
+    principals = [(t.token_ref, t.principal_ref) for t in rendered.openai.principal_tokens]
+    assert principals == [(t.token_ref, t.principal_ref) for t in original.openai.principal_tokens]
+    # Every node of the sample runs in the cluster.
+    nodes = by_kind(documents, "Deployment")
+    assert {f"iop-node-{n.id}" for n in original.nodes} <= set(nodes)
+
+
+def test_the_dashboard_queries_only_metrics_the_edge_exports() -> None:
+    from iop.edge.dispatching import Dispatcher
+    from iop.edge.metering import Metrics
+    from iop.edge.snapshots import PoolSnapshot
+
+    config = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))
+    metrics = Metrics(Dispatcher(PoolSnapshot.build(config)))
+    exported = {
+        sample.name
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name.startswith("iop_edge_")
+    } | {family.name for family in metrics.registry.collect()}
+    dashboard = (CHART / "files" / "dashboards" / "iop-edge.json").read_text()
+    queried = set(re.findall(r"iop_edge_[a-z_]+", dashboard))
+    assert queried, "the dashboard queries no metric"
+    # Histograms and counters show up with their suffixes once observed; their families without.
+    families = {re.sub(r"_(bucket|count|sum|total)$", "", name) for name in exported}
+    unknown = {
+        name
+        for name in queried
+        if name not in exported and re.sub(r"_(bucket|total)$", "", name) not in families
+    }
+    assert not unknown, f"the dashboard queries metrics the Edge does not export: {unknown}"
+    for needed in (
+        "iop_edge_requests_total",
+        "iop_edge_request_duration_seconds_bucket",
+        "iop_edge_time_to_first_token_seconds_bucket",
+        "iop_edge_queue_depth",
+        "iop_edge_queue_wait_seconds_bucket",
+        "iop_edge_in_flight",
+        "iop_edge_completion_tokens_total",
+        "iop_edge_refreshes_total",
+    ):
+        assert needed in queried, f"the dashboard has no panel on {needed}"
+
+
+def test_the_chart_and_the_package_have_one_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    match = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert match is not None
+    assert chart["appVersion"] == chart["version"] == match.group(1)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["repository"] == "ghcr.io/iop-edge/iop-edge"
+    assert values["image"]["tag"] == ""  # so the default is the appVersion
+
+
+def test_the_image_defaults_to_the_app_version(chart_tools: ChartTools) -> None:
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    images = {
+        container["image"]
+        for document in chart_tools.documents(values=EVERYTHING)
+        for container in _containers(document)
+    }
+    assert images == {f"ghcr.io/iop-edge/iop-edge:{version}"}
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def by_kind(documents: Sequence[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in documents if d["kind"] == kind}
+
+
+def _containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+    if document["kind"] == "Deployment":
+        return list(document["spec"]["template"]["spec"]["containers"])
+    if document["kind"] == "Pod":
+        return list(document["spec"]["containers"])
+    return []
