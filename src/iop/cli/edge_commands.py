@@ -24,6 +24,7 @@ from iop.edgeconfig import ConfigError, load_file
 
 from . import reload_commands
 from .problems import print_problems
+from .settling import settle
 
 __all__ = ["register"]
 
@@ -99,6 +100,7 @@ async def _serve(edge: EdgeServer, config_path: str) -> None:
         # One line on stdout once serving, for scripts that start the Edge (like `iop up`).
         started = {"url": edge.url, "hub_port": edge.hub_port, "admin_url": edge.admin_url}
         print(orjson.dumps(started).decode(), flush=True)
+        settle()
         await stop.wait()
         loop.remove_signal_handler(signal.SIGHUP)
         await stop_tasks(reloads)

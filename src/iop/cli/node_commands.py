@@ -14,6 +14,8 @@ import uvloop
 
 from iop.node import NodeAgent
 
+from .settling import settle
+
 __all__ = ["register"]
 
 
@@ -95,4 +97,5 @@ async def _serve(agent: NodeAgent) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with agent:
+        settle()
         await stop.wait()
