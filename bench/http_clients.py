@@ -102,8 +102,10 @@ async def make_client(name: str, url: str, pool: int) -> tuple[One, Callable[[],
         return one_aiohttp, session.close
     if name == "aiosonic":
         import aiosonic
+        from aiosonic.pools import PoolConfig
 
-        client = aiosonic.HTTPClient(connector=aiosonic.TCPConnector(pool_size=pool))
+        pools = {":default": PoolConfig(size=pool, max_conn_requests=None)}
+        client = aiosonic.HTTPClient(connector=aiosonic.TCPConnector(pool_configs=pools))
 
         async def one_aiosonic(stream: bool) -> bool:
             response = await client.post(url, data=bodies[stream], headers=headers)
