@@ -1,10 +1,10 @@
 """Benchmark: the Edge's memory per idle keep-alive connection and per open stream, and after.
 
-    uv run --frozen python -P bench/memory.py [--connections 2000] [--streams 2000] [--cycles 2]
+    uv run --frozen python -P bench/memory.py [--connections 2000] [--streams 2000] [--cycles 3]
 
-Real processes: `iop fake-upstream` (streaming slowly, so streams stay open), `iop edge run` and
-`iop node run` (the `openai` adapter, pool and capacity large enough for every stream). RSS is
-read from /proc (VmRSS) once the Edge has served some requests, then:
+Real processes: `iop fake-upstream` (streams paced by its per-request hook, so they stay open),
+`iop edge run` and `iop node run` (the `openai` adapter, pool and capacity large enough for every
+stream). RSS is read from /proc (VmRSS) once the Edge has served some requests, then:
 
 - idle: N connections to the OpenAI listener, each with one answered `GET /healthz` and then
   left open (within uvicorn's keep-alive timeout of 5 s); RSS with all of them open;
@@ -80,15 +80,17 @@ def config(upstream_url: str, size: int) -> dict[str, object]:
     }
 
 
-def completion(host: str, stream: bool) -> bytes:
-    body = orjson.dumps(
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "Say something about gateways."}],
-            "max_tokens": 8,
-            "stream": stream,
-        }
-    )
+def completion(host: str, stream: bool, tokens_per_second: float | None = None) -> bytes:
+    document: dict[str, object] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Say something about gateways."}],
+        "max_tokens": 8,
+        "stream": stream,
+    }
+    if tokens_per_second:
+        # the fake upstream's per-request hook, which the Edge and the Node pass through
+        document["fake_upstream"] = {"tokens_per_second": tokens_per_second}
+    body = orjson.dumps(document)
     return (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
         f"Authorization: Bearer {CLIENT_TOKEN}\r\nContent-Type: application/json\r\n"
@@ -126,7 +128,7 @@ async def cycle(
     await settle()
     before_streams = {name: rss_kib(pid) for name, pid in pids.items()}
     streams = []
-    payload = completion(f"{host}:{port}", stream=True)
+    payload = completion(f"{host}:{port}", True, args.tokens_per_second)
     for _ in range(args.streams):
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(payload)
@@ -144,8 +146,7 @@ async def cycle(
 
 async def main(args: argparse.Namespace) -> None:
     size = max(args.streams, 16) + 64
-    upstream_args = ["--tokens-per-second", str(args.tokens_per_second)]
-    async with spawn_fake_upstream(upstream_args) as upstream:
+    async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             (folder / "edge.yaml").write_text(yaml.safe_dump(config(upstream.base_url, size)))
