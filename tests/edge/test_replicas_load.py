@@ -39,7 +39,7 @@ def sha(text: str) -> str:
 
 
 def document(upstreams: list[str]) -> dict[str, Any]:
-    nodes = [
+    nodes: list[dict[str, Any]] = [
         {
             "id": f"node-{i}",
             "token_hash_sha256": sha(f"token-{i}"),
@@ -56,7 +56,11 @@ def document(upstreams: list[str]) -> dict[str, Any]:
         for i, url in enumerate(upstreams, start=1)
     ]
     return {
-        "edge": {"id": "edge-replicas", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "edge": {
+            "id": "edge-replicas",
+            "listen": "127.0.0.1:0",
+            "admin": {"listen": "127.0.0.1:0"},
+        },
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
