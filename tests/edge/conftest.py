@@ -146,6 +146,9 @@ class FakeStream:
     def __aiter__(self) -> FakeStream:
         return self
 
+    def take_ready(self) -> list[RunEvent]:
+        return []  # a script's next event is only known by awaiting it
+
     async def __anext__(self) -> RunEvent:
         assert self._events is not None
         event = await anext(self._events)

@@ -66,6 +66,11 @@ class RunEvents(Protocol):
 
     def __aiter__(self) -> AsyncIterator[RunEvent]: ...
 
+    def take_ready(self) -> list[RunEvent]:
+        """The events already arrived, without waiting (empty when none has, or the stream
+        cannot tell): a writer that is behind sends them all at once instead of one by one."""
+        ...
+
 
 class NodeRuns(Protocol):
     """The node hub, as the request path uses it."""

@@ -118,6 +118,21 @@ class RunStream:
             self._finished = True
         return event
 
+    def take_ready(self) -> list[RunEvent]:
+        """The events that arrived and were not consumed yet, without waiting (up to and with
+        the terminal one): what the caller can write out in one go."""
+        events = self._events
+        if not events or self._finished:
+            return []
+        taken: list[RunEvent] = []
+        while events:
+            event = events.popleft()
+            taken.append(event)
+            if isinstance(event, TERMINAL_EVENTS):
+                self._finished = True
+                break
+        return taken
+
     async def aclose(self) -> None:
         self.cancel()
 
