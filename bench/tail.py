@@ -1,7 +1,7 @@
 """Benchmark: where the request path's tail comes from, and process-level knobs side by side.
 
     uv run --frozen python -P bench/tail.py [--seconds 4] [--rounds 3] [--concurrency 1 32]
-        [--variants today gc-freeze] [--py-spy PATH] [--profile-seconds 8]
+        [--variants today baseline gc-relaxed switch-1ms] [--baseline PYTHON] [--py-spy PATH]
 
 The Edge and the Node run as real `iop edge run` / `iop node run` processes (the `openai`
 adapter against `iop fake-upstream`), each started through this script (`--child`), which
@@ -12,13 +12,14 @@ instruments the process without touching the product's code:
   a ready callback can wait behind the loop's current work;
 - the coalescing writers' batches: items per gRPC message, per writer.
 
-Variants are process-level knobs, each a separate Edge + Node pair measured in turn within each
-round (the same load generator as bench/edge.py: httptools, one keep-alive connection per worker):
-`today`, `gc-freeze` (`gc.freeze()` once the process serves, so the objects of start-up are
-never scanned again), `gc-relaxed` (a first-generation threshold of 10,000 allocations instead
-of 700, so young collections run 14 times less often) and `switch-1ms` (the GIL's switch
-interval at 1 ms instead of 5: grpc.aio's completion-queue thread waits less for the loop's
-thread to hand over the GIL). It prints, per variant, mode and
+Variants, each a separate Edge + Node pair measured in turn within each round (the load
+generator of bench/edge.py: httptools, one keep-alive connection per worker): `today` (this
+checkout as it is); `baseline` (the same processes from another checkout's interpreter,
+`--baseline PYTHON`, e.g. the main branch's `.venv/bin/python`, so a change to the product's code
+is measured against the code before it in the same run); and process-level knobs on top of
+`today`: `gc-relaxed` (a first-generation threshold of 10,000 allocations instead of 700, so
+young collections run far less often) and `switch-1ms` (the GIL's switch interval at 1 ms
+instead of 5, for grpc.aio's completion-queue thread). It prints, per variant, mode and
 concurrency: requests/s, p50, p99, p99/p50, CPU per request of the Edge and the Node, and what
 the instruments saw during that cell. With `--py-spy PATH` (py-spy's binary, installed anywhere
 but the project's environment) it then samples the Edge and the Node of `today` under c=32 load,
@@ -50,7 +51,7 @@ from typing import Any
 import uvloop
 import yaml
 
-VARIANTS = ("today", "gc-freeze", "gc-relaxed", "switch-1ms")
+VARIANTS = ("today", "baseline", "gc-relaxed", "switch-1ms")
 
 
 def _load_edge_bench() -> ModuleType:
@@ -171,9 +172,6 @@ def child(out: Path, variant: str, argv: list[str]) -> int:
                     instruments.lags.append((time.perf_counter() - before - 0.002) * 1000)
 
             watcher = asyncio.create_task(watch_lag(), name="bench-lag-watcher")
-            if variant == "gc-freeze":
-                # Once start-up is over: what it allocated is never scanned again.
-                loop.call_later(1.0, gc.freeze)
             try:
                 return await main
             finally:
@@ -196,9 +194,11 @@ class Stack:
     stats: dict[str, Path]
 
 
-async def spawn_child(stats: Path, variant: str, *argv: str) -> asyncio.subprocess.Process:
+async def spawn_child(
+    stats: Path, variant: str, *argv: str, python: str = sys.executable
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable,
+        python,
         "-P",
         __file__,
         *("--child", str(stats), "--variant", variant, "--"),
@@ -209,13 +209,16 @@ async def spawn_child(stats: Path, variant: str, *argv: str) -> asyncio.subproce
 
 
 @contextlib.asynccontextmanager
-async def stack(bench: ModuleType, folder: Path, variant: str) -> AsyncIterator[Stack]:
+async def stack(bench: ModuleType, folder: Path, variant: str, python: str) -> AsyncIterator[Stack]:
     from iop.processes import terminate
 
     stats = {"edge": folder / f"{variant}-edge.jsonl", "node": folder / f"{variant}-node.jsonl"}
     config = folder / "edge.yaml"
     edge = await spawn_child(
-        stats["edge"], variant, "edge", "run", "--config", str(config), "--log-level", "WARNING"
+        stats["edge"],
+        variant,
+        *("edge", "run", "--config", str(config), "--log-level", "WARNING"),
+        python=python,
     )
     node: asyncio.subprocess.Process | None = None
     try:
@@ -225,6 +228,7 @@ async def stack(bench: ModuleType, folder: Path, variant: str) -> AsyncIterator[
             variant,
             *("node", "run", "--edge", f"127.0.0.1:{started['hub_port']}", "--node-id", "node-1"),
             *("--token-file", str(folder / "token"), "--log-level", "WARNING"),
+            python=python,
         )
         host, port = bench.split_url(started["url"])
         await bench.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
@@ -276,7 +280,11 @@ async def drive(args: argparse.Namespace) -> None:
             (folder / "token").write_text(bench.NODE_TOKEN)
             async with contextlib.AsyncExitStack() as exits:
                 stacks = {
-                    v: await exits.enter_async_context(stack(bench, folder, v))
+                    v: await exits.enter_async_context(
+                        stack(
+                            bench, folder, v, args.baseline if v == "baseline" else sys.executable
+                        )
+                    )
                     for v in args.variants
                 }
                 for round_ in range(args.rounds):
@@ -441,7 +449,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["today"])
+    parser.add_argument("--baseline", metavar="PYTHON", help="interpreter of the baseline")
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy's binary: profile `today`")
     parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -449,6 +458,8 @@ def main() -> None:
     args, rest = parser.parse_known_args()
     if args.child is not None:
         sys.exit(child(args.child, args.variant, rest[1:] if rest[:1] == ["--"] else rest))
+    if "baseline" in args.variants and not args.baseline:
+        parser.error("the baseline variant needs --baseline PYTHON")
     load = os.getloadavg()
     print(
         f"# bench/tail.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
