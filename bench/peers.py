@@ -1,7 +1,7 @@
-"""Benchmark: IOP Edge side by side with a peer gateway (LiteLLM's proxy) and the direct path.
+"""Benchmark: IOP Edge side by side with peer gateways (LiteLLM, vLLM's router) and the direct path.
 
     uv run --frozen python -P bench/peers.py [--rounds 3] [--seconds 3]
-        [--concurrency 1 32 128] [--paths direct iop litellm] [--charts docs]
+        [--concurrency 1 32 128] [--paths direct iop litellm vllm-router] [--charts docs]
 
 Paths, all in front of the same `iop fake-upstream` process:
 
@@ -9,12 +9,16 @@ Paths, all in front of the same `iop fake-upstream` process:
 - `iop`: `iop edge run` + one `iop node run` with two `openai` providers of one model (auth with
   a principal token, metrics on, full dispatch), as deployed;
 - `litellm`: LiteLLM's proxy with the equivalent config (two deployments of one model, a master
-  key, no database), one process, as `litellm --config` starts it.
+  key, no database), one process, as `litellm --config` starts it;
+- `vllm-router`: the vLLM project's router (Rust, on PyPI as `vllm-router`) in front of the same
+  upstream as two workers, round-robin. It checks no client key and maps no model names (a
+  request names the upstream's model), so it does less per request than the two gateways.
 
-LiteLLM is installed, pinned, into its own virtual environment under a cache directory
-(`--cache`, default `$XDG_CACHE_HOME/iop-bench/peers`), never into the project's: it drags in
-hundreds of packages the product must not depend on. `LITELLM_LOCAL_MODEL_COST_MAP=True` keeps
-it from fetching its model cost map at start, so it runs offline.
+Each peer is installed, pinned, into a virtual environment of its own under a cache directory
+(`--cache`, default `$XDG_CACHE_HOME/iop-bench/peers`), never into the project's: LiteLLM drags
+in hundreds of packages the product must not depend on. Both run offline:
+`LITELLM_LOCAL_MODEL_COST_MAP=True` keeps LiteLLM from fetching its model cost map at start, and
+the router is told to check its workers' health on `/v1/models`, which the fake upstream serves.
 
 One closed-loop client serves every path: N workers, each with its own aiohttp session over one
 keep-alive connection, as the issue measured. Paths take turns within each round (the order
@@ -24,7 +28,7 @@ of them alike; the ratios are what to read. The direct path's figures show the c
 It prints, per mode and concurrency: requests/s (median of the rounds and their range), p50 and
 p99 latency and their ratio (over all rounds' requests), time to the first SSE event for
 streams, the latency each gateway adds to the direct path, CPU time per request by process (from
-/proc), and the ratios IOP/direct and IOP/LiteLLM. With `--charts DIR` it draws
+/proc), and the ratios of IOP to the direct path and to each peer. With `--charts DIR` it draws
 `peers-throughput.png` and `peers-latency-cdf.png` there. Figures go to docs/benchmarks.md
 ("## Side by side with a peer").
 """
@@ -63,7 +67,10 @@ MASTER_KEY = "sk-bench-master"
 NODE_TOKEN = "bench-node-token"
 MODEL = "bench"
 MAX_TOKENS = 8  # 8 content chunks per stream, as in bench/edge.py
-PATHS = ("direct", "iop", "litellm")
+#: The newest vllm-router on PyPI on the day of the figures.
+VLLM_ROUTER_VERSION = "0.1.17"
+PATHS = ("direct", "iop", "litellm", "vllm-router")
+PEERS = ("litellm", "vllm-router")
 
 
 def sha(text: str) -> str:
@@ -78,28 +85,43 @@ def default_cache() -> Path:
     return Path(base) / "iop-bench" / "peers"
 
 
-def ensure_litellm(cache: Path) -> Path:
-    """The `litellm` command of a virtual environment of its own, installed on first use."""
-    venv = cache / f"litellm-{LITELLM_VERSION}"
-    command = venv / "bin" / "litellm"
+def ensure_peer(cache: Path, name: str, requirement: str, command: str) -> Path:
+    """`command` of a virtual environment of its own for `requirement`, installed on first use."""
+    venv = cache / name
+    found = venv / "bin" / command
     marker = venv / ".installed"
-    if marker.exists() and command.exists():
-        return command
+    if marker.exists() and found.exists():
+        return found
     uv = shutil.which("uv")
     if uv is None:
         raise SystemExit("bench/peers.py needs uv on PATH (scripts/bootstrap installs it)")
-    print(f"installing litellm[proxy]=={LITELLM_VERSION} into {venv}", file=sys.stderr)
+    print(f"installing {requirement} into {venv}", file=sys.stderr)
     shutil.rmtree(venv, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
     subprocess.run(
-        [uv, "pip", "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"],
+        [uv, "pip", "install", "--quiet", requirement],
         check=True,
         env={**os.environ, "VIRTUAL_ENV": str(venv)},
     )
-    marker.write_text(LITELLM_VERSION)
-    return command
+    marker.write_text(requirement)
+    return found
+
+
+def ensure_litellm(cache: Path) -> Path:
+    return ensure_peer(
+        cache, f"litellm-{LITELLM_VERSION}", f"litellm[proxy]=={LITELLM_VERSION}", "litellm"
+    )
+
+
+def ensure_vllm_router(cache: Path) -> Path:
+    return ensure_peer(
+        cache,
+        f"vllm-router-{VLLM_ROUTER_VERSION}",
+        f"vllm-router=={VLLM_ROUTER_VERSION}",
+        "vllm-router",
+    )
 
 
 def free_port() -> int:
@@ -164,6 +186,31 @@ async def litellm_proxy(command: Path, upstream_url: str, folder: Path) -> Async
         url = f"http://127.0.0.1:{port}"
         await wait_http(f"{url}/health/liveliness", b"alive", 180, process)
         yield Target(url, MASTER_KEY, MODEL, {"litellm": process.pid})
+    finally:
+        await terminate(process)
+
+
+@contextlib.asynccontextmanager
+async def vllm_router(command: Path, upstream_listen: str, folder: Path) -> AsyncIterator[Target]:
+    port = free_port()
+    upstream_port = upstream_listen.rpartition(":")[2]
+    # Two workers on the same upstream (two spellings of its address: the router keys workers
+    # by URL), as the two deployments of the other gateways.
+    workers = [f"http://127.0.0.1:{upstream_port}", f"http://localhost:{upstream_port}"]
+    with (folder / "vllm-router.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            str(command),
+            *("--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())),
+            *("--worker-urls", *workers, "--policy", "round_robin"),
+            *("--health-check-endpoint", "/v1/models", "--log-level", "warning"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        # It listens only once its workers answered their health check.
+        await wait_http(f"{url}/v1/models", b"served", 120, process)
+        yield Target(url, None, "served", {"vllm-router": process.pid})
     finally:
         await terminate(process)
 
@@ -358,6 +405,7 @@ Key = tuple[str, int, str]  # (mode, concurrency, path)
 async def run(args: argparse.Namespace) -> dict[Key, Series]:
     results: dict[Key, Series] = defaultdict(Series)
     litellm = ensure_litellm(args.cache) if "litellm" in args.paths else None
+    router = ensure_vllm_router(args.cache) if "vllm-router" in args.paths else None
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -369,6 +417,10 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
         if litellm is not None:
             targets["litellm"] = await stack.enter_async_context(
                 litellm_proxy(litellm, upstream.base_url, folder)
+            )
+        if router is not None:
+            targets["vllm-router"] = await stack.enter_async_context(
+                vllm_router(router, upstream.listen, folder)
             )
         order = [p for p in PATHS if p in args.paths]
         for round_ in range(args.rounds):
@@ -419,7 +471,7 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
                     f"{series.errors} |"
                 )
     print("\nCPU time per request by process (us, median of the rounds):\n")
-    names = ["edge", "node", "litellm", "upstream", "client"]
+    names = ["edge", "node", "litellm", "vllm-router", "upstream", "client"]
     print("| mode | conc | path | " + " | ".join(names) + " |")
     print("|---|---:|---|" + "---:|" * len(names))
     for mode in ("whole", "stream"):
@@ -431,26 +483,35 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
                 print(f"| {mode} | {conc} | {path} | " + " | ".join(cells) + " |")
     if "iop" not in order:
         return
+    peers = [p for p in PEERS if p in order]
     print("\nRatios (requests/s: median of the rounds; latency: p50 over all rounds):\n")
-    print("| mode | conc | IOP / direct req/s | IOP / LiteLLM req/s | added p50: IOP | LiteLLM |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| mode | conc | IOP / direct req/s | "
+        + " | ".join(f"IOP / {p} req/s" for p in peers)
+        + " | added p50: IOP | "
+        + " | ".join(peers)
+        + " |"
+    )
+    print("|---|---:|" + "---:|" * (2 + 2 * len(peers)))
     for mode in ("whole", "stream"):
         for conc in args.concurrency:
             iop = results[(mode, conc, "iop")]
             direct = results.get((mode, conc, "direct"))
-            peer = results.get((mode, conc, "litellm"))
             d50 = pct(direct.latencies, 50) if direct else float("nan")
-            cols = [
-                f"{iop.rps / direct.rps:.2f}" if direct else "-",
-                f"{iop.rps / peer.rps:.1f}x" if peer else "-",
-                f"{pct(iop.latencies, 50) - d50:+.2f} ms",
-                f"{pct(peer.latencies, 50) - d50:+.2f} ms" if peer else "-",
-            ]
+            cols = [f"{iop.rps / direct.rps:.2f}" if direct else "-"]
+            cols += [f"{iop.rps / results[(mode, conc, p)].rps:.1f}x" for p in peers]
+            cols.append(f"{pct(iop.latencies, 50) - d50:+.2f} ms")
+            cols += [f"{pct(results[(mode, conc, p)].latencies, 50) - d50:+.2f} ms" for p in peers]
             print(f"| {mode} | {conc} | " + " | ".join(cols) + " |")
 
 
-COLOURS = {"direct": "#7f7f7f", "iop": "#1f77b4", "litellm": "#d62728"}
-LABELS = {"direct": "direct (fake upstream)", "iop": "IOP Edge + Node", "litellm": "LiteLLM proxy"}
+COLOURS = {"direct": "#7f7f7f", "iop": "#1f77b4", "litellm": "#d62728", "vllm-router": "#2ca02c"}
+LABELS = {
+    "direct": "direct (fake upstream)",
+    "iop": "IOP Edge + Node",
+    "litellm": "LiteLLM proxy",
+    "vllm-router": "vLLM router (Rust)",
+}
 
 
 def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
@@ -520,6 +581,7 @@ def main() -> None:
     print(
         f"# bench/peers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
         f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, LiteLLM {LITELLM_VERSION}, "
+        f"vllm-router {VLLM_ROUTER_VERSION}, "
         f"{args.rounds} rounds of {args.seconds:g} s per cell",
         flush=True,
     )
