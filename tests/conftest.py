@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
 
 from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
@@ -27,6 +28,11 @@ from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
 from iop.processes import spawn_edge, spawn_node, terminate
 from iop.upstream import FakeUpstream, FakeUpstreamSettings
+
+# Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI
+# runner a fast example can take a second. The properties bound their work by example counts.
+settings.register_profile("iop", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("iop")
 
 NODE_TOKEN = "node-1-secret-token"
 #: The OpenAI API keys every built config knows: token_ref -> raw key (principal team-search).

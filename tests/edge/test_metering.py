@@ -22,7 +22,7 @@ async def test_usage_and_pool_gauges_are_exposed(config_of, provider) -> None:
     metrics.count_usage(principal, "m", lease.provider_id, 1, 1, 2)
     metrics.count_request(principal, "m", lease.provider_id, 200)
     metrics.count_request(None, "", "", 401)
-    metrics.observe_queue_wait("m", 0.002)
+    metrics.observe_queue_wait("m", "team-search", 0.002)
     metrics.observe_first_token("m", 0.01)
     text = metrics.render().decode()
     labels = f'principal_ref="team-search",provider="{lease.provider_id}",token_ref="search-chat"'
@@ -33,7 +33,7 @@ async def test_usage_and_pool_gauges_are_exposed(config_of, provider) -> None:
     assert f'iop_edge_in_flight{{provider="{lease.provider_id}"}} 1.0' in text
     assert f'iop_edge_long_in_flight{{provider="{lease.provider_id}"}} 1.0' in text
     assert 'iop_edge_queue_depth{model="m"} 0.0' in text
-    assert 'iop_edge_queue_wait_seconds_count{model="m"} 1.0' in text
+    assert 'iop_edge_queue_wait_seconds_count{model="m",principal_ref="team-search"} 1.0' in text
     assert 'iop_edge_time_to_first_token_seconds_count{model="m"} 1.0' in text
     dispatcher.release(lease)
     assert f'iop_edge_in_flight{{provider="{lease.provider_id}"}} 0.0' in metrics.render().decode()

@@ -48,6 +48,8 @@ def test_camel_case_is_the_same_config(config_data: dict[str, Any]) -> None:
     camel_document = snake.model_dump(by_alias=True, mode="json")
     assert "longContextThresholdTokens" in camel_document["openai"]
     assert "servedModels" in camel_document["nodes"][0]["providers"][0]
+    assert "tokenHashSha256" in camel_document["nodes"][0]
+    assert "a2a" in camel_document  # only underscores start a word: not "a2A"
     assert load_data(camel_document) == snake
 
 
@@ -174,6 +176,17 @@ RULES = [
         + "a" * 64
         + '" (first at openai.principal_tokens[0].token_hash_sha256)',
         id="duplicate-token-hash",
+    ),
+    pytest.param(
+        _set("openai.principal_weights", {"team-a": 2, "tema-b": 1}),
+        'openai.principal_weights.tema-b: no principal_tokens entry bills to principal "tema-b"'
+        '; did you mean "team-a"?',
+        id="weight-of-an-unknown-principal",
+    ),
+    pytest.param(
+        _set("openai.principal_weights", {"team-a": 0}),
+        "openai.principal_weights.team-a: must be >= 1, got 0",
+        id="weight-zero",
     ),
     pytest.param(
         _set("openai.principal_tokens[0].token_hash_sha256", "A" * 64),

@@ -14,7 +14,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
-from iop.edgeconfig import OpenAISection
+from iop.edgeconfig import ANONYMOUS_PRINCIPAL, OpenAISection
 
 from .errors import Unauthorized
 
@@ -30,7 +30,7 @@ class Principal:
 
 
 #: The principal of requests without a token, when `openai.allow_unauthenticated` is on.
-ANONYMOUS: Final = Principal("anonymous", "anonymous")
+ANONYMOUS: Final = Principal(ANONYMOUS_PRINCIPAL, ANONYMOUS_PRINCIPAL)
 
 _BEARER: Final = b"bearer "
 

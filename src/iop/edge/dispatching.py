@@ -11,9 +11,15 @@ The rules (docs/edge.md explains them for operators), as implemented:
 - No candidate free: the request waits in its model's queue. The queue holds at most the sum of
   `max_queue` over the model's enabled providers (full: `QueueFull`, a 429) and a request waits
   at most the largest `queue_timeout_ms` among them (then `QueueTimeout`, a 503).
-- Work conservation: a slot freed on a provider goes at once to the oldest waiting request that
-  provider can serve, across all models. Any other change (a swap, a node or health change, the
-  end of a busy cool-down) re-evaluates every waiting request, oldest first.
+- Fair share: within a model's queue, principals are admitted in weighted fair order
+  (`openai.principal_weights`, start-time fair queuing: each waiting request gets a virtual start
+  tag, max(the model's virtual time, its principal's last finish tag), and its principal's finish
+  tag moves on by 1/weight; the lowest tag goes first). So a principal that floods the queue
+  cannot starve one that sends now and then, and each principal's own requests keep their order.
+- Work conservation: a slot freed on a provider goes at once to the waiting request that
+  provider can serve first: the fair head of each of its models' queues, the oldest of those
+  across models. Any other change (a swap, a node or health change, the end of a busy cool-down)
+  re-evaluates every waiting request, in that order.
 - A `provider_busy` refusal from the Node (its capacity is shared with other Edges) releases the
   slot and cools the provider down for `BUSY_COOLDOWN_S`, during which it is no candidate; the
   request then tries again with its original deadline and never counts against the queue bound.
@@ -33,6 +39,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
+
+from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
 from .errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
 from .snapshots import Candidate, ModelRoute, PoolSnapshot
@@ -75,18 +83,82 @@ class _Slots:
 
 
 class _Waiter:
-    __slots__ = ("deadline", "enqueued_at", "future", "long", "model_id", "seq", "timer")
+    __slots__ = (
+        "deadline",
+        "enqueued_at",
+        "future",
+        "long",
+        "model_id",
+        "principal",
+        "seq",
+        "tag",
+        "timer",
+    )
 
     def __init__(
-        self, seq: int, model_id: str, long: bool, deadline: float, future: asyncio.Future[Lease]
+        self,
+        seq: int,
+        model_id: str,
+        long: bool,
+        principal: str,
+        deadline: float,
+        future: asyncio.Future[Lease],
     ) -> None:
         self.seq = seq
         self.model_id = model_id
         self.long = long
+        self.principal = principal
         self.deadline = deadline
         self.future = future
         self.enqueued_at = time.perf_counter()
         self.timer: asyncio.TimerHandle | None = None
+        #: The virtual start tag of fair queuing (see the module docstring).
+        self.tag = 0.0
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return (self.tag, self.seq)
+
+
+class _FairQueue:
+    """The waiters of one (model, long) queue: FIFO per principal, principals in tag order."""
+
+    __slots__ = ("by_principal", "size")
+
+    def __init__(self) -> None:
+        self.by_principal: dict[str, OrderedDict[int, _Waiter]] = {}
+        self.size = 0
+
+    def push(self, waiter: _Waiter) -> None:
+        fifo = self.by_principal.get(waiter.principal)
+        if fifo is None:
+            fifo = self.by_principal[waiter.principal] = OrderedDict()
+        fifo[waiter.seq] = waiter
+        self.size += 1
+
+    def remove(self, waiter: _Waiter) -> bool:
+        fifo = self.by_principal.get(waiter.principal)
+        if fifo is None or fifo.pop(waiter.seq, None) is None:
+            return False
+        if not fifo:
+            del self.by_principal[waiter.principal]
+        self.size -= 1
+        return True
+
+    def head(self) -> _Waiter | None:
+        """The waiter to serve first: the lowest tag among each principal's oldest."""
+        best: _Waiter | None = None
+        for fifo in self.by_principal.values():
+            first = next(iter(fifo.values()))
+            if best is None or first.order < best.order:
+                best = first
+        return best
+
+    def in_order(self) -> list[_Waiter]:
+        return sorted(
+            (waiter for fifo in self.by_principal.values() for waiter in fifo.values()),
+            key=lambda waiter: waiter.order,
+        )
 
 
 class Dispatcher:
@@ -96,9 +168,13 @@ class Dispatcher:
         self._snapshot = snapshot
         self._slots: dict[str, _Slots] = {}
         self._available: frozenset[str] = frozenset()
-        # Waiting requests by (model, long), oldest first; OrderedDict gives O(1) removal.
-        self._queues: dict[tuple[str, bool], OrderedDict[int, _Waiter]] = {}
+        # Waiting requests by (model, long), in fair order.
+        self._queues: dict[tuple[str, bool], _FairQueue] = {}
         self._waiting: dict[str, int] = {}
+        # Fair queuing's clocks, per model while it has waiters: its virtual time, and each
+        # principal's last finish tag (both forgotten when the model's queue empties).
+        self._virtual: dict[str, float] = {}
+        self._finish: dict[str, dict[str, float]] = {}
         self._waiting_total = 0
         self._seq = 0
         self._stamp = 0
@@ -145,11 +221,19 @@ class Dispatcher:
         loop_time = asyncio.get_running_loop().time()
         return self._take(route, candidate, long, loop_time + route.queue_timeout_s, 0.0)
 
-    async def acquire(self, model_id: str, long: bool, *, deadline: float | None = None) -> Lease:
+    async def acquire(
+        self,
+        model_id: str,
+        long: bool,
+        *,
+        deadline: float | None = None,
+        principal: str = ANONYMOUS_PRINCIPAL,
+    ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
         `deadline` (loop time) marks a retry after a busy refusal: the request keeps its
-        original deadline and does not count against the queue bound again.
+        original deadline and does not count against the queue bound again. `principal` (a
+        principal_ref) places a waiting request in the queue's fair order.
         """
         route = self._route(model_id, long)
         loop = asyncio.get_running_loop()
@@ -173,7 +257,7 @@ class Dispatcher:
         elif deadline <= now:
             raise self._timeout(model_id)
         self._seq += 1
-        waiter = _Waiter(self._seq, model_id, long, deadline, loop.create_future())
+        waiter = _Waiter(self._seq, model_id, long, principal, deadline, loop.create_future())
         self._enqueue(waiter)
         waiter.timer = loop.call_at(deadline, self._expire, waiter)
         try:
@@ -238,6 +322,15 @@ class Dispatcher:
     def queue_depths(self) -> Mapping[str, int]:
         """model id -> requests waiting, for every model of the catalog."""
         return {model_id: self._waiting.get(model_id, 0) for model_id in self._snapshot.models}
+
+    def queue_depths_by_principal(self) -> Mapping[tuple[str, str], int]:
+        """(model id, principal_ref) -> requests waiting, for the pairs that have any."""
+        depths: dict[tuple[str, str], int] = {}
+        for (model_id, _), queue in self._queues.items():
+            for principal, fifo in queue.by_principal.items():
+                key = (model_id, principal)
+                depths[key] = depths.get(key, 0) + len(fifo)
+        return depths
 
     @property
     def waiting(self) -> int:
@@ -317,33 +410,46 @@ class Dispatcher:
         )
 
     def _enqueue(self, waiter: _Waiter) -> None:
-        key = (waiter.model_id, waiter.long)
+        model_id = waiter.model_id
+        finish = self._finish.setdefault(model_id, {})
+        start = max(self._virtual.get(model_id, 0.0), finish.get(waiter.principal, 0.0))
+        weight = self._snapshot.principal_weights.get(waiter.principal, 1)
+        finish[waiter.principal] = start + 1.0 / weight
+        waiter.tag = start
+        key = (model_id, waiter.long)
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = OrderedDict()
-        queue[waiter.seq] = waiter
-        self._waiting[waiter.model_id] = self._waiting.get(waiter.model_id, 0) + 1
+            queue = self._queues[key] = _FairQueue()
+        queue.push(waiter)
+        self._waiting[model_id] = self._waiting.get(model_id, 0) + 1
         self._waiting_total += 1
 
     def _dequeue(self, waiter: _Waiter) -> bool:
         """Take `waiter` out of its queue; False when it was not queued any more."""
-        key = (waiter.model_id, waiter.long)
+        model_id = waiter.model_id
+        key = (model_id, waiter.long)
         queue = self._queues.get(key)
-        if queue is None or queue.pop(waiter.seq, None) is None:
+        if queue is None or not queue.remove(waiter):
             return False
-        if not queue:
+        if not queue.size:
             del self._queues[key]
-        remaining = self._waiting[waiter.model_id] - 1
+        remaining = self._waiting[model_id] - 1
         if remaining:
-            self._waiting[waiter.model_id] = remaining
+            self._waiting[model_id] = remaining
         else:
-            del self._waiting[waiter.model_id]
+            del self._waiting[model_id]
+            # Idle: the clocks start again from zero for the next backlog.
+            self._virtual.pop(model_id, None)
+            self._finish.pop(model_id, None)
         self._waiting_total -= 1
         if waiter.timer is not None:
             waiter.timer.cancel()
         return True
 
     def _grant(self, waiter: _Waiter, route: ModelRoute, candidate: Candidate) -> None:
+        model_id = waiter.model_id
+        if waiter.tag > self._virtual.get(model_id, 0.0):
+            self._virtual[model_id] = waiter.tag
         self._dequeue(waiter)
         if waiter.future.done():
             return  # cancelled; its task has not resumed yet to abandon it
@@ -393,23 +499,23 @@ class Dispatcher:
             for pair in pairs:
                 for long in (False, True) if long_ok else (False,):
                     queue = self._queues.get((pair[0].id, long))
-                    if queue:
-                        head = next(iter(queue.values()))
-                        if oldest is None or head.seq < oldest.seq:
-                            oldest, chosen = head, pair
+                    head = queue.head() if queue is not None else None
+                    if head is not None and (oldest is None or head.seq < oldest.seq):
+                        oldest, chosen = head, pair
             if oldest is None or chosen is None:
                 return
             self._grant(oldest, *chosen)
 
     def _reevaluate(self) -> None:
-        """Try every waiting request again, oldest first (after a swap or a health change)."""
+        """Try every waiting request again (after a swap or a health change): the queues in the
+        order of their oldest waiter, each queue in its fair order."""
         if not self._waiting_total:
             return
-        waiters = sorted(
-            (waiter for queue in self._queues.values() for waiter in queue.values()),
-            key=lambda waiter: waiter.seq,
+        queues = sorted(
+            (queue.in_order() for queue in self._queues.values()),
+            key=lambda waiters: min(waiter.seq for waiter in waiters),
         )
-        for waiter in waiters:
+        for waiter in (waiter for waiters in queues for waiter in waiters):
             try:
                 route = self._route(waiter.model_id, waiter.long)
             except (ModelNotFound, NoProvider) as error:

@@ -73,11 +73,20 @@ class _PoolCollector(Collector):
         )
         for model_id, waiting in sorted(self._dispatcher.queue_depths().items()):
             depth.add_metric([model_id], waiting)
+        by_principal = GaugeMetricFamily(
+            "iop_edge_queue_depth_by_principal",
+            "Requests waiting for a free provider, per model and principal (fair share).",
+            labels=["model", "principal_ref"],
+        )
+        for (model_id, principal), waiting in sorted(
+            self._dispatcher.queue_depths_by_principal().items()
+        ):
+            by_principal.add_metric([model_id, principal], waiting)
         generation = GaugeMetricFamily(
             "iop_edge_config_generation", "Config snapshots swapped in since the Edge started."
         )
         generation.add_metric([], self._dispatcher.snapshot.generation)
-        yield from (in_flight, long_in_flight, depth, generation)
+        yield from (in_flight, long_in_flight, depth, by_principal, generation)
 
 
 class Metrics:
@@ -112,7 +121,7 @@ class Metrics:
         self._queue_wait = Histogram(
             "iop_edge_queue_wait_seconds",
             "Time a dispatched request waited for a free provider.",
-            ["model"],
+            ["model", "principal_ref"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -126,7 +135,7 @@ class Metrics:
         self.registry.register(_PoolCollector(dispatcher))
         self._request_children: dict[tuple[str, ...], Counter] = {}
         self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
-        self._wait_children: dict[str, Histogram] = {}
+        self._wait_children: dict[tuple[str, str], Histogram] = {}
         self._first_children: dict[str, Histogram] = {}
 
     def count_request(
@@ -166,10 +175,11 @@ class Metrics:
         children[1].inc(completion_tokens)
         children[2].inc(total_tokens)
 
-    def observe_queue_wait(self, model: str, seconds: float) -> None:
-        child = self._wait_children.get(model)
+    def observe_queue_wait(self, model: str, principal_ref: str, seconds: float) -> None:
+        key = (model, principal_ref)
+        child = self._wait_children.get(key)
         if child is None:
-            child = self._wait_children[model] = self._queue_wait.labels(model)
+            child = self._wait_children[key] = self._queue_wait.labels(*key)
         child.observe(seconds)
 
     def observe_first_token(self, model: str, seconds: float) -> None:

@@ -85,9 +85,16 @@ class RelayedRun:
         deadline: float | None = None
         retries = 0
         while True:
-            lease = await dispatcher.acquire(request.model, self._long, deadline=deadline)
+            lease = await dispatcher.acquire(
+                request.model,
+                self._long,
+                deadline=deadline,
+                principal=self._principal.principal_ref,
+            )
             if deadline is None:
-                relay._metrics.observe_queue_wait(request.model, lease.waited_s)
+                relay._metrics.observe_queue_wait(
+                    request.model, self._principal.principal_ref, lease.waited_s
+                )
             deadline = lease.deadline
             self._lease = lease
             try:

@@ -88,6 +88,8 @@ class PoolSnapshot:
     providers: Mapping[str, ProviderLimits]
     #: For each enabled provider, the routes it is a candidate of (with its candidate entry).
     routes_by_provider: Mapping[str, tuple[tuple[ModelRoute, Candidate], ...]]
+    #: principal_ref -> its fair-share weight in a model's queue (absent: 1).
+    principal_weights: Mapping[str, int]
 
     @classmethod
     def build(cls, config: EdgeConfig, generation: int = 1) -> PoolSnapshot:
@@ -140,4 +142,5 @@ class PoolSnapshot:
             routes_by_provider=MappingProxyType(
                 {key: tuple(value) for key, value in by_provider.items()}
             ),
+            principal_weights=MappingProxyType(dict(config.openai.principal_weights)),
         )

@@ -6,6 +6,7 @@ all build on it.
 
 from .classifying import classify
 from .configs import (
+    ANONYMOUS_PRINCIPAL,
     A2ASection,
     AdminSection,
     BootstrapSection,
@@ -32,6 +33,7 @@ from .secrets import is_secret_field
 from .trees import config_hash
 
 __all__ = [
+    "ANONYMOUS_PRINCIPAL",
     "A2ASection",
     "AdminSection",
     "BootstrapSection",

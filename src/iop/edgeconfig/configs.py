@@ -17,10 +17,10 @@ import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 __all__ = [
+    "ANONYMOUS_PRINCIPAL",
     "APPLY_KEY",
     "A2ASection",
     "AdminSection",
@@ -44,6 +44,9 @@ __all__ = [
 
 #: The JSON-schema key each field's apply marker (live / restart:edge / restart:node) sits under.
 APPLY_KEY: Final = "x-iop-apply"
+
+#: The principal_ref of requests without a bearer token (`openai.allow_unauthenticated`).
+ANONYMOUS_PRINCIPAL: Final = "anonymous"
 LIVE: Final = "live"
 RESTART_EDGE: Final = "restart:edge"
 RESTART_NODE: Final = "restart:node"
@@ -150,13 +153,23 @@ OptionalListener = Annotated[str, AfterValidator(_check_optional_listener)]
 Url = Annotated[str, AfterValidator(_check_url)]
 
 
+def camel_name(name: str) -> str:
+    """The camelCase spelling of a field (the CRD's): `long_context_slots` -> `longContextSlots`.
+
+    Only underscores start a new word, so `a2a` stays `a2a` (pydantic's `to_camel` would give
+    `a2A`, capitalising after the digit).
+    """
+    first, *rest = name.split("_")
+    return first + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
 class Spec(BaseModel):
     """Base of every config section: immutable, strict about unknown keys, snake or camel."""
 
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
-        alias_generator=to_camel,
+        alias_generator=camel_name,
         validate_by_name=True,
         validate_by_alias=True,
         use_attribute_docstrings=False,
@@ -270,6 +283,15 @@ class OpenAISection(Spec):
             "Several tokens may share a principal_ref."
         ),
     ] = Field(default_factory=list)
+    principal_weights: Annotated[
+        dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1, le=1000)]],
+        live(
+            "Fair share of a model's queue: when requests of several principals wait for one "
+            "model, each principal_ref is admitted in proportion to its weight (1 to 1000; a "
+            "principal not named here weighs 1), and each principal's own requests in arrival "
+            "order. Has no effect while nothing waits."
+        ),
+    ] = Field(default_factory=dict)
 
 
 class A2ASection(Spec):

@@ -82,7 +82,7 @@ def _default(field: Any) -> str:
     if field.is_required():
         return "required"
     if field.default_factory is not None:
-        return "`[]`"
+        return "`{}`" if field.default_factory is dict else "`[]`"
     value = field.default
     if value is PydanticUndefined or isinstance(value, BaseModel):
         return ""

@@ -12,9 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
-from pydantic.alias_generators import to_camel
 
-from .configs import is_loopback_listener, split_listener
+from .configs import ANONYMOUS_PRINCIPAL, camel_name, is_loopback_listener, split_listener
 from .errors import Problem, render_value
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
@@ -34,7 +33,7 @@ def _get(mapping: Mapping[str, object], name: str) -> tuple[str, object]:
     """The key actually used for field `name` (snake or camel) and its value (None if absent)."""
     if name in mapping:
         return name, mapping[name]
-    camel = to_camel(name)
+    camel = camel_name(name)
     return camel, mapping.get(camel)
 
 
@@ -209,6 +208,7 @@ def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:
         return
     refs: dict[str, str] = {}
     hashes: dict[str, str] = {}
+    principals = {ANONYMOUS_PRINCIPAL}
     for token_path, token in _items(openai, "principal_tokens", "openai."):
         ref_key, ref = _get(token, "token_ref")
         if isinstance(ref, str):
@@ -216,6 +216,21 @@ def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:
         hash_key, digest = _get(token, "token_hash_sha256")
         if isinstance(digest, str):
             index.duplicate(hashes, digest, f"{token_path}.{hash_key}", "token_hash_sha256")
+        _, principal = _get(token, "principal_ref")
+        if isinstance(principal, str):
+            principals.add(principal)
+    weights_key, weights = _get(openai, "principal_weights")
+    if isinstance(weights, Mapping):
+        for principal in weights:
+            if principal not in principals:
+                known = sorted(principals)
+                index.problems.append(
+                    Problem(
+                        f"openai.{weights_key}.{principal}",
+                        f"no principal_tokens entry bills to principal {render_value(principal)}"
+                        f"{close_match_hint(str(principal), known)}",
+                    )
+                )
 
 
 def _check_admin(data: Mapping[str, object], index: _Index) -> None:
