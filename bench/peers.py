@@ -41,6 +41,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -404,6 +405,10 @@ Key = tuple[str, int, str]  # (mode, concurrency, path)
 
 async def run(args: argparse.Namespace) -> dict[Key, Series]:
     results: dict[Key, Series] = defaultdict(Series)
+    task = asyncio.current_task()
+    assert task is not None
+    # SIGTERM cancels the run, so every process it started is stopped on the way out.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     litellm = ensure_litellm(args.cache) if "litellm" in args.paths else None
     router = ensure_vllm_router(args.cache) if "vllm-router" in args.paths else None
     async with contextlib.AsyncExitStack() as stack:
