@@ -209,8 +209,8 @@ async def vllm_router(command: Path, upstream_listen: str, folder: Path) -> Asyn
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        # It listens only once its workers answered their health check.
-        await wait_http(f"{url}/v1/models", b"served", 120, process)
+        # It listens only once its workers answered their health check; then it forwards.
+        await wait_http(f"{url}/v1/models", b'"object":"list"', 120, process)
         yield Target(url, None, "served", {"vllm-router": process.pid})
     finally:
         await terminate(process)
