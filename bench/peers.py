@@ -520,6 +520,11 @@ LABELS = {
 
 
 def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
+    throughput_chart(results, args, folder)
+    latency_chart(results, args, folder)
+
+
+def throughput_chart(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -537,10 +542,12 @@ def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -
             ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, rotation=90)
         ax.set_xticks(range(len(args.concurrency)), [f"c={c}" for c in args.concurrency])
         ax.set_yscale("log")
-        low, high = ax.get_ylim()
-        ax.set_ylim(low, high * 4)  # room for the labels above the bars
         ax.set_title("non-streaming" if mode == "whole" else f"streaming ({MAX_TOKENS} chunks)")
         ax.grid(axis="y", which="both", alpha=0.3)
+    every = [
+        results[(m, c, p)].rps for m in ("whole", "stream") for c in args.concurrency for p in order
+    ]
+    axes[0].set_ylim(min(every) / 2, max(every) * 4)  # every bar shown, room for the labels
     axes[0].set_ylabel("requests/s (log scale, median of rounds)")
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=9)
@@ -549,6 +556,14 @@ def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -
     figure.savefig(folder / "peers-throughput.png", dpi=110)
     plt.close(figure)
 
+
+def latency_chart(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = [p for p in PATHS if p in args.paths]
     concs = [c for c in args.concurrency if c in (1, 32)] or args.concurrency[:2]
     figure, axes = plt.subplots(len(concs), 2, figsize=(11, 3.6 * len(concs)), squeeze=False)
     for row, conc in enumerate(concs):
