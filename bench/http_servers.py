@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -63,8 +64,8 @@ def ensure_venv(cache: Path) -> Path:
     venv = cache / "venv"
     marker = venv / ".installed"
     root = Path(__file__).resolve().parent.parent
-    lock = (root / "uv.lock").read_text()
-    wanted = f"{GRANIAN}\n{root}\n{hash(lock)}"
+    lock = hashlib.sha256((root / "uv.lock").read_bytes()).hexdigest()
+    wanted = f"{GRANIAN}\n{root}\n{lock}"
     if marker.exists() and marker.read_text() == wanted:
         return venv / "bin" / "python"
     uv = shutil.which("uv")

@@ -113,25 +113,23 @@ class RunStream:
                 await self._waiter
             finally:
                 self._waiter = None
-        event = self._events.popleft()
-        if isinstance(event, TERMINAL_EVENTS):
-            self._finished = True
-        return event
+        return self._consume()
 
     def take_ready(self) -> list[RunEvent]:
         """The events that arrived and were not consumed yet, without waiting (up to and with
         the terminal one): what the caller can write out in one go."""
-        events = self._events
-        if not events or self._finished:
-            return []
         taken: list[RunEvent] = []
-        while events:
-            event = events.popleft()
-            taken.append(event)
-            if isinstance(event, TERMINAL_EVENTS):
-                self._finished = True
-                break
+        while self._events and not self._finished:
+            taken.append(self._consume())
         return taken
+
+    def _consume(self) -> RunEvent:
+        """Hand the oldest event to the consumer. Both ways out (`__anext__`, `take_ready`) go
+        through here, so whatever consuming an event must update is updated once, here."""
+        event = self._events.popleft()
+        if isinstance(event, TERMINAL_EVENTS):
+            self._finished = True
+        return event
 
     async def aclose(self) -> None:
         self.cancel()
