@@ -19,12 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"
 LAUNCHER = CLUSTER_DIR / "localcluster.py"
@@ -98,6 +100,25 @@ class KubeCluster:
     def apply(self, manifest: dict[str, Any] | str, *args: str) -> str:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         return self.kubectl("apply", "-f", "-", *args, stdin=text).stdout
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching `selector` that are not being deleted."""
+        items = self.get("pods", "-n", namespace, "-l", selector)["items"]
+        return [pod for pod in items if "deletionTimestamp" not in pod["metadata"]]
+
+    @staticmethod
+    def wait_for(
+        probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2
+    ) -> T:
+        """Poll `probe` until it returns something truthy (returned); fail after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(interval)
 
 
 @dataclass

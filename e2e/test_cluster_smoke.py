@@ -26,6 +26,7 @@ CHART = Path(__file__).resolve().parent / "testdata" / "smoke-chart"
 KWOK_NODE = "kwok-node-0"
 POD_NETWORK = ipaddress.ip_network("10.244.0.0/16")
 CEL_MESSAGE = "replicas must not exceed maxReplicas"
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def widget_crd(group: str) -> dict[str, Any]:
@@ -196,8 +197,13 @@ def deployment(name: str, replicas: int) -> dict[str, Any]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                # kwok runs no containers: the image is never pulled.
-                "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]},
+                # kwok's Node (tainted: only pods that ask go there) runs no containers: the
+                # image is never pulled.
+                "spec": {
+                    "nodeSelector": {"type": "kwok"},
+                    "tolerations": [KWOK_TOLERATION],
+                    "containers": [{"name": "app", "image": "example.invalid/app:1"}],
+                },
             },
         },
     }

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""A real, loopback-only Kubernetes control plane for the end-to-end tests.
+"""A real, local Kubernetes cluster for the end-to-end tests, with pods that really run.
 
 `kind` needs a container engine and this project's machines have none, so the control plane is
-built from pinned Go modules (go.mod/go.sum beside this file) and run as plain processes:
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake Nodes whose Pods
-reach Running with an IP), with kubectl and helm for the tests.
+built from pinned Go modules (go.mod/go.sum beside this file, CoreDNS from coredns/go.mod) and
+run as plain processes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (a
+fake Node whose Pods reach Running without running), CoreDNS, kube-proxy and a process kubelet
+(kubelet/, a Node whose pods run as processes of the project's image in network namespaces of
+their own, wired as clusternet.py says), with kubectl and helm for the tests.
 
 Subcommands (the executables `build`, `up`, `down`, `status` beside this file call them):
 
@@ -14,8 +16,10 @@ Subcommands (the executables `build`, `up`, `down`, `status` beside this file ca
     status  say what runs (`--json` for machines); exit 0 healthy, 1 degraded, 3 stopped
     pin     re-pin k8s.io/kubernetes and rewrite the staging `replace` block in go.mod
 
-Standard library only (plus the `openssl` command for the certificates), so it runs on any
-python3 >= 3.11, with or without the project's virtualenv. Every listener binds 127.0.0.1.
+Standard library only (plus the `openssl` and `ip` commands), so it runs on any python3 >=
+3.11; the kubelet it starts runs in the checkout's virtualenv (scripts/bootstrap makes it).
+etcd, the controller manager and the scheduler bind 127.0.0.1; the API server, CoreDNS and the
+kubelet bind the host's end of this cluster's link to its node namespace (clusternet.py).
 """
 
 from __future__ import annotations
@@ -45,10 +49,15 @@ from typing import Any, NoReturn
 HERE = Path(__file__).resolve().parent
 GO_MOD = HERE / "go.mod"
 GO_SUM = HERE / "go.sum"
+CHECKOUT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+import clusternet  # noqa: E402
+from clusternet import Network  # noqa: E402
 
 # Bump when the way binaries are built changes (flags, ldflags, extra files): it is part of the
 # cache key, so every checkout rebuilds instead of trusting binaries made by an older recipe.
-RECIPE = "1"
+RECIPE = "2"
 
 # Output name -> Go package (each one is listed in go.mod's `tool` block).
 BINARIES: dict[str, str] = {
@@ -59,7 +68,13 @@ BINARIES: dict[str, str] = {
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
     "kwok": "sigs.k8s.io/kwok/cmd/kwok",
     "helm": "helm.sh/helm/v3/cmd/helm",
+    "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+    "coredns": "iop-edge.local/e2e/cluster/coredns",  # coredns/main.go
 }
+
+# Binaries built from a Go module folder of their own (its dependency graph is its own);
+# everything else is built from this folder's go.mod.
+MODULE_DIRS: dict[str, Path] = {"coredns": HERE / "coredns"}
 
 # The modules whose versions are "the pins" shown to people and stamped into the binaries.
 PINNED_MODULES = (
@@ -68,6 +83,11 @@ PINNED_MODULES = (
     "sigs.k8s.io/kwok",
     "helm.sh/helm/v3",
 )
+COREDNS_MODULE = "github.com/coredns/coredns"
+
+# Debian packages the cluster needs on the host (command -> package): kube-proxy's nftables
+# mode runs `nft`; the network and the kubelet run `ip` and `nsenter`.
+DEBIAN_PACKAGES = {"nft": "nftables", "ip": "iproute2", "nsenter": "util-linux"}
 
 # kwok ships its default stages (what kwokctl feeds it) as kustomize folders; the build copies the
 # pinned module's own files, so a kwok bump brings its matching stages.
@@ -78,17 +98,30 @@ KWOK_STAGE_DIRS = (
 )
 
 # Start order; `down` stops in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "coredns",
+    "kube-proxy",
+    "kubelet",
+)
 
 LOOPBACK = "127.0.0.1"
-# The Service range is inside 127.0.0.0/8 on purpose: nothing here runs kube-proxy, and if the API
-# server ever dials a ClusterIP (a Service-backed webhook or APIService), the packets must stay on
-# this machine. Pod IPs cannot be loopback (Endpoints validation forbids it); nothing dials them.
-SERVICE_CIDR = "127.96.0.0/16"
-KUBERNETES_SERVICE_IP = "127.96.0.1"
-POD_CIDR = "10.244.0.1/16"
+# The Service range, pod range and host link are this cluster's slot of 10.250-252.N.0/24
+# (clusternet.py): ClusterIPs are translated by kube-proxy in the node namespace, and every
+# address is on this machine. kwok's fake pods get addresses from 10.244.0.0/16, which nothing
+# routes: they never run.
+KWOK_POD_CIDR = "10.244.0.1/16"
 NODE_NAME = "kwok-node-0"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# kwok's Node is tainted, so only pods that tolerate this (and select it) go there; every other
+# pod lands on the kubelet's Node and really runs.
+KWOK_TAINT = {"key": KWOK_NODE_ANNOTATION, "value": "fake", "effect": "NoSchedule"}
+KUBELET_NODE = "process-node-0"
+CLUSTER_DOMAIN = "cluster.local"
 MARKER = ".iop-cluster"
 PROGRAM = "iop-cluster"
 
@@ -155,7 +188,12 @@ def pins() -> dict[str, str]:
     missing = [module for module in PINNED_MODULES if module not in versions]
     if missing:
         raise ClusterError(f"{GO_MOD} does not require {', '.join(missing)}")
-    return {module: versions[module] for module in PINNED_MODULES}
+    found = {module: versions[module] for module in PINNED_MODULES}
+    coredns = module_versions((MODULE_DIRS["coredns"] / "go.mod").read_text())
+    if COREDNS_MODULE not in coredns:
+        raise ClusterError(f"{MODULE_DIRS['coredns'] / 'go.mod'} does not require {COREDNS_MODULE}")
+    found[COREDNS_MODULE] = coredns[COREDNS_MODULE]
+    return found
 
 
 def ldflags(name: str, versions: Mapping[str, str]) -> str:
@@ -187,7 +225,11 @@ def pin_hash() -> str:
     versions = pins()
     recipe = {name: [package, ldflags(name, versions)] for name, package in BINARIES.items()}
     digest = hashlib.sha256()
-    for part in (RECIPE, GO_MOD.read_text(), GO_SUM.read_text(), json.dumps(recipe)):
+    module_files = [GO_MOD, GO_SUM]
+    for folder in sorted(set(MODULE_DIRS.values())):
+        module_files += [folder / "go.mod", folder / "go.sum"]
+    texts = [path.read_text() for path in module_files]
+    for part in (RECIPE, *texts, json.dumps(recipe)):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
@@ -240,10 +282,10 @@ def go_env() -> dict[str, str]:
     return env
 
 
-def run_go(args: Sequence[str], *, what: str, heartbeat: float = 60.0) -> None:
-    """Run a go command in this folder, letting its own output through, with a heartbeat."""
+def run_go(args: Sequence[str], *, what: str, heartbeat: float = 60.0, cwd: Path = HERE) -> None:
+    """Run a go command in `cwd`, letting its own output through, with a heartbeat."""
     started = time.monotonic()
-    process = subprocess.Popen([go_command(), *args], cwd=HERE, env=go_env())
+    process = subprocess.Popen([go_command(), *args], cwd=cwd, env=go_env())
     next_beat = started + heartbeat
     while True:
         try:
@@ -301,6 +343,7 @@ def build(*, force: bool = False) -> Build:
     """Build every binary into the cache unless a complete build for these pins is there."""
     versions = pins()
     target = current_build()
+    ensure_host_packages()
     with file_lock(cache_root() / ".build.lock"):
         if target.complete() and not force:
             log(f"binaries up to date: {target.bin_dir}")
@@ -327,6 +370,7 @@ def build(*, force: bool = False) -> Build:
                         package,
                     ],
                     what=f"building {name}",
+                    cwd=MODULE_DIRS.get(name, HERE),
                 )
                 timings[name] = round(time.monotonic() - began, 1)
                 log(f"[{index}/{len(BINARIES)}] {name} built in {timings[name]:.0f}s")
@@ -347,7 +391,28 @@ def build(*, force: bool = False) -> Build:
         return target
 
 
+def ensure_host_packages() -> None:
+    """Install the Debian packages the cluster needs (as root, with apt-get) if missing."""
+    missing = sorted({pkg for command, pkg in DEBIAN_PACKAGES.items() if not shutil.which(command)})
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise ClusterError(f"install the Debian packages {', '.join(missing)} (apt-get, as root)")
+    log(f"installing Debian packages: {', '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Another apt-get (another worktree's build) may hold dpkg's lock: wait for it.
+    wait = ["-o", "DPkg::Lock::Timeout=300"]
+    install = ["apt-get", *wait, "install", "-y", "--no-install-recommends", *missing]
+    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:  # the package lists may be missing or stale
+        subprocess.run(["apt-get", *wait, "update"], env=env, capture_output=True, check=False)
+        result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{result.stderr[-2000:]}")
+
+
 def ensure_built() -> Build:
+    ensure_host_packages()
     target = current_build()
     return target if target.complete() else build()
 
@@ -431,8 +496,14 @@ subjectKeyIdentifier = hash
 basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, IP:{service_ip}, DNS:localhost, DNS:kubernetes, \
+subjectAltName = IP:127.0.0.1, IP:{host_ip}, IP:{service_ip}, DNS:localhost, DNS:kubernetes, \
 DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local
+authorityKeyIdentifier = keyid
+[kubelet]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:{host_ip}, DNS:{kubelet_node}
 authorityKeyIdentifier = keyid
 [client]
 basicConstraints = critical, CA:FALSE
@@ -448,13 +519,27 @@ CLIENTS = {
     "controller-manager": "/CN=system:kube-controller-manager",
     "scheduler": "/CN=system:kube-scheduler",
     "kwok": "/O=system:masters/CN=kwok",
+    # The kubelet is a cluster admin (not limited by the Node authorizer; see kubelet/).
+    "kubelet": f"/O=system:masters/CN=system:node:{KUBELET_NODE}",
+    # The API server's client certificate towards kubelets (kubectl logs).
+    "apiserver-kubelet-client": "/O=system:masters/CN=kube-apiserver-kubelet-client",
+    # Bootstrap RBAC binds system:node-proxier to this user.
+    "kube-proxy": "/CN=system:kube-proxy",
+    "coredns": "/O=system:masters/CN=coredns",
 }
 
 
-def make_pki(pki: Path) -> None:
-    """A throwaway CA, one loopback serving certificate, client certificates, the SA key pair."""
+def make_pki(pki: Path, net: Network) -> None:
+    """A throwaway CA, serving certificates (API server, kubelet), client certificates, the SA
+    key pair."""
     pki.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (pki / "extensions.cnf").write_text(EXTENSIONS.format(service_ip=KUBERNETES_SERVICE_IP))
+    (pki / "extensions.cnf").write_text(
+        EXTENSIONS.format(
+            host_ip=net.host_ip,
+            service_ip=net.kubernetes_service_ip,
+            kubelet_node=KUBELET_NODE,
+        )
+    )
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     days = ["-days", "3650"]
     openssl(
@@ -469,7 +554,8 @@ def make_pki(pki: Path) -> None:
                 "-CAcreateserial", *days, "-extfile", "extensions.cnf", "-extensions",
                 extensions, "-out", f"{stem}.crt", cwd=pki)  # fmt: skip
 
-    leaf("serving", "/CN=iop-cluster-loopback", "server")
+    leaf("serving", "/CN=iop-cluster-apiserver", "server")
+    leaf("kubelet-serving", f"/CN={KUBELET_NODE}", "kubelet")
     for stem, subject in CLIENTS.items():
         leaf(stem, subject, "client")
     openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
@@ -510,12 +596,12 @@ def kubeconfig(server: str, pki: Path, user: str) -> str:
 # Processes
 
 
-def free_ports(count: int) -> list[int]:
+def free_ports(count: int, address: str = LOOPBACK) -> list[int]:
     sockets = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
+            sock.bind((address, 0))
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
@@ -568,6 +654,7 @@ class State:
     bin_dir: Path
     ports: dict[str, int]
     processes: dict[str, Started]
+    network: Network | None = None
 
     @property
     def file(self) -> Path:
@@ -589,6 +676,7 @@ class State:
             "bin_dir": str(self.bin_dir),
             "ports": self.ports,
             "processes": {name: started.to_json() for name, started in self.processes.items()},
+            "network": self.network.to_json() if self.network else None,
         }
         temporary = self.file.with_suffix(".tmp")
         temporary.write_text(json.dumps(data, indent=2) + "\n")
@@ -605,7 +693,19 @@ class State:
             bin_dir=Path(data["bin_dir"]),
             ports={key: int(value) for key, value in data["ports"].items()},
             processes={name: Started.from_json(entry) for name, entry in data["processes"].items()},
+            network=Network.from_json(data["network"]) if data.get("network") else None,
         )
+
+    @property
+    def net(self) -> Network:
+        assert self.network is not None, "the network is made before anything starts"
+        return self.network
+
+    @property
+    def apiserver(self) -> str:
+        # A cluster.json without a network comes from an older `up` (API server on loopback).
+        host = self.network.host_ip if self.network is not None else LOOPBACK
+        return f"https://{host}:{self.ports['apiserver']}"
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -616,9 +716,39 @@ def tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def corefile(state: State) -> str:
+    """CoreDNS: cluster names from the API server, on the host's end of the node link."""
+    net = state.net
+    return f"""\
+.:53 {{
+    bind {net.host_ip}
+    errors
+    health {net.host_ip}:{state.ports["coredns-health"]}
+    ready {net.host_ip}:{state.ports["coredns-ready"]}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {state.root / "coredns.kubeconfig"} {PROGRAM}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    loadbalance
+}}
+"""
+
+
+def kubelet_python() -> Path:
+    """The virtualenv the kubelet runs in, and its pods too: the checkout's `.venv`, or
+    IOP_KUBELET_VENV (which the kubelet also reads, from the environment `up` passes on)."""
+    venv = Path(os.environ.get("IOP_KUBELET_VENV") or CHECKOUT / ".venv")
+    python = venv / "bin" / "python"
+    if not os.access(python, os.X_OK) or not os.access(venv / "bin" / "iop", os.X_OK):
+        raise ClusterError(f"{venv} has no bin/python and bin/iop: run scripts/bootstrap first")
+    return python
+
+
 def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
-    ports, pki, root = state.ports, state.pki, state.root
-    apiserver = f"https://{LOOPBACK}:{ports['apiserver']}"
+    ports, pki, root, net = state.ports, state.pki, state.root, state.net
+    apiserver = state.apiserver
     etcd_client = f"http://{LOOPBACK}:{ports['etcd']}"
     etcd_peer = f"http://{LOOPBACK}:{ports['etcd-peer']}"
     serving = [
@@ -626,19 +756,24 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
         f"--tls-private-key-file={pki / 'serving.key'}",
     ]
 
-    def component_kubeconfig(user: str) -> list[str]:
+    def write_kubeconfig(user: str) -> Path:
         path = root / f"{user}.kubeconfig"
         path.write_text(kubeconfig(apiserver, pki, user))
         path.chmod(0o600)
+        return path
+
+    def component_kubeconfig(user: str) -> list[str]:
+        path = write_kubeconfig(user)
         return [
             f"--kubeconfig={path}",
             f"--authentication-kubeconfig={path}",
             f"--authorization-kubeconfig={path}",
         ]
 
-    kwok_kubeconfig = root / "kwok.kubeconfig"
-    kwok_kubeconfig.write_text(kubeconfig(apiserver, pki, "kwok"))
-    kwok_kubeconfig.chmod(0o600)
+    (root / "Corefile").write_text(corefile(state))
+    write_kubeconfig("coredns")
+    kube_proxy_config = write_kubeconfig("kube-proxy")
+    kwok_kubeconfig = write_kubeconfig("kwok")
 
     return {
         "etcd": [
@@ -658,19 +793,24 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
         "kube-apiserver": [
             str(build_.binary("kube-apiserver")),
             f"--etcd-servers={etcd_client}",
-            f"--bind-address={LOOPBACK}",
-            f"--advertise-address={LOOPBACK}",
-            # The `kubernetes` Service gets no Endpoints: they may not be loopback, and the API
-            # server must not advertise anything else.
-            "--endpoint-reconciler-type=none",
+            # The host's end of the node link: reachable from the host and from every pod.
+            f"--bind-address={net.host_ip}",
+            f"--advertise-address={net.host_ip}",
             f"--secure-port={ports['apiserver']}",
             *serving,
             f"--client-ca-file={pki / 'ca.crt'}",
             "--authorization-mode=Node,RBAC",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={net.service_cidr}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
+            # Webhooks and APIServices backed by a Service are called at its endpoints (pod
+            # IPs), not its ClusterIP: they work even where kube-proxy does not.
+            "--enable-aggregator-routing=true",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={root / 'apiserver-certs'}",
@@ -688,7 +828,7 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={net.service_cidr}",
             "--profiling=false",
         ],
         "kube-scheduler": [
@@ -709,18 +849,66 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             f"--node-ip={LOOPBACK}",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={KWOK_POD_CIDR}",
             "--node-lease-duration-seconds=40",
+        ],
+        "coredns": [str(build_.binary("coredns")), "-conf", str(root / "Corefile")],
+        # In the node namespace: its nftables table and conntrack entries stay there, and
+        # every packet to a ClusterIP passes through it (from pods via the bridge, from the
+        # host via the routes clusternet.py adds).
+        "kube-proxy": [
+            "nsenter",
+            f"--net={clusternet.NETNS_DIR / net.node_netns}",
+            "--",
+            str(build_.binary("kube-proxy")),
+            f"--kubeconfig={kube_proxy_config}",
+            "--proxy-mode=nftables",
+            f"--hostname-override={KUBELET_NODE}",
+            f"--cluster-cidr={net.pod_cidr}",
+            # Replies from a pod on the same bridge must come back through the translation.
+            "--masquerade-all=true",
+            # conntrack's table size is machine-wide: leave it alone.
+            "--conntrack-max-per-core=0",
+            f"--healthz-bind-address={net.node_ip}:{ports['kube-proxy-health']}",
+            f"--metrics-bind-address={net.node_ip}:{ports['kube-proxy-metrics']}",
+            "--nodeport-addresses=primary",
+        ],
+        "kubelet": [
+            str(kubelet_python()),
+            "-m",
+            "kubelet",
+            f"--node-name={KUBELET_NODE}",
+            f"--node-ip={net.host_ip}",
+            f"--pod-cidr={net.pod_cidr}",
+            f"--node-netns={net.node_netns}",
+            f"--netns-prefix={net.netns_prefix}",
+            f"--cluster-dns={net.host_ip}",
+            f"--cluster-domain={CLUSTER_DOMAIN}",
+            f"--server={apiserver}",
+            # What pods get as KUBERNETES_SERVICE_HOST/PORT: the `kubernetes` Service's
+            # ClusterIP, which kube-proxy translates to the API server.
+            f"--api-host={net.kubernetes_service_ip}",
+            "--api-port=443",
+            f"--ca={pki / 'ca.crt'}",
+            f"--cert={pki / 'kubelet.crt'}",
+            f"--key={pki / 'kubelet.key'}",
+            f"--serving-cert={pki / 'kubelet-serving.crt'}",
+            f"--serving-key={pki / 'kubelet-serving.key'}",
+            f"--serving-port={ports['kubelet']}",
+            f"--state={root / 'kubelet'}",
         ],
     }
 
 
 def child_env(state: State) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("KUBE")}
-    # Loopback never goes through a proxy.
-    no_proxy = ",".join(filter(None, [LOOPBACK, "localhost", os.environ.get("NO_PROXY", "")]))
+    # Nothing here goes through a proxy: every address is on this machine.
+    net = state.net
+    local = [LOOPBACK, "localhost", net.host_ip, str(net.pod_cidr), str(net.service_cidr)]
+    no_proxy = ",".join(filter(None, [*local, os.environ.get("NO_PROXY", "")]))
     env["NO_PROXY"] = env["no_proxy"] = no_proxy
     env["KWOK_WORKDIR"] = str(state.root / "kwok")
+    env["PYTHONPATH"] = str(HERE)
     return env
 
 
@@ -738,12 +926,20 @@ def spawn(name: str, argv: list[str], state: State, env: Mapping[str, str]) -> S
             # it; only `down` stops it.
             start_new_session=True,
         )
-    # Popen returns once exec succeeded, so /proc now shows the component, not this Python.
+    # Popen returns once exec succeeded, so /proc now shows the component, not this Python
+    # (or, for a component started through `nsenter ... --`, nsenter until it execs in turn).
     start_time = process_start_time(process.pid)
-    try:
-        exe = os.readlink(f"/proc/{process.pid}/exe")
-    except OSError:
-        start_time = None
+    expected = argv[argv.index("--") + 1] if argv[0] == "nsenter" else None
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            exe = os.readlink(f"/proc/{process.pid}/exe")
+        except OSError:
+            start_time = None
+            break
+        if expected is None or exe == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     # Forget the Popen object without a ResourceWarning: the process outlives this launcher.
     process.returncode = 0
     if start_time is None:
@@ -802,12 +998,21 @@ class Probe:
             url = f"https://{LOOPBACK}:{ports['scheduler']}/healthz"
             return self._get(self.verified, url) == "ok"
         if name == "kwok":
-            return self.node_ready()
+            return self.node_ready(NODE_NAME)
+        net = self.state.net
+        if name == "coredns":
+            url = f"http://{net.host_ip}:{ports['coredns-ready']}/ready"
+            return self._get(self.plain, url) is not None
+        if name == "kube-proxy":
+            url = f"http://{net.node_ip}:{ports['kube-proxy-health']}/healthz"
+            return self._get(self.plain, url) is not None
+        if name == "kubelet":
+            return self.node_ready(KUBELET_NODE)
         raise ValueError(name)
 
     @property
     def apiserver(self) -> str:
-        return f"https://{LOOPBACK}:{self.state.ports['apiserver']}"
+        return self.state.apiserver
 
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -837,12 +1042,17 @@ class Probe:
             return []
         return [line for line in body.decode(errors="replace").splitlines() if "[-]" in line]
 
-    def node_ready(self) -> bool:
-        code, node = self.api("GET", f"/api/v1/nodes/{NODE_NAME}")
+    def node_ready(self, name: str) -> bool:
+        code, node = self.api("GET", f"/api/v1/nodes/{name}")
         if code != 200:
             return False
         conditions = node.get("status", {}).get("conditions", [])
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        # The node lifecycle controller lifts the not-ready taint a moment after Ready: until
+        # then nothing is scheduled there.
+        taints = node.get("spec", {}).get("taints") or []
+        not_ready = any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return ready and not not_ready
 
     def register_node(self) -> None:
         node = {
@@ -861,6 +1071,7 @@ class Probe:
                     "type": "kwok",
                 },
             },
+            "spec": {"taints": [KWOK_TAINT]},
         }
         code, body = self.api("POST", "/api/v1/nodes", node)
         if code not in (201, 409):
@@ -875,8 +1086,16 @@ class Probe:
 # up / down / status
 
 
+# The kubelet stops its pods (5 s grace each, in parallel) before it exits.
+STOP_GRACE = {"kubelet": 20.0}
+
+
 def stop_processes(state: State, *, grace: float = 10.0) -> list[str]:
-    """Stop the processes recorded in `state`, newest first, by PID only. Returns their names."""
+    """Stop the processes recorded in `state`, newest first, by PID only. Returns their names.
+
+    Then whatever still runs in the cluster's network namespaces (pods of a kubelet that died)
+    is killed and the namespaces and host link are removed (clusternet.teardown).
+    """
     stopped = []
     for name in reversed(COMPONENTS):
         started = state.processes.get(name)
@@ -884,7 +1103,7 @@ def stop_processes(state: State, *, grace: float = 10.0) -> list[str]:
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(started.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + STOP_GRACE.get(name, grace)
         while started.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         if started.alive():
@@ -893,6 +1112,10 @@ def stop_processes(state: State, *, grace: float = 10.0) -> list[str]:
             while started.alive():
                 time.sleep(0.05)
         stopped.append(name)
+    if state.network is not None:
+        with clusternet.machine_lock():
+            for what in clusternet.teardown(state.network):
+                log(f"removed {what}")
     return stopped
 
 
@@ -942,6 +1165,10 @@ def up(timeout: float) -> State:
                 return existing
             log("found a stopped or unhealthy cluster: cleaning it up first")
             stop_processes(existing)
+        elif clusternet.Network(id=clusternet.cluster_id(root), slot=0).leftovers():
+            # A state directory deleted by hand: its namespaces may still be there.
+            with clusternet.machine_lock():
+                clusternet.teardown(clusternet.Network(id=clusternet.cluster_id(root), slot=0))
         if root.exists():
             if not (root / MARKER).is_file():
                 raise ClusterError(f"{root} exists but was not made by {PROGRAM}: not touching it")
@@ -953,6 +1180,7 @@ def up(timeout: float) -> State:
                 if attempt == 2:
                     raise ClusterError(str(error)) from None
                 log("a port was taken meanwhile: trying again with new ports")
+                remove_state(root)
     raise AssertionError("unreachable")
 
 
@@ -965,47 +1193,60 @@ def start(root: Path, build_: Build, timeout: float) -> State:
     root.mkdir(mode=0o700, parents=True)
     (root / MARKER).write_text(f"made by {HERE / 'localcluster.py'}\n")
     (root / "logs").mkdir()
-    ports = dict(
-        zip(
-            ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"),
-            free_ports(5),
-            strict=True,
-        )
-    )
-    state = State(root=root, bin_dir=build_.bin_dir, ports=ports, processes={})
-    make_pki(state.pki)
-    apiserver = f"https://{LOOPBACK}:{ports['apiserver']}"
-    state.kubeconfig.write_text(kubeconfig(apiserver, state.pki, "admin"))
-    state.kubeconfig.chmod(0o600)
-    argv = command_lines(state, build_)
-    env = child_env(state)
-    state.save()
-    deadline = began + timeout
-    probe = Probe(state)
+    state = State(root=root, bin_dir=build_.bin_dir, ports={}, processes={})
     try:
-        # etcd and the API server start together (the API server retries etcd); the others
-        # start once it is ready, as they read RBAC-protected objects on start and give up.
-        for name in ("etcd", "kube-apiserver"):
-            state.processes[name] = spawn(name, argv[name], state, env)
-            state.save()
-        await_checks(state, began, deadline, {name: probe.check(name) for name in state.processes})
-        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
-            state.processes[name] = spawn(name, argv[name], state, env)
-            state.save()
-        probe.register_node()
-        checks = {name: probe.check(name) for name in COMPONENTS[2:]}
-        await_checks(state, began, deadline, checks)
-        # Pods need their namespace's default ServiceAccount, which the controller manager
-        # makes; seeing it in `default` shows its controllers run.
-        sa_check = {"kube-controller-manager": probe.default_service_account}
-        await_checks(state, began, deadline, sa_check, what="default ServiceAccount")
+        try:
+            state.network = clusternet.create(root)
+        except clusternet.NetworkError as error:
+            raise ClusterError(f"the pod network could not be made: {error}") from None
+        state.save()
+        launch(state, build_, began, began + timeout)
     except BaseException as error:
+        # Everything started so far stops; the network goes too (stop_processes).
         stop_processes(state)
         if isinstance(error, ClusterError):
             log(f"start failed; logs kept in {root / 'logs'}")
         raise
     log(f"ready in {time.monotonic() - began:.1f}s: {root}")
     return state
+
+
+def launch(state: State, build_: Build, began: float, deadline: float) -> None:
+    """Certificates, then every component in order, each awaited until healthy."""
+    net = state.net
+    log(f"network: pods {net.pod_cidr}, services {net.service_cidr}, node netns {net.node_netns}")
+    loopback = ("etcd", "etcd-peer", "controller-manager", "scheduler")
+    on_link = ("apiserver", "kubelet", "coredns-health", "coredns-ready")
+    state.ports = {
+        **dict(zip(loopback, free_ports(len(loopback)), strict=True)),
+        **dict(zip(on_link, free_ports(len(on_link), net.host_ip), strict=True)),
+        # In the node namespace, where nothing else listens.
+        "kube-proxy-health": 10256,
+        "kube-proxy-metrics": 10249,
+    }
+    make_pki(state.pki, net)
+    state.kubeconfig.write_text(kubeconfig(state.apiserver, state.pki, "admin"))
+    state.kubeconfig.chmod(0o600)
+    argv = command_lines(state, build_)
+    env = child_env(state)
+    state.save()
+    probe = Probe(state)
+    # etcd and the API server start together (the API server retries etcd); the others
+    # start once it is ready, as they read RBAC-protected objects on start and give up.
+    for name in ("etcd", "kube-apiserver"):
+        state.processes[name] = spawn(name, argv[name], state, env)
+        state.save()
+    await_checks(state, began, deadline, {name: probe.check(name) for name in state.processes})
+    for name in COMPONENTS[2:]:
+        state.processes[name] = spawn(name, argv[name], state, env)
+        state.save()
+    probe.register_node()
+    checks = {name: probe.check(name) for name in COMPONENTS[2:]}
+    await_checks(state, began, deadline, checks)
+    # Pods need their namespace's default ServiceAccount, which the controller manager
+    # makes; seeing it in `default` shows its controllers run.
+    sa_check = {"kube-controller-manager": probe.default_service_account}
+    await_checks(state, began, deadline, sa_check, what="default ServiceAccount")
 
 
 def await_checks(
@@ -1074,6 +1315,17 @@ def status_report() -> tuple[int, dict[str, Any]]:
     report["kubeconfig"] = str(state.kubeconfig)
     report["bin_dir"] = str(state.bin_dir)
     report["ports"] = state.ports
+    if state.network is not None:
+        net = state.network
+        report["network"] = {
+            "id": net.id,
+            "node_netns": net.node_netns,
+            "host_link": f"{net.host_veth} {net.host_ip}",
+            "pod_cidr": str(net.pod_cidr),
+            "service_cidr": str(net.service_cidr),
+            "cluster_dns": net.host_ip,
+            "namespaces": net.namespaces(),
+        }
     for name in COMPONENTS:
         started = state.processes.get(name)
         report["components"][name] = {
@@ -1134,6 +1386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     health = "healthy" if entry["healthy"] else "NOT healthy"
                     where = f"pid {entry['pid']}" if entry["running"] else "not running"
                     print(f"  {name:<24} {where:<12} {health}")
+                net = report.get("network")
+                if net:
+                    pods = len(net["namespaces"]) - 1
+                    print(f"  network: pods {net['pod_cidr']}, services {net['service_cidr']}, "
+                          f"DNS {net['cluster_dns']}, host link {net['host_link']}, "
+                          f"node netns {net['node_netns']} (+{pods} pod namespaces)")  # fmt: skip
                 if report["status"] != "stopped":
                     print(f"export KUBECONFIG={report['kubeconfig']}")
                 built = "built" if report["built"] else "not built yet"
