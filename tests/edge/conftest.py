@@ -128,6 +128,8 @@ class FakeStream:
         self._events: AsyncIterator[RunEvent] | None = None
         self._on_end: list[Callable[[], object]] = []
         self._ended = False
+        #: With `FakeHub.at_once`: every event of the run, there before the Edge asks.
+        self._ready: deque[RunEvent] | None = None
 
     def on_end(self, callback: Callable[[], object]) -> None:
         if self._ended:
@@ -140,8 +142,6 @@ class FakeStream:
         callbacks, self._on_end = self._on_end, []
         for callback in callbacks:
             callback()
-        #: With `FakeHub.at_once`: every event of the run, there before the Edge asks.
-        self._ready: deque[RunEvent] | None = None
 
     async def __aenter__(self) -> FakeStream:
         self._hub.active[self._request.run_id] = self._request
