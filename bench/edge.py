@@ -294,6 +294,9 @@ class _InstantStream:
     def __aiter__(self) -> _InstantStream:
         return self
 
+    def take_ready(self) -> list[RunEvent]:
+        return list(self._events)  # every event is there at once
+
     async def __anext__(self) -> RunEvent:
         for event in self._events:
             return event

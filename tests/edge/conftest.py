@@ -4,6 +4,7 @@ live refresh tests) a real in-process Edge with its admin API and a connected No
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -127,6 +128,8 @@ class FakeStream:
         self._events: AsyncIterator[RunEvent] | None = None
         self._on_end: list[Callable[[], object]] = []
         self._ended = False
+        #: With `FakeHub.at_once`: every event of the run, there before the Edge asks.
+        self._ready: deque[RunEvent] | None = None
 
     def on_end(self, callback: Callable[[], object]) -> None:
         if self._ended:
@@ -143,6 +146,8 @@ class FakeStream:
     async def __aenter__(self) -> FakeStream:
         self._hub.active[self._request.run_id] = self._request
         self._events = self._hub.script(self._request)
+        if self._hub.at_once:
+            self._ready = deque([event async for event in self._events])
         return self
 
     async def __aexit__(
@@ -161,9 +166,23 @@ class FakeStream:
     def __aiter__(self) -> FakeStream:
         return self
 
+    def take_ready(self) -> list[RunEvent]:
+        if self._ready is None:
+            return []  # a script's next event is only known by awaiting it
+        taken: list[RunEvent] = []
+        while self._ready and not (taken and isinstance(taken[-1], RunDone | RunFailed)):
+            taken.append(self._seen(self._ready.popleft()))
+        return taken
+
     async def __anext__(self) -> RunEvent:
+        if self._ready is not None:
+            if not self._ready:
+                raise StopAsyncIteration
+            return self._seen(self._ready.popleft())
         assert self._events is not None
-        event = await anext(self._events)
+        return self._seen(await anext(self._events))
+
+    def _seen(self, event: RunEvent) -> RunEvent:
         if isinstance(event, RunDone | RunFailed):
             self._hub.ended[self._request.run_id] = type(event).__name__
             self._end()
@@ -181,10 +200,13 @@ class FakeHub:
     ended: dict[str, str] = field(default_factory=dict)
     listeners: list[Callable[[], None]] = field(default_factory=list)
     started: bool = False
+    #: Hand each run's events over all at once, as when a Node's one message carries them all.
+    at_once: bool = False
 
     def reset(self) -> None:
         """Back to answering like a well-behaved provider, with nothing recorded."""
         self.script = echo_script
+        self.at_once = False
         self.requests.clear()
         self.ended.clear()
 

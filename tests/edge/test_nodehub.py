@@ -317,3 +317,22 @@ async def test_a_node_follows_its_edge_through_a_restart(
     )
     await until(lambda: bool(second.connected_providers()))
     assert (await collect(second, run_request(stream=False)))[-1] == RunDone("stop")
+
+
+async def test_take_ready_hands_over_what_arrived_up_to_the_end(
+    wire_config, start_hub, start_node
+) -> None:
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    await start_node(hub)
+    async with hub.run(run_request()) as stream:
+        assert stream.take_ready() == []  # nothing has arrived before the first wait
+        first = await anext(stream)
+        assert isinstance(first, RunChunk)
+        rest: list[RunEvent] = []
+        while not rest or not isinstance(rest[-1], RunDone):
+            rest.extend(stream.take_ready() or [await anext(stream)])
+        assert stream.take_ready() == []
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+    assert isinstance(rest[-2], RunUsage)
+    assert [e for e in rest if isinstance(e, RunDone)] == [rest[-1]]

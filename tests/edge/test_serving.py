@@ -8,7 +8,9 @@ running on the hub.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -186,6 +188,24 @@ async def test_sse_framing_is_openais(http) -> None:
     events = text.split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""]
     assert all(event.startswith("data: {") for event in events[:-2])
+
+
+@pytest.mark.parametrize("include_usage", [False, True], ids=["plain", "with-usage"])
+async def test_a_stream_reads_the_same_when_its_events_arrive_at_once(
+    http, fake_hub, include_usage
+) -> None:
+    # A Node's one message often carries a run's every event; the Edge then writes them in one go.
+    body: dict[str, Any] = {"model": "m", "messages": HELLO, "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    answers = []
+    for at_once in (False, True):
+        fake_hub.at_once = at_once
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            text = await response.aread()
+        answers.append(re.sub(rb'"id":"run-[^"]+"', b'"id":"run"', text))
+    assert answers[0] == answers[1]
+    assert answers[1].endswith(b"data: [DONE]\n\n")
 
 
 async def test_text_completion_streaming_and_not(client, fake_hub) -> None:
@@ -460,7 +480,10 @@ async def test_upstream_refusal_keeps_its_4xx(client, fake_hub) -> None:
     assert "context length exceeded" in caught.value.message
 
 
-async def test_a_failure_mid_stream_is_an_sse_error_event(client, fake_hub) -> None:
+@pytest.mark.parametrize("at_once", [False, True], ids=["event-by-event", "all-at-once"])
+async def test_a_failure_mid_stream_is_an_sse_error_event(client, fake_hub, at_once) -> None:
+    fake_hub.at_once = at_once
+
     async def dies(request: RunRequest) -> AsyncIterator[RunEvent]:
         yield RunChunk(
             b'{"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'

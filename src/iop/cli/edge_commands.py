@@ -25,6 +25,7 @@ from iop.wire import TlsError
 
 from . import reload_commands
 from .problems import print_problems
+from .settling import settle
 
 __all__ = ["register"]
 
@@ -109,6 +110,7 @@ async def _serve(edge: EdgeServer, config_path: str) -> None:
             "metrics_url": edge.metrics_url,
         }
         print(orjson.dumps(started).decode(), flush=True)
+        settle()
         await stop.wait()
         loop.remove_signal_handler(signal.SIGHUP)
         await stop_tasks(reloads)

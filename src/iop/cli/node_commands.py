@@ -24,6 +24,8 @@ import uvloop
 from iop.node import NodeAgent
 from iop.wire import ClientTls, TlsError
 
+from .settling import settle
+
 __all__ = ["register"]
 
 
@@ -146,6 +148,7 @@ async def _serve(agent: NodeAgent, grace: float) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, signals.put_nowait, signum)
     async with agent:
+        settle()
         await signals.get()
         drain = asyncio.ensure_future(agent.drain(grace))
         second = asyncio.ensure_future(signals.get())

@@ -71,6 +71,11 @@ class RunEvents(Protocol):
         while the consumer has not read every event yet; at once if it has ended already."""
         ...
 
+    def take_ready(self) -> list[RunEvent]:
+        """The events already arrived, without waiting (empty when none has, or the stream
+        cannot tell): a writer that is behind sends them all at once instead of one by one."""
+        ...
+
 
 class NodeRuns(Protocol):
     """The node hub, as the request path uses it."""

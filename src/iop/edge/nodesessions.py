@@ -146,6 +146,19 @@ class RunStream:
                 await self._waiter
             finally:
                 self._waiter = None
+        return self._consume()
+
+    def take_ready(self) -> list[RunEvent]:
+        """The events that arrived and were not consumed yet, without waiting (up to and with
+        the terminal one): what the caller can write out in one go."""
+        taken: list[RunEvent] = []
+        while self._events and not self._finished:
+            taken.append(self._consume())
+        return taken
+
+    def _consume(self) -> RunEvent:
+        """Hand the oldest event to the consumer. Both ways out (`__anext__`, `take_ready`) go
+        through here, so whatever consuming an event must update is updated once, here."""
         event = self._events.popleft()
         if isinstance(event, TERMINAL_EVENTS):
             self._finished = True

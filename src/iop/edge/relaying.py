@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Final, Self
 
-from iop.wire import RunEvent, RunFailed, RunRequest, RunUsage
+from iop.wire import TERMINAL_EVENTS, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire import statuses as wire_statuses
 
 from .authenticating import Principal
@@ -180,14 +180,30 @@ class RelayedRun:
                 raise StopAsyncIteration
             event = await anext(self._events)
         if isinstance(event, RunUsage):
-            lease = self._lease
-            assert lease is not None
-            self._relay._metrics.count_usage(
-                self._principal,
-                self._request.model,
-                lease.provider_id,
-                event.prompt_tokens,
-                event.completion_tokens,
-                event.total_tokens,
-            )
+            self._meter(event)
         return event
+
+    def take_ready(self) -> list[RunEvent]:
+        """The events that already arrived, without waiting (see `RunEvents.take_ready`)."""
+        taken: list[RunEvent] = []
+        if self._first is not None:
+            taken.append(self._first)
+            self._first = None
+        if self._stream is not None and not (taken and isinstance(taken[0], TERMINAL_EVENTS)):
+            taken.extend(self._stream.take_ready())
+        for event in taken:
+            if isinstance(event, RunUsage):
+                self._meter(event)
+        return taken
+
+    def _meter(self, usage: RunUsage) -> None:
+        lease = self._lease
+        assert lease is not None
+        self._relay._metrics.count_usage(
+            self._principal,
+            self._request.model,
+            lease.provider_id,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+        )

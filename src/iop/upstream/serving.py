@@ -63,7 +63,8 @@ class FakeUpstreamSettings:
 @dataclass(slots=True)
 class UpstreamStats:
     """What the fake saw; `disconnects` counts clients that left before their response ended,
-    `connections` the connections it accepted (so a test can see a client's keep-alive pool)."""
+    `connections` the connections it accepted (so a test can see a client's keep-alive pool),
+    `peak_in_flight` the most completions it served at once (so a test can check a capacity)."""
 
     requests: int = 0
     completed: int = 0
@@ -71,6 +72,7 @@ class UpstreamStats:
     disconnects: int = 0
     in_flight: int = 0
     connections: int = 0
+    peak_in_flight: int = 0
 
 
 @dataclass(slots=True)
@@ -427,7 +429,9 @@ class FakeUpstream(AsyncService):
         speed = overrides.get("tokens_per_second", self.settings.tokens_per_second)
         interval = 1 / float(speed) if speed else 0.0
         fault, status = self._fault(overrides)
-        self.stats.in_flight += 1
+        stats = self.stats
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
         try:
             if fault is not None:
                 self.stats.failures_injected += 1

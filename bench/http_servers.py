@@ -1,0 +1,244 @@
+"""Benchmark: the Edge's OpenAI API served by uvicorn (today) and by granian, side by side.
+
+    uv run --frozen python -P bench/http_servers.py [--rounds 3] [--seconds 3]
+        [--concurrency 1 32 128]
+
+Both servers run the same `EdgeApp` (auth, validation, dispatch, metering, SSE) over the stub hub
+of bench/edge.py (`InstantHub`: every run answered at once, in-process), so the difference is the
+HTTP server alone. uvicorn (httptools) runs as `iop edge run` does; granian runs in its embedded
+mode (one process, the application on the same asyncio loop, hyper/tokio doing the HTTP in
+Rust). granian is installed, pinned, with the project into a virtual environment of its own
+under a cache directory (`--cache`, default `$XDG_CACHE_HOME/iop-bench/granian`), never into the
+project's. The servers take turns within each round under the load generator of bench/edge.py
+(httptools, one keep-alive connection per worker).
+
+It prints requests/s, p50, p99 and the server process's CPU time per request for each server,
+and granian's ratio to uvicorn. Figures go to docs/benchmarks.md ("## Where the tail comes
+from").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import hashlib
+import importlib.util
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+import uvloop
+import yaml
+
+GRANIAN = "granian==2.8.7"
+SERVERS = ("uvicorn", "granian")
+
+
+def _load_edge_bench() -> ModuleType:
+    """bench/edge.py, for its stub hub, config and load generator (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("edge_bench", Path(__file__).with_name("edge.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def default_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "iop-bench" / "granian"
+
+
+def ensure_venv(cache: Path) -> Path:
+    """A virtual environment with the project's locked dependencies, the project and granian."""
+    venv = cache / "venv"
+    marker = venv / ".installed"
+    root = Path(__file__).resolve().parent.parent
+    lock = hashlib.sha256((root / "uv.lock").read_bytes()).hexdigest()
+    wanted = f"{GRANIAN}\n{root}\n{lock}"
+    if marker.exists() and marker.read_text() == wanted:
+        return venv / "bin" / "python"
+    uv = shutil.which("uv")
+    if uv is None:
+        raise SystemExit("bench/http_servers.py needs uv on PATH (scripts/bootstrap installs it)")
+    shutil.rmtree(venv, ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    requirements = cache / "requirements.txt"
+    exported = subprocess.run(
+        [uv, "export", "--frozen", "--no-dev", "--no-hashes", "--no-emit-project", "--quiet"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    requirements.write_text(exported.stdout)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    env = {**os.environ, "VIRTUAL_ENV": str(venv)}
+    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "-r", str(requirements), GRANIAN], check=True, env=env
+    )
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--no-deps", "-e", str(root)], check=True, env=env
+    )
+    marker.write_text(wanted)
+    return venv / "bin" / "python"
+
+
+# -- granian's side (inside its environment) -------------------------------------------------------
+
+
+async def serve_granian(config_path: str) -> None:
+    from granian.constants import HTTPModes, Interfaces
+    from granian.server.embed import Server
+
+    from iop.edge.authenticating import Authenticator
+    from iop.edge.dispatching import Dispatcher
+    from iop.edge.hubs import available_providers
+    from iop.edge.metering import Metrics
+    from iop.edge.serving import EdgeApp
+    from iop.edge.snapshots import PoolSnapshot
+    from iop.edgeconfig import load_file
+
+    bench = _load_edge_bench()
+    config = load_file(config_path)
+    hub = bench.InstantHub()
+    dispatcher = Dispatcher(PoolSnapshot.build(config))
+    dispatcher.set_available(available_providers(hub.connected_providers()))
+    app = EdgeApp(
+        dispatcher=dispatcher,
+        hub=hub,
+        authenticator=Authenticator(config.openai),
+        metrics=Metrics(dispatcher),
+        max_request_bytes=config.openai.max_request_bytes,
+        ready=lambda: True,
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server: Any = Server(
+        app,
+        address="127.0.0.1",
+        port=port,
+        interface=Interfaces.ASGINL,
+        http=HTTPModes.http1,
+        websockets=False,
+        log_enabled=False,
+        backlog=1024,
+    )
+    serving = asyncio.create_task(server.serve())
+    for _ in range(500):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.02)
+            continue
+        writer.close()
+        break
+    print(orjson.dumps({"url": f"http://127.0.0.1:{port}"}).decode(), flush=True)
+    await serving
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+async def start(python: str, *args: str) -> tuple[asyncio.subprocess.Process, tuple[str, int]]:
+    bench = _load_edge_bench()
+    process = await asyncio.create_subprocess_exec(
+        python,
+        "-P",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    line = await bench.started_line(process)
+    return process, bench.split_url(line["url"])
+
+
+async def drive(args: argparse.Namespace, granian_python: Path) -> None:
+    from iop.processes import terminate
+
+    bench = _load_edge_bench()
+    rows: dict[tuple[str, int, str], dict[str, list[Any]]] = collections.defaultdict(
+        lambda: collections.defaultdict(list)
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "edge.yaml"
+        config.write_text(yaml.safe_dump(bench.edge_config("http://127.0.0.1:9/v1")))
+        edge_py = str(Path(__file__).with_name("edge.py"))
+        servers = {
+            "uvicorn": await start(sys.executable, edge_py, "--stub-edge", str(config)),
+            "granian": await start(str(granian_python), __file__, "--serve", str(config)),
+        }
+        try:
+            for _ in range(args.rounds):
+                for stream in (False, True):
+                    for conc in args.concurrency:
+                        for name in SERVERS:
+                            process, (host, port) = servers[name]
+                            payload = bench.http_request(
+                                f"{host}:{port}",
+                                "/v1/chat/completions",
+                                bench.body("openai", stream),
+                                bench.CLIENT_TOKEN,
+                            )
+                            await bench.measure(host, port, payload, conc, 0.3)
+                            before = bench.cpu_seconds(process.pid)
+                            cell = await bench.measure(host, port, payload, conc, args.seconds)
+                            cpu = bench.cpu_seconds(process.pid) - before
+                            row = rows[("stream" if stream else "whole", conc, name)]
+                            row["rps"].append(cell.rps)
+                            row["cpu_us"].append(cpu / len(cell.latencies) * 1e6)
+                            row["latencies"].extend(cell.latencies)
+        finally:
+            for process, _ in servers.values():
+                await terminate(process)
+    print("| mode | conc | server | req/s | x uvicorn | p50 ms | p99 ms | CPU us/req |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for mode in ("whole", "stream"):
+        for conc in args.concurrency:
+            base = statistics.median(rows[(mode, conc, "uvicorn")]["rps"])
+            for name in SERVERS:
+                row = rows[(mode, conc, name)]
+                lat = sorted(row["latencies"])
+                p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+                rps = statistics.median(row["rps"])
+                print(
+                    f"| {mode} | {conc} | {name} | {rps:,.0f} | {rps / base:.2f} | "
+                    f"{p50:.2f} | {p99:.2f} | {statistics.median(row['cpu_us']):,.0f} |"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--cache", type=Path, default=default_cache())
+    parser.add_argument("--serve", metavar="CONFIG", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        uvloop.run(serve_granian(args.serve))
+        return
+    python = ensure_venv(args.cache)
+    load = os.getloadavg()
+    print(
+        f"# bench/http_servers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"load average {load[0]:.1f}; {GRANIAN}; {args.rounds} rounds of {args.seconds:g} s\n"
+    )
+    uvloop.run(drive(args, python))
+    print(f"\n# load average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

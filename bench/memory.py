@@ -1,0 +1,208 @@
+"""Benchmark: the Edge's memory per idle keep-alive connection and per open stream, and after.
+
+    uv run --frozen python -P bench/memory.py [--connections 2000] [--streams 2000] [--cycles 3]
+
+Real processes: `iop fake-upstream` (streams paced by its per-request hook, so they stay open),
+`iop edge run` and `iop node run` (the `openai` adapter, pool and capacity large enough for every
+stream). RSS is read from /proc (VmRSS) once the Edge has served some requests, then:
+
+- idle: N connections to the OpenAI listener, each with one answered `GET /healthz` and then
+  left open (within uvicorn's keep-alive timeout of 5 s); RSS with all of them open;
+- streams: N streaming completions at once, each counted once its first event arrived; RSS (Edge
+  and Node) with all of them open; then every client disconnects (which cancels its run);
+- after: RSS once every connection closed; the whole is repeated `--cycles` times, so growth from
+  one cycle to the next shows memory that closing does not give back.
+
+Prints KiB per idle connection and per open stream (RSS delta / N) for each cycle, and the RSS
+after each cycle. Figures go to docs/benchmarks.md ("## Memory").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import uvloop
+import yaml
+
+from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+
+CLIENT_TOKEN = "sk-bench-client"
+NODE_TOKEN = "bench-node-token"
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def config(upstream_url: str, size: int) -> dict[str, object]:
+    return {
+        "edge": {"id": "edge-mem", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {"token_ref": "mem", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "m"}
+            ],
+        },
+        "models": [{"id": "m", "providers": {"p": "served"}}],
+        "nodes": [
+            {
+                "id": "node-1",
+                "token_hash_sha256": sha(NODE_TOKEN),
+                "providers": [
+                    {
+                        "id": "p",
+                        "adapter": {
+                            "type": "openai",
+                            "base_url": upstream_url,
+                            "max_connections": size,
+                        },
+                        "served_models": ["served"],
+                        "capacity": size,
+                        "max_queue": size,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def completion(host: str, stream: bool, tokens_per_second: float | None = None) -> bytes:
+    document: dict[str, object] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Say something about gateways."}],
+        "max_tokens": 8,
+        "stream": stream,
+    }
+    if tokens_per_second:
+        # the fake upstream's per-request hook, which the Edge and the Node pass through
+        document["fake_upstream"] = {"tokens_per_second": tokens_per_second}
+    body = orjson.dumps(document)
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {CLIENT_TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def read_until(reader: asyncio.StreamReader, marker: bytes) -> None:
+    seen = b""
+    while marker not in seen:
+        piece = await reader.read(65536)
+        if not piece:
+            raise ConnectionError("the Edge closed the connection")
+        seen = seen[-len(marker) :] + piece
+
+
+async def settle(seconds: float = 1.5) -> None:
+    await asyncio.sleep(seconds)
+
+
+async def cycle(
+    host: str, port: int, pids: dict[str, int], args: argparse.Namespace
+) -> dict[str, float]:
+    found: dict[str, float] = {}
+    before = rss_kib(pids["edge"])
+    idle = []
+    for _ in range(args.connections):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        idle.append((reader, writer))
+    await asyncio.gather(*(read_until(r, b'{"status":"ok"}') for r, _ in idle))
+    found["idle_kib"] = (rss_kib(pids["edge"]) - before) / args.connections
+    for _, writer in idle:
+        writer.close()
+    await settle()
+    before_streams = {name: rss_kib(pid) for name, pid in pids.items()}
+    streams = []
+    payload = completion(f"{host}:{port}", True, args.tokens_per_second)
+    for _ in range(args.streams):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(payload)
+        streams.append((reader, writer))
+    await asyncio.gather(*(read_until(r, b"data: ") for r, _ in streams))
+    for name, pid in pids.items():
+        found[f"stream_{name}_kib"] = (rss_kib(pid) - before_streams[name]) / args.streams
+    for _, writer in streams:
+        writer.close()
+    await settle(3.0)
+    found["after_edge_kib"] = rss_kib(pids["edge"])
+    found["after_node_kib"] = rss_kib(pids["node"])
+    return found
+
+
+async def main(args: argparse.Namespace) -> None:
+    size = max(args.streams, 16) + 64
+    async with spawn_fake_upstream() as upstream:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            (folder / "edge.yaml").write_text(yaml.safe_dump(config(upstream.base_url, size)))
+            (folder / "token").write_text(NODE_TOKEN)
+            edge, started = await spawn_edge(folder / "edge.yaml")
+            node = await spawn_node(started["hub_port"], "node-1", folder / "token")
+            try:
+                host, _, port_text = str(started["url"]).removeprefix("http://").rpartition(":")
+                port = int(port_text)
+                pids = {"edge": edge.pid, "node": node.pid}
+                for _ in range(600):
+                    reader, writer = await asyncio.open_connection(host, port)
+                    writer.write(f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                    answer = await reader.read(4096)
+                    writer.close()
+                    if b'"providers_available":["p"]' in answer:
+                        break
+                    await asyncio.sleep(0.05)
+                # warm-up: a few hundred requests, so lazily built things exist before measuring
+                reader, writer = await asyncio.open_connection(host, port)
+                for _ in range(200):
+                    writer.write(completion(f"{host}:{port}", stream=False))
+                    await read_until(reader, b'"usage"')
+                writer.close()
+                await settle()
+                start = {name: rss_kib(pid) for name, pid in pids.items()}
+                print(
+                    f"# bench/memory.py, {time.strftime('%Y-%m-%d %H:%M')}, load average "
+                    f"{os.getloadavg()[0]:.1f}; {args.connections} idle connections, "
+                    f"{args.streams} open streams per cycle\n"
+                )
+                print(
+                    f"RSS after warm-up: Edge {start['edge']:,} KiB, Node {start['node']:,} KiB\n"
+                )
+                print(
+                    "| cycle | Edge KiB per idle connection | Edge KiB per open stream "
+                    "| Node KiB per open stream | Edge RSS after, KiB | Node RSS after, KiB |"
+                )
+                print("|---:|---:|---:|---:|---:|---:|")
+                for number in range(1, args.cycles + 1):
+                    found = await cycle(host, port, pids, args)
+                    print(
+                        f"| {number} | {found['idle_kib']:.1f} | {found['stream_edge_kib']:.1f} | "
+                        f"{found['stream_node_kib']:.1f} | {found['after_edge_kib']:,.0f} | "
+                        f"{found['after_node_kib']:,.0f} |",
+                        flush=True,
+                    )
+            finally:
+                await terminate(node)
+                await terminate(edge)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--connections", type=int, default=2000)
+    parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--tokens-per-second", type=float, default=1.0)
+    uvloop.run(main(parser.parse_args()))

@@ -1,0 +1,617 @@
+"""Benchmark: IOP Edge side by side with peer gateways (LiteLLM, vLLM's router) and the direct path.
+
+    uv run --frozen python -P bench/peers.py [--rounds 3] [--seconds 3]
+        [--concurrency 1 32 128] [--paths direct iop litellm vllm-router] [--charts docs]
+
+Paths, all in front of the same `iop fake-upstream` process:
+
+- `direct`: the fake upstream itself (the client's and the upstream's own ceiling);
+- `iop`: `iop edge run` + one `iop node run` with two `openai` providers of one model (auth with
+  a principal token, metrics on, full dispatch), as deployed;
+- `litellm`: LiteLLM's proxy with the equivalent config (two deployments of one model, a master
+  key, no database), one process, as `litellm --config` starts it;
+- `vllm-router`: the vLLM project's router (Rust, on PyPI as `vllm-router`) in front of the same
+  upstream as two workers, round-robin. It checks no client key and maps no model names (a
+  request names the upstream's model), so it does less per request than the two gateways.
+
+Each peer is installed, pinned, into a virtual environment of its own under a cache directory
+(`--cache`, default `$XDG_CACHE_HOME/iop-bench/peers`), never into the project's: LiteLLM drags
+in hundreds of packages the product must not depend on. Both run offline:
+`LITELLM_LOCAL_MODEL_COST_MAP=True` keeps LiteLLM from fetching its model cost map at start, and
+the router is told to check its workers' health on `/v1/models`, which the fake upstream serves.
+
+One closed-loop client serves every path: N workers, each with its own aiohttp session over one
+keep-alive connection, as the issue measured. Paths take turns within each round (the order
+rotates from round to round), so that the machine's load, which other work shares, falls on all
+of them alike; the ratios are what to read. The direct path's figures show the client's ceiling.
+
+It prints, per mode and concurrency: requests/s (median of the rounds and their range), p50 and
+p99 latency and their ratio (over all rounds' requests), time to the first SSE event for
+streams, the latency each gateway adds to the direct path, CPU time per request by process (from
+/proc), and the ratios of IOP to the direct path and to each peer. With `--charts DIR` it draws
+`peers-throughput.png` and `peers-latency-cdf.png` there. Figures go to docs/benchmarks.md
+("## Side by side with a peer").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import orjson
+import uvloop
+import yaml
+
+from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+
+#: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
+#: `litellm-proxy-extras` releases that are not published); the issue's figures used it too.
+LITELLM_VERSION = "1.108.7"
+CLIENT_TOKEN = "sk-bench-client"
+MASTER_KEY = "sk-bench-master"
+NODE_TOKEN = "bench-node-token"
+MODEL = "bench"
+MAX_TOKENS = 8  # 8 content chunks per stream, as in bench/edge.py
+#: The newest vllm-router on PyPI on the day of the figures.
+VLLM_ROUTER_VERSION = "0.1.17"
+PATHS = ("direct", "iop", "litellm", "vllm-router")
+PEERS = ("litellm", "vllm-router")
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# -- the peer's installation -----------------------------------------------------------------------
+
+
+def default_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "iop-bench" / "peers"
+
+
+def ensure_peer(cache: Path, name: str, requirement: str, command: str) -> Path:
+    """`command` of a virtual environment of its own for `requirement`, installed on first use."""
+    venv = cache / name
+    found = venv / "bin" / command
+    marker = venv / ".installed"
+    if marker.exists() and found.exists():
+        return found
+    uv = shutil.which("uv")
+    if uv is None:
+        raise SystemExit("bench/peers.py needs uv on PATH (scripts/bootstrap installs it)")
+    print(f"installing {requirement} into {venv}", file=sys.stderr)
+    shutil.rmtree(venv, ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", requirement],
+        check=True,
+        env={**os.environ, "VIRTUAL_ENV": str(venv)},
+    )
+    marker.write_text(requirement)
+    return found
+
+
+def ensure_litellm(cache: Path) -> Path:
+    return ensure_peer(
+        cache, f"litellm-{LITELLM_VERSION}", f"litellm[proxy]=={LITELLM_VERSION}", "litellm"
+    )
+
+
+def ensure_vllm_router(cache: Path) -> Path:
+    return ensure_peer(
+        cache,
+        f"vllm-router-{VLLM_ROUTER_VERSION}",
+        f"vllm-router=={VLLM_ROUTER_VERSION}",
+        "vllm-router",
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def wait_http(
+    url: str, wanted: bytes, timeout: float, process: asyncio.subprocess.Process
+) -> None:
+    """Poll `url` until its body contains `wanted`; fail if `process` exits first."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    async with aiohttp.ClientSession() as session:
+        while loop.time() < until:
+            if process.returncode is not None:
+                raise RuntimeError(f"{url}: the server exited with {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+                    if wanted in await response.read():
+                        return
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer {wanted!r} within {timeout:.0f}s")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a path listens and which processes serve it (for their CPU time)."""
+
+    url: str
+    token: str | None
+    model: str
+    pids: dict[str, int]
+
+
+@contextlib.asynccontextmanager
+async def litellm_proxy(command: Path, upstream_url: str, folder: Path) -> AsyncIterator[Target]:
+    deployment = {"model": "openai/served", "api_base": upstream_url, "api_key": "unused"}
+    config = {
+        "model_list": [
+            {"model_name": MODEL, "litellm_params": deployment},
+            {"model_name": MODEL, "litellm_params": dict(deployment)},
+        ],
+        "general_settings": {"master_key": MASTER_KEY},
+    }
+    (folder / "litellm.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no fetch of the cost map at start: offline
+    with (folder / "litellm.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            str(command),
+            *("--config", str(folder / "litellm.yaml"), "--host", "127.0.0.1"),
+            *("--port", str(port), "--num_workers", "1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_http(f"{url}/health/liveliness", b"alive", 180, process)
+        yield Target(url, MASTER_KEY, MODEL, {"litellm": process.pid})
+    finally:
+        await terminate(process)
+
+
+@contextlib.asynccontextmanager
+async def vllm_router(command: Path, upstream_listen: str, folder: Path) -> AsyncIterator[Target]:
+    port = free_port()
+    upstream_port = upstream_listen.rpartition(":")[2]
+    # Two workers on the same upstream (two spellings of its address: the router keys workers
+    # by URL), as the two deployments of the other gateways.
+    workers = [f"http://127.0.0.1:{upstream_port}", f"http://localhost:{upstream_port}"]
+    with (folder / "vllm-router.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            str(command),
+            *("--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())),
+            *("--worker-urls", *workers, "--policy", "round_robin"),
+            *("--health-check-endpoint", "/v1/models", "--log-level", "warning"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        # It listens only once its workers answered their health check; then it forwards.
+        await wait_http(f"{url}/v1/models", b'"object":"list"', 120, process)
+        yield Target(url, None, "served", {"vllm-router": process.pid})
+    finally:
+        await terminate(process)
+
+
+def iop_config(upstream_url: str) -> dict[str, object]:
+    def provider(pid: str) -> dict[str, object]:
+        return {
+            "id": pid,
+            "adapter": {"type": "openai", "base_url": upstream_url},
+            "served_models": ["served"],
+            "capacity": 1024,
+            "max_queue": 1024,
+        }
+
+    return {
+        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "b"}
+            ],
+        },
+        "models": [{"id": MODEL, "providers": {"p-a": "served", "p-b": "served"}}],
+        "nodes": [
+            {
+                "id": "node-1",
+                "token_hash_sha256": sha(NODE_TOKEN),
+                "providers": [provider("p-a"), provider("p-b")],
+            }
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def iop_stack(upstream_url: str, folder: Path) -> AsyncIterator[Target]:
+    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
+    (folder / "token").write_text(NODE_TOKEN)
+    edge, started = await spawn_edge(folder / "edge.yaml")
+    node: asyncio.subprocess.Process | None = None
+    try:
+        node = await spawn_node(started["hub_port"], "node-1", folder / "token")
+        url = str(started["url"])
+        await wait_http(f"{url}/readyz", b'"providers_available":["p-a","p-b"]', 60, edge)
+        yield Target(url, CLIENT_TOKEN, MODEL, {"edge": edge.pid, "node": node.pid})
+    finally:
+        if node is not None:
+            await terminate(node)
+        await terminate(edge)
+
+
+# -- the closed-loop client ------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """One path's measurement of one (mode, concurrency) in one round."""
+
+    rps: float
+    latencies: list[float]
+    firsts: list[float]
+    errors: int
+    cpu_us: dict[str, float]
+
+
+def body(model: str, stream: bool) -> bytes:
+    return orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say something about gateways."}],
+            "max_tokens": MAX_TOKENS,
+            "stream": stream,
+        }
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    target: Target, stream: bool, concurrency: int, seconds: float, pids: dict[str, int]
+) -> Cell:
+    """`concurrency` workers, each on its own keep-alive connection, for `seconds`."""
+    headers = {"content-type": "application/json"}
+    if target.token:
+        headers["authorization"] = f"Bearer {target.token}"
+    payload = body(target.model, stream)
+    url = f"{target.url}/v1/chat/completions"
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    firsts: list[float] = []
+    errors = 0
+    sessions = [
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=60),
+        )
+        for _ in range(concurrency)
+    ]
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        while loop.time() < end:
+            start = time.perf_counter()
+            first = 0.0
+            try:
+                async with session.post(url, data=payload) as response:
+                    if stream:
+                        tail = b""
+                        async for piece in response.content.iter_any():
+                            if not first:
+                                first = time.perf_counter()
+                            tail = piece
+                        ok = response.status == 200 and tail.endswith(b"data: [DONE]\n\n")
+                    else:
+                        ok = response.status == 200 and b'"choices"' in await response.read()
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            end_time = time.perf_counter()
+            if not ok:
+                errors += 1
+                continue
+            latencies.append((end_time - start) * 1000)
+            if stream:
+                firsts.append((first - start) * 1000)
+
+    try:
+        end = loop.time() + 0.3  # warm-up: open every connection, fill the pools
+        await asyncio.gather(*(worker(s) for s in sessions))
+        latencies.clear()
+        firsts.clear()
+        errors = 0
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        began = time.perf_counter()
+        end = loop.time() + seconds
+        await asyncio.gather(*(worker(s) for s in sessions))
+        elapsed = time.perf_counter() - began
+        served = max(len(latencies), 1)
+        cpu = {name: (cpu_seconds(pid) - before[name]) / served * 1e6 for name, pid in pids.items()}
+    finally:
+        for session in sessions:
+            await session.close()
+    return Cell(len(latencies) / elapsed, latencies, firsts, errors, cpu)
+
+
+# -- the run and its report ------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """Every round of one (mode, concurrency, path)."""
+
+    cells: list[Cell] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return statistics.median(c.rps for c in self.cells)
+
+    @property
+    def rps_range(self) -> tuple[float, float]:
+        return min(c.rps for c in self.cells), max(c.rps for c in self.cells)
+
+    @property
+    def latencies(self) -> list[float]:
+        return [x for c in self.cells for x in c.latencies]
+
+    @property
+    def firsts(self) -> list[float]:
+        return [x for c in self.cells for x in c.firsts]
+
+    @property
+    def errors(self) -> int:
+        return sum(c.errors for c in self.cells)
+
+    def cpu(self, name: str) -> float:
+        return statistics.median(c.cpu_us.get(name, 0.0) for c in self.cells)
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+Key = tuple[str, int, str]  # (mode, concurrency, path)
+
+
+async def run(args: argparse.Namespace) -> dict[Key, Series]:
+    results: dict[Key, Series] = defaultdict(Series)
+    task = asyncio.current_task()
+    assert task is not None
+    # SIGTERM cancels the run, so every process it started is stopped on the way out.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    litellm = ensure_litellm(args.cache) if "litellm" in args.paths else None
+    router = ensure_vllm_router(args.cache) if "vllm-router" in args.paths else None
+    async with contextlib.AsyncExitStack() as stack:
+        upstream = await stack.enter_async_context(spawn_fake_upstream())
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        targets: dict[str, Target] = {
+            "direct": Target(f"http://{upstream.listen}", None, "served", {}),
+        }
+        if "iop" in args.paths:
+            targets["iop"] = await stack.enter_async_context(iop_stack(upstream.base_url, folder))
+        if litellm is not None:
+            targets["litellm"] = await stack.enter_async_context(
+                litellm_proxy(litellm, upstream.base_url, folder)
+            )
+        if router is not None:
+            targets["vllm-router"] = await stack.enter_async_context(
+                vllm_router(router, upstream.listen, folder)
+            )
+        order = [p for p in PATHS if p in args.paths]
+        for round_ in range(args.rounds):
+            turn = order[round_ % len(order) :] + order[: round_ % len(order)]
+            for mode in ("whole", "stream"):
+                for concurrency in args.concurrency:
+                    for path in turn:
+                        target = targets[path]
+                        pids = {**target.pids, "upstream": upstream.pid, "client": os.getpid()}
+                        cell = await measure(
+                            target, mode == "stream", concurrency, args.seconds, pids
+                        )
+                        results[(mode, concurrency, path)].cells.append(cell)
+                        print(
+                            f"  round {round_ + 1} {mode} c={concurrency} {path}: "
+                            f"{cell.rps:,.0f} req/s, {cell.errors} errors",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+    return results
+
+
+def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
+    order = [p for p in PATHS if p in args.paths]
+    print(
+        "| mode | conc | path | req/s (median) | range | p50 ms | p99 ms | p99/p50 "
+        "| TTFT p50 ms | added p50 ms | added TTFT p50 ms | errors |"
+    )
+    print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for mode in ("whole", "stream"):
+        for conc in args.concurrency:
+            direct = results.get((mode, conc, "direct"))
+            for path in order:
+                series = results[(mode, conc, path)]
+                lat = series.latencies
+                p50, p99 = pct(lat, 50), pct(lat, 99)
+                low, high = series.rps_range
+                ttft = pct(series.firsts, 50) if mode == "stream" else float("nan")
+                added = added_ttft = "-"
+                if direct is not None and path != "direct":
+                    added = f"{p50 - pct(direct.latencies, 50):+.2f}"
+                    if mode == "stream":
+                        added_ttft = f"{ttft - pct(direct.firsts, 50):+.2f}"
+                print(
+                    f"| {mode} | {conc} | {path} | {series.rps:,.0f} | {low:,.0f}-{high:,.0f} | "
+                    f"{p50:.2f} | {p99:.2f} | {p99 / p50:.1f} | "
+                    f"{'-' if mode == 'whole' else f'{ttft:.2f}'} | {added} | {added_ttft} | "
+                    f"{series.errors} |"
+                )
+    print("\nCPU time per request by process (us, median of the rounds):\n")
+    names = ["edge", "node", "litellm", "vllm-router", "upstream", "client"]
+    print("| mode | conc | path | " + " | ".join(names) + " |")
+    print("|---|---:|---|" + "---:|" * len(names))
+    for mode in ("whole", "stream"):
+        for conc in args.concurrency:
+            for path in order:
+                series = results[(mode, conc, path)]
+                present = series.cells[0].cpu_us
+                cells = [f"{series.cpu(n):,.0f}" if n in present else "-" for n in names]
+                print(f"| {mode} | {conc} | {path} | " + " | ".join(cells) + " |")
+    if "iop" not in order:
+        return
+    peers = [p for p in PEERS if p in order]
+    print("\nRatios (requests/s: median of the rounds; latency: p50 over all rounds):\n")
+    print(
+        "| mode | conc | IOP / direct req/s | "
+        + " | ".join(f"IOP / {p} req/s" for p in peers)
+        + " | added p50: IOP | "
+        + " | ".join(peers)
+        + " |"
+    )
+    print("|---|---:|" + "---:|" * (2 + 2 * len(peers)))
+    for mode in ("whole", "stream"):
+        for conc in args.concurrency:
+            iop = results[(mode, conc, "iop")]
+            direct = results.get((mode, conc, "direct"))
+            d50 = pct(direct.latencies, 50) if direct else float("nan")
+            cols = [f"{iop.rps / direct.rps:.2f}" if direct else "-"]
+            cols += [f"{iop.rps / results[(mode, conc, p)].rps:.1f}x" for p in peers]
+            cols.append(f"{pct(iop.latencies, 50) - d50:+.2f} ms")
+            cols += [f"{pct(results[(mode, conc, p)].latencies, 50) - d50:+.2f} ms" for p in peers]
+            print(f"| {mode} | {conc} | " + " | ".join(cols) + " |")
+
+
+COLOURS = {"direct": "#7f7f7f", "iop": "#1f77b4", "litellm": "#d62728", "vllm-router": "#2ca02c"}
+LABELS = {
+    "direct": "direct (fake upstream)",
+    "iop": "IOP Edge + Node",
+    "litellm": "LiteLLM proxy",
+    "vllm-router": "vLLM router (Rust)",
+}
+
+
+def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
+    throughput_chart(results, args, folder)
+    latency_chart(results, args, folder)
+
+
+def throughput_chart(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = [p for p in PATHS if p in args.paths]
+    folder.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, mode in zip(axes, ("whole", "stream"), strict=True):
+        width = 0.8 / len(order)
+        for i, path in enumerate(order):
+            values = [results[(mode, c, path)].rps for c in args.concurrency]
+            xs = [j + (i - (len(order) - 1) / 2) * width for j in range(len(args.concurrency))]
+            bars = ax.bar(xs, values, width, label=LABELS[path], color=COLOURS[path])
+            ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, rotation=90)
+        ax.set_xticks(range(len(args.concurrency)), [f"c={c}" for c in args.concurrency])
+        ax.set_yscale("log")
+        ax.set_title("non-streaming" if mode == "whole" else f"streaming ({MAX_TOKENS} chunks)")
+        ax.grid(axis="y", which="both", alpha=0.3)
+    every = [
+        results[(m, c, p)].rps for m in ("whole", "stream") for c in args.concurrency for p in order
+    ]
+    axes[0].set_ylim(min(every) / 2, max(every) * 4)  # every bar shown, room for the labels
+    axes[0].set_ylabel("requests/s (log scale, median of rounds)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=9)
+    figure.suptitle("Throughput by concurrency, one closed-loop client, same fake upstream")
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.savefig(folder / "peers-throughput.png", dpi=110)
+    plt.close(figure)
+
+
+def latency_chart(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = [p for p in PATHS if p in args.paths]
+    concs = [c for c in args.concurrency if c in (1, 32)] or args.concurrency[:2]
+    figure, axes = plt.subplots(len(concs), 2, figsize=(11, 3.6 * len(concs)), squeeze=False)
+    for row, conc in enumerate(concs):
+        for col, mode in enumerate(("whole", "stream")):
+            ax = axes[row][col]
+            for path in order:
+                lat = sorted(results[(mode, conc, path)].latencies)
+                if not lat:
+                    continue
+                ys = [(i + 1) / len(lat) for i in range(len(lat))]
+                ax.plot(lat, ys, label=LABELS[path], color=COLOURS[path])
+            ax.set_xscale("log")
+            ax.set_xlabel("latency, request to last byte (ms, log scale)")
+            ax.set_ylabel("fraction of requests")
+            ax.set_title(f"{'non-streaming' if mode == 'whole' else 'streaming'}, c={conc}")
+            ax.axhline(0.99, color="black", linewidth=0.5, linestyle=":")
+            ax.grid(which="both", alpha=0.3)
+            ax.legend(fontsize=8, loc="lower right")
+    figure.suptitle("Latency CDFs (dotted line: p99)")
+    figure.tight_layout()
+    figure.savefig(folder / "peers-latency-cdf.png", dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    parser.add_argument("--cache", type=Path, default=default_cache(), help="peer installs")
+    parser.add_argument("--charts", type=Path, metavar="DIR", help="draw PNG charts into DIR")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(
+        f"# bench/peers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, LiteLLM {LITELLM_VERSION}, "
+        f"vllm-router {VLLM_ROUTER_VERSION}, "
+        f"{args.rounds} rounds of {args.seconds:g} s per cell",
+        flush=True,
+    )
+    results = uvloop.run(run(args))
+    load = os.getloadavg()
+    print(f"# load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
+    report(results, args)
+    if args.charts is not None:
+        charts(results, args, args.charts)
+
+
+if __name__ == "__main__":
+    main()
