@@ -377,7 +377,8 @@ def edgeconfigs(kube_cluster: KubeCluster, namespace: str) -> EdgeConfigs:
 
 @dataclass
 class HostStack:
-    """`iop edge run` and one `iop node run` per node, on the host, from a spec."""
+    """`iop edge run` and (unless told otherwise) one `iop node run` per node, on the host, from a
+    spec."""
 
     folder: Path
     edge: asyncio.subprocess.Process | None = None
@@ -387,14 +388,15 @@ class HostStack:
     hub_port: int = 0
     stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
-    async def start(self, spec: dict[str, Any]) -> HostStack:
+    async def start(self, spec: dict[str, Any], *, nodes: bool = True) -> HostStack:
+        """Start the Edge, and with `nodes` a Node process for every node of `spec`."""
         config = self.folder / "edge.yaml"
         config.write_text(json.dumps(spec))
         self.edge, started = await spawn_edge(config, startup_timeout=30)
         self.stack.push_async_callback(terminate, self.edge)
         self.url, self.admin_url = started["url"], started["admin_url"]
         self.hub_port = started["hub_port"]
-        for node in spec["nodes"]:
+        for node in spec["nodes"] if nodes else ():
             token = self.folder / f"{node['id']}.token"
             token.write_text(f"{node['id']}-token")
             process = await spawn_node(self.hub_port, node["id"], token)
@@ -443,11 +445,11 @@ class HostStack:
 async def host_stack(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any]], Any]]:
     stacks: list[HostStack] = []
 
-    async def start(spec: dict[str, Any]) -> HostStack:
+    async def start(spec: dict[str, Any], *, nodes: bool = True) -> HostStack:
         stack = HostStack(tmp_path / f"stack-{len(stacks)}")
         stack.folder.mkdir()
         stacks.append(stack)
-        return await stack.start(spec)
+        return await stack.start(spec, nodes=nodes)
 
     yield start
     for stack in stacks:
