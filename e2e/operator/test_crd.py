@@ -12,13 +12,18 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+def explain(kube_cluster, field: str) -> str:
+    """`kubectl explain` of `field`, its lines joined (kubectl wraps long descriptions)."""
+    return " ".join(kube_cluster.kubectl("explain", field).stdout.split())
+
+
 def test_explain_says_what_a_field_does_and_how_a_change_applies(kube_cluster, edgeconfig_crd):
-    capacity = kube_cluster.kubectl("explain", "edgeconfig.spec.nodes.providers.capacity").stdout
+    capacity = explain(kube_cluster, "edgeconfig.spec.nodes.providers.capacity")
     assert "Most requests this provider runs at once, across all Edges." in capacity
     assert "Live: a change applies without a restart." in capacity
-    adapter = kube_cluster.kubectl("explain", "ec.spec.nodes.providers.adapter.baseUrl").stdout
+    adapter = explain(kube_cluster, "ec.spec.nodes.providers.adapter.baseUrl")
     assert "Restart-required: a change rolls this node's workload." in adapter
-    listen = kube_cluster.kubectl("explain", "ec.spec.openai.listen").stdout
+    listen = explain(kube_cluster, "ec.spec.openai.listen")
     assert "Restart-required: a change rolls the Edge." in listen
 
 
@@ -61,7 +66,7 @@ def with_provider(spec: dict[str, Any], **changes: Any) -> dict[str, Any]:
         ),
         pytest.param(
             lambda s: {**s, "nodes": [s["nodes"][0], s["nodes"][0]]},
-            'Duplicate value: map[string]interface {}{"id":"node-1"}',
+            "spec.nodes[1]: Duplicate value:",
             id="duplicate-node-id",
         ),
     ],
