@@ -1,4 +1,5 @@
-"""The chart on a real cluster with running pods: install, serve, upgrade, test, uninstall.
+"""The chart on a real cluster with running pods: install, serve, scrape, upgrade, test,
+uninstall; and the Node link over mutual TLS with certificates made as the chart's README says.
 
 The local cluster's process kubelet runs every pod of the chart as a real `iop` process
 (e2e/cluster/README.md), so this is the product as a user installs it: the operator with its
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
@@ -40,11 +43,13 @@ def pod_uids(cluster: KubeCluster, namespace: str) -> dict[str, str]:
     }
 
 
-def wait_ready(cluster: KubeCluster, namespace: str, generation: int, timeout: float = 180) -> Any:
+def wait_ready(
+    cluster: KubeCluster, namespace: str, generation: int, timeout: float = 180, name: str = EC
+) -> Any:
     """The EdgeConfig once it is Ready for `generation` (a positive signal, polled)."""
     deadline = time.monotonic() + timeout
     while True:
-        ec = cluster.get("ec", EC, "-n", namespace)
+        ec = cluster.get("ec", name, "-n", namespace)
         status = ec.get("status", {})
         ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
         if (
@@ -54,7 +59,7 @@ def wait_ready(cluster: KubeCluster, namespace: str, generation: int, timeout: f
         ):
             return ec
         if time.monotonic() > deadline:
-            pytest.fail(f"EdgeConfig {EC} not Ready for generation {generation}: {status}")
+            pytest.fail(f"EdgeConfig {name} not Ready for generation {generation}: {status}")
         time.sleep(0.5)
 
 
@@ -74,6 +79,20 @@ def chat(cluster: KubeCluster, namespace: str, model: str = "llama-3.1-8b") -> d
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
+
+
+def requests_counted(url: str) -> dict[tuple[str, ...], float]:
+    """`iop_edge_requests_total` scraped from `url`, by (principal, token ref, model, status)."""
+    response = httpx.get(url, timeout=10)
+    assert response.status_code == 200, response.text
+    counted: dict[tuple[str, ...], float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "iop_edge_requests_total":
+                labels = sample.labels
+                key = (labels["principal_ref"], labels["token_ref"], labels["model"])
+                counted[(*key, labels["status"])] = sample.value
+    return counted
 
 
 def secret_data(cluster: KubeCluster, namespace: str) -> dict[str, dict[str, str]]:
@@ -103,6 +122,24 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     assert chat(cluster, namespace)["choices"][0]["message"]["content"]
     edge_config = cluster.get("configmap", f"{EC}-edge", "-n", namespace)
     assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["admin"]["listen"] == "0.0.0.0:9090"
+
+    # The metrics: served on their own Service and on each Edge pod's metrics port, with the
+    # chat above counted under its principal and token ref; the public Service has none.
+    chatted = ("team-search", "search-chat", "llama-3.1-8b", "200")
+    metrics = cluster.get("service", "iop-metrics", "-n", namespace)["spec"]
+    (edge_pod,) = cluster.pods(namespace, "app.kubernetes.io/component=edge")
+    for url in (
+        f"http://{metrics['clusterIP']}:{metrics['ports'][0]['port']}/metrics",
+        f"http://{edge_pod['status']['podIP']}:9091/metrics",
+    ):
+        cluster.wait_for(
+            lambda url=url: requests_counted(url).get(chatted, 0) >= 1,
+            timeout=30,
+            what=f"the chat completion counted at {url}",
+        )
+    openai = cluster.get("service", "iop-openai", "-n", namespace)["spec"]["clusterIP"]
+    assert httpx.get(f"http://{openai}:8080/metrics", timeout=10).status_code == 404
+
     tokens = secret_data(cluster, namespace)
     pods = pod_uids(cluster, namespace)
     assert {name.rsplit("-", 2)[0] for name in pods} == {
@@ -169,3 +206,71 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     ).stdout
     assert f"iop-{namespace}" not in cluster_scoped
     assert cluster.get("crd", "edgeconfigs.iop.dev")["metadata"]["name"] == "edgeconfigs.iop.dev"
+
+
+def readme_tls_commands(namespace: str) -> str:
+    """The chart README's openssl and kubectl commands for the Node link's certificates, for a
+    release `iop` in `namespace` (the README's is `iop`); its `helm` line is the test's own."""
+    readme = (CHART / "README.md").read_text()
+    block = readme[readme.index("With **openssl**") :]
+    block = block[block.index("```sh\n") + 6 : block.index("\n```", block.index("```sh\n"))]
+    commands = [
+        command
+        for command in block.replace("\\\n", " ").splitlines()
+        if command.split(" ", 1)[0] in ("openssl", "printf", "kubectl")
+        or command.startswith("HUB=")
+    ]
+    assert len(commands) == 10, block
+    script = "\n".join(["set -eu", *commands])
+    return script.replace(".iop.svc", f".{namespace}.svc").replace(" -n iop ", f" -n {namespace} ")
+
+
+def test_install_with_mutual_tls_on_the_node_link(
+    kube_cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    # The chart's defaults (one in-cluster Node of the fake adapter), the hub over mutual TLS
+    # with certificates made by the README's commands: the chat completion can only be served
+    # if the Node verified the Edge's certificate under the hub Service's name and the Edge
+    # accepted the Node's.
+    cluster = kube_cluster
+    script = readme_tls_commands(namespace)
+    made = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=cluster.env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    try:
+        cluster.helm(
+            "install", RELEASE, str(CHART), "-n", namespace,
+            "--set", "tls.enabled=true,tls.secretName=iop-hub-tls",
+            "--set", "tls.mutual=true,tls.clientSecretName=iop-node-tls",
+            "--wait", "--timeout=240s", timeout=300,
+        )  # fmt: skip
+        wait_ready(cluster, namespace, 1, name="iop-iop-edge")
+        edge_config = cluster.get("configmap", "iop-iop-edge-edge", "-n", namespace)
+        assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["tls"] == {
+            "cert_file": "/etc/iop/tls/tls.crt",
+            "key_file": "/etc/iop/tls/tls.key",
+            "client_ca_file": "/etc/iop/tls/ca.crt",
+        }
+        key = cluster.kubectl(
+            "get", "secret", "iop-iop-edge-api-keys", "-n", namespace,
+            "-o", "jsonpath={.data.demo}",
+        ).stdout  # fmt: skip
+        url = cluster.get("service", "iop-iop-edge-openai", "-n", namespace)["spec"]["clusterIP"]
+
+        def answered() -> bool:
+            response = httpx.post(
+                f"http://{url}:8080/v1/chat/completions",
+                headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
+                json={"model": "demo-echo", "messages": [{"role": "user", "content": "Hello!"}]},
+                timeout=30,
+            )
+            return response.status_code == 200 and bool(
+                response.json()["choices"][0]["message"]["content"]
+            )
+
+        # The Node may still be dialling when the EdgeConfig is Ready: wait for an answer.
+        cluster.wait_for(answered, timeout=60, interval=1, what="a chat completion over TLS")
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", timeout=300, check=False)

@@ -274,16 +274,25 @@ the user applies).
 
 {{/*
 The EdgeConfig spec as the cluster gets it: the values' spec, the listeners and admin API the
-chart wires (the ports of its Services and probes, the admin token it mounts), and every token
-hash computed from its Secret. Chart-only keys (tokenSecret) are removed.
+chart wires (the ports of its Services, probes and NetworkPolicy, the admin token and the TLS
+files it mounts), and every token hash computed from its Secret. Chart-only keys (tokenSecret)
+are removed. `edge.tls` is the chart's alone: files named there must be mounted, and only the
+chart mounts anything into the Edge.
 */}}
 {{- define "iop-edge.spec" -}}
 {{- $root := . }}
 {{- $spec := include "iop-edge.values-spec" . | fromYaml }}
 {{- $ports := .Values.edge.ports }}
+{{- if hasKey ($spec.edge | default dict) "tls" }}
+{{- fail "edgeConfig.spec.edge.tls: the chart sets it from the values tls.* (the Secret it mounts into the Edge); use tls.enabled and tls.secretName instead" }}
+{{- end }}
 {{- $edge := mergeOverwrite (dict) ($spec.edge | default dict) (dict
       "listen" (printf "0.0.0.0:%v" $ports.hub)
-      "admin" (dict "listen" (printf "0.0.0.0:%v" $ports.admin) "tokenFile" "/etc/iop/admin/token")) }}
+      "admin" (dict "listen" (printf "0.0.0.0:%v" $ports.admin) "tokenFile" "/etc/iop/admin/token")
+      "metrics" (dict "listen" (printf "0.0.0.0:%v" $ports.metrics))) }}
+{{- with (include "iop-edge.edge-tls" . | fromYaml) }}
+{{- $_ := set $edge "tls" . }}
+{{- end }}
 {{- $openai := mergeOverwrite (dict) ($spec.openai | default dict) (dict "listen" (printf "0.0.0.0:%v" $ports.openai)) }}
 {{- $tokens := list }}
 {{- range ($openai.principalTokens | default list) }}
@@ -311,6 +320,42 @@ hash computed from its Secret. Chart-only keys (tokenSecret) are removed.
 {{- $_ := set $out "nodes" $nodes }}
 {{- end }}
 {{- toYaml $out }}
+{{- end }}
+
+{{/*
+TLS on the Node link. The values are checked here, where every template that mounts or names the
+files comes through, so a half-made setting fails the install with what is missing.
+*/}}
+{{- define "iop-edge.tls-enabled" -}}
+{{- $tls := .Values.tls }}
+{{- if and $tls.mutual (not $tls.enabled) }}
+{{- fail "tls.mutual: needs tls.enabled (mutual TLS is TLS with client certificates)" }}
+{{- end }}
+{{- if $tls.enabled }}
+{{- if not $tls.secretName }}
+{{- fail "tls.secretName: tls.enabled needs a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt (README.md, \"TLS on the Node link\")" }}
+{{- end }}
+{{- if and $tls.mutual (not $tls.clientSecretName) }}
+{{- fail "tls.clientSecretName: tls.mutual needs a kubernetes.io/tls Secret with the Nodes' client certificate (tls.crt, tls.key)" }}
+{{- end }}
+{{- true }}
+{{- end }}
+{{- end }}
+
+{{/* Where the Edge finds its TLS files: the projected config volume, /etc/iop/tls/. */}}
+{{- define "iop-edge.edge-tls" -}}
+{{- if include "iop-edge.tls-enabled" . }}
+certFile: /etc/iop/tls/tls.crt
+keyFile: /etc/iop/tls/tls.key
+{{- if .Values.tls.mutual }}
+clientCaFile: /etc/iop/tls/ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The name the Nodes verify in the Edge's certificate: the hub Service's, not the pod IPs. */}}
+{{- define "iop-edge.tls-server-name" -}}
+{{- default (printf "%s.%s.svc" (include "iop-edge.component-name" (list . "hub")) .Release.Namespace) .Values.tls.serverName }}
 {{- end }}
 
 {{/* The model `helm test` asks for. */}}

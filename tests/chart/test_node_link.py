@@ -1,0 +1,182 @@
+"""The chart wires the Node link as the product needs it: every process drains within its pod's
+grace period, and TLS (optional, mutual optional) names files that are really mounted, from the
+Secrets the values name, with the flags and config fields the Edge and the Node read.
+
+The workloads' arguments are parsed with the real `iop` command line, so a flag the chart passes
+and the CLI does not know fails here, not in a crash-looping pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import posixpath
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from iop.cli import build_parser
+from iop.edgeconfig.loading import load_data
+
+if TYPE_CHECKING:
+    from tests.chart.conftest import ChartTools
+
+HUB_TLS = {"enabled": True, "secretName": "hub-tls"}
+MUTUAL_TLS = {**HUB_TLS, "mutual": True, "clientSecretName": "node-tls"}
+
+
+def by_kind(documents: Sequence[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in documents if d["kind"] == kind}
+
+
+def workload(documents: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
+    pod: dict[str, Any] = by_kind(documents, "Deployment")[name]["spec"]["template"]["spec"]
+    return pod
+
+
+def parsed_args(pod: dict[str, Any]) -> argparse.Namespace:
+    (container,) = pod["containers"]
+    return build_parser().parse_args(container["args"])
+
+
+def mounted_files(pod: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Path in the container -> (Secret, key), for every Secret key the pod mounts."""
+    (container,) = pod["containers"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    files: dict[str, tuple[str, str]] = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        sources = volume["projected"]["sources"] if "projected" in volume else [volume]
+        for source in sources:
+            secret = source.get("secret")
+            if secret is None:
+                continue
+            name = secret.get("name") or secret["secretName"]
+            for item in secret["items"]:
+                files[posixpath.join(mount["mountPath"], item["path"])] = (name, item["key"])
+    return files
+
+
+def test_every_process_drains_within_its_pods_grace(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents()
+    node = workload(documents, "iop-iop-edge-node-node-1")
+    args = parsed_args(node)
+    assert args.shutdown_grace == 25
+    assert args.drain_timeout == 30  # a refresh's adapter drain: not the shutdown
+    assert node["terminationGracePeriodSeconds"] == 30
+
+    edge = workload(documents, "iop-iop-edge-edge")
+    assert parsed_args(edge).shutdown_grace == 20
+    assert edge["terminationGracePeriodSeconds"] == 25
+
+
+@pytest.mark.parametrize(
+    ("values", "grace", "drain"),
+    [
+        pytest.param({"shutdownGraceSeconds": 40, "drainTimeoutSeconds": 120}, 40, 120, id="long"),
+        pytest.param({"shutdownGraceSeconds": 0}, 0, 30, id="none"),
+    ],
+)
+def test_the_node_grace_follows_shutdown_grace_not_the_drain_timeout(
+    chart_tools: ChartTools, values: dict[str, int], grace: int, drain: int
+) -> None:
+    documents = chart_tools.documents(values={"nodeDefaults": values})
+    node = workload(documents, "iop-iop-edge-node-node-1")
+    args = parsed_args(node)
+    assert (args.shutdown_grace, args.drain_timeout) == (grace, drain)
+    assert node["terminationGracePeriodSeconds"] == grace + 5
+
+
+def test_tls_is_off_by_default(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents()
+    spec = by_kind(documents, "EdgeConfig")["iop-iop-edge"]["spec"]
+    assert load_data(spec).edge.tls is None
+    edge = workload(documents, "iop-iop-edge-edge")
+    assert not [path for path in mounted_files(edge) if path.startswith("/etc/iop/tls")]
+    node = workload(documents, "iop-iop-edge-node-node-1")
+    args = parsed_args(node)
+    assert (args.tls_ca_file, args.tls_cert_file, args.tls_key_file) == (None, None, None)
+    assert args.tls_server_name is None
+    assert set(mounted_files(node)) == {"/etc/iop/node/token"}
+
+
+@pytest.mark.parametrize(
+    "tls", [pytest.param(HUB_TLS, id="server-tls"), pytest.param(MUTUAL_TLS, id="mutual-tls")]
+)
+def test_tls_names_the_files_it_mounts(chart_tools: ChartTools, tls: dict[str, Any]) -> None:
+    documents = chart_tools.documents(values={"tls": tls})
+    mutual = bool(tls.get("mutual"))
+
+    # The Edge: its certificate and key (and the client CA for mutual TLS) from the Secret, at
+    # the paths the EdgeConfig names.
+    config = load_data(by_kind(documents, "EdgeConfig")["iop-iop-edge"]["spec"])
+    assert config.edge.tls is not None
+    edge_files = mounted_files(workload(documents, "iop-iop-edge-edge"))
+    assert edge_files[config.edge.tls.cert_file] == ("hub-tls", "tls.crt")
+    assert edge_files[config.edge.tls.key_file] == ("hub-tls", "tls.key")
+    if mutual:
+        assert config.edge.tls.client_ca_file is not None
+        assert edge_files[config.edge.tls.client_ca_file] == ("hub-tls", "ca.crt")
+    else:
+        assert config.edge.tls.client_ca_file is None
+        assert ("hub-tls", "ca.crt") not in edge_files.values()
+
+    # The Node: the CA from the Edge's Secret (never the Edge's key), its own pair for mutual
+    # TLS, and the hub Service's name to verify, since it dials the pod IPs behind it.
+    node = workload(documents, "iop-iop-edge-node-node-1")
+    args = parsed_args(node)
+    node_files = mounted_files(node)
+    assert node_files[str(args.tls_ca_file)] == ("hub-tls", "ca.crt")
+    assert ("hub-tls", "tls.key") not in node_files.values()
+    (service,) = args.edge_service
+    hub = by_kind(documents, "Service")["iop-iop-edge-hub"]
+    assert service.split(":")[0] == hub["metadata"]["name"]
+    assert hub["spec"]["clusterIP"] == "None"  # so the Node dials pod IPs: the name is needed
+    assert args.tls_server_name == f"{hub['metadata']['name']}.iop-system.svc"
+    if mutual:
+        assert node_files[str(args.tls_cert_file)] == ("node-tls", "tls.crt")
+        assert node_files[str(args.tls_key_file)] == ("node-tls", "tls.key")
+    else:
+        assert (args.tls_cert_file, args.tls_key_file) == (None, None)
+        assert set(node_files.values()) == {
+            ("iop-iop-edge-node-node-1", "token"),
+            ("hub-tls", "ca.crt"),
+        }
+
+
+def test_tls_server_name_can_be_given(chart_tools: ChartTools) -> None:
+    tls = {**HUB_TLS, "serverName": "hub.example.org"}
+    documents = chart_tools.documents(values={"tls": tls})
+    args = parsed_args(workload(documents, "iop-iop-edge-node-node-1"))
+    assert args.tls_server_name == "hub.example.org"
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        pytest.param(
+            {"tls": {"enabled": True}}, "tls.secretName: tls.enabled needs", id="no-secret"
+        ),
+        pytest.param(
+            {"tls": {**HUB_TLS, "mutual": True}},
+            "tls.clientSecretName: tls.mutual needs",
+            id="mutual-no-client-secret",
+        ),
+        pytest.param({"tls": {"mutual": True}}, "tls.mutual: needs tls.enabled", id="mutual-off"),
+        pytest.param(
+            {
+                "edgeConfig": {
+                    "spec": {"edge": {"id": "e", "tls": {"certFile": "/c", "keyFile": "/k"}}}
+                }
+            },
+            "edgeConfig.spec.edge.tls: the chart sets it from the values tls.*",
+            id="tls-in-the-spec",
+        ),
+    ],
+)
+def test_a_half_made_tls_setting_fails_with_what_is_missing(
+    chart_tools: ChartTools, values: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(AssertionError) as failure:  # conftest's RenderFailed
+        chart_tools.template(values=values)
+    assert says in str(failure.value)
