@@ -70,12 +70,22 @@ def chat(cluster: KubeCluster, namespace: str, model: str = "llama-3.1-8b") -> d
     ).stdout
     service = cluster.get("service", "iop-openai", "-n", namespace)
     url = f"http://{service['spec']['clusterIP']}:8080/v1/chat/completions"
-    response = httpx.post(
-        url,
-        headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
-        json={"model": model, "messages": [{"role": "user", "content": "Hello!"}]},
-        timeout=30,
-    )
+    # kube-proxy follows the Service's endpoints a moment after they change (a rolled Edge):
+    # a refused connection is retried for a few seconds, anything else is the answer.
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            response = httpx.post(
+                url,
+                headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
+                json={"model": model, "messages": [{"role": "user", "content": "Hello!"}]},
+                timeout=30,
+            )
+            break
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
