@@ -185,3 +185,29 @@ def test_the_operator_and_its_webhook_are_wired_as_the_contract_says(
     )["webhooks"][0]
     (hook,) = by_kind(documents, "ValidatingWebhookConfiguration")[webhook_name]["webhooks"]
     assert hook == documented
+
+
+def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
+    chart_tools: ChartTools,
+) -> None:
+    # operator.enabled=false is for an operator that runs elsewhere (the operator's e2e tests
+    # and benchmark run it on the host): the workloads it drives stay, its own objects go.
+    def names(values: dict[str, Any] | None) -> set[tuple[str, str]]:
+        documents = chart_tools.documents(values=values)
+        return {(d["kind"], d["metadata"]["name"]) for d in documents}
+
+    everything = names(None)
+    without = names({"operator": {"enabled": False}})
+    assert everything - without == {
+        ("ServiceAccount", "iop-iop-edge-operator"),
+        ("Role", "iop-iop-edge-operator"),
+        ("RoleBinding", "iop-iop-edge-operator"),
+        ("ClusterRole", "iop-iop-edge-iop-system-webhook"),
+        ("ClusterRoleBinding", "iop-iop-edge-iop-system-webhook"),
+        ("Deployment", "iop-iop-edge-operator"),
+        ("Service", "iop-iop-edge-operator-webhook"),
+        ("ValidatingWebhookConfiguration", "iop-iop-edge-iop-system"),
+    }
+    assert without < everything
+    workloads = {("Deployment", "iop-iop-edge-edge"), ("Deployment", "iop-iop-edge-node-node-1")}
+    assert workloads < without

@@ -49,6 +49,7 @@ VALUE_SETS = [
         {"edgeConfig": {"create": False}, "operator": {"webhook": {"enabled": False}}},
         id="own-edgeconfig-no-webhook",
     ),
+    pytest.param([], {"operator": {"enabled": False}}, id="no-operator"),
 ]
 
 
