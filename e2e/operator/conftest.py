@@ -5,8 +5,11 @@ Two ways the Edge runs in these tests:
 
 - on the host (`host_stack`): `iop edge run` and `iop node run` processes started by the test,
   and the operator told where their admin API is (`--edge-admin`): what runs without pods;
-- as pods (`e2e/testdata/operator/`): the Edge and Node Deployments of the chart contract, run
-  by the process kubelet, with the operator finding the replicas through the API.
+- as pods (`test_pods.py`): the product's chart (`deploy/helm/iop-edge`), its operator, Edge and
+  Nodes run by the process kubelet, with the operator finding the replicas through the API.
+
+Tests of the host Edge that need workloads to stamp and roll install the same chart without its
+operator, its pods on kwok's node, where nothing runs (`workloads`).
 """
 
 from __future__ import annotations
@@ -159,12 +162,9 @@ def edgeconfig_crd(kube_cluster: KubeCluster) -> None:
     )
 
 
-def webhook_configuration(name: str, namespace: str, url: str | None) -> dict[str, Any]:
-    """What the chart installs (docs/operator.md, "The webhook"), for one test namespace."""
-    client: dict[str, Any] = {"url": url} if url else {
-        "service": {"name": "iop-operator-webhook", "namespace": namespace, "port": 443,
-                    "path": "/validate"}
-    }  # fmt: skip
+def webhook_configuration(name: str, namespace: str, url: str) -> dict[str, Any]:
+    """What the chart installs (docs/operator.md, "The webhook"), for one test namespace, but
+    pointing the API server at the operator on the host (`url`) instead of a Service."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -187,7 +187,7 @@ def webhook_configuration(name: str, namespace: str, url: str | None) -> dict[st
                         "scope": "Namespaced",
                     }
                 ],
-                "clientConfig": client,
+                "clientConfig": {"url": url},
             }
         ],
     }
@@ -456,10 +456,15 @@ async def host_stack(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any]],
         await stack.stack.aclose()
 
 
-# -- workloads of the chart contract (e2e/testdata/operator-chart) ----------------------------
+# -- the chart's workloads on kwok's node ----------------------------------------------------------
 
-CHART = REPO / "e2e" / "testdata" / "operator-chart"
-ADMIN_TOKEN = "e2e-admin-token"
+CHART = REPO / "deploy" / "helm" / "iop-edge"
+# Pods that select and tolerate kwok's Node are reported Running there, and nothing runs
+# (e2e/cluster/README.md, "Which node a pod lands on").
+ON_KWOK: dict[str, Any] = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
 
 
 @dataclass
@@ -531,9 +536,13 @@ def workloads(kube_cluster: KubeCluster, namespace: str) -> Iterator[Workloads]:
 
 
 def kwok_values(nodes: list[str]) -> dict[str, Any]:
-    """Workloads on kwok's node: stamped and rolled by the operator, but nothing runs."""
+    """The chart's workloads for the EdgeConfig `demo` that the test applies itself, named after
+    it, on kwok's node: stamped and rolled by the operator, but nothing runs. No operator: the
+    test runs its own on the host."""
     return {
-        "kwok": True,
-        "edge": {"replicas": 2, "adminToken": ADMIN_TOKEN},
-        "nodes": [{"id": node, "token": f"{node}-token"} for node in nodes],
+        "fullnameOverride": "demo",
+        "operator": {"enabled": False},
+        "edgeConfig": {"create": False},
+        "edge": {"replicas": 2, **ON_KWOK},
+        "nodes": [{"id": node, **ON_KWOK} for node in nodes],
     }

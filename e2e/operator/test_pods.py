@@ -1,6 +1,7 @@
-"""The operator on running pods: the chart contract installed (`e2e/testdata/operator-chart`), the
+"""The operator on running pods: the product's chart installed (`deploy/helm/iop-edge`), the
 operator itself a pod with its ServiceAccount's RBAC, the Edge (two replicas) and two Nodes run
-by the process kubelet, requests through the Edge's Service with the official `openai` client.
+by the process kubelet, requests through the Edge's Service with the official `openai` client
+and the API key the chart generated.
 
 - create -> Ready, every model served;
 - each live class -> Applied with no pod restarted (same pod UIDs and PIDs), seen in requests;
@@ -13,12 +14,13 @@ by the process kubelet, requests through the Edge's Service with the official `o
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +30,22 @@ import pytest
 
 from iop.edgeconfig import config_hash, load_data
 
-CHART = Path(__file__).resolve().parents[1] / "testdata" / "operator-chart"
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "iop-edge"
 
 pytestmark = pytest.mark.e2e
 
-NAME = "demo"
+NAME = "demo"  # the release's fullnameOverride, so also the EdgeConfig's name
 EDGE, NODE_1, NODE_2 = f"{NAME}-edge", f"{NAME}-node-node-1", f"{NAME}-node-node-2"
-CLIENT_TOKEN = "sk-e2e-operator-client"
-ADMIN_TOKEN = "e2e-admin-token"
+TOKEN_REF = "e2e-app"  # the principal token of host_spec
 
 
-def pod_spec(host_spec: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The host-mode spec on the chart's ports: listeners on all interfaces, the admin API
-    with the token file the chart mounts."""
+def chart_spec(host_spec: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The host-mode spec as the chart's `edgeConfig.spec`, without its token hashes: the chart
+    generates every token into a Secret and puts its hash in. (It also sets the listeners and
+    the admin API to its own ports and mounted token, over the host's.)"""
     spec = host_spec()
-    spec["edge"]["listen"] = "0.0.0.0:7443"
-    spec["edge"]["admin"] = {"listen": "0.0.0.0:9090", "tokenFile": "/etc/iop/admin/token"}
-    spec["openai"]["listen"] = "0.0.0.0:8080"
+    for entry in [*spec["nodes"], *spec["openai"]["principalTokens"]]:
+        del entry["tokenHashSha256"]
     return spec
 
 
@@ -52,7 +53,8 @@ def pod_spec(host_spec: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 class PodStack:
     cluster: Any
     namespace: str
-    spec: dict[str, Any]
+    spec: dict[str, Any] = field(default_factory=dict)
+    api_key: str = ""
     generation: int = 1
 
     def kubectl(self, *args: str, **kw: Any) -> Any:
@@ -94,12 +96,16 @@ class PodStack:
             counts[owner] = counts.get(owner, 0) + 1
         return counts
 
+    def secret(self, name: str, key: str) -> str:
+        data = self.get("secret", name)["data"]
+        return base64.b64decode(data[key]).decode()
+
     def base_url(self) -> str:
-        service = self.get("service", EDGE)
-        return f"http://{service['spec']['clusterIP']}:8080/v1"
+        service = self.get("service", f"{NAME}-openai")["spec"]
+        return f"http://{service['clusterIP']}:{service['ports'][0]['port']}/v1"
 
     def client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url(), api_key=CLIENT_TOKEN, max_retries=0)
+        return openai.AsyncOpenAI(base_url=self.base_url(), api_key=self.api_key, max_retries=0)
 
     def apply(self, spec: dict[str, Any], *args: str) -> Any:
         manifest = {
@@ -158,27 +164,26 @@ def wait_until(probe: Callable[[], object], timeout: float, what: str, show: Any
 
 @pytest.fixture(scope="module")
 def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[PodStack]:
-    """The chart installed with the operator, two Edge replicas, two Nodes, Ready."""
+    """The chart installed with its operator, two Edge replicas, two Nodes, Ready; the spec as
+    the chart made it (its listeners, its tokens' hashes), and the client API key it made."""
     namespace = f"e2e-pods-{secrets.token_hex(3)}"
     kube_cluster.kubectl("create", "namespace", namespace)
-    webhook = f"iop-e2e-{namespace}"
-    spec = pod_spec(host_spec)
+    webhook = f"{NAME}-{namespace}"  # the chart's ValidatingWebhookConfiguration
     values = {
-        "edgeConfigName": NAME,
-        "edge": {"replicas": 2, "adminToken": ADMIN_TOKEN},
-        "nodes": [{"id": n, "token": f"{n}-token"} for n in ("node-1", "node-2")],
-        "operator": {"enabled": True, "webhookConfiguration": webhook},
-        "edgeConfig": spec,
+        "fullnameOverride": NAME,
+        "edge": {"replicas": 2},
+        "nodes": [{"id": "node-1"}, {"id": "node-2"}],
+        "edgeConfig": {"spec": chart_spec(host_spec)},
     }
-    chart = str(CHART)
     values_file = Path(kube_cluster.client_home) / f"{namespace}.json"
     values_file.write_text(json.dumps(values))
-    stack = PodStack(kube_cluster, namespace, spec)
+    stack = PodStack(kube_cluster, namespace)
     try:
         kube_cluster.helm(
-            "install", "iop", chart, "-n", namespace, "-f", str(values_file), timeout=180
+            "install", "iop", str(CHART), "-n", namespace, "-f", str(values_file), timeout=180
         )
-        stack.wait_ready(1, timeout=240)
+        stack.spec = stack.wait_ready(1, timeout=240)["spec"]
+        stack.api_key = stack.secret(f"{NAME}-api-keys", TOKEN_REF)
         for name in (EDGE, NODE_1, NODE_2):
             wait_until(lambda n=name: stack.rolled_out(n), 120, f"{name} to roll out")
         wait_until(
@@ -188,7 +193,7 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
         yield stack
     finally:
         logs = kube_cluster.kubectl(
-            "logs", "deploy/iop-operator", "-n", namespace, "--tail=200", check=False
+            "logs", f"deploy/{NAME}-operator", "-n", namespace, "--tail=200", check=False
         )
         print(f"--- operator log ---\n{logs.stdout}\n{logs.stderr}")
         kube_cluster.helm("uninstall", "iop", "-n", namespace, "--wait", check=False)
