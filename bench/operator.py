@@ -18,11 +18,12 @@
      reports its apply (node acks included); node acks = that, capacity minus priority flips;
    - status: the status patch;
    - seen: the status written -> the client's poll sees it.
-2. **Restart change -> rollout complete** (`--pods`, needs the process kubelet): the chart of
-   `e2e/testdata/operator-chart` on pods (two Edge replicas, maxSurge 1, maxUnavailable 0), the
-   operator as in (1) but finding the replicas as pods; first (1) on pods, then `--restarts`
-   Edge-scope changes (`openai.maxRequestBytes`), each from the patch until `Ready` again: the
-   rollout complete and the new pods running the new config.
+2. **Restart change -> rollout complete** (`--pods`, needs the process kubelet): the product's
+   chart (`deploy/helm/iop-edge`) on pods, without its operator (`operator.enabled=false`) nor
+   its EdgeConfig: two Edge replicas (maxSurge 1, maxUnavailable 0) and `--nodes` Nodes with the
+   tokens the chart generates; the operator as in (1) but finding the replicas as pods; first
+   (1) on pods, then `--restarts` Edge-scope changes (`openai.maxRequestBytes`), each from the
+   patch until `Ready` again: the rollout complete and the new pods running the new config.
 
 Figures go to docs/benchmarks.md ("## Operator").
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import statistics
@@ -49,7 +51,7 @@ from iop.processes import spawn_edge, spawn_node, terminate
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "e2e" / "cluster" / "localcluster.py"
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
-CHART = REPO / "e2e" / "testdata" / "operator-chart"
+CHART = REPO / "deploy" / "helm" / "iop-edge"
 NAME = "bench"
 
 
@@ -170,7 +172,9 @@ async def live(args: argparse.Namespace, env: dict[str, str]) -> None:
 
 async def pods(args: argparse.Namespace, env: dict[str, str]) -> None:
     """Pods mode: the chart's Edge (2 replicas) and Nodes run by the process kubelet; the
-    operator here finds the replicas as pods, as in a cluster."""
+    operator here finds the replicas as pods, as in a cluster. The chart names everything after
+    the EdgeConfig (fullnameOverride) and generates the Nodes' tokens, whose hashes go into the
+    spec this benchmark creates."""
     os.environ.update(env)
     namespace = f"bench-{os.getpid()}"
     kubectl(env, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
@@ -181,9 +185,12 @@ async def pods(args: argparse.Namespace, env: dict[str, str]) -> None:
     document["edge"]["admin"] = {"listen": "0.0.0.0:9090", "tokenFile": "/etc/iop/admin/token"}
     document["openai"]["listen"] = "0.0.0.0:8080"
     values = {
-        "edgeConfigName": NAME,
-        "edge": {"replicas": 2, "adminToken": "bench-admin-token"},
-        "nodes": [{"id": f"node-{n}", "token": f"node-{n}-token"} for n in range(args.nodes)],
+        "fullnameOverride": NAME,
+        "operator": {"enabled": False},
+        "edgeConfig": {"create": False},
+        # The admin port admits only the chart's operator pods; this one runs here.
+        "edge": {"replicas": 2, "networkPolicy": {"enabled": False}},
+        "nodes": [{"id": node["id"]} for node in document["nodes"]],
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
         file.write(json.dumps(values))
@@ -192,6 +199,10 @@ async def pods(args: argparse.Namespace, env: dict[str, str]) -> None:
             ["helm", "install", "iop", str(CHART), "-n", namespace, "-f", file.name],
             check=True, capture_output=True, env={**os.environ, **env},
         )  # fmt: skip
+    for node in document["nodes"]:
+        token = kubectl(env, "get", "secret", f"{NAME}-node-{node['id']}", "-n", namespace,
+                        "-o", "jsonpath={.data.token}")  # fmt: skip
+        node["tokenHashSha256"] = _sha(base64.b64decode(token).decode())
     try:
         await measure(args, env, namespace, document, ())
     finally:
