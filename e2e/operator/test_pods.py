@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,32 @@ async def tokens(stack: PodStack, model: str) -> int:
     return reply.usage.completion_tokens
 
 
+@contextlib.asynccontextmanager
+async def under_load(stack: PodStack, model: str, workers: int = 4) -> AsyncIterator[list[str]]:
+    """Requests for `model` sent back to back by `workers` clients for as long as the block runs;
+    yields each answer's model, or `failed: <error>`."""
+    done = asyncio.Event()
+    outcomes: list[str] = []
+
+    async def load() -> None:
+        async with stack.client() as client:
+            while not done.is_set():
+                try:
+                    reply = await client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": "hi"}]
+                    )
+                    outcomes.append(reply.model)
+                except openai.APIError as error:
+                    outcomes.append(f"failed: {error!r}")
+
+    tasks = [asyncio.create_task(load(), name=f"load-{i}") for i in range(workers)]
+    try:
+        yield outcomes
+    finally:
+        done.set()
+        await asyncio.gather(*tasks)
+
+
 def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
     for node in spec["nodes"]:
         for item in node["providers"]:
@@ -299,30 +326,14 @@ async def test_capacity_and_generation_policy_restart_no_pod(pods: PodStack) -> 
 
 async def test_a_load_runs_through_live_applies_without_a_failed_request(pods: PodStack) -> None:
     original = copy.deepcopy(pods.spec)
-    done = asyncio.Event()
-    outcomes: list[str] = []
-
-    async def load() -> None:
-        async with pods.client() as client:
-            while not done.is_set():
-                try:
-                    reply = await client.chat.completions.create(
-                        model="n", messages=[{"role": "user", "content": "hi"}]
-                    )
-                    outcomes.append(reply.model)
-                except openai.APIError as error:
-                    outcomes.append(f"failed: {error!r}")
-
-    workers = [asyncio.create_task(load(), name=f"load-{i}") for i in range(4)]
     try:
-        for capacity in (6, 5, 7, 4):
-            changed = copy.deepcopy(pods.spec)
-            provider(changed, "pc")["capacity"] = capacity
-            provider(changed, "pa")["priority"] = capacity
-            await asyncio.to_thread(pods.change, changed)
+        async with under_load(pods, "n") as outcomes:
+            for capacity in (6, 5, 7, 4):
+                changed = copy.deepcopy(pods.spec)
+                provider(changed, "pc")["capacity"] = capacity
+                provider(changed, "pa")["priority"] = capacity
+                await asyncio.to_thread(pods.change, changed)
     finally:
-        done.set()
-        await asyncio.gather(*workers)
         await asyncio.to_thread(pods.change, original)
     assert [o for o in outcomes if o.startswith("failed")] == []
     assert len(outcomes) > 20
@@ -398,6 +409,34 @@ async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_oper
     unchanged = {k: v for k, v in before.items() if not k.startswith(f"{NODE_2}-")}
     assert {k: v for k, v in after.items() if not k.startswith(f"{NODE_2}-")} == unchanged
     assert {await tokens(pods, "n") for _ in range(4)} == {5}
+
+
+async def test_a_nodes_rollout_under_load_loses_no_request(pods: PodStack) -> None:
+    """`kubectl rollout restart` of node-2 (model `n` has no other provider) while requests run:
+    the new pod takes the node id over before the old one drains (the chart's surge rollout), so
+    requests keep being answered all along (with `Recreate` they wait in the queue for the new pod)."""
+    before = await asyncio.to_thread(pods.identities)
+    old = {name for name in before if name.startswith(f"{NODE_2}-")}
+
+    def old_pods_gone() -> bool:
+        names = {p["metadata"]["name"] for p in pods.get("pods")["items"]}
+        return not names & old
+
+    async with under_load(pods, "n") as outcomes:
+        await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
+        await asyncio.to_thread(wait_until, old_pods_gone, 120, "the old node-2 pod to exit")
+        await asyncio.to_thread(
+            wait_until, lambda: pods.rolled_out(NODE_2), 60, "node-2's rollout to complete"
+        )
+    assert [o for o in outcomes if o.startswith("failed")] == []
+    assert len(outcomes) > 20
+    after = await asyncio.to_thread(pods.identities)
+    assert {name for name in after if name.startswith(f"{NODE_2}-")}.isdisjoint(old)
+    # Nothing else moved, and the operator had nothing to do.
+    assert {k: v for k, v in after.items() if not k.startswith(f"{NODE_2}-")} == {
+        k: v for k, v in before.items() if not k.startswith(f"{NODE_2}-")
+    }
+    await asyncio.to_thread(pods.wait_ready, pods.generation, 60)
 
 
 async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodStack) -> None:

@@ -136,7 +136,12 @@ def test_workloads_carry_the_labels_and_mounts_the_operator_looks_for(
         assert selector.items() <= node["spec"]["template"]["metadata"]["labels"].items()
         assert selector.items() <= node["metadata"]["labels"].items()
         assert node["spec"]["replicas"] == 1
-        assert node["spec"]["strategy"] == {"type": "Recreate"}
+        # Surge, so a node's rollout loses no request (the newest instance of a node id wins).
+        assert node["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        assert node["spec"]["minReadySeconds"] == 5
         (agent,) = node["spec"]["template"]["spec"]["containers"]
         assert agent["args"][:5] == [
             "node",
