@@ -414,7 +414,8 @@ async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_oper
 async def test_a_nodes_rollout_under_load_loses_no_request(pods: PodStack) -> None:
     """`kubectl rollout restart` of node-2 (model `n` has no other provider) while requests run:
     the new pod takes the node id over before the old one drains (the chart's surge rollout), so
-    requests keep being answered all along (with `Recreate` they wait in the queue for the new pod)."""
+    requests keep being answered all along (with `Recreate` they wait in the queue for the new
+    pod)."""
     before = await asyncio.to_thread(pods.identities)
     old = {name for name in before if name.startswith(f"{NODE_2}-")}
 
