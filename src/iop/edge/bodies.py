@@ -7,7 +7,8 @@ Types are strict: `"max_tokens": "12"` is an error, as it is at OpenAI.
 
 The Edge then changes the document in exactly three ways: `model` becomes the name the chosen
 provider serves, and the model's generation policy applies (`max_tokens` capped or defaulted,
-`temperature` and `top_p` defaulted when the request names none).
+`temperature` and `top_p` defaulted when the request names none). A request handed to a fallback
+model gets that model's policy over what the client sent, not over the first model's.
 
 Context class: the estimated input tokens are the UTF-8 bytes of the message contents (text
 parts of multi-part contents) or of the prompt, divided by 4 and rounded up; a prompt given as
@@ -132,6 +133,8 @@ class ParsedRequest:
     document: dict[str, Any]
     body: ChatCompletionBody | CompletionBody
     size: int
+    #: The client's own values of the fields a generation policy sets (kept by `apply_policy`).
+    client_sampling: dict[str, Any] | None = None
 
     def encode(self, served_model: str) -> bytes:
         """The body to forward to a provider that serves the model as `served_model`.
@@ -213,9 +216,20 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return text
 
 
+#: The fields of a request a generation policy may set.
+_POLICY_FIELDS: Final = ("max_tokens", "max_completion_tokens", "temperature", "top_p")
+
+
 def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
-    """Apply a model's generation policy to the document that will be forwarded."""
+    """Apply a model's generation policy to the document that will be forwarded; applied again
+    (for a fallback model), it starts from what the client sent."""
     document = request.document
+    if request.client_sampling is None:
+        request.client_sampling = {k: document[k] for k in _POLICY_FIELDS if k in document}
+    else:
+        for key in _POLICY_FIELDS:
+            document.pop(key, None)
+        document.update(request.client_sampling)
     cap = policy.max_tokens
     if cap is not None:
         keys = (

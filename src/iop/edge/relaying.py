@@ -3,13 +3,22 @@
 `Relay.open()` returns a `RelayedRun`, an async context manager that yields the run's events.
 Entering it leases a slot (waiting in the queue if needs be), starts the run on the provider's
 Node and waits for the first event, so that a failure before anything reached the client can
-still be retried:
+still be retried (docs/edge.md, "Retries and fallbacks"):
 
 - `provider_busy` (the Node's capacity is shared with other Edges): the slot goes back, the
-  provider cools down briefly, and the request tries another candidate or waits, with its original
-  queue deadline; it never fails the request by itself.
-- other retryable failures (node gone, provider unknown to its Node, upstream unreachable...): the
-  same, at most `MAX_RETRIES` times; then the failure is the answer.
+  provider cools down briefly, and the request tries another candidate or waits, with its
+  original queue deadline; it never fails the request by itself and costs no retry budget.
+- other failures worth another try (`retrying.should_retry`: upstream unreachable, 5xx,
+  dropped connection, timeout, node lost...): the request tries again, at most
+  `openai.retries.max_per_request` times, before its deadline and within its model's retry
+  budget; otherwise that failure is the answer. A retry goes to a provider of the model the
+  request has not tried while one is available; when every available one has failed, to the
+  model's next fallback; with no fallback left, to the tried providers again.
+- a model none of whose providers is in dispatch (unavailable, not merely busy) hands the request
+  to its first fallback that has one, before any try.
+
+The model that answers is the one whose provider served: usage and the request's metrics count
+for it, and the body's `model` is the name that provider serves.
 
 The slot goes back as soon as the run has ended on its Node, even while a slow client still
 reads the end of its answer from the Edge's buffer: the provider is free then. Leaving the
@@ -19,26 +28,26 @@ which cancels it on the Node at once, and releases the slot if it was still held
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import os
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Final, Self
+from typing import Self
 
 from iop.wire import TERMINAL_EVENTS, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire import statuses as wire_statuses
 
 from .authenticating import Principal
-from .bodies import ParsedRequest
+from .bodies import ParsedRequest, apply_policy
 from .dispatching import Dispatcher, Lease
+from .errors import ModelNotFound, NoProvider, QueueTimeout
 from .hubs import NodeRuns, RunEvents
 from .metering import Metrics
+from .retrying import RetryBudgets, should_retry
 
-__all__ = ["MAX_RETRIES", "Relay", "RelayedRun"]
-
-#: Retries after retryable failures other than `provider_busy` (which retries until the deadline).
-MAX_RETRIES: Final = 2
+__all__ = ["Relay", "RelayedRun"]
 
 
 class Relay:
@@ -48,6 +57,7 @@ class Relay:
         self._dispatcher = dispatcher
         self._hub = hub
         self._metrics = metrics
+        self._budgets = RetryBudgets()
         self._run_ids = itertools.count(1)
         self._run_prefix = os.urandom(4).hex()
 
@@ -68,6 +78,7 @@ class RelayedRun:
         self._request = request
         self._long = long
         self._principal = principal
+        self._model = request.model
         self._lease: Lease | None = None
         self._stream: RunEvents | None = None
         self._events: AsyncIterator[RunEvent] | None = None
@@ -78,25 +89,51 @@ class RelayedRun:
         return self._lease.provider_id if self._lease is not None else ""
 
     @property
+    def model_id(self) -> str:
+        """The catalog id of the model that answers (a fallback's, when one took over)."""
+        return self._model
+
+    @property
     def lease(self) -> Lease | None:
         return self._lease
 
     async def __aenter__(self) -> Self:
         relay = self._relay
         dispatcher = relay._dispatcher
+        metrics = relay._metrics
         request = self._request
+        asked = request.model
+        snapshot = dispatcher.snapshot
+        route = snapshot.models.get(asked)
+        chain = (asked, *route.fallbacks) if route is not None and route.fallbacks else (asked,)
+        budget = relay._budgets.of(snapshot, asked)
+        budget.count_request()
+        position = 0
+        if len(chain) > 1:
+            position = self._first_reachable(chain, 0)
+            if position:
+                self._move_to(chain[position], "unavailable")
+        tried: frozenset[str] = frozenset()
         deadline: float | None = None
+        failure: RunFailed | None = None  # the last failure a retry follows
         retries = 0
         while True:
-            lease = await dispatcher.acquire(
-                request.model,
-                self._long,
-                deadline=deadline,
-                principal=self._principal.principal_ref,
-            )
+            try:
+                lease = await dispatcher.acquire(
+                    self._model,
+                    self._long,
+                    deadline=deadline,
+                    principal=self._principal.principal_ref,
+                    avoid=tried,
+                )
+            except (QueueTimeout, NoProvider, ModelNotFound):
+                if failure is None:
+                    raise
+                self._first = failure  # the retry found no slot in time: the failure answers
+                return self
             if deadline is None:
-                relay._metrics.observe_queue_wait(
-                    request.model, self._principal.principal_ref, lease.waited_s
+                metrics.observe_queue_wait(
+                    self._model, self._principal.principal_ref, lease.waited_s
                 )
             deadline = lease.deadline
             self._lease = lease
@@ -106,22 +143,70 @@ class RelayedRun:
                 dispatcher.release(lease)
                 self._lease = None
                 raise
-            if (
-                isinstance(first, RunFailed)
-                and first.retryable
-                and (first.code == wire_statuses.PROVIDER_BUSY or retries < MAX_RETRIES)
-            ):
-                if first.code != wire_statuses.PROVIDER_BUSY:
-                    retries += 1
-                await self._close_stream(None, None, None)
-                dispatcher.refuse(lease)
-                self._lease = None
-                continue
+            if isinstance(first, RunFailed):
+                if first.code == wire_statuses.PROVIDER_BUSY:
+                    metrics.count_retry(asked, first.code)
+                    await self._abandon(lease, refused=True)
+                    continue
+                if should_retry(first):
+                    settings = dispatcher.snapshot.retries
+                    tried = tried | {lease.provider_id}
+                    if (
+                        retries < settings.max_per_request
+                        and asyncio.get_running_loop().time() < deadline
+                    ):
+                        moved = 0
+                        if not dispatcher.available_for(self._model, self._long, tried):
+                            moved = self._first_reachable(chain, position + 1, fallback_only=True)
+                        if budget.try_retry(settings):
+                            retries += 1
+                            failure = first
+                            metrics.count_retry(asked, first.code)
+                            await self._abandon(lease, refused=True)
+                            if moved:
+                                position = moved
+                                self._move_to(chain[position], "failed")
+                            continue
+                        metrics.count_retry_refused(asked, first.code)
             self._first = first
             stream = self._stream
             assert stream is not None
             stream.on_end(functools.partial(dispatcher.release, lease))
             return self
+
+    def _first_reachable(
+        self, chain: tuple[str, ...], start: int, *, fallback_only: bool = False
+    ) -> int:
+        """The position in `chain` from `start` of the first model with a provider in dispatch
+        for this request; failing that, of the first that has an enabled provider for it (to
+        wait for); failing that, `start` (or 0 with `fallback_only`: no move)."""
+        dispatcher = self._relay._dispatcher
+        waitable: int | None = None
+        for position in range(start, len(chain)):
+            if dispatcher.available_for(chain[position], self._long):
+                return position
+            if waitable is None and dispatcher.serves(chain[position], self._long):
+                waitable = position
+        if fallback_only:
+            return 0
+        return waitable if waitable is not None else start
+
+    def _move_to(self, model_id: str, reason: str) -> None:
+        """Hand the request to fallback model `model_id`: its policy, its metrics."""
+        self._relay._metrics.count_fallback(self._request.model, model_id, reason)
+        self._model = model_id
+        route = self._relay._dispatcher.snapshot.models.get(model_id)
+        if route is not None:
+            apply_policy(self._request, route.generation)
+
+    async def _abandon(self, lease: Lease, *, refused: bool) -> None:
+        """Close the failed try's run and give its slot back (cooling the provider down)."""
+        await self._close_stream(None, None, None)
+        if refused:
+            self._relay._dispatcher.refuse(lease)
+        else:
+            self._relay._dispatcher.release(lease)
+        self._lease = None
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
@@ -201,7 +286,7 @@ class RelayedRun:
         assert lease is not None
         self._relay._metrics.count_usage(
             self._principal,
-            self._request.model,
+            self._model,
             lease.provider_id,
             usage.prompt_tokens,
             usage.completion_tokens,
