@@ -33,6 +33,7 @@ import functools
 import itertools
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
@@ -45,7 +46,7 @@ from .dispatching import Dispatcher, Lease
 from .errors import ModelNotFound, NoProvider, QueueTimeout
 from .hubs import NodeRuns, RunEvents
 from .metering import Metrics
-from .retrying import RetryBudgets, should_retry
+from .retrying import RetryBudget, RetryBudgets, should_retry
 
 __all__ = ["Relay", "RelayedRun"]
 
@@ -66,6 +67,22 @@ class Relay:
 
     def _run_id(self) -> str:
         return f"{self._run_prefix}-{next(self._run_ids):x}"
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """What one request has tried so far."""
+
+    #: The model asked for, then its fallbacks in the order they are tried.
+    chain: tuple[str, ...]
+    #: The position in `chain` of the model tried now.
+    position: int = 0
+    #: The providers that failed this request.
+    tried: frozenset[str] = frozenset()
+    #: Retries after failures so far (busy refusals not counted).
+    retries: int = 0
+    #: The failure the current try follows: the answer if that try finds no slot in time.
+    failure: RunFailed | None = None
 
 
 class RelayedRun:
@@ -100,23 +117,15 @@ class RelayedRun:
     async def __aenter__(self) -> Self:
         relay = self._relay
         dispatcher = relay._dispatcher
-        metrics = relay._metrics
-        request = self._request
-        asked = request.model
         snapshot = dispatcher.snapshot
+        asked = self._request.model
         route = snapshot.models.get(asked)
-        chain = (asked, *route.fallbacks) if route is not None and route.fallbacks else (asked,)
+        attempts = _Attempts((asked, *route.fallbacks) if route is not None else (asked,))
         budget = relay._budgets.of(snapshot, asked)
         budget.count_request()
-        position = 0
-        if len(chain) > 1:
-            position = self._first_reachable(chain, 0)
-            if position:
-                self._move_to(chain[position], "unavailable")
-        tried: frozenset[str] = frozenset()
+        if len(attempts.chain) > 1:
+            self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
-        failure: RunFailed | None = None  # the last failure a retry follows
-        retries = 0
         while True:
             try:
                 lease = await dispatcher.acquire(
@@ -124,15 +133,15 @@ class RelayedRun:
                     self._long,
                     deadline=deadline,
                     principal=self._principal.principal_ref,
-                    avoid=tried,
+                    avoid=attempts.tried,
                 )
             except (QueueTimeout, NoProvider, ModelNotFound):
-                if failure is None:
+                if attempts.failure is None:
                     raise
-                self._first = failure  # the retry found no slot in time: the failure answers
+                self._first = attempts.failure  # the retry found no slot in time
                 return self
             if deadline is None:
-                metrics.observe_queue_wait(
+                relay._metrics.observe_queue_wait(
                     self._model, self._principal.principal_ref, lease.waited_s
                 )
             deadline = lease.deadline
@@ -143,53 +152,80 @@ class RelayedRun:
                 dispatcher.release(lease)
                 self._lease = None
                 raise
-            if isinstance(first, RunFailed):
-                if first.code == wire_statuses.PROVIDER_BUSY:
-                    metrics.count_retry(asked, first.code)
-                    await self._abandon(lease, refused=True)
-                    continue
-                if should_retry(first):
-                    settings = dispatcher.snapshot.retries
-                    tried = tried | {lease.provider_id}
-                    if (
-                        retries < settings.max_per_request
-                        and asyncio.get_running_loop().time() < deadline
-                    ):
-                        moved = 0
-                        if not dispatcher.available_for(self._model, self._long, tried):
-                            moved = self._first_reachable(chain, position + 1, fallback_only=True)
-                        if budget.try_retry(settings):
-                            retries += 1
-                            failure = first
-                            metrics.count_retry(asked, first.code)
-                            await self._abandon(lease, refused=True)
-                            if moved:
-                                position = moved
-                                self._move_to(chain[position], "failed")
-                            continue
-                        metrics.count_retry_refused(asked, first.code)
+            if isinstance(first, RunFailed) and self._try_again(
+                first, lease, attempts, budget, deadline
+            ):
+                await self._close_stream(None, None, None)
+                dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
+                self._lease = None
+                continue
             self._first = first
             stream = self._stream
             assert stream is not None
             stream.on_end(functools.partial(dispatcher.release, lease))
             return self
 
-    def _first_reachable(
-        self, chain: tuple[str, ...], start: int, *, fallback_only: bool = False
-    ) -> int:
-        """The position in `chain` from `start` of the first model with a provider in dispatch
-        for this request; failing that, of the first that has an enabled provider for it (to
-        wait for); failing that, `start` (or 0 with `fallback_only`: no move)."""
+    def _try_again(
+        self,
+        failed: RunFailed,
+        lease: Lease,
+        attempts: _Attempts,
+        budget: RetryBudget,
+        deadline: float,
+    ) -> bool:
+        """Whether the request tries again after `failed`, its try's first event (so nothing
+        reached the client); the request moves to a fallback model when the next try goes
+        there."""
+        metrics = self._relay._metrics
+        asked = attempts.chain[0]
+        if failed.code == wire_statuses.PROVIDER_BUSY:
+            metrics.count_retry(asked, failed.code)
+            return True
+        if not should_retry(failed):
+            return False
         dispatcher = self._relay._dispatcher
-        waitable: int | None = None
+        settings = dispatcher.snapshot.retries
+        attempts.tried |= {lease.provider_id}
+        if (
+            attempts.retries >= settings.max_per_request
+            or asyncio.get_running_loop().time() >= deadline
+        ):
+            return False
+        if not budget.try_retry(settings):
+            metrics.count_retry_refused(asked, failed.code)
+            return False
+        attempts.retries += 1
+        attempts.failure = failed
+        metrics.count_retry(asked, failed.code)
+        if not dispatcher.available_for(self._model, self._long, attempts.tried):
+            fallback = self._reachable(attempts.chain, attempts.position + 1)
+            if fallback is not None:
+                attempts.position = fallback
+                self._move_to(attempts.chain[fallback], "failed")
+        return True
+
+    def _fall_back_if_unavailable(self, attempts: _Attempts) -> None:
+        """Before the first try: a model with no provider in dispatch hands the request to the
+        first fallback that has one (or, with none, that has an enabled one to wait for)."""
+        chain = attempts.chain
+        position = self._reachable(chain, 0)
+        if position is None:
+            dispatcher = self._relay._dispatcher
+            position = next(
+                (i for i, model in enumerate(chain) if dispatcher.serves(model, self._long)), 0
+            )
+        if position:
+            attempts.position = position
+            self._move_to(chain[position], "unavailable")
+
+    def _reachable(self, chain: tuple[str, ...], start: int) -> int | None:
+        """The position in `chain`, from `start`, of the first model with a provider in
+        dispatch that can take this request."""
+        dispatcher = self._relay._dispatcher
         for position in range(start, len(chain)):
             if dispatcher.available_for(chain[position], self._long):
                 return position
-            if waitable is None and dispatcher.serves(chain[position], self._long):
-                waitable = position
-        if fallback_only:
-            return 0
-        return waitable if waitable is not None else start
+        return None
 
     def _move_to(self, model_id: str, reason: str) -> None:
         """Hand the request to fallback model `model_id`: its policy, its metrics."""
@@ -198,15 +234,6 @@ class RelayedRun:
         route = self._relay._dispatcher.snapshot.models.get(model_id)
         if route is not None:
             apply_policy(self._request, route.generation)
-
-    async def _abandon(self, lease: Lease, *, refused: bool) -> None:
-        """Close the failed try's run and give its slot back (cooling the provider down)."""
-        await self._close_stream(None, None, None)
-        if refused:
-            self._relay._dispatcher.refuse(lease)
-        else:
-            self._relay._dispatcher.release(lease)
-        self._lease = None
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
