@@ -1,8 +1,15 @@
 """Benchmark: what retries before the first byte cost when nothing fails, and what they buy when
 something does.
 
-    uv run --frozen python -P bench/retries.py [--parts cost errors] [--baseline PYTHON]
+    uv run --frozen python -P bench/retries.py [--parts relay cost errors] [--baseline PYTHON]
         [--seconds 3] [--rounds 3] [--concurrency 1 32] [--requests 2000]
+
+`relay` (needs `--baseline PYTHON`): the request path's own work in one process, without HTTP
+or a Node: parse the body, apply the model's policy, and run it through `Relay` (dispatch,
+the retry bookkeeping, metering) against bench/edge.py's stub hub, 50,000 requests at a time,
+in a child process per interpreter, alternating `--rounds` times; the minimum and median time
+per request of each. The finest measure of what the retry path adds to a request that does not
+fail.
 
 `cost` (needs `--baseline PYTHON`: another checkout's interpreter, e.g. the commit before the
 feature, with its own `.venv`): bench/edge.py's `edge alone` path (an Edge process whose hub
@@ -29,6 +36,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import statistics
 import sys
@@ -177,6 +185,63 @@ async def cost(args: argparse.Namespace) -> None:
         print(f"| {path} | {mode} | {conc} | {ratio:.3f} | {delta:+.0f} |")
 
 
+def relay_child() -> None:
+    """In a child process: time requests through `Relay` with the stub hub; print one line."""
+    from iop.edge.authenticating import Principal
+    from iop.edge.bodies import apply_policy, parse_request
+    from iop.edge.dispatching import Dispatcher
+    from iop.edge.metering import Metrics
+    from iop.edge.relaying import Relay
+    from iop.edge.snapshots import PoolSnapshot
+    from iop.edgeconfig import load_data
+
+    async def run() -> list[float]:
+        dispatcher = Dispatcher(
+            PoolSnapshot.build(load_data(bench.edge_config("http://127.0.0.1:1/v1")))
+        )
+        dispatcher.set_available(["p-http", "p-fake"])
+        relay = Relay(dispatcher, bench.InstantHub(), Metrics(dispatcher))
+        principal = Principal("bench", "bench")
+        raw = bench.body("openai", False)
+        policy = dispatcher.snapshot.models["openai"].generation
+
+        async def one() -> None:
+            request = parse_request("chat", raw)
+            apply_policy(request, policy)
+            async with relay.open(request, False, principal) as events:
+                async for _ in events:
+                    pass
+
+        for _ in range(20_000):  # warm-up
+            await one()
+        times = []
+        for _ in range(5):
+            began = time.perf_counter()
+            for _ in range(50_000):
+                await one()
+            times.append((time.perf_counter() - began) / 50_000 * 1e6)
+        return times
+
+    print(json.dumps(uvloop.run(run())))
+
+
+async def relay(args: argparse.Namespace) -> None:
+    variants = {"today": sys.executable, "baseline": args.baseline}
+    times: dict[str, list[float]] = defaultdict(list)
+    for round_ in range(args.rounds):
+        for name, python in variants.items():
+            child = await asyncio.create_subprocess_exec(
+                python, "-P", __file__, "--relay-child", stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await child.communicate()
+            times[name] += json.loads(out)
+        print(f"  relay: round {round_ + 1} done", file=sys.stderr, flush=True)
+    print("\n| variant | us per request, min | median |")
+    print("|---|---:|---:|")
+    for name, values in times.items():
+        print(f"| {name} | {min(values):.2f} | {statistics.median(values):.2f} |")
+
+
 # -- error rates with injected faults ------------------------------------------------------------
 
 
@@ -313,6 +378,8 @@ async def errors(args: argparse.Namespace) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    if "relay" in args.parts:
+        await relay(args)
     if "cost" in args.parts:
         await cost(args)
     if "errors" in args.parts:
@@ -321,20 +388,26 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--parts", nargs="+", choices=("cost", "errors"), default=["errors"])
+    parser.add_argument(
+        "--parts", nargs="+", choices=("relay", "cost", "errors"), default=["errors"]
+    )
     parser.add_argument("--baseline", metavar="PYTHON", help="interpreter of the baseline (cost)")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--requests", type=int, default=2000, help="requests per errors row")
     parser.add_argument("--fail-modes", nargs="+", choices=FAIL_MODES, default=list(FAIL_MODES))
+    parser.add_argument("--relay-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if "cost" in args.parts and not args.baseline:
-        parser.error("the cost part needs --baseline PYTHON")
+    if {"relay", "cost"} & set(args.parts) and not args.baseline and not args.relay_child:
+        parser.error("the relay and cost parts need --baseline PYTHON")
     return args
 
 
 if __name__ == "__main__":
     arguments = parse()
+    if arguments.relay_child:
+        relay_child()
+        sys.exit(0)
     print(f"# bench/retries.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
     uvloop.run(main(arguments))

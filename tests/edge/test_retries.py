@@ -41,7 +41,7 @@ async def start(
             ],
             {"m": ["a", "b"], "backup": ["c"], "solo": ["s"]},
             openai={"retries": retries},
-            generation={"m": {"max_tokens": 100}, "backup": {"max_tokens": 10}},
+            generation={"m": {"max_tokens": 100, "temperature": 0.5}, "backup": {"max_tokens": 10}},
         )
         document = config.model_dump(mode="json")
         document["models"][0]["fallbacks"] = ["backup"]
@@ -212,13 +212,14 @@ async def test_when_every_provider_failed_the_fallback_model_answers_with_its_po
 ) -> None:
     edge, client = await start()
     failing(fake_hub, {"a", "b"})
-    response = await client.chat.completions.create(model="m", messages=HELLO)
+    response = await client.chat.completions.create(model="m", messages=HELLO, max_tokens=50)
     assert response.choices[0].message.content == "Hello from c"
     assert response.model == "c-served"  # the name the answering provider serves
     assert tried(fake_hub) == ["a", "b", "c"]
-    forwarded = orjson.loads(fake_hub.requests[-1].body)
-    assert forwarded["model"] == "c-served" and forwarded["max_tokens"] == 10  # backup's cap
-    assert orjson.loads(fake_hub.requests[0].body)["max_tokens"] == 100  # m's cap
+    first, last = (orjson.loads(fake_hub.requests[i].body) for i in (0, -1))
+    assert (first["max_tokens"], first["temperature"]) == (50, 0.5)  # m's policy
+    # backup's policy over what the client sent: its cap, and no temperature of m's
+    assert last["model"] == "c-served" and last["max_tokens"] == 10 and "temperature" not in last
     labels = {"model": "m", "fallback": "backup", "reason": "failed"}
     assert metric(edge, "iop_edge_fallbacks_total", **labels) == 1
     await until(lambda: metric(edge, "iop_edge_requests_total", **_labels("backup", "c", 200)) == 1)

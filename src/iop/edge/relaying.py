@@ -35,7 +35,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Final, Self
 
 from iop.wire import TERMINAL_EVENTS, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire import statuses as wire_statuses
@@ -67,6 +67,10 @@ class Relay:
 
     def _run_id(self) -> str:
         return f"{self._run_prefix}-{next(self._run_ids):x}"
+
+
+#: No provider tried yet.
+_NONE: Final[frozenset[str]] = frozenset()
 
 
 @dataclass(slots=True)
@@ -120,10 +124,11 @@ class RelayedRun:
         snapshot = dispatcher.snapshot
         asked = self._request.model
         route = snapshot.models.get(asked)
-        attempts = _Attempts((asked, *route.fallbacks) if route is not None else (asked,))
-        budget = relay._budgets.of(snapshot, asked)
-        budget.count_request()
-        if len(attempts.chain) > 1:
+        budget = relay._budgets.count_request(snapshot, asked)
+        # Made at the first failure or fallback: most requests never need it.
+        attempts: _Attempts | None = None
+        if route is not None and route.fallbacks:
+            attempts = _Attempts((asked, *route.fallbacks))
             self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
         while True:
@@ -133,10 +138,10 @@ class RelayedRun:
                     self._long,
                     deadline=deadline,
                     principal=self._principal.principal_ref,
-                    avoid=attempts.tried,
+                    avoid=attempts.tried if attempts is not None else _NONE,
                 )
             except (QueueTimeout, NoProvider, ModelNotFound):
-                if attempts.failure is None:
+                if attempts is None or attempts.failure is None:
                     raise
                 self._first = attempts.failure  # the retry found no slot in time
                 return self
@@ -152,13 +157,14 @@ class RelayedRun:
                 dispatcher.release(lease)
                 self._lease = None
                 raise
-            if isinstance(first, RunFailed) and self._try_again(
-                first, lease, attempts, budget, deadline
-            ):
-                await self._close_stream(None, None, None)
-                dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
-                self._lease = None
-                continue
+            if isinstance(first, RunFailed):
+                if attempts is None:
+                    attempts = _Attempts((asked,))
+                if self._try_again(first, lease, attempts, budget, deadline):
+                    await self._close_stream(None, None, None)
+                    dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
+                    self._lease = None
+                    continue
             self._first = first
             stream = self._stream
             assert stream is not None

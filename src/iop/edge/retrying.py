@@ -63,6 +63,8 @@ class RetryBudget:
         "_epoch",
         "_requests",
         "_retries",
+        "_slide_at",
+        "_slot",
         "_total_requests",
         "_total_retries",
         "_width",
@@ -78,23 +80,26 @@ class RetryBudget:
         self._total_requests = 0
         self._total_retries = 0
         self._epoch = int(clock() / self._width)
+        self._slot = self._epoch % _BUCKETS
+        self._slide_at = (self._epoch + 1) * self._width  # when the current bucket ends
 
     def count_request(self) -> None:
-        """A request began (its first try)."""
-        slot = self._slide()
-        self._requests[slot] += 1
+        """A request began (its first try). On every request's path: one clock read."""
+        if self._clock() >= self._slide_at:
+            self._slide()
+        self._requests[self._slot] += 1
         self._total_requests += 1
 
     def try_retry(self, settings: RetrySection) -> bool:
         """Count one retry and return True if the budget has room for it; else False."""
-        slot = self._slide()
+        self._slide()
         allowed = max(
             settings.budget_min_per_second * self.window_ms / 1000,
             settings.budget_percent / 100 * self._total_requests,
         )
         if self._total_retries + 1 > allowed:
             return False
-        self._retries[slot] += 1
+        self._retries[self._slot] += 1
         self._total_retries += 1
         return True
 
@@ -110,23 +115,25 @@ class RetryBudget:
         self._slide()
         return self._total_retries
 
-    def _slide(self) -> int:
-        """Forget the buckets that left the window; the index of the current one."""
+    def _slide(self) -> None:
+        """Forget the buckets that left the window, and move to the current one."""
         epoch = int(self._clock() / self._width)
         steps = epoch - self._epoch
-        if steps > 0:
-            if steps >= _BUCKETS:
-                self._requests = [0] * _BUCKETS
-                self._retries = [0] * _BUCKETS
-                self._total_requests = self._total_retries = 0
-            else:
-                for passed in range(self._epoch + 1, epoch + 1):
-                    slot = passed % _BUCKETS
-                    self._total_requests -= self._requests[slot]
-                    self._total_retries -= self._retries[slot]
-                    self._requests[slot] = self._retries[slot] = 0
-            self._epoch = epoch
-        return epoch % _BUCKETS
+        if steps <= 0:
+            return
+        if steps >= _BUCKETS:
+            self._requests = [0] * _BUCKETS
+            self._retries = [0] * _BUCKETS
+            self._total_requests = self._total_retries = 0
+        else:
+            for passed in range(self._epoch + 1, epoch + 1):
+                slot = passed % _BUCKETS
+                self._total_requests -= self._requests[slot]
+                self._total_retries -= self._retries[slot]
+                self._requests[slot] = self._retries[slot] = 0
+        self._epoch = epoch
+        self._slot = epoch % _BUCKETS
+        self._slide_at = (epoch + 1) * self._width
 
 
 class RetryBudgets:
@@ -137,6 +144,16 @@ class RetryBudgets:
         self._clock = clock
         self._budgets: dict[str, RetryBudget] = {}
         self._snapshot: PoolSnapshot | None = None
+
+    def count_request(self, snapshot: PoolSnapshot, model_id: str) -> RetryBudget:
+        """Count a request for `model_id` (under `snapshot`'s settings); its model's budget."""
+        budget = self._budgets.get(model_id)
+        if budget is not None and snapshot is self._snapshot:
+            budget.count_request()
+            return budget
+        budget = self.of(snapshot, model_id)
+        budget.count_request()
+        return budget
 
     def of(self, snapshot: PoolSnapshot, model_id: str) -> RetryBudget:
         """The budget of `model_id` under `snapshot`'s settings."""
