@@ -87,9 +87,11 @@ async def pool(
     nodes: Mapping[str, Mapping[str, str]],
     models: Sequence[dict[str, Any]],
     retries: Mapping[str, Any] | None = None,
+    adapters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> AsyncIterator[Pool]:
     """Fake upstreams (name -> their flags), nodes (node id -> provider id -> upstream name, each
-    provider serving `<upstream>-served`), an Edge over them, and the nodes connected."""
+    provider serving `<upstream>-served`; `adapters` adds settings to a provider's adapter), an
+    Edge over them, and the nodes connected."""
     async with contextlib.AsyncExitStack() as stack:
         owners = {name: stack.enter_context(_nested(stack)) for name in upstreams}
         started = {
@@ -123,7 +125,11 @@ async def pool(
                     "providers": [
                         {
                             "id": provider_id,
-                            "adapter": {"type": "openai", "base_url": started[upstream].base_url},
+                            "adapter": {
+                                "type": "openai",
+                                "base_url": started[upstream].base_url,
+                                **(adapters or {}).get(provider_id, {}),
+                            },
                             "served_models": [f"{upstream}-served"],
                             "capacity": 16,
                         }
@@ -221,6 +227,27 @@ async def test_one_provider_failing_30_percent_costs_clients_no_error(
             assert len(errors(streams)) == injected
             assert all(isinstance(e, openai.APIError) for e in errors(streams))
             assert tries == 150
+
+
+async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
+    tmp_path, iop_processes, tls
+) -> None:
+    async with pool(
+        tmp_path,
+        iop_processes,
+        tls,
+        upstreams={"good": [], "flaky": ["--latency-ms", "5000"]},
+        nodes=TWO_PROVIDERS,
+        models=MODEL_M,
+        # the Node gives up on an upstream that sends nothing for 0.3 s: upstream_timeout
+        adapters={"p-flaky": {"request_timeout_s": 0.3}},
+    ) as stack:
+        async with stack.client() as client:
+            whole = await answers(client, "m", 10, stream=False, concurrency=2)
+            streams = await answers(client, "m", 10, stream=True, concurrency=2)
+        assert errors(whole) == errors(streams) == []
+        timeouts = await stack.metric("iop_edge_retries_total", reason="upstream_timeout")
+        assert timeouts == await stack.completions("flaky") >= 1
 
 
 async def test_the_budget_bounds_retries_when_the_whole_pool_fails(
