@@ -39,6 +39,7 @@ def test_check_accepts_and_explains_the_sample() -> None:
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout
     assert "llama-3.1-8b" in result.stdout and "node-1" in result.stdout
+    assert "(prio 30, cap 4, long 1); then llama-3.1-8b" in result.stdout  # mistral's fallback
 
 
 def test_check_reports_every_mistake_on_stderr() -> None:

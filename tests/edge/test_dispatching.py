@@ -349,3 +349,52 @@ async def test_swap_of_a_removed_provider_keeps_its_slots_until_its_runs_end(
     assert lease.provider_id not in dispatcher.in_flight_counts() or (
         dispatcher.in_flight(lease.provider_id) == 0
     )
+
+
+async def test_a_retry_avoids_the_providers_it_tried_while_another_is_available(
+    pool, provider
+) -> None:
+    dispatcher = pool(
+        provider("a", priority=1), provider("b", priority=2), provider("c", priority=2)
+    )
+    tried = frozenset({"a"})
+    first = await dispatcher.acquire("m", False, avoid=tried)
+    assert first.provider_id in ("b", "c")  # "a" has the lowest priority, but failed this request
+    second = await dispatcher.acquire("m", False, avoid=tried | {first.provider_id})
+    assert second.provider_id == ({"b", "c"} - {first.provider_id}).pop()
+    # Every candidate tried: any of them again, the best first.
+    third = await dispatcher.acquire("m", False, avoid=frozenset("abc"))
+    assert third.provider_id == "a"
+    for lease in (first, second, third):
+        dispatcher.release(lease)
+
+
+async def test_a_retry_waits_for_an_untried_provider_that_is_busy_not_gone(pool, provider) -> None:
+    dispatcher = pool(provider("a", priority=1), provider("b", priority=2, capacity=1))
+    held = await dispatcher.acquire("m", False, avoid=frozenset({"a"}))
+    assert held.provider_id == "b"
+    retry = asyncio.create_task(dispatcher.acquire("m", False, avoid=frozenset({"a"})))
+    await settle()
+    assert not retry.done() and dispatcher.queue_depth("m") == 1  # "a" is free, but tried
+    dispatcher.release(held)
+    assert (await retry).provider_id == "b"
+    dispatcher.release(await retry)
+    # "b" gone from dispatch: "a" is the one available candidate, tried or not.
+    dispatcher.set_available({"a"})
+    alone = await dispatcher.acquire("m", False, avoid=frozenset({"a"}))
+    assert alone.provider_id == "a"
+    dispatcher.release(alone)
+
+
+async def test_availability_views_for_fallbacks(pool, provider) -> None:
+    dispatcher = pool(
+        provider("a", long_context_slots=0), provider("b"), models={"m": ["a", "b"], "n": ["b"]}
+    )
+    assert dispatcher.available_for("m", False, frozenset({"b"}))
+    assert not dispatcher.available_for("m", True, frozenset({"b"}))  # "a" takes no long one
+    assert not dispatcher.available_for("m", False, frozenset({"a", "b"}))
+    assert not dispatcher.available_for("nope", False)
+    dispatcher.set_available({"a"})
+    assert not dispatcher.available_for("n", False)  # enabled, but not in dispatch
+    assert dispatcher.serves("n", False) and dispatcher.serves("n", True)
+    assert not dispatcher.serves("nope", False)

@@ -1,5 +1,6 @@
-"""The pool's invariants under any sequence of requests, releases, cancellations, swaps and
-node changes (a hypothesis state machine over a real event loop)."""
+"""The pool's invariants under any sequence of requests, retries that avoid the providers they
+tried, releases, cancellations, swaps and node changes (a hypothesis state machine over a real
+event loop)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,22 @@ class PoolMachine(RuleBasedStateMachine):
         self.loop.run_until_complete(try_now())
         self.settle()
 
+    @rule(
+        model=st.sampled_from(sorted(MODELS)),
+        long=st.booleans(),
+        avoid=st.frozensets(st.sampled_from(PROVIDERS), min_size=1, max_size=2),
+    )
+    def retry(self, model: str, long: bool, avoid: frozenset[str]) -> None:
+        async def acquire() -> None:
+            deadline = asyncio.get_running_loop().time() + 600
+            task = asyncio.ensure_future(
+                self.dispatcher.acquire(model, long, deadline=deadline, avoid=avoid)
+            )
+            self.waiting.append(task)
+
+        self.loop.run_until_complete(acquire())
+        self.settle()
+
     @precondition(lambda self: self.leases)
     @rule(index=st.integers(0, 100))
     def release(self, index: int) -> None:
@@ -165,19 +182,25 @@ class PoolMachine(RuleBasedStateMachine):
         if not hasattr(self, "dispatcher"):
             return
         snapshot = self.dispatcher.snapshot
+        available = self.dispatcher.available
         for (model, long), queue in self.dispatcher._queues.items():
             assert queue
-            for candidate in snapshot.models[model].candidates:
-                limits = candidate.provider
-                if limits.id not in self.dispatcher.available:
-                    continue
-                full = self.dispatcher.in_flight(limits.id) >= limits.capacity
-                long_full = (
-                    long
-                    and limits.long_context_slots is not None
-                    and self.dispatcher.long_in_flight(limits.id) >= limits.long_context_slots
-                )
-                assert full or long_full, (model, long, limits)
+            candidates = [
+                c.provider for c in snapshot.models[model].candidates if c.provider.id in available
+            ]
+            for waiter in queue.in_order():
+                # A retry takes none of the providers it tried while another one is available.
+                untried = [
+                    p for p in candidates if p.id not in waiter.avoid and (not long or p.takes_long)
+                ]
+                for limits in untried if waiter.avoid and untried else candidates:
+                    full = self.dispatcher.in_flight(limits.id) >= limits.capacity
+                    long_full = (
+                        long
+                        and limits.long_context_slots is not None
+                        and self.dispatcher.long_in_flight(limits.id) >= limits.long_context_slots
+                    )
+                    assert full or long_full, (model, long, limits, waiter.avoid)
 
     def teardown(self) -> None:
         for task in self.waiting:

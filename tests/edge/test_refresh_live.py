@@ -157,6 +157,38 @@ async def test_models_added_and_removed(refresh_stack, refresh_document, refresh
         assert refused.value.code == "model_not_found"
 
 
+async def test_fallbacks_and_the_retry_settings(refresh_stack, refresh_document) -> None:
+    document = refresh_document()
+    document["models"][0]["providers"] = {"pa": "served-a"}
+    provider(document, "pa")["enabled"] = False  # m has no provider in dispatch
+    document["models"].append({"id": "other", "providers": {"pb": "served-b"}})
+    stack = await refresh_stack(document)
+    refused = await stack.chat()
+    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "no_provider")
+
+    document["models"][0]["fallbacks"] = ["other"]
+    document["openai"]["retries"] = {"budget_percent": 10, "max_per_request": 1}
+    report = await stack.refresh(document)
+    acked(report)  # the Edge's alone: nothing to push
+    assert report["live_paths"] == [
+        "models[m].fallbacks",
+        "openai.retries.budget_percent",
+        "openai.retries.max_per_request",
+    ]
+    assert stack.served(await stack.chat()) == "served-b"
+    assert stack.edge.dispatcher.snapshot.retries.max_per_request == 1
+
+    # A fallback cycle is refused with its path, and nothing changes.
+    cyclic = refresh_document()
+    cyclic["models"] = [*document["models"][:1], {**document["models"][1], "fallbacks": ["m"]}]
+    cyclic["nodes"] = document["nodes"]
+    invalid = await stack.refresh(cyclic, status=422)
+    assert [(p["path"], p["message"]) for p in invalid["problems"]] == [
+        ("models[1].fallbacks[0]", "fallbacks must not form a cycle: m -> other -> m")
+    ]
+    assert stack.served(await stack.chat()) == "served-b"
+
+
 async def test_generation_policy(refresh_stack, refresh_document) -> None:
     stack = await refresh_stack()
     assert (await stack.chat()).json()["usage"]["completion_tokens"] == 4

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from iop.edgeconfig import RestartPath, classify, load_data
+from iop.edgeconfig import RestartPath, classify, config_hash, load_data
 
 P0 = "nodes[node-1].providers[vllm-a]"
 
@@ -65,6 +65,21 @@ LIVE = [
         lambda d: d["nodes"][0].update(runtime={"concurrency": 4}),
         "nodes[node-1].runtime.concurrency",
         id="legacy-concurrency",
+    ),
+    pytest.param(
+        lambda d: d["models"][0].update(fallbacks=["echo"]),
+        "models[llama].fallbacks",
+        id="fallbacks",
+    ),
+    pytest.param(
+        lambda d: d["openai"].update(retries={"budget_percent": 5}),
+        "openai.retries.budget_percent",
+        id="retry-budget",
+    ),
+    pytest.param(
+        lambda d: d["openai"].update(retries={"max_per_request": 0}),
+        "openai.retries.max_per_request",
+        id="retries-per-request",
     ),
 ]
 
@@ -230,6 +245,20 @@ def test_reordering_ids_is_no_change(build: Any) -> None:
         d["openai"]["principal_tokens"].reverse()
 
     assert not change(build, shuffle).changed
+
+
+def test_reordering_fallbacks_is_a_change_with_its_own_hash(build: Any) -> None:
+    def three(d: dict[str, Any]) -> None:
+        d["models"].append({"id": "third", "providers": {"fake-c": "echo"}})
+        d["models"][0]["fallbacks"] = ["echo", "third"]
+
+    def reversed_three(d: dict[str, Any]) -> None:
+        three(d)
+        d["models"][0]["fallbacks"].reverse()
+
+    before, after = load_data(build(three)), load_data(build(reversed_three))
+    assert classify(before, after).live_paths == ("models[llama].fallbacks",)
+    assert config_hash(before) != config_hash(after)
 
 
 def test_changed_ids_are_reported(build: Any) -> None:

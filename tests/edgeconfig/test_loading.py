@@ -268,12 +268,89 @@ RULES = [
         "models[0].generation.temperature: must be <= 2, got 3",
         id="generation-bound",
     ),
+    pytest.param(
+        _set("models[0].fallbacks", ["ecoh"]),
+        'models[0].fallbacks[0]: unknown model "ecoh"; did you mean "echo"?',
+        id="fallback-unknown",
+    ),
+    pytest.param(
+        _set("models[0].fallbacks", ["llama"]),
+        "models[0].fallbacks[0]: a model cannot fall back to itself",
+        id="fallback-to-itself",
+    ),
+    pytest.param(
+        _set("models[0].fallbacks", ["echo", "echo"]),
+        'models[0].fallbacks[1]: duplicate fallback "echo" (first at models[0].fallbacks[0])',
+        id="fallback-twice",
+    ),
+    pytest.param(
+        lambda d: (
+            d["models"][0].update(fallbacks=["echo"]),
+            d["models"][1].update(fallbacks=["llama"]),
+        ),
+        "models[1].fallbacks[0]: fallbacks must not form a cycle: llama -> echo -> llama",
+        id="fallback-cycle",
+    ),
+    pytest.param(
+        lambda d: (
+            d["models"][0].update(fallbacks=["echo"]),
+            d["models"][1].update(fallbacks=["third"]),
+            d["models"].append(
+                {"id": "third", "providers": {"fake-c": "echo"}, "fallbacks": ["llama"]}
+            ),
+        ),
+        "models[2].fallbacks[0]: fallbacks must not form a cycle: llama -> echo -> third -> llama",
+        id="fallback-cycle-through-three",
+    ),
+    pytest.param(
+        _set("models[0].fallbacks", "echo"),
+        'models[0].fallbacks: must be a list, got "echo"',
+        id="fallbacks-not-a-list",
+    ),
+    pytest.param(
+        _set("openai.retries", {"budget_percent": 150}),
+        "openai.retries.budget_percent: must be <= 100, got 150",
+        id="retry-budget-above-100",
+    ),
+    pytest.param(
+        _set("openai.retries", {"max_per_request": -1}),
+        "openai.retries.max_per_request: must be >= 0, got -1",
+        id="retries-negative",
+    ),
+    pytest.param(
+        _set("openai.retries", {"budget_window_ms": 10}),
+        "openai.retries.budget_window_ms: must be >= 1000, got 10",
+        id="retry-window-too-short",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("mutate", "expected"), RULES)
 def test_each_rule_is_reported_with_its_path(build: Any, mutate: Any, expected: str) -> None:
     assert expected in problems_of(build(mutate))
+
+
+def test_fallbacks_may_share_a_target_and_chain_without_a_cycle(
+    config_data: dict[str, Any],
+) -> None:
+    config_data["models"][0]["fallbacks"] = ["echo", "third"]
+    config_data["models"][1]["fallbacks"] = ["third"]
+    config_data["models"].append({"id": "third", "providers": {"fake-c": "echo"}})
+    config = load_data(config_data)
+    assert [m.fallbacks for m in config.models] == [["echo", "third"], ["third"], []]
+
+
+def test_every_fallback_cycle_is_reported_once(config_data: dict[str, Any]) -> None:
+    config_data["models"][0]["fallbacks"] = ["echo"]
+    config_data["models"][1]["fallbacks"] = ["llama"]
+    config_data["models"] += [
+        {"id": "x", "providers": {"fake-c": "echo"}, "fallbacks": ["y"]},
+        {"id": "y", "providers": {"fake-c": "echo"}, "fallbacks": ["x"]},
+    ]
+    assert [p for p in problems_of(config_data) if "cycle" in p] == [
+        "models[1].fallbacks[0]: fallbacks must not form a cycle: llama -> echo -> llama",
+        "models[3].fallbacks[0]: fallbacks must not form a cycle: x -> y -> x",
+    ]
 
 
 def test_admin_off_loopback_with_auth_is_fine(config_data: dict[str, Any]) -> None:

@@ -115,6 +115,7 @@ async def test_plain_requests_answered_at_once_match_the_general_path(
     assert without_ids(plain.content) == without_ids(hooked.content)
     assert plain.content.endswith(b"data: [DONE]\n\n") is stream
     assert fake_upstream.stats.requests == fake_upstream.stats.completed == 2
+    assert fake_upstream.stats.completions == 2
 
 
 @pytest.mark.parametrize(
@@ -153,7 +154,8 @@ async def test_injected_drop(client: openai.AsyncOpenAI, fake_upstream: FakeUpst
     with pytest.raises(openai.APIError):
         async for _ in stream:
             pass
-    assert fake_upstream.stats.failures_injected == 2
+    await client.models.list()  # not a completion
+    assert fake_upstream.stats.failures_injected == fake_upstream.stats.completions == 2
 
 
 async def test_bad_requests_get_openai_error_bodies(fake_upstream: FakeUpstream) -> None:

@@ -161,7 +161,8 @@ def explain(config: EdgeConfig) -> str:
             f"{'' if p.enabled else ', disabled'})"
             for p, served in mapped
         )
-        lines.append(f"  {model.id}: {route}")
+        then = f"; then {', '.join(model.fallbacks)}" if model.fallbacks else ""
+        lines.append(f"  {model.id}: {route}{then}")
     lines.append(f"Nodes ({len(config.nodes)}):")
     for node in config.nodes:
         alias = f" ({node.alias})" if node.alias else ""

@@ -2,7 +2,8 @@
 
 Layers inside the package, lowest first: `errors` and `snapshots` (pure data from the config),
 `dispatching` (the pool's live state), `authenticating`, `bodies`, `metering`, `statuses`, the
-hub seam `runs` (and the hub itself, `nodehub`), `relaying` (one request's run), `serving` (the
+hub seam `runs` (and the hub itself, `nodehub`), `retrying` (what is retried, the retry
+budget), `relaying` (one request's run, its retries and fallbacks), `serving` (the
 ASGI app), the live refresh (`refreshes`, `refreshing`, and the admin API `admin`) and
 `launching` (one process's lifecycle).
 """

@@ -7,7 +7,8 @@ Types are strict: `"max_tokens": "12"` is an error, as it is at OpenAI.
 
 The Edge then changes the document in exactly three ways: `model` becomes the name the chosen
 provider serves, and the model's generation policy applies (`max_tokens` capped or defaulted,
-`temperature` and `top_p` defaulted when the request names none).
+`temperature` and `top_p` defaulted when the request names none). A request handed to a fallback
+model gets that model's policy over what the client sent, not over the first model's.
 
 Context class: the estimated input tokens are the UTF-8 bytes of the message contents (text
 parts of multi-part contents) or of the prompt, divided by 4 and rounded up; a prompt given as
@@ -132,6 +133,9 @@ class ParsedRequest:
     document: dict[str, Any]
     body: ChatCompletionBody | CompletionBody
     size: int
+    #: What `apply_policy` changed, to undo before another policy: (field, the client's value,
+    #: or `_ABSENT`), None while it changed nothing.
+    policy_changes: list[tuple[str, Any]] | None = None
 
     def encode(self, served_model: str) -> bytes:
         """The body to forward to a provider that serves the model as `served_model`.
@@ -213,9 +217,22 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return text
 
 
+#: A field the client's request did not have (in `ParsedRequest.policy_changes`).
+_ABSENT: Final = object()
+
+
 def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
-    """Apply a model's generation policy to the document that will be forwarded."""
+    """Apply a model's generation policy to the document that will be forwarded; applied again
+    (for a fallback model), it starts from what the client sent."""
     document = request.document
+    changes = request.policy_changes
+    if changes:
+        for key, value in reversed(changes):
+            if value is _ABSENT:
+                del document[key]
+            else:
+                document[key] = value
+        changes.clear()
     cap = policy.max_tokens
     if cap is not None:
         keys = (
@@ -227,13 +244,22 @@ def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
             if value is not None:
                 named = True
                 if value > cap:
-                    document[key] = cap
+                    _change(request, key, cap)
         if not named:
-            document["max_tokens"] = cap
+            _change(request, "max_tokens", cap)
     if policy.temperature is not None and document.get("temperature") is None:
-        document["temperature"] = policy.temperature
+        _change(request, "temperature", policy.temperature)
     if policy.top_p is not None and document.get("top_p") is None:
-        document["top_p"] = policy.top_p
+        _change(request, "top_p", policy.top_p)
+
+
+def _change(request: ParsedRequest, key: str, value: Any) -> None:
+    """Set a field of the forwarded document, remembering what the client had there."""
+    document = request.document
+    if request.policy_changes is None:
+        request.policy_changes = []
+    request.policy_changes.append((key, document.get(key, _ABSENT)))
+    document[key] = value
 
 
 def estimate_tokens(request: ParsedRequest) -> int:

@@ -23,6 +23,10 @@ The rules (docs/edge.md explains them for operators), as implemented:
 - A `provider_busy` refusal from the Node (its capacity is shared with other Edges) releases the
   slot and cools the provider down for `BUSY_COOLDOWN_S`, during which it is no candidate; the
   request then tries again with its original deadline and never counts against the queue bound.
+- A retry after a failure (`relaying.py`) names the providers it `avoid`s (those it tried): they
+  are no candidates for it while another candidate of the model is available (on a connected,
+  healthy node), free or not; with none, they are candidates again. A retry that must wait takes
+  whichever slot frees first, a tried provider's too: a freed slot is never left idle.
 - `swap(snapshot)` is one reference assignment. Leases keep the snapshot they started on; slot
   counters are per provider id and survive swaps, so capacity lowered below the in-flight count
   only holds new admissions back; no run is ever cut short.
@@ -84,6 +88,7 @@ class _Slots:
 
 class _Waiter:
     __slots__ = (
+        "avoid",
         "deadline",
         "enqueued_at",
         "future",
@@ -103,6 +108,7 @@ class _Waiter:
         principal: str,
         deadline: float,
         future: asyncio.Future[Lease],
+        avoid: frozenset[str],
     ) -> None:
         self.seq = seq
         self.model_id = model_id
@@ -110,6 +116,7 @@ class _Waiter:
         self.principal = principal
         self.deadline = deadline
         self.future = future
+        self.avoid = avoid
         self.enqueued_at = time.perf_counter()
         self.timer: asyncio.TimerHandle | None = None
         #: The virtual start tag of fair queuing (see the module docstring).
@@ -228,17 +235,21 @@ class Dispatcher:
         *,
         deadline: float | None = None,
         principal: str = ANONYMOUS_PRINCIPAL,
+        avoid: frozenset[str] = frozenset(),
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
-        `deadline` (loop time) marks a retry after a busy refusal: the request keeps its
-        original deadline and does not count against the queue bound again. `principal` (a
-        principal_ref) places a waiting request in the queue's fair order.
+        `deadline` (loop time) marks a retry: the request keeps its original deadline and does
+        not count against the queue bound again. `principal` (a principal_ref) places a waiting
+        request in the queue's fair order. `avoid`: providers this request tried already (see
+        the module docstring).
         """
         route = self._route(model_id, long)
         loop = asyncio.get_running_loop()
         now = loop.time()
-        candidate = self._select(route, long)
+        if avoid and not self._others_available(route, long, avoid):
+            avoid = frozenset()
+        candidate = self._select(route, long, avoid)
         if candidate is not None:
             return self._take(
                 route,
@@ -257,7 +268,9 @@ class Dispatcher:
         elif deadline <= now:
             raise self._timeout(model_id)
         self._seq += 1
-        waiter = _Waiter(self._seq, model_id, long, principal, deadline, loop.create_future())
+        waiter = _Waiter(
+            self._seq, model_id, long, principal, deadline, loop.create_future(), avoid
+        )
         self._enqueue(waiter)
         waiter.timer = loop.call_at(deadline, self._expire, waiter)
         try:
@@ -301,6 +314,17 @@ class Dispatcher:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
+
+    def available_for(self, model_id: str, long: bool, avoid: frozenset[str] = frozenset()) -> bool:
+        """True when a candidate of the model not in `avoid` (and able to take the request)
+        is on a connected, healthy node now, free or busy."""
+        route = self._snapshot.models.get(model_id)
+        return route is not None and self._others_available(route, long, avoid)
+
+    def serves(self, model_id: str, long: bool) -> bool:
+        """True when the model is in the catalog with an enabled provider for the request."""
+        route = self._snapshot.models.get(model_id)
+        return route is not None and bool(route.candidates) and (route.takes_long or not long)
 
     # -- views for metrics and tests ----------------------------------------------------------
 
@@ -356,7 +380,21 @@ class Dispatcher:
             )
         return route
 
-    def _select(self, route: ModelRoute, long: bool) -> Candidate | None:
+    def _others_available(self, route: ModelRoute, long: bool, avoid: frozenset[str]) -> bool:
+        available = self._available
+        for candidate in route.candidates:
+            limits = candidate.provider
+            if (
+                limits.id in available
+                and limits.id not in avoid
+                and (not long or limits.takes_long)
+            ):
+                return True
+        return False
+
+    def _select(
+        self, route: ModelRoute, long: bool, avoid: frozenset[str] = frozenset()
+    ) -> Candidate | None:
         available = self._available
         all_slots = self._slots
         best: Candidate | None = None
@@ -366,7 +404,7 @@ class Dispatcher:
             limits = candidate.provider
             if best is not None and limits.priority != best_priority:
                 break  # candidates are sorted by priority: a free one was found above
-            if limits.id not in available:
+            if limits.id not in available or (avoid and limits.id in avoid):
                 continue
             slots = all_slots[limits.id]
             if slots.in_flight >= limits.capacity:
@@ -521,7 +559,10 @@ class Dispatcher:
             except (ModelNotFound, NoProvider) as error:
                 self._fail(waiter, error)  # the new config no longer serves this request
                 continue
-            candidate = self._select(route, waiter.long)
+            avoid = waiter.avoid
+            if avoid and not self._others_available(route, waiter.long, avoid):
+                avoid = frozenset()
+            candidate = self._select(route, waiter.long, avoid)
             if candidate is not None:
                 self._grant(waiter, route, candidate)
 

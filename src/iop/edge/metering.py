@@ -1,9 +1,11 @@
 """Usage metering and the Edge's Prometheus metrics, in a registry owned by one app.
 
 Counted per request: requests by outcome, and prompt, completion and total tokens by
-`principal_ref`, `token_ref`, `model` and `provider`. Observed: the time a request waited for a
-slot and the time to its first token. Read at scrape time from the dispatcher (nothing on the
-hot path): requests waiting per model, runs in flight per provider (and long-context runs).
+`principal_ref`, `token_ref`, `model` and `provider`; retries before the first byte by requested
+model and reason (the wire's failure code), retries the budget refused, and fallbacks to another
+model. Observed: the time a request waited for a slot and the time to its first token. Read at
+scrape time from the dispatcher (nothing on the hot path): requests waiting per model, runs in
+flight per provider (and long-context runs).
 
 Each `Metrics` owns its `CollectorRegistry`: no module globals, so every app (and every test)
 has its own. Label children are cached, since `labels()` costs more than the increment. Raw
@@ -150,6 +152,28 @@ class Metrics:
             ["mode", "outcome"],
             registry=self.registry,
         )
+        self._retries = Counter(
+            "iop_edge_retries",
+            "Tries after a failure before the first byte (or a provider_busy refusal), by the "
+            "model the client asked for and the failure's code.",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self._retries_refused = Counter(
+            "iop_edge_retries_refused",
+            "Retries the retry budget refused (the failure was the answer), by the model the "
+            "client asked for and the failure's code.",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self._fallbacks = Counter(
+            "iop_edge_fallbacks",
+            "Requests handed to a fallback model, by the model asked for, the fallback, and "
+            "why: unavailable (no provider of the model in dispatch) or failed (its providers "
+            "failed before the first byte).",
+            ["model", "fallback", "reason"],
+            registry=self.registry,
+        )
         self.registry.register(_PoolCollector(dispatcher))
         self._request_children: dict[tuple[str, ...], Counter] = {}
         self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
@@ -216,6 +240,15 @@ class Metrics:
     def count_refresh(self, mode: str, outcome: str) -> None:
         """One refresh report: the dashboard's view of what the operator's applies did here."""
         self._refreshes.labels(mode, outcome).inc()
+
+    def count_retry(self, model: str, reason: str) -> None:
+        self._retries.labels(model, reason).inc()
+
+    def count_retry_refused(self, model: str, reason: str) -> None:
+        self._retries_refused.labels(model, reason).inc()
+
+    def count_fallback(self, model: str, fallback: str, reason: str) -> None:
+        self._fallbacks.labels(model, fallback, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,13 +3,22 @@
 `Relay.open()` returns a `RelayedRun`, an async context manager that yields the run's events.
 Entering it leases a slot (waiting in the queue if needs be), starts the run on the provider's
 Node and waits for the first event, so that a failure before anything reached the client can
-still be retried:
+still be retried (docs/edge.md, "Retries and fallbacks"):
 
 - `provider_busy` (the Node's capacity is shared with other Edges): the slot goes back, the
-  provider cools down briefly, and the request tries another candidate or waits, with its original
-  queue deadline; it never fails the request by itself.
-- other retryable failures (node gone, provider unknown to its Node, upstream unreachable...): the
-  same, at most `MAX_RETRIES` times; then the failure is the answer.
+  provider cools down briefly, and the request tries another candidate or waits, with its
+  original queue deadline; it never fails the request by itself and costs no retry budget.
+- other failures worth another try (`retrying.should_retry`: upstream unreachable, 5xx,
+  dropped connection, timeout, node lost...): the request tries again, at most
+  `openai.retries.max_per_request` times, before its deadline and within its model's retry
+  budget; otherwise that failure is the answer. A retry goes to a provider of the model the
+  request has not tried while one is available; when every available one has failed, to the
+  model's next fallback; with no fallback left, to the tried providers again.
+- a model none of whose providers is in dispatch (unavailable, not merely busy) hands the request
+  to its first fallback that has one, before any try.
+
+The model that answers is the one whose provider served: usage and the request's metrics count
+for it, and the body's `model` is the name that provider serves.
 
 The slot goes back as soon as the run has ended on its Node, even while a slow client still
 reads the end of its answer from the Edge's buffer: the provider is free then. Leaving the
@@ -19,10 +28,12 @@ which cancels it on the Node at once, and releases the slot if it was still held
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
@@ -30,15 +41,14 @@ from iop.wire import TERMINAL_EVENTS, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire import statuses as wire_statuses
 
 from .authenticating import Principal
-from .bodies import ParsedRequest
+from .bodies import ParsedRequest, apply_policy
 from .dispatching import Dispatcher, Lease
+from .errors import ModelNotFound, NoProvider, QueueTimeout
 from .hubs import NodeRuns, RunEvents
 from .metering import Metrics
+from .retrying import RetryBudget, RetryBudgets, should_retry
 
-__all__ = ["MAX_RETRIES", "Relay", "RelayedRun"]
-
-#: Retries after retryable failures other than `provider_busy` (which retries until the deadline).
-MAX_RETRIES: Final = 2
+__all__ = ["Relay", "RelayedRun"]
 
 
 class Relay:
@@ -48,6 +58,7 @@ class Relay:
         self._dispatcher = dispatcher
         self._hub = hub
         self._metrics = metrics
+        self._budgets = RetryBudgets()
         self._run_ids = itertools.count(1)
         self._run_prefix = os.urandom(4).hex()
 
@@ -56,6 +67,26 @@ class Relay:
 
     def _run_id(self) -> str:
         return f"{self._run_prefix}-{next(self._run_ids):x}"
+
+
+#: No provider tried yet.
+_NONE: Final[frozenset[str]] = frozenset()
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """What one request has tried so far."""
+
+    #: The model asked for, then its fallbacks in the order they are tried.
+    chain: tuple[str, ...]
+    #: The position in `chain` of the model tried now.
+    position: int = 0
+    #: The providers that failed this request.
+    tried: frozenset[str] = frozenset()
+    #: Retries after failures so far (busy refusals not counted).
+    retries: int = 0
+    #: The failure the current try follows: the answer if that try finds no slot in time.
+    failure: RunFailed | None = None
 
 
 class RelayedRun:
@@ -68,6 +99,7 @@ class RelayedRun:
         self._request = request
         self._long = long
         self._principal = principal
+        self._model = request.model
         self._lease: Lease | None = None
         self._stream: RunEvents | None = None
         self._events: AsyncIterator[RunEvent] | None = None
@@ -78,25 +110,44 @@ class RelayedRun:
         return self._lease.provider_id if self._lease is not None else ""
 
     @property
+    def model_id(self) -> str:
+        """The catalog id of the model that answers (a fallback's, when one took over)."""
+        return self._model
+
+    @property
     def lease(self) -> Lease | None:
         return self._lease
 
     async def __aenter__(self) -> Self:
         relay = self._relay
         dispatcher = relay._dispatcher
-        request = self._request
+        snapshot = dispatcher.snapshot
+        asked = self._request.model
+        route = snapshot.models.get(asked)
+        budget = relay._budgets.count_request(snapshot, asked)
+        # Made at the first failure or fallback: most requests never need it.
+        attempts: _Attempts | None = None
+        if route is not None and route.fallbacks:
+            attempts = _Attempts((asked, *route.fallbacks))
+            self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
-        retries = 0
         while True:
-            lease = await dispatcher.acquire(
-                request.model,
-                self._long,
-                deadline=deadline,
-                principal=self._principal.principal_ref,
-            )
+            try:
+                lease = await dispatcher.acquire(
+                    self._model,
+                    self._long,
+                    deadline=deadline,
+                    principal=self._principal.principal_ref,
+                    avoid=attempts.tried if attempts is not None else _NONE,
+                )
+            except (QueueTimeout, NoProvider, ModelNotFound):
+                if attempts is None or attempts.failure is None:
+                    raise
+                self._first = attempts.failure  # the retry found no slot in time
+                return self
             if deadline is None:
                 relay._metrics.observe_queue_wait(
-                    request.model, self._principal.principal_ref, lease.waited_s
+                    self._model, self._principal.principal_ref, lease.waited_s
                 )
             deadline = lease.deadline
             self._lease = lease
@@ -106,22 +157,89 @@ class RelayedRun:
                 dispatcher.release(lease)
                 self._lease = None
                 raise
-            if (
-                isinstance(first, RunFailed)
-                and first.retryable
-                and (first.code == wire_statuses.PROVIDER_BUSY or retries < MAX_RETRIES)
-            ):
-                if first.code != wire_statuses.PROVIDER_BUSY:
-                    retries += 1
-                await self._close_stream(None, None, None)
-                dispatcher.refuse(lease)
-                self._lease = None
-                continue
+            if isinstance(first, RunFailed):
+                if attempts is None:
+                    attempts = _Attempts((asked,))
+                if self._try_again(first, lease, attempts, budget, deadline):
+                    await self._close_stream(None, None, None)
+                    dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
+                    self._lease = None
+                    continue
             self._first = first
             stream = self._stream
             assert stream is not None
             stream.on_end(functools.partial(dispatcher.release, lease))
             return self
+
+    def _try_again(
+        self,
+        failed: RunFailed,
+        lease: Lease,
+        attempts: _Attempts,
+        budget: RetryBudget,
+        deadline: float,
+    ) -> bool:
+        """Whether the request tries again after `failed`, its try's first event (so nothing
+        reached the client); the request moves to a fallback model when the next try goes
+        there."""
+        metrics = self._relay._metrics
+        asked = attempts.chain[0]
+        if failed.code == wire_statuses.PROVIDER_BUSY:
+            metrics.count_retry(asked, failed.code)
+            return True
+        if not should_retry(failed):
+            return False
+        dispatcher = self._relay._dispatcher
+        settings = dispatcher.snapshot.retries
+        attempts.tried |= {lease.provider_id}
+        if (
+            attempts.retries >= settings.max_per_request
+            or asyncio.get_running_loop().time() >= deadline
+        ):
+            return False
+        if not budget.try_retry(settings):
+            metrics.count_retry_refused(asked, failed.code)
+            return False
+        attempts.retries += 1
+        attempts.failure = failed
+        metrics.count_retry(asked, failed.code)
+        if not dispatcher.available_for(self._model, self._long, attempts.tried):
+            fallback = self._reachable(attempts.chain, attempts.position + 1)
+            if fallback is not None:
+                attempts.position = fallback
+                self._move_to(attempts.chain[fallback], "failed")
+        return True
+
+    def _fall_back_if_unavailable(self, attempts: _Attempts) -> None:
+        """Before the first try: a model with no provider in dispatch hands the request to the
+        first fallback that has one (or, with none, that has an enabled one to wait for)."""
+        chain = attempts.chain
+        position = self._reachable(chain, 0)
+        if position is None:
+            dispatcher = self._relay._dispatcher
+            position = next(
+                (i for i, model in enumerate(chain) if dispatcher.serves(model, self._long)), 0
+            )
+        if position:
+            attempts.position = position
+            self._move_to(chain[position], "unavailable")
+
+    def _reachable(self, chain: tuple[str, ...], start: int) -> int | None:
+        """The position in `chain`, from `start`, of the first model with a provider in
+        dispatch that can take this request."""
+        dispatcher = self._relay._dispatcher
+        for position in range(start, len(chain)):
+            if dispatcher.available_for(chain[position], self._long):
+                return position
+        return None
+
+    def _move_to(self, model_id: str, reason: str) -> None:
+        """Hand the request to fallback model `model_id`: its policy, its metrics."""
+        self._relay._metrics.count_fallback(self._request.model, model_id, reason)
+        self._model = model_id
+        route = self._relay._dispatcher.snapshot.models.get(model_id)
+        if route is not None:
+            apply_policy(self._request, route.generation)
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
@@ -201,7 +319,7 @@ class RelayedRun:
         assert lease is not None
         self._relay._metrics.count_usage(
             self._principal,
-            self._request.model,
+            self._model,
             lease.provider_id,
             usage.prompt_tokens,
             usage.completion_tokens,

@@ -214,6 +214,7 @@ class EdgeApp:
             )
             async with self._relay.open(request, long, principal) as run:
                 provider = run.provider_id
+                model = run.model_id  # a fallback's, when one took over
                 if request.stream:
                     status = await self._stream(run, send, arrived, model, request.include_usage)
                 else:

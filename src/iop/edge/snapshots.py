@@ -8,7 +8,9 @@ provider id, and outlive any one snapshot.
 Queueing rules derived here (for operators: docs/edge.md):
 - a model's waiting queue holds at most the sum of `max_queue` over its *enabled* providers;
 - a request waits at most the largest `queue_timeout_ms` among those providers (a request may
-  be served by any of them, so it waits as long as the most patient one allows).
+  be served by any of them, so it waits as long as the most patient one allows);
+- a model's fallbacks are tried depth first: each fallback, then its own fallbacks, each model
+  once (validation refuses cycles, so the order is finite either way).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from iop.edgeconfig import EdgeConfig, GenerationPolicy, config_hash
+from iop.edgeconfig import EdgeConfig, GenerationPolicy, RetrySection, config_hash
 
 __all__ = ["Candidate", "ModelRoute", "PoolSnapshot", "ProviderLimits"]
 
@@ -64,6 +66,8 @@ class ModelRoute:
     queue_timeout_s: float
     #: True when some candidate can take a long-context request.
     takes_long: bool
+    #: The models that answer instead when this one cannot, in the order they are tried.
+    fallbacks: tuple[str, ...] = ()
 
     def candidate(self, provider_id: str) -> Candidate | None:
         for candidate in self.candidates:
@@ -90,6 +94,8 @@ class PoolSnapshot:
     routes_by_provider: Mapping[str, tuple[tuple[ModelRoute, Candidate], ...]]
     #: principal_ref -> its fair-share weight in a model's queue (absent: 1).
     principal_weights: Mapping[str, int]
+    #: Retries before the first byte and their budget (`openai.retries`).
+    retries: RetrySection
 
     @classmethod
     def build(cls, config: EdgeConfig, generation: int = 1) -> PoolSnapshot:
@@ -108,6 +114,7 @@ class PoolSnapshot:
             for node in config.nodes
             for spec in node.providers
         }
+        direct_fallbacks = {model.id: model.fallbacks for model in config.models}
         models: dict[str, ModelRoute] = {}
         by_provider: dict[str, list[tuple[ModelRoute, Candidate]]] = {}
         for model in config.models:
@@ -127,6 +134,7 @@ class PoolSnapshot:
                 queue_timeout_s=max((c.provider.queue_timeout_ms for c in candidates), default=0)
                 / 1000,
                 takes_long=any(c.provider.takes_long for c in candidates),
+                fallbacks=_fallback_order(direct_fallbacks, model.id) if model.fallbacks else (),
             )
             models[model.id] = route
             for candidate in candidates:
@@ -143,4 +151,21 @@ class PoolSnapshot:
                 {key: tuple(value) for key, value in by_provider.items()}
             ),
             principal_weights=MappingProxyType(dict(config.openai.principal_weights)),
+            retries=config.openai.retries,
         )
+
+
+def _fallback_order(direct: Mapping[str, list[str]], model_id: str) -> tuple[str, ...]:
+    """The fallbacks of `model_id`, depth first, each model once and never the model itself."""
+    order: list[str] = []
+    seen = {model_id}
+
+    def visit(current: str) -> None:
+        for fallback in direct.get(current, ()):
+            if fallback not in seen:
+                seen.add(fallback)
+                order.append(fallback)
+                visit(fallback)
+
+    visit(model_id)
+    return tuple(order)

@@ -4,6 +4,7 @@ The rule for each field is the `x-iop-apply` marker on it in `configs.py` (the n
 the path wins); a path without one is restart-required for the Edge (fail safe). Lists of items
 with ids are compared by id, so reordering is no change; an item added or removed takes the
 marker of its list: a node is an Edge restart, a provider its node's restart, a model is live.
+Lists of names are compared as sets, except those marked ordered (`models[].fallbacks`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .configs import APPLY_KEY, LIVE, RESTART_NODE, EdgeConfig, ModelSpec, NodeSpec, ProviderSpec
+from .configs import (
+    APPLY_KEY,
+    LIVE,
+    RESTART_NODE,
+    EdgeConfig,
+    ModelSpec,
+    NodeSpec,
+    ProviderSpec,
+    is_ordered,
+)
 from .payloads import NodePayload
 from .reports import ChangeReport, RestartPath
 from .trees import item_key
@@ -109,9 +119,18 @@ def _diff(
         for name, field in type(old).model_fields.items():
             extra = field.json_schema_extra
             marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
+            before, after = getattr(old, name), getattr(new, name)
+            if is_ordered(field):
+                if before != after:
+                    field_path = f"{path}.{name}" if path else name
+                    apply_here = marker if isinstance(marker, str) else apply
+                    out.append(
+                        _Change(field_path, apply_here, where.node, where.provider, where.model)
+                    )
+                continue
             _diff(
-                getattr(old, name),
-                getattr(new, name),
+                before,
+                after,
                 marker if isinstance(marker, str) else apply,
                 f"{path}.{name}" if path else name,
                 where,

@@ -39,6 +39,7 @@ __all__ = [
     "OpenAISection",
     "PrincipalToken",
     "ProviderSpec",
+    "RetrySection",
     "Spec",
     "TlsSection",
     "is_loopback_listener",
@@ -47,6 +48,9 @@ __all__ = [
 
 #: The JSON-schema key each field's apply marker (live / restart:edge / restart:node) sits under.
 APPLY_KEY: Final = "x-iop-apply"
+#: The JSON-schema key marking a list whose order means something (`models[].fallbacks`): hashing
+#: and classification keep its order, where other lists of names are compared as sets.
+ORDERED_KEY: Final = "x-iop-ordered"
 
 #: The principal_ref of requests without a bearer token (`openai.allow_unauthenticated`).
 ANONYMOUS_PRINCIPAL: Final = "anonymous"
@@ -61,13 +65,20 @@ _SUFFIX = {
 }
 
 
-def _field(apply: str, description: str, **constraints: Any) -> FieldInfo:
+def _field(apply: str, description: str, *, ordered: bool = False, **constraints: Any) -> FieldInfo:
+    extra: dict[str, Any] = {APPLY_KEY: apply}
+    if ordered:
+        extra[ORDERED_KEY] = True
     info: FieldInfo = Field(
-        description=f"{description} {_SUFFIX[apply]}",
-        json_schema_extra={APPLY_KEY: apply},
-        **constraints,
+        description=f"{description} {_SUFFIX[apply]}", json_schema_extra=extra, **constraints
     )
     return info
+
+
+def is_ordered(field: FieldInfo) -> bool:
+    """True for a list field whose order means something (see `ORDERED_KEY`)."""
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get(ORDERED_KEY) is True
 
 
 def live(description: str, **constraints: Any) -> FieldInfo:
@@ -343,6 +354,53 @@ class PrincipalToken(Spec):
     )
 
 
+class RetrySection(Spec):
+    """Retries of requests that failed before any byte reached their client, and the budget
+    that bounds them: a share of recent requests, as in Envoy's and Finagle's retry budgets, so
+    a failing pool gets at most that much more traffic, never each request twice over."""
+
+    max_per_request: Annotated[
+        int,
+        live(
+            "Most retries of one request after failures before its first byte (upstream "
+            "unreachable, connection reset, 5xx, timeout, node lost), each on a provider it has "
+            "not tried while one is available, then on the model's fallbacks. provider_busy "
+            "refusals are retried until the queue deadline and not counted. 0 turns retries off.",
+            ge=0,
+            le=10,
+        ),
+    ] = 2
+    budget_percent: Annotated[
+        float,
+        live(
+            "Retries of a model's requests (per Edge) over the window stay below this percent "
+            "of its requests in the window, or below budget_min_per_second times the window "
+            "when that is more; a retry beyond the budget is not made and the failure is the "
+            "answer.",
+            ge=0,
+            le=100,
+        ),
+    ] = 20.0
+    budget_min_per_second: Annotated[
+        float,
+        live(
+            "Retries per second of the window a model may make whatever its traffic, so one "
+            "with few requests can still retry.",
+            ge=0,
+            le=10_000,
+        ),
+    ] = 3.0
+    budget_window_ms: Annotated[
+        int,
+        live(
+            "Milliseconds of the sliding window over which the budget counts requests and "
+            "retries; changing it starts the count afresh.",
+            ge=1000,
+            le=600_000,
+        ),
+    ] = 10_000
+
+
 class OpenAISection(Spec):
     """The OpenAI-compatible HTTP API that clients call."""
 
@@ -431,6 +489,12 @@ class OpenAISection(Spec):
             "order. Has no effect while nothing waits."
         ),
     ] = Field(default_factory=dict)
+    retries: Annotated[
+        RetrySection,
+        live(
+            "Retries before the first byte and their budget (docs/edge.md, Retries and fallbacks)."
+        ),
+    ] = RetrySection()
 
 
 class A2ASection(Spec):
@@ -481,6 +545,16 @@ class ModelSpec(Spec):
     generation: Annotated[
         GenerationPolicy, live("Generation defaults and caps for this model.")
     ] = GenerationPolicy()
+    fallbacks: Annotated[
+        list[ModelId],
+        live(
+            "Models of this catalog that answer instead, in this order, when every provider of "
+            "this model is unavailable or has failed before the first byte (each with its own "
+            "fallbacks after it); retries after failures count against the retry budget. Ids "
+            "must exist; no model may fall back to itself, directly or through others.",
+            ordered=True,
+        ),
+    ] = Field(default_factory=list)
 
 
 # -- nodes and their providers -------------------------------------------------------------------

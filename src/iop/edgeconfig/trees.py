@@ -2,7 +2,8 @@
 
 Lists of things that have an id (nodes, providers, models, principal tokens) become mappings
 `{"[id]": item}`, and lists of names (served_models) become sorted lists, so that reordering
-them is no change: two configs that mean the same have the same tree and the same hash.
+them is no change: two configs that mean the same have the same tree and the same hash. A list
+whose order means something (`models[].fallbacks`, marked ordered in `configs.py`) keeps it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import orjson
 from pydantic import BaseModel
+
+from .configs import is_ordered
 
 __all__ = ["ID_FIELDS", "config_hash", "item_key", "to_tree"]
 
@@ -32,7 +35,14 @@ def item_key(item: BaseModel) -> str | None:
 def to_tree(value: Any) -> Any:
     """The canonical plain form of a config value (snake_case keys)."""
     if isinstance(value, BaseModel):
-        return {name: to_tree(getattr(value, name)) for name in type(value).model_fields}
+        return {
+            name: (
+                [to_tree(v) for v in getattr(value, name)]
+                if is_ordered(field)
+                else to_tree(getattr(value, name))
+            )
+            for name, field in type(value).model_fields.items()
+        }
     if isinstance(value, list | tuple):
         if value and all(isinstance(v, BaseModel) and item_key(v) is not None for v in value):
             return {f"[{item_key(v)}]": to_tree(v) for v in value}

@@ -78,6 +78,7 @@ def check_document(data: Mapping[str, object]) -> list[Problem]:
         _check_secrets(data, "", index.problems)
     _check_nodes(data, index)
     _check_models(data, index)
+    _check_fallbacks(data, index)
     _check_principal_tokens(data, index)
     _check_admin(data, index)
     return index.problems
@@ -200,6 +201,73 @@ def _check_models(data: Mapping[str, object], index: _Index) -> None:
                     f"(long_context_slots is 0 on {names}); give one of them long slots",
                 )
             )
+
+
+def _check_fallbacks(data: Mapping[str, object], index: _Index) -> None:
+    """`models[].fallbacks`: known ids, none twice in one list, no model falling back to itself,
+    directly or through others (each cycle reported once, where it closes)."""
+    model_ids: list[str] = []
+    edges: dict[str, list[tuple[str, str]]] = {}  # model id -> (fallback id, its path)
+    for _, model in _items(data, "models"):
+        _, model_id = _get(model, "id")
+        if isinstance(model_id, str) and model_id not in edges:
+            model_ids.append(model_id)
+            edges[model_id] = []
+    for model_path, model in _items(data, "models"):
+        _, model_id = _get(model, "id")
+        key, fallbacks = _get(model, "fallbacks")
+        if not isinstance(model_id, str) or not isinstance(fallbacks, list):
+            continue
+        seen: dict[str, str] = {}
+        for position, fallback in enumerate(fallbacks):
+            path = f"{model_path}.{key}[{position}]"
+            if not isinstance(fallback, str):
+                continue  # the schema reports it
+            if fallback == model_id:
+                index.problems.append(Problem(path, "a model cannot fall back to itself"))
+            elif fallback not in edges:
+                hint = close_match_hint(fallback, model_ids)
+                index.problems.append(Problem(path, f'unknown model "{fallback}"{hint}'))
+            elif fallback in seen:
+                index.duplicate(seen, fallback, path, "fallback")
+            else:
+                seen[fallback] = path
+                edges[model_id].append((fallback, path))
+    index.problems += _fallback_cycles(model_ids, edges)
+
+
+def _fallback_cycles(
+    model_ids: list[str], edges: Mapping[str, list[tuple[str, str]]]
+) -> list[Problem]:
+    """A problem for each cycle of fallbacks, at the fallback that closes it (depth first, in
+    document order)."""
+    problems: list[Problem] = []
+    done: set[str] = set()
+    for start in model_ids:
+        if start in done:
+            continue
+        trail: list[str] = [start]  # the models on the current path, in order
+        on_trail = {start}
+        pending = [iter(edges[start])]
+        while pending:
+            step = next(pending[-1], None)
+            if step is None:
+                pending.pop()
+                finished = trail.pop()
+                on_trail.discard(finished)
+                done.add(finished)
+                continue
+            target, path = step
+            if target in on_trail:
+                loop = [*trail[trail.index(target) :], target]
+                problems.append(
+                    Problem(path, "fallbacks must not form a cycle: " + " -> ".join(loop))
+                )
+            elif target not in done:
+                trail.append(target)
+                on_trail.add(target)
+                pending.append(iter(edges[target]))
+    return problems
 
 
 def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:

@@ -64,9 +64,12 @@ class FakeUpstreamSettings:
 class UpstreamStats:
     """What the fake saw; `disconnects` counts clients that left before their response ended,
     `connections` the connections it accepted (so a test can see a client's keep-alive pool),
-    `peak_in_flight` the most completions it served at once (so a test can check a capacity)."""
+    `peak_in_flight` the most completions it served at once (so a test can check a capacity),
+    `completions` the completion requests it received, however they were answered (so a test
+    can count the tries of a gateway's retries, whatever else it asks, such as health probes)."""
 
     requests: int = 0
+    completions: int = 0
     completed: int = 0
     failures_injected: int = 0
     disconnects: int = 0
@@ -376,6 +379,7 @@ class FakeUpstream(AsyncService):
         if completion.overrides:
             return False
         self.stats.requests += 1
+        self.stats.completions += 1
         if completion.stream:
             out = [connection.start_stream(request.keep_alive)]
             out += _stream_chunks(completion, tokens(completion.completion_tokens), first=True)
@@ -412,6 +416,7 @@ class FakeUpstream(AsyncService):
     async def _complete(
         self, connection: _Connection, request: _Request, kind: Literal["chat", "completion"]
     ) -> None:
+        self.stats.completions += 1
         try:
             completion = parse_request(
                 kind,

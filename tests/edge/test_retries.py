@@ -1,0 +1,239 @@
+"""Retries before the first byte, the retry budget and fallback models (docs/edge.md, "Retries and
+fallbacks"): the official `openai` client against a real uvicorn server, with a fake node hub at
+the request path's seam whose script decides which provider fails how.
+
+Models: `m` on providers a (priority 1) and b (priority 2), falling back to `backup` (provider c);
+`solo` on provider s alone, with no fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from typing import Any
+
+import openai
+import orjson
+import pytest
+import pytest_asyncio
+from openai.types.chat import ChatCompletionMessageParam
+
+from iop.edge import EdgeServer
+from iop.wire import RunChunk, RunEvent, RunFailed, RunRequest
+from iop.wire import statuses as wire_statuses
+
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
+
+
+@pytest_asyncio.fixture
+async def start(
+    config_of, provider, fake_hub, tokens, until
+) -> AsyncIterator[Callable[..., Awaitable[tuple[EdgeServer, openai.AsyncOpenAI]]]]:
+    """`await start(retries={...})`: an Edge over the fake hub, and a client of it."""
+    started: list[tuple[EdgeServer, openai.AsyncOpenAI]] = []
+
+    async def run(**retries: Any) -> tuple[EdgeServer, openai.AsyncOpenAI]:
+        config = config_of(
+            [
+                provider("a", priority=1),
+                provider("b", priority=2),
+                provider("c"),
+                provider("s"),
+            ],
+            {"m": ["a", "b"], "backup": ["c"], "solo": ["s"]},
+            openai={"retries": retries},
+            generation={"m": {"max_tokens": 100, "temperature": 0.5}, "backup": {"max_tokens": 10}},
+        )
+        document = config.model_dump(mode="json")
+        document["models"][0]["fallbacks"] = ["backup"]
+        config = type(config).model_validate(document)
+        edge = EdgeServer(config, hub=fake_hub, openai_listen="127.0.0.1:0", shutdown_grace_s=1)
+        await edge.start()
+        fake_hub.connect("a", "b", "c", "s")
+        client = openai.AsyncOpenAI(
+            base_url=f"{edge.url}/v1", api_key=tokens["search-chat"], max_retries=0
+        )
+        started.append((edge, client))
+        return edge, client
+
+    yield run
+    for edge, client in started:
+        await client.close()
+
+        def idle(edge: EdgeServer = edge) -> bool:
+            counts = edge.dispatcher.in_flight_counts().values()
+            return all(n == (0, 0) for n in counts) and not edge.dispatcher.waiting
+
+        await until(idle, timeout=2)
+        await edge.stop()
+    assert not fake_hub.active
+
+
+def failing(
+    fake_hub: Any,
+    providers: Collection[str],
+    code: str = wire_statuses.UPSTREAM_ERROR,
+    times: int = -1,
+) -> None:
+    """Make `providers` fail their runs before the first byte (`times` times, -1: always)."""
+    echo = fake_hub.script
+    left = {pid: times for pid in providers}
+
+    async def script(request: RunRequest) -> AsyncIterator[RunEvent]:
+        if left.get(request.provider_id, 0) != 0:
+            left[request.provider_id] -= 1
+            yield wire_statuses.failure(code, f"{request.provider_id} failed", status=500)
+            return
+        async for event in echo(request):
+            yield event
+
+    fake_hub.script = script
+
+
+def tried(fake_hub: Any) -> list[str]:
+    return [request.provider_id for request in fake_hub.requests]
+
+
+def metric(edge: EdgeServer, name: str, **labels: str) -> float:
+    """The value of one sample of the Edge's metrics (0 when absent)."""
+    wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    for line in edge.metrics.render().decode().splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _labels(model: str, provider: str, status: int) -> dict[str, str]:
+    return {
+        "principal_ref": "team-search",
+        "token_ref": "search-chat",
+        "model": model,
+        "provider": provider,
+        "status": str(status),
+    }
+
+
+async def test_a_failure_before_the_first_byte_is_retried_on_another_provider(
+    start, fake_hub, until
+) -> None:
+    edge, client = await start()
+    failing(fake_hub, {"a"})
+    response = await client.chat.completions.create(model="m", messages=HELLO)
+    assert response.choices[0].message.content == "Hello from b"
+    assert tried(fake_hub) == ["a", "b"]
+    assert metric(edge, "iop_edge_retries_total", model="m", reason="upstream_error") == 1
+    # Counted once the answer is out, so perhaps just after the client has it.
+    await until(lambda: metric(edge, "iop_edge_requests_total", **_labels("m", "b", 200)) == 1)
+
+
+async def test_a_stream_that_fails_before_its_first_byte_is_retried(start, fake_hub) -> None:
+    _, client = await start()
+    failing(fake_hub, {"a"}, wire_statuses.UPSTREAM_UNAVAILABLE)
+    stream = await client.chat.completions.create(model="m", messages=HELLO, stream=True)
+    text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+    assert text == "Hello from b"
+    assert tried(fake_hub) == ["a", "b"]
+
+
+async def test_after_the_first_byte_nothing_is_retried(start, fake_hub) -> None:
+    _, client = await start()
+
+    async def dies(request: RunRequest) -> AsyncIterator[RunEvent]:
+        yield RunChunk(
+            b'{"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+            b'"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}'
+        )
+        yield RunFailed(wire_statuses.UPSTREAM_ERROR, "the upstream dropped it", False, None)
+
+    fake_hub.script = dies
+    stream = await client.chat.completions.create(model="m", messages=HELLO, stream=True)
+    received = []
+    with pytest.raises(openai.APIError) as caught:
+        async for chunk in stream:
+            received.append(chunk)
+    assert len(received) == 1 and "the upstream dropped it" in caught.value.message
+    assert tried(fake_hub) == ["a"]
+
+
+async def test_a_request_the_provider_refused_is_not_retried(start, fake_hub) -> None:
+    _, client = await start()
+    failing(fake_hub, {"a"}, wire_statuses.BAD_REQUEST)
+    with pytest.raises(openai.APIStatusError):
+        await client.chat.completions.create(model="m", messages=HELLO)
+    assert tried(fake_hub) == ["a"]
+
+
+async def test_with_one_provider_the_retry_goes_to_it_again(start, fake_hub) -> None:
+    _, client = await start()
+    failing(fake_hub, {"s"}, times=1)
+    response = await client.chat.completions.create(model="solo", messages=HELLO)
+    assert response.choices[0].message.content == "Hello from s"
+    assert tried(fake_hub) == ["s", "s"]
+
+
+async def test_retries_stop_at_the_limit_per_request(start, fake_hub) -> None:
+    _, client = await start(max_per_request=2)
+    failing(fake_hub, {"s"})
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model="solo", messages=HELLO)
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
+    assert tried(fake_hub) == ["s", "s", "s"]
+
+
+async def test_zero_retries_per_request_turns_retries_off(start, fake_hub) -> None:
+    edge, client = await start(max_per_request=0)
+    failing(fake_hub, {"a"})
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=HELLO)
+    assert tried(fake_hub) == ["a"]
+    assert metric(edge, "iop_edge_retries_refused_total", model="m", reason="upstream_error") == 0
+
+
+async def test_the_budget_refuses_a_retry_and_the_failure_is_the_answer(start, fake_hub) -> None:
+    edge, client = await start(budget_percent=0, budget_min_per_second=0)
+    failing(fake_hub, {"a"})
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.chat.completions.create(model="m", messages=HELLO)
+    assert "a failed" in caught.value.message
+    assert tried(fake_hub) == ["a"]
+    assert metric(edge, "iop_edge_retries_refused_total", model="m", reason="upstream_error") == 1
+    assert metric(edge, "iop_edge_retries_total", model="m", reason="upstream_error") == 0
+
+
+async def test_provider_busy_is_retried_outside_the_budget(start, fake_hub) -> None:
+    edge, client = await start(budget_percent=0, budget_min_per_second=0)
+    failing(fake_hub, {"a"}, wire_statuses.PROVIDER_BUSY, times=1)
+    response = await client.chat.completions.create(model="m", messages=HELLO)
+    assert response.choices[0].message.content == "Hello from b"
+    assert metric(edge, "iop_edge_retries_total", model="m", reason="provider_busy") == 1
+
+
+async def test_when_every_provider_failed_the_fallback_model_answers_with_its_policy(
+    start, fake_hub, until
+) -> None:
+    edge, client = await start()
+    failing(fake_hub, {"a", "b"})
+    response = await client.chat.completions.create(model="m", messages=HELLO, max_tokens=50)
+    assert response.choices[0].message.content == "Hello from c"
+    assert response.model == "c-served"  # the name the answering provider serves
+    assert tried(fake_hub) == ["a", "b", "c"]
+    first, last = (orjson.loads(fake_hub.requests[i].body) for i in (0, -1))
+    assert (first["max_tokens"], first["temperature"]) == (50, 0.5)  # m's policy
+    # backup's policy over what the client sent: its cap, and no temperature of m's
+    assert last["model"] == "c-served" and last["max_tokens"] == 10 and "temperature" not in last
+    labels = {"model": "m", "fallback": "backup", "reason": "failed"}
+    assert metric(edge, "iop_edge_fallbacks_total", **labels) == 1
+    await until(lambda: metric(edge, "iop_edge_requests_total", **_labels("backup", "c", 200)) == 1)
+
+
+async def test_when_no_provider_of_the_model_is_in_dispatch_the_fallback_answers(
+    start, fake_hub
+) -> None:
+    edge, client = await start()
+    fake_hub.disconnect("a", "b")
+    response = await client.chat.completions.create(model="m", messages=HELLO, max_tokens=50)
+    assert response.choices[0].message.content == "Hello from c"
+    assert tried(fake_hub) == ["c"]
+    assert orjson.loads(fake_hub.requests[0].body)["max_tokens"] == 10
+    labels = {"model": "m", "fallback": "backup", "reason": "unavailable"}
+    assert metric(edge, "iop_edge_fallbacks_total", **labels) == 1
+    assert metric(edge, "iop_edge_retries_total", model="m", reason="upstream_error") == 0
