@@ -98,8 +98,7 @@ class NodeAgent(AsyncService):
                 self.router.running,
             )
             return False
-        logger.info("drained: every run ended")
-        return True
+        return True  # the router logged the end of the drain
 
     async def stop(self) -> None:
         """Drop every connection (their runs are cancelled), then close the adapters."""
