@@ -13,6 +13,11 @@ process, as a raw ASGI app like the OpenAI API. Routes:
 - `GET /config`: the config in use, its hash and generation, with secrets redacted (token
   hashes, and the credentials in URLs: userinfo and every query value).
 - `GET /refresh/last` (`?mode=apply`: the last apply): the last report; 404 before any.
+- `GET /status`: the config hash and generation in use, and for every node of the config
+  whether it is connected, which config it applied, whether it drains and how many runs each
+  provider has left (older processes of it that a newer one superseded included), and each of
+  its providers' health with the reason code and the sentence behind it (URL credentials
+  redacted). Without a hub (an admin API tested alone) it lists the nodes as not connected.
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -42,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport
 
@@ -179,9 +185,10 @@ def _status(report: RefreshReport) -> int:
 class AdminApp:
     """The ASGI application of the admin API."""
 
-    def __init__(self, refresher: Refresher, auth: AdminAuth) -> None:
+    def __init__(self, refresher: Refresher, auth: AdminAuth, hub: Hub | None = None) -> None:
         self._refresher = refresher
         self._auth = auth
+        self._hub = hub
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -198,7 +205,13 @@ class AdminApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        allowed = {"/refresh": "POST", "/config": "GET", "/refresh/last": "GET", "/healthz": "GET"}
+        allowed = {
+            "/refresh": "POST",
+            "/config": "GET",
+            "/status": "GET",
+            "/refresh/last": "GET",
+            "/healthz": "GET",
+        }
         wanted = allowed.get(path)
         if wanted is None:
             raise _HttpError("not_found", f"no route {method} {path}")
@@ -220,6 +233,8 @@ class AdminApp:
                 "config": redacted(snapshot.config),
             }
             await send_body(send, 200, orjson.dumps(document))
+        elif path == "/status":
+            await send_body(send, 200, orjson.dumps(self._status()))
         else:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             mode = query.get("mode", [""])[0]
@@ -229,6 +244,26 @@ class AdminApp:
             if report is None:
                 raise _HttpError("no_refresh", "no refresh has run since the Edge started")
             await send_body(send, 200, orjson.dumps(report.as_dict()))
+
+    def _status(self) -> dict[str, Any]:
+        snapshot = self._refresher.current
+        connected = self._hub.nodes() if self._hub is not None else {}
+        links = self._hub.connected_providers() if self._hub is not None else {}
+        nodes_of = {pid: limits.node_id for pid, limits in snapshot.providers.items()}
+        health = provider_health(nodes_of, links)
+        nodes = [
+            _node_status(
+                node.id,
+                connected.get(node.id),
+                [health[p.id] for p in sorted(node.providers, key=lambda p: p.id)],
+            )
+            for node in sorted(snapshot.config.nodes, key=lambda n: n.id)
+        ]
+        return {
+            "config_hash": snapshot.config_hash,
+            "generation": snapshot.generation,
+            "nodes": nodes,
+        }
 
     async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
         raw = await _read_body(scope, receive)
@@ -258,6 +293,43 @@ class AdminApp:
         except ConfigFileRefused as refused:
             raise _HttpError("bad_request", f"path refused: {refused}") from refused
         await send_body(send, _status(report), orjson.dumps(report.as_dict()))
+
+
+def _node_status(
+    node_id: str, status: NodeStatus | None, providers: list[ProviderLink]
+) -> dict[str, Any]:
+    """One node of `GET /status`."""
+    document: dict[str, Any] = {
+        "node_id": node_id,
+        "connected": status is not None,
+        "ready": status is not None and status.ready,
+        "instance_id": status.instance_id if status is not None else "",
+        "applied_generation": status.applied_generation if status is not None else 0,
+        "applied_hash": status.applied_hash if status is not None else "",
+        "runs_in_flight": status.runs_in_flight if status is not None else 0,
+        "draining": status is not None and status.draining,
+        "shutting_down": status is not None and status.drain.shutting_down,
+        "draining_runs": status.draining_runs() if status is not None else {},
+        "superseded": [
+            {
+                "instance_id": older.instance_id,
+                "runs_in_flight": older.runs_in_flight,
+                "shutting_down": older.drain.shutting_down,
+                "draining_runs": dict(older.drain.runs_left),
+            }
+            for older in (status.superseded if status is not None else ())
+        ],
+        "providers": [
+            {
+                "provider_id": link.provider_id,
+                "healthy": link.healthy,
+                "reason": link.reason,
+                "detail": _redact(link.detail),
+            }
+            for link in providers
+        ],
+    }
+    return document
 
 
 def redacted(config: EdgeConfig) -> dict[str, Any]:

@@ -82,7 +82,7 @@ class EdgeServer(AsyncService):
         self._metrics_listen = metrics_listen or None
         self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
-        self.metrics = Metrics(self.dispatcher)
+        self.metrics = Metrics(self.dispatcher, self.hub)
         self.app = EdgeApp(
             dispatcher=self.dispatcher,
             hub=self.hub,
@@ -154,7 +154,7 @@ class EdgeServer(AsyncService):
                 host, port = split_listener(self._admin_listen)
                 sock = _bind(host, port, "the admin API")
                 self.admin_port = sock.getsockname()[1]
-                admin = AdminApp(self.refresher, self._admin_auth)
+                admin = AdminApp(self.refresher, self._admin_auth, self.hub)
                 self._admin_server = await self._serve_http(
                     admin,
                     sock,
