@@ -19,7 +19,7 @@ from iop.wire import DrainProgress, RunEvent, RunFailed, RunRequest
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 #: 20 tokens a second: a run of n tokens streams for about n / 20 s.
-SLOW = {"type": "fake", "tokens_per_second": 20, "completion_tokens": 4}
+SLOW = {"type": "fake", "tokens_per_second": 20, "completion_tokens": 40}
 
 
 def payload(wire_config: Any, adapter: dict[str, Any], pid: str = "p1") -> Any:
@@ -70,7 +70,7 @@ async def test_a_swap_drain_counts_down_to_zero_as_its_last_run_ends(
     await asyncio.sleep(0)  # the runs have started on the old adapter
 
     # New adapter settings: the old adapter drains its three runs; a new run uses the new one.
-    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 5}))
+    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
     new_run = start(router, request("d", 1))
     await asyncio.gather(*runs, *new_run)
     await router.aclose()
@@ -110,7 +110,7 @@ async def test_a_swap_that_retires_an_idle_adapter_reports_no_drain(wire_config)
     router = Router(drain_timeout=30)
     router.apply(payload(wire_config, SLOW))
     progress = Progress(router)
-    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 5}))
+    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
     await router.aclose()
     assert progress.seen == []
     assert not router.drain_progress().draining
