@@ -48,6 +48,7 @@ from iop.wire.converting import (
     health_from_proto,
     request_to_proto,
 )
+from iop.wire.nodestates import NOT_PROBED
 
 from .hubs import InstanceDrain
 
@@ -408,7 +409,9 @@ class NodeSession:
                 self.health[health.provider_id] = health
                 changed = True
                 if not health.healthy:
-                    logger.warning(
+                    # Not probed yet is every provider's first word: no cause for a warning.
+                    log = logger.info if health.reason == NOT_PROBED else logger.warning
+                    log(
                         "node %s: provider %s unhealthy (%s): %s",
                         self.node_id,
                         health.provider_id,
