@@ -9,6 +9,8 @@ streaming slowly enough that runs overlap the drain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from typing import Any
 
 import httpx
@@ -32,11 +34,19 @@ def slow_pa(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-async def stream(http: httpx.AsyncClient, tokens: int) -> str:
+async def stream(
+    http: httpx.AsyncClient, tokens: int, *, started: asyncio.Event | None = None
+) -> str:
+    """One streamed chat completion of `tokens` tokens; `started` is set at its first chunk."""
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     body |= {"stream": True, "max_tokens": tokens}
+    parts: list[str] = []
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        text = (await response.aread()).decode()
+        async for part in response.aiter_text():
+            parts.append(part)
+            if started is not None:
+                started.set()
+    text = "".join(parts)
     assert response.status_code == 200, text
     return text
 
@@ -131,3 +141,37 @@ async def test_a_swap_drain_shows_on_the_edge_and_ends(
     assert "iop_edge_node_draining_runs{" not in text
     status = (await stack.admin.get("/status")).json()
     assert (status["nodes"][0]["draining"], status["nodes"][0]["draining_runs"]) == (False, {})
+
+
+async def test_a_node_process_sends_its_last_runs_ends_and_zero_before_it_exits(
+    start_edge, refresh_document, iop_processes, node_token, tokens, until, drains_seen, tmp_path
+) -> None:
+    """SIGTERM to `iop node run` with streams on it: they all finish, and the Edge hears zero
+    runs left before the Node closes its link (it flushes what it queued before it goes)."""
+    edge = await start_edge(slow_pa(refresh_document()))
+    (tmp_path / "token").write_text(node_token)
+    async with contextlib.AsyncExitStack() as stack:
+        node = await iop_processes.node(stack, edge.hub_port, "node-1", tmp_path / "token")
+        await until(lambda: {"pa", "pb"} <= edge.dispatcher.available, timeout=30)
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(
+                base_url=edge.url,
+                headers={"authorization": f"Bearer {tokens['search-chat']}"},
+                timeout=30,
+            )
+        )
+        started = [asyncio.Event() for _ in range(3)]
+        streams = [
+            asyncio.create_task(stream(http, n, started=s))
+            for n, s in zip((6, 10, 14), started, strict=True)
+        ]
+        for event in started:  # every run is streaming on the Node
+            await asyncio.wait_for(event.wait(), 30)
+
+        node.send_signal(signal.SIGTERM)
+        texts = await asyncio.gather(*streams)
+        assert await asyncio.wait_for(node.wait(), 30) == 0
+    assert all(text.rstrip().endswith("data: [DONE]") for text in texts), texts
+    totals = [progress.total for progress, _ in drains_seen]
+    assert totals[0] == 3 and totals[-1] == 0 and totals == sorted(totals, reverse=True)
+    assert all(progress.shutting_down for progress, _ in drains_seen)

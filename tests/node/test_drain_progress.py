@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from iop.edgeconfig import node_payloads
-from iop.node import Router
+from iop.node import NodeAgent, Router
 from iop.wire import DrainProgress, RunEvent, RunFailed, RunRequest
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -114,3 +114,22 @@ async def test_a_swap_that_retires_an_idle_adapter_reports_no_drain(wire_config)
     await router.aclose()
     assert progress.seen == []
     assert not router.drain_progress().draining
+
+
+async def test_a_drained_node_sends_what_its_links_hold_before_it_returns() -> None:
+    """The runs' last events and the drain's zero are queued for every Edge when the last run
+    ends: `drain` waits until each link has written them, so `stop` cuts nothing."""
+    agent = NodeAgent(node_id="node-1", token="t", edges=["127.0.0.1:1"])
+    written = asyncio.Event()
+
+    class SlowLink:
+        async def flush(self) -> None:
+            await written.wait()
+
+    agent.connections = {"127.0.0.1:1": SlowLink()}  # type: ignore[dict-item]
+    drain = asyncio.create_task(agent.drain(5))
+    await asyncio.sleep(0.05)
+    assert not drain.done()  # no run in flight, but a link still holds its last words
+    written.set()
+    assert await asyncio.wait_for(drain, 5) is True
+    await agent.stop()

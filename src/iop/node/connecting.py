@@ -411,6 +411,12 @@ class EdgeConnection:
             in_use_hash=self.arbiter.in_use,
         )
 
+    async def flush(self) -> None:
+        """Until everything queued for the Edge so far has been written (or the link is gone)."""
+        writer = self._writer
+        if writer is not None:
+            await writer.wait_flushed()
+
     def _on_drain(self, progress: DrainProgress) -> None:
         writer = self._writer
         if writer is not None:
