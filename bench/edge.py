@@ -2,7 +2,7 @@
 called directly, in one run, streaming and not, at several concurrencies.
 
     uv run --frozen python -P bench/edge.py [--seconds 3] [--concurrency 1 32 128]
-        [--paths openai node-fake edge-alone]
+        [--paths openai node-fake edge-alone] [--probe-interval-ms 0 1000]
 
 Three real processes, as deployed: `iop fake-upstream`, `iop edge run` (auth on, metrics on, a
 principal token, the full dispatch path) and `iop node run` (the `openai` adapter against the
@@ -17,6 +17,11 @@ Rows, each against the same direct path (the fake upstream over HTTP):
   the wire, without the Node's HTTP client;
 - `edge alone`: an Edge process whose hub answers at once in-process (`--stub-edge`): the Edge's
   own HTTP, auth, validation, dispatch and metering, and nothing else.
+
+`--probe-interval-ms` measures the `openai` row once per value given, with the Node probing the
+fake upstream at that interval (0: probing off; `nodes[].providers[].health.interval_ms`), each
+on its own Edge and Node: the cost of active health checks, side by side in one run. Repeat
+values (`0 1000 0 1000`) to see how much the machine drifts between rows.
 
 Per cell it prints requests/s for both paths and their ratio, p50/p99 latency (request sent to
 the last byte) and the latency the Edge path adds, and for streams the time to first byte of the
@@ -40,6 +45,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httptools
 import orjson
@@ -167,15 +173,21 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
 
 
-def edge_config(upstream_url: str) -> dict[str, object]:
+def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict[str, object]:
+    """The bench's config; `probe_interval_ms` sets how often the Node probes the upstream of
+    p-http (None: the default)."""
+
     def provider(pid: str, adapter: dict[str, object]) -> dict[str, object]:
-        return {
+        settings: dict[str, object] = {
             "id": pid,
             "adapter": adapter,
             "served_models": ["served"],
             "capacity": 1024,
             "max_queue": 1024,
         }
+        if probe_interval_ms is not None and adapter["type"] == "openai":
+            settings["health"] = {"interval_ms": probe_interval_ms}
+        return settings
 
     return {
         "edge": {
@@ -393,7 +405,9 @@ async def serve_stub_edge(config_path: str) -> None:
         await asyncio.Event().wait()
 
 
-async def main(seconds: float, concurrencies: list[int], paths: list[str]) -> None:
+async def main(
+    seconds: float, concurrencies: list[int], paths: list[str], probe_intervals: list[int] | None
+) -> None:
     rows = []
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
@@ -401,14 +415,25 @@ async def main(seconds: float, concurrencies: list[int], paths: list[str]) -> No
             (folder / "edge.yaml").write_text(yaml.safe_dump(edge_config(upstream.base_url)))
             (folder / "token").write_text(NODE_TOKEN)
             up_host, up_port = split_url(upstream.listen)
-            for label, model, stack in (
-                ("openai", "openai", edge_stack),
-                ("node fake", "node-fake", edge_stack),
-                ("edge alone", "openai", stub_edge),
-            ):
-                if label.replace(" ", "-") not in paths:
+            runs: list[tuple[str, str, Callable[..., Any], Path]] = []
+            for index, interval in enumerate(probe_intervals or [None]):
+                label, where = "openai", folder
+                if interval is not None:
+                    label = f"openai, probes {f'{interval} ms' if interval else 'off'}"
+                    where = folder / f"probes-{index}"
+                    where.mkdir()
+                    config = edge_config(upstream.base_url, interval)
+                    (where / "edge.yaml").write_text(yaml.safe_dump(config))
+                    (where / "token").write_text(NODE_TOKEN)
+                runs.append((label, "openai", edge_stack, where))
+            runs += [
+                ("node fake", "node-fake", edge_stack, folder),
+                ("edge alone", "openai", stub_edge, folder),
+            ]
+            for label, model, stack, where in runs:
+                if label.split(",")[0].replace(" ", "-") not in paths:
                     continue
-                async with stack(folder) as (edge_host, edge_port, pids):
+                async with stack(where) as (edge_host, edge_port, pids):
                     pids = {**pids, "upstream": upstream.pid, "load": os.getpid()}
                     for stream in (False, True):
                         direct_payload = http_request(
@@ -475,10 +500,19 @@ if __name__ == "__main__":
         default=["openai", "node-fake", "edge-alone"],
         help="which rows to measure",
     )
+    parser.add_argument(
+        "--probe-interval-ms",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="MS",
+        help="measure the openai row once per interval at which the Node probes the upstream "
+        "(0: probing off); default: one row, the config's default",
+    )
     parser.add_argument("--stub-edge", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stub_edge:
         uvloop.run(serve_stub_edge(args.stub_edge))
         sys.exit(0)
     print(f"# bench/edge.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
-    uvloop.run(main(args.seconds, args.concurrency, args.paths))
+    uvloop.run(main(args.seconds, args.concurrency, args.paths, args.probe_interval_ms))

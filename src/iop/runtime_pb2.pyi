@@ -41,7 +41,9 @@ one terminal event (done or error). The Edge never sends a run id twice on one c
 
 Versioning: the package carries the major version; `Hello.protocol_version` lets an Edge refuse
 a Node it cannot talk to (FAILED_PRECONDITION) instead of misreading it. Fields are only ever
-added, never renumbered.
+added, never renumbered, and an added field's absence must mean what a peer that predates it
+does (health reasons, drain progress and health policies were added so, within version 2:
+an Edge and a Node of either release talk during a rollout).
 """
 
 from collections import abc as _abc
@@ -93,6 +95,7 @@ class NodeMessage(_message.Message):
     ACKS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     ACCEPTED_RUNS_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello:
         """the first message only"""
@@ -120,6 +123,13 @@ class NodeMessage(_message.Message):
         next message of any kind (at the latest the next heartbeat), never alone.
         """
 
+    @_builtins.property
+    def drain(self) -> Global___DrainProgress:
+        """How far a drain is along: sent when a drain starts, whenever a run it waits for ends (so the
+        Edge sees zero when the last one does, not a heartbeat later), and after every welcome while
+        one is under way. Absent: no change (a Node that predates it never sends one).
+        """
+
     def __init__(
         self,
         *,
@@ -129,10 +139,11 @@ class NodeMessage(_message.Message):
         acks: _abc.Iterable[Global___ConfigAck] | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         accepted_runs: _abc.Iterable[_builtins.str] | None = ...,
+        drain: Global___DrainProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain", "heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_runs", b"accepted_runs", "acks", b"acks", "events", b"events", "health", b"health", "heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_runs", b"accepted_runs", "acks", b"acks", "drain", b"drain", "events", b"events", "health", b"health", "heartbeat", b"heartbeat", "hello", b"hello"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -340,24 +351,83 @@ class ProviderHealth(_message.Message):
     PROVIDER_ID_FIELD_NUMBER: _builtins.int
     HEALTHY_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     provider_id: _builtins.str
     healthy: _builtins.bool
     detail: _builtins.str
     """why not healthy, for status pages"""
+    reason: _builtins.str
+    """Why not healthy, as a code (a metric label): probe_failed, request_failures, draining,
+    adapter_error, not_probed (iop.wire.nodestates). Empty when healthy, and from a Node that
+    predates the codes (the Edge then says `unspecified`).
+    """
     def __init__(
         self,
         *,
         provider_id: _builtins.str = ...,
         healthy: _builtins.bool = ...,
         detail: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "healthy", b"healthy", "provider_id", b"provider_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "healthy", b"healthy", "provider_id", b"provider_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProviderHealth: _TypeAlias = ProviderHealth  # noqa: Y015
+
+@_typing.final
+class DrainProgress(_message.Message):
+    """The runs a Node still waits for before it is done draining, per provider. A registry swap
+    drains the adapters it replaced (their runs finish on them); SIGTERM drains the whole Node
+    (every provider reported unhealthy, `draining`). Empty `runs_left` and not `shutting_down`:
+    no drain is under way.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RunsLeftEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SHUTTING_DOWN_FIELD_NUMBER: _builtins.int
+    RUNS_LEFT_FIELD_NUMBER: _builtins.int
+    shutting_down: _builtins.bool
+    """the Node exits once runs_left is empty"""
+    @_builtins.property
+    def runs_left(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """provider id -> runs still in flight on what drains"""
+
+    def __init__(
+        self,
+        *,
+        shutting_down: _builtins.bool = ...,
+        runs_left: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs_left", b"runs_left", "shutting_down", b"shutting_down"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainProgress: _TypeAlias = DrainProgress  # noqa: Y015
 
 @_typing.final
 class ConfigAck(_message.Message):
@@ -668,6 +738,7 @@ class ProviderConfig(_message.Message):
     ENABLED_FIELD_NUMBER: _builtins.int
     CAPACITY_FIELD_NUMBER: _builtins.int
     LONG_CONTEXT_SLOTS_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     adapter_json: _builtins.bytes
     """The adapter's settings as JSON, `type` included (the config model's adapter section): a new
@@ -678,6 +749,12 @@ class ProviderConfig(_message.Message):
     long_context_slots: _builtins.int
     @_builtins.property
     def served_models(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def health(self) -> Global___HealthPolicy:
+        """How the Node probes the provider and reads its failing requests; absent means the defaults
+        (the config's, docs/config.md), which is also what an Edge that predates it means.
+        """
+
     def __init__(
         self,
         *,
@@ -687,16 +764,56 @@ class ProviderConfig(_message.Message):
         enabled: _builtins.bool = ...,
         capacity: _builtins.int = ...,
         long_context_slots: _builtins.int | None = ...,
+        health: Global___HealthPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_long_context_slots", b"_long_context_slots", "long_context_slots", b"long_context_slots"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_long_context_slots", b"_long_context_slots", "health", b"health", "long_context_slots", b"long_context_slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_long_context_slots", b"_long_context_slots", "adapter_json", b"adapter_json", "capacity", b"capacity", "enabled", b"enabled", "id", b"id", "long_context_slots", b"long_context_slots", "served_models", b"served_models"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_long_context_slots", b"_long_context_slots", "adapter_json", b"adapter_json", "capacity", b"capacity", "enabled", b"enabled", "health", b"health", "id", b"id", "long_context_slots", b"long_context_slots", "served_models", b"served_models"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__long_context_slots: _TypeAlias = _typing.Literal["long_context_slots"]  # noqa: Y015
     _WhichOneofArgType__long_context_slots: _TypeAlias = _typing.Literal["_long_context_slots", b"_long_context_slots"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__long_context_slots) -> _WhichOneofReturnType__long_context_slots | None: ...
 
 Global___ProviderConfig: _TypeAlias = ProviderConfig  # noqa: Y015
+
+@_typing.final
+class HealthPolicy(_message.Message):
+    """nodes[].providers[].health of the config (docs/config.md has what each field means)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    FAILURE_THRESHOLD_FIELD_NUMBER: _builtins.int
+    SUCCESS_THRESHOLD_FIELD_NUMBER: _builtins.int
+    REQUEST_FAILURE_THRESHOLD_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """empty: the adapter's base_url + /models"""
+    interval_ms: _builtins.int
+    """0: no probing"""
+    timeout_ms: _builtins.int
+    failure_threshold: _builtins.int
+    success_threshold: _builtins.int
+    request_failure_threshold: _builtins.int
+    """0: no outlier detection"""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        interval_ms: _builtins.int = ...,
+        timeout_ms: _builtins.int = ...,
+        failure_threshold: _builtins.int = ...,
+        success_threshold: _builtins.int = ...,
+        request_failure_threshold: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_threshold", b"failure_threshold", "interval_ms", b"interval_ms", "path", b"path", "request_failure_threshold", b"request_failure_threshold", "success_threshold", b"success_threshold", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HealthPolicy: _TypeAlias = HealthPolicy  # noqa: Y015
 
 @_typing.final
 class NodeConfigRefreshRequest(_message.Message):

@@ -41,7 +41,9 @@ one terminal event (done or error). The Edge never sends a run id twice on one c
 
 Versioning: the package carries the major version; `Hello.protocol_version` lets an Edge refuse
 a Node it cannot talk to (FAILED_PRECONDITION) instead of misreading it. Fields are only ever
-added, never renumbered.
+added, never renumbered, and an added field's absence must mean what a peer that predates it
+does (health reasons, drain progress and health policies were added so, within version 2:
+an Edge and a Node of either release talk during a rollout).
 """
 
 from collections import abc as _abc

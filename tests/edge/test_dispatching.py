@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+import types
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -277,6 +279,27 @@ async def test_busy_refusal_with_no_other_candidate_waits_for_the_cool_down(pool
     assert loop.time() - started >= BUSY_COOLDOWN_S * 0.8
     dispatcher.release(retry)
     assert dispatcher.in_flight("a") == 0
+
+
+async def test_the_cool_down_ends_when_its_timer_fires_even_if_the_clock_lags(
+    pool, provider, monkeypatch
+) -> None:
+    """uvloop's timers run on a millisecond clock and may fire just before time.monotonic()
+    reaches the end of a cool-down: a request waiting on it must get the slot all the same."""
+    import iop.edge.dispatching as dispatching
+
+    dispatcher = pool(provider("a", capacity=4, max_queue=0))
+    lease = await dispatcher.acquire("m", False)
+    dispatcher.refuse(lease)
+    # From here on the dispatcher's clock reads 2 ms behind the loop's timers.
+    real = time.monotonic
+    lagging = types.SimpleNamespace(
+        monotonic=lambda: real() - 0.002, perf_counter=time.perf_counter
+    )
+    monkeypatch.setattr(dispatching, "time", lagging)
+    retry = await asyncio.wait_for(dispatcher.acquire("m", False, deadline=lease.deadline), 5)
+    assert retry.provider_id == "a"
+    dispatcher.release(retry)
 
 
 async def test_providers_of_disconnected_or_unhealthy_nodes_are_no_candidates(

@@ -31,6 +31,11 @@ LIVE = [
     ),
     pytest.param(lambda d: provider(d).update(enabled=False), f"{P0}.enabled", id="enabled"),
     pytest.param(
+        lambda d: provider(d).update(health={"interval_ms": 1000}),
+        f"{P0}.health.interval_ms",
+        id="health-probe-interval",
+    ),
+    pytest.param(
         lambda d: provider(d).update(long_context_slots=2),
         f"{P0}.long_context_slots",
         id="long-slots",
@@ -279,6 +284,9 @@ def test_changed_ids_are_reported(build: Any) -> None:
         pytest.param(lambda d: provider(d).update(enabled=False), ["node-1"], id="enabled"),
         pytest.param(
             lambda d: provider(d)["served_models"].append("x"), ["node-1"], id="served-models"
+        ),
+        pytest.param(
+            lambda d: provider(d).update(health={"path": "/health"}), ["node-1"], id="health"
         ),
         pytest.param(lambda d: provider(d).update(priority=3), [], id="priority-stays-on-edge"),
         pytest.param(lambda d: provider(d).update(max_queue=3), [], id="queue-stays-on-edge"),

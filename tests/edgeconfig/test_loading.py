@@ -264,6 +264,22 @@ RULES = [
         id="no-served-models",
     ),
     pytest.param(
+        _set("nodes[0].providers[0].health", {"interval_ms": 50}),
+        "nodes[0].providers[0].health.interval_ms: must be 0 (no probing) or at least 100, got 50",
+        id="probe-interval-too-short",
+    ),
+    pytest.param(
+        _set("nodes[0].providers[0].health", {"path": "health"}),
+        "nodes[0].providers[0].health.path: must be a URL path starting with '/', without "
+        'spaces, query or fragment, got "health"',
+        id="probe-path-relative",
+    ),
+    pytest.param(
+        _set("nodes[0].providers[0].health", {"failure_threshold": 0}),
+        "nodes[0].providers[0].health.failure_threshold: must be >= 1, got 0",
+        id="probe-threshold-zero",
+    ),
+    pytest.param(
         _set("models[0].generation", {"temperature": 3}),
         "models[0].generation.temperature: must be <= 2, got 3",
         id="generation-bound",

@@ -6,11 +6,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iop.edgeconfig import node_payloads
-from iop.wire import RunChunk, RunDone, RunFailed, RunRequest, RunUsage
+from iop import runtime_pb2 as pb
+from iop.edgeconfig import HealthPolicy, node_payloads
+from iop.wire import (
+    DrainProgress,
+    ProviderHealth,
+    RunChunk,
+    RunDone,
+    RunFailed,
+    RunRequest,
+    RunUsage,
+    nodestates,
+)
 from iop.wire.converting import (
+    drain_from_proto,
+    drain_to_proto,
     event_from_proto,
     event_to_proto,
+    health_from_proto,
+    health_to_proto,
     payload_from_proto,
     payload_to_proto,
     request_from_proto,
@@ -58,6 +72,11 @@ def test_payloads_round_trip_with_their_digest(wire_config) -> None:
         [
             {"id": "p1", "adapter": {"type": "fake", "latency_ms": 5}, "long_context_slots": 2},
             {"id": "p2", "adapter": {"type": "openai", "base_url": "http://127.0.0.1:1/v1"}},
+            {
+                "id": "p3",
+                "adapter": {"type": "openai", "base_url": "http://127.0.0.1:2/v1"},
+                "health": {"path": "/health", "interval_ms": 0, "request_failure_threshold": 0},
+            },
         ]
     )
     payload = node_payloads(config)["node-1"]
@@ -73,3 +92,57 @@ def test_an_unreadable_adapter_is_a_clear_error(wire_config) -> None:
     message.providers[0].adapter_json = b"[1, 2"
     with pytest.raises(ValueError, match="provider 'p1': adapter settings are not JSON"):
         payload_from_proto(message)
+
+
+def test_a_payload_without_health_policies_is_the_defaults(wire_config) -> None:
+    """What an Edge that predates health policies sends: the Node uses the defaults."""
+    config = wire_config([{"id": "p1", "adapter": {"type": "fake"}}])
+    message = payload_to_proto(node_payloads(config)["node-1"], generation=1)
+    assert not message.providers[0].HasField("health")
+    payload, _ = payload_from_proto(message)
+    assert payload.providers[0].health_policy == HealthPolicy()
+    assert message.config_hash == payload.digest
+
+
+def test_an_invalid_health_policy_is_a_clear_error(wire_config) -> None:
+    config = wire_config([{"id": "p1", "adapter": {"type": "fake"}, "health": {"path": "/h"}}])
+    message = payload_to_proto(node_payloads(config)["node-1"], generation=1)
+    message.providers[0].health.failure_threshold = 0
+    with pytest.raises(ValueError, match="provider 'p1': invalid health policy: failure_thr"):
+        payload_from_proto(message)
+
+
+@pytest.mark.parametrize(
+    "health",
+    [
+        pytest.param(ProviderHealth("p1", True), id="healthy"),
+        pytest.param(
+            ProviderHealth("p1", False, "3 probes failed", nodestates.PROBE_FAILED), id="reason"
+        ),
+    ],
+)
+def test_health_round_trips_with_its_reason(health: ProviderHealth) -> None:
+    assert health_from_proto(health_to_proto(health)) == health
+
+
+def test_health_from_a_node_without_reasons_has_none() -> None:
+    message = pb.ProviderHealth(provider_id="p1", healthy=False, detail="draining")
+    assert health_from_proto(message) == ProviderHealth("p1", False, "draining", "")
+
+
+@pytest.mark.parametrize(
+    "progress",
+    [
+        pytest.param(DrainProgress(), id="none"),
+        pytest.param(DrainProgress(False, {"p1": 2}), id="swap"),
+        pytest.param(DrainProgress(True, {"p1": 1, "p2": 3}), id="shutdown"),
+        pytest.param(DrainProgress(True, {}), id="shutdown-done"),
+    ],
+)
+def test_drain_progress_round_trips(progress: DrainProgress) -> None:
+    back = drain_from_proto(drain_to_proto(progress))
+    assert (back.shutting_down, dict(back.runs_left)) == (
+        progress.shutting_down,
+        dict(progress.runs_left),
+    )
+    assert back.draining == progress.draining

@@ -100,3 +100,38 @@ async def test_an_item_put_without_waking_rides_with_the_next_write() -> None:
         writer.put("first chunk")  # wakes the writer: both go out as one message
         await asyncio.wait_for(wrote.wait(), 5)
     assert sent == [["accepted", "first chunk"]]
+
+
+async def test_wait_flushed_returns_once_everything_put_was_written() -> None:
+    """What a drained Node waits for before it closes its links: its last words sent."""
+    written: list[int] = []
+    gate = asyncio.Event()
+
+    async def send(batch: Sequence[int]) -> None:
+        await gate.wait()  # a slow link: each write waits for the gate
+        written.extend(batch)
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put(1)
+        await asyncio.sleep(0)
+        writer.put(2)
+        writer.put(3, wake=False)
+        flushed = asyncio.create_task(writer.wait_flushed())
+        await asyncio.sleep(0.01)
+        assert not flushed.done()  # 1 is in flight, 2 and 3 wait
+        gate.set()
+        await asyncio.wait_for(flushed, 5)
+        assert written == [1, 2, 3]
+        assert writer.backlog == 0
+        await writer.wait_flushed()  # nothing left: at once
+
+
+async def test_wait_flushed_returns_when_the_stream_breaks() -> None:
+    async def send(batch: Sequence[int]) -> None:
+        raise ConnectionResetError("the peer went away")
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put(1)
+        writer.put(2)
+        await asyncio.wait_for(writer.wait_flushed(), 5)
+        assert isinstance(writer.error, ConnectionResetError)

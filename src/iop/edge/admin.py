@@ -17,6 +17,11 @@ process, as a raw ASGI app like the OpenAI API. Routes:
 - `GET /status`: the config hash and generation in use, and for every node whether it runs the
   payload of that config (what the operator reads after an apply or a node's restart).
 - `GET /refresh/last` (`?mode=apply`: the last apply): the last report; 404 before any.
+- `GET /status`: the config hash and generation in use, and for every node of the config
+  whether it is connected, which config it applied, whether it drains and how many runs each
+  provider has left (older processes of it that a newer one superseded included), and each of
+  its providers' health with the reason code and the sentence behind it (URL credentials
+  redacted). Without a hub (an admin API tested alone) it lists the nodes as not connected.
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -46,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport
 
@@ -188,9 +194,10 @@ def _status(report: RefreshReport) -> int:
 class AdminApp:
     """The ASGI application of the admin API."""
 
-    def __init__(self, refresher: Refresher, auth: AdminAuth) -> None:
+    def __init__(self, refresher: Refresher, auth: AdminAuth, hub: Hub | None = None) -> None:
         self._refresher = refresher
         self._auth = auth
+        self._hub = hub
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -236,7 +243,7 @@ class AdminApp:
             }
             await send_body(send, 200, orjson.dumps(document))
         elif path == "/status":
-            await send_body(send, 200, orjson.dumps(self._refresher.status()))
+            await send_body(send, 200, orjson.dumps(self._status()))
         else:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             mode = query.get("mode", [""])[0]
@@ -246,6 +253,24 @@ class AdminApp:
             if report is None:
                 raise _HttpError("no_refresh", "no refresh has run since the Edge started")
             await send_body(send, 200, orjson.dumps(report.as_dict()))
+
+    def _status(self) -> dict[str, Any]:
+        """The refresher's status (the config in use; each node's payload: current or not) with
+        each node's instances, drain and providers' health."""
+        document = self._refresher.status()
+        snapshot = self._refresher.current
+        connected = self._hub.nodes() if self._hub is not None else {}
+        links = self._hub.connected_providers() if self._hub is not None else {}
+        nodes_of = {pid: limits.node_id for pid, limits in snapshot.providers.items()}
+        health = provider_health(nodes_of, links)
+        providers_of = {node.id: node.providers for node in snapshot.config.nodes}
+        for entry in document["nodes"]:
+            node_id = entry["node_id"]
+            providers = sorted(providers_of[node_id], key=lambda p: p.id)
+            entry.update(
+                _node_status(node_id, connected.get(node_id), [health[p.id] for p in providers])
+            )
+        return document
 
     async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
         raw = await _read_body(scope, receive)
@@ -277,6 +302,43 @@ class AdminApp:
         except ConfigFileRefused as refused:
             raise _HttpError("bad_request", f"path refused: {refused}") from refused
         await send_body(send, _status(report), orjson.dumps(report.as_dict()))
+
+
+def _node_status(
+    node_id: str, status: NodeStatus | None, providers: list[ProviderLink]
+) -> dict[str, Any]:
+    """One node of `GET /status`."""
+    document: dict[str, Any] = {
+        "node_id": node_id,
+        "connected": status is not None,
+        "ready": status is not None and status.ready,
+        "instance_id": status.instance_id if status is not None else "",
+        "applied_generation": status.applied_generation if status is not None else 0,
+        "applied_hash": status.applied_hash if status is not None else "",
+        "runs_in_flight": status.runs_in_flight if status is not None else 0,
+        "draining": status is not None and status.draining,
+        "shutting_down": status is not None and status.drain.shutting_down,
+        "draining_runs": status.draining_runs() if status is not None else {},
+        "superseded": [
+            {
+                "instance_id": older.instance_id,
+                "runs_in_flight": older.runs_in_flight,
+                "shutting_down": older.drain.shutting_down,
+                "draining_runs": dict(older.drain.runs_left),
+            }
+            for older in (status.superseded if status is not None else ())
+        ],
+        "providers": [
+            {
+                "provider_id": link.provider_id,
+                "healthy": link.healthy,
+                "reason": link.reason,
+                "detail": _redact(link.detail),
+            }
+            for link in providers
+        ],
+    }
+    return document
 
 
 def redacted(config: EdgeConfig) -> dict[str, Any]:

@@ -53,6 +53,8 @@ __all__ = ["BUSY_COOLDOWN_S", "RETRY_AFTER_S", "Dispatcher", "Lease"]
 
 #: How long a provider that refused a run as busy is left out of dispatch.
 BUSY_COOLDOWN_S: Final = 0.05
+#: How early an event loop's timer may fire against time.monotonic() (a clock tick, and then some).
+_TIMER_SLACK_S: Final = 0.005
 #: The Retry-After the Edge suggests with a 429 (queue full) or a 503 (queue timeout).
 RETRY_AFTER_S: Final = 1.0
 
@@ -295,7 +297,7 @@ class Dispatcher:
             return
         slots.cool_until = time.monotonic() + BUSY_COOLDOWN_S
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(BUSY_COOLDOWN_S, self._cooled_down)
+        timer = loop.call_later(BUSY_COOLDOWN_S, self._cooled_down, lease.provider_id)
         self._timers.add(timer)
 
     def _give_back(self, lease: Lease) -> _Slots | None:
@@ -566,8 +568,15 @@ class Dispatcher:
             if candidate is not None:
                 self._grant(waiter, route, candidate)
 
-    def _cooled_down(self) -> None:
+    def _cooled_down(self, provider_id: str) -> None:
         now = asyncio.get_running_loop().time()
         self._timers = {timer for timer in self._timers if timer.when() > now}
+        # The timer ends the cool-down it was armed for: the loop's clock (uvloop's is libuv's,
+        # in milliseconds) may fire it a hair before time.monotonic() gets there, and requests
+        # re-evaluated then would find the provider still cooling and wait for an event that
+        # may never come (nothing in flight to free a slot) until their queue timeout.
+        slots = self._slots.get(provider_id)
+        if slots is not None and slots.cool_until - time.monotonic() < _TIMER_SLACK_S:
+            slots.cool_until = 0.0
         if self._waiting_total:
             self._reevaluate()

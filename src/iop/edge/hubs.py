@@ -8,33 +8,49 @@ written (and unit-tested, with an in-process fake) against this Protocol rather 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
 from iop import runtime_pb2 as pb
 from iop.edgeconfig import EdgeConfig
-from iop.wire import RunEvent, RunRequest
+from iop.wire import DrainProgress, RunEvent, RunRequest
+from iop.wire.nodestates import NODE_DISCONNECTED
 
 __all__ = [
     "ConfigPush",
     "Hub",
+    "InstanceDrain",
     "NodeRuns",
     "NodeStatus",
     "ProviderLink",
     "RunEvents",
     "available_providers",
+    "provider_health",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderLink:
-    """A provider of a connected node, as the hub sees it."""
+    """A provider of a connected node, as the hub sees it: healthy, or why not (`reason`, a
+    code of `iop.wire.nodestates`; `detail`, the sentence for people)."""
 
     provider_id: str
     node_id: str
     healthy: bool
     detail: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceDrain:
+    """An older process of a node id that a newer one superseded (a rollout with surge): it
+    finishes the runs it has on this Edge, then goes. `drain` is what it said about its own
+    drain (after its SIGTERM); before that, its runs on this Edge are what it has left."""
+
+    instance_id: str
+    runs_in_flight: int
+    drain: DrainProgress
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +66,23 @@ class NodeStatus:
     applied_hash: str
     runs_in_flight: int
     connected_at: float
+    #: What the node last said about its drains (none under way: `DrainProgress()`).
+    drain: DrainProgress = field(default_factory=DrainProgress)
+    #: Older processes of this node id still finishing their runs here.
+    superseded: tuple[InstanceDrain, ...] = ()
+
+    @property
+    def draining(self) -> bool:
+        """This node, or an older process of it, is draining."""
+        return self.drain.draining or bool(self.superseded)
+
+    def draining_runs(self) -> dict[str, int]:
+        """provider id -> runs left to drain, over this process and the older ones."""
+        left = dict(self.drain.runs_left)
+        for older in self.superseded:
+            for provider_id, runs in older.drain.runs_left.items():
+                left[provider_id] = left.get(provider_id, 0) + runs
+        return left
 
 
 class RunEvents(Protocol):
@@ -132,3 +165,21 @@ class Hub(NodeRuns, ConfigPush, Protocol):
 def available_providers(links: Mapping[str, ProviderLink]) -> frozenset[str]:
     """The providers dispatch may use: those of connected nodes that report themselves healthy."""
     return frozenset(provider_id for provider_id, link in links.items() if link.healthy)
+
+
+def provider_health(
+    nodes: Mapping[str, str], links: Mapping[str, ProviderLink]
+) -> dict[str, ProviderLink]:
+    """provider id -> its health, for every provider of `nodes` (provider id -> node id, the
+    config's): its link, or unhealthy `node_disconnected` when its node is not connected."""
+    return {
+        provider_id: links.get(provider_id)
+        or ProviderLink(
+            provider_id,
+            node_id,
+            healthy=False,
+            detail=f"node {node_id} is not connected",
+            reason=NODE_DISCONNECTED,
+        )
+        for provider_id, node_id in sorted(nodes.items())
+    }

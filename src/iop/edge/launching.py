@@ -65,7 +65,7 @@ class EdgeServer(AsyncService):
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
-        self.metrics = Metrics(self.dispatcher)
+        self.metrics = Metrics(self.dispatcher, self.hub)
         self.refresher = Refresher(
             self.dispatcher,
             hub=self.hub,
@@ -155,7 +155,7 @@ class EdgeServer(AsyncService):
                 host, port = split_listener(self._admin_listen)
                 sock = _bind(host, port, "the admin API")
                 self.admin_port = sock.getsockname()[1]
-                admin = AdminApp(self.refresher, self._admin_auth)
+                admin = AdminApp(self.refresher, self._admin_auth, self.hub)
                 self._admin_server = await self._serve_http(
                     admin,
                     sock,

@@ -5,7 +5,10 @@ Counted per request: requests by outcome, and prompt, completion and total token
 model and reason (the wire's failure code), retries the budget refused, and fallbacks to another
 model. Observed: the time a request waited for a slot and the time to its first token. Read at
 scrape time from the dispatcher (nothing on the hot path): requests waiting per model, runs in
-flight per provider (and long-context runs).
+flight per provider (and long-context runs). Read at scrape time from the node hub: each
+provider's health (a 0/1 gauge, and the reason of an unhealthy one as a label of a series that
+exists only while it is unhealthy, so the reasons need no enumeration and a healthy provider
+costs one series) and each node's drain (whether it drains, and the runs each provider has left).
 
 Each `Metrics` owns its `CollectorRegistry`: no module globals, so every app (and every test)
 has its own. Label children are cached, since `labels()` costs more than the increment. Raw
@@ -28,6 +31,7 @@ from prometheus_client.registry import Collector
 from .asgi import Receive, Scope, Send, lifespan, send_body
 from .authenticating import Principal
 from .dispatching import Dispatcher
+from .hubs import Hub, provider_health
 
 __all__ = ["CONTENT_TYPE", "Metrics", "MetricsApp"]
 
@@ -95,10 +99,57 @@ class _PoolCollector(Collector):
         yield from (in_flight, long_in_flight, depth, by_principal, generation)
 
 
-class Metrics:
-    """The Edge's metrics; `render()` is the /metrics body."""
+class _NodeCollector(Collector):
+    """Provider health and node drains, read from the hub when Prometheus scrapes."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Dispatcher, hub: Hub) -> None:
+        self._dispatcher = dispatcher
+        self._hub = hub
+
+    def collect(self) -> Iterator[Metric]:
+        providers = self._dispatcher.snapshot.providers
+        healthy = GaugeMetricFamily(
+            "iop_edge_provider_healthy",
+            "1 when the provider's node is connected and reports it healthy, else 0.",
+            labels=["provider", "node"],
+        )
+        reasons = GaugeMetricFamily(
+            "iop_edge_provider_unhealthy_reason",
+            "1 for an unhealthy provider, labelled with why (probe_failed, request_failures, "
+            "draining, adapter_error, not_probed, node_disconnected, ...); absent when healthy.",
+            labels=["provider", "node", "reason"],
+        )
+        nodes_of = {pid: limits.node_id for pid, limits in providers.items()}
+        for pid, link in provider_health(nodes_of, self._hub.connected_providers()).items():
+            healthy.add_metric([pid, link.node_id], 1.0 if link.healthy else 0.0)
+            if not link.healthy:
+                reasons.add_metric([pid, link.node_id, link.reason], 1.0)
+        draining = GaugeMetricFamily(
+            "iop_edge_node_draining",
+            "1 while a connected node drains (a swap's replaced adapters, its shutdown, or an "
+            "older process of it finishing its runs), else 0.",
+            labels=["node"],
+        )
+        runs_left = GaugeMetricFamily(
+            "iop_edge_node_draining_runs",
+            "Runs a draining node still has to finish, per provider (0 once they all ended).",
+            labels=["node", "provider"],
+        )
+        for node_id, status in sorted(self._hub.nodes().items()):
+            draining.add_metric([node_id], 1.0 if status.draining else 0.0)
+            if status.draining:
+                left = status.draining_runs()
+                mine = {pid for pid, node in nodes_of.items() if node == node_id}
+                for pid in sorted(mine | left.keys()):
+                    runs_left.add_metric([node_id, pid], left.get(pid, 0))
+        yield from (healthy, reasons, draining, runs_left)
+
+
+class Metrics:
+    """The Edge's metrics; `render()` is the /metrics body. Without a `hub` (an app tested
+    alone) there are no provider health or node drain metrics."""
+
+    def __init__(self, dispatcher: Dispatcher, hub: Hub | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "iop_edge_requests",
@@ -175,6 +226,8 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_PoolCollector(dispatcher))
+        if hub is not None:
+            self.registry.register(_NodeCollector(dispatcher, hub))
         self._request_children: dict[tuple[str, ...], Counter] = {}
         self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
         self._wait_children: dict[tuple[str, str], Histogram] = {}

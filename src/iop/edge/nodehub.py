@@ -68,8 +68,9 @@ from iop.wire import (
     statuses,
 )
 from iop.wire.converting import health_from_proto, liveness_to_proto, payload_to_proto
+from iop.wire.nodestates import NOT_REPORTED, UNSPECIFIED
 
-from .hubs import NodeStatus, ProviderLink
+from .hubs import InstanceDrain, NodeStatus, ProviderLink
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 
 __all__ = ["HubSnapshot", "NodeHub"]
@@ -241,12 +242,16 @@ class NodeHub(AsyncService):
                     continue
                 for provider in payload.providers:
                     health = session.health.get(provider.id)
-                    found[provider.id] = ProviderLink(
-                        provider.id,
-                        node_id,
-                        healthy=health is not None and health.healthy,
-                        detail="no health reported" if health is None else health.detail,
-                    )
+                    if health is None:
+                        link = ProviderLink(
+                            provider.id, node_id, False, "no health reported", NOT_REPORTED
+                        )
+                    else:
+                        reason = health.reason or ("" if health.healthy else UNSPECIFIED)
+                        link = ProviderLink(
+                            provider.id, node_id, health.healthy, health.detail, reason
+                        )
+                    found[provider.id] = link
             links = self._links = MappingProxyType(found)
         return links
 
@@ -259,6 +264,9 @@ class NodeHub(AsyncService):
         return RunStream(self, request, self.stream_buffer_bytes)
 
     def nodes(self) -> Mapping[str, NodeStatus]:
+        superseded: dict[str, list[InstanceDrain]] = {}
+        for older in self._superseded:
+            superseded.setdefault(older.node_id, []).append(older.instance_drain())
         return {
             node_id: NodeStatus(
                 node_id,
@@ -270,6 +278,8 @@ class NodeHub(AsyncService):
                 s.applied_hash,
                 len(s.runs),
                 s.connected_at,
+                s.drain,
+                tuple(sorted(superseded.get(node_id, ()), key=lambda d: d.instance_id)),
             )
             for node_id, s in self._sessions.items()
         }

@@ -34,6 +34,7 @@ from iop.edgeconfig import NodePayload
 from iop.wire import (
     TERMINAL_EVENTS,
     CoalescingWriter,
+    DrainProgress,
     ProviderHealth,
     RunChunk,
     RunEvent,
@@ -41,7 +42,15 @@ from iop.wire import (
     RunRequest,
     statuses,
 )
-from iop.wire.converting import event_from_proto, health_from_proto, request_to_proto
+from iop.wire.converting import (
+    drain_from_proto,
+    event_from_proto,
+    health_from_proto,
+    request_to_proto,
+)
+from iop.wire.nodestates import NOT_PROBED
+
+from .hubs import InstanceDrain
 
 if TYPE_CHECKING:
     from .nodehub import NodeHub
@@ -293,6 +302,8 @@ class NodeSession:
         self.connected_at = time.time()
         self.runs: dict[str, RunStream] = {}
         self.health: dict[str, ProviderHealth] = {}
+        #: What the Node last said about its drains (a swap's, or its shutdown).
+        self.drain = DrainProgress()
         self.ready = False
         self.welcome_generation = generation
         #: The last payload sent (on welcome or by a refresh): its digest and generation.
@@ -311,6 +322,17 @@ class NodeSession:
     def rank(self) -> tuple[float, str]:
         """Which of two instances of one node id wins: the one that started last."""
         return (self.started_at, self.instance_id)
+
+    def instance_drain(self) -> InstanceDrain:
+        """This session as an older instance finishing its runs (see `InstanceDrain`)."""
+        drain = self.drain
+        if not drain.draining:
+            left: dict[str, int] = {}
+            for stream in self.runs.values():
+                provider_id = stream.request.provider_id
+                left[provider_id] = left.get(provider_id, 0) + 1
+            drain = DrainProgress(False, left)
+        return InstanceDrain(self.instance_id, len(self.runs), drain)
 
     def writer_put(self, item: EdgeItem) -> bool:
         writer = self.writer
@@ -382,16 +404,26 @@ class NodeSession:
         changed = False
         for report in message.health:
             health = health_from_proto(report)
-            if self.health.get(health.provider_id) != health:
+            before = self.health.get(health.provider_id)
+            if before != health:
                 self.health[health.provider_id] = health
                 changed = True
                 if not health.healthy:
-                    logger.warning(
-                        "node %s: provider %s unhealthy: %s",
+                    # Not probed yet is every provider's first word: no cause for a warning.
+                    log = logger.info if health.reason == NOT_PROBED else logger.warning
+                    log(
+                        "node %s: provider %s unhealthy (%s): %s",
                         self.node_id,
                         health.provider_id,
+                        health.reason or "unspecified",
                         health.detail,
                     )
+                elif before is not None and not before.healthy:
+                    logger.info(
+                        "node %s: provider %s healthy again", self.node_id, health.provider_id
+                    )
+        if message.HasField("drain"):
+            self._drained(drain_from_proto(message.drain))
         for ack in message.acks:
             changed = self._acknowledged(ack) or changed
         if message.HasField("heartbeat"):
@@ -399,6 +431,16 @@ class NodeSession:
             self.node_in_flight = dict(message.heartbeat.in_flight)
         if changed and self.ready:
             self._on_change()
+
+    def _drained(self, progress: DrainProgress) -> None:
+        before, self.drain = self.drain, progress
+        if progress.draining and not before.draining:
+            what = "to exit" if progress.shutting_down else "replaced adapters"
+            logger.info(
+                "node %s is draining (%s): %d run(s) left", self.node_id, what, progress.total
+            )
+        elif before.draining and not progress.draining:
+            logger.info("node %s: drain done", self.node_id)
 
     def _acknowledged(self, ack: pb.ConfigAck) -> bool:
         future = self.acks.pop(ack.generation, None)

@@ -100,7 +100,7 @@ class Refresher:
         """The config in use, with its hash and generation."""
         return self._dispatcher.snapshot
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """The config in use and, for every node of it, whether it runs that config's payload.
 
         What a caller that applied a config (the operator) reads to learn which nodes are
@@ -109,7 +109,7 @@ class Refresher:
         current = self.current
         connected = self._hub.nodes() if self._hub is not None else {}
         digests = self._hub.payload_digests() if self._hub is not None else {}
-        nodes: list[dict[str, object]] = []
+        nodes: list[dict[str, Any]] = []
         for node in sorted(current.config.nodes, key=lambda n: n.id):
             status = connected.get(node.id)
             expected = digests.get(node.id, "")

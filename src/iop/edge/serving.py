@@ -3,8 +3,10 @@
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
 `POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz` and
 `GET /readyz` (200 once the config is loaded and the node hub listens; its body also lists the
-providers dispatch can use now). Metrics are on a listener of their own (`metering.MetricsApp`):
-they name every principal and token ref, which this public listener tells nobody.
+providers dispatch can use now, and each provider's health as a reason code: the sentence
+behind it may name internal addresses, so it is only on the admin API's `GET /status`).
+Metrics are on a listener of their own (`metering.MetricsApp`): they name every principal and
+token ref, which this public listener tells nobody.
 
 A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
 before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
@@ -45,7 +47,7 @@ from .errors import (
     UpstreamError,
 )
 from .httperrors import error_event, error_response, upstream_error
-from .hubs import NodeRuns
+from .hubs import NodeRuns, provider_health
 from .metering import Metrics
 from .relaying import Relay, RelayedRun
 from .snapshots import PoolSnapshot
@@ -90,6 +92,7 @@ class EdgeApp:
         self._dispatcher = dispatcher
         self._authenticator = authenticator
         self._metrics = metrics
+        self._hub = hub
         self._relay = Relay(dispatcher, hub, metrics)
         self._max_request_bytes = max_request_bytes
         self._ready = ready
@@ -136,11 +139,20 @@ class EdgeApp:
             await send_body(send, 200, b'{"status":"ok"}')
         elif path == "/readyz":
             ready = self._ready()
+            snapshot = self._dispatcher.snapshot
+            health = provider_health(
+                {pid: limits.node_id for pid, limits in snapshot.providers.items()},
+                self._hub.connected_providers(),
+            )
             body = orjson.dumps(
                 {
                     "status": "ready" if ready else "not ready",
-                    "config_generation": self._dispatcher.snapshot.generation,
+                    "config_generation": snapshot.generation,
                     "providers_available": sorted(self._dispatcher.available),
+                    "providers": {
+                        pid: {"healthy": link.healthy, "reason": link.reason}
+                        for pid, link in health.items()
+                    },
                 }
             )
             await send_body(send, 200 if ready else 503, body)

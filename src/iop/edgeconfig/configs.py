@@ -16,7 +16,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Final, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "EdgeSection",
     "FakeAdapterSettings",
     "GenerationPolicy",
+    "HealthPolicy",
     "MetricsSection",
     "ModelSpec",
     "NodeLinkSection",
@@ -102,6 +103,7 @@ _NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
 _SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_URL_PATH_PATTERN = r"^/[^\s?#]*$"
 
 #: Patterns whose mismatch gets a sentence of its own instead of pydantic's regex dump.
 PATTERN_MESSAGES: Final = {
@@ -110,6 +112,7 @@ PATTERN_MESSAGES: Final = {
     _SHA256_PATTERN: "must be 64 lowercase hex characters: the SHA-256 of the token, never the "
     'token itself (printf %s "$TOKEN" | sha256sum)',
     _ENV_NAME_PATTERN: "must be an environment variable name (letters, digits, '_')",
+    _URL_PATH_PATTERN: "must be a URL path starting with '/', without spaces, query or fragment",
 }
 
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
@@ -608,6 +611,76 @@ AdapterSettings = Annotated[
 ]
 
 
+class HealthPolicy(Spec):
+    """How a Node judges one provider's health: probes of its upstream, and its failing requests.
+
+    The Node probes every provider whose adapter has an upstream (the `fake` adapter has none)
+    and reports the verdict to every Edge, which takes an unhealthy provider out of dispatch.
+    """
+
+    path: Annotated[
+        str | None,
+        live(
+            "Path the Node probes with GET on the upstream's host (for example /health); null "
+            "means the adapter's base_url + /models (GET /v1/models). 2xx and 3xx answers pass.",
+            pattern=_URL_PATH_PATTERN,
+        ),
+    ] = None
+    interval_ms: Annotated[
+        int,
+        live(
+            "Milliseconds from one probe's start to the next one's (a probe slower than that "
+            "delays the next). 0 turns probing off, and request_failure_threshold with it: "
+            "the provider then counts as healthy unless its adapter cannot start.",
+            ge=0,
+        ),
+    ] = 5000
+    timeout_ms: Annotated[
+        int,
+        live(
+            "Milliseconds a probe may take (connect and answer); a slower one counts as failed.",
+            ge=1,
+        ),
+    ] = 2000
+    failure_threshold: Annotated[
+        int,
+        live(
+            "Consecutive failed probes (no connection, a timeout, an HTTP status >= 400) that "
+            "take a healthy provider out of dispatch.",
+            ge=1,
+        ),
+    ] = 3
+    success_threshold: Annotated[
+        int,
+        live(
+            "Consecutive passing probes that bring an unhealthy provider back. A provider "
+            "starts unhealthy (not probed yet) and its first passing probe brings it in.",
+            ge=1,
+        ),
+    ] = 1
+    request_failure_threshold: Annotated[
+        int,
+        live(
+            "Consecutive requests that failed on the upstream (5xx, connection refused or "
+            "reset, a timeout) that take the provider out of dispatch at once (outlier "
+            "detection); it comes back through success_threshold passing probes. 0 turns "
+            "this off.",
+            ge=0,
+        ),
+    ] = 5
+
+    @field_validator("interval_ms")
+    @classmethod
+    def _interval_off_or_sane(cls, value: int) -> int:
+        if 0 < value < 100:
+            raise ValueError("must be 0 (no probing) or at least 100")
+        return value
+
+    @property
+    def probing(self) -> bool:
+        return self.interval_ms > 0
+
+
 class ProviderSpec(Spec):
     """A model server under a Node: how to reach it and how much work it takes."""
 
@@ -655,6 +728,13 @@ class ProviderSpec(Spec):
     queue_timeout_ms: Annotated[
         int, live("Milliseconds a request may wait for this provider before a 503.", gt=0)
     ] = 30_000
+    health: Annotated[
+        HealthPolicy,
+        live(
+            "How the Node checks this provider's health: probes of its upstream and its "
+            "failing requests (docs/edge.md, Health)."
+        ),
+    ] = HealthPolicy()
 
 
 class NodeRuntime(Spec):

@@ -1,20 +1,29 @@
 """The node-specific part of a config: what the Edge sends one Node on welcome and on refresh.
 
-A Node needs its own providers and adapters and the limits it enforces itself (capacity and
-long slots, across every Edge it serves). Dispatch-only settings (priority, queueing) stay on the
-Edge, so changing them pushes nothing.
+A Node needs its own providers and adapters, the limits it enforces itself (capacity and long
+slots, across every Edge it serves) and how it judges their health (probes, failing requests).
+Dispatch-only settings (priority, queueing) stay on the Edge, so changing them pushes nothing.
+
+A provider's health policy travels only when it differs from the defaults, and a payload without
+one has the digest it had before health policies existed: a Node and an Edge of different
+versions (mid-rollout) still agree on the digest of a payload that uses the defaults, so the
+Edge does not see that Node as running a stale config.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-from pydantic import BaseModel
+import orjson
+from pydantic import BaseModel, field_validator
 
-from .configs import EdgeConfig, NodeSpec, ProviderSpec
-from .trees import config_hash
+from .configs import EdgeConfig, HealthPolicy, NodeSpec, ProviderSpec
+from .trees import to_tree
 
 __all__ = ["NodePayload", "ProviderPayload", "node_payload", "node_payloads"]
+
+_DEFAULT_HEALTH = HealthPolicy()
 
 
 class ProviderPayload(BaseModel, frozen=True):
@@ -26,6 +35,13 @@ class ProviderPayload(BaseModel, frozen=True):
     enabled: bool
     capacity: int
     long_context_slots: int | None
+    #: None means the defaults (`HealthPolicy()`); see the module docstring for why.
+    health: HealthPolicy | None = None
+
+    @field_validator("health")
+    @classmethod
+    def _defaults_are_none(cls, value: HealthPolicy | None) -> HealthPolicy | None:
+        return None if value == _DEFAULT_HEALTH else value
 
     @classmethod
     def of(cls, provider: ProviderSpec) -> ProviderPayload:
@@ -36,7 +52,13 @@ class ProviderPayload(BaseModel, frozen=True):
             enabled=provider.enabled,
             capacity=provider.capacity,
             long_context_slots=provider.long_context_slots,
+            health=provider.health,
         )
+
+    @property
+    def health_policy(self) -> HealthPolicy:
+        """The policy in force: the payload's, or the defaults."""
+        return _DEFAULT_HEALTH if self.health is None else self.health
 
 
 class NodePayload(BaseModel, frozen=True):
@@ -57,7 +79,12 @@ class NodePayload(BaseModel, frozen=True):
 
     @property
     def digest(self) -> str:
-        return config_hash(self)
+        """SHA-256 of the canonical tree, a provider's default health policy left out."""
+        tree = to_tree(self)
+        for provider in tree["providers"].values():
+            if provider["health"] is None:
+                del provider["health"]
+        return hashlib.sha256(orjson.dumps(tree, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def node_payload(config: EdgeConfig, node_id: str) -> NodePayload | None:

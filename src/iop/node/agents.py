@@ -16,6 +16,7 @@ the retryable `provider_busy`, and the runs in flight get up to `grace` seconds 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -33,6 +34,9 @@ from .routing import Router
 __all__ = ["NodeAgent"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a drained Node gives its links to send what they hold (when the grace is over).
+FLUSH_TIMEOUT_S = 1.0
 
 
 class NodeAgent(AsyncService):
@@ -89,6 +93,8 @@ class NodeAgent(AsyncService):
         self.router.drain()
         running = self.router.running
         logger.info("draining: %d run(s) in flight, up to %.0fs", running, grace)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
         try:
             await asyncio.wait_for(self.router.wait_idle(), grace)
         except TimeoutError:
@@ -98,8 +104,14 @@ class NodeAgent(AsyncService):
                 self.router.running,
             )
             return False
-        logger.info("drained: every run ended")
-        return True
+        # The runs' last events and the drain's end are queued for every Edge: they go out
+        # before `stop()` closes the links, or the Edges would fail runs that had finished.
+        flushes = [c.flush() for c in self.connections.values()]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*flushes), max(until - loop.time(), FLUSH_TIMEOUT_S)
+            )
+        return True  # the router logged the end of the drain
 
     async def stop(self) -> None:
         """Drop every connection (their runs are cancelled), then close the adapters."""

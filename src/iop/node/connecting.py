@@ -36,6 +36,7 @@ from iop.wire import (
     PROTOCOL_VERSION,
     ClientTls,
     CoalescingWriter,
+    DrainProgress,
     Liveness,
     ProviderHealth,
     RunEvent,
@@ -45,6 +46,7 @@ from iop.wire import (
     statuses,
 )
 from iop.wire.converting import (
+    drain_to_proto,
     event_to_proto,
     health_to_proto,
     liveness_from_proto,
@@ -68,7 +70,9 @@ class _Accepted:
     run_id: str
 
 
-_Outgoing = pb.RunEvent | pb.ProviderHealth | pb.ConfigAck | pb.Heartbeat | _Accepted
+_Outgoing = (
+    pb.RunEvent | pb.ProviderHealth | pb.ConfigAck | pb.Heartbeat | pb.DrainProgress | _Accepted
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,8 @@ def _message(batch: Sequence[_Outgoing]) -> pb.NodeMessage:
             message.health.append(item)
         elif isinstance(item, pb.ConfigAck):
             message.acks.append(item)
+        elif isinstance(item, pb.DrainProgress):
+            message.drain.CopyFrom(item)  # several in one batch: the latest is what counts
         else:
             message.heartbeat.CopyFrom(item)
     return message
@@ -241,9 +247,10 @@ class EdgeConnection:
             name = f"node-writer-{self.target}"
             async with CoalescingWriter(send, name=name) as writer:
                 self._writer = writer
-                # Health reaches the Edge through this session's writer: listen only while it
-                # lives, so connections that come and go leave no listener behind.
+                # Health and drain progress reach the Edge through this session's writer: listen
+                # only while it lives, so connections that come and go leave no listener behind.
                 self.router.add_health_listener(self._on_health)
+                self.router.add_drain_listener(self._on_drain)
                 reader = guarded_task(
                     self._read(call, writer), name=f"node-reader-{self.target}", logger=logger
                 )
@@ -255,6 +262,9 @@ class EdgeConnection:
                 try:
                     writer.put(self._apply(welcome.config))
                     self._on_health(self.router.health())
+                    progress = self.router.drain_progress()
+                    if progress.draining:
+                        self._on_drain(progress)
                     self.edge_id = welcome.edge_id
                     self.welcomes += 1
                     self.backoff.reset()
@@ -275,6 +285,7 @@ class EdgeConnection:
                         raise writer.error
                 finally:
                     self.router.remove_health_listener(self._on_health)
+                    self.router.remove_drain_listener(self._on_drain)
                     self.arbiter.withdraw(self.target)
                     self.connected.clear()
                     self._writer = None
@@ -399,6 +410,17 @@ class EdgeConnection:
             pending=not in_use,
             in_use_hash=self.arbiter.in_use,
         )
+
+    async def flush(self) -> None:
+        """Until everything queued for the Edge so far has been written (or the link is gone)."""
+        writer = self._writer
+        if writer is not None:
+            await writer.wait_flushed()
+
+    def _on_drain(self, progress: DrainProgress) -> None:
+        writer = self._writer
+        if writer is not None:
+            writer.put(drain_to_proto(progress))
 
     def _on_health(self, health: list[ProviderHealth]) -> None:
         writer = self._writer

@@ -15,6 +15,17 @@ Draining (SIGTERM): `drain()` reports every provider unhealthy ("draining"), so 
 dispatching here, refuses any run that still arrives with `provider_busy`, and `wait_idle`
 returns once the runs in flight have ended.
 
+Drain progress: while a swap drains the adapters it replaced, or the Node drains to exit, the
+router reports the runs each provider still has to finish (`DrainProgress`) to its drain
+listeners (every Edge connection) when the drain starts and whenever one of those runs ends, so
+an Edge sees zero exactly when the last run ends; the log says how far along it is at most once
+a second, and when it is done.
+
+Health: each provider's `HealthState` (`healthstates.py`) is judged by the probes of its
+upstream (`probing.py`, one task per probed provider, owned here) and by how its real runs end
+(outlier detection); it is carried over a swap with the adapter, and every change of verdict
+goes to the health listeners at once.
+
 A run's `RunGate` is how the Edge's flow control reaches the upstream: while the Edge has a run
 paused (its client reads slower than the run produces) the run stops pulling events from its
 adapter, which stops reading the upstream's response, and TCP carries the backpressure on.
@@ -27,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -35,13 +46,45 @@ import orjson
 
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import NodePayload, ProviderPayload
-from iop.wire import TERMINAL_EVENTS, ProviderHealth, RunEvent, RunFailed, RunRequest, statuses
+from iop.wire import (
+    TERMINAL_EVENTS,
+    DrainProgress,
+    ProviderHealth,
+    RunDone,
+    RunEvent,
+    RunFailed,
+    RunRequest,
+    statuses,
+)
+from iop.wire.nodestates import ADAPTER_ERROR, DRAINING
 
 from .adapters import Adapter, AdapterError, build_adapter
+from .healthstates import HealthState
+from .probing import Prober, ProbeTarget
 
-__all__ = ["AdapterRuns", "DrainReport", "Provision", "Registry", "Router", "RunGate"]
+__all__ = [
+    "DRAIN_LOG_INTERVAL_S",
+    "AdapterRuns",
+    "DrainListener",
+    "DrainReport",
+    "HealthListener",
+    "Provision",
+    "Registry",
+    "Router",
+    "RunGate",
+]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between two drain progress lines in the log (the end of a drain is always logged).
+DRAIN_LOG_INTERVAL_S = 1.0
+#: A run that ends this close to its deadline ended because of it (clocks tick unevenly).
+_DEADLINE_SLACK_S = 0.05
+
+#: Called with the health of providers whose verdict may have changed (every one after a swap).
+HealthListener = Callable[[list[ProviderHealth]], None]
+#: Called with the drain progress whenever it changes.
+DrainListener = Callable[[DrainProgress], None]
 
 
 class AdapterRuns:
@@ -61,12 +104,16 @@ class AdapterRuns:
 
 @dataclass(eq=False, slots=True)
 class Provision:
-    """One provider in a registry: its payload, its adapter and the runs using that adapter."""
+    """One provider in a registry: its payload, its adapter, the runs using that adapter and
+    its health verdict (shared, like the runs, by every registry that carries the adapter)."""
 
     payload: ProviderPayload
     adapter: Adapter | None
     problem: str = ""
     runs: AdapterRuns = field(default_factory=AdapterRuns)
+    state: HealthState | None = None
+    #: A swap replaced it: its runs finish on it, and each one that ends is drain progress.
+    retired: bool = False
 
     @property
     def active(self) -> int:
@@ -79,8 +126,30 @@ class Provision:
     @property
     def health(self) -> ProviderHealth:
         if self.adapter is None:
-            return ProviderHealth(self.payload.id, False, self.problem)
-        return self.adapter.health
+            return ProviderHealth(self.payload.id, False, self.problem, ADAPTER_ERROR)
+        health = self.adapter.health
+        if not health.healthy or self.state is None:
+            return health
+        return self.state.health
+
+    def judge(self, previous: HealthState | None) -> None:
+        """Give the provision its health state: `previous` (carried over) reconfigured for the
+        payload's policy, or a new one."""
+        policy = self.payload.health_policy
+        probed = self.adapter is not None and self.adapter.upstream is not None
+        if previous is None:
+            self.state = HealthState(self.payload.id, policy, probed=probed)
+        else:
+            previous.reconfigure(policy, probed=probed)
+            self.state = previous
+
+    @property
+    def probe(self) -> ProbeTarget | None:
+        """What to probe for this provider, or None when it is not probed."""
+        upstream = self.adapter.upstream if self.adapter is not None else None
+        if upstream is None or self.state is None or not self.state.probed:
+            return None
+        return ProbeTarget.of(self.payload.id, upstream, self.payload.health_policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +212,13 @@ class Router:
         self.draining = False
         self._drains: set[asyncio.Task[DrainReport]] = set()
         self.drain_reports: deque[DrainReport] = deque(maxlen=32)
-        self._listeners: list[Callable[[list[ProviderHealth]], None]] = []
+        self._listeners: list[HealthListener] = []
+        self._drain_listeners: list[DrainListener] = []
+        #: Replaced provisions whose runs a swap's drain still waits for.
+        self._retiring: set[Provision] = set()
+        self._drain_started = 0.0
+        self._drain_logged = 0.0
+        self.prober = Prober(self._probed)
 
     @property
     def registry(self) -> Registry:
@@ -152,13 +227,13 @@ class Router:
     def in_flight(self) -> dict[str, int]:
         return {pid: n for pid, n in self._in_flight.items() if n}
 
-    def health(self) -> list[ProviderHealth]:
+    def health(self, provider_ids: Iterable[str] | None = None) -> list[ProviderHealth]:
+        """The health of every provider (or of `provider_ids`, those of the registry in use)."""
+        provisions = self._registry.provisions
+        ids = provisions if provider_ids is None else [p for p in provider_ids if p in provisions]
         if self.draining:
-            return [
-                ProviderHealth(pid, False, "the node is draining")
-                for pid in self._registry.provisions
-            ]
-        return [p.health for p in self._registry.provisions.values()]
+            return [ProviderHealth(pid, False, "the node is draining", DRAINING) for pid in ids]
+        return [provisions[pid].health for pid in ids]
 
     @property
     def running(self) -> int:
@@ -170,19 +245,20 @@ class Router:
         if self.draining:
             return
         self.draining = True
-        health = self.health()
-        for listener in list(self._listeners):
-            listener(health)
+        self._drain_started = time.monotonic()
+        self._report_health(self.health())
+        self._report_drain()
 
     async def wait_idle(self) -> None:
         """Until no run is in flight."""
         await self._idle.wait()
 
-    def add_health_listener(self, callback: Callable[[list[ProviderHealth]], None]) -> None:
-        """`callback(health)` after every swap, with the health of every provider."""
+    def add_health_listener(self, callback: HealthListener) -> None:
+        """`callback(health)` after every swap, with the health of every provider, and whenever
+        a provider's verdict changes, with its health."""
         self._listeners.append(callback)
 
-    def remove_health_listener(self, callback: Callable[[list[ProviderHealth]], None]) -> None:
+    def remove_health_listener(self, callback: HealthListener) -> None:
         """Stop calling `callback` (one registration of it; absent is fine)."""
         with contextlib.suppress(ValueError):
             self._listeners.remove(callback)
@@ -191,6 +267,67 @@ class Router:
     def health_listeners(self) -> int:
         """How many listeners are registered (one per live Edge session)."""
         return len(self._listeners)
+
+    def add_drain_listener(self, callback: DrainListener) -> None:
+        """`callback(progress)` when a drain starts, whenever a run it waits for ends, and when
+        it is over."""
+        self._drain_listeners.append(callback)
+
+    def remove_drain_listener(self, callback: DrainListener) -> None:
+        """Stop calling `callback` (one registration of it; absent is fine)."""
+        with contextlib.suppress(ValueError):
+            self._drain_listeners.remove(callback)
+
+    def drain_progress(self) -> DrainProgress:
+        """The runs each provider still has to finish before the drains under way are done."""
+        if self.draining:
+            return DrainProgress(True, self.in_flight())
+        left: dict[str, int] = {}
+        for provision in self._retiring:
+            if provision.active:
+                pid = provision.payload.id
+                left[pid] = left.get(pid, 0) + provision.active
+        return DrainProgress(False, left)
+
+    def _report_health(self, health: list[ProviderHealth]) -> None:
+        for listener in list(self._listeners):
+            listener(health)
+
+    def _report_drain(self) -> None:
+        progress = self.drain_progress()
+        for listener in list(self._drain_listeners):
+            listener(progress)
+        now = time.monotonic()
+        if progress.total and now - self._drain_logged < DRAIN_LOG_INTERVAL_S:
+            return
+        self._drain_logged = now
+        what = "shutdown drain" if progress.shutting_down else "swap drain"
+        if progress.total:
+            per_provider = ", ".join(f"{pid}: {n}" for pid, n in sorted(progress.runs_left.items()))
+            logger.info("%s: %d run(s) left (%s)", what, progress.total, per_provider)
+        else:
+            logger.info("%s: every run ended after %.3fs", what, now - self._drain_started)
+
+    def _probed(self, provider_id: str, failure: str | None) -> None:
+        """A probe's result: judged by the provider's state; a new verdict goes to every Edge."""
+        provision = self._registry.provisions.get(provider_id)
+        if provision is None or provision.state is None:
+            return
+        if provision.state.record_probe(failure):
+            self._verdict(provision)
+
+    def _verdict(self, provision: Provision) -> None:
+        health = provision.health
+        if health.healthy:
+            logger.info("provider %s is healthy", health.provider_id)
+        else:
+            logger.warning(
+                "provider %s is unhealthy (%s): %s",
+                health.provider_id,
+                health.reason,
+                health.detail,
+            )
+        self._report_health(self.health([health.provider_id]))
 
     # -- swapping ----------------------------------------------------------------------------------
 
@@ -216,6 +353,7 @@ class Router:
                 and previous.settings_key == key
             ):
                 provision = Provision(provider, previous.adapter, runs=previous.runs)
+                provision.judge(previous.state)
                 carried.add(id(previous))
             else:
                 try:
@@ -223,8 +361,12 @@ class Router:
                 except AdapterError as exc:
                     logger.error("%s", exc)
                     provision = Provision(provider, None, problem=str(exc))
+                provision.judge(None)
             provisions[provider.id] = provision
         self._registry = Registry(MappingProxyType(provisions), payload, digest)
+        self.prober.watch(
+            {pid: probe for pid, p in provisions.items() if (probe := p.probe) is not None}
+        )
         retired = [p for p in old.provisions.values() if id(p) not in carried]
         logger.info(
             "config %s applied: %d provider(s), %d adapter(s) retired",
@@ -233,12 +375,17 @@ class Router:
             len(retired),
         )
         if retired:
+            busy = [p for p in retired if p.active]
+            for provision in busy:
+                provision.retired = True
+                self._retiring.add(provision)
             task = guarded_task(self._drain(retired), name=f"drain-{digest[:12]}", logger=logger)
             self._drains.add(task)
             task.add_done_callback(self._drains.discard)
-        health = self.health()
-        for listener in self._listeners:
-            listener(health)
+            if busy and not self.draining:
+                self._drain_started = time.monotonic()
+                self._report_drain()
+        self._report_health(self.health())
         return True
 
     async def _drain(self, retired: list[Provision]) -> DrainReport:
@@ -252,6 +399,10 @@ class Router:
                 for wait in waits:
                     wait.cancel()
         cut = sum(p.active for p in retired)
+        if self._retiring.intersection(retired):
+            self._retiring.difference_update(retired)
+            if cut and not self.draining:  # the runs cut no longer count: progress says so
+                self._report_drain()
         for provision in retired:
             if provision.adapter is not None:
                 try:
@@ -278,7 +429,9 @@ class Router:
         return report
 
     async def aclose(self) -> None:
-        """Close every adapter: the current ones (after their runs end) and any still draining."""
+        """Stop probing; close every adapter: the current ones (after their runs end) and any
+        still draining."""
+        await self.prober.aclose()
         retired = list(self._registry.provisions.values())
         self._registry = Registry.empty()
         if retired:
@@ -323,6 +476,18 @@ class Router:
         provision.runs.idle.clear()
         return provision
 
+    def _judge_run(
+        self, request: RunRequest, provision: Provision, end: RunDone | RunFailed
+    ) -> None:
+        """Outlier detection: how a real run ended counts toward its provider's health."""
+        state = provision.state
+        if state is None or provision.retired:
+            return
+        deadline = request.deadline
+        past = deadline is not None and time.time() >= deadline - _DEADLINE_SLACK_S
+        if state.record_run(end, past_deadline=past):
+            self._verdict(provision)
+
     def release(self, request: RunRequest, provision: Provision) -> None:
         pid = request.provider_id
         self._in_flight[pid] -= 1
@@ -335,6 +500,8 @@ class Router:
         runs.active -= 1
         if not runs.active:
             runs.idle.set()
+        if self.draining or provision.retired:
+            self._report_drain()
 
     async def execute(
         self,
@@ -361,6 +528,7 @@ class Router:
                     emit(event)
                     if isinstance(event, TERMINAL_EVENTS):
                         terminal = True
+                        self._judge_run(request, provision, event)
                         break
                     if gate is not None and gate.paused:
                         await gate.wait_open()

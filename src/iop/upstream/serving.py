@@ -62,15 +62,17 @@ class FakeUpstreamSettings:
 
 @dataclass(slots=True)
 class UpstreamStats:
-    """What the fake saw; `disconnects` counts clients that left before their response ended,
+    """What the fake saw; `completions` counts the completion requests it received, however they
+    were answered (so a test can count the tries of a gateway's retries), `completed` the
+    completions answered, `lookups` the GETs answered (the model list, `/health`: what a Node's
+    health probe asks), `disconnects` clients that left before their response ended,
     `connections` the connections it accepted (so a test can see a client's keep-alive pool),
-    `peak_in_flight` the most completions it served at once (so a test can check a capacity),
-    `completions` the completion requests it received, however they were answered (so a test
-    can count the tries of a gateway's retries, whatever else it asks, such as health probes)."""
+    `peak_in_flight` the most completions it served at once (so a test can check a capacity)."""
 
     requests: int = 0
     completions: int = 0
     completed: int = 0
+    lookups: int = 0
     failures_injected: int = 0
     disconnects: int = 0
     in_flight: int = 0
@@ -346,7 +348,7 @@ class FakeUpstream(AsyncService):
         else:
             self._refuse(connection, request, 404)
             return
-        self.stats.completed += 1
+        self.stats.lookups += 1
 
     def _answer_at_once(self, connection: _Connection, request: _Request) -> bool:
         """Answer a plain completion (no latency, pacing, failure or test hook) from the parser's

@@ -6,7 +6,8 @@ The dispatch layer of the Edge sees only this package's values:
 - events, yielded in order, exactly one terminal event (`RunDone` or `RunFailed`) per run:
   `RunChunk(data, usage_only)`, `RunUsage(prompt_tokens, completion_tokens, total_tokens)`,
   `RunDone(finish_reason)`, `RunFailed(code, message, retryable, status)`
-- `ProviderHealth(provider_id, healthy, detail)`
+- `ProviderHealth(provider_id, healthy, detail, reason)`, its reason codes and a Node's
+  `DrainProgress` in `iop.wire.nodestates`
 - the error codes and their HTTP statuses in `iop.wire.statuses`.
 
 The protobuf messages (`iop.runtime_pb2`) stay behind `converting.py`; `CoalescingWriter` is the
@@ -16,8 +17,9 @@ sides judge a peer by, and `tls.py` the credentials of the link.
 
 from typing import Final
 
-from . import statuses
+from . import nodestates, statuses
 from .liveness import DEFAULT_LIVENESS, Liveness, Ticker
+from .nodestates import DrainProgress
 from .runs import (
     TERMINAL_EVENTS,
     ProviderHealth,
@@ -38,6 +40,7 @@ __all__ = [
     "TERMINAL_EVENTS",
     "ClientTls",
     "CoalescingWriter",
+    "DrainProgress",
     "Liveness",
     "ProviderHealth",
     "RunChunk",
@@ -51,6 +54,7 @@ __all__ = [
     "Ticker",
     "TlsError",
     "grpc_options",
+    "nodestates",
     "statuses",
 ]
 

@@ -10,11 +10,13 @@ import time
 from typing import Final
 
 import orjson
+from pydantic import ValidationError
 
 from iop import runtime_pb2 as pb
-from iop.edgeconfig import NodePayload, ProviderPayload
+from iop.edgeconfig import HealthPolicy, NodePayload, ProviderPayload
 
 from .liveness import Liveness
+from .nodestates import DrainProgress
 from .runs import (
     ProviderHealth,
     RunChunk,
@@ -27,6 +29,8 @@ from .runs import (
 )
 
 __all__ = [
+    "drain_from_proto",
+    "drain_to_proto",
     "event_from_proto",
     "event_to_proto",
     "health_from_proto",
@@ -141,13 +145,27 @@ def event_from_proto(message: pb.RunEvent) -> RunEvent:
 def health_to_proto(health: ProviderHealth) -> pb.ProviderHealth:
     """The protobuf of a provider's health."""
     return pb.ProviderHealth(
-        provider_id=health.provider_id, healthy=health.healthy, detail=health.detail
+        provider_id=health.provider_id,
+        healthy=health.healthy,
+        detail=health.detail,
+        reason=health.reason,
     )
 
 
 def health_from_proto(message: pb.ProviderHealth) -> ProviderHealth:
     """A provider's health from its protobuf."""
-    return ProviderHealth(message.provider_id, message.healthy, message.detail)
+    return ProviderHealth(message.provider_id, message.healthy, message.detail, message.reason)
+
+
+def drain_to_proto(progress: DrainProgress) -> pb.DrainProgress:
+    """The protobuf of a Node's drain progress."""
+    return pb.DrainProgress(shutting_down=progress.shutting_down, runs_left=progress.runs_left)
+
+
+def drain_from_proto(message: pb.DrainProgress) -> DrainProgress:
+    """A Node's drain progress from its protobuf (providers with no run left are left out)."""
+    runs_left = {pid: n for pid, n in message.runs_left.items() if n}
+    return DrainProgress(message.shutting_down, runs_left)
 
 
 def payload_to_proto(
@@ -170,6 +188,18 @@ def payload_to_proto(
         )
         if provider.long_context_slots is not None:
             item.long_context_slots = provider.long_context_slots
+        if provider.health is not None:
+            policy = provider.health
+            item.health.CopyFrom(
+                pb.HealthPolicy(
+                    path=policy.path or "",
+                    interval_ms=policy.interval_ms,
+                    timeout_ms=policy.timeout_ms,
+                    failure_threshold=policy.failure_threshold,
+                    success_threshold=policy.success_threshold,
+                    request_failure_threshold=policy.request_failure_threshold,
+                )
+            )
     return config
 
 
@@ -197,12 +227,33 @@ def payload_from_proto(message: pb.NodeConfig) -> tuple[NodePayload, int]:
                 long_context_slots=(
                     item.long_context_slots if item.HasField("long_context_slots") else None
                 ),
+                health=_health_policy(item) if item.HasField("health") else None,
             )
         )
     payload = NodePayload(
         node_id=message.node_id, alias=message.alias or None, providers=tuple(providers)
     )
     return payload, message.generation
+
+
+def _health_policy(item: pb.ProviderConfig) -> HealthPolicy:
+    """The provider's health policy, checked with the config's own model (ValueError if bad)."""
+    message = item.health
+    try:
+        return HealthPolicy(
+            path=message.path or None,
+            interval_ms=message.interval_ms,
+            timeout_ms=message.timeout_ms,
+            failure_threshold=message.failure_threshold,
+            success_threshold=message.success_threshold,
+            request_failure_threshold=message.request_failure_threshold,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            for error in exc.errors(include_url=False)
+        )
+        raise ValueError(f"provider {item.id!r}: invalid health policy: {problems}") from exc
 
 
 def liveness_to_proto(liveness: Liveness) -> pb.Liveness:

@@ -101,8 +101,10 @@ TERMINAL_EVENTS: Final = (RunDone, RunFailed)
 
 @dataclass(frozen=True, slots=True)
 class ProviderHealth:
-    """What a Node says about one of its providers."""
+    """What a Node says about one of its providers: `reason` is a code of `nodestates.py`
+    (empty when healthy), `detail` the sentence for people."""
 
     provider_id: str
     healthy: bool
     detail: str = ""
+    reason: str = ""

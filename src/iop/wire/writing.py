@@ -9,7 +9,9 @@ and the per-message cost is shared.
 
 `put` never waits, so a producer that could outrun the stream (a run reading its upstream faster
 than the peer takes the stream's messages) bounds the queue itself: `wait_for_room(limit)`
-returns once fewer than `limit` items wait.
+returns once fewer than `limit` items wait. `wait_flushed()` returns once everything put so far
+has been written: a process that is about to close its stream (a Node that drained) sends its
+last words first.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class CoalescingWriter(Generic[T]):
         self._queue: list[T] = []
         self._wakeup: asyncio.Future[None] | None = None
         self._room: asyncio.Future[None] | None = None
+        self._flushed: asyncio.Future[None] | None = None
+        self._sending = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         #: What `send` raised, when it did; the writer stopped then.
@@ -120,6 +124,19 @@ class CoalescingWriter(Generic[T]):
                 room = self._room = asyncio.get_running_loop().create_future()
             await asyncio.shield(room)
 
+    async def wait_flushed(self) -> None:
+        """Return once every item put so far has been written, or the writer has stopped."""
+        while (self._queue or self._sending) and not self.closed:
+            flushed = self._flushed
+            if flushed is None or flushed.done():
+                flushed = self._flushed = asyncio.get_running_loop().create_future()
+            await asyncio.shield(flushed)
+
+    def _wake_flushers(self) -> None:
+        flushed = self._flushed
+        if flushed is not None and not flushed.done():
+            flushed.set_result(None)
+
     def _wake_producers(self) -> None:
         room = self._room
         if room is not None and not room.done():
@@ -139,14 +156,20 @@ class CoalescingWriter(Generic[T]):
                     batch = self._queue[: self._max_items]
                     del self._queue[: self._max_items]
                 self._wake_producers()
+                self._sending = True
                 try:
                     await self._send(batch)
                 except Exception as exc:
                     logger.debug("writer %s stopped: its stream broke: %r", self._name, exc)
                     self.error = exc
                     return
+                finally:
+                    self._sending = False
                 self.messages_sent += 1
                 self.items_sent += len(batch)
+                if not self._queue:
+                    self._wake_flushers()
         finally:
             self._closed = True
             self._wake_producers()
+            self._wake_flushers()

@@ -7,7 +7,7 @@ from pydantic import TypeAdapter, ValidationError
 from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, ProviderPayload
 from iop.edgeconfig.configs import AdapterSettings
 
-from .base import Adapter, client_wants_usage, usage_from
+from .base import Adapter, Upstream, client_wants_usage, usage_from
 from .fake import FakeAdapter
 from .openai_http import OpenAIAdapter
 
@@ -16,6 +16,7 @@ __all__ = [
     "AdapterError",
     "FakeAdapter",
     "OpenAIAdapter",
+    "Upstream",
     "build_adapter",
     "client_wants_usage",
     "usage_from",

@@ -8,12 +8,22 @@ at this boundary; an exception escaping `run` is a bug, which the router reports
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from iop.wire import ProviderHealth, RunEvent, RunRequest
 
-__all__ = ["Adapter", "client_wants_usage", "usage_from"]
+__all__ = ["Adapter", "Upstream", "client_wants_usage", "usage_from"]
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where an adapter's model server is, and the headers it sends there: what a probe dials."""
+
+    base_url: str
+    #: May hold the API key: never shown.
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 class Adapter(Protocol):
@@ -21,7 +31,13 @@ class Adapter(Protocol):
 
     @property
     def health(self) -> ProviderHealth:
-        """What the adapter knows about its provider's health (from its settings today)."""
+        """What the adapter knows about its provider's health from its settings alone (reason
+        `adapter_error` when it cannot run); probes and failing runs judge the rest."""
+        ...
+
+    @property
+    def upstream(self) -> Upstream | None:
+        """The model server the adapter talks to; None when it has none (nothing to probe)."""
         ...
 
     def run(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:

@@ -13,6 +13,9 @@ from collections.abc import AsyncGenerator
 from iop.edgeconfig import FakeAdapterSettings as FakeSettings
 from iop.fakes import OpenAIError, parse_request, tokens
 from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
+from iop.wire.nodestates import ADAPTER_ERROR
+
+from .base import Upstream
 
 __all__ = ["FakeAdapter"]
 
@@ -27,7 +30,13 @@ class FakeAdapter:
 
     @property
     def health(self) -> ProviderHealth:
-        return ProviderHealth(self.provider_id, healthy=not self.closed)
+        if self.closed:
+            return ProviderHealth(self.provider_id, False, "adapter closed", ADAPTER_ERROR)
+        return ProviderHealth(self.provider_id, True)
+
+    @property
+    def upstream(self) -> Upstream | None:
+        return None  # it answers in-process: there is nothing to probe
 
     async def aclose(self) -> None:
         self.closed = True

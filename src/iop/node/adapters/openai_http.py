@@ -40,8 +40,9 @@ from iop.wire import (
     RunUsage,
     statuses,
 )
+from iop.wire.nodestates import ADAPTER_ERROR
 
-from .base import client_wants_usage, usage_from
+from .base import Upstream, client_wants_usage, usage_from
 
 __all__ = ["OpenAIAdapter"]
 
@@ -86,10 +87,14 @@ class OpenAIAdapter:
     @property
     def health(self) -> ProviderHealth:
         if self.closed:
-            return ProviderHealth(self.provider_id, False, "adapter closed")
+            return ProviderHealth(self.provider_id, False, "adapter closed", ADAPTER_ERROR)
         if self._problem:
-            return ProviderHealth(self.provider_id, False, self._problem)
+            return ProviderHealth(self.provider_id, False, self._problem, ADAPTER_ERROR)
         return ProviderHealth(self.provider_id, True)
+
+    @property
+    def upstream(self) -> Upstream:
+        return Upstream(self.settings.base_url, self._headers)
 
     async def aclose(self) -> None:
         self.closed = True

@@ -1,0 +1,227 @@
+"""Benchmark: how long traffic keeps going to a dead model server, and how soon it comes back.
+
+    uv run --frozen python -P bench/health.py [--rounds 5] [--interval-ms 5000 1000]
+
+Processes as deployed: two `iop fake-upstream`s, `iop edge run` and `iop node run` (plaintext
+link), model `m` on providers pa and pb (equal priority: they take turns), each an `openai`
+adapter on its own upstream. Each round kills pa's upstream (SIGKILL), polls the Edge's /readyz
+every 5 ms until pa is out of dispatch, then starts the upstream again on the same port and polls
+until pa is back. Both, for each probe interval given (applied live through the admin API), with
+the provider's other health settings at their defaults (failure_threshold 3, success_threshold
+1, request_failure_threshold 5):
+
+- under load: 4 clients send plain chat requests back to back, so the Node's outlier detection
+  (consecutive failed requests) usually takes pa out before its probes do; the clients'
+  failures are counted (a request in flight on pa when it dies may fail; the rest are retried
+  on pb);
+- idle: no traffic, so only the probes can tell (failure_threshold probes in a row).
+
+Printed per case: the time from the kill to pa leaving dispatch ("out") and from the restart to
+pa being back ("back"), as median (min-max) over the rounds, the reason the Edge gave, and the
+requests the clients saw fail. Figures go to docs/benchmarks.md ("## Provider health").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import uvloop
+import yaml
+
+from iop.processes import spawn_edge, spawn_iop, spawn_node, terminate
+
+CLIENT_TOKEN = "sk-bench-health"
+NODE_TOKEN = "bench-health-node"
+POLL_S = 0.005
+CLIENTS = 4
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def document(ports: dict[str, int], interval_ms: int) -> dict[str, Any]:
+    return {
+        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "b"}
+            ],
+        },
+        "models": [{"id": "m", "providers": {pid: "served" for pid in ports}}],
+        "nodes": [
+            {
+                "id": "node-1",
+                "token_hash_sha256": sha(NODE_TOKEN),
+                "providers": [
+                    {
+                        "id": pid,
+                        "adapter": {"type": "openai", "base_url": f"http://127.0.0.1:{port}/v1"},
+                        "served_models": ["served"],
+                        "capacity": 64,
+                        "health": {"interval_ms": interval_ms},
+                    }
+                    for pid, port in ports.items()
+                ],
+            }
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def upstream(port: int = 0) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    process = await spawn_iop("fake-upstream", "--listen", f"127.0.0.1:{port}", stdout=True)
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        if not line:
+            raise RuntimeError(f"iop fake-upstream exited with {await process.wait()}")
+        yield process, int(orjson.loads(line)["listen"].rsplit(":", 1)[1])
+    finally:
+        await terminate(process)
+
+
+async def until(condition: Callable[[], Any], timeout: float) -> float:
+    """Poll `condition` every 5 ms until true; returns when it became true (monotonic)."""
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return time.monotonic()
+        if time.monotonic() > end:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(POLL_S)
+
+
+class Load:
+    """Clients sending plain chat requests back to back; what each answer was."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+        self.statuses: list[int] = []
+        self.tasks = [asyncio.create_task(self._client()) for _ in range(CLIENTS)]
+
+    async def _client(self) -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        while True:
+            response = await self.http.post("/v1/chat/completions", json=body)
+            self.statuses.append(response.status_code)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
+async def main(rounds: int, intervals: list[int]) -> None:
+    print(f"# bench/health.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
+    rows: list[str] = []
+    async with contextlib.AsyncExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        pa_process, pa_port = await stack.enter_async_context(upstream())
+        _, pb_port = await stack.enter_async_context(upstream())
+        ports = {"pa": pa_port, "pb": pb_port}
+        (folder / "edge.yaml").write_text(yaml.safe_dump(document(ports, intervals[0])))
+        (folder / "node.token").write_text(NODE_TOKEN)
+        edge, started = await spawn_edge(folder / "edge.yaml")
+        stack.push_async_callback(terminate, edge)
+        node = await spawn_node(started["hub_port"], "node-1", folder / "node.token")
+        stack.push_async_callback(terminate, node)
+        headers = {"authorization": f"Bearer {CLIENT_TOKEN}"}
+        limits = httpx.Limits(max_connections=64)
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=started["url"], headers=headers, timeout=60, limits=limits)
+        )
+        admin = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=started["admin_url"], timeout=60)
+        )
+
+        async def health(pid: str) -> dict[str, Any]:
+            found: dict[str, Any] = (await http.get("/readyz")).json()["providers"][pid]
+            return found
+
+        async def pa_out() -> bool:
+            return not (await health("pa"))["healthy"]
+
+        async def pa_back() -> bool:
+            return bool((await health("pa"))["healthy"])
+
+        await until(lambda: _both(http), timeout=60)
+        for interval in intervals:
+            report = await admin.post(
+                "/refresh", json={"mode": "apply", "config": document(ports, interval)}
+            )
+            assert report.status_code == 200, report.text
+            for loaded in (True, False):
+                outs: list[float] = []
+                backs: list[float] = []
+                reasons: set[str] = set()
+                load = Load(http) if loaded else None
+                try:
+                    for _ in range(rounds):
+                        await asyncio.sleep(max(0.5, 2 * interval / 1000))  # settle
+                        pa_process.kill()
+                        killed = time.monotonic()
+                        await pa_process.wait()
+                        outs.append(await until(pa_out, timeout=120) - killed)
+                        reasons.add((await health("pa"))["reason"])
+                        pa_process, _ = await stack.enter_async_context(upstream(pa_port))
+                        restarted = time.monotonic()
+                        backs.append(await until(pa_back, timeout=120) - restarted)
+                finally:
+                    if load is not None:
+                        await load.stop()
+                failed = len([s for s in load.statuses if s != 200]) if load else 0
+                total = len(load.statuses) if load else 0
+                case = f"{interval / 1000:g} s, {'under load' if loaded else 'idle'}"
+                print(f"  measured {case}", file=sys.stderr, flush=True)
+                rows.append(
+                    f"| {case} | {summary(outs)} | {', '.join(sorted(reasons))} "
+                    f"| {summary(backs)} | {f'{failed} of {total:,}' if loaded else '-'} |"
+                )
+    print(f"\n{rounds} rounds per case; median (min-max).\n")
+    print(
+        "| probe interval, traffic | out after the kill | reason | back after the restart "
+        "| client requests failed |"
+    )
+    print("|---|---:|---|---:|---:|")
+    print("\n".join(rows))
+
+
+async def _both(http: httpx.AsyncClient) -> bool:
+    ready = (await http.get("/readyz")).json()
+    return bool(ready["providers_available"] == ["pa", "pb"])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="kills per case")
+    parser.add_argument(
+        "--interval-ms",
+        type=int,
+        nargs="+",
+        default=[5000, 1000],
+        help="probe intervals to measure (each applied live)",
+    )
+    args = parser.parse_args()
+    uvloop.run(main(args.rounds, args.interval_ms))

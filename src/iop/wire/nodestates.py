@@ -1,0 +1,77 @@
+"""What a Node says about its providers besides runs: why one is unhealthy, and how far a drain is.
+
+Reasons are codes, so the Edge can put them in a metric label and a status page can group by
+them; the sentence for people travels beside them (`ProviderHealth.detail`). A code that an
+older or newer peer does not know is shown as it came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+__all__ = [
+    "ADAPTER_ERROR",
+    "DRAINING",
+    "HEALTH_REASONS",
+    "NODE_DISCONNECTED",
+    "NOT_PROBED",
+    "NOT_REPORTED",
+    "PROBE_FAILED",
+    "REQUEST_FAILURES",
+    "UNSPECIFIED",
+    "DrainProgress",
+]
+
+# -- why a provider is unhealthy (ProviderHealth.reason) ----------------------------------------
+
+#: The Node's probes of the upstream failed `failure_threshold` times in a row.
+PROBE_FAILED: Final = "probe_failed"
+#: `request_failure_threshold` real requests in a row failed on the upstream (outlier detection).
+REQUEST_FAILURES: Final = "request_failures"
+#: The Node is draining before it exits (SIGTERM).
+DRAINING: Final = "draining"
+#: The provider's adapter could not start (invalid settings, its API key variable unset).
+ADAPTER_ERROR: Final = "adapter_error"
+#: The Node has not probed the upstream yet (it just started, or the provider is new).
+NOT_PROBED: Final = "not_probed"
+#: Edge side: the provider's Node is not connected.
+NODE_DISCONNECTED: Final = "node_disconnected"
+#: Edge side: the Node is connected but said nothing about this provider yet.
+NOT_REPORTED: Final = "not_reported"
+#: Edge side: the Node said unhealthy without a reason (a Node that predates the codes).
+UNSPECIFIED: Final = "unspecified"
+
+#: Every reason this release knows, in the order status pages list them.
+HEALTH_REASONS: Final = (
+    PROBE_FAILED,
+    REQUEST_FAILURES,
+    DRAINING,
+    ADAPTER_ERROR,
+    NOT_PROBED,
+    NODE_DISCONNECTED,
+    NOT_REPORTED,
+    UNSPECIFIED,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainProgress:
+    """The runs a Node still waits for before a drain is done, per provider.
+
+    A registry swap drains the adapters it replaced; SIGTERM (`shutting_down`) drains the whole
+    Node, and then every run in flight counts. Nothing left and not shutting down: no drain.
+    """
+
+    shutting_down: bool = False
+    runs_left: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def draining(self) -> bool:
+        return self.shutting_down or bool(self.runs_left)
+
+    @property
+    def total(self) -> int:
+        return sum(self.runs_left.values())

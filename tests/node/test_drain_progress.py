@@ -1,0 +1,135 @@
+"""Drain progress on the Node: a swap's drain and the shutdown drain report the runs each provider
+has left when they start and whenever one of those runs ends, reaching zero exactly when the last
+one does; the log says how far along they are."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from iop.edgeconfig import node_payloads
+from iop.node import NodeAgent, Router
+from iop.wire import DrainProgress, RunEvent, RunFailed, RunRequest
+
+pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
+
+#: 20 tokens a second: a run of n tokens streams for about n / 20 s.
+SLOW = {"type": "fake", "tokens_per_second": 20, "completion_tokens": 40}
+
+
+def payload(wire_config: Any, adapter: dict[str, Any], pid: str = "p1") -> Any:
+    return node_payloads(wire_config([{"id": pid, "adapter": adapter}]))["node-1"]
+
+
+def request(run_id: str, tokens: int, pid: str = "p1") -> RunRequest:
+    body: dict[str, Any] = {"model": "served", "messages": [{"role": "user", "content": "hi"}]}
+    body |= {"max_tokens": tokens, "stream": True}
+    return RunRequest(run_id, pid, "served", "chat", orjson.dumps(body), True)
+
+
+class Progress:
+    """Every drain progress report, with what `count()` said when it came (by default the runs
+    in flight on the node)."""
+
+    def __init__(self, router: Router, count: Callable[[], int] | None = None) -> None:
+        self.count = count or (lambda: router.running)
+        self.seen: list[tuple[DrainProgress, int]] = []
+        router.add_drain_listener(self._heard)
+
+    def _heard(self, progress: DrainProgress) -> None:
+        self.seen.append((progress, self.count()))
+
+    def totals(self) -> list[int]:
+        return [progress.total for progress, _ in self.seen]
+
+
+def start(router: Router, *runs: RunRequest) -> list[asyncio.Task[None]]:
+    tasks = []
+    for run in runs:
+        provision = router.admit(run)
+        assert not isinstance(provision, RunFailed)
+        events: list[RunEvent] = []
+        tasks.append(asyncio.create_task(router.execute(run, provision, events.append)))
+    return tasks
+
+
+async def test_a_swap_drain_counts_down_to_zero_as_its_last_run_ends(
+    wire_config, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="iop.node.routing")
+    router = Router(drain_timeout=30)
+    router.apply(payload(wire_config, SLOW))
+    old = router.registry.provisions["p1"]
+    progress = Progress(router, lambda: old.active)
+    runs = start(router, request("a", 2), request("b", 6), request("c", 10))
+    await asyncio.sleep(0)  # the runs have started on the old adapter
+
+    # New adapter settings: the old adapter drains its three runs; a new run uses the new one.
+    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
+    new_run = start(router, request("d", 1))
+    await asyncio.gather(*runs, *new_run)
+    await router.aclose()
+
+    assert progress.totals() == [3, 2, 1, 0]
+    for report, old_runs in progress.seen:
+        assert not report.shutting_down
+        assert dict(report.runs_left) == ({"p1": report.total} if report.total else {})
+        # Each report counts exactly the old adapter's runs left when it went out: zero came
+        # as its last run ended, not before and not a tick later.
+        assert report.total == old_runs
+    assert not progress.seen[-1][0].draining
+    messages = [r.getMessage() for r in caplog.records if "drain" in r.getMessage()]
+    assert messages[0] == "swap drain: 3 run(s) left (p1: 3)"
+    assert messages[-1].startswith("swap drain: every run ended after ")
+
+
+async def test_the_shutdown_drain_counts_every_run_and_only_reaches_zero_at_the_last(
+    wire_config,
+) -> None:
+    router = Router(drain_timeout=30)
+    router.apply(payload(wire_config, SLOW))
+    progress = Progress(router)
+    runs = start(router, request("a", 2), request("b", 8))
+    router.drain()
+    assert isinstance(router.admit(request("late", 1)), RunFailed)  # refused while draining
+    await asyncio.gather(*runs)
+    await router.aclose()
+
+    assert progress.totals() == [2, 1, 0]
+    assert all(report.shutting_down and report.draining for report, _ in progress.seen)
+    # Each report counts exactly the runs still in flight when it went out.
+    assert [running for _, running in progress.seen] == [2, 1, 0]
+
+
+async def test_a_swap_that_retires_an_idle_adapter_reports_no_drain(wire_config) -> None:
+    router = Router(drain_timeout=30)
+    router.apply(payload(wire_config, SLOW))
+    progress = Progress(router)
+    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
+    await router.aclose()
+    assert progress.seen == []
+    assert not router.drain_progress().draining
+
+
+async def test_a_drained_node_sends_what_its_links_hold_before_it_returns() -> None:
+    """The runs' last events and the drain's zero are queued for every Edge when the last run
+    ends: `drain` waits until each link has written them, so `stop` cuts nothing."""
+    agent = NodeAgent(node_id="node-1", token="t", edges=["127.0.0.1:1"])
+    written = asyncio.Event()
+
+    class SlowLink:
+        async def flush(self) -> None:
+            await written.wait()
+
+    agent.connections = {"127.0.0.1:1": SlowLink()}  # type: ignore[dict-item]
+    drain = asyncio.create_task(agent.drain(5))
+    await asyncio.sleep(0.05)
+    assert not drain.done()  # no run in flight, but a link still holds its last words
+    written.set()
+    assert await asyncio.wait_for(drain, 5) is True
+    await agent.stop()
