@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from iop.operator.adminapi import ApplyReport, NodePushResult, NodeState, ReplicaStatus
+from iop.operator.adminapi import (
+    ApplyReport,
+    NodePushResult,
+    NodeState,
+    ReplicaStatus,
+    _node_state,
+)
 from iop.operator.discovering import EdgeReplica
 from iop.operator.liveapplying import ReplicaOutcome, node_results
+from iop.operator.reporting import _node
 
 
 def outcome(name: str, nodes: dict[str, tuple[bool, bool]], pushes=()) -> ReplicaOutcome:
@@ -46,3 +53,33 @@ def test_partly_connected() -> None:
     outcomes = [outcome("a", {"n1": (True, True)}), outcome("b", {"n1": (False, False)})]
     (result,) = node_results(["n1"], outcomes)
     assert (result.state, result.reason) == ("NotConnected", "not connected to b")
+
+
+def test_a_draining_node_shows_the_runs_it_has_left() -> None:
+    draining = NodeState("n1", True, True, draining_runs=3)
+    replica = EdgeReplica("a", "a", "http://a:9090", True, "")
+    report = ApplyReport("h", 2, True, (), 1.0, "")
+    outcomes = [
+        ReplicaOutcome(
+            replica, "Applied", status=ReplicaStatus("h", 2, (draining,)), report=report
+        ),
+        outcome("b", {"n1": (True, True)}),
+    ]
+    (result,) = node_results(["n1"], outcomes)
+    assert (result.state, result.draining_runs) == ("Acked", 3)
+    assert _node(result) == {"nodeId": "n1", "state": "Acked", "reason": "", "drainingRuns": 3}
+    (idle,) = node_results(["n1"], [outcome("b", {"n1": (True, True)})])
+    assert "drainingRuns" not in _node(idle)
+
+
+def test_the_status_parser_sums_every_process_drain() -> None:
+    node = {
+        "node_id": "n1",
+        "connected": True,
+        "current": True,
+        "draining": True,
+        "draining_runs": {"pa": 2, "pb": 1},
+    }
+    assert _node_state(node).draining_runs == 3
+    older_edge = {"node_id": "n1", "connected": True, "current": False}
+    assert _node_state(older_edge) == NodeState("n1", True, False, 0)

@@ -35,6 +35,9 @@ class NodeState:
     node_id: str
     connected: bool
     current: bool
+    #: Runs its draining processes still finish (a SIGTERM drain, or an older process a newer
+    #: one superseded in a rollout): what a node rollout's status shows counting down.
+    draining_runs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +98,7 @@ class EdgeAdmin(AsyncService):
             return ReplicaStatus(
                 config_hash=str(document["config_hash"]),
                 generation=int(document["generation"]),
-                nodes=tuple(
-                    NodeState(str(n["node_id"]), bool(n["connected"]), bool(n["current"]))
-                    for n in document["nodes"]
-                ),
+                nodes=tuple(_node_state(n) for n in document["nodes"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AdminRefused(
@@ -199,3 +199,10 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     text = str(exc) or type(exc).__name__
     return text[:200]
+
+
+def _node_state(node: dict[str, Any]) -> NodeState:
+    """One node of `GET /status`. `draining_runs` (provider -> runs left, over the node's process
+    and the older ones a newer one superseded) is optional: an older Edge reports none."""
+    runs = sum(int(n) for n in (node.get("draining_runs") or {}).values())
+    return NodeState(str(node["node_id"]), bool(node["connected"]), bool(node["current"]), runs)

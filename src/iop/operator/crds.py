@@ -341,7 +341,8 @@ def status_schema() -> dict[str, Any]:
             "nodes": {
                 "type": "array",
                 "description": "Each node of the config: Acked (runs the desired payload on "
-                "every Edge replica), Failed (with the reason), NotConnected, or Restarting.",
+                "every Edge replica), Failed (with the reason), NotConnected, or Restarting; "
+                "drainingRuns while processes of it drain (a rollout's old pod, a SIGTERM).",
                 "items": {
                     "type": "object",
                     "properties": {
@@ -351,6 +352,11 @@ def status_schema() -> dict[str, Any]:
                             "enum": ["Acked", "Failed", "NotConnected", "Restarting"],
                         },
                         "reason": {"type": "string"},
+                        "drainingRuns": {
+                            "type": "integer",
+                            "description": "Runs the node's draining processes still finish "
+                            "(the most any Edge replica reports); absent when none drains.",
+                        },
                     },
                 },
             },

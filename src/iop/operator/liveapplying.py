@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from .adminapi import ApplyReport, EdgeAdmin, ReplicaStatus
+from .adminapi import ApplyReport, EdgeAdmin, NodeState, ReplicaStatus
 from .discovering import EdgeReplica
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
 
@@ -52,6 +52,8 @@ class NodeResult:
     node_id: str
     state: NodeResultState
     reason: str = ""
+    #: Runs the node's draining processes still finish, the most any replica reports.
+    draining_runs: int = 0
 
 
 async def read_replicas(
@@ -144,21 +146,32 @@ def node_results(
             for node in outcome.status.nodes
             if node.node_id == node_id
         ]
-        lagging = [name for name, node in views if node.connected and not node.current]
-        absent = [name for name, node in views if not node.connected]
-        if views and all(node.current for _, node in views):
-            results.append(NodeResult(node_id, "Acked"))
-        elif node_id in restarting:
-            results.append(NodeResult(node_id, "Restarting", "its workload restarts to take it"))
-        elif node_id in failures:
-            results.append(NodeResult(node_id, "Failed", failures[node_id]))
-        elif lagging:
-            reason = f"not running the current payload on {', '.join(lagging)}"
-            results.append(NodeResult(node_id, "Failed", reason))
-        elif len(absent) == len(views):
-            results.append(NodeResult(node_id, "NotConnected", "connected to no Edge replica"))
-        else:
-            results.append(
-                NodeResult(node_id, "NotConnected", f"not connected to {', '.join(absent)}")
-            )
+        draining = max((node.draining_runs for _, node in views), default=0)
+        results.append(
+            replace(_node_result(node_id, views, restarting, failures), draining_runs=draining)
+        )
     return results
+
+
+def _node_result(
+    node_id: str,
+    views: Sequence[tuple[str, NodeState]],
+    restarting: Collection[str],
+    failures: Mapping[str, str],
+) -> NodeResult:
+    """One node's state from each answering replica's view of it."""
+    lagging = [name for name, node in views if node.connected and not node.current]
+    absent = [name for name, node in views if not node.connected]
+    if views and all(node.current for _, node in views):
+        return NodeResult(node_id, "Acked")
+    if node_id in restarting:
+        return NodeResult(node_id, "Restarting", "its workload restarts to take it")
+    if node_id in failures:
+        return NodeResult(node_id, "Failed", failures[node_id])
+    if lagging:
+        return NodeResult(
+            node_id, "Failed", f"not running the current payload on {', '.join(lagging)}"
+        )
+    if len(absent) == len(views):
+        return NodeResult(node_id, "NotConnected", "connected to no Edge replica")
+    return NodeResult(node_id, "NotConnected", f"not connected to {', '.join(absent)}")

@@ -280,7 +280,14 @@ def _replica(outcome: ReplicaOutcome) -> dict[str, Any]:
 
 
 def _node(result: NodeResult) -> dict[str, Any]:
-    return {"nodeId": result.node_id, "state": result.state, "reason": result.reason}
+    entry: dict[str, Any] = {
+        "nodeId": result.node_id,
+        "state": result.state,
+        "reason": result.reason,
+    }
+    if result.draining_runs:
+        entry["drainingRuns"] = result.draining_runs
+    return entry
 
 
 def _rollout(record: RolloutRecord) -> dict[str, Any]:
