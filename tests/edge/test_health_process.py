@@ -137,15 +137,19 @@ async def test_traffic_leaves_a_dead_upstream_and_returns_when_it_is_back(
         status = (await admin.get("/status")).json()
         (node,) = status["nodes"]
         pa = next(p for p in node["providers"] if p["provider_id"] == "pa")
-        assert (pa["healthy"], pa["reason"]) == (False, gone["reason"])
+        # Out of dispatch for either reason: failing requests may take it out first, and the
+        # next failed probe then names the probes.
+        assert pa["healthy"] is False
+        assert pa["reason"] in ("probe_failed", "request_failures"), pa
         assert "Connection refused" in pa["detail"], pa
         text = (await metrics.get("/metrics")).text
         assert 'iop_edge_provider_healthy{node="node-1",provider="pa"} 0.0' in text
         assert 'iop_edge_provider_healthy{node="node-1",provider="pb"} 1.0' in text
-        assert (
-            f'iop_edge_provider_unhealthy_reason{{node="node-1",provider="pa",'
-            f'reason="{gone["reason"]}"}} 1.0'
-        ) in text
+        assert any(
+            'iop_edge_provider_unhealthy_reason{node="node-1",provider="pa",'
+            f'reason="{reason}"}} 1.0' in text
+            for reason in ("probe_failed", "request_failures")
+        ), text
 
         # It comes back on its port: two passing probes later pa serves again.
         await stack.enter_async_context(fake_upstream(up_a.port))
