@@ -1,6 +1,7 @@
 """Benchmark: how long traffic keeps going to a dead model server, and how soon it comes back.
 
     uv run --frozen python -P bench/health.py [--rounds 5] [--interval-ms 5000 1000]
+        [--cost-seconds 20]
 
 Processes as deployed: two `iop fake-upstream`s, `iop edge run` and `iop node run` (plaintext
 link), model `m` on providers pa and pb (equal priority: they take turns), each an `openai`
@@ -18,7 +19,15 @@ the provider's other health settings at their defaults (failure_threshold 3, suc
 
 Printed per case: the time from the kill to pa leaving dispatch ("out") and from the restart to
 pa being back ("back"), as median (min-max) over the rounds, the reason the Edge gave, and the
-requests the clients saw fail. Figures go to docs/benchmarks.md ("## Provider health").
+requests the clients saw fail.
+
+First, the cost of probing itself, which a throughput benchmark cannot resolve (a probe a second
+against thousands of requests a second is lost in the noise; `bench/edge.py
+--probe-interval-ms` shows that side): the idle Node's CPU time over `--cost-seconds` with
+probing off, every 1 s and every 100 ms (applied live, two providers probed), the probes the
+upstreams answered meanwhile, and the CPU per probe from the difference.
+
+Figures go to docs/benchmarks.md ("## Provider health").
 """
 
 from __future__ import annotations
@@ -115,6 +124,8 @@ class Load:
     def __init__(self, http: httpx.AsyncClient) -> None:
         self.http = http
         self.statuses: list[int] = []
+        #: The error code of each failed request (`node_disconnected`, `upstream_error`...).
+        self.errors: list[str] = []
         self.tasks = [asyncio.create_task(self._client()) for _ in range(CLIENTS)]
 
     async def _client(self) -> None:
@@ -122,6 +133,8 @@ class Load:
         while True:
             response = await self.http.post("/v1/chat/completions", json=body)
             self.statuses.append(response.status_code)
+            if response.status_code != 200:
+                self.errors.append(str(response.json()["error"]["code"]))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -133,7 +146,7 @@ def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
 
 
-async def main(rounds: int, intervals: list[int]) -> None:
+async def main(rounds: int, intervals: list[int], cost_seconds: float) -> None:
     print(f"# bench/health.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}", flush=True)
     rows: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
@@ -167,6 +180,26 @@ async def main(rounds: int, intervals: list[int]) -> None:
             return bool((await health("pa"))["healthy"])
 
         await until(lambda: _both(http), timeout=60)
+        if cost_seconds:
+            print("\n| probe interval | node CPU ms/s, idle | probes/s | CPU per probe |")
+            print("|---|---:|---:|---:|")
+            baseline = 0.0
+            for interval in (0, 1000, 100):
+                report = await admin.post(
+                    "/refresh", json={"mode": "apply", "config": document(ports, interval)}
+                )
+                assert report.status_code == 200, report.text
+                await asyncio.sleep(2)  # the new policy is in force on the Node
+                lookups = await _lookups(ports)
+                cpu = _cpu_seconds(node.pid)
+                await asyncio.sleep(cost_seconds)
+                cpu_rate = (_cpu_seconds(node.pid) - cpu) / cost_seconds
+                probes = (await _lookups(ports) - lookups - 2) / cost_seconds  # 2: our own GETs
+                if not interval:
+                    baseline = cpu_rate
+                per_probe = f"{(cpu_rate - baseline) / probes * 1e6:,.0f} us" if probes > 0 else "-"
+                label = f"{interval / 1000:g} s" if interval else "off"
+                print(f"| {label} | {cpu_rate * 1000:.2f} | {probes:.1f} | {per_probe} |")
         for interval in intervals:
             report = await admin.post(
                 "/refresh", json={"mode": "apply", "config": document(ports, interval)}
@@ -193,6 +226,9 @@ async def main(rounds: int, intervals: list[int]) -> None:
                         await load.stop()
                 failed = len([s for s in load.statuses if s != 200]) if load else 0
                 total = len(load.statuses) if load else 0
+                if load is not None and load.errors:
+                    codes = {code: load.errors.count(code) for code in sorted(set(load.errors))}
+                    print(f"  {interval / 1000:g} s, under load: failed {codes}", file=sys.stderr)
                 case = f"{interval / 1000:g} s, {'under load' if loaded else 'idle'}"
                 print(f"  measured {case}", file=sys.stderr, flush=True)
                 rows.append(
@@ -206,6 +242,21 @@ async def main(rounds: int, intervals: list[int]) -> None:
     )
     print("|---|---:|---|---:|---:|")
     print("\n".join(rows))
+
+
+async def _lookups(ports: dict[str, int]) -> int:
+    """GETs the upstreams answered so far (the Node's probes, and these stats requests)."""
+    total = 0
+    async with httpx.AsyncClient(timeout=30) as http:
+        for port in ports.values():
+            total += int((await http.get(f"http://127.0.0.1:{port}/fake/stats")).json()["lookups"])
+    return total
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _both(http: httpx.AsyncClient) -> bool:
@@ -223,5 +274,11 @@ if __name__ == "__main__":
         default=[5000, 1000],
         help="probe intervals to measure (each applied live)",
     )
+    parser.add_argument(
+        "--cost-seconds",
+        type=float,
+        default=20.0,
+        help="seconds the idle Node's CPU is measured per probe interval (0: skip)",
+    )
     args = parser.parse_args()
-    uvloop.run(main(args.rounds, args.interval_ms))
+    uvloop.run(main(args.rounds, args.interval_ms, args.cost_seconds))

@@ -48,7 +48,7 @@ from iop.wire.converting import (
     health_from_proto,
     request_to_proto,
 )
-from iop.wire.nodestates import NOT_PROBED
+from iop.wire.nodestates import DRAINING, NOT_PROBED
 
 from .hubs import InstanceDrain
 
@@ -409,8 +409,10 @@ class NodeSession:
                 self.health[health.provider_id] = health
                 changed = True
                 if not health.healthy:
-                    # Not probed yet is every provider's first word: no cause for a warning.
-                    log = logger.info if health.reason == NOT_PROBED else logger.warning
+                    # Not probed yet (every provider's first word) and draining (a node leaving
+                    # on purpose) are no cause for a warning.
+                    planned = health.reason in (NOT_PROBED, DRAINING)
+                    log = logger.info if planned else logger.warning
                     log(
                         "node %s: provider %s unhealthy (%s): %s",
                         self.node_id,
