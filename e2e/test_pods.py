@@ -422,3 +422,53 @@ def test_deletion_runs_pre_stop_then_sigterm(
 
     assert (tmp_path / "prestop").read_text() == "bye\n"
     assert (tmp_path / "sigterm").read_text() == "True"  # the hook ran before SIGTERM
+
+
+def test_an_empty_dir_over_a_parent_of_the_checkout_hides_nothing_the_image_needs(
+    kube_cluster: KubeCluster, namespace: str
+) -> None:
+    """The chart mounts an emptyDir at /tmp; a checkout under /tmp (a CI clone) or any folder
+    above the checkout must still be there for `iop` in the container, and the volume stays a
+    writable scratch folder."""
+    top = "/" + Path(__file__).resolve().parts[1]  # e.g. /tmp or /work
+    script = (
+        "import pathlib, subprocess, sys; "
+        f"pathlib.Path({top!r}, 'scratch').write_text('ok'); "
+        "out = subprocess.run(['iop', '--version'], capture_output=True, text=True, check=True); "
+        "print(out.stdout.strip())"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "covered"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "covered",
+                    "image": IMAGE,
+                    "command": ["python", "-c", script],
+                    "volumeMounts": [
+                        {"name": "top", "mountPath": top},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                    ],
+                }
+            ],
+            "volumes": [{"name": "top", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        },
+    }
+    if top == "/tmp":
+        pod["spec"]["containers"][0]["volumeMounts"].pop()
+        pod["spec"]["volumes"].pop()
+    kube_cluster.apply(pod, "-n", namespace)
+    done = kube_cluster.wait_for(
+        lambda: (lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None)(
+            kube_cluster.get("pod", "covered", "-n", namespace)
+        ),
+        timeout=60,
+        what="the pod with volumes over the checkout's parents to finish",
+    )
+    output = logs(kube_cluster, namespace, "covered")
+    assert done["status"]["phase"] == "Succeeded", output
+    assert output.strip().splitlines()[-1].startswith("iop "), output
+    assert not Path(top, "scratch").exists()  # written into the volume, not the host

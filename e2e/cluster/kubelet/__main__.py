@@ -21,6 +21,13 @@ DEFAULT_IMAGE = "ghcr.io/iop-edge/iop-edge"
 CHECKOUT = Path(__file__).resolve().parents[3]
 
 
+def image(name: str, venv: Path) -> Image:
+    """The image: `venv`'s `iop`, with the folders a container must see to run it."""
+    python_home = (venv / "bin" / "python").resolve().parent.parent
+    contents = tuple(sorted({str(venv), str(CHECKOUT), str(python_home)}))
+    return Image(name=name, venv=str(venv), contents=contents)
+
+
 def parse() -> Config:
     parser = argparse.ArgumentParser(prog="kubelet", description=__doc__)
     add = parser.add_argument
@@ -63,7 +70,7 @@ def parse() -> Config:
         serving_key=args.serving_key,
         serving_port=args.serving_port,
         state=Path(args.state),
-        image=Image(name=repository(args.image), venv=str(Path(args.venv).absolute())),
+        image=image(repository(args.image), Path(args.venv).absolute()),
     )
 
 

@@ -50,6 +50,8 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     workdir: str
+    #: Host folders bound back in at their own path when a volume covers a parent of one.
+    keep: list[str] = field(default_factory=list)
 
 
 @dataclass

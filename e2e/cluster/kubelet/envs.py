@@ -26,6 +26,10 @@ class Image:
     name: str  # repository without tag, e.g. ghcr.io/iop-edge/iop-edge
     venv: str  # the checkout's virtualenv, whose bin/ holds `iop` and `python`
     entrypoint: tuple[str, ...] = ("iop",)
+    #: The host folders the image is made of (the virtualenv, the checkout its editable install
+    #: points into, the Python it was made from): a volume mounted over one of their parents (an
+    #: emptyDir at /tmp, for a checkout under /tmp) must not hide them from the container.
+    contents: tuple[str, ...] = ()
 
     def runs(self, reference: str) -> bool:
         return repository(reference) == self.name

@@ -167,6 +167,27 @@ class Root:
             if read_only:
                 mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
 
+    def keep_visible(self, folders: list[str], volume_targets: list[str]) -> None:
+        """Bind each of `folders` (the image's own: its virtualenv, the checkout, its Python)
+        back at its path when a volume was mounted over one of its parents: a container's
+        emptyDir at /tmp must not hide a checkout under /tmp. The folder is made inside the
+        volume (a writable one: an emptyDir)."""
+        for folder in folders:
+            covering = [
+                t for t in volume_targets if folder.startswith(t.rstrip("/") + "/") or folder == t
+            ]
+            if not covering:
+                continue
+            target = self.path / folder.lstrip("/")
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise InitError(
+                    f"volume at {covering[0]} hides {folder}, which the image needs, and "
+                    f"{folder} cannot be made in it: {error.strerror}"
+                ) from None
+            mount(folder, str(target), None, MS_BIND | MS_REC)
+
 
 def run(spec: dict[str, Any]) -> None:
     enter_namespaces(spec["netns"], spec["hostname"])
@@ -174,6 +195,7 @@ def run(spec: dict[str, Any]) -> None:
     binds = [(source, path, False) for path, source in spec["files"].items()]
     binds += [(m["source"], m["target"], m["read_only"]) for m in spec["mounts"]]
     root.bind_all(binds)
+    root.keep_visible(spec.get("keep", []), [m["target"] for m in spec["mounts"]])
     os.chroot(root.path)
     workdir = spec.get("workdir") or "/"
     try:

@@ -257,6 +257,7 @@ class PodWorker:
             argv=argv(container.spec, config.image, env),
             env=env,
             workdir=container.spec.get("workingDir", ""),
+            keep=list(config.image.contents),
         )
 
     def _write_etc_files(self) -> None:
