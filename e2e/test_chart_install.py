@@ -270,12 +270,18 @@ def test_install_with_mutual_tls_on_the_node_link(
         url = cluster.get("service", "iop-iop-edge-openai", "-n", namespace)["spec"]["clusterIP"]
 
         def answered() -> bool:
-            response = httpx.post(
-                f"http://{url}:8080/v1/chat/completions",
-                headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
-                json={"model": "demo-echo", "messages": [{"role": "user", "content": "Hello!"}]},
-                timeout=30,
-            )
+            try:
+                response = httpx.post(
+                    f"http://{url}:8080/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
+                    json={
+                        "model": "demo-echo",
+                        "messages": [{"role": "user", "content": "Hello!"}],
+                    },
+                    timeout=30,
+                )
+            except httpx.ConnectError:  # kube-proxy not yet following the new Service
+                return False
             return response.status_code == 200 and bool(
                 response.json()["choices"][0]["message"]["content"]
             )

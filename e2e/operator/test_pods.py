@@ -22,16 +22,14 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from e2e.operator.conftest import Workloads
 from iop.edgeconfig import config_hash, load_data
-
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "iop-edge"
 
 pytestmark = pytest.mark.e2e
 
@@ -51,9 +49,9 @@ def chart_spec(host_spec: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 @dataclass
-class PodStack:
-    cluster: Any
-    namespace: str
+class PodStack(Workloads):
+    """The chart's release with its operator and running pods, and the EdgeConfig it made."""
+
     spec: dict[str, Any] = field(default_factory=dict)
     api_key: str = ""
     generation: int = 1
@@ -83,20 +81,6 @@ class PodStack:
                 )
         return found
 
-    def deployment(self, name: str) -> dict[str, Any]:
-        return self.get("deployment", name)  # type: ignore[no-any-return]
-
-    def stamp(self, name: str) -> str:
-        template = self.deployment(name)["spec"]["template"]["metadata"]
-        return (template.get("annotations") or {}).get("iop.dev/config-hash", "")
-
-    def revisions(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for rs in self.get("rs", "-l", "iop.dev/edgeconfig")["items"]:
-            owner = rs["metadata"]["ownerReferences"][0]["name"]
-            counts[owner] = counts.get(owner, 0) + 1
-        return counts
-
     def secret(self, name: str, key: str) -> str:
         data = self.get("secret", name)["data"]
         return base64.b64decode(data[key]).decode()
@@ -106,7 +90,22 @@ class PodStack:
         return f"http://{service['clusterIP']}:{service['ports'][0]['port']}/v1"
 
     def client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.base_url(), api_key=self.api_key, max_retries=0)
+        return openai.AsyncOpenAI(
+            base_url=self.base_url(), api_key=self.api_key, max_retries=0, http_client=http_client()
+        )
+
+    def routed(self) -> bool:
+        """Whether the Edge's Service answers: kube-proxy follows the Service's endpoints a
+        moment after they change."""
+        try:
+            response = httpx.get(
+                f"{self.base_url()}/models",
+                headers={"Authorization": f"Bearer {self.api_key}"},
+                timeout=httpx.Timeout(10, connect=2),
+            )
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
 
     def apply(self, spec: dict[str, Any], *args: str) -> Any:
         manifest = {
@@ -142,16 +141,13 @@ class PodStack:
         wait_until(ready, timeout, f"ec/{NAME} Ready for generation {generation}", lambda: found)
         return found
 
-    def rolled_out(self, name: str) -> bool:
-        deployment = self.deployment(name)
-        status = deployment.get("status", {})
-        wanted = deployment["spec"]["replicas"]
-        return (
-            status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
-            and status.get("updatedReplicas", 0) == wanted
-            and status.get("replicas", 0) == wanted
-            and status.get("readyReplicas", 0) == wanted
-        )
+
+def http_client(**options: Any) -> httpx.AsyncClient:
+    """A client of the Edge's ClusterIP that dials again when a connection is refused or not
+    answered (nothing was sent yet): until kube-proxy follows a rolled Service's endpoints, a
+    connection may go to a pod that is gone."""
+    transport = httpx.AsyncHTTPTransport(retries=5)
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30, connect=2), **options)
 
 
 def wait_until(probe: Callable[[], object], timeout: float, what: str, show: Any = None) -> None:
@@ -176,13 +172,9 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
         "nodes": [{"id": "node-1"}, {"id": "node-2"}],
         "edgeConfig": {"spec": chart_spec(host_spec)},
     }
-    values_file = Path(kube_cluster.client_home) / f"{namespace}.json"
-    values_file.write_text(json.dumps(values))
     stack = PodStack(kube_cluster, namespace)
     try:
-        kube_cluster.helm(
-            "install", "iop", str(CHART), "-n", namespace, "-f", str(values_file), timeout=180
-        )
+        stack.install(values)
         stack.spec = stack.wait_ready(1, timeout=240)["spec"]
         stack.api_key = stack.secret(f"{NAME}-api-keys", TOKEN_REF)
         for name in (EDGE, NODE_1, NODE_2):
@@ -191,6 +183,7 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
             lambda: stack.ec()["status"].get("nodesAcked") == "2/2", 120, "both nodes acked",
             stack.ec,
         )  # fmt: skip
+        wait_until(stack.routed, 30, "the Edge's Service to answer")
         yield stack
     finally:
         logs = kube_cluster.kubectl(
@@ -366,7 +359,7 @@ async def test_an_edge_restart_rolls_only_the_edge_pods(pods: PodStack) -> None:
         "the nodes to run the config on the new Edge pods",
         pods.ec,
     )
-    async with httpx.AsyncClient(base_url=pods.base_url(), timeout=30) as http:
+    async with http_client(base_url=pods.base_url()) as http:
         for _ in range(4):
             response = await http.post(
                 "/chat/completions",
