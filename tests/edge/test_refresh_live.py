@@ -189,6 +189,25 @@ async def test_fallbacks_and_the_retry_settings(refresh_stack, refresh_document)
     assert stack.served(await stack.chat()) == "served-b"
 
 
+async def test_first_byte_timeout(refresh_stack, refresh_document) -> None:
+    document = only_pa(refresh_document(), capacity=4)  # pa's first byte comes after 400 ms
+    document["openai"]["retries"] = {"max_per_request": 0}
+    stack = await refresh_stack(document)
+    assert (await stack.chat()).status_code == 200
+
+    document["models"][0]["first_byte_timeout_ms"] = 100
+    report = await stack.refresh(document)
+    acked(report)  # the Edge's alone: nothing to push
+    assert report["live_paths"] == ["models[m].first_byte_timeout_ms"]
+    late = await stack.chat()
+    assert (late.status_code, late.json()["error"]["code"]) == (504, "upstream_timeout")
+    assert stack.edge.dispatcher.in_flight_counts()["pa"] == (0, 0)
+
+    document["models"][0]["first_byte_timeout_ms"] = 2_000
+    acked(await stack.refresh(document))
+    assert (await stack.chat()).status_code == 200
+
+
 async def test_generation_policy(refresh_stack, refresh_document) -> None:
     stack = await refresh_stack()
     assert (await stack.chat()).json()["usage"]["completion_tokens"] == 4

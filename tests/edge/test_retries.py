@@ -8,7 +8,8 @@ Models: `m` on providers a (priority 1) and b (priority 2), falling back to `bac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import openai
@@ -31,7 +32,9 @@ async def start(
     """`await start(retries={...})`: an Edge over the fake hub, and a client of it."""
     started: list[tuple[EdgeServer, openai.AsyncOpenAI]] = []
 
-    async def run(**retries: Any) -> tuple[EdgeServer, openai.AsyncOpenAI]:
+    async def run(
+        first_byte_timeout_ms: Mapping[str, int] | None = None, **retries: Any
+    ) -> tuple[EdgeServer, openai.AsyncOpenAI]:
         config = config_of(
             [
                 provider("a", priority=1),
@@ -45,6 +48,8 @@ async def start(
         )
         document = config.model_dump(mode="json")
         document["models"][0]["fallbacks"] = ["backup"]
+        for model in document["models"]:
+            model["first_byte_timeout_ms"] = (first_byte_timeout_ms or {}).get(model["id"])
         config = type(config).model_validate(document)
         edge = EdgeServer(config, hub=fake_hub, openai_listen="127.0.0.1:0", shutdown_grace_s=1)
         await edge.start()
@@ -83,6 +88,19 @@ def failing(
             left[request.provider_id] -= 1
             yield wire_statuses.failure(code, f"{request.provider_id} failed", status=500)
             return
+        async for event in echo(request):
+            yield event
+
+    fake_hub.script = script
+
+
+def silent(fake_hub: Any, providers: Collection[str], seconds: float = 30) -> None:
+    """Make `providers` send nothing for `seconds` before they answer."""
+    echo = fake_hub.script
+
+    async def script(request: RunRequest) -> AsyncIterator[RunEvent]:
+        if request.provider_id in providers:
+            await asyncio.sleep(seconds)
         async for event in echo(request):
             yield event
 
@@ -237,3 +255,44 @@ async def test_when_no_provider_of_the_model_is_in_dispatch_the_fallback_answers
     labels = {"model": "m", "fallback": "backup", "reason": "unavailable"}
     assert metric(edge, "iop_edge_fallbacks_total", **labels) == 1
     assert metric(edge, "iop_edge_retries_total", model="m", reason="upstream_error") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_try_with_no_first_byte_in_time_is_cancelled_and_retried_elsewhere(
+    start, fake_hub, stream
+) -> None:
+    edge, client = await start(first_byte_timeout_ms={"m": 200})
+    silent(fake_hub, {"a"})
+    if stream:
+        chunks = await client.chat.completions.create(model="m", messages=HELLO, stream=True)
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in chunks])
+    else:
+        response = await client.chat.completions.create(model="m", messages=HELLO)
+        text = response.choices[0].message.content or ""
+    assert text == "Hello from b"
+    assert tried(fake_hub) == ["a", "b"]
+    # The silent try was left before its end (the real hub sends Cancel to its Node then).
+    assert fake_hub.ended[fake_hub.requests[0].run_id] == "closed"
+    assert metric(edge, "iop_edge_retries_total", model="m", reason="upstream_timeout") == 1
+
+
+async def test_with_no_retry_left_a_late_first_byte_is_a_504_that_names_the_setting(
+    start, fake_hub
+) -> None:
+    edge, client = await start(first_byte_timeout_ms={"solo": 150}, max_per_request=0)
+    silent(fake_hub, {"s"})
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model="solo", messages=HELLO)
+    assert (caught.value.status_code, caught.value.code) == (504, "upstream_timeout")
+    assert "models[solo].first_byte_timeout_ms" in caught.value.message
+    assert "within 150 ms" in caught.value.message
+    assert tried(fake_hub) == ["s"] and not fake_hub.active
+    assert edge.dispatcher.in_flight_counts()["s"] == (0, 0)  # its slot is free at once
+
+
+async def test_a_first_byte_just_in_time_is_the_answer(start, fake_hub) -> None:
+    _, client = await start(first_byte_timeout_ms={"solo": 2_000})
+    silent(fake_hub, {"s"}, seconds=0.2)
+    response = await client.chat.completions.create(model="solo", messages=HELLO)
+    assert response.choices[0].message.content == "Hello from s"
+    assert tried(fake_hub) == ["s"]

@@ -229,8 +229,17 @@ async def test_one_provider_failing_30_percent_costs_clients_no_error(
             assert tries == 150
 
 
+@pytest.mark.parametrize(
+    ("models", "adapters"),
+    [
+        # the Node gives up on an upstream that sends nothing for 0.3 s: upstream_timeout
+        pytest.param(MODEL_M, {"p-flaky": {"request_timeout_s": 0.3}}, id="node-adapter"),
+        # the Edge cancels a try with no first byte after 0.3 s (the model's live setting)
+        pytest.param([{**MODEL_M[0], "first_byte_timeout_ms": 300}], {}, id="edge-model"),
+    ],
+)
 async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
-    tmp_path, iop_processes, tls
+    tmp_path, iop_processes, tls, until, models, adapters
 ) -> None:
     async with pool(
         tmp_path,
@@ -238,9 +247,8 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
         tls,
         upstreams={"good": [], "flaky": ["--latency-ms", "5000"]},
         nodes=TWO_PROVIDERS,
-        models=MODEL_M,
-        # the Node gives up on an upstream that sends nothing for 0.3 s: upstream_timeout
-        adapters={"p-flaky": {"request_timeout_s": 0.3}},
+        models=models,
+        adapters=adapters,
     ) as stack:
         async with stack.client() as client:
             whole = await answers(client, "m", 10, stream=False, concurrency=2)
@@ -248,6 +256,13 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
         assert errors(whole) == errors(streams) == []
         timeouts = await stack.metric("iop_edge_retries_total", reason="upstream_timeout")
         assert timeouts == await stack.completions("flaky") >= 1
+        # Each abandoned try was cancelled up to the upstream: it saw the client leave, and
+        # nothing is left running there.
+        async def all_cancelled() -> bool:
+            flaky = await stack.stats("flaky")
+            return (flaky["disconnects"], flaky["in_flight"]) == (timeouts, 0)
+
+        await until(all_cancelled, timeout=5)
 
 
 async def test_the_budget_bounds_retries_when_the_whole_pool_fails(

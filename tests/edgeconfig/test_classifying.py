@@ -77,6 +77,11 @@ LIVE = [
         id="fallbacks",
     ),
     pytest.param(
+        lambda d: d["models"][0].update(first_byte_timeout_ms=500),
+        "models[llama].first_byte_timeout_ms",
+        id="first-byte-timeout",
+    ),
+    pytest.param(
         lambda d: d["openai"].update(retries={"budget_percent": 5}),
         "openai.retries.budget_percent",
         id="retry-budget",

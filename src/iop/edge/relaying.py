@@ -14,6 +14,9 @@ still be retried (docs/edge.md, "Retries and fallbacks"):
   budget; otherwise that failure is the answer. A retry goes to a provider of the model the
   request has not tried while one is available; when every available one has failed, to the
   model's next fallback; with no fallback left, to the tried providers again.
+- a try with no first event within its model's `first_byte_timeout_ms` (a stream's first chunk,
+  a whole answer otherwise) is cancelled on its Node and fails as `upstream_timeout`: retried
+  as above, or the answer.
 - a model none of whose providers is in dispatch (unavailable, not merely busy) hands the request
   to its first fallback that has one, before any try.
 
@@ -167,8 +170,10 @@ class RelayedRun:
                     continue
             self._first = first
             stream = self._stream
-            assert stream is not None
-            stream.on_end(functools.partial(dispatcher.release, lease))
+            if stream is None:  # the try timed out before its first byte: its run is over
+                dispatcher.release(lease)
+            else:
+                stream.on_end(functools.partial(dispatcher.release, lease))
             return self
 
     def _try_again(
@@ -258,11 +263,26 @@ class RelayedRun:
         self._stream = stream
         events = stream.__aiter__()
         self._events = events
+        route = self._relay._dispatcher.snapshot.models.get(self._model)
+        limit = route.first_byte_timeout_s if route is not None else None
         try:
-            return await anext(events)
+            if limit is None:
+                return await anext(events)
+            try:
+                async with asyncio.timeout(limit):
+                    return await anext(events)
+            except TimeoutError:
+                pass
         except BaseException as exc:
             await self._close_stream(type(exc), exc, exc.__traceback__)
             raise
+        # No first byte in time: the run is cancelled on its Node, and this try failed.
+        await self._close_stream(None, None, None)
+        return wire_statuses.failure(
+            wire_statuses.UPSTREAM_TIMEOUT,
+            f"no first byte from provider {lease.provider_id!r} within "
+            f"{limit * 1000:g} ms (models[{self._model}].first_byte_timeout_ms)",
+        )
 
     async def _close_stream(
         self,

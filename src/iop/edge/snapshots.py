@@ -68,6 +68,8 @@ class ModelRoute:
     takes_long: bool
     #: The models that answer instead when this one cannot, in the order they are tried.
     fallbacks: tuple[str, ...] = ()
+    #: Longest a try may take to its first event, in seconds (None: no limit).
+    first_byte_timeout_s: float | None = None
 
     def candidate(self, provider_id: str) -> Candidate | None:
         for candidate in self.candidates:
@@ -135,6 +137,11 @@ class PoolSnapshot:
                 / 1000,
                 takes_long=any(c.provider.takes_long for c in candidates),
                 fallbacks=_fallback_order(direct_fallbacks, model.id) if model.fallbacks else (),
+                first_byte_timeout_s=(
+                    None
+                    if model.first_byte_timeout_ms is None
+                    else model.first_byte_timeout_ms / 1000
+                ),
             )
             models[model.id] = route
             for candidate in candidates:

@@ -558,6 +558,18 @@ class ModelSpec(Spec):
             ordered=True,
         ),
     ] = Field(default_factory=list)
+    first_byte_timeout_ms: Annotated[
+        int | None,
+        live(
+            "Milliseconds a try of this model may take to the first byte for the client (a "
+            "stream's first chunk, the whole answer of a request that does not stream), counted "
+            "from when the run starts on its Node (not the queue wait). Past it the Edge cancels "
+            "the run on its Node and, within `openai.retries`, tries another provider or a "
+            "fallback; otherwise the client gets 504 `upstream_timeout`. Null: no limit but the "
+            "adapter's request timeout.",
+            ge=1,
+        ),
+    ] = None
 
 
 # -- nodes and their providers -------------------------------------------------------------------
