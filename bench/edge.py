@@ -317,6 +317,9 @@ class _InstantStream:
     def on_end(self, callback: Callable[[], object]) -> None:
         callback()  # every event is there from the start: the run has ended already
 
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        return None  # nothing runs anywhere
+
 
 class InstantHub:
     """Answers every run at once with what the fake upstream would send (8 tokens)."""

@@ -678,15 +678,22 @@ class Cancel(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_ID_FIELD_NUMBER: _builtins.int
+    FIRST_BYTE_TIMEOUT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    first_byte_timeout: _builtins.bool
+    """The Edge gave up on the run because no first byte came within the model's
+    first_byte_timeout_ms: the Node counts it as an upstream timeout of the run's provider for
+    its outlier detection (a plain cancel, a client that left, counts for nothing).
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
+        first_byte_timeout: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_byte_timeout", b"first_byte_timeout", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

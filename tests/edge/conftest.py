@@ -166,6 +166,12 @@ class FakeStream:
     def __aiter__(self) -> FakeStream:
         return self
 
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        if self._hub.ended.get(self._request.run_id) is None:
+            self._hub.ended[self._request.run_id] = (
+                "first byte timeout" if first_byte_timeout else "cancelled"
+            )
+
     def take_ready(self) -> list[RunEvent]:
         if self._ready is None:
             return []  # a script's next event is only known by awaiting it

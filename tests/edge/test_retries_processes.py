@@ -88,10 +88,11 @@ async def pool(
     models: Sequence[dict[str, Any]],
     retries: Mapping[str, Any] | None = None,
     adapters: Mapping[str, Mapping[str, Any]] | None = None,
+    health: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> AsyncIterator[Pool]:
     """Fake upstreams (name -> their flags), nodes (node id -> provider id -> upstream name, each
-    provider serving `<upstream>-served`; `adapters` adds settings to a provider's adapter), an
-    Edge over them, and the nodes connected."""
+    provider serving `<upstream>-served`; `adapters` adds settings to a provider's adapter,
+    `health` sets its health policy), an Edge over them, and the nodes connected."""
     async with contextlib.AsyncExitStack() as stack:
         owners = {name: stack.enter_context(_nested(stack)) for name in upstreams}
         started = {
@@ -132,6 +133,7 @@ async def pool(
                             },
                             "served_models": [f"{upstream}-served"],
                             "capacity": 16,
+                            "health": dict((health or {}).get(provider_id, {})),
                         }
                         for provider_id, upstream in providers.items()
                     ],
@@ -256,6 +258,7 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
         assert errors(whole) == errors(streams) == []
         timeouts = await stack.metric("iop_edge_retries_total", reason="upstream_timeout")
         assert timeouts == await stack.completions("flaky") >= 1
+
         # Each abandoned try was cancelled up to the upstream: it saw the client leave, and
         # nothing is left running there.
         async def all_cancelled() -> bool:
@@ -263,6 +266,42 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
             return (flaky["disconnects"], flaky["in_flight"]) == (timeouts, 0)
 
         await until(all_cancelled, timeout=5)
+
+
+async def test_a_provider_too_slow_for_the_first_byte_deadline_leaves_dispatch(
+    tmp_path, iop_processes, tls, until
+) -> None:
+    """The Edge's cancels for a late first byte count on the Node as the provider's upstream
+    timeouts: after `request_failure_threshold` of them in a row it is out of dispatch (the
+    upstream's probes still pass: it answers /v1/models at once), and requests stop paying the
+    deadline."""
+    async with pool(
+        tmp_path,
+        iop_processes,
+        tls,
+        upstreams={"good": [], "flaky": ["--latency-ms", "5000"]},
+        nodes=TWO_PROVIDERS,
+        models=[{**MODEL_M[0], "first_byte_timeout_ms": 200}],
+        health={"p-flaky": {"request_failure_threshold": 3}},
+    ) as stack:
+        async with stack.client() as client, httpx.AsyncClient(base_url=stack.url) as http:
+
+            async def flaky_health() -> dict[str, Any] | None:
+                providers = (await http.get("/readyz")).json()["providers"]
+                health: dict[str, Any] = providers["p-flaky"]
+                return None if health["healthy"] else health
+
+            # One at a time, each tries p-flaky first (same priority, its id sorts first), once
+            # it no longer sits out the moment that follows a failed try.
+            for _ in range(3):
+                assert errors(await answers(client, "m", 1, stream=False)) == []
+                await asyncio.sleep(0.2)
+            out = await until(flaky_health, timeout=10)
+            assert out["reason"] == "request_failures", out
+            tried = await stack.completions("flaky")
+            assert tried == 3
+            assert errors(await answers(client, "m", 10, stream=False, concurrency=2)) == []
+            assert await stack.completions("flaky") == tried  # no try went there any more
 
 
 async def test_the_budget_bounds_retries_when_the_whole_pool_fails(

@@ -109,6 +109,11 @@ class RunEvents(Protocol):
         cannot tell): a writer that is behind sends them all at once instead of one by one."""
         ...
 
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        """Stop the run now unless it has ended. `first_byte_timeout`: because its first byte
+        came too late, which its Node counts against the provider's health."""
+        ...
+
 
 class NodeRuns(Protocol):
     """The node hub, as the request path uses it."""

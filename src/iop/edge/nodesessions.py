@@ -205,15 +205,18 @@ class RunStream:
         """The node the run went to (None when it never left the Edge)."""
         return None if self._session is None else self._session.node_id
 
-    def cancel(self) -> None:
-        """Stop the run now unless it has ended: Cancel goes to the Node, nothing more arrives."""
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        """Stop the run now unless it has ended: Cancel goes to the Node, nothing more arrives.
+        `first_byte_timeout`: the Node counts the run as its provider's upstream timeout."""
         if not self._started:
             self._started = True
             self._finished = True
             return
         session = self._session
         if session is not None and session.forget(self.request.run_id) is self:
-            session.writer_put(pb.Cancel(run_id=self.request.run_id))
+            session.writer_put(
+                pb.Cancel(run_id=self.request.run_id, first_byte_timeout=first_byte_timeout)
+            )
         self._session = None
         self._finished = True
         self._end()

@@ -276,7 +276,9 @@ class RelayedRun:
         except BaseException as exc:
             await self._close_stream(type(exc), exc, exc.__traceback__)
             raise
-        # No first byte in time: the run is cancelled on its Node, and this try failed.
+        # No first byte in time: the run is cancelled on its Node, which counts it against the
+        # provider's health, and this try failed.
+        stream.cancel(first_byte_timeout=True)
         await self._close_stream(None, None, None)
         return wire_statuses.failure(
             wire_statuses.UPSTREAM_TIMEOUT,

@@ -55,7 +55,7 @@ from iop.wire.converting import (
 )
 
 from .arbitrating import PayloadArbiter
-from .routing import Router, RunGate
+from .routing import FIRST_BYTE_TIMEOUT, Router, RunGate
 
 __all__ = ["Backoff", "EdgeConnection", "NodeIdentity"]
 
@@ -311,7 +311,7 @@ class EdgeConnection:
                 for cancel in message.cancels:
                     task = self._runs.get(cancel.run_id)
                     if task is not None:
-                        task.cancel()
+                        task.cancel(FIRST_BYTE_TIMEOUT if cancel.first_byte_timeout else None)
                 for run_id in message.pause_runs:
                     gate = self._gates.get(run_id)
                     if gate is not None:

@@ -64,6 +64,7 @@ from .probing import Prober, ProbeTarget
 
 __all__ = [
     "DRAIN_LOG_INTERVAL_S",
+    "FIRST_BYTE_TIMEOUT",
     "AdapterRuns",
     "DrainListener",
     "DrainReport",
@@ -80,6 +81,9 @@ logger = logging.getLogger(__name__)
 DRAIN_LOG_INTERVAL_S = 1.0
 #: A run that ends this close to its deadline ended because of it (clocks tick unevenly).
 _DEADLINE_SLACK_S = 0.05
+#: The message of a run task's cancellation when the Edge gave up on its first byte: the run
+#: then counts as its provider's upstream timeout (outlier detection).
+FIRST_BYTE_TIMEOUT = "first_byte_timeout"
 
 #: Called with the health of providers whose verdict may have changed (every one after a swap).
 HealthListener = Callable[[list[ProviderHealth]], None]
@@ -540,6 +544,13 @@ class Router:
                 emit(
                     statuses.failure(statuses.INTERNAL_ERROR, "the adapter ended without a result")
                 )
+        except asyncio.CancelledError as cancelled:
+            if not terminal and cancelled.args == (FIRST_BYTE_TIMEOUT,):
+                late = "the Edge cancelled the run: no first byte within the model's deadline"
+                self._judge_run(
+                    request, provision, statuses.failure(statuses.UPSTREAM_TIMEOUT, late)
+                )
+            raise
         except Exception as exc:
             logger.exception("run %s on %s failed", request.run_id, request.provider_id)
             if not terminal:
