@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from iop.edgeconfig import RestartPath, classify, config_hash, load_data
+from iop.edgeconfig import EdgeConfig, ModelSpec, RestartPath, classify, config_hash, load_data
 
 P0 = "nodes[node-1].providers[vllm-a]"
 
@@ -269,6 +269,25 @@ def test_reordering_fallbacks_is_a_change_with_its_own_hash(build: Any) -> None:
     before, after = load_data(build(three)), load_data(build(reversed_three))
     assert classify(before, after).live_paths == ("models[llama].fallbacks",)
     assert config_hash(before) != config_hash(after)
+
+
+def test_a_field_a_later_release_adds_with_a_default_keeps_every_hash(build: Any) -> None:
+    """An operator and an Edge of two releases (mid-upgrade), one knowing a field the other does
+    not, agree on the hash of a config that leaves the field at its default."""
+
+    class LaterModelSpec(ModelSpec):
+        added_later: int = 7
+
+    class LaterEdgeConfig(EdgeConfig):
+        models: list[LaterModelSpec]  # type: ignore[assignment]
+
+    config = load_data(build())
+    document = config.model_dump()
+    later = LaterEdgeConfig.model_validate(document)
+    assert config_hash(later) == config_hash(config)
+    for model in document["models"]:
+        model["added_later"] = 8
+    assert config_hash(LaterEdgeConfig.model_validate(document)) != config_hash(config)
 
 
 def test_changed_ids_are_reported(build: Any) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_origin
 
 import orjson
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from .configs import is_ordered
 
@@ -32,27 +33,40 @@ def item_key(item: BaseModel) -> str | None:
     return None
 
 
-def to_tree(value: Any) -> Any:
-    """The canonical plain form of a config value (snake_case keys)."""
+def to_tree(value: Any, *, defaults: bool = True) -> Any:
+    """The canonical plain form of a config value (snake_case keys). `defaults=False` leaves
+    out every field at its default (a discriminator such as an adapter's `type` stays)."""
     if isinstance(value, BaseModel):
-        return {
-            name: (
-                [to_tree(v) for v in getattr(value, name)]
+        tree = {}
+        for name, field in type(value).model_fields.items():
+            item = getattr(value, name)
+            if not defaults and _at_default(field, item):
+                continue
+            tree[name] = (
+                [to_tree(v, defaults=defaults) for v in item]
                 if is_ordered(field)
-                else to_tree(getattr(value, name))
+                else to_tree(item, defaults=defaults)
             )
-            for name, field in type(value).model_fields.items()
-        }
+        return tree
     if isinstance(value, list | tuple):
         if value and all(isinstance(v, BaseModel) and item_key(v) is not None for v in value):
-            return {f"[{item_key(v)}]": to_tree(v) for v in value}
-        return sorted((to_tree(v) for v in value), key=repr)
+            return {f"[{item_key(v)}]": to_tree(v, defaults=defaults) for v in value}
+        return sorted((to_tree(v, defaults=defaults) for v in value), key=repr)
     if isinstance(value, Mapping):
-        return {str(k): to_tree(v) for k, v in value.items()}
+        return {str(k): to_tree(v, defaults=defaults) for k, v in value.items()}
     return value
 
 
+def _at_default(field: FieldInfo, value: Any) -> bool:
+    if field.is_required() or get_origin(field.annotation) is Literal:
+        return False
+    return bool(value == field.get_default(call_default_factory=True))
+
+
 def config_hash(value: BaseModel) -> str:
-    """SHA-256 of the canonical tree: equal for configs that differ only in list order."""
-    data = orjson.dumps(to_tree(value), option=orjson.OPT_SORT_KEYS)
+    """SHA-256 of the canonical tree without the fields at their defaults: equal for configs
+    that differ only in list order, and the same in a release that adds a field with a default
+    (an operator and an Edge of two releases, mid-rollout, agree on the hash of a config that
+    does not use the new field)."""
+    data = orjson.dumps(to_tree(value, defaults=False), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(data).hexdigest()
