@@ -8,6 +8,7 @@ and the API key the chart generated.
 - a restart at `edge` scope -> only the Edge pods roll, and the new pods serve the new config;
 - an adapter change on one node -> only that node's workload rolls;
 - the operator killed in the middle of a roll -> it converges on restart, nothing rolls twice;
+- a node's rollout under load -> no request lost, and its drain counted in the status;
 - the webhook through its Service: an invalid spec refused with every path, the plan on a dry run.
 """
 
@@ -463,3 +464,39 @@ async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodSt
     dry = pods.kubectl("apply", "-f", "-", "--dry-run=server", stdin=json.dumps(manifest))
     assert "Warning: live: nodes[node-1].providers[pa].capacity" in dry.stderr
     assert pods.ec()["metadata"]["generation"] == pods.generation
+
+
+async def test_a_nodes_drain_shows_in_the_status_until_its_last_run_ends(pods: PodStack) -> None:
+    """node-2's runs made slow (2.5 s each), then `kubectl rollout restart` of it under load: while
+    its old pod finishes the runs it has, the EdgeConfig's status counts them
+    (`nodes[].drainingRuns`), and the count is gone once they have ended."""
+    slow = copy.deepcopy(pods.spec)
+    slow["nodes"][1]["providers"][0]["adapter"] = {
+        "type": "fake",
+        "completionTokens": 5,
+        "tokensPerSecond": 2,
+    }
+    await asyncio.to_thread(pods.change, slow)
+    identities = await asyncio.to_thread(pods.identities)
+    old = {name for name in identities if name.startswith(f"{NODE_2}-")}
+
+    def draining() -> int:
+        nodes = pods.ec()["status"].get("nodes") or []
+        return sum(int(n.get("drainingRuns", 0)) for n in nodes if n["nodeId"] == "node-2")
+
+    seen: list[int] = []
+
+    def old_pods_gone() -> bool:
+        seen.append(draining())
+        names = {p["metadata"]["name"] for p in pods.get("pods")["items"]}
+        return not names & old
+
+    async with under_load(pods, "n") as outcomes:
+        await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
+        await asyncio.to_thread(wait_until, old_pods_gone, 120, "the old node-2 pod to exit")
+        await asyncio.to_thread(
+            wait_until, lambda: pods.rolled_out(NODE_2), 60, "node-2's rollout to complete"
+        )
+    assert max(seen) >= 1, seen
+    assert [o for o in outcomes if o.startswith("failed")] == []
+    await asyncio.to_thread(wait_until, lambda: draining() == 0, 30, "no drain in the status")
