@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -45,7 +46,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import orjson
@@ -58,6 +59,12 @@ from iop.edge.hubs import NodeStatus, ProviderLink
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 CLIENT_TOKEN = "sk-bench-client"
 NODE_TOKEN = "bench-node-token"
@@ -163,12 +170,6 @@ async def measure(host: str, port: int, payload: bytes, concurrency: int, second
     return Cell(len(latencies) / elapsed, latencies, firsts)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process `pid` so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
 
@@ -222,14 +223,6 @@ def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict
     }
 
 
-async def started_line(process: asyncio.subprocess.Process) -> dict[str, object]:
-    assert process.stdout is not None
-    line = await asyncio.wait_for(process.stdout.readline(), 30)
-    if not line:
-        raise RuntimeError(f"the Edge exited with {await process.wait()}")
-    return orjson.loads(line)  # type: ignore[no-any-return]
-
-
 def split_url(url: object) -> tuple[str, int]:
     host, _, port = str(url).removeprefix("http://").rpartition(":")
     return host, int(port)
@@ -278,7 +271,7 @@ async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        host, port = split_url((await started_line(process))["url"])
+        host, port = split_url((await benchkit.started_line(process))["url"])
         await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
         yield host, port, {"edge": process.pid}
     finally:
@@ -455,13 +448,13 @@ async def main(
                             direct = await measure(
                                 up_host, up_port, direct_payload, concurrency, seconds
                             )
-                            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                            before = {name: benchkit.cpu_seconds(pid) for name, pid in pids.items()}
                             edge = await measure(
                                 edge_host, edge_port, edge_payload, concurrency, seconds
                             )
                             served = len(edge.latencies)
                             cpu = {
-                                name: (cpu_seconds(pid) - before[name]) / served * 1e6
+                                name: (benchkit.cpu_seconds(pid) - before[name]) / served * 1e6
                                 for name, pid in pids.items()
                             }
                             mode = f"{label}, {'stream' if stream else 'whole'}"

@@ -36,21 +36,27 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import orjson
 import uvloop
 import yaml
 
 from iop.processes import spawn_edge, spawn_iop, spawn_node, terminate
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 CLIENT_TOKEN = "sk-bench-health"
 NODE_TOKEN = "bench-health-node"
@@ -95,27 +101,10 @@ def document(ports: dict[str, int], interval_ms: int) -> dict[str, Any]:
 async def upstream(port: int = 0) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
     process = await spawn_iop("fake-upstream", "--listen", f"127.0.0.1:{port}", stdout=True)
     try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 30)
-        if not line:
-            raise RuntimeError(f"iop fake-upstream exited with {await process.wait()}")
-        yield process, int(orjson.loads(line)["listen"].rsplit(":", 1)[1])
+        started = await benchkit.started_line(process, "iop fake-upstream")
+        yield process, int(started["listen"].rsplit(":", 1)[1])
     finally:
         await terminate(process)
-
-
-async def until(condition: Callable[[], Any], timeout: float) -> float:
-    """Poll `condition` every 5 ms until true; returns when it became true (monotonic)."""
-    end = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return time.monotonic()
-        if time.monotonic() > end:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(POLL_S)
 
 
 class Load:
@@ -179,7 +168,7 @@ async def main(rounds: int, intervals: list[int], cost_seconds: float) -> None:
         async def pa_back() -> bool:
             return bool((await health("pa"))["healthy"])
 
-        await until(lambda: _both(http), timeout=60)
+        await benchkit.until(lambda: _both(http), timeout=60, interval=POLL_S)
         if cost_seconds:
             print("\n| probe interval | node CPU ms/s, idle | probes/s | CPU per probe |")
             print("|---|---:|---:|---:|")
@@ -191,9 +180,9 @@ async def main(rounds: int, intervals: list[int], cost_seconds: float) -> None:
                 assert report.status_code == 200, report.text
                 await asyncio.sleep(2)  # the new policy is in force on the Node
                 lookups = await _lookups(ports)
-                cpu = _cpu_seconds(node.pid)
+                cpu = benchkit.cpu_seconds(node.pid)
                 await asyncio.sleep(cost_seconds)
-                cpu_rate = (_cpu_seconds(node.pid) - cpu) / cost_seconds
+                cpu_rate = (benchkit.cpu_seconds(node.pid) - cpu) / cost_seconds
                 probes = (await _lookups(ports) - lookups - 2) / cost_seconds  # 2: our own GETs
                 if not interval:
                     baseline = cpu_rate
@@ -216,11 +205,15 @@ async def main(rounds: int, intervals: list[int], cost_seconds: float) -> None:
                         pa_process.kill()
                         killed = time.monotonic()
                         await pa_process.wait()
-                        outs.append(await until(pa_out, timeout=120) - killed)
+                        outs.append(
+                            await benchkit.until(pa_out, timeout=120, interval=POLL_S) - killed
+                        )
                         reasons.add((await health("pa"))["reason"])
                         pa_process, _ = await stack.enter_async_context(upstream(pa_port))
                         restarted = time.monotonic()
-                        backs.append(await until(pa_back, timeout=120) - restarted)
+                        backs.append(
+                            await benchkit.until(pa_back, timeout=120, interval=POLL_S) - restarted
+                        )
                 finally:
                     if load is not None:
                         await load.stop()
@@ -251,12 +244,6 @@ async def _lookups(ports: dict[str, int]) -> int:
         for port in ports.values():
             total += int((await http.get(f"http://127.0.0.1:{port}/fake/stats")).json()["lookups"])
     return total
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process `pid` so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _both(http: httpx.AsyncClient) -> bool:

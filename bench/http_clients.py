@@ -22,17 +22,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 PACKAGES = ["aiohttp==3.14.5", "aiosonic==1.3.3", "pyreqwest==0.15.1", "uvloop==0.23.0"]
 CLIENTS = ("aiohttp", "aiosonic", "pyreqwest")
@@ -41,32 +45,6 @@ BODY = {
     "messages": [{"role": "user", "content": "Say something about gateways."}],
     "max_tokens": 8,
 }
-
-
-def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "iop-bench" / "http-clients"
-
-
-def ensure_venv(cache: Path) -> Path:
-    venv = cache / "venv"
-    marker = venv / ".installed"
-    if marker.exists() and marker.read_text() == "\n".join(PACKAGES):
-        return venv / "bin" / "python"
-    uv = shutil.which("uv")
-    if uv is None:
-        raise SystemExit("bench/http_clients.py needs uv on PATH (scripts/bootstrap installs it)")
-    shutil.rmtree(venv, ignore_errors=True)
-    cache.mkdir(parents=True, exist_ok=True)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", *PACKAGES],
-        check=True,
-        env={**os.environ, "VIRTUAL_ENV": str(venv)},
-    )
-    marker.write_text("\n".join(PACKAGES))
-    return venv / "bin" / "python"
 
 
 # -- inside the candidates' environment ------------------------------------------------------------
@@ -222,7 +200,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--cache", type=Path, default=default_cache())
+    parser.add_argument("--cache", type=Path, default=benchkit.default_cache("http-clients"))
     parser.add_argument("--inner", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
@@ -232,7 +210,7 @@ def main() -> None:
         return
     import uvloop
 
-    python = ensure_venv(args.cache)
+    python = benchkit.ensure_venv(args.cache / "venv", PACKAGES)
     load = os.getloadavg()
     print(
         f"# bench/http_clients.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "

@@ -22,77 +22,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import hashlib
 import importlib.util
 import os
-import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import uvloop
 import yaml
 
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+
 GRANIAN = "granian==2.8.7"
 SERVERS = ("uvicorn", "granian")
-
-
-def _load_edge_bench() -> ModuleType:
-    """bench/edge.py, for its stub hub, config and load generator (bench/ is no package)."""
-    spec = importlib.util.spec_from_file_location("edge_bench", Path(__file__).with_name("edge.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "iop-bench" / "granian"
-
-
-def ensure_venv(cache: Path) -> Path:
-    """A virtual environment with the project's locked dependencies, the project and granian."""
-    venv = cache / "venv"
-    marker = venv / ".installed"
-    root = Path(__file__).resolve().parent.parent
-    lock = hashlib.sha256((root / "uv.lock").read_bytes()).hexdigest()
-    wanted = f"{GRANIAN}\n{root}\n{lock}"
-    if marker.exists() and marker.read_text() == wanted:
-        return venv / "bin" / "python"
-    uv = shutil.which("uv")
-    if uv is None:
-        raise SystemExit("bench/http_servers.py needs uv on PATH (scripts/bootstrap installs it)")
-    shutil.rmtree(venv, ignore_errors=True)
-    cache.mkdir(parents=True, exist_ok=True)
-    requirements = cache / "requirements.txt"
-    exported = subprocess.run(
-        [uv, "export", "--frozen", "--no-dev", "--no-hashes", "--no-emit-project", "--quiet"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=root,
-    )
-    requirements.write_text(exported.stdout)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    env = {**os.environ, "VIRTUAL_ENV": str(venv)}
-    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", "-r", str(requirements), GRANIAN], check=True, env=env
-    )
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", "--no-deps", "-e", str(root)], check=True, env=env
-    )
-    marker.write_text(wanted)
-    return venv / "bin" / "python"
 
 
 # -- granian's side (inside its environment) -------------------------------------------------------
@@ -110,7 +61,7 @@ async def serve_granian(config_path: str) -> None:
     from iop.edge.snapshots import PoolSnapshot
     from iop.edgeconfig import load_file
 
-    bench = _load_edge_bench()
+    bench = benchkit.load_sibling("edge")
     config = load_file(config_path)
     hub = bench.InstantHub()
     dispatcher = Dispatcher(PoolSnapshot.build(config))
@@ -153,7 +104,7 @@ async def serve_granian(config_path: str) -> None:
 
 
 async def start(python: str, *args: str) -> tuple[asyncio.subprocess.Process, tuple[str, int]]:
-    bench = _load_edge_bench()
+    bench = benchkit.load_sibling("edge")
     process = await asyncio.create_subprocess_exec(
         python,
         "-P",
@@ -161,14 +112,14 @@ async def start(python: str, *args: str) -> tuple[asyncio.subprocess.Process, tu
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    line = await bench.started_line(process)
+    line = await benchkit.started_line(process)
     return process, bench.split_url(line["url"])
 
 
 async def drive(args: argparse.Namespace, granian_python: Path) -> None:
     from iop.processes import terminate
 
-    bench = _load_edge_bench()
+    bench = benchkit.load_sibling("edge")
     rows: dict[tuple[str, int, str], dict[str, list[Any]]] = collections.defaultdict(
         lambda: collections.defaultdict(list)
     )
@@ -193,9 +144,9 @@ async def drive(args: argparse.Namespace, granian_python: Path) -> None:
                                 bench.CLIENT_TOKEN,
                             )
                             await bench.measure(host, port, payload, conc, 0.3)
-                            before = bench.cpu_seconds(process.pid)
+                            before = benchkit.cpu_seconds(process.pid)
                             cell = await bench.measure(host, port, payload, conc, args.seconds)
-                            cpu = bench.cpu_seconds(process.pid) - before
+                            cpu = benchkit.cpu_seconds(process.pid) - before
                             row = rows[("stream" if stream else "whole", conc, name)]
                             row["rps"].append(cell.rps)
                             row["cpu_us"].append(cpu / len(cell.latencies) * 1e6)
@@ -224,13 +175,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
-    parser.add_argument("--cache", type=Path, default=default_cache())
+    parser.add_argument("--cache", type=Path, default=benchkit.default_cache("granian"))
     parser.add_argument("--serve", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         uvloop.run(serve_granian(args.serve))
         return
-    python = ensure_venv(args.cache)
+    root = Path(__file__).resolve().parent.parent  # this checkout, into granian's environment
+    python = benchkit.ensure_venv(args.cache / "venv", [GRANIAN], project=root)
     load = os.getloadavg()
     print(
         f"# bench/http_servers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "

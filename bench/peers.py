@@ -39,8 +39,8 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -52,6 +52,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -59,6 +60,12 @@ import uvloop
 import yaml
 
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 #: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
 #: `litellm-proxy-extras` releases that are not published); the issue's figures used it too.
@@ -81,48 +88,16 @@ def sha(text: str) -> str:
 # -- the peer's installation -----------------------------------------------------------------------
 
 
-def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "iop-bench" / "peers"
-
-
-def ensure_peer(cache: Path, name: str, requirement: str, command: str) -> Path:
-    """`command` of a virtual environment of its own for `requirement`, installed on first use."""
-    venv = cache / name
-    found = venv / "bin" / command
-    marker = venv / ".installed"
-    if marker.exists() and found.exists():
-        return found
-    uv = shutil.which("uv")
-    if uv is None:
-        raise SystemExit("bench/peers.py needs uv on PATH (scripts/bootstrap installs it)")
-    print(f"installing {requirement} into {venv}", file=sys.stderr)
-    shutil.rmtree(venv, ignore_errors=True)
-    cache.mkdir(parents=True, exist_ok=True)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", requirement],
-        check=True,
-        env={**os.environ, "VIRTUAL_ENV": str(venv)},
-    )
-    marker.write_text(requirement)
-    return found
-
-
 def ensure_litellm(cache: Path) -> Path:
-    return ensure_peer(
-        cache, f"litellm-{LITELLM_VERSION}", f"litellm[proxy]=={LITELLM_VERSION}", "litellm"
-    )
+    requirement = f"litellm[proxy]=={LITELLM_VERSION}"
+    venv = cache / f"litellm-{LITELLM_VERSION}"
+    return benchkit.ensure_venv(venv, [requirement], command="litellm", announce=True)
 
 
 def ensure_vllm_router(cache: Path) -> Path:
-    return ensure_peer(
-        cache,
-        f"vllm-router-{VLLM_ROUTER_VERSION}",
-        f"vllm-router=={VLLM_ROUTER_VERSION}",
-        "vllm-router",
-    )
+    requirement = f"vllm-router=={VLLM_ROUTER_VERSION}"
+    venv = cache / f"vllm-router-{VLLM_ROUTER_VERSION}"
+    return benchkit.ensure_venv(venv, [requirement], command="vllm-router", announce=True)
 
 
 def free_port() -> int:
@@ -287,12 +262,6 @@ def body(model: str, stream: bool) -> bytes:
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process `pid` so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def measure(
     target: Target, stream: bool, concurrency: int, seconds: float, pids: dict[str, int]
 ) -> Cell:
@@ -347,13 +316,16 @@ async def measure(
         latencies.clear()
         firsts.clear()
         errors = 0
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        before = {name: benchkit.cpu_seconds(pid) for name, pid in pids.items()}
         began = time.perf_counter()
         end = loop.time() + seconds
         await asyncio.gather(*(worker(s) for s in sessions))
         elapsed = time.perf_counter() - began
         served = max(len(latencies), 1)
-        cpu = {name: (cpu_seconds(pid) - before[name]) / served * 1e6 for name, pid in pids.items()}
+        cpu = {
+            name: (benchkit.cpu_seconds(pid) - before[name]) / served * 1e6
+            for name, pid in pids.items()
+        }
     finally:
         for session in sessions:
             await session.close()
@@ -594,7 +566,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
-    parser.add_argument("--cache", type=Path, default=default_cache(), help="peer installs")
+    parser.add_argument(
+        "--cache", type=Path, default=benchkit.default_cache("peers"), help="peer installs"
+    )
     parser.add_argument("--charts", type=Path, metavar="DIR", help="draw PNG charts into DIR")
     args = parser.parse_args()
     load = os.getloadavg()

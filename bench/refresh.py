@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import copy
 import hashlib
-import os
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -39,7 +39,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import httpx
@@ -48,6 +48,12 @@ import uvloop
 import yaml
 
 from iop.processes import spawn_edge, spawn_node, terminate
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 CLIENT_TOKEN = "sk-bench-refresh"
 
@@ -211,15 +217,6 @@ class Applier:
         into.reported.append(report["duration_ms"])
 
 
-def cpu_seconds(*pids: int) -> float:
-    """CPU time (user + system) the processes have used so far (Linux /proc)."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
 
@@ -272,14 +269,20 @@ async def main(
                     await applier.apply("push", Applies())
                 idle_push, idle_edge = Applies(), Applies()
                 edge_pid, node_pids = started["edge_pid"], started["node_pids"]
-                cpu = (cpu_seconds(edge_pid), cpu_seconds(*node_pids))
-                for _ in range(applies):
-                    await applier.apply("push", idle_push)
-                cpu_push = (cpu_seconds(edge_pid) - cpu[0], cpu_seconds(*node_pids) - cpu[1])
-                cpu = (cpu_seconds(edge_pid), cpu_seconds(*node_pids))
-                for _ in range(applies):
-                    await applier.apply("edge", idle_edge)
-                cpu_edge = (cpu_seconds(edge_pid) - cpu[0], cpu_seconds(*node_pids) - cpu[1])
+
+                async def idle(change: str, into: Applies) -> tuple[float, float]:
+                    """`applies` applies of `change`; the CPU the Edge and the Nodes spent."""
+                    edge_was = benchkit.cpu_seconds(edge_pid)
+                    nodes_were = benchkit.cpu_seconds(*node_pids)
+                    for _ in range(applies):
+                        await applier.apply(change, into)
+                    return (
+                        benchkit.cpu_seconds(edge_pid) - edge_was,
+                        benchkit.cpu_seconds(*node_pids) - nodes_were,
+                    )
+
+                cpu_push = await idle("push", idle_push)
+                cpu_edge = await idle("edge", idle_edge)
 
                 # One continuous load; the windows differ only in what the applier does, and
                 # every storm window sits between two steady ones: S B S P S B S P ... S.

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import os
 import signal
 import socket
@@ -40,9 +41,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -51,6 +52,12 @@ import yaml
 
 from iop.node import NodeAgent
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 CLIENT_TOKEN = "sk-bench-reliability"
 NODE_TOKENS = {"node-1": "bench-node-1", "node-2": "bench-node-2"}
@@ -108,20 +115,6 @@ async def stack(
                 os.kill(process.pid, signal.SIGCONT)
             await terminate(process)
         await terminate(edge)
-
-
-async def until(condition: Callable[[], Any], timeout: float, interval: float = 0.02) -> float:
-    """Poll `condition` (sync or async) until true; returns when it became true (monotonic)."""
-    end = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return time.monotonic()
-        if time.monotonic() > end:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(interval)
 
 
 async def available(http: httpx.AsyncClient) -> list[str]:
@@ -208,7 +201,7 @@ async def frozen_node(folder: Path, rounds: int) -> None:
     )
     async with stack(folder, config, ["node-1", "node-2"]) as (started, nodes):
         async with client(started["url"]) as http:
-            await until(lambda: _both(http), 30)
+            await benchkit.until(lambda: _both(http), 30)
             load = Load(http, plain=8, streams=4)
             detect, moved, cut, back = [], [], [], []
             try:
@@ -220,11 +213,11 @@ async def frozen_node(folder: Path, rounds: int) -> None:
                     async def p1_gone() -> bool:
                         return "p1" not in await available(http)
 
-                    detect.append(await until(p1_gone, 30) - frozen)
+                    detect.append(await benchkit.until(p1_gone, 30) - frozen)
                     await asyncio.sleep(1.0)
                     os.kill(nodes["node-1"].pid, signal.SIGCONT)
                     resumed = time.monotonic()
-                    back.append(await until(lambda: _both(http), 30) - resumed)
+                    back.append(await benchkit.until(lambda: _both(http), 30) - resumed)
                     # Plain requests in flight at the freeze or sent while frozen: how long the
                     # worst one took (it waited for the detection, then ran on node-2).
                     during = [
@@ -264,7 +257,7 @@ async def keepalive(folder: Path, rounds: int) -> None:
     async with stack(folder, config, ["node-1", "node-2"]) as (started, nodes):
         async with client(started["url"]) as http:
             for _ in range(rounds):
-                await until(lambda: _both(http), 30)
+                await benchkit.until(lambda: _both(http), 30)
                 await asyncio.sleep(1.0)
                 os.kill(nodes["node-1"].pid, signal.SIGSTOP)
                 frozen = time.monotonic()
@@ -272,7 +265,7 @@ async def keepalive(folder: Path, rounds: int) -> None:
                 async def p1_gone() -> bool:
                     return "p1" not in await available(http)
 
-                closed.append(await until(p1_gone, 60) - frozen)
+                closed.append(await benchkit.until(p1_gone, 60) - frozen)
                 os.kill(nodes["node-1"].pid, signal.SIGCONT)
     print(f"frozen node, heartbeats off, HTTP/2 keepalive alone: link closed {summary(closed)}")
 
@@ -298,14 +291,18 @@ async def frozen_edge(folder: Path, rounds: int) -> None:
             detect, cancelled = [], []
             async with client(started["url"]) as http:
                 for _ in range(rounds):
-                    await until(lambda: _ready(http), 30)
+                    await benchkit.until(lambda: _ready(http), 30)
                     streaming = asyncio.create_task(_one_stream(http))
-                    await until(lambda: agent.router.running == 1, 30)
+                    await benchkit.until(lambda: agent.router.running == 1, 30)
                     target = link.silences + 1
                     os.kill(edge.pid, signal.SIGSTOP)
                     frozen = time.monotonic()
-                    detect.append(await until(functools.partial(_left, link, target), 30) - frozen)
-                    cancelled.append(await until(lambda: agent.router.running == 0, 30) - frozen)
+                    detect.append(
+                        await benchkit.until(functools.partial(_left, link, target), 30) - frozen
+                    )
+                    cancelled.append(
+                        await benchkit.until(lambda: agent.router.running == 0, 30) - frozen
+                    )
                     os.kill(edge.pid, signal.SIGCONT)
                     streaming.cancel()
                     await asyncio.gather(streaming, return_exceptions=True)
@@ -345,7 +342,7 @@ async def slow_clients(folder: Path, rounds: int) -> None:
             config = document({"node-1": [provider("p1", adapter)]}, **extra)
             async with stack(folder, config, ["node-1"]) as (started, nodes):
                 async with client(started["url"]) as http:
-                    await until(lambda: _ready(http), 30)
+                    await benchkit.until(lambda: _ready(http), 30)
                     edge_pid, node_pid = started["process"].pid, nodes["node-1"].pid
                     before = (_rss(edge_pid), _rss(node_pid))
                     sockets = [await _stalled(started["url"]) for _ in range(4)]
@@ -387,7 +384,7 @@ async def rollout(folder: Path, rounds: int) -> None:
     config = document({"node-1": [provider("p1", paced)]})
     async with stack(folder, config, ["node-1"]) as (started, nodes):
         async with client(started["url"]) as http:
-            await until(lambda: _ready(http), 30)
+            await benchkit.until(lambda: _ready(http), 30)
             load = Load(http, plain=8, streams=8)
             drains = []
             old = nodes["node-1"]

@@ -32,23 +32,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import uvloop
 import yaml
 
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_iop, terminate
 
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+
 TOPOLOGIES = {"1 edge + 1 node": 1, "2 edges + 2 nodes": 2}
-
-
-def _load_edge_bench() -> ModuleType:
-    """bench/edge.py, for its load generator and helpers (bench/ is no package)."""
-    spec = importlib.util.spec_from_file_location("edge_bench", Path(__file__).with_name("edge.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def document(bench: ModuleType, upstream_url: str, nodes: int) -> dict[str, object]:
@@ -146,7 +143,7 @@ async def measure(
             for (host, port), payload in zip(target.edges, payloads, strict=True)
         )
     )
-    before = sum(bench.cpu_seconds(pid) for pid in target.pids)
+    before = benchkit.cpu_seconds(*target.pids)
     cells = await asyncio.gather(
         *(
             bench.measure(host, port, payload, share, seconds)
@@ -154,14 +151,14 @@ async def measure(
         )
     )
     served = sum(len(c.latencies) for c in cells)
-    row.cpu_us.append((sum(bench.cpu_seconds(pid) for pid in target.pids) - before) / served * 1e6)
+    row.cpu_us.append((benchkit.cpu_seconds(*target.pids) - before) / served * 1e6)
     row.rps.append(sum(c.rps for c in cells))
     for cell in cells:
         row.latencies.extend(cell.latencies)
 
 
 async def main(args: argparse.Namespace) -> None:
-    bench = _load_edge_bench()
+    bench = benchkit.load_sibling("edge")
     rows: dict[tuple[str, str, int], Row] = collections.defaultdict(Row)
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:

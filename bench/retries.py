@@ -48,8 +48,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import uvloop
@@ -57,29 +56,20 @@ import yaml
 
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+
 FAIL_MODES = ("status", "drop", "drop-mid-stream")
 
 
-def _load_edge_bench() -> ModuleType:
-    """bench/edge.py, for its load generator, config and stub Edge (bench/ is no package)."""
-    spec = importlib.util.spec_from_file_location("edge_bench", Path(__file__).with_name("edge.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_edge_bench()
+bench = benchkit.load_sibling("edge")
 
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-async def started_line(process: asyncio.subprocess.Process) -> dict[str, Any]:
-    line: dict[str, Any] = await bench.started_line(process)
-    return line
 
 
 @contextlib.asynccontextmanager
@@ -106,7 +96,7 @@ async def edge_stack(
         )  # fmt: skip
     node: asyncio.subprocess.Process | None = None
     try:
-        started = await started_line(edge)
+        started = await benchkit.started_line(edge)
         host, port = bench.split_url(started["url"])
         pids = {"edge": edge.pid}
         if path == "node-fake":
@@ -158,14 +148,14 @@ async def cost(args: argparse.Namespace) -> None:
                                         bench.CLIENT_TOKEN,
                                     )
                                     await bench.measure(host, port, payload, conc, 0.5)
-                                    before = bench.cpu_seconds(pids["edge"])
+                                    before = benchkit.cpu_seconds(pids["edge"])
                                     cell = await bench.measure(
                                         host, port, payload, conc, args.seconds
                                     )
                                     row = rows[(path, mode, name, conc)]
                                     row.rps.append(cell.rps)
                                     row.latencies.extend(cell.latencies)
-                                    spent = bench.cpu_seconds(pids["edge"]) - before
+                                    spent = benchkit.cpu_seconds(pids["edge"]) - before
                                     row.edge_cpu_us.append(spent / len(cell.latencies) * 1e6)
                         print(f"  {path}: round {round_ + 1} done", file=sys.stderr, flush=True)
     print("\n| path | mode | conc | variant | req/s (median) | p50 ms | p99 ms | edge CPU us/req |")

@@ -46,22 +46,18 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 import yaml
 
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+
 VARIANTS = ("today", "baseline", "gc-relaxed", "switch-1ms")
-
-
-def _load_edge_bench() -> ModuleType:
-    """bench/edge.py, for its load generator (bench/ is no package)."""
-    spec = importlib.util.spec_from_file_location("edge_bench", Path(__file__).with_name("edge.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- inside an instrumented Edge or Node process ---------------------------------------------------
@@ -222,7 +218,7 @@ async def stack(bench: ModuleType, folder: Path, variant: str, python: str) -> A
     )
     node: asyncio.subprocess.Process | None = None
     try:
-        started = await bench.started_line(edge)
+        started = await benchkit.started_line(edge)
         node = await spawn_child(
             stats["node"],
             variant,
@@ -268,7 +264,7 @@ class Row:
 
 
 async def drive(args: argparse.Namespace) -> None:
-    bench = _load_edge_bench()
+    bench = benchkit.load_sibling("edge")
     from iop.processes import spawn_fake_upstream
 
     rows: dict[tuple[str, str, int], Row] = collections.defaultdict(Row)
@@ -317,12 +313,12 @@ async def measure_cell(
     )
     await bench.measure(target.host, target.port, payload, conc, 0.3)  # warm-up
     await collect(target)  # resets the instruments
-    before = {name: bench.cpu_seconds(pid) for name, pid in target.pids.items()}
+    before = {name: benchkit.cpu_seconds(pid) for name, pid in target.pids.items()}
     cell = await bench.measure(target.host, target.port, payload, conc, seconds)
     seen = await collect(target)
     served = len(cell.latencies)
     for name, pid in target.pids.items():
-        row.cpu[name].append((bench.cpu_seconds(pid) - before[name]) / served * 1e6)
+        row.cpu[name].append((benchkit.cpu_seconds(pid) - before[name]) / served * 1e6)
     row.rps.append(cell.rps)
     row.latencies.extend(cell.latencies)
     row.seen.append(seen)

@@ -22,14 +22,18 @@ import argparse
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 #: The candidates, pinned (the newest PyPI serves here on the day of the figures).
 PACKAGES = [
@@ -54,32 +58,6 @@ CASES: dict[str, tuple[str, object]] = {
     "0...08 (1.1 string)": ("a: 00000008\n", {"a": "00000008"}),
     "merge key <<": ("b: &B {x: 1}\nm: {<<: *B, y: 2}\n", {"b": {"x": 1}, "m": {"x": 1, "y": 2}}),
 }
-
-
-def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "iop-bench" / "yaml-parsers"
-
-
-def ensure_venv(cache: Path) -> Path:
-    venv = cache / "venv"
-    marker = venv / ".installed"
-    if marker.exists() and marker.read_text() == "\n".join(PACKAGES):
-        return venv / "bin" / "python"
-    uv = shutil.which("uv")
-    if uv is None:
-        raise SystemExit("bench/yaml_parsers.py needs uv on PATH (scripts/bootstrap installs it)")
-    shutil.rmtree(venv, ignore_errors=True)
-    cache.mkdir(parents=True, exist_ok=True)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    subprocess.run([uv, "venv", "--quiet", "--python", python, str(venv)], check=True)
-    subprocess.run(
-        [uv, "pip", "install", "--quiet", *PACKAGES],
-        check=True,
-        env={**os.environ, "VIRTUAL_ENV": str(venv)},
-    )
-    marker.write_text("\n".join(PACKAGES))
-    return venv / "bin" / "python"
 
 
 # -- inside the candidates' environment ------------------------------------------------------------
@@ -198,7 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-nodes", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--cache", type=Path, default=default_cache())
+    parser.add_argument("--cache", type=Path, default=benchkit.default_cache("yaml-parsers"))
     parser.add_argument("--inner", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
@@ -206,16 +184,8 @@ def main() -> None:
         return
     import yaml
 
-    # bench/ is no package: load the generator of bench/config_scale.py from its file.
-    spec = importlib.util.spec_from_file_location(
-        "config_scale", Path(__file__).with_name("config_scale.py")
-    )
-    assert spec is not None and spec.loader is not None
-    config_scale = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(config_scale)
-    document = config_scale.document
-
-    python = ensure_venv(args.cache)
+    document = benchkit.load_sibling("config_scale").document
+    python = benchkit.ensure_venv(args.cache / "venv", PACKAGES)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(document(args.base_nodes), sort_keys=False))
