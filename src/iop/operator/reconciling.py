@@ -77,6 +77,8 @@ _TOKEN_TTL_S: Final = 60.0
 #: Look again this soon while a rollout or a restart is under way (Deployment and Pod events
 #: wake a pass sooner; this bounds the wait when none comes).
 _RECHECK_S: Final = 5.0
+#: Look again this soon while a workload rolls or a node drains, so `status.nodes` follows.
+_MOTION_RECHECK_S: Final = 1.0
 #: While nodes are not all current (they connect on their own schedule, and no event says when),
 #: look again after 1 s, doubling up to this.
 _NODES_RECHECK_S: Final = 30.0
@@ -187,9 +189,7 @@ class Reconciler:
             await self._write_configmap(owner, desired, desired_hash)
             clock = timings.mark("configmap", clock)
             edges = await edge_workloads(self._api, owner.namespace, owner.name)
-            nodes: dict[str, list[Workload]] = {}
-            if any(r.scope != "edge" for r in restarts):  # a live change rolls no node
-                nodes = await node_workloads(self._api, owner.namespace, owner.name)
+            nodes = await node_workloads(self._api, owner.namespace, owner.name)
             stamps = dict(state.stamps) if state is not None else {}
             edges, nodes = await self._roll(owner, restarts, edges, nodes, stamps)
             clock = timings.mark("workloads", clock)
@@ -210,8 +210,6 @@ class Reconciler:
             # A replica named a restart the classification lacked (its config was not the
             # record's, e.g. before the first apply): roll that scope after all.
             try:
-                if not nodes and any(r.scope != "edge" for r in restarts):
-                    nodes = await node_workloads(self._api, owner.namespace, owner.name)
                 edges, nodes = await self._roll(owner, restarts, edges, nodes, stamps)
             except KubeApiError as error:
                 return await self._api_failed(owner, finding, error, previous, timings)
@@ -263,6 +261,10 @@ class Reconciler:
 
         if finding.degraded:
             return PassResult(retry=True)
+        if _in_motion(edges, nodes) or any(node.draining_runs for node in nodes_seen):
+            # A rollout, ours or anyone's (`kubectl rollout restart`), or a drain: the nodes'
+            # progress (a superseded process finishing its runs) changes with no event to say so.
+            return PassResult(recheck_after=_MOTION_RECHECK_S)
         if finding.progressing or not finding.applied:
             return PassResult(recheck_after=_RECHECK_S)
         if any(node.state != "Acked" for node in nodes_seen):
@@ -719,6 +721,12 @@ def _replace_restarts(state: AppliedState, restarts: Sequence[RestartRecord]) ->
     return AppliedState(
         state.config, state.config_hash, state.generation, state.stamps, tuple(restarts)
     )
+
+
+def _in_motion(edges: Sequence[Workload], nodes: Mapping[str, Sequence[Workload]]) -> bool:
+    """Whether a workload of the EdgeConfig is rolling out (whoever started it)."""
+    workloads = [*edges, *(w for items in nodes.values() for w in items)]
+    return any(w.rollout.phase == "Progressing" for w in workloads)
 
 
 def _same_status(status: Mapping[str, Any], other: Mapping[str, Any] | None) -> bool:
