@@ -19,9 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +32,7 @@ import httpx
 import openai
 import pytest
 
-from iop.processes import iop_command, spawn_edge, spawn_node, terminate
+from iop.processes import free_port, iop_command, spawn_edge, spawn_node, terminate
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
@@ -55,22 +53,6 @@ def wait_for(probe: Callable[[], object], *, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.05)
-
-
-def free_port() -> int:
-    """A loopback port free now and below the kernel's ephemeral range: the spec names it long
-    before the Edge binds it, and meanwhile every outgoing connection (kubectl's, the tests')
-    and every server on port 0 takes its port from that range, never from below it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(200):
-        port = random.randrange(max(1024, low - 12_000), low)
-        with contextlib.closing(socket.socket()) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port below {low}")
 
 
 # -- EdgeConfig documents ----------------------------------------------------------------------

@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
-from iop.processes import spawn_iop, spawn_node, terminate
+from iop.processes import free_port, spawn_iop, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunFailed, RunRequest, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -75,3 +76,54 @@ async def test_the_command_refuses_a_missing_token_file(tmp_path: Path) -> None:
     _, stderr = await process.communicate()
     assert process.returncode == 2
     assert b"cannot read --token-file" in stderr
+
+
+async def test_the_health_endpoints_follow_the_nodes_welcome_and_drain(
+    wire_config, start_hub, until, node_token: str, tmp_path: Path, tls
+) -> None:
+    """`--health-listen`: /healthz answers while the process runs; /readyz only once an Edge has
+    welcomed the Node, and no longer while it drains (what the chart's probes ask)."""
+    slow = {"type": "fake", "tokens_per_second": 5, "completion_tokens": 50}
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": slow}]))
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token + "\n")
+
+    async def get(http: httpx.AsyncClient, path: str) -> tuple[int, dict[str, object]]:
+        try:
+            response = await http.get(path)
+        except httpx.TransportError:
+            return 0, {}
+        return response.status_code, response.json()
+
+    port = free_port()
+    health = ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+        # No Edge to dial: alive, not ready.
+        async with node_process(1, token_file, health):
+            await until(lambda: _is(get(http, "/healthz"), 200), timeout=30)
+            assert await get(http, "/readyz") == (
+                503,
+                {"ready": False, "reason": "no Edge has welcomed this node yet"},
+            )
+            assert (await http.post("/readyz")).status_code == 405
+            assert (await http.get("/metrics")).status_code == 404
+
+        async with node_process(hub.port, token_file, health) as node:
+            await until(lambda: _is(get(http, "/readyz"), 200), timeout=30)
+            assert (await get(http, "/readyz"))[1] == {
+                "ready": True,
+                "reason": "welcomed by 1 of 1 Edge(s)",
+            }
+            async with hub.run(request("run-1", stream=True)) as stream:
+                assert isinstance(await anext(stream), RunChunk)
+                node.send_signal(signal.SIGTERM)  # drains: the run in flight finishes
+                await until(lambda: _is(get(http, "/readyz"), 503), timeout=10)
+                assert (await get(http, "/readyz"))[1]["reason"] == "draining: the node is leaving"
+                assert (await get(http, "/healthz"))[0] == 200
+                rest = [event async for event in stream]
+            assert isinstance(rest[-1], RunDone)
+            assert await asyncio.wait_for(node.wait(), 30) == 0
+
+
+async def _is(answer: Awaitable[tuple[int, object]], status: int) -> bool:
+    return (await answer)[0] == status

@@ -3,12 +3,14 @@
 - `guarded_task`, `stop_tasks`: background tasks that are named, owned and never die silently.
 - `AsyncService`: the `start()`/`stop()` or `async with` lifecycle of servers and agents.
 - `LogThrottle`: one log line per interval for events outsiders can cause at will.
+- `bind_listener`: a server's socket, bound before it starts.
 
 Nothing here knows about the wire, the Edge or the Node; everything above may import it.
 """
 
 from .aiotasks import guarded_task, stop_tasks
 from .lifecycles import AsyncService
+from .listening import bind_listener
 from .throttling import LogThrottle
 
-__all__ = ["AsyncService", "LogThrottle", "guarded_task", "stop_tasks"]
+__all__ = ["AsyncService", "LogThrottle", "bind_listener", "guarded_task", "stop_tasks"]

@@ -15,13 +15,16 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
-from iop.node import NodeAgent
+from iop.aiokits import bind_listener
+from iop.edgeconfig import split_listener
+from iop.node import HealthServer, NodeAgent
 from iop.wire import ClientTls, TlsError
 
 from .settling import settle
@@ -90,6 +93,13 @@ def register(commands: Any) -> None:
         default=None,
         help="the name the Edge's certificate carries, when the dialed address is not in it",
     )
+    run.add_argument(
+        "--health-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve GET /healthz (the process answers) and GET /readyz (an Edge has welcomed "
+        "this node, and it is not draining) here, for the kubelet's probes; default: none",
+    )
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
 
@@ -123,7 +133,14 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # TlsError included
         print(f"iop node run: {exc}", file=sys.stderr)
         return 2
-    uvloop.run(_serve(agent, args.shutdown_grace))
+    health = None
+    if args.health_listen is not None:
+        try:
+            health = bind_listener(*split_listener(args.health_listen), "--health-listen")
+        except (ValueError, OSError) as exc:
+            print(f"iop node run: --health-listen {args.health_listen}: {exc}", file=sys.stderr)
+            return 2
+    uvloop.run(_serve(agent, args.shutdown_grace, health))
     return 0
 
 
@@ -142,17 +159,24 @@ def _tls(args: argparse.Namespace) -> ClientTls | None:
     )
 
 
-async def _serve(agent: NodeAgent, grace: float) -> None:
+async def _serve(agent: NodeAgent, grace: float, health: socket.socket | None) -> None:
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, signals.put_nowait, signum)
     async with agent:
-        settle()
-        await signals.get()
-        drain = asyncio.ensure_future(agent.drain(grace))
-        second = asyncio.ensure_future(signals.get())
-        await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
-        for task in (drain, second):
-            task.cancel()
-        await asyncio.wait([drain, second])
+        server = HealthServer(agent.readiness, health) if health is not None else None
+        if server is not None:
+            await server.start()
+        try:
+            settle()
+            await signals.get()
+            drain = asyncio.ensure_future(agent.drain(grace))
+            second = asyncio.ensure_future(signals.get())
+            await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+            for task in (drain, second):
+                task.cancel()
+            await asyncio.wait([drain, second])
+        finally:
+            if server is not None:
+                await server.stop()

@@ -24,7 +24,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from iop.aiokits import AsyncService
+from iop.aiokits import AsyncService, bind_listener
 from iop.edgeconfig import EdgeConfig, split_listener
 
 from .admin import AdminApp, AdminAuth
@@ -135,14 +135,14 @@ class EdgeServer(AsyncService):
         self.hub.add_listener(self._links_changed)
         self._links_changed()
         try:
-            sock = _bind(self.host, self.port, "the OpenAI API")
+            sock = bind_listener(self.host, self.port, "the OpenAI API")
             self.port = sock.getsockname()[1]
             self._server = await self._serve_http(
                 self.app, sock, self.limits, "edge-openai-http", f"the OpenAI API on {self._listen}"
             )
             if self._metrics_listen is not None:
                 host, port = split_listener(self._metrics_listen)
-                sock = _bind(host, port, "the metrics")
+                sock = bind_listener(host, port, "the metrics")
                 self.metrics_port = sock.getsockname()[1]
                 self._metrics_server = await self._serve_http(
                     MetricsApp(self.metrics),
@@ -153,7 +153,7 @@ class EdgeServer(AsyncService):
                 )
             if self._admin_auth is not None and self._admin_listen is not None:
                 host, port = split_listener(self._admin_listen)
-                sock = _bind(host, port, "the admin API")
+                sock = bind_listener(host, port, "the admin API")
                 self.admin_port = sock.getsockname()[1]
                 admin = AdminApp(self.refresher, self._admin_auth, self.hub)
                 self._admin_server = await self._serve_http(
@@ -220,15 +220,3 @@ def _url(host: str, port: int) -> str:
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
     return f"http://{host}:{port}"
-
-
-def _bind(host: str, port: int, what: str) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port} for {what}: {exc}") from exc
-    return sock

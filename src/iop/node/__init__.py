@@ -9,6 +9,7 @@ from .adapters import Adapter, AdapterError, FakeAdapter, OpenAIAdapter, build_a
 from .agents import NodeAgent
 from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
+from .healthserving import HealthServer
 from .routing import DrainReport, Provision, Registry, Router, RunGate
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "DrainReport",
     "EdgeConnection",
     "FakeAdapter",
+    "HealthServer",
     "NodeAgent",
     "NodeIdentity",
     "OpenAIAdapter",

@@ -87,6 +87,15 @@ class NodeAgent(AsyncService):
                 self._resolve_forever(), name="node-resolver", logger=logger
             )
 
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): ready once an Edge has welcomed this Node, and not while it drains."""
+        if self.router.draining:
+            return False, "draining: the node is leaving"
+        welcomed = sum(1 for c in self.connections.values() if c.connected.is_set())
+        if not welcomed:
+            return False, "no Edge has welcomed this node yet"
+        return True, f"welcomed by {welcomed} of {len(self.connections)} Edge(s)"
+
     async def drain(self, grace: float) -> bool:
         """Stop taking runs, tell every Edge, and wait up to `grace` seconds for the runs in
         flight to end; True when they all did. Call `stop()` after it."""

@@ -1,0 +1,108 @@
+"""The Node's health endpoints, for its kubelet: `GET /healthz` and `GET /readyz`.
+
+A Node serves no other HTTP: its work arrives over the connections it dials. Without a readiness
+probe Kubernetes would call a new Node pod ready as soon as its process starts, before it has
+dialled any Edge, and a rollout would stop the old pod while the new one serves nothing yet.
+
+- `/healthz`: 200 while the process's event loop answers (a liveness probe: a frozen Node fails).
+- `/readyz`: 200 once an Edge has welcomed this Node, 503 before that and while it drains, with
+  the reason as JSON (`NodeAgent.readiness`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from typing import Any
+
+import orjson
+import uvicorn
+
+from iop.aiokits import guarded_task
+
+__all__ = ["HealthServer"]
+
+logger = logging.getLogger(__name__)
+
+#: `() -> (ready, reason)`: the Node's readiness as `/readyz` reports it.
+Readiness = Callable[[], tuple[bool, str]]
+Message = MutableMapping[str, Any]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: `iop node run` decides when the Node stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class HealthServer:
+    """`/healthz` and `/readyz` on `sock` (bound by the caller); `await start()`, `await stop()`."""
+
+    def __init__(self, readiness: Readiness, sock: socket.socket) -> None:
+        self._readiness = readiness
+        self._sock = sock
+        config = uvicorn.Config(
+            self._app,
+            interface="asgi3",  # a bound method: uvicorn's guess would take it for ASGI 2
+            ws="none",
+            loop="none",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            proxy_headers=False,
+        )
+        self._server = _Server(config)
+        self._serving: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    async def start(self) -> None:
+        """Serve; returns once the socket accepts connections."""
+        server = self._server
+        serving = guarded_task(
+            server.serve(sockets=[self._sock]), name="node-health", logger=logger
+        )
+        self._serving = serving
+        while not server.started:
+            if serving.done():
+                serving.result()  # raises what stopped it
+                raise OSError("the health endpoints did not start")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            self._server.should_exit = True
+            await serving
+
+    async def _app(
+        self,
+        scope: Message,
+        receive: Callable[[], Awaitable[Message]],
+        send: Callable[[Message], Awaitable[None]],
+    ) -> None:
+        path, method = scope["path"], scope["method"]
+        body: dict[str, object]
+        if path not in ("/healthz", "/readyz"):
+            status, body = 404, {"error": f"no {path} here: /healthz and /readyz"}
+        elif method not in ("GET", "HEAD"):
+            status, body = 405, {"error": f"{path} answers GET"}
+        elif path == "/healthz":
+            status, body = 200, {"status": "ok"}
+        else:
+            ready, reason = self._readiness()
+            status, body = (200 if ready else 503), {"ready": ready, "reason": reason}
+        data = orjson.dumps(body)
+        headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+        if status == 405:
+            headers.append((b"allow", b"GET, HEAD"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else data})
