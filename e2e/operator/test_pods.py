@@ -239,6 +239,29 @@ async def under_load(stack: PodStack, model: str, workers: int = 4) -> AsyncIter
         await asyncio.gather(*tasks)
 
 
+async def node_2_rolled_under_load(
+    pods: PodStack, on_look: Callable[[], object] = lambda: None
+) -> tuple[set[str], list[str]]:
+    """`kubectl rollout restart` of node-2 while clients send requests for `n`, until its old pod
+    has exited and the rollout is complete (`on_look` runs at each look): the old pods' names,
+    and each request's outcome (see `under_load`)."""
+    identities = await asyncio.to_thread(pods.identities)
+    old = {name for name in identities if name.startswith(f"{NODE_2}-")}
+
+    def old_pods_gone() -> bool:
+        on_look()
+        names = {p["metadata"]["name"] for p in pods.get("pods")["items"]}
+        return not names & old
+
+    async with under_load(pods, "n") as outcomes:
+        await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
+        await asyncio.to_thread(wait_until, old_pods_gone, 120, "the old node-2 pod to exit")
+        await asyncio.to_thread(
+            wait_until, lambda: pods.rolled_out(NODE_2), 60, "node-2's rollout to complete"
+        )
+    return old, outcomes
+
+
 def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
     for node in spec["nodes"]:
         for item in node["providers"]:
@@ -411,18 +434,7 @@ async def test_a_nodes_rollout_under_load_loses_no_request(pods: PodStack) -> No
     requests keep being answered all along (with `Recreate` they wait in the queue for the new
     pod)."""
     before = await asyncio.to_thread(pods.identities)
-    old = {name for name in before if name.startswith(f"{NODE_2}-")}
-
-    def old_pods_gone() -> bool:
-        names = {p["metadata"]["name"] for p in pods.get("pods")["items"]}
-        return not names & old
-
-    async with under_load(pods, "n") as outcomes:
-        await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
-        await asyncio.to_thread(wait_until, old_pods_gone, 120, "the old node-2 pod to exit")
-        await asyncio.to_thread(
-            wait_until, lambda: pods.rolled_out(NODE_2), 60, "node-2's rollout to complete"
-        )
+    old, outcomes = await node_2_rolled_under_load(pods)
     assert [o for o in outcomes if o.startswith("failed")] == []
     assert len(outcomes) > 20
     after = await asyncio.to_thread(pods.identities)
@@ -477,26 +489,13 @@ async def test_a_nodes_drain_shows_in_the_status_until_its_last_run_ends(pods: P
         "tokensPerSecond": 2,
     }
     await asyncio.to_thread(pods.change, slow)
-    identities = await asyncio.to_thread(pods.identities)
-    old = {name for name in identities if name.startswith(f"{NODE_2}-")}
 
     def draining() -> int:
         nodes = pods.ec()["status"].get("nodes") or []
         return sum(int(n.get("drainingRuns", 0)) for n in nodes if n["nodeId"] == "node-2")
 
     seen: list[int] = []
-
-    def old_pods_gone() -> bool:
-        seen.append(draining())
-        names = {p["metadata"]["name"] for p in pods.get("pods")["items"]}
-        return not names & old
-
-    async with under_load(pods, "n") as outcomes:
-        await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
-        await asyncio.to_thread(wait_until, old_pods_gone, 120, "the old node-2 pod to exit")
-        await asyncio.to_thread(
-            wait_until, lambda: pods.rolled_out(NODE_2), 60, "node-2's rollout to complete"
-        )
+    _, outcomes = await node_2_rolled_under_load(pods, lambda: seen.append(draining()))
     assert max(seen) >= 1, seen
     assert [o for o in outcomes if o.startswith("failed")] == []
     await asyncio.to_thread(wait_until, lambda: draining() == 0, 30, "no drain in the status")
