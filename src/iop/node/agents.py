@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a drained Node gives its links to send what they hold (when the grace is over).
 FLUSH_TIMEOUT_S = 1.0
+#: Seconds between two resolutions of the Edge services while no Edge has welcomed this Node.
+_UNWELCOMED_RESOLVE_S = 1.0
 
 
 class NodeAgent(AsyncService):
@@ -188,5 +190,9 @@ class NodeAgent(AsyncService):
 
     async def _resolve_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._resolve_interval)
+            # Until an Edge has welcomed this Node, look again every second: at start no Edge
+            # replica may be ready yet, and a headless Service lists only ready pods.
+            welcomed = any(c.connected.is_set() for c in self.connections.values())
+            interval = self._resolve_interval
+            await asyncio.sleep(interval if welcomed else min(_UNWELCOMED_RESOLVE_S, interval))
             await self._resolve_once()
