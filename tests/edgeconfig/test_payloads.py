@@ -1,6 +1,8 @@
-"""The node payload: a provider's health policy travels only when it is not the defaults, and a
-payload that uses the defaults keeps the digest it had before health policies existed (so a Node
-and an Edge of different releases agree on it mid-rollout)."""
+"""The node payload: defaults do not travel. A provider's health policy goes only when it is not
+the defaults (a payload that uses them keeps the digest it had before health policies existed),
+and an adapter's settings go as its type and what differs from their defaults (an older Node
+takes a newer Edge's payload whose added settings are unused). So a Node and an Edge of different
+releases agree mid-rollout."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ import hashlib
 from typing import Any
 
 import orjson
+import pytest
 
-from iop.edgeconfig import HealthPolicy, load_data, node_payloads
+from iop.edgeconfig import HealthPolicy, OpenAIAdapterSettings, load_data, node_payloads
+from iop.edgeconfig.payloads import ProviderPayload
 from iop.edgeconfig.trees import to_tree
+from iop.node import AdapterError, OpenAIAdapter, build_adapter
 
 
 def payload_of(build: Any, **health: Any) -> Any:
@@ -44,3 +49,52 @@ def test_a_health_policy_of_its_own_travels_and_changes_the_digest(build: Any) -
     assert tuned.digest != default.digest
     # Spelling the defaults out is the same payload as leaving them out.
     assert payload_of(build, interval_ms=5000) == default
+
+
+def test_an_adapter_travels_as_its_type_and_what_differs_from_the_defaults(build: Any) -> None:
+    tuned_id = ""
+
+    def tuned(document: dict[str, Any]) -> None:
+        nonlocal tuned_id
+        tuned_id = document["nodes"][0]["providers"][0]["id"]
+        document["nodes"][0]["providers"][0]["adapter"] = {
+            "type": "openai",
+            "base_url": "http://10.0.0.1:8000/v1",
+            "request_timeout_s": 30,
+            "max_connections": 256,  # the default, spelled out
+        }
+
+    payload = node_payloads(load_data(build(tuned)))["node-1"]
+    (provider,) = [p for p in payload.providers if p.id == tuned_id]
+    assert provider.adapter == {
+        "type": "openai",
+        "base_url": "http://10.0.0.1:8000/v1",
+        "request_timeout_s": 30.0,
+    }
+    assert all(p.adapter["type"] for p in payload.providers)  # the type always travels
+
+
+class _NewerOpenAIAdapterSettings(OpenAIAdapterSettings):
+    """The adapter's settings as a later release might have them: one more, with a default."""
+
+    added_later: int = 7
+
+
+@pytest.mark.parametrize(("added", "accepted"), [(7, True), (8, False)], ids=["default", "used"])
+def test_an_older_node_takes_a_newer_edges_adapter_while_its_new_setting_is_unused(
+    added: int, accepted: bool
+) -> None:
+    newer = _NewerOpenAIAdapterSettings(base_url="http://10.0.0.1:8000/v1", added_later=added)
+    provider = ProviderPayload(
+        id="p1",
+        adapter=ProviderPayload.adapter_document(newer),
+        served_models=("m",),
+        enabled=True,
+        capacity=1,
+        long_context_slots=None,
+    )
+    if accepted:
+        assert isinstance(build_adapter(provider), OpenAIAdapter)
+    else:
+        with pytest.raises(AdapterError, match="added_later"):
+            build_adapter(provider)

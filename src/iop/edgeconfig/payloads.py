@@ -4,10 +4,11 @@ A Node needs its own providers and adapters, the limits it enforces itself (capa
 slots, across every Edge it serves) and how it judges their health (probes, failing requests).
 Dispatch-only settings (priority, queueing) stay on the Edge, so changing them pushes nothing.
 
-A provider's health policy travels only when it differs from the defaults, and a payload without
-one has the digest it had before health policies existed: a Node and an Edge of different
-versions (mid-rollout) still agree on the digest of a payload that uses the defaults, so the
-Edge does not see that Node as running a stale config.
+Defaults do not travel: a provider's health policy goes only when it differs from the defaults,
+and an adapter's settings go as its type and what differs from theirs. So a Node and an Edge of
+different releases (mid-rollout) agree on the digest of a payload that uses the defaults (the
+Edge does not see that Node as running a stale config), and an older Node takes the payload of a
+newer Edge whose added adapter settings are not used (it refuses settings it does not know).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, field_validator
 
-from .configs import EdgeConfig, HealthPolicy, NodeSpec, ProviderSpec
+from .configs import AdapterSettings, EdgeConfig, HealthPolicy, NodeSpec, ProviderSpec
 from .trees import to_tree
 
 __all__ = ["NodePayload", "ProviderPayload", "node_payload", "node_payloads"]
@@ -47,13 +48,25 @@ class ProviderPayload(BaseModel, frozen=True):
     def of(cls, provider: ProviderSpec) -> ProviderPayload:
         return cls(
             id=provider.id,
-            adapter=provider.adapter.model_dump(mode="json"),
+            adapter=cls.adapter_document(provider.adapter),
             served_models=tuple(sorted(provider.served_models)),
             enabled=provider.enabled,
             capacity=provider.capacity,
             long_context_slots=provider.long_context_slots,
             health=provider.health,
         )
+
+    @staticmethod
+    def adapter_document(adapter: AdapterSettings) -> dict[str, Any]:
+        """An adapter's settings as they travel: its type and what differs from the defaults.
+
+        A Node refuses adapter settings it does not know, so a Node of an older release takes
+        the payload of a newer Edge as long as the settings that release added keep their
+        defaults (and both compute the same digest); a setting it cannot honour is refused.
+        """
+        document = adapter.model_dump(mode="json", exclude_defaults=True)
+        document["type"] = adapter.type
+        return document
 
     @property
     def health_policy(self) -> HealthPolicy:
