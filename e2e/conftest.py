@@ -106,6 +106,28 @@ class KubeCluster:
         items = self.get("pods", "-n", namespace, "-l", selector)["items"]
         return [pod for pod in items if "deletionTimestamp" not in pod["metadata"]]
 
+    def condition(self, resource: str, kind: str, *, namespace: str | None = None) -> str | None:
+        """The status ("True", "False", "Unknown") of condition `kind` of `resource`
+        (`crd/NAME`, `pod/NAME`), or None while it has none: an object the API server has just
+        written may have no conditions yet (or `conditions: null`), which `kubectl wait
+        --for=condition` reports as an error instead of waiting."""
+        args = ["get", resource, "-o", "json", *(["-n", namespace] if namespace else [])]
+        found = self.kubectl(*args, check=False)
+        if found.returncode != 0:
+            return None
+        conditions = (json.loads(found.stdout).get("status") or {}).get("conditions") or ()
+        return next((c.get("status") for c in conditions if c.get("type") == kind), None)
+
+    def wait_condition(
+        self, resource: str, kind: str, *, namespace: str | None = None, timeout: float = 30
+    ) -> None:
+        """Wait until condition `kind` of `resource` is True, as a user's script must."""
+        self.wait_for(
+            lambda: self.condition(resource, kind, namespace=namespace) == "True",
+            timeout=timeout,
+            what=f"{resource} to be {kind}",
+        )
+
     @staticmethod
     def wait_for(
         probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2

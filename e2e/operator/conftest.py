@@ -144,9 +144,7 @@ def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
 def edgeconfig_crd(kube_cluster: KubeCluster) -> None:
     """The EdgeConfig CRD from deploy/crds, installed and established (cluster-wide, once)."""
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev", "--timeout=30s"
-    )
+    kube_cluster.wait_condition("crd/edgeconfigs.iop.dev", "Established")
     # Established comes a moment before discovery serves the resource.
     wait_for(
         lambda: kube_cluster.kubectl("get", "ec", "-A", check=False).returncode == 0,
