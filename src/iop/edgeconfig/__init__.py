@@ -26,6 +26,7 @@ from .configs import (
     PrincipalToken,
     ProviderSpec,
     RetrySection,
+    SecretKeyRef,
     TlsSection,
     is_loopback_listener,
     split_listener,
@@ -35,6 +36,7 @@ from .loading import load_data, load_file, load_text, parse_yaml
 from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath
 from .secrets import is_secret_field
+from .tokens import TokenRef, require_token_hashes, token_refs, with_token_hashes
 from .trees import config_hash
 
 __all__ = [
@@ -64,7 +66,9 @@ __all__ = [
     "ProviderSpec",
     "RestartPath",
     "RetrySection",
+    "SecretKeyRef",
     "TlsSection",
+    "TokenRef",
     "classify",
     "config_hash",
     "is_loopback_listener",
@@ -75,5 +79,8 @@ __all__ = [
     "node_payload",
     "node_payloads",
     "parse_yaml",
+    "require_token_hashes",
     "split_listener",
+    "token_refs",
+    "with_token_hashes",
 ]

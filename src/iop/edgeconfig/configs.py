@@ -41,6 +41,7 @@ __all__ = [
     "PrincipalToken",
     "ProviderSpec",
     "RetrySection",
+    "SecretKeyRef",
     "Spec",
     "TlsSection",
     "is_loopback_listener",
@@ -104,6 +105,8 @@ _MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
 _SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _URL_PATH_PATTERN = r"^/[^\s?#]*$"
+_SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]{1,253}$"
 
 #: Patterns whose mismatch gets a sentence of its own instead of pydantic's regex dump.
 PATTERN_MESSAGES: Final = {
@@ -113,6 +116,8 @@ PATTERN_MESSAGES: Final = {
     'token itself (printf %s "$TOKEN" | sha256sum)',
     _ENV_NAME_PATTERN: "must be an environment variable name (letters, digits, '_')",
     _URL_PATH_PATTERN: "must be a URL path starting with '/', without spaces, query or fragment",
+    _SECRET_NAME_PATTERN: "must be a Kubernetes object name: lowercase letters, digits, '-', '.'",
+    _SECRET_KEY_PATTERN: "must be a Secret key: letters, digits, '-', '_' and '.'",
 }
 
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
@@ -193,6 +198,46 @@ class Spec(BaseModel):
     )
 
 
+# -- tokens held in Kubernetes Secrets ----------------------------------------------------------
+
+
+class SecretKeyRef(Spec):
+    """A key of a Kubernetes Secret, in the EdgeConfig's namespace, that holds a token.
+
+    Only the operator reads it: it hashes the token into the Edge's config (the Edge never sees a
+    raw token, and never reads Secrets), so a Helm render carries no token and no hash of one.
+    The reference is not part of the Edge's config, so changing it restarts nothing by itself;
+    the token it leads to counts as the `token_hash_sha256` beside it, whose marker says what a
+    different token restarts.
+    """
+
+    name: Annotated[
+        str,
+        live("Name of the Secret, in the EdgeConfig's namespace.", pattern=_SECRET_NAME_PATTERN),
+    ]
+    key: Annotated[
+        str,
+        live("The key of the Secret's data that holds the token.", pattern=_SECRET_KEY_PATTERN),
+    ] = "token"
+    generate: Annotated[
+        bool,
+        live(
+            "When the Secret or its key does not exist, the operator creates it with a random "
+            "token (owned by the EdgeConfig) and never changes it afterwards; delete the Secret "
+            "to rotate the token. false: the Secret is the user's, and while it is missing the "
+            "change waits for it."
+        ),
+    ] = False
+
+
+def _one_token_source(owner: str, digest: str | None, secret: SecretKeyRef | None) -> None:
+    if (digest is None) == (secret is None):
+        raise ValueError(
+            f"{owner} needs exactly one of token_hash_sha256 (the SHA-256 of its token) and "
+            "token_secret (a Kubernetes Secret the operator hashes)"
+        )
+
+
 # -- the Edge itself -----------------------------------------------------------------------------
 
 
@@ -214,6 +259,14 @@ class AdminSection(Spec):
         restart_edge(
             "Path of a file holding the admin bearer token (for example a mounted Secret); "
             "the Edge hashes it at start and never logs it."
+        ),
+    ] = None
+    token_secret: Annotated[
+        SecretKeyRef | None,
+        live(
+            "In an EdgeConfig: the Secret the operator reads the admin token from to call the "
+            "Edge (the Edge reads token_file, where that Secret is mounted). Null: Secret "
+            "NAME-edge-admin, key token. It is not part of the Edge's config."
         ),
     ] = None
     config_dir: Annotated[
@@ -345,9 +398,20 @@ class PrincipalToken(Spec):
         ),
     ]
     token_hash_sha256: Annotated[
-        Sha256Hex,
-        restart_edge("SHA-256 (64 lowercase hex) of the bearer token; never the token itself."),
-    ]
+        Sha256Hex | None,
+        restart_edge(
+            "SHA-256 (64 lowercase hex) of the bearer token; never the token itself. Exactly one "
+            "of token_hash_sha256 and token_secret."
+        ),
+    ] = None
+    token_secret: Annotated[
+        SecretKeyRef | None,
+        live(
+            "In an EdgeConfig: the Secret that holds the bearer token. The operator writes its "
+            "SHA-256 into the Edge's config as token_hash_sha256, where a different token rolls "
+            "the Edge; the reference itself is not part of the Edge's config."
+        ),
+    ] = None
     principal_ref: Annotated[
         str,
         restart_edge("The principal (team, tenant) this token's usage counts for.", min_length=1),
@@ -355,6 +419,11 @@ class PrincipalToken(Spec):
     alias: Annotated[str | None, restart_edge("An optional human-readable name for the token.")] = (
         None
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _one_token_source("a principal token", self.token_hash_sha256, self.token_secret)
+        return self
 
 
 class RetrySection(Spec):
@@ -773,17 +842,31 @@ class NodeSpec(Spec):
         str | None, restart_edge("A human-readable name for the node, shown in status.")
     ] = None
     token_hash_sha256: Annotated[
-        Sha256Hex,
+        Sha256Hex | None,
         restart_edge(
             "SHA-256 (64 lowercase hex) of the token this node authenticates with; never the "
-            "token itself."
+            "token itself. Exactly one of token_hash_sha256 and token_secret."
         ),
-    ]
+    ] = None
+    token_secret: Annotated[
+        SecretKeyRef | None,
+        live(
+            "In an EdgeConfig: the Secret that holds this node's token (the one its agent "
+            "presents). The operator writes its SHA-256 into the Edge's config as "
+            "token_hash_sha256, where a different token rolls the Edge; the reference itself "
+            "is not part of the Edge's config."
+        ),
+    ] = None
     runtime: Annotated[NodeRuntime, live("Runtime metadata.")] = NodeRuntime()
     providers: Annotated[
         list[ProviderSpec],
         restart_node("The providers (model servers) under this node."),
     ] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _one_token_source("a node", self.token_hash_sha256, self.token_secret)
+        return self
 
 
 class EdgeConfig(Spec):
