@@ -28,6 +28,7 @@ from .configs import (
     RetrySection,
     SecretKeyRef,
     TlsSection,
+    camel_path,
     is_loopback_listener,
     split_listener,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "SecretKeyRef",
     "TlsSection",
     "TokenRef",
+    "camel_path",
     "classify",
     "config_hash",
     "is_loopback_listener",

@@ -44,6 +44,7 @@ __all__ = [
     "SecretKeyRef",
     "Spec",
     "TlsSection",
+    "camel_path",
     "is_loopback_listener",
     "split_listener",
 ]
@@ -183,6 +184,16 @@ def camel_name(name: str) -> str:
     """
     first, *rest = name.split("_")
     return first + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
+def camel_path(path: str) -> str:
+    """A config path in the CRD's spelling: `nodes[node-1].providers[a].adapter.latency_ms` ->
+    `nodes[node-1].providers[a].adapter.latencyMs` (ids in brackets are left as they are)."""
+    parts = re.split(r"(\[[^\]]*\])", path)
+    return "".join(
+        part if part.startswith("[") else ".".join(camel_name(name) for name in part.split("."))
+        for part in parts
+    )
 
 
 class Spec(BaseModel):

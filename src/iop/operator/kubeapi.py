@@ -18,7 +18,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -194,6 +194,43 @@ class KubeApi(AsyncService):
             what=what,
         )
         return result
+
+    async def watch(
+        self, path: str, *, params: Mapping[str, str], what: str = ""
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch (`?watch=1`), one JSON object each, until the server ends it.
+
+        No total timeout (a watch lasts minutes); the server's `timeoutSeconds` ends it, and a
+        read that stalls longer than that by a margin is a dead connection."""
+        if self._session is None:
+            raise RuntimeError("KubeApi is not started")
+        if time.monotonic() - self._authorized_at > _TOKEN_REFRESH_S:
+            await self._refresh_token()
+        headers = {"Accept": "application/json"}
+        if self._authorization:
+            headers["Authorization"] = self._authorization
+        seconds = float(params.get("timeoutSeconds", "300"))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=seconds + 30)
+        try:
+            async with self._session.get(
+                self.settings.server + path,
+                params={**params, "watch": "1"},
+                headers=headers,
+                timeout=timeout,
+            ) as response:
+                if response.status >= 300:
+                    raise _error(response.status, await response.read(), what or f"watch {path}")
+                # One event per line; a line may be a megabyte (the Edge ConfigMap), beyond
+                # what aiohttp's line reader takes, so lines are cut here.
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield orjson.loads(line)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeUnavailable(0, "Unreachable", repr(exc), what=what or path) from exc
 
     async def request(
         self,
