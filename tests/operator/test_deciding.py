@@ -3,6 +3,7 @@ change is committed, what the status says and when the next pass comes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ def observe(
     *,
     base: EdgeConfig | None = None,
     edges: tuple[Workload, ...] = (),
-    nodes: dict[str, tuple[Workload, ...]] | None = None,
+    nodes: Mapping[str, tuple[Workload, ...]] | None = None,
     replicas: tuple[EdgeReplica, ...] = (replica("edge-0"),),
 ) -> Observation:
     return Observation(
