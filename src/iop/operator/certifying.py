@@ -173,7 +173,7 @@ async def shared_certificate(
             )
         else:
             body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
-            await api.request("PUT", path, body=body, what=f"renew the Secret {secret}")
+            await api.merge_patch(path, body, what=f"renew the Secret {secret}")
     except KubeConflict:  # another replica wrote it first: serve with theirs
         return await shared_certificate(api, namespace, secret, names)
     logger.info("made the webhook certificate in Secret %s", secret)
