@@ -894,5 +894,9 @@ class EdgeConfig(Spec):
     )
     nodes: Annotated[
         list[NodeSpec],
-        restart_edge("The Node agents and their providers."),
+        restart_edge(
+            "The Node agents and their providers. This rule is for adding or removing a node; "
+            "each field below carries its own (the nearest rule wins), and most of them, a "
+            "provider's capacity or priority among them, are live."
+        ),
     ] = Field(default_factory=list)

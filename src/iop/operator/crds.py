@@ -72,8 +72,11 @@ def spec_schema() -> dict[str, Any]:
     schema = _convert(source, definitions, path=())
     schema["description"] = (
         "The whole configuration of one Edge: its listeners, models, nodes and providers "
-        "(the same document as edge.yaml, in camelCase). Each field's description says whether "
-        "a change applies live or needs a restart, and of what. docs/config.md lists every field."
+        "(the same document as edge.yaml, in camelCase). Each field's description ends with "
+        "whether a change applies live or needs a restart, and of what; a field without a rule "
+        "of its own follows the nearest one above it (so `nodes` says Restart-required for adding "
+        "or removing a node, while most fields below it are live). docs/config.md lists every "
+        "field."
     )
     return schema
 
@@ -237,6 +240,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         return f'.status.conditions[?(@.type=="{kind}")].status'
 
     return [
+        {"name": "Ready", "type": "string", "jsonPath": condition("Ready")},
         {"name": "Valid", "type": "string", "jsonPath": condition("Valid")},
         {"name": "Applied", "type": "string", "jsonPath": condition("Applied")},
         {"name": "Restart", "type": "string", "jsonPath": ".status.pendingRestart"},
