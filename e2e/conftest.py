@@ -106,6 +106,24 @@ class KubeCluster:
         items = self.get("pods", "-n", namespace, "-l", selector)["items"]
         return [pod for pod in items if "deletionTimestamp" not in pod["metadata"]]
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (e2e/cluster/localcluster.py, AUDIT_POLICY): the calls of
+        workloads' ServiceAccounts."""
+        return self.kubeconfig.parent / "logs" / "audit.log"
+
+    def audit(self, user: str) -> list[dict[str, Any]]:
+        """The audit events of `user` (`system:serviceaccount:NS:NAME`), in order."""
+        events = []
+        for path in sorted(self.audit_log.parent.glob("audit*.log")):
+            with path.open(encoding="utf-8") as stream:
+                for line in stream:
+                    if f'"{user}"' in line:
+                        event = json.loads(line)
+                        if event.get("user", {}).get("username") == user:
+                            events.append(event)
+        return events
+
     def condition(self, resource: str, kind: str, *, namespace: str | None = None) -> str | None:
         """The status ("True", "False", "Unknown") of condition `kind` of `resource`
         (`crd/NAME`, `pod/NAME`), or None while it has none: an object the API server has just

@@ -100,8 +100,8 @@ Two ready-made edits of the EdgeConfig (written to {edits}):
      Warning: live: nodes[{node["id"]}].providers[{provider["id"]}].capacity
    (the first apply also warns that the Helm-made object has no last-applied annotation: harmless)
    Then `kubectl -n {ns} get ec -o wide`: GENERATION goes up, READY and APPLIED True, RESTART
-   none, a new CONFIG hash; `describe` shows the AppliedLive event and the capacity under Last Change. No pod
-   restarts: `kubectl -n {ns} get pods` shows the same pods and AGEs.
+   none, a new CONFIG hash; `describe` shows the AppliedLive event and the capacity under Last
+   Change. No pod restarts: `kubectl -n {ns} get pods` shows the same pods and AGEs.
 
 2. Restart: openai.listen 0.0.0.0:8080 -> [::]:8080 (the same port, IPv6 clients too)
    kubectl apply -f {listener}
@@ -113,7 +113,8 @@ Two ready-made edits of the EdgeConfig (written to {edits}):
    3/3); only the Edge pods are replaced (`kubectl -n {ns} get pods`: new iop-edge-... pods, the
    Nodes, the operator and the fake upstream keep theirs); the Rolling and RolledOut events say so.
    To wait for it in a script (never on the previous generation's Ready):
-     kubectl -n {ns} wait --for=jsonpath='{{.status.observedGeneration}}'=$(kubectl -n {ns} get ec edge -o jsonpath='{{.metadata.generation}}') ec/edge --timeout=180s
+     GEN=$(kubectl -n {ns} get ec edge -o jsonpath='{{.metadata.generation}}')
+     kubectl -n {ns} wait --for=jsonpath='{{.status.observedGeneration}}'=$GEN ec/edge
      kubectl -n {ns} wait --for=condition=Ready ec/edge --timeout=180s
 
 A broken edit is refused with every problem and its path, e.g.

@@ -195,6 +195,7 @@ class OperatorProcess:
     webhook_configuration: str | None = None
     webhook_port: int = 0
     liveness_port: int = 0
+    metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -203,6 +204,7 @@ class OperatorProcess:
             "--namespace", self.namespace,
             "--kubeconfig", str(self.cluster.kubeconfig),
             "--liveness-listen", f"127.0.0.1:{self.liveness_port}",
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--log-level", "INFO",
         ]  # fmt: skip
         for url in self.edge_admins:
@@ -280,6 +282,7 @@ def start_operator(
             webhook_configuration=name,
             webhook_port=webhook_port,
             liveness_port=free_port(),
+            metrics_port=free_port(),
         )
         started.append(operator)
         operator.start()

@@ -41,7 +41,8 @@ __all__ = ["FIELD_MANAGER", "KubeApi", "KubeSettings", "resource_path"]
 
 logger = logging.getLogger(__name__)
 
-#: Who the operator is in `managedFields` and Events.
+#: Who the operator is in `managedFields` (followed by `/NAME` when it serves one EdgeConfig, so
+#: each release's writes are told apart).
 FIELD_MANAGER: Final = "iop-operator"
 _SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 #: A projected ServiceAccount token is rotated by the kubelet; re-read it this often.
@@ -129,18 +130,23 @@ class KubeSettings:
 class KubeApi(AsyncService):
     """JSON calls to the API server over one session; `async with KubeApi(settings) as api`."""
 
-    def __init__(self, settings: KubeSettings, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, settings: KubeSettings, *, timeout: float = 30.0, field_manager: str = FIELD_MANAGER
+    ) -> None:
         self.settings = settings
+        self.field_manager = field_manager
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._authorization: str | None = None
         self._authorized_at = 0.0
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None) -> KubeApi:
+    async def connect(
+        cls, kubeconfig: str | None = None, *, field_manager: str = FIELD_MANAGER
+    ) -> KubeApi:
         """Settings loaded off the event loop, then the client started."""
         settings = await asyncio.to_thread(KubeSettings.load, kubeconfig)
-        api = cls(settings)
+        api = cls(settings, field_manager=field_manager)
         await api.start()
         return api
 
@@ -189,7 +195,7 @@ class KubeApi(AsyncService):
             "PATCH",
             path,
             body=body,
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": self.field_manager, "force": "true"},
             content_type="application/apply-patch+yaml",  # JSON is YAML
             what=what,
         )
@@ -247,6 +253,8 @@ class KubeApi(AsyncService):
             raise RuntimeError("KubeApi is not started")
         if time.monotonic() - self._authorized_at > _TOKEN_REFRESH_S:
             await self._refresh_token()
+        if method in ("POST", "PUT", "PATCH"):  # managedFields name the writer
+            params = {"fieldManager": self.field_manager, **(params or {})}
         data = orjson.dumps(body) if body is not None else None
         for attempt in (1, 2):
             headers = {"Accept": "application/json"}

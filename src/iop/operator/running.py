@@ -42,7 +42,7 @@ from .certifying import (
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
 from .errors import KubeApiError, OperatorError
 from .eventing import EventPoster
-from .kubeapi import KubeApi, KubeSettings
+from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings
 from .leading import LeaderElection
 from .metrics import MetricsServer, OperatorMetrics
 from .reconciling import PassTimings, Reconciler
@@ -89,8 +89,9 @@ class OperatorOptions:
     webhook_secret: str | None = None
     #: host:port of kopf's liveness endpoint (/healthz); None: none.
     liveness_listen: str | None = "0.0.0.0:8080"
-    #: host:port of GET /metrics and /readyz; None: none.
-    metrics_listen: str | None = "0.0.0.0:8081"
+    #: host:port of GET /metrics and /readyz; None: none (`iop operator run` serves them on
+    #: 0.0.0.0:8081 unless told otherwise).
+    metrics_listen: str | None = None
     #: The Lease replicas elect a leader with; None: this process acts alone.
     leader_election: str | None = None
     extra_sans: Collection[str] = field(default_factory=tuple)
@@ -229,7 +230,8 @@ async def run_operator(
     on_pass: Callable[[PassTimings], None] | None = None,
 ) -> None:
     """Run until `stop` is set; `ready` is set once kopf watches."""
-    api = await KubeApi.connect(options.kubeconfig)
+    manager = f"{FIELD_MANAGER}/{options.edgeconfig}" if options.edgeconfig else FIELD_MANAGER
+    api = await KubeApi.connect(options.kubeconfig, field_manager=manager)
     tasks: list[asyncio.Task[None]] = []
     election: LeaderElection | None = None
     try:
