@@ -377,8 +377,8 @@ def _wait_for_nodes(
     if elapsed < SERVING_WAIT_S:
         finding.serving = (
             "WaitingForNodes",
-            f"{head}; waiting for {who} to connect to every Edge replica ({elapsed:.0f}s of at "
-            f"most {SERVING_WAIT_S:.0f}s)",
+            f"{head}; waiting (at most {SERVING_WAIT_S:.0f}s) for {who} to connect to every "
+            "Edge replica",
         )
     else:
         finding.serving = (
