@@ -213,7 +213,7 @@ class Reconciler:
                 return await self._hold(owner, generation, tokens, previous)
             observation = await self._observe(owner, generation, spec, tokens)
             clock = timings.mark("observe", clock)
-            verdict = await self._act(owner, observation, tokens, timings)
+            verdict = await self._act(owner, observation, tokens, timings, previous)
             clock = timings.mark("act", clock)
             await self._report(owner, verdict, previous)
         except KubeApiError as error:
@@ -225,7 +225,12 @@ class Reconciler:
         return self._next(verdict.next)
 
     async def _act(
-        self, owner: Owner, observation: Observation, tokens: TokenRead, timings: PassTimings
+        self,
+        owner: Owner,
+        observation: Observation,
+        tokens: TokenRead,
+        timings: PassTimings,
+        previous: Mapping[str, Any],
     ) -> Verdict:
         """Write, roll and apply what `plan` asks; the verdict on the results."""
         current = plan(observation)
@@ -252,8 +257,8 @@ class Reconciler:
             current,
             outcomes,
             stamps,
-            effective_hash=self._effective or self._status_hash("appliedConfigHash"),
-            in_effect_for=self._in_effect_for(observation),
+            effective_hash=self._effective or str(previous.get("appliedConfigHash") or ""),
+            in_effect_for=self._in_effect_for(observation, previous),
             committed_at=time.time(),
             admin_unreachable_hint=hint,
         )
@@ -561,21 +566,14 @@ class Reconciler:
             observation.desired_hash,
         )
 
-    def _status_hash(self, key: str) -> str:
-        return str((self._last_status or {}).get(key) or "")
-
-    def _in_effect_for(self, observation: Observation) -> float | None:
-        """Seconds the desired config has been in effect; None: not yet. A config that the
-        status already says is Ready (an operator restart, a failover) counts as long in effect,
-        so a new operator never withdraws Ready to wait for Nodes again."""
+    def _in_effect_for(self, observation: Observation, previous: Mapping[str, Any]) -> float | None:
+        """Seconds the desired config has been in effect; None: not yet. A config the status
+        already says was in effect (an operator restart, a failover, a new generation that
+        changes nothing) counts as long in effect: no new wait for the Nodes."""
         since = self._in_effect_since
         if since is not None and since[0] == observation.desired_hash:
             return time.monotonic() - since[1]
-        last = self._last_status or {}
-        if last.get("appliedConfigHash") == observation.desired_hash and any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in last.get("conditions") or ()
-        ):
+        if previous.get("appliedConfigHash") == observation.desired_hash:
             return float("inf")
         return None
 

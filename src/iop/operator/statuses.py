@@ -31,6 +31,7 @@ __all__ = [
     "RolloutEntryState",
 ]
 
+#: The conditions an EdgeConfig's status carries.
 ConditionType = Literal[
     "Ready", "Reconciling", "Stalled", "Valid", "Applied", "Progressing", "Degraded"
 ]
@@ -44,9 +45,13 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Progressing",
     "Degraded",
 )
+#: A condition's status, as metav1.Condition spells it.
 ConditionStatus = Literal["True", "False", "Unknown"]
+#: What the last apply did on an Edge replica.
 ReplicaEntryState = Literal["Applied", "Failed", "Unreachable", "Replaced", "AwaitingRestart"]
+#: Where a node is, across every Edge replica.
 NodeEntryState = Literal["Acked", "Failed", "NotConnected", "Restarting"]
+#: How far a workload's rollout is.
 RolloutEntryState = Literal["Progressing", "Complete", "Stalled", "Missing"]
 
 

@@ -36,6 +36,7 @@ _WATCH_SECONDS: Final = 300
 #: What a listener hears: the object as it now is (`MODIFIED`, `ADDED`) or that it is gone
 #: (`DELETED`, with the last object seen, or None when it never existed).
 WatchEventType = Literal["ADDED", "MODIFIED", "DELETED"]
+#: Called with each event of a watched object (from the watch's task: it must not block).
 WatchListener = Callable[[WatchEventType, Mapping[str, Any] | None], None]
 
 
