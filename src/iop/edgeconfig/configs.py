@@ -277,7 +277,8 @@ class AdminSection(Spec):
         live(
             "In an EdgeConfig: the Secret the operator reads the admin token from to call the "
             "Edge (the Edge reads token_file, where that Secret is mounted). Null: Secret "
-            "NAME-edge-admin, key token. It is not part of the Edge's config."
+            "NAME-edge-admin, key token, created with a random token when missing. It is not "
+            "part of the Edge's config."
         ),
     ] = None
     config_dir: Annotated[

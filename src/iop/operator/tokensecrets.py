@@ -38,14 +38,17 @@ _TOKEN_BYTES: Final = 32
 
 def admin_token_ref(config: EdgeConfig, edgeconfig_name: str) -> SecretKeyRef | None:
     """Where the operator reads the admin token: `edge.admin.token_secret`, else the Secret
-    NAME-edge-admin (key `token`); None when the admin API takes no token."""
+    NAME-edge-admin (key `token`, generated when missing: the chart's Edge mounts that name);
+    None when the admin API takes no token."""
     admin = config.edge.admin
     if admin.token_secret is not None:
         return admin.token_secret
     if not admin.token_hash_sha256 and not admin.token_file:
         return None
     return SecretKeyRef(
-        name=conventions.admin_secret_name(edgeconfig_name), key=conventions.ADMIN_TOKEN_KEY
+        name=conventions.admin_secret_name(edgeconfig_name),
+        key=conventions.ADMIN_TOKEN_KEY,
+        generate=True,
     )
 
 
