@@ -525,6 +525,32 @@ async def test_a_deleted_or_edited_configmap_is_put_back_within_seconds(pods: Po
     assert "Repaired" in reasons
 
 
+async def test_a_webhook_configuration_that_changed_is_trusted_again(pods: PodStack) -> None:
+    """Someone (a `helm upgrade` that recreated it, a `kubectl apply`) puts another caBundle in
+    the webhook configuration: the operator puts its own back within seconds (with failurePolicy
+    Ignore, an untrusted webhook would silently stop validating)."""
+    webhook = f"{NAME}-{pods.namespace}"
+    ours = pods.get("secret", f"{NAME}-operator-webhook-tls")["data"]["tls.crt"]
+    configuration = pods.cluster.get("validatingwebhookconfiguration", webhook)
+    assert configuration["webhooks"][0]["clientConfig"]["caBundle"] == ours
+    other = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    patch = [
+        {"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": other.decode()}
+    ]
+    await asyncio.to_thread(
+        pods.cluster.kubectl,
+        "patch", "validatingwebhookconfiguration", webhook, "--type=json", "-p", json.dumps(patch),
+    )  # fmt: skip
+    started = time.monotonic()
+
+    def trusted() -> bool:
+        found = pods.cluster.get("validatingwebhookconfiguration", webhook)
+        return bool(found["webhooks"][0]["clientConfig"].get("caBundle") == ours)
+
+    await asyncio.to_thread(wait_until, trusted, 10, "the operator's caBundle back")
+    print(f"caBundle replaced -> put back in {time.monotonic() - started:.2f}s")
+
+
 async def test_the_standby_operator_takes_over_when_the_active_one_goes(pods: PodStack) -> None:
     """Failover: the pod holding the Lease deleted (SIGTERM: it releases the Lease), then the new
     leader killed outright (SIGKILL of its process: the Lease expires); each time the other
