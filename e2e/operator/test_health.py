@@ -23,9 +23,13 @@ import pytest
 
 from iop.edgeconfig import config_hash, load_data
 
-pytestmark = pytest.mark.e2e
+# Each test starts an Edge, its Nodes and the operator; two also install the chart and go through
+# a rollout: 1-3 minutes each on a shared 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 EDGE, NODE_1, NODE_2 = "demo-edge", "demo-node-node-1", "demo-node-node-2"
+#: Every provider of host_spec(), available once the Nodes on the host have connected.
+PROVIDERS = ["pa", "pb", "pc", "pd"]
 #: One mistake the API server's schema cannot see (the webhook would refuse it).
 UNKNOWN_PROVIDER = 'models[0].providers.zz: unknown provider "zz"'
 
@@ -98,6 +102,7 @@ async def test_a_new_edgeconfig_is_in_progress_until_it_is_ready_then_current(
 ) -> None:
     spec = host_spec()
     stack = await host_stack(spec)
+    await stack.wait_available(PROVIDERS)
 
     # No operator yet: the EdgeConfig as the API server serves it before any reconcile.
     await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
@@ -118,6 +123,7 @@ async def test_an_invalid_spec_admitted_with_the_webhook_down_is_failed(
 ) -> None:
     spec = host_spec()
     stack = await host_stack(spec)
+    await stack.wait_available(PROVIDERS)
     operator = start_operator(edge_admins=[stack.admin_url])
     await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
     await asyncio.to_thread(health.until_kstatus, "Current")
@@ -155,7 +161,7 @@ async def test_an_invalid_spec_admitted_with_the_webhook_down_is_failed(
 
 async def ready_with_workloads(host_stack, spec, start_operator, edgeconfigs, workloads, health):
     stack = await host_stack(spec)
-    await stack.wait_available(["pa", "pb", "pc", "pd"])
+    await stack.wait_available(PROVIDERS)
     await asyncio.to_thread(workloads.install_kwok, ["node-1", "node-2"])
     start_operator(edge_admins=[stack.admin_url])
     await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
