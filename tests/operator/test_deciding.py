@@ -183,7 +183,7 @@ def test_a_node_without_a_workload_is_restarted_by_hand() -> None:
     verdict = judge(observation, current, outcomes, {}, effective_hash="", in_effect_for=None)
 
     assert [r.scope for r in current.restarts] == ["node:node-2"]
-    assert current.restarting_nodes() == ["node-2"]
+    assert current.node_restarts() == ["node:node-2"]
     (pending,) = verdict.finding.pending
     assert pending.reason.startswith("no workload labelled iop.dev/edgeconfig=demo")
     assert pending.reason.endswith("restart node node-2 by hand")

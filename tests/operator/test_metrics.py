@@ -11,11 +11,7 @@ from iop.processes import free_port
 
 
 def sample(text: str, name: str) -> float:
-    (line,) = [
-        line
-        for line in text.splitlines()
-        if line.startswith((name + " ", name + "{"))
-    ]
+    (line,) = [line for line in text.splitlines() if line.startswith((name + " ", name + "{"))]
     return float(line.rsplit(" ", 1)[1])
 
 

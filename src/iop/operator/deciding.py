@@ -88,10 +88,10 @@ class Plan:
     change: ChangeReport | None
     restarts: tuple[RestartRecord, ...]
 
-    def restarting_nodes(self) -> list[str]:
-        """The node ids whose workloads the operator restarts (told to the replicas, which hold
-        those nodes on their running adapters until the new pods connect)."""
-        return sorted({_node_of(r.scope) for r in self.restarts if r.scope.startswith("node:")})
+    def node_restarts(self) -> list[str]:
+        """The `node:<id>` scopes whose workloads the operator restarts (told to the replicas,
+        which hold those nodes on their running adapters until the new pods connect)."""
+        return sorted({r.scope for r in self.restarts if r.scope.startswith("node:")})
 
 
 def plan(observation: Observation) -> Plan:

@@ -427,7 +427,7 @@ class Reconciler:
         document = observation.desired.model_dump(mode="json", exclude_unset=True)
         outcomes: list[ReplicaOutcome] = []
         for _ in range(2):
-            body = await asyncio.to_thread(apply_body, document, current.restarting_nodes())
+            body = await asyncio.to_thread(apply_body, document, current.node_restarts())
             outcomes = await apply_on_replicas(
                 self._admin, ready, body, observation.desired_hash, tokens.admin_token
             )
