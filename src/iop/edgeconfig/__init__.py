@@ -7,6 +7,7 @@ all build on it.
 from .classifying import classify
 from .configs import (
     ANONYMOUS_PRINCIPAL,
+    EVERY_PRINCIPAL,
     A2ASection,
     AdminSection,
     BootstrapSection,
@@ -16,6 +17,7 @@ from .configs import (
     FakeAdapterSettings,
     GenerationPolicy,
     HealthPolicy,
+    LimitStoreSection,
     MetricsSection,
     ModelSpec,
     NodeLinkSection,
@@ -23,10 +25,12 @@ from .configs import (
     NodeSpec,
     OpenAIAdapterSettings,
     OpenAISection,
+    PrincipalLimit,
     PrincipalToken,
     ProviderSpec,
     RetrySection,
     TlsSection,
+    TokenBudget,
     is_loopback_listener,
     split_listener,
 )
@@ -39,6 +43,7 @@ from .trees import config_hash
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
+    "EVERY_PRINCIPAL",
     "A2ASection",
     "AdminSection",
     "BootstrapSection",
@@ -50,6 +55,7 @@ __all__ = [
     "FakeAdapterSettings",
     "GenerationPolicy",
     "HealthPolicy",
+    "LimitStoreSection",
     "MetricsSection",
     "ModelSpec",
     "NodeLinkSection",
@@ -58,6 +64,7 @@ __all__ = [
     "NodeSpec",
     "OpenAIAdapterSettings",
     "OpenAISection",
+    "PrincipalLimit",
     "PrincipalToken",
     "Problem",
     "ProviderPayload",
@@ -65,6 +72,7 @@ __all__ = [
     "RestartPath",
     "RetrySection",
     "TlsSection",
+    "TokenBudget",
     "classify",
     "config_hash",
     "is_loopback_listener",
