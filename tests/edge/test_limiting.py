@@ -244,11 +244,11 @@ async def test_a_live_change_keeps_what_was_used(
     held = [await edge.admit(), await edge.admit()]
     await edge.refused()
     edge.swap(config(document_of, [{**rule, "requests_per_minute": 5}], store))
-    grant = await edge.admit()  # 3 more at once: 2 of 5 were used
-    assert header(grant, "x-ratelimit-remaining-requests") == "2"
+    held.append(await edge.admit())  # 3 more at once: 2 of 5 were used
+    assert header(held[-1], "x-ratelimit-remaining-requests") == "2"
     edge.swap(config(document_of, [{**rule, "max_concurrent": 3}], store))
     await edge.refused()  # 3 in progress, and the minute's requests down to 2 again
-    for grant in [*held, grant]:
+    for grant in held:
         grant.finish(None, True)
 
 
@@ -269,7 +269,7 @@ async def test_both_stores_say_the_same(
         held: list[tuple[Grant, Grant]] = []
         for step in range(40):
             words = (step * 7) % 45
-            outcomes = []
+            outcomes: list[tuple[str, list[tuple[bytes, bytes]], Grant | None]] = []
             for edge in (local, shared):
                 try:
                     grant = await edge.admit(words=words)
@@ -278,8 +278,9 @@ async def test_both_stores_say_the_same(
                 else:
                     outcomes.append(("admitted", sorted(grant.headers), grant))
             assert outcomes[0][:2] == outcomes[1][:2], f"step {step}"
-            if outcomes[0][2] is not None and outcomes[1][2] is not None:
-                held.append((outcomes[0][2], outcomes[1][2]))
+            first, second = outcomes[0][2], outcomes[1][2]
+            if first is not None and second is not None:
+                held.append((first, second))
             if len(held) >= 2 or step % 5 == 4:
                 for grants in held:
                     for grant in grants:
@@ -334,7 +335,7 @@ def test_durations_are_written_as_openai_writes_them(seconds: float, text: str) 
 def test_budget_periods(
     period: str, reset_at: str, now: tuple[int, ...], start: tuple[int, ...], end: tuple[int, ...]
 ) -> None:
-    budget = TokenBudget(tokens=1, period=period, reset_at=reset_at)  # type: ignore[arg-type]
+    budget = TokenBudget.model_validate({"tokens": 1, "period": period, "reset_at": reset_at})
     assert budget_period(budget, utc(*now)) == (int(utc(*start)), int(utc(*end)))
 
 
