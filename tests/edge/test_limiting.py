@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from iop.edge.admitting import Grant, Limiter, duration
 from iop.edge.authenticating import Principal
@@ -22,6 +23,7 @@ from iop.edge.limiting import budget_period
 from iop.edge.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig, TokenBudget
 from iop.edgeconfig.loading import load_data
+from iop.processes import free_port
 
 CHAT = Principal("team-search", "search-chat")
 BATCH = Principal("team-search", "search-batch")
@@ -51,9 +53,11 @@ def request(words: int = 4) -> ParsedRequest:
 class Edge:
     """A limiter over a config, with a dispatcher to swap configs into (a live refresh)."""
 
-    def __init__(self, config: EdgeConfig, clock: Clock) -> None:
+    def __init__(
+        self, config: EdgeConfig, clock: Clock, registry: CollectorRegistry | None = None
+    ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
-        self.limiter = Limiter(self.dispatcher, config, clock=clock)
+        self.limiter = Limiter(self.dispatcher, config, clock=clock, registry=registry)
         self.generation = 1
 
     async def admit(self, principal: Principal = CHAT, words: int = 4, model: str = "m") -> Grant:
@@ -344,3 +348,46 @@ async def settled(edge: Edge) -> None:
     store = edge.limiter.store
     if store is not None:
         await store.drain()
+
+
+async def test_an_unreachable_store_falls_back_to_this_process(
+    document_of: Callable[..., dict[str, Any]],
+) -> None:
+    """Redis down: the limits still hold, in this process, and the metrics and status say so."""
+    store = {"url": f"redis://127.0.0.1:{free_port()}", "timeout_ms": 200}
+    registry = CollectorRegistry()
+    limits = [{"principal_ref": "team-search", "requests_per_minute": 2}]
+    edge = Edge(config(document_of, limits, store), Clock(1_800_000_000.0), registry=registry)
+    await edge.limiter.start()
+    try:
+        for _ in range(2):
+            (await edge.admit()).finish(None, True)
+        await edge.refused()
+        assert registry.get_sample_value("iop_edge_limit_store_fallbacks_total") == 3
+        assert (
+            registry.get_sample_value(
+                "iop_edge_limited_requests_total",
+                {
+                    "principal_ref": "team-search",
+                    "limit": "requests_per_minute",
+                    "selector": "team-search|*|*",
+                },
+            )
+            == 1
+        )
+        status = await edge.limiter.status()
+        assert status["counted"] == "local"
+        assert status["entries"][0]["use"] == {"requests_available": 0}
+    finally:
+        await edge.limiter.stop()
+
+
+async def test_the_budget_gauge_shows_what_is_left(
+    document_of: Callable[..., dict[str, Any]],
+) -> None:
+    registry = CollectorRegistry()
+    limits = [{"principal_ref": "*", "budget": {"tokens": 100, "period": "day"}}]
+    edge = Edge(config(document_of, limits), Clock(1_800_000_000.0), registry=registry)
+    (await edge.admit(words=10)).finish(30, True)
+    labels = {"principal_ref": "team-search", "selector": "*|*|*"}
+    assert registry.get_sample_value("iop_edge_limit_budget_remaining_tokens", labels) == 70

@@ -38,7 +38,6 @@ from iop.edgeconfig import EVERY_PRINCIPAL, OpenAISection, PrincipalLimit, Token
 __all__ = [
     "LIMIT_NAMES",
     "Check",
-    "LimitName",
     "LocalCounters",
     "Observed",
     "Quota",
