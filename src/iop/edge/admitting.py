@@ -228,14 +228,15 @@ class Limiter:
             budget = check.rule.budget
             if budget is None:
                 continue
-            used = (
-                spent[index] if spent is not None else self._local.use(check, now).budget_used or 0
-            )
-            principal = (
-                check.scope.rsplit("#", 1)[1] if "#" in check.scope else check.rule.principal_ref
-            )
+            used = spent[index] if spent is not None else self._local.budget_spent(check, now)
             _, ends = budget_period(budget, now)
-            self._seen[check.scope] = (principal, check.rule.key, budget.tokens, used, ends)
+            self._seen[check.scope] = (
+                check.principal_ref,
+                check.rule.key,
+                budget.tokens,
+                used,
+                ends,
+            )
 
     def budgets_seen(self) -> Iterator[tuple[str, str, int]]:
         """(principal, selector, tokens left) of every budget, as this Edge last saw it."""

@@ -169,8 +169,21 @@ def _rule_key(scope: str) -> str:
     return scope.split("#", 1)[0] if scope.startswith(EVERY_PRINCIPAL + "|") else scope
 
 
+#: The last period computed per (period, reset_at): most admissions fall in it.
+_PERIODS: dict[tuple[str, str], tuple[int, int]] = {}
+
+
 def budget_period(budget: TokenBudget, now: float) -> tuple[int, int]:
     """The period of `budget` that holds `now`: (start, end) in Unix seconds."""
+    key = (budget.period, budget.reset_at)
+    found = _PERIODS.get(key)
+    if found is not None and found[0] <= now < found[1]:
+        return found
+    found = _PERIODS[key] = _period(budget, now)
+    return found
+
+
+def _period(budget: TokenBudget, now: float) -> tuple[int, int]:
     hours, minutes = (int(part) for part in budget.reset_at.split(":"))
     offset = hours * 3600 + minutes * 60
     if budget.period == "day":
@@ -379,6 +392,13 @@ class LocalCounters:
                 start, _ = budget_period(rule.budget, started)
                 if counters.budget_start == start:  # a new period has nothing to correct
                     counters.budget_used = max(0, counters.budget_used + spent - taken)
+
+    def budget_spent(self, check: Check, now: float) -> int:
+        budget = check.rule.budget
+        counters = self._scopes.get(check.scope)
+        if budget is None or counters is None:
+            return 0
+        return counters.budget_spent(budget_period(budget, now)[0])
 
     def use(self, check: Check, now: float) -> ScopeUse:
         counters = self._scopes.get(check.scope) or _Counters()
