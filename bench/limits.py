@@ -133,10 +133,10 @@ async def batches(one: Callable[[], Awaitable[None]], limiter: Any) -> list[list
 
 
 def admission_child(variant: str, redis_url: str) -> None:
-    from iop.edge.admitting import Limiter
     from iop.edge.authenticating import Principal
     from iop.edge.bodies import parse_request
     from iop.edge.dispatching import Dispatcher
+    from iop.edge.enforcing import Limiter
     from iop.edge.snapshots import PoolSnapshot
     from iop.edgeconfig import load_data
 
@@ -177,7 +177,7 @@ def relay_child(variant: str, redis_url: str) -> None:
         relay = Relay(dispatcher, bench.InstantHub(), metrics)
         limiter: Any = None
         if variant != "baseline":
-            from iop.edge.admitting import Limiter
+            from iop.edge.enforcing import Limiter
 
             limiter = Limiter(dispatcher, edge_config, registry=metrics.registry)
             await limiter.start()

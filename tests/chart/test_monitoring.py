@@ -194,8 +194,8 @@ def exported_metric_names() -> set[str]:
     `x` is scraped as `x_total`, a histogram as `x_bucket`, `x_count`, `x_sum`), so a family
     counts before anything was observed. The limiter registers its own on the same registry,
     as `EdgeServer` does."""
-    from iop.edge.admitting import Limiter
     from iop.edge.dispatching import Dispatcher
+    from iop.edge.enforcing import Limiter
     from iop.edge.metering import Metrics
     from iop.edge.snapshots import PoolSnapshot
 

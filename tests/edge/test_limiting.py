@@ -14,10 +14,10 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from iop.edge.admitting import Grant, Limiter, duration
 from iop.edge.authenticating import Principal
 from iop.edge.bodies import ParsedRequest, parse_request
 from iop.edge.dispatching import Dispatcher
+from iop.edge.enforcing import Grant, Limiter, duration
 from iop.edge.errors import RateLimited
 from iop.edge.limiting import budget_period
 from iop.edge.snapshots import PoolSnapshot

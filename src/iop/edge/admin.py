@@ -53,8 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
-from .admitting import Limiter
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .enforcing import Limiter
 from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport

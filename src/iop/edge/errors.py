@@ -100,7 +100,7 @@ class RateLimited(EdgeError):
 
     `kind` is OpenAI's error type for it (`requests` or `tokens`); `headers` say when to try
     again (`Retry-After`, `retry-after-ms`, or `x-should-retry: false` when it never passes)
-    and the `x-ratelimit-*` state, as `admitting.py` words them.
+    and the `x-ratelimit-*` state, as `enforcing.py` words them.
     """
 
     def __init__(self, message: str, kind: str, headers: list[tuple[bytes, bytes]]) -> None:

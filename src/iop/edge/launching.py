@@ -29,9 +29,9 @@ from iop.aiokits import AsyncService, bind_listener
 from iop.edgeconfig import EdgeConfig, split_listener
 
 from .admin import AdminApp, AdminAuth
-from .admitting import Limiter
 from .authenticating import Authenticator
 from .dispatching import Dispatcher
+from .enforcing import Limiter
 from .httplimits import HttpLimits
 from .hubs import Hub, available_providers
 from .metering import Metrics, MetricsApp

@@ -25,7 +25,7 @@ Ending a request (`settle`: the token correction and the place given back) is no
 request's path: settlements queue and one task sends whatever queued in one pipeline.
 
 Every Redis failure is translated here, once, into `LimitStoreError`; the limiter then counts
-in its own process for a while (`admitting.py`).
+in its own process for a while (`enforcing.py`).
 """
 
 from __future__ import annotations

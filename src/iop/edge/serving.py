@@ -33,11 +33,11 @@ import orjson
 from iop.aiokits import LogThrottle, guarded_task
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
-from .admitting import NO_GRANT, Limiter
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .authenticating import Authenticator, Principal
 from .bodies import apply_policy, is_long, parse_request
 from .dispatching import Dispatcher
+from .enforcing import NO_GRANT, Limiter
 from .errors import (
     EdgeError,
     InternalError,

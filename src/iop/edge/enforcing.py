@@ -1,4 +1,5 @@
-"""Admission by `openai.limits[]`: before a request takes a slot or a queue place, may it start?
+"""Enforcing `openai.limits[]` at admission: before a request takes a slot or a queue place,
+may it start?
 
 `Limiter.admit()` picks the limits that hold a request (`limiting.py`), asks the store whether
 each has room (in this process, or in the shared Redis of `openai.limit_store`:
