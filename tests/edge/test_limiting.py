@@ -20,6 +20,7 @@ from iop.edge.dispatching import Dispatcher
 from iop.edge.enforcing import Grant, Limiter, duration
 from iop.edge.errors import RateLimited
 from iop.edge.limiting import budget_period
+from iop.edge.redisclients import RedisClient
 from iop.edge.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig, TokenBudget
 from iop.edgeconfig.loading import load_data
@@ -391,3 +392,28 @@ async def test_the_budget_gauge_shows_what_is_left(
     (await edge.admit(words=10)).finish(30, True)
     labels = {"principal_ref": "team-search", "selector": "*|*|*"}
     assert registry.get_sample_value("iop_edge_limit_budget_remaining_tokens", labels) == 70
+
+
+async def test_the_store_loads_its_scripts_again_after_redis_forgot_them(
+    document_of: Callable[..., dict[str, Any]], redis_url: str
+) -> None:
+    """A Redis that restarted (or was flushed) has no scripts: admissions and request ends
+    load them again and go on counting."""
+    store = {"url": redis_url, "key_prefix": f"t{os.urandom(6).hex()}"}
+    limits = [{"principal_ref": "team-search", "tokens_per_minute": 100, "max_concurrent": 1}]
+    edge = Edge(config(document_of, limits, store), Clock(1_800_000_000.0))
+    await edge.limiter.start()
+    admin = RedisClient(redis_url)
+    try:
+        grant = await edge.admit(words=10)
+        assert await admin.call("SCRIPT", "FLUSH") == b"OK"
+        await edge.refused()  # max_concurrent: counted in Redis, through a reloaded script
+        await admin.call("SCRIPT", "FLUSH")
+        grant.finish(60, True)
+        await settled(edge)
+        grant = await edge.admit(words=10)
+        assert header(grant, "x-ratelimit-remaining-tokens") == "30"  # 100 - 60 - 10
+        grant.finish(None, True)
+    finally:
+        await admin.close()
+        await edge.limiter.stop()

@@ -187,8 +187,6 @@ class Limiter:
                 self._fallbacks.inc()
         if verdict is None:
             verdict = self._local.admit(checks, estimate, now)
-            if any(check.rule.budget is not None for check in checks):
-                self._remember_budgets(checks, None, now)
         refusal = verdict.refusal
         if refusal is not None:
             self._limited.labels(
@@ -222,14 +220,13 @@ class Limiter:
             exc,
         )
 
-    def _remember_budgets(
-        self, checks: tuple[Check, ...], spent: list[int] | None, now: float
-    ) -> None:
+    def _remember_budgets(self, checks: tuple[Check, ...], spent: list[int], now: float) -> None:
+        """What the shared store said of each budget (the in-process ones are read at once)."""
         for index, check in enumerate(checks):
             budget = check.rule.budget
             if budget is None:
                 continue
-            used = spent[index] if spent is not None else self._local.budget_spent(check, now)
+            used = spent[index]
             _, ends = budget_period(budget, now)
             self._seen[check.scope] = (
                 check.principal_ref,
@@ -240,8 +237,18 @@ class Limiter:
             )
 
     def budgets_seen(self) -> Iterator[tuple[str, str, int]]:
-        """(principal, selector, tokens left) of every budget, as this Edge last saw it."""
+        """(principal, selector, tokens left) of every budget that counted a request, as this
+        Edge last saw it: from the shared store's answers, or this process's counters."""
         now = self._clock()
+        for check, principal in self.rules().scopes():
+            budget = check.rule.budget
+            if budget is None or check.scope in self._seen or not self._local.knows(check.scope):
+                continue
+            yield (
+                principal,
+                check.rule.key,
+                max(0, budget.tokens - self._local.budget_spent(check, now)),
+            )
         for principal, key, tokens, used, ends in self._seen.values():
             yield principal, key, max(0, tokens - used) if now < ends else tokens
 

@@ -393,6 +393,9 @@ class LocalCounters:
                 if counters.budget_start == start:  # a new period has nothing to correct
                     counters.budget_used = max(0, counters.budget_used + spent - taken)
 
+    def knows(self, scope: str) -> bool:
+        return scope in self._scopes
+
     def budget_spent(self, check: Check, now: float) -> int:
         budget = check.rule.budget
         counters = self._scopes.get(check.scope)

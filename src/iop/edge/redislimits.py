@@ -38,13 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from iop.aiokits import LogThrottle, guarded_task, stop_tasks
 from iop.edgeconfig import LimitStoreSection
 
 from .limiting import Check, Observed, ScopeUse, budget_period
+from .redisclients import RedisClient, RedisError, ReplyError
 
 __all__ = ["LimitStoreError", "RedisCounters"]
 
@@ -218,20 +216,17 @@ class RedisCounters:
 
     def __init__(self, section: LimitStoreSection, replica_id: str) -> None:
         password = os.environ.get(section.password_env) if section.password_env else None
-        timeout = section.timeout_ms / 1000
-        self._redis = aioredis.Redis.from_url(
+        self._redis = RedisClient(
             section.url,
             username=section.username,
             password=password,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            health_check_interval=0,
+            timeout=section.timeout_ms / 1000,
         )
         self._url = section.url
         self._prefix = section.key_prefix
         self._replica = replica_id
-        self._admit = self._redis.register_script(_SCRIPT)
-        self._settle = self._redis.register_script(_SETTLE)
+        self._admit = self._redis.script(_SCRIPT)
+        self._settle = self._redis.script(_SETTLE)
         self._pending: list[_Settlement] = []
         self._wake = asyncio.Event()
         self._sending = asyncio.Lock()
@@ -260,9 +255,9 @@ class RedisCounters:
             _, late = await asyncio.wait(tasks, timeout=ALIVE_TTL_S)
             await stop_tasks(late)
         await self._send_pending()
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.delete(f"{self._prefix}:alive:{self._replica}")
-        await self._redis.aclose()
+        with contextlib.suppress(RedisError):
+            await self._redis.call("DEL", f"{self._prefix}:alive:{self._replica}")
+        await self._redis.close()
 
     async def admit(
         self, checks: Sequence[Check], estimate: int, now: float, *, take: bool = True
@@ -283,9 +278,9 @@ class RedisCounters:
                 end,
             ]
         try:
-            reply = await self._admit(args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise LimitStoreError(f"{type(exc).__name__}: {exc}") from exc
+            reply = await self._redis.evalsha(self._admit, (), args)
+        except RedisError as exc:
+            raise LimitStoreError(str(exc)) from exc
         states = []
         for index, check in enumerate(checks):
             requests, tokens, in_progress, spent = reply[1 + index * 4 : 5 + index * 4]
@@ -331,8 +326,8 @@ class RedisCounters:
         key = f"{self._prefix}:alive:{self._replica}"
         while not self._stopping.is_set():
             try:
-                await self._redis.set(key, b"1", ex=ALIVE_TTL_S)
-            except (RedisError, OSError) as exc:
+                await self._redis.call("SET", key, "1", "EX", ALIVE_TTL_S)
+            except RedisError as exc:
                 self.connected = False
                 self._errors.warning("the limit store %s is unreachable: %r", self._url, exc)
             else:
@@ -367,22 +362,28 @@ class RedisCounters:
         return batch
 
     async def _send(self, batch: list[_Settlement]) -> None:
+        commands = []
+        for item in batch:
+            args: list[Any] = [item.now, self._replica, self._prefix, len(item.checks)]
+            for check in item.checks:
+                rule = check.rule
+                start = budget_period(rule.budget, item.started)[0] if rule.budget else 0
+                args += [
+                    check.scope,
+                    rule.tokens_per_minute or _NONE,
+                    rule.max_concurrent or _NONE,
+                    rule.budget.tokens if rule.budget else _NONE,
+                    start,
+                    item.spent - item.taken,
+                ]
+            commands.append(self._redis.evalsha_command(self._settle, args))
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for item in batch:
-                    args: list[Any] = [item.now, self._replica, self._prefix, len(item.checks)]
-                    for check in item.checks:
-                        rule = check.rule
-                        start = budget_period(rule.budget, item.started)[0] if rule.budget else 0
-                        args += [
-                            check.scope,
-                            rule.tokens_per_minute or _NONE,
-                            rule.max_concurrent or _NONE,
-                            rule.budget.tokens if rule.budget else _NONE,
-                            start,
-                            item.spent - item.taken,
-                        ]
-                    await self._settle(args=args, client=pipe)
-                await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise LimitStoreError(f"{type(exc).__name__}: {exc}") from exc
+            replies = await self._redis.pipeline(commands)
+            if any(isinstance(r, ReplyError) and str(r).startswith("NOSCRIPT") for r in replies):
+                await self._redis.load_scripts()  # Redis restarted: its scripts are gone
+                replies = await self._redis.pipeline(commands)
+        except RedisError as exc:
+            raise LimitStoreError(str(exc)) from exc
+        failed = [reply for reply in replies if isinstance(reply, ReplyError)]
+        if failed:
+            raise LimitStoreError(f"{len(failed)} refused: {failed[0]}")
