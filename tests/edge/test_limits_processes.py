@@ -29,6 +29,8 @@ import pytest_asyncio
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
+from iop.processes import spawn_iop, terminate
+
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
 NODE_TOKEN = "limits-node-token"
@@ -140,14 +142,27 @@ async def start_edges(
     config_path = folder / "edge.yaml"
     config_path.write_text(yaml.safe_dump(doc))
     (folder / "node.token").write_text(NODE_TOKEN)
+    hubs: list[str] = []
+
+    # One Node dials every replica (as Nodes do behind a headless Service): fewer processes to
+    # start on a loaded machine.
     edges = []
     for _ in range(replicas):
         _, started = await iop_processes.edge(stack, config_path)
-        await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
-        await iop_processes.wait_available(started["url"], ["fast", "slow"])
         edges.append(
             Edge(started["url"], started["admin_url"], started["metrics_url"], config_path, doc)
         )
+        hubs.append(f"127.0.0.1:{started['hub_port']}")
+    node = await spawn_iop(
+        *("node", "run", "--node-id", "node-1", "--token-file", str(folder / "node.token")),
+        *(arg for hub in hubs for arg in ("--edge", hub)),
+        *iop_processes.tls.node_args(),
+        "--log-level",
+        "WARNING",
+    )
+    stack.push_async_callback(terminate, node)
+    for edge in edges:
+        await iop_processes.wait_available(edge.url, ["fast", "slow"])
     return edges
 
 

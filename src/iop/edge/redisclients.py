@@ -19,7 +19,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import hiredis
@@ -53,8 +53,8 @@ class _Protocol(asyncio.Protocol):
         self.lost: BaseException | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are no subclass of asyncio.Transport, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
