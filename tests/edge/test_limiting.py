@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from iop.edge.authenticating import Principal
@@ -20,7 +21,7 @@ from iop.edge.dispatching import Dispatcher
 from iop.edge.enforcing import Grant, Limiter, duration
 from iop.edge.errors import RateLimited
 from iop.edge.limiting import budget_period
-from iop.edge.redisclients import RedisClient
+from iop.edge.redisclients import RedisClient, ReplyError
 from iop.edge.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig, TokenBudget
 from iop.edgeconfig.loading import load_data
@@ -417,3 +418,18 @@ async def test_the_store_loads_its_scripts_again_after_redis_forgot_them(
     finally:
         await admin.close()
         await edge.limiter.stop()
+
+
+def test_the_store_client_runs_on_uvloop(redis_url: str) -> None:
+    """The Edge runs on uvloop, whose transports are no asyncio.Transport subclass."""
+
+    async def main() -> list[Any]:
+        client = RedisClient(redis_url)
+        try:
+            return await client.pipeline([("PING",), ("ECHO", "limits"), ("NOSUCHCOMMAND",)])
+        finally:
+            await client.close()
+
+    pong, echo, error = uvloop.run(main())
+    assert (pong, echo) == (b"PONG", b"limits")
+    assert isinstance(error, ReplyError) and "unknown command" in str(error)

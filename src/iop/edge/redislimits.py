@@ -22,7 +22,8 @@ admission that reads them. Standalone Redis (or anything that presents one): the
 key names, which Redis Cluster does not allow.
 
 Ending a request (`settle`: the token correction and the place given back) is not on any
-request's path: settlements queue and one task sends whatever queued in one pipeline.
+request's path: settlements queue, and the next admission takes them along in its own write (one
+round trip for both), or after 2 ms one task sends whatever queued in one pipeline.
 
 Every Redis failure is translated here, once, into `LimitStoreError`; the limiter then counts
 in its own process for a while (`enforcing.py`).
@@ -51,6 +52,9 @@ logger = logging.getLogger(__name__)
 #: Seconds between a replica's heartbeats, and how long its key lives without one.
 HEARTBEAT_S: Final = 5.0
 ALIVE_TTL_S: Final = 15
+
+#: How long request ends wait for an admission to carry them before they go on their own.
+SETTLE_DELAY_S: Final = 0.002
 
 _NONE: Final = "-1"
 
@@ -137,6 +141,8 @@ if ok and take then
       local ckey = prefix .. ':c:' .. scope
       redis.call('HINCRBY', ckey, replica, 1)
       redis.call('EXPIRE', ckey, 86400)
+      -- alive from its first count on, before its first heartbeat lands (ALIVE_TTL_S)
+      redis.call('SET', prefix .. ':alive:' .. replica, '1', 'EX', 15)
       s[3] = s[3] + 1
     end
     if budget > 0 then
@@ -277,10 +283,16 @@ class RedisCounters:
                 start,
                 end,
             ]
+        # Request ends waiting to be sent go in the same write (one round trip for both).
+        ended = self._take_pending()
+        commands = [*self._settle_commands(ended), self._redis.evalsha_command(self._admit, args)]
         try:
-            reply = await self._redis.evalsha(self._admit, (), args)
-        except RedisError as exc:
+            reply = (await self._pipeline(commands))[-1]
+        except (RedisError, LimitStoreError) as exc:
+            self._pending[:0] = ended  # tried again with the next admission or by the flusher
             raise LimitStoreError(str(exc)) from exc
+        if isinstance(reply, ReplyError):
+            raise LimitStoreError(f"refused: {reply}")
         states = []
         for index, check in enumerate(checks):
             requests, tokens, in_progress, spent = reply[1 + index * 4 : 5 + index * 4]
@@ -343,6 +355,8 @@ class RedisCounters:
         while not self._stopping.is_set():
             await self._wake.wait()
             self._wake.clear()
+            # A moment for the next admission to take them along in its own write.
+            await asyncio.sleep(SETTLE_DELAY_S)
             await self._send_pending()
 
     async def _send_pending(self) -> None:
@@ -361,7 +375,7 @@ class RedisCounters:
         batch, self._pending = self._pending, []
         return batch
 
-    async def _send(self, batch: list[_Settlement]) -> None:
+    def _settle_commands(self, batch: list[_Settlement]) -> list[tuple[Any, ...]]:
         commands = []
         for item in batch:
             args: list[Any] = [item.now, self._replica, self._prefix, len(item.checks)]
@@ -377,11 +391,19 @@ class RedisCounters:
                     item.spent - item.taken,
                 ]
             commands.append(self._redis.evalsha_command(self._settle, args))
-        try:
+        return commands
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The replies, after loading the scripts again if Redis lost them (a restart)."""
+        replies = await self._redis.pipeline(commands)
+        if any(isinstance(r, ReplyError) and str(r).startswith("NOSCRIPT") for r in replies):
+            await self._redis.load_scripts()
             replies = await self._redis.pipeline(commands)
-            if any(isinstance(r, ReplyError) and str(r).startswith("NOSCRIPT") for r in replies):
-                await self._redis.load_scripts()  # Redis restarted: its scripts are gone
-                replies = await self._redis.pipeline(commands)
+        return replies
+
+    async def _send(self, batch: list[_Settlement]) -> None:
+        try:
+            replies = await self._pipeline(self._settle_commands(batch))
         except RedisError as exc:
             raise LimitStoreError(str(exc)) from exc
         failed = [reply for reply in replies if isinstance(reply, ReplyError)]
