@@ -198,14 +198,18 @@ def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[str]:
 def exported_metric_names() -> set[str]:
     """Every sample name the Edge's and the operator's registries expose, from each family's
     type (a counter `x` is scraped as `x_total`, a histogram as `x_bucket`, `x_count`, `x_sum`),
-    so a family counts before anything was observed."""
+    so a family counts before anything was observed. The limiter registers its own on the
+    Edge's registry, as `EdgeServer` does."""
     from iop.edge.dispatching import Dispatcher
+    from iop.edge.enforcing import Limiter
     from iop.edge.metering import Metrics
     from iop.edge.snapshots import PoolSnapshot
     from iop.operator.metrics import OperatorMetrics
 
     config = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))
-    metrics = Metrics(Dispatcher(PoolSnapshot.build(config)))
+    dispatcher = Dispatcher(PoolSnapshot.build(config))
+    metrics = Metrics(dispatcher)
+    Limiter(dispatcher, config, registry=metrics.registry)
     registries = [metrics.registry, OperatorMetrics().registry]
     suffixes = {
         "counter": ("_total", "_created"),
@@ -260,6 +264,8 @@ def test_the_dashboard_queries_only_metrics_the_edge_exports() -> None:
         "iop_operator_reconcile_total",
         "iop_operator_seconds_since_last_success",
         "iop_operator_leader",
+        "iop_edge_limited_requests_total",
+        "iop_edge_limit_budget_remaining_tokens",
     ):
         assert needed in queried, f"the dashboard has no panel on {needed}"
 

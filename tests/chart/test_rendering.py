@@ -30,6 +30,7 @@ RUN_VALUES = REPO / "configs" / "helm-values.yaml"
 # Every optional part on, so that each template is rendered and validated at least once.
 EVERYTHING = {
     "fakeUpstream": {"enabled": True},
+    "limitStore": {"redis": {"enabled": True}},
     "metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
     "edge": {"replicas": 3, "service": {"type": "NodePort", "nodePort": 30080}},
     "tls": {
@@ -261,6 +262,40 @@ def test_the_edgeconfig_from_values_is_a_valid_config_wired_to_the_chart(
     assert set(urls.values()) == {"http://iop-fake-upstream:8000/v1"}
 
 
+@pytest.mark.parametrize(
+    ("store", "expected"),
+    [
+        pytest.param({}, "redis://iop-iop-edge-redis:6379", id="the-chart's-redis"),
+        pytest.param(
+            {"url": "rediss://cache.example:6380/2", "passwordEnv": "REDIS_PASSWORD"},
+            "rediss://cache.example:6380/2",
+            id="a-store-of-the-spec-wins",
+        ),
+    ],
+)
+def test_the_limit_store_option_runs_a_redis_for_the_edges(
+    chart_tools: ChartTools, store: dict[str, Any], expected: str
+) -> None:
+    values: dict[str, Any] = {
+        "limitStore": {"redis": {"enabled": True}},
+        "edge": {"networkPolicy": {"enabled": True}},
+    }
+    if store:
+        values["edgeConfig"] = {"spec": {"openai": {"limitStore": store}}}
+    documents = chart_tools.documents(values=values)
+    spec = by_kind(documents, "EdgeConfig")["iop-iop-edge"]["spec"]
+    assert load_data(spec).openai.limit_store.url == expected
+    redis = by_kind(documents, "Deployment")["iop-iop-edge-redis"]
+    (container,) = _containers(redis)
+    assert container["image"] == "docker.io/library/redis:7.2-alpine"
+    assert "iop-iop-edge-redis" in by_kind(documents, "Service")
+    policy = by_kind(documents, "NetworkPolicy")["iop-iop-edge-redis"]["spec"]
+    (rule,) = policy["ingress"]
+    edge = by_kind(documents, "Deployment")["iop-iop-edge-edge"]
+    selector = rule["from"][0]["podSelector"]["matchLabels"]
+    assert selector.items() <= edge["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_the_make_run_values_describe_the_sample_config(chart_tools: ChartTools) -> None:
     # configs/helm-values.yaml is configs/edge.yaml in camelCase, but for the upstream URLs,
     # the listeners the chart wires and the tokens, which it names by their Secrets.
@@ -297,7 +332,12 @@ def test_the_image_defaults_to_the_app_version(chart_tools: ChartTools) -> None:
         for document in chart_tools.documents(values=EVERYTHING)
         for container in _containers(document)
     }
-    assert images == {f"ghcr.io/iop-edge/iop-edge:{version}"}
+    # Every pod runs the project's image, but the optional Redis of the limits (its own image).
+    redis = yaml.safe_load((CHART / "values.yaml").read_text())["limitStore"]["redis"]["image"]
+    assert images == {
+        f"ghcr.io/iop-edge/iop-edge:{version}",
+        f"{redis['repository']}:{redis['tag']}",
+    }
 
 
 def by_kind(documents: Sequence[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,9 @@ process, as a raw ASGI app like the OpenAI API. Routes:
   provider has left (older processes of it that a newer one superseded included), and each of
   its providers' health with the reason code and the sentence behind it (URL credentials
   redacted). Without a hub (an admin API tested alone) it lists the nodes as not connected.
+  `limits`: each entry of `openai.limits[]` per principal, with its current use (requests and
+  tokens left in the minute's buckets, requests in progress, budget spent and when it resets),
+  read from the shared store when there is one.
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -53,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .enforcing import Limiter
 from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport
@@ -251,10 +255,17 @@ def _status(report: RefreshReport) -> int:
 class AdminApp:
     """The ASGI application of the admin API."""
 
-    def __init__(self, refresher: Refresher, auth: AdminAuth, hub: Hub | None = None) -> None:
+    def __init__(
+        self,
+        refresher: Refresher,
+        auth: AdminAuth,
+        hub: Hub | None = None,
+        limiter: Limiter | None = None,
+    ) -> None:
         self._refresher = refresher
         self._auth = auth
         self._hub = hub
+        self._limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -300,7 +311,10 @@ class AdminApp:
             }
             await send_body(send, 200, orjson.dumps(document))
         elif path == "/status":
-            await send_body(send, 200, orjson.dumps(self._status()))
+            status = self._status()
+            if self._limiter is not None:
+                status["limits"] = await self._limiter.status()
+            await send_body(send, 200, orjson.dumps(status))
         else:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             mode = query.get("mode", [""])[0]

@@ -216,6 +216,10 @@ anything into the Edge.
 {{- $_ := set $edge "tls" . }}
 {{- end }}
 {{- $openai := mergeOverwrite (dict) ($spec.openai | default dict) (dict "listen" (printf "0.0.0.0:%v" $ports.openai)) }}
+{{- if and .Values.limitStore.redis.enabled (not ($openai.limitStore | default dict).url) }}
+{{- $store := mergeOverwrite (dict) ($openai.limitStore | default dict) (dict "url" (printf "redis://%s:%v" (include "iop-edge.component-name" (list . "redis")) .Values.limitStore.redis.port)) }}
+{{- $_ := set $openai "limitStore" $store }}
+{{- end }}
 {{- $tokens := list }}
 {{- range ($openai.principalTokens | default list) }}
 {{- $entry := omit . "tokenSecret" }}
