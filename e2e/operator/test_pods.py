@@ -32,7 +32,6 @@ import openai
 import pytest
 
 from e2e.operator.conftest import Workloads
-from iop.edgeconfig import config_hash, load_data
 
 pytestmark = pytest.mark.e2e
 
@@ -85,9 +84,13 @@ class PodStack(Workloads):
         return found
 
     def leader(self) -> str:
-        """The operator pod that holds the Lease (the one that reconciles)."""
+        """Who holds the Lease (the operator that reconciles): `POD_random`, or ""."""
         lease = self.get("lease", f"{NAME}-operator")
-        return str(lease["spec"]["holderIdentity"])
+        return str(lease["spec"].get("holderIdentity") or "")
+
+    def leader_pod(self) -> str:
+        """The pod of the operator that holds the Lease."""
+        return self.leader().rsplit("_", 1)[0]
 
     def secret(self, name: str, key: str) -> str:
         data = self.get("secret", name)["data"]
@@ -403,15 +406,15 @@ async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_oper
     assert await tokens(pods, "n") == 8
     changed = copy.deepcopy(pods.spec)
     changed["nodes"][1]["providers"][0]["adapter"]["completionTokens"] = 5
-    desired = config_hash(load_data(changed))
+    unstamped = pods.stamp(NODE_2)
     await asyncio.to_thread(pods.apply, changed)
     pods.generation += 1
     pods.spec = changed
 
     # Kill the active operator as soon as it has stamped node-2's workload, before the roll is
     # done: the standby takes over and finishes it.
-    wait_until(lambda: pods.stamp(NODE_2) == desired, 60, "node-2's workload stamped")
-    pods.kubectl("delete", "pod", pods.leader(), "--grace-period=0", "--force", "--wait=false")
+    wait_until(lambda: pods.stamp(NODE_2) != unstamped, 60, "node-2's workload stamped")
+    pods.kubectl("delete", "pod", pods.leader_pod(), "--grace-period=0", "--force", "--wait=false")
     ec = await asyncio.to_thread(pods.wait_ready, pods.generation, 240)
 
     assert ec["status"]["lastChange"]["restartScopes"] == ["node:node-2"]
@@ -559,9 +562,11 @@ async def test_the_standby_operator_takes_over_when_the_active_one_goes(pods: Po
         old = pods.leader()
         started = time.monotonic()
         if how == "delete":
-            await asyncio.to_thread(pods.kubectl, "delete", "pod", old, "--wait=false")
+            await asyncio.to_thread(
+                pods.kubectl, "delete", "pod", pods.leader_pod(), "--wait=false"
+            )
         else:
-            pod = pods.get("pod", old)
+            pod = pods.get("pod", pods.leader_pod())
             pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("iop://"))
             os.kill(pid, signal.SIGKILL)
         await asyncio.to_thread(

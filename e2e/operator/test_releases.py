@@ -18,7 +18,8 @@ import pytest
 
 from e2e.operator.conftest import CHART, ON_KWOK
 
-pytestmark = pytest.mark.e2e
+# Two chart installs and four operator pods before the first look.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
 
 RELEASES = ("alpha", "beta")
 

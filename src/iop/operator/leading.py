@@ -63,6 +63,7 @@ class LeaderElection:
         #: The holder's record as last seen (resourceVersion) and when this replica saw it change.
         self._seen: tuple[str, float] | None = None
         self._renewed_at = 0.0
+        self._released = False
 
     async def run(self) -> None:
         """Try to acquire or renew every `retry_s` until cancelled."""
@@ -84,7 +85,9 @@ class LeaderElection:
             await asyncio.sleep(self._retry_s)
 
     async def release(self) -> None:
-        """Give the Lease up (on shutdown), so a standby takes over at once."""
+        """Give the Lease up (on shutdown), so a standby takes over at once; this replica takes
+        it no more."""
+        self._released = True
         if not self.leading.is_set():
             return
         self.leading.clear()
@@ -103,6 +106,8 @@ class LeaderElection:
             logger.warning("could not release the Lease %s: %s", self.name, error)
 
     async def _try(self) -> None:
+        if self._released:
+            return
         try:
             lease = await self._api.get(self._path, what=f"read the Lease {self.name}")
         except KubeNotFound:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import re
+import secrets
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -239,6 +240,9 @@ async def run_operator(
         if options.leader_election:
             election = LeaderElection(api, options.namespace, options.leader_election, _identity())
             tasks.append(guarded_task(election.run(), name="leader-election", logger=logger))
+            tasks.append(
+                guarded_task(_release_on(stop, election), name="lease-release", logger=logger)
+            )
         leading = election.leading if election is not None else None
         async with EdgeAdmin() as admin, EventPoster(api) as events:
             finder: ReplicaFinder = (
@@ -313,6 +317,13 @@ async def run_operator(
         await api.stop()
 
 
+async def _release_on(stop: asyncio.Event, election: LeaderElection) -> None:
+    """Give the Lease up the moment the operator is told to stop (SIGTERM), before kopf's own
+    shutdown (seconds): the standby takes over at its next try."""
+    await stop.wait()
+    await election.release()
+
+
 async def _flag(watching: asyncio.Event, ready: asyncio.Event | None) -> None:
     await watching.wait()
     if ready is not None:
@@ -320,9 +331,10 @@ async def _flag(watching: asyncio.Event, ready: asyncio.Event | None) -> None:
 
 
 def _identity() -> str:
-    """Who this replica is in the Lease: its pod's name (the chart's downward API), else the
-    host and process."""
-    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    """Who this process is in the Lease: its pod's name (the chart's downward API), else the
+    host, and a random suffix, as client-go does: a container the kubelet restarts in the same
+    pod is a new candidate, not the holder it replaced (which may have been frozen, not dead)."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{secrets.token_hex(4)}"
 
 
 async def require_server_version(api: KubeApi) -> None:
