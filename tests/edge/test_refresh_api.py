@@ -273,6 +273,7 @@ async def test_config_is_shown_with_its_hash_and_secrets_redacted(start_edge, re
     assert token == {
         "token_ref": "search-chat",
         "token_hash_sha256": "<redacted>",
+        "token_secret": None,
         "principal_ref": "team-search",
         "alias": None,
     }
