@@ -9,14 +9,15 @@ so replicas that disagree on the config mid-rollout never flip the Node between 
 
 `drain(grace)` is how a Node leaves (SIGTERM in `iop node run`): every Edge hears at once that
 its providers are draining and stops dispatching here, runs that still arrive are refused with
-the retryable `provider_busy`, and the runs in flight get up to `grace` seconds to finish before
-`stop()` closes the connections.
+the retryable `provider_busy`, and the runs in flight get up to `grace` seconds to finish. Then
+every link says goodbye (it ends its half of the stream after its last message and waits for the
+Edge to close the stream), so no Edge loses the end of a run that finished here; `stop()` closes
+what is left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
@@ -35,8 +36,8 @@ __all__ = ["NodeAgent"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a drained Node gives its links to send what they hold (when the grace is over).
-FLUSH_TIMEOUT_S = 1.0
+#: Seconds a drained Node gives its links to say goodbye when the grace is (nearly) over.
+LEAVE_TIMEOUT_S = 1.0
 #: Seconds between two resolutions of the Edge services while no Edge has welcomed this Node.
 _UNWELCOMED_RESOLVE_S = 1.0
 
@@ -115,13 +116,17 @@ class NodeAgent(AsyncService):
                 self.router.running,
             )
             return False
-        # The runs' last events and the drain's end are queued for every Edge: they go out
-        # before `stop()` closes the links, or the Edges would fail runs that had finished.
-        flushes = [c.flush() for c in self.connections.values()]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*flushes), max(until - loop.time(), FLUSH_TIMEOUT_S)
-            )
+        # The runs' last events and the drain's end are queued for every Edge. Each link says
+        # goodbye: an Edge closes the stream only once it has read them. Cut by `stop()`
+        # instead, the stream would lose what a busy Edge had received but not yet read.
+        if self._resolver is not None:
+            await stop_tasks([self._resolver])  # no new link now
+            self._resolver = None
+        for connection in self.connections.values():
+            connection.leave()
+        links = list(self._tasks.values())
+        if links:
+            await asyncio.wait(links, timeout=max(until - loop.time(), LEAVE_TIMEOUT_S))
         return True  # the router logged the end of the drain
 
     async def stop(self) -> None:
