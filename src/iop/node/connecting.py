@@ -31,7 +31,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -68,12 +68,16 @@ from iop.wire.nodestates import DRAINING
 from .arbitrating import PayloadArbiter
 from .routing import FIRST_BYTE_TIMEOUT, Router, RunGate
 
-__all__ = ["Backoff", "EdgeConnection", "NodeIdentity"]
+__all__ = ["Backoff", "EdgeConnection", "LinkDown", "NodeIdentity"]
 
 logger = logging.getLogger(__name__)
 
 #: Items the writer may hold before runs wait for it to catch up (a slow or stalled link).
 WRITER_BACKLOG: Final = 4096
+
+#: Called after every session that ended and every dial that failed, except when leaving:
+#: (the connection, whether that session had been welcomed).
+LinkDown = Callable[["EdgeConnection", bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,7 @@ class EdgeConnection:
         tls: ClientTls | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         liveness: Liveness = DEFAULT_LIVENESS,
+        on_down: LinkDown | None = None,
     ) -> None:
         self.target = target
         self.identity = identity
@@ -176,6 +181,7 @@ class EdgeConnection:
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._gates: dict[str, RunGate] = {}
         self._last_heard = 0.0
+        self._on_down = on_down
         self._leaving = asyncio.Event()
 
     @property
@@ -202,6 +208,7 @@ class EdgeConnection:
         while not self._leaving.is_set():
             slowest = permanent = False
             unexpected: Exception | None = None
+            welcomes = self.welcomes
             try:
                 await self._session()
                 self.last_error = "the Edge ended the stream"
@@ -226,9 +233,18 @@ class EdgeConnection:
                 delay,
                 exc_info=unexpected,
             )
+            self._report_down(welcomed=self.welcomes > welcomes)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._leaving.wait(), delay)
         logger.info("left edge %s", self.target)
+
+    def _report_down(self, *, welcomed: bool) -> None:
+        if self._on_down is None:
+            return
+        try:
+            self._on_down(self, welcomed)
+        except Exception:
+            logger.exception("the link-down callback of edge %s failed", self.target)
 
     def _channel(self) -> grpc.aio.Channel:
         if self.tls is None or self._credentials is None:
