@@ -15,9 +15,9 @@ The limits here bound each of those, independently of the HTTP server that enfor
   of file descriptors;
 - a client that reads nothing of its answer for `send_timeout` while the Edge has more to send
   is cut, which cancels its run and frees its slot;
-- malformed framing gets an OpenAI-shaped 400 and a closed connection, and each kind of refusal
-  is logged at most once a minute (with a count), so unauthenticated garbage cannot flood the
-  log.
+- malformed framing, and a `Transfer-Encoding` other than chunked, get an OpenAI-shaped 400
+  and a closed connection, and each kind of refusal is logged at most once a minute (with a
+  count), so unauthenticated garbage cannot flood the log.
 
 Every refusal body is OpenAI's error shape (`httperrors.py`).
 """
@@ -129,6 +129,11 @@ class Refusals:
     def malformed(self, reason: str) -> bytes:
         self._count("malformed", "refused malformed HTTP: %s", reason)
         return raw_response(MalformedRequest(f"The request is not valid HTTP/1.1: {reason}."))
+
+    def unsupported(self, what: str) -> bytes:
+        """Valid HTTP the Edge does not serve (a transfer coding it cannot decode)."""
+        self._count("malformed", "refused a request: %s", what)
+        return raw_response(MalformedRequest(f"The request cannot be read: {what}."))
 
     def send_timeout(self) -> None:
         self._count(

@@ -15,7 +15,8 @@ for an HTTP/1.0 client. `_LimitedProtocol` is that protocol with those fixed:
 - while the transport's buffer is full, a timer checks every `send_timeout` whether the client
   took any of it; a client that took nothing in that time is cut (the app sees a disconnect),
   while one that reads slowly is not;
-- malformed framing gets the OpenAI-shaped 400 of `httplimits.Refusals`, logged throttled;
+- malformed framing, and a `Transfer-Encoding` other than chunked, get the OpenAI-shaped 400
+  of `httplimits.Refusals`, logged throttled;
 - every refusal is a lingering close: the answer, then the write side shut (FIN), then what the
   client still sends is read and dropped for a moment before the socket closes; closing at
   once with its bytes unread would reset the connection and could destroy the answer;
@@ -59,8 +60,8 @@ _LINGER_S = 1.0
 _LINGER_BYTES = 1024 * 1024
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback to stop parsing a head past its limits."""
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a head the listener refuses."""
 
 
 class _LimitedProtocol(HttpToolsProtocol):
@@ -85,6 +86,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._head_size = 0  # bytes of the head parsed so far (url and headers)
         self._head_count = 0
         self._too_large = ""
+        self._unsupported = ""
         self._received = False
         self._accepted = False  # counted in the server's connections
         self._lingering = False  # answered by the server itself: what comes next is dropped
@@ -126,6 +128,8 @@ class _LimitedProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             if self._too_large:
                 self._answer_and_close(self.refusals.too_large(self._too_large))
+            elif self._unsupported:
+                self._answer_and_close(self.refusals.unsupported(self._unsupported))
             else:
                 self._answer_and_close(self.refusals.malformed(_reason(exc)))
             return
@@ -170,6 +174,14 @@ class _LimitedProtocol(HttpToolsProtocol):
             self._stop(f"more than {limits.max_headers} headers")
         if self._head_size > limits.max_header_bytes:
             self._stop(f"more than {limits.max_header_bytes} bytes")
+        if name.lower() == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            # Any other coding (gzip, or a list: "gzip, chunked") would reach the app as a
+            # body it cannot read, and httptools answers some of them with no response at all.
+            self._unsupported = (
+                f"Transfer-Encoding {_shown(value)} is not supported; send the body with "
+                "Content-Length or Transfer-Encoding: chunked"
+            )
+            raise _HeadRefused(self._unsupported)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -191,7 +203,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def _stop(self, what: str) -> None:
         self._too_large = what
-        raise _HeadTooLarge(what)
+        raise _HeadRefused(what)
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
@@ -252,6 +264,12 @@ def _reason(error: httptools.HttpParserError) -> str:
     """The parser's own words (never the client's bytes)."""
     text = str(error).strip() or type(error).__name__
     return text[:120]
+
+
+def _shown(value: bytes) -> str:
+    """A client's header value in a refusal: quoted, printable ASCII only, and short."""
+    text = value.decode("ascii", "replace").strip()
+    return repr("".join(c if c.isprintable() else "?" for c in text[:40]))
 
 
 def _end_with_the_connection(cycle: RequestResponseCycle) -> None:
