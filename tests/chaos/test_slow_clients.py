@@ -110,8 +110,9 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
                     "capacity": 4,
                 }
             ],
-            # No client is cut here: what is measured is what the Edge and the Node hold.
-            openai={"send_timeout_ms": 120_000},
+            # No client is cut here, nor its run stopped: what is measured is what the Edge and
+            # the Node hold for paused runs.
+            openai={"send_timeout_ms": 120_000, "stream_stall_timeout_ms": 120_000},
             edge={"admin": {"listen": "127.0.0.1:0"}},
         )
         (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
