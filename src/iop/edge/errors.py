@@ -21,6 +21,7 @@ __all__ = [
     "QueueTimeout",
     "RouteNotFound",
     "TooManyConnections",
+    "TooManyRequests",
     "Unauthorized",
     "UpstreamError",
 ]
@@ -91,6 +92,16 @@ class QueueTimeout(EdgeError):
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class TooManyRequests(EdgeError):
+    """One client holds as many requests as it may, or failed authentication too often (429):
+    `code` says which."""
+
+    def __init__(self, message: str, code: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.code = code
         self.retry_after_s = retry_after_s
 
 

@@ -32,6 +32,7 @@ from .errors import (
     QueueTimeout,
     RouteNotFound,
     TooManyConnections,
+    TooManyRequests,
     Unauthorized,
     UpstreamError,
 )
@@ -75,6 +76,8 @@ def _shape(error: EdgeError) -> tuple[int, str, str | None, str | None, Headers]
         return 413, "invalid_request_error", "request_too_large", None, []
     if isinstance(error, QueueFull):
         return 429, "rate_limit_error", "queue_full", None, [_retry_after(error.retry_after_s)]
+    if isinstance(error, TooManyRequests):
+        return 429, "rate_limit_error", error.code, None, [_retry_after(error.retry_after_s)]
     if isinstance(error, QueueTimeout):
         return (
             503,

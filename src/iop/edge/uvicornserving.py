@@ -11,7 +11,8 @@ for an HTTP/1.0 client. `_LimitedProtocol` is that protocol with those fixed:
   `on_url`/`on_header` count exactly and check each header and the number of headers;
 - a timer from the connection's start, and from each request's first byte, closes a connection
   whose head is not complete in `header_timeout` (408 when it sent something);
-- a connection beyond `max_connections` gets 503 and is closed;
+- a connection beyond `max_connections`, or beyond `max_connections_per_client` from one
+  address, gets 503 and is closed;
 - while the transport's buffer is full, a timer checks every `send_timeout` whether the client
   took any of it; a client that took nothing in that time is cut (the app sees a disconnect),
   while one that reads slowly is not;
@@ -47,6 +48,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from iop.aiokits import guarded_task
 
 from .asgi import Message
+from .authfailures import source_of
 from .httplimits import HttpLimits, Refusals
 
 __all__ = ["HttpServer"]
@@ -71,6 +73,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     """
 
     refusals: ClassVar[Refusals]
+    #: Connections open per client address (`authfailures.source_of`), per server.
+    clients: ClassVar[dict[str, int]]
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._unsupported = ""
         self._received = False
         self._accepted = False  # counted in the server's connections
+        self._client = ""  # counted in `clients` under this key (when bounded per client)
         self._lingering = False  # answered by the server itself: what comes next is dropped
         self._dropped = 0
         self._head_timer: asyncio.TimerHandle | None = None
@@ -102,6 +107,17 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport = transport
             self._linger(self.refusals.too_many_connections(len(self.connections)))
             return
+        per_client = self._limits.max_connections_per_client
+        if per_client:
+            peer = transport.get_extra_info("peername")
+            client = source_of(peer[0]) if isinstance(peer, tuple) and peer else ""
+            open_now = self.clients.get(client, 0)
+            if open_now >= per_client:
+                self.transport = transport
+                self._linger(self.refusals.too_many_client_connections(client, open_now))
+                return
+            self.clients[client] = open_now + 1
+            self._client = client
         super().connection_made(transport)
         self._accepted = True
         self._arm_head_timer()
@@ -109,6 +125,12 @@ class _LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         if self._accepted:
+            if self._limits.max_connections_per_client:
+                left = self.clients[self._client] - 1
+                if left:
+                    self.clients[self._client] = left
+                else:
+                    del self.clients[self._client]
             super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -337,7 +359,9 @@ class HttpServer:
         grace: float,
     ) -> None:
         self.refusals = Refusals(what, limits.fitted())
-        protocol = type("LimitedProtocol", (_LimitedProtocol,), {"refusals": self.refusals})
+        protocol = type(
+            "LimitedProtocol", (_LimitedProtocol,), {"refusals": self.refusals, "clients": {}}
+        )
         config = uvicorn.Config(
             app,
             http=protocol,
