@@ -3,7 +3,7 @@
     python tests/chaos/hubclients.py oversized PORT --calls 4 --size 262144000
     python tests/chaos/hubclients.py silent PORT --calls 320
     python tests/chaos/hubclients.py guess PORT --calls 60
-    python tests/chaos/hubclients.py flood PORT --node-id node-3 --token T
+    python tests/chaos/hubclients.py flood PORT --node-id node-3 --token T [--refusal-bytes N]
 
 Each prints one JSON line: what every call ended with (`code`, `details`) and after how many
 seconds. `oversized` sends one message of `size` bytes as the first message of each call (the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from typing import Any
@@ -43,14 +44,22 @@ def channel(port: int, index: int) -> grpc.aio.Channel:
     )
 
 
+#: Seconds a client waits for the Edge to end its call before it reports it still `OPEN`.
+GIVE_UP_S = 120.0
+
+
 async def ended(call: Any) -> tuple[str, str]:
-    """Read until the call ends; its status code name and details."""
+    """Read until the call ends (or `GIVE_UP_S`); its status code name and details."""
     try:
-        while await call.read() is not grpc.aio.EOF:
-            pass
+        async with asyncio.timeout(GIVE_UP_S):
+            while await call.read() is not grpc.aio.EOF:
+                pass
         return (await call.code()).name, await call.details() or ""
     except grpc.aio.AioRpcError as error:
         return error.code().name, error.details() or ""
+    except TimeoutError:
+        call.cancel()
+        return "OPEN", f"still open after {GIVE_UP_S:g}s"
 
 
 async def oversized(port: int, calls: int, size: int) -> list[dict[str, Any]]:
@@ -60,10 +69,8 @@ async def oversized(port: int, calls: int, size: int) -> list[dict[str, Any]]:
         async with channel(port, index) as ch:
             started = time.monotonic()
             call: Any = ch.stream_stream(METHOD)()
-            try:
+            with contextlib.suppress(Exception):  # refused at the message's length
                 await call.write(data)
-            except grpc.aio.AioRpcError:
-                pass
             code, details = await ended(call)
             return {"code": code, "details": details[:200], "s": time.monotonic() - started}
 
@@ -100,7 +107,8 @@ async def guess(port: int, calls: int) -> list[dict[str, Any]]:
         for index in range(calls):
             started = time.monotonic()
             call: Any = ch.stream_stream(METHOD)()
-            await call.write(hello("node-1", f"guess-{index}"))
+            with contextlib.suppress(Exception):  # refused before the hello was read
+                await call.write(hello("node-1", f"guess-{index}"))
             code, details = await ended(call)
             results.append(
                 {"code": code, "details": details[:200], "s": time.monotonic() - started}
@@ -108,8 +116,9 @@ async def guess(port: int, calls: int) -> list[dict[str, Any]]:
     return results
 
 
-async def flood(port: int, node_id: str, token: str) -> list[dict[str, Any]]:
-    """A Node with a valid token that sends refusal text and health for unknown providers."""
+async def flood(port: int, node_id: str, token: str, refusal_bytes: int) -> list[dict[str, Any]]:
+    """A Node with a valid token that sends refusal text and health for unknown providers.
+    `refusal_bytes`: each refusal's size; 0: as large as the Edge's welcome allows."""
     async with channel(port, 0) as ch:
         started = time.monotonic()
         call: Any = ch.stream_stream(
@@ -120,8 +129,8 @@ async def flood(port: int, node_id: str, token: str) -> list[dict[str, Any]]:
         assert isinstance(welcome, pb.EdgeMessage), welcome
         limit = welcome.welcome.max_message_bytes or 1024 * 1024
         generation = welcome.welcome.config.generation
-        refusal = "no " * ((limit - 4096) // 3)
-        for _ in range(5):  # five refusals as large as a message may be
+        refusal = "no " * ((refusal_bytes or limit - 4096) // 3)
+        for _ in range(5):  # five refusals, as large as a message may be unless told
             ack = pb.ConfigAck(generation=generation, config_hash="x", ok=False, error=refusal)
             await call.write(pb.NodeMessage(acks=[ack]).SerializeToString())
         sent = 0
@@ -141,6 +150,7 @@ async def flood(port: int, node_id: str, token: str) -> list[dict[str, Any]]:
 
 
 async def main() -> None:
+    global GIVE_UP_S
     parser = argparse.ArgumentParser()
     parser.add_argument("attack", choices=["oversized", "silent", "guess", "flood"])
     parser.add_argument("port", type=int)
@@ -148,7 +158,10 @@ async def main() -> None:
     parser.add_argument("--size", type=int, default=250 * 1024 * 1024)
     parser.add_argument("--node-id", default="node-3")
     parser.add_argument("--token", default="")
+    parser.add_argument("--refusal-bytes", type=int, default=0)
+    parser.add_argument("--give-up", type=float, default=GIVE_UP_S)
     args = parser.parse_args()
+    GIVE_UP_S = args.give_up
     if args.attack == "oversized":
         results = await oversized(args.port, args.calls, args.size)
     elif args.attack == "silent":
@@ -156,7 +169,10 @@ async def main() -> None:
     elif args.attack == "guess":
         results = await guess(args.port, args.calls)
     else:
-        results = await flood(args.port, args.node_id, args.token)
+        try:
+            results = await flood(args.port, args.node_id, args.token, args.refusal_bytes)
+        except grpc.aio.AioRpcError as error:
+            results = [{"code": error.code().name, "details": error.details() or "", "s": 0.0}]
     sys.stdout.write(orjson.dumps(results).decode() + "\n")
 
 

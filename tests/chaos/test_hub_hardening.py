@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -204,23 +205,29 @@ async def test_guessing_node_tokens_is_throttled_and_logged_without_the_tokens(
     document_of, tmp_path: Path
 ) -> None:
     async with hub_stack(document_of, tmp_path) as stack:
+        began = time.monotonic()
         results = await stack.attack("guess", "--calls", "60")
+        elapsed = time.monotonic() - began
         codes = [r["code"] for r in results]
+        # The budget (30 a minute) is heard; then the hub refuses before reading the hello
+        # (the client sees that, or its own write failing), but for one more each time the
+        # budget refills.
         refused = codes.index("RESOURCE_EXHAUSTED")
-        assert set(codes[:refused]) == {"UNAUTHENTICATED"} and 25 <= refused <= 35, codes
-        assert set(codes[refused:]) == {"RESOURCE_EXHAUSTED"}, codes
-        assert "too many failed authentications" in results[-1]["details"]
+        assert set(codes[:refused]) == {"UNAUTHENTICATED"} and refused == 30, codes
+        checked = codes.count("UNAUTHENTICATED")
+        assert checked <= 30 + math.ceil(elapsed * 30 / 60), codes
+        assert set(codes[refused:]) <= {"RESOURCE_EXHAUSTED", "INTERNAL", "UNAUTHENTICATED"}
+        assert any("too many failed authentications" in r["details"] for r in results)
         log = stack.log_text()
         assert "guess-" not in log  # never a token
         lines = [line for line in log.splitlines() if "failed authentication" in line]
-        assert 1 <= len(lines) <= 3 and "127.0.0.1" in lines[0] and "token sha256" in lines[0]
+        assert 1 <= len(lines) <= 2 + elapsed / 10, lines  # one line per 10 s at most
+        assert "127.0.0.1" in lines[0] and "token sha256" in lines[0]
         assert any("throttling 127.0.0.1" in line for line in log.splitlines())
         async with httpx.AsyncClient(base_url=stack.started["metrics_url"]) as metrics:
             text = (await metrics.get("/metrics")).text
-        assert (
-            f'iop_edge_auth_failures_total{{listener="nodes",reason="wrong_token"}} {refused}.0'
-            in text
-        )
+        failures = 'iop_edge_auth_failures_total{listener="nodes",reason="wrong_token"}'
+        assert f"{failures} {checked}.0" in text
         assert 'iop_edge_auth_throttled_total{listener="nodes"}' in text
         links_kept(stack)
 
