@@ -127,7 +127,8 @@ async def flood(port: int, node_id: str, token: str, refusal_bytes: int) -> list
         await call.write(hello(node_id, token))
         welcome = await call.read()
         assert isinstance(welcome, pb.EdgeMessage), welcome
-        limit = welcome.welcome.max_message_bytes or 1024 * 1024
+        # An Edge that predates the bound has no such field (nor a bound): 1 MiB then.
+        limit = getattr(welcome.welcome, "max_message_bytes", 0) or 1024 * 1024
         generation = welcome.welcome.config.generation
         refusal = "no " * ((refusal_bytes or limit - 4096) // 3)
         for _ in range(5):  # five refusals, as large as a message may be unless told
