@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -112,7 +113,9 @@ async def test_leaving_a_run_early_cancels_it_up_to_the_upstream(
 
 
 async def test_a_provider_without_a_connected_node_is_unavailable(wire_config, start_hub) -> None:
-    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
     (failed,) = await collect(hub, run_request())
     assert isinstance(failed, RunFailed)
     assert (failed.code, failed.retryable) == (statuses.NODE_UNAVAILABLE, True)
@@ -121,7 +124,9 @@ async def test_a_provider_without_a_connected_node_is_unavailable(wire_config, s
 async def test_connects_and_disconnects_are_announced(
     wire_config, start_hub, start_node, until
 ) -> None:
-    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
     seen: list[dict[str, ProviderLink]] = []
     hub.add_listener(lambda: seen.append(dict(hub.connected_providers())))
     node = await start_node(hub)
@@ -197,7 +202,9 @@ async def test_refused_nodes_get_a_clear_status(
     code,
     details,
 ) -> None:
-    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
     with caplog.at_level(logging.DEBUG):
         refused = await _hello(hub.port, tls.client().credentials(), **hello)
     assert (refused.code(), refused.details()) == (code, details)
@@ -208,7 +215,9 @@ async def test_refused_nodes_get_a_clear_status(
 async def test_a_node_with_a_wrong_token_keeps_trying_and_says_why(
     wire_config, start_hub, start_node, until
 ) -> None:
-    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
     node = await start_node(hub, token="wrong", wait=False)
     (connection,) = node.connections.values()
     await until(lambda: connection.last_error != "")
@@ -246,7 +255,9 @@ async def test_a_swap_during_a_stream_lets_it_finish_then_closes_the_old_adapter
 async def test_a_swap_that_changes_only_limits_keeps_the_adapter(
     wire_config, start_hub, start_node
 ) -> None:
-    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
     node = await start_node(hub)
     adapter = node.router.registry.provisions["p1"].adapter
     acks = await hub.swap_config(
@@ -303,7 +314,7 @@ async def test_capacity_holds_across_two_edges(wire_config, start_hub, start_nod
 async def test_a_node_follows_its_edge_through_a_restart(
     wire_config, start_hub, start_node, until
 ) -> None:
-    config = wire_config([{"id": "p1", "adapter": {"type": "fake"}}])
+    config = wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
     first = NodeHub(config)
     port = await first.start()
     try:
@@ -322,7 +333,9 @@ async def test_a_node_follows_its_edge_through_a_restart(
 async def test_take_ready_hands_over_what_arrived_up_to_the_end(
     wire_config, start_hub, start_node
 ) -> None:
-    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
     await start_node(hub)
     async with hub.run(run_request()) as stream:
         assert stream.take_ready() == []  # nothing has arrived before the first wait
@@ -336,3 +349,34 @@ async def test_take_ready_hands_over_what_arrived_up_to_the_end(
             await anext(stream)
     assert isinstance(rest[-2], RunUsage)
     assert [e for e in rest if isinstance(e, RunDone)] == [rest[-1]]
+
+
+async def test_an_answer_larger_than_a_wire_message_arrives_whole_in_pieces(
+    wire_config, start_hub, start_node
+) -> None:
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
+    await start_node(hub)
+    events = await collect(hub, run_request(stream=False))
+    chunks = [event for event in events if isinstance(event, RunChunk)]
+    assert len(chunks) == 1 and len(chunks[0].data) > 2 * 1024 * 1024  # past the 1 MiB bound
+    answer = orjson.loads(chunks[0].data)
+    assert answer["usage"]["completion_tokens"] == 400_000
+    assert isinstance(events[-1], RunDone)
+
+
+async def test_the_edge_refuses_an_answer_past_the_runs_bound_whatever_the_node_sends(
+    wire_config, start_hub, start_node, until
+) -> None:
+    # The fake adapter reads no upstream, so nothing bounds it on the Node: the Edge's join does.
+    hub = await start_hub(
+        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    )
+    node = await start_node(hub)
+    request = run_request(stream=False)
+    events = await collect(hub, dataclasses.replace(request, max_response_bytes=512 * 1024))
+    assert len(events) == 1 and isinstance(events[0], RunFailed)
+    assert events[0].code == statuses.RESPONSE_TOO_LARGE and not events[0].retryable
+    assert "openai.max_response_bytes" in events[0].message
+    await until(lambda: node.router.in_flight() == {})  # cancelled on the Node

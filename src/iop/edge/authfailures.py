@@ -36,6 +36,8 @@ _MAX_SOURCES: Final = 10_000
 
 def source_of(address: str) -> str:
     """The key of a client address: the address itself, or an IPv6 address's /64 prefix."""
+    if ":" not in address:
+        return address  # IPv4 (or a name): as the kernel gave it, no parsing on every request
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:

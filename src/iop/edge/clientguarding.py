@@ -3,9 +3,10 @@
 A client is its address (an IPv6 address by its /64) and, once its key is known, its
 principal_ref. Two things one client could otherwise do to everyone:
 
-- guess keys: every answer 401 counts a failed authentication of its address (by reason:
-  missing, malformed, invalid key), logged at a bounded rate with the address and the first 8
-  hex digits of the key's SHA-256 (`authfailures.py`). An address that spent
+- guess keys: every request to the API (`/v1/...`) whose key the Authenticator refuses (the
+  app then answers 401) counts a failed authentication of its address (by reason: missing,
+  malformed, invalid key), logged at a bounded rate with the address and the first 8 hex digits
+  of the key's SHA-256 (`authfailures.py`). An address that spent
   `openai.auth_failures_per_minute` is answered 429 `too_many_auth_failures` with
   `Retry-After` before its key is looked at, whatever the key, so further guesses tell it
   nothing, until its budget refills.
@@ -15,9 +16,10 @@ principal_ref. Two things one client could otherwise do to everyone:
   without a key shares that principal). Connections per address are bounded by the HTTP
   server itself (`httplimits.py`).
 
-Health and readiness probes pass untouched. The wrapper knows requests only from their scope and
-their answer's status, so the app (`serving.py`) stays as it is, and any app of the listener is
-bounded alike.
+Health and readiness probes pass untouched. The wrapper knows requests only from their scope
+(it looks the key up itself, a hash and a dict lookup, rather than watching for the app's 401:
+wrapping `send` would cost every event of every stream), so the app (`serving.py`) stays as it
+is, and any app of the listener is bounded alike.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Final
 
 from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
-from .asgi import Message, Receive, Scope, Send, header
+from .asgi import Receive, Scope, Send, header
 from .authenticating import Authenticator
 from .authfailures import AuthFailures, source_of, token_hint
 from .errors import EdgeError, TooManyRequests, Unauthorized
@@ -77,38 +79,31 @@ class ClientGuard:
                 ),
             )
             return
-        authorization = header(scope, b"authorization")
-        guarded = self._guarded_send(send, source, authorization)
-        if scope["method"] != "POST":
-            await self._app(scope, receive, guarded)
+        if not scope["path"].startswith("/v1/"):
+            await self._app(scope, receive, send)  # no API route: the app says 404
             return
-        principal = self._principal(authorization)
+        principal = self._principal(scope, source)
+        if scope["method"] != "POST":
+            await self._app(scope, receive, send)
+            return
         refusal = self._hold(source, principal)
         if refusal is not None:
             await _refuse(send, refusal)
             return
         try:
-            await self._app(scope, receive, guarded)
+            await self._app(scope, receive, send)
         finally:
             self._release(source, principal)
 
-    def _guarded_send(self, send: Send, source: str, authorization: bytes | None) -> Send:
-        """`send`, watching the answer's status for a 401."""
-
-        async def watched(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 401:
-                reason, detail = _failure(authorization)
-                self.auth_failures.failed(source, reason, detail)
-            await send(message)
-
-        return watched
-
-    def _principal(self, authorization: bytes | None) -> str | None:
-        """The request's principal_ref when its key is known (anonymous: None)."""
+    def _principal(self, scope: Scope, source: str) -> str | None:
+        """The request's principal_ref when its key is known (anonymous: None); a key the
+        Authenticator refuses counts as a failure of `source` (the app answers it 401)."""
+        authorization = header(scope, b"authorization")
         try:
             principal = self._authenticator.authenticate(authorization).principal_ref
         except Unauthorized:
-            return None  # the app answers 401, which counts
+            self.auth_failures.failed(source, *_failure(authorization))
+            return None
         return None if principal == ANONYMOUS_PRINCIPAL else principal
 
     def _hold(self, source: str, principal: str | None) -> EdgeError | None:
