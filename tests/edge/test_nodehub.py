@@ -33,6 +33,8 @@ from iop.wire import (
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+#: A provider whose plain answers are some 2.5 MB: larger than a wire message (1 MiB).
+LARGE = {"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}
 
 
 def run_request(
@@ -113,9 +115,7 @@ async def test_leaving_a_run_early_cancels_it_up_to_the_upstream(
 
 
 async def test_a_provider_without_a_connected_node_is_unavailable(wire_config, start_hub) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     (failed,) = await collect(hub, run_request())
     assert isinstance(failed, RunFailed)
     assert (failed.code, failed.retryable) == (statuses.NODE_UNAVAILABLE, True)
@@ -124,9 +124,7 @@ async def test_a_provider_without_a_connected_node_is_unavailable(wire_config, s
 async def test_connects_and_disconnects_are_announced(
     wire_config, start_hub, start_node, until
 ) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     seen: list[dict[str, ProviderLink]] = []
     hub.add_listener(lambda: seen.append(dict(hub.connected_providers())))
     node = await start_node(hub)
@@ -202,9 +200,7 @@ async def test_refused_nodes_get_a_clear_status(
     code,
     details,
 ) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     with caplog.at_level(logging.DEBUG):
         refused = await _hello(hub.port, tls.client().credentials(), **hello)
     assert (refused.code(), refused.details()) == (code, details)
@@ -215,9 +211,7 @@ async def test_refused_nodes_get_a_clear_status(
 async def test_a_node_with_a_wrong_token_keeps_trying_and_says_why(
     wire_config, start_hub, start_node, until
 ) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     node = await start_node(hub, token="wrong", wait=False)
     (connection,) = node.connections.values()
     await until(lambda: connection.last_error != "")
@@ -255,9 +249,7 @@ async def test_a_swap_during_a_stream_lets_it_finish_then_closes_the_old_adapter
 async def test_a_swap_that_changes_only_limits_keeps_the_adapter(
     wire_config, start_hub, start_node
 ) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     node = await start_node(hub)
     adapter = node.router.registry.provisions["p1"].adapter
     acks = await hub.swap_config(
@@ -314,7 +306,7 @@ async def test_capacity_holds_across_two_edges(wire_config, start_hub, start_nod
 async def test_a_node_follows_its_edge_through_a_restart(
     wire_config, start_hub, start_node, until
 ) -> None:
-    config = wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
+    config = wire_config([{"id": "p1", "adapter": {"type": "fake"}}])
     first = NodeHub(config)
     port = await first.start()
     try:
@@ -333,9 +325,7 @@ async def test_a_node_follows_its_edge_through_a_restart(
 async def test_take_ready_hands_over_what_arrived_up_to_the_end(
     wire_config, start_hub, start_node
 ) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
     await start_node(hub)
     async with hub.run(run_request()) as stream:
         assert stream.take_ready() == []  # nothing has arrived before the first wait
@@ -354,9 +344,7 @@ async def test_take_ready_hands_over_what_arrived_up_to_the_end(
 async def test_an_answer_larger_than_a_wire_message_arrives_whole_in_pieces(
     wire_config, start_hub, start_node
 ) -> None:
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([LARGE]))
     await start_node(hub)
     events = await collect(hub, run_request(stream=False))
     chunks = [event for event in events if isinstance(event, RunChunk)]
@@ -370,9 +358,7 @@ async def test_the_edge_refuses_an_answer_past_the_runs_bound_whatever_the_node_
     wire_config, start_hub, start_node, until
 ) -> None:
     # The fake adapter reads no upstream, so nothing bounds it on the Node: the Edge's join does.
-    hub = await start_hub(
-        wire_config([{"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}])
-    )
+    hub = await start_hub(wire_config([LARGE]))
     node = await start_node(hub)
     request = run_request(stream=False)
     events = await collect(hub, dataclasses.replace(request, max_response_bytes=512 * 1024))

@@ -237,6 +237,10 @@ class RelayedRun:
         lease = dispatcher.try_acquire(self._model, self._long)
         if lease is not None:
             return lease
+        if not self._all_held(self._model):
+            # A provider with room sits out a moment (a busy refusal, a failure): its slot is
+            # free again in 50 ms, and a failure's retry has rules of its own.
+            return await dispatcher.acquire(self._model, self._long, principal=principal)
         chain = attempts.chain
         fallbacks = [
             model
@@ -296,6 +300,19 @@ class RelayedRun:
             ):
                 if not racer.cancelled() and racer.exception() is None:
                     dispatcher.release(racer.result())  # granted as another one won
+
+    def _all_held(self, model_id: str) -> bool:
+        """Every provider of the model in dispatch has its slots taken by other runs."""
+        dispatcher = self._relay._dispatcher
+        route = dispatcher.snapshot.models.get(model_id)
+        if route is None:
+            return False
+        available = dispatcher.available
+        return not any(
+            candidate.provider.id in available
+            and dispatcher.in_flight(candidate.provider.id) < candidate.provider.capacity
+            for candidate in route.candidates
+        )
 
     def _spill(self, attempts: _Attempts, model: str) -> None:
         """The request's own model is busy: a slot of fallback `model` serves it."""
