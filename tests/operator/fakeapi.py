@@ -1,8 +1,9 @@
 """A faithful fake of the few Kubernetes API calls the operator's small parts make, for unit
 tests: objects kept by path with a resourceVersion, optimistic concurrency on PUT (409 on a stale
 version), 404 and 409 `Status` answers, and `/version`. The reconcile itself is tested against
-the real API server (e2e/operator/); this is for the leader election and the version check, whose
-timing a unit test drives better than a cluster."""
+the real API server (e2e/operator/); this is for the leader election, the version check and the
+status writes, whose timing a unit test drives better than a cluster. JSON merge patches are
+applied; a patch of `.../status` changes only the status."""
 
 from __future__ import annotations
 
@@ -69,6 +70,15 @@ class FakeApi:
             if sent != current["metadata"]["resourceVersion"]:
                 return _status(409, "Conflict", "the object has been modified")
             return aiohttp.web.json_response(self._store(path, body))
+        if request.method == "PATCH" and request.content_type == "application/merge-patch+json":
+            # A status subresource's patch changes only the status of the object it belongs to.
+            target = path.removesuffix("/status")
+            current = self.objects.get(target)
+            if current is None:
+                return _status(404, "NotFound", f"{target} not found")
+            if target != path:
+                body = {"status": body.get("status")}
+            return aiohttp.web.json_response(self._store(target, merge_patch(current, body)))
         return _status(405, "MethodNotAllowed", request.method)
 
     def _store(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +88,19 @@ class FakeApi:
         }
         self.objects[path] = stored
         return stored
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
 
 
 @asynccontextmanager

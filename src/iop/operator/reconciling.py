@@ -71,10 +71,10 @@ from .reporting import (
     change_summary,
     now,
     reconciling_status,
-    same_status,
 )
 from .rolling import edge_workloads, node_workloads, stamp
 from .statuses import EdgeConfigStatus, LastChange
+from .statuswriting import StatusWriter
 from .tokensecrets import SecretCache, TokenRead, read_tokens
 from .watching import NamedObject, NamedWatches, WatchEventType, WatchListener
 
@@ -158,7 +158,7 @@ class Reconciler:
         #: Objects being written right now: their watch events are this operator's own.
         self._writing: set[str] = set()
         self._last_change: LastChange | None = None
-        self._last_status: dict[str, Any] | None = None
+        self._status = StatusWriter(api)
         #: The config hash last seen fully in effect (Applied=True), and since when.
         self._effective: str | None = None
         self._in_effect_since: tuple[str, float] | None = None
@@ -530,20 +530,7 @@ class Reconciler:
     async def _write_status(
         self, owner: Owner, status: EdgeConfigStatus, previous: Mapping[str, Any]
     ) -> None:
-        """Patch the status subresource, unless it would change nothing."""
-        document = status.document()
-        if same_status(document, self._last_status) or same_status(document, previous):
-            self._last_status = document
-            return
-        path = resource_path(
-            f"{conventions.GROUP}/{conventions.VERSION}",
-            conventions.PLURAL,
-            owner.namespace,
-            owner.name,
-            "status",
-        )
-        await self._api.merge_patch(path, {"status": document}, what="write the status")
-        self._last_status = document
+        await self._status.write(owner, status, previous)
 
     def _say(self, owner: Owner, kind: EventType, reason: str, message: str) -> None:
         """An Event, once per distinct reason and message (retries do not repeat it)."""
