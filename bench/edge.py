@@ -8,11 +8,11 @@ Three real processes, as deployed: `iop fake-upstream`, `iop edge run` (auth on,
 principal token, the full dispatch path) and `iop node run` (the `openai` adapter against the
 fake upstream). The load generator in this process keeps one HTTP/1.1 keep-alive connection per
 worker and parses responses with httptools, so that the client costs as little CPU as possible;
-everything shares the machine's cores, as in the issue's reference figures.
+everything shares the machine's cores, as in the figures of docs/benchmarks.md.
 
 Rows, each against the same direct path (the fake upstream over HTTP):
 
-- `openai`: Edge -> Node -> `openai` adapter -> fake upstream, the path the issue measures;
+- `openai`: Edge -> Node -> `openai` adapter -> fake upstream, the path deployed;
 - `node fake`: Edge -> Node with its built-in `fake` adapter (no upstream HTTP): the Edge plus
   the wire, without the Node's HTTP client;
 - `edge alone`: an Edge process whose hub answers at once in-process (`--stub-edge`): the Edge's
