@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import hashlib
 import inspect
 import ipaddress
 import os
@@ -44,7 +43,7 @@ from hypothesis import HealthCheck, settings
 
 from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
-from iop.edgeconfig import EdgeConfig, load_data
+from iop.edgeconfig import EdgeConfig, load_data, token_sha256
 from iop.node import NodeAgent
 from iop.processes import free_port, spawn_edge, spawn_node, terminate
 from iop.upstream import FakeUpstream, FakeUpstreamSettings
@@ -58,10 +57,6 @@ settings.load_profile("iop")
 NODE_TOKEN = "node-1-secret-token"
 #: The OpenAI API keys every built config knows: token_ref -> raw key (principal team-search).
 CLIENT_TOKENS = {"search-chat": "sk-chat-secret", "search-batch": "sk-batch-secret"}
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # -- TLS on the Node links: certificates made at test time ---------------------------------------
@@ -214,7 +209,7 @@ def build_document(
     models = models if models is not None else {"m": [p["id"] for p in providers]}
     served = {p["id"]: p["served_models"][0] for p in providers}
     principal_tokens = [
-        {"token_ref": ref, "token_hash_sha256": sha256(key), "principal_ref": "team-search"}
+        {"token_ref": ref, "token_hash_sha256": token_sha256(key), "principal_ref": "team-search"}
         for ref, key in CLIENT_TOKENS.items()
     ]
     return {
@@ -238,7 +233,9 @@ def build_document(
             }
             for model_id, pids in models.items()
         ],
-        "nodes": [{"id": node_id, "token_hash_sha256": sha256(token), "providers": providers}],
+        "nodes": [
+            {"id": node_id, "token_hash_sha256": token_sha256(token), "providers": providers}
+        ],
     }
 
 
@@ -389,7 +386,11 @@ def refresh_document() -> dict[str, Any]:
         "tls": TEST_TLS.edge_section(),
     }
     document["nodes"].append(
-        {"id": "node-2", "token_hash_sha256": sha256("node-2-token"), "providers": [fake("pc")]}
+        {
+            "id": "node-2",
+            "token_hash_sha256": token_sha256("node-2-token"),
+            "providers": [fake("pc")],
+        }
     )
     return document
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib
 import json
 import os
@@ -33,6 +32,7 @@ import httpx
 import openai
 import pytest
 
+from iop.edgeconfig import token_sha256
 from iop.processes import free_port, iop_command, spawn_edge, spawn_node, terminate
 
 if TYPE_CHECKING:
@@ -43,10 +43,6 @@ CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 CLIENT_TOKEN = "sk-e2e-operator-client"
 HEALTH_FIXTURE = "health_readers"
 HEALTH = pytest.StashKey["Any | str"]()
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def wait_for(probe: Callable[[], object], *, timeout: float, what: str) -> None:
@@ -93,7 +89,7 @@ def host_spec() -> dict[str, Any]:
             "principalTokens": [
                 {
                     "tokenRef": "e2e-app",
-                    "tokenHashSha256": sha(CLIENT_TOKEN),
+                    "tokenHashSha256": token_sha256(CLIENT_TOKEN),
                     "principalRef": "team-e2e",
                 }
             ],
@@ -106,7 +102,7 @@ def host_spec() -> dict[str, Any]:
         "nodes": [
             {
                 "id": "node-1",
-                "tokenHashSha256": sha("node-1-token"),
+                "tokenHashSha256": token_sha256("node-1-token"),
                 "providers": [
                     fake("pa", priority=0, longContextSlots=0),
                     fake("pb", priority=10, longContextSlots=1),
@@ -118,7 +114,11 @@ def host_spec() -> dict[str, Any]:
                     ),
                 ],
             },
-            {"id": "node-2", "tokenHashSha256": sha("node-2-token"), "providers": [fake("pc")]},
+            {
+                "id": "node-2",
+                "tokenHashSha256": token_sha256("node-2-token"),
+                "providers": [fake("pc")],
+            },
         ],
     }
 

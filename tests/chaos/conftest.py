@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import signal
 import socket
@@ -32,6 +31,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+
+from iop.edgeconfig import token_sha256
 
 NODE_TOKENS = {"node-1": "node-1-chaos-token", "node-2": "node-2-chaos-token"}
 
@@ -66,16 +67,12 @@ def two_nodes_document(
     document["nodes"].append(
         {
             "id": "node-2",
-            "token_hash_sha256": _sha256(NODE_TOKENS["node-2"]),
+            "token_hash_sha256": token_sha256(NODE_TOKENS["node-2"]),
             "providers": [provider("p2", priorities[1])],
         }
     )
     document["models"][0]["providers"]["p2"] = "served"
     return document
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def token_files(folder: Path) -> dict[str, Path]:

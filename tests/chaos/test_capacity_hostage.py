@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import openai
 import pytest
 import yaml
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -38,7 +38,7 @@ def add_other_principal(document: dict[str, Any]) -> dict[str, Any]:
     document["openai"]["principal_tokens"].append(
         {
             "token_ref": "other-app",
-            "token_hash_sha256": hashlib.sha256(OTHER_KEY.encode()).hexdigest(),
+            "token_hash_sha256": token_sha256(OTHER_KEY),
             "principal_ref": "team-other",
         }
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
 import sys
 import time
@@ -26,6 +25,7 @@ import orjson
 import pytest
 import yaml
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
@@ -37,10 +37,6 @@ RSS_BOUND_MB = 50
 #: Room for a loaded two-core machine on top of a deadline: a bound on correctness, not speed.
 SLACK_S = 10.0
 HELLO_TIMEOUT_S = 2.0
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -122,7 +118,7 @@ async def hub_stack(
         document["nodes"].append(
             {
                 "id": node_id,
-                "token_hash_sha256": _sha256(TOKENS[node_id]),
+                "token_hash_sha256": token_sha256(TOKENS[node_id]),
                 "providers": [
                     {"id": pid, "adapter": fake, "served_models": ["served"], "capacity": 4}
                 ],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import signal
 from pathlib import Path
@@ -14,7 +13,7 @@ import orjson
 import yaml
 
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
-from iop.edgeconfig import OpenAIAdapterSettings, load_file
+from iop.edgeconfig import OpenAIAdapterSettings, load_file, token_sha256
 from iop.processes import iop_command, terminate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +29,7 @@ def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
     assert config.edge.listen == "127.0.0.1:0"
     for node, before in zip(config.nodes, original.nodes, strict=True):
         token = local.node_tokens[node.id]
-        assert node.token_hash_sha256 == hashlib.sha256(token.encode()).hexdigest()
+        assert node.token_hash_sha256 == token_sha256(token)
         for provider, old in zip(node.providers, before.providers, strict=True):
             assert (provider.capacity, provider.priority, provider.max_queue) == (
                 old.capacity,
@@ -45,9 +44,7 @@ def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
                 assert provider.adapter == old.adapter
     refs = [t.token_ref for t in config.openai.principal_tokens]
     assert refs == [*(t.token_ref for t in original.openai.principal_tokens), LOCAL_TOKEN_REF]
-    assert config.openai.principal_tokens[-1].token_hash_sha256 == (
-        hashlib.sha256(local.api_key.encode()).hexdigest()
-    )
+    assert config.openai.principal_tokens[-1].token_hash_sha256 == (token_sha256(local.api_key))
 
 
 async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:

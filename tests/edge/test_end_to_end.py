@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,16 +16,13 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_fake_upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 CLIENT_TOKEN = "sk-e2e-client"
 NODE_TOKEN = "e2e-node-token"
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ async def stack(tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
                 "principal_tokens": [
                     {
                         "token_ref": "e2e-app",
-                        "token_hash_sha256": sha(CLIENT_TOKEN),
+                        "token_hash_sha256": token_sha256(CLIENT_TOKEN),
                         "principal_ref": "team-e2e",
                     }
                 ],
@@ -72,7 +68,7 @@ async def stack(tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
             "nodes": [
                 {
                     "id": "node-1",
-                    "token_hash_sha256": sha(NODE_TOKEN),
+                    "token_hash_sha256": token_sha256(NODE_TOKEN),
                     "providers": [
                         {
                             "id": "up-a",

@@ -7,7 +7,6 @@ after the first comes out of the queue, one at a time, in the order fair queuing
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from iop.edge.dispatching import Dispatcher, Lease
 from iop.edge.snapshots import PoolSnapshot
-from iop.edgeconfig import EdgeConfig
+from iop.edgeconfig import EdgeConfig, token_sha256
 
 PRINCIPALS = ("p0", "p1", "p2")
 
@@ -163,7 +162,7 @@ async def test_through_the_edge_a_quiet_principal_overtakes_a_flood(
     document["openai"]["principal_tokens"] = [
         {
             "token_ref": f"{name}-app",
-            "token_hash_sha256": hashlib.sha256(key.encode()).hexdigest(),
+            "token_hash_sha256": token_sha256(key),
             "principal_ref": name,
         }
         for name, key in keys.items()

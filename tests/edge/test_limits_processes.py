@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +28,7 @@ import pytest_asyncio
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_iop, terminate
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
@@ -40,10 +40,6 @@ HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 def key(principal: str) -> str:
     return f"sk-{principal}-key"
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def limits(reset_at: str) -> list[dict[str, Any]]:
@@ -84,14 +80,18 @@ def document(document_of: Callable[..., dict[str, Any]], **openai_extra: Any) ->
         edge={"admin": {"listen": "127.0.0.1:0"}, "metrics": {"listen": "127.0.0.1:0"}},
         openai={
             "principal_tokens": [
-                {"token_ref": f"{p}-app", "token_hash_sha256": sha(key(p)), "principal_ref": p}
+                {
+                    "token_ref": f"{p}-app",
+                    "token_hash_sha256": token_sha256(key(p)),
+                    "principal_ref": p,
+                }
                 for p in PRINCIPALS
             ],
             "limits": limits(reset.strftime("%H:%M")),
             **openai_extra,
         },
     )
-    doc["nodes"][0]["token_hash_sha256"] = sha(NODE_TOKEN)
+    doc["nodes"][0]["token_hash_sha256"] = token_sha256(NODE_TOKEN)
     return doc
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import yaml
 from iop import runtime_pb2 as pb
 from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
-from iop.edgeconfig import config_hash, load_data, node_payloads
+from iop.edgeconfig import config_hash, load_data, node_payloads, token_sha256
 from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.wire import PROTOCOL_VERSION
 
@@ -36,10 +35,6 @@ LIST_FIELDS = (
     "pushes",
     "problems",
 )
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def lists_never_null(report: dict[str, Any]) -> None:
@@ -183,7 +178,9 @@ async def test_a_configured_token_is_required(start_edge, refresh_document, tmp_
     document = refresh_document()
     token_file = tmp_path / "admin.token"
     token_file.write_text("file-token\n")
-    document["edge"]["admin"].update(token_hash_sha256=sha(ADMIN_TOKEN), token_file=str(token_file))
+    document["edge"]["admin"].update(
+        token_hash_sha256=token_sha256(ADMIN_TOKEN), token_file=str(token_file)
+    )
     edge = await start_edge(document)
     for token, status in [
         (None, 401),
@@ -245,7 +242,7 @@ async def test_off_loopback_the_edge_refuses_to_start_without_auth(
             EdgeServer(load_data(document), admin_listen="0.0.0.0:0")
 
     document = refresh_document()
-    document["edge"]["admin"]["token_hash_sha256"] = sha(ADMIN_TOKEN)
+    document["edge"]["admin"]["token_hash_sha256"] = token_sha256(ADMIN_TOKEN)
     EdgeServer(load_data(document), admin_listen="0.0.0.0:0")  # with auth it may
 
 
@@ -254,7 +251,7 @@ async def test_off_loopback_the_edge_refuses_to_start_without_auth(
 
 async def test_config_is_shown_with_its_hash_and_secrets_redacted(start_edge, refresh_document):
     document = refresh_document()
-    document["edge"]["admin"]["token_hash_sha256"] = sha(ADMIN_TOKEN)
+    document["edge"]["admin"]["token_hash_sha256"] = token_sha256(ADMIN_TOKEN)
     edge = await start_edge(document)
     async with admin_client(edge, ADMIN_TOKEN) as admin:
         response = await admin.get("/config")
@@ -262,7 +259,7 @@ async def test_config_is_shown_with_its_hash_and_secrets_redacted(start_edge, re
     assert shown["config_hash"] == config_hash(load_data(document))
     assert shown["generation"] == 1
     for secret in (
-        sha(ADMIN_TOKEN),
+        token_sha256(ADMIN_TOKEN),
         document["nodes"][0]["token_hash_sha256"],
         document["openai"]["principal_tokens"][0]["token_hash_sha256"],
     ):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
 import random
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ import orjson
 import pytest
 import yaml
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_fake_upstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -44,10 +44,6 @@ MIN_LOAD_S = 12.0
 APPLY_GAP_S = 0.2
 #: The Edge's gauges that must read 0 once the load has stopped.
 GAUGES = ("iop_edge_in_flight{", "iop_edge_long_in_flight{", "iop_edge_queue_depth{")
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def base_document(upstreams: list[str], tls: dict[str, str]) -> dict[str, Any]:
@@ -76,7 +72,7 @@ def base_document(upstreams: list[str], tls: dict[str, str]) -> dict[str, Any]:
             "principal_tokens": [
                 {
                     "token_ref": "load",
-                    "token_hash_sha256": sha(CLIENT_TOKEN),
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
                     "principal_ref": "team-load",
                 }
             ],
@@ -92,7 +88,7 @@ def base_document(upstreams: list[str], tls: dict[str, str]) -> dict[str, Any]:
         "nodes": [
             {
                 "id": f"node-{letter}",
-                "token_hash_sha256": sha(f"token-{letter}"),
+                "token_hash_sha256": token_sha256(f"token-{letter}"),
                 "providers": [
                     provider(f"{letter}1", {"type": "openai", "base_url": upstream}, 0),
                     provider(f"{letter}2", fake, 5),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from iop.edgeconfig import config_hash, load_file
+from iop.edgeconfig import config_hash, load_file, token_sha256
 from iop.processes import iop_command
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -58,7 +57,7 @@ async def spawn(*args: str, stdout: bool = True) -> asyncio.subprocess.Process:
 
 def document_for(refresh_document: Any, token_file: Path) -> dict[str, Any]:
     document: dict[str, Any] = refresh_document()
-    document["nodes"][0]["token_hash_sha256"] = hashlib.sha256(NODE_TOKEN.encode()).hexdigest()
+    document["nodes"][0]["token_hash_sha256"] = token_sha256(NODE_TOKEN)
     document["edge"]["admin"]["token_file"] = str(token_file)
     return document
 

@@ -4,11 +4,12 @@ were. A dry run reports the same paths with a 200."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from iop.edgeconfig import token_sha256
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -20,9 +21,7 @@ def pa(document: Document) -> dict[str, Any]:
 
 
 def add_node(document: Document) -> None:
-    document["nodes"].append(
-        {"id": "node-3", "token_hash_sha256": hashlib.sha256(b"three").hexdigest()}
-    )
+    document["nodes"].append({"id": "node-3", "token_hash_sha256": token_sha256("three")})
 
 
 def remove_node(document: Document) -> None:
@@ -39,7 +38,7 @@ def add_principal_token(document: Document) -> None:
     document["openai"]["principal_tokens"].append(
         {
             "token_ref": "other-app",
-            "token_hash_sha256": hashlib.sha256(b"other").hexdigest(),
+            "token_hash_sha256": token_sha256("other"),
             "principal_ref": "team-other",
         }
     )
@@ -80,7 +79,7 @@ CASES = [
     pytest.param(add_node, "nodes[node-3]", "edge", id="node-added"),
     pytest.param(remove_node, "nodes[node-2]", "edge", id="node-removed"),
     pytest.param(
-        lambda d: d["nodes"][0].update(token_hash_sha256=hashlib.sha256(b"new").hexdigest()),
+        lambda d: d["nodes"][0].update(token_hash_sha256=token_sha256("new")),
         "nodes[node-1].token_hash_sha256",
         "edge",
         id="node-token",

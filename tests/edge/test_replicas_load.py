@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import orjson
 import pytest
 import yaml
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_fake_upstream, spawn_iop, terminate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -34,15 +34,11 @@ WORKERS_PER_EDGE = 16
 REQUESTS = 320
 
 
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def document(upstreams: list[str]) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = [
         {
             "id": f"node-{i}",
-            "token_hash_sha256": sha(f"token-{i}"),
+            "token_hash_sha256": token_sha256(f"token-{i}"),
             "providers": [
                 {
                     "id": f"p{i}",
@@ -64,7 +60,11 @@ def document(upstreams: list[str]) -> dict[str, Any]:
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
-                {"token_ref": "load", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "t"}
+                {
+                    "token_ref": "load",
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
+                    "principal_ref": "t",
+                }
             ],
         },
         "models": [{"id": "m", "providers": {n["providers"][0]["id"]: "served" for n in nodes}}],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +21,11 @@ import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
+from iop.edgeconfig import token_sha256
 from iop.processes import UpstreamProcess, spawn_fake_upstream
 
 CLIENT_TOKEN = "sk-retries-client"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -112,7 +108,7 @@ async def pool(
                 "principal_tokens": [
                     {
                         "token_ref": "retries",
-                        "token_hash_sha256": sha(CLIENT_TOKEN),
+                        "token_hash_sha256": token_sha256(CLIENT_TOKEN),
                         "principal_ref": "team",
                     }
                 ],
@@ -122,7 +118,7 @@ async def pool(
             "nodes": [
                 {
                     "id": node_id,
-                    "token_hash_sha256": sha(f"{node_id}-token"),
+                    "token_hash_sha256": token_sha256(f"{node_id}-token"),
                     "providers": [
                         {
                             "id": provider_id,

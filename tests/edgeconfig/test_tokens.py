@@ -3,7 +3,6 @@ Edge, and refused by the Edge while unresolved."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import orjson
@@ -15,6 +14,7 @@ from iop.edgeconfig import (
     load_data,
     require_token_hashes,
     token_refs,
+    token_sha256,
     with_token_hashes,
 )
 
@@ -90,8 +90,8 @@ def test_each_token_has_exactly_one_source(mutate: Any, expected: str) -> None:
 
 def test_resolved_config_carries_the_hashes_and_names_no_secret() -> None:
     config = load_data(make_config(_secret_tokens))
-    node_hash = hashlib.sha256(b"node-1-token").hexdigest()
-    app_hash = hashlib.sha256(b"app-2-token").hexdigest()
+    node_hash = token_sha256("node-1-token")
+    app_hash = token_sha256("app-2-token")
 
     resolved = with_token_hashes(
         config, {("iop-node-node-1", "token"): node_hash, ("iop-api-keys", "app-2"): app_hash}
@@ -129,3 +129,13 @@ def test_the_edge_refuses_a_config_that_still_names_a_secret() -> None:
         "nodes[0].token_secret",
     ]
     assert "only the operator reads" in str(info.value.problems[0])
+
+
+@pytest.mark.parametrize("token", ["abc", b"abc"], ids=["text", "bytes"])
+def test_token_sha256_is_the_hex_digest_a_config_holds(token: str | bytes) -> None:
+    # SHA-256("abc"), FIPS 180-2's first test vector.
+    expected = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+    assert token_sha256(token) == expected
+    config = load_data(make_config(lambda d: d["nodes"][0].update(token_hash_sha256=expected)))
+    assert config.nodes[0].token_hash_sha256 == expected

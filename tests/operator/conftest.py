@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import pytest
 
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+from iop.edgeconfig import token_sha256
 
 
 def operator_document() -> dict[str, Any]:
@@ -32,7 +29,7 @@ def operator_document() -> dict[str, Any]:
         "nodes": [
             {
                 "id": f"node-{n}",
-                "token_hash_sha256": sha(f"node-{n}"),
+                "token_hash_sha256": token_sha256(f"node-{n}"),
                 "providers": [
                     provider(f"p{chr(96 + 2 * n - 1)}", n),
                     provider(f"p{chr(96 + 2 * n)}", n),

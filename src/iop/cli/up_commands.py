@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import secrets
@@ -43,7 +42,7 @@ import uvloop
 import yaml
 
 from iop.aiokits import guarded_task, stop_tasks
-from iop.edgeconfig import ConfigError, EdgeConfig, load_data, load_file
+from iop.edgeconfig import ConfigError, EdgeConfig, load_data, load_file, token_sha256
 from iop.processes import owned, spawn_edge, spawn_fake_upstream, spawn_node
 
 from .problems import print_problems
@@ -113,7 +112,7 @@ def local_config(
     tokens.append(
         {
             "token_ref": LOCAL_TOKEN_REF,
-            "token_hash_sha256": _sha256(api_key),
+            "token_hash_sha256": token_sha256(api_key),
             "principal_ref": LOCAL_PRINCIPAL,
             "alias": "iop up",
         }
@@ -123,15 +122,11 @@ def local_config(
     for node in document["nodes"]:
         token = kept.get(node["id"]) or secrets.token_urlsafe(24)
         node_tokens[node["id"]] = token
-        node["token_hash_sha256"] = _sha256(token)
+        node["token_hash_sha256"] = token_sha256(token)
         for provider in node["providers"]:
             if provider["adapter"]["type"] == "openai":
                 provider["adapter"] = {"type": "openai", "base_url": upstream_url}
     return LocalStack(load_data(document), api_key, node_tokens)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _run(args: argparse.Namespace) -> int:

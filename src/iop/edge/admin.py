@@ -41,7 +41,6 @@ which configured credential matched.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import re
@@ -53,7 +52,13 @@ from urllib.parse import parse_qs
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
+from iop.edgeconfig import (
+    AdminSection,
+    EdgeConfig,
+    is_loopback_listener,
+    is_secret_field,
+    token_sha256,
+)
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .enforcing import Limiter
@@ -136,7 +141,7 @@ class AdminAuth:
             return "no auth (loopback)"
         if not authorization or authorization[:7].lower() != _BEARER:
             raise _HttpError("unauthorized", "send 'Authorization: Bearer TOKEN'")
-        digest = hashlib.sha256(authorization[7:].strip()).hexdigest().encode()
+        digest = token_sha256(authorization[7:].strip()).encode()
         matched = ""
         for name, expected in self.hashes:  # compare with every one: the same time either way
             if hmac.compare_digest(digest, expected):
@@ -182,7 +187,7 @@ def _hash_file(path: Path) -> bytes:
         raise AdminAuthError(f"cannot read edge.admin.token_file {path}: {exc}") from exc
     if not token:
         raise AdminAuthError(f"edge.admin.token_file {path} is empty")
-    return hashlib.sha256(token.encode()).hexdigest().encode()
+    return token_sha256(token).encode()
 
 
 class RefreshBody(BaseModel):

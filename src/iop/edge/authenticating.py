@@ -9,12 +9,11 @@ stored, logged or put in a metric label; only `token_ref` and `principal_ref` ar
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Final
 
-from iop.edgeconfig import ANONYMOUS_PRINCIPAL, OpenAISection
+from iop.edgeconfig import ANONYMOUS_PRINCIPAL, OpenAISection, token_sha256
 
 from .errors import Unauthorized
 
@@ -62,7 +61,7 @@ class Authenticator:
         if authorization[:7].lower() != _BEARER:
             raise Unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.", missing=False)
         token = authorization[7:].strip()
-        digest = hashlib.sha256(token).hexdigest()
+        digest = token_sha256(token)
         found = self._by_hash.get(digest)
         if found is None or not hmac.compare_digest(found[0], digest.encode()):
             raise Unauthorized("Incorrect API key provided.", missing=False)

@@ -19,7 +19,6 @@ guesser rotating addresses costs memory only up to that bound.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import logging
 import time
@@ -27,6 +26,7 @@ from collections import OrderedDict
 from typing import Final
 
 from iop.aiokits import LogThrottle
+from iop.edgeconfig import token_sha256
 
 __all__ = ["AuthFailures", "source_of", "token_hint"]
 
@@ -51,8 +51,7 @@ def source_of(address: str) -> str:
 
 def token_hint(token: bytes | str) -> str:
     """The first 8 hex digits of the token's SHA-256: what the log may say about a token."""
-    raw = token.encode() if isinstance(token, str) else token
-    return hashlib.sha256(raw).hexdigest()[:8]
+    return token_sha256(token)[:8]
 
 
 class _Bucket:

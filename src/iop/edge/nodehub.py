@@ -49,7 +49,6 @@ replaced by one reference assignment; in-flight runs are not affected by a swap.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import time
@@ -64,7 +63,13 @@ import grpc.aio
 
 from iop import runtime_pb2 as pb
 from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
-from iop.edgeconfig import EdgeConfig, NodePayload, is_loopback_listener, node_payloads
+from iop.edgeconfig import (
+    EdgeConfig,
+    NodePayload,
+    is_loopback_listener,
+    node_payloads,
+    token_sha256,
+)
 from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
 from iop.wire import (
     PROTOCOL_VERSION,
@@ -476,7 +481,7 @@ class NodeHub(AsyncService):
                 f"{hello.protocol_version}",
             )
         expected = self._snapshot.token_hashes.get(hello.node_id)
-        given = hashlib.sha256(hello.token.encode()).hexdigest()
+        given = token_sha256(hello.token)
         matches = hmac.compare_digest(given, expected or _NO_HASH)
         if expected is None or not matches:
             # One answer for both, so a caller cannot probe which node ids exist; the log (an

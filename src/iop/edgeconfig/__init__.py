@@ -41,7 +41,7 @@ from .loading import load_data, load_file, load_text, parse_yaml
 from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath
 from .secrets import is_secret_field
-from .tokens import TokenRef, require_token_hashes, token_refs, with_token_hashes
+from .tokens import TokenRef, require_token_hashes, token_refs, token_sha256, with_token_hashes
 from .trees import config_hash
 
 __all__ = [
@@ -92,5 +92,6 @@ __all__ = [
     "require_token_hashes",
     "split_listener",
     "token_refs",
+    "token_sha256",
     "with_token_hashes",
 ]

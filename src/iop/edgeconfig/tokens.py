@@ -5,11 +5,13 @@ An EdgeConfig may say where a token lives (`nodes[].token_secret`, `openai.princ
 GitOps tool) has to draw a token or carry its hash. The operator reads those Secrets and writes
 the Edge's config with every hash filled in and no `token_secret` left (`with_token_hashes`):
 the Edge never reads a Secret, and refuses a config that still names one
-(`require_token_hashes`).
+(`require_token_hashes`). `token_sha256` is how a token becomes the hash a config holds,
+for everyone who makes or checks one.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -17,7 +19,19 @@ from typing import Literal, TypeVar
 from .configs import AdminSection, EdgeConfig, NodeSpec, PrincipalToken, SecretKeyRef
 from .errors import ConfigError, Problem
 
-__all__ = ["TokenRef", "require_token_hashes", "token_refs", "with_token_hashes"]
+__all__ = [
+    "TokenRef",
+    "require_token_hashes",
+    "token_refs",
+    "token_sha256",
+    "with_token_hashes",
+]
+
+
+def token_sha256(token: str | bytes) -> str:
+    """The SHA-256 of `token` (text as UTF-8), in lowercase hex: what `token_hash_sha256` holds."""
+    return hashlib.sha256(token.encode() if isinstance(token, str) else token).hexdigest()
+
 
 #: Whose token a Secret holds.
 TokenOwner = Literal["node", "principal", "admin"]

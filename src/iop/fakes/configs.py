@@ -9,8 +9,9 @@ About 1.1 KiB of YAML per node, as a hand-written config would be.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Final
+
+from iop.edgeconfig import token_sha256
 
 __all__ = ["KINDS", "sized_spec"]
 
@@ -52,7 +53,7 @@ def sized_spec(nodes: int, *, admin_listen: str = "0.0.0.0:9090") -> dict[str, A
             {
                 "id": f"node-{n:04d}",
                 "alias": f"gpu-host-{n:04d}",
-                "tokenHashSha256": hashlib.sha256(f"node-{n}".encode()).hexdigest(),
+                "tokenHashSha256": token_sha256(f"node-{n}"),
                 "runtime": {"concurrency": 16},
                 "providers": providers,
             }

@@ -17,13 +17,12 @@ changed.
 from __future__ import annotations
 
 import base64
-import hashlib
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from iop.edgeconfig import EdgeConfig, SecretKeyRef, TokenRef, token_refs
+from iop.edgeconfig import EdgeConfig, SecretKeyRef, TokenRef, token_refs, token_sha256
 
 from . import conventions
 from .documents import Owner
@@ -118,7 +117,7 @@ async def read_tokens(
         values[(ref.secret.name, ref.secret.key)] = base64.b64decode(encoded).decode().strip()
     admin_token = values.get((admin.name, admin.key)) if admin is not None else None
     return TokenRead(
-        hashes={key: hashlib.sha256(value.encode()).hexdigest() for key, value in values.items()},
+        hashes={key: token_sha256(value) for key, value in values.items()},
         admin_token=admin_token,
         missing=missing,
         created=created,

@@ -11,7 +11,6 @@ without changing anything. How the API server reaches it and what happens when i
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +24,7 @@ from iop.edgeconfig import (
     config_hash,
     load_data,
     token_refs,
+    token_sha256,
     with_token_hashes,
 )
 
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 #: The handler id, which is also the URL path the webhook configuration points at (/validate).
 WEBHOOK_ID = "validate"
 #: The hash a token the operator is still to generate counts as: a new token, unlike any other.
-_TO_BE_GENERATED = hashlib.sha256(b"a token the operator will generate").hexdigest()
+_TO_BE_GENERATED = token_sha256("a token the operator will generate")
 
 
 def register_webhook(
