@@ -9,9 +9,9 @@ a tenth of what the Edge and the wire carry; aiohttp's C-parsed client costs a f
 Streaming runs read the upstream's SSE as it arrives, split it into events in one pass over each
 read, and forward each event's `data` JSON object as a `RunChunk`. The Node always asks a
 streaming upstream for usage (`stream_options.include_usage`) so the Edge can meter; it forwards
-the usage-only chunk, marked, only when the client asked for it. aiohttp's errors are translated
-here, once, into `RunFailed`s: connection refused, timeouts, a dropped connection and every
-upstream error status get a code and a message that names what happened. Cancelling a run closes
+the usage-only chunk, marked, only when the client asked for it. aiohttp's errors are
+translated here, once (`_failure`), into `RunFailed`s: connection refused, timeouts, a dropped
+connection and every upstream error status get a code and a message that names what happened. Cancelling a run closes
 its upstream connection at once (the upstream sees the client leave); a run that read its
 response to the end gives the connection back to the pool. The API key is read from the
 environment variable the config names, at build time; the key itself never travels or gets
@@ -131,21 +131,11 @@ class OpenAIAdapter:
         limit = request.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
         wants_usage = False
         if request.stream:
-            try:
-                document = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                yield statuses.failure(statuses.BAD_REQUEST, "the request body is not JSON")
+            prepared = _asking_for_usage(body)
+            if isinstance(prepared, RunFailed):
+                yield prepared
                 return
-            if not isinstance(document, dict):
-                yield statuses.failure(statuses.BAD_REQUEST, "the request body is not an object")
-                return
-            wants_usage = client_wants_usage(document)
-            if not wants_usage:
-                options = document.get("stream_options")
-                options = dict(options) if isinstance(options, dict) else {}
-                options["include_usage"] = True
-                document["stream_options"] = options
-                body = orjson.dumps(document)
+            body, wants_usage = prepared
         session = self._session
         if session is None:
             session = self._session = self._open()
@@ -200,57 +190,35 @@ class OpenAIAdapter:
                     yield chunk
             for event in decoder.end():
                 yield event
-        except aiohttp.ConnectionTimeoutError:
-            if queued:
-                yield _failed(
-                    statuses.PROVIDER_BUSY,
-                    f"all {settings.max_connections} connections to the upstream are busy",
-                    sent_chunk,
-                )
-            else:
-                yield _failed(
-                    statuses.UPSTREAM_UNAVAILABLE,
-                    f"no connection to {settings.base_url} within {settings.connect_timeout_s:g}s",
-                    sent_chunk,
-                )
-        except aiohttp.ServerTimeoutError:
-            yield _failed(
-                statuses.UPSTREAM_TIMEOUT,
-                f"the upstream sent nothing for {settings.request_timeout_s:g}s",
-                sent_chunk,
-            )
-        except TimeoutError:  # after aiohttp's own timeouts, which are TimeoutErrors too
-            yield _failed(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed", sent_chunk)
-        except aiohttp.ClientConnectorError as exc:
-            yield _failed(
-                statuses.UPSTREAM_UNAVAILABLE,
-                f"cannot connect to {settings.base_url}: {_reason(exc.os_error)}",
-                sent_chunk,
-            )
-        except (
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientOSError,
-            aiohttp.ClientConnectionResetError,
-        ) as exc:
-            when = "before it answered" if response is None else "mid-response"
-            yield _failed(
-                statuses.UPSTREAM_ERROR,
-                f"the upstream dropped the connection {when} ({exc or type(exc).__name__})",
-                sent_chunk,
-            )
-        except aiohttp.ClientError as exc:
-            yield _failed(statuses.UPSTREAM_ERROR, f"upstream request failed: {exc!r}", sent_chunk)
-        except _Malformed as exc:
-            yield _failed(statuses.UPSTREAM_ERROR, str(exc), sent_chunk)
-        except _TooLarge:
-            yield _too_large(limit)
+        except (aiohttp.ClientError, TimeoutError, _Malformed, _TooLarge) as exc:
+            failed = _failure(exc, settings, queued, response is not None, limit)
+            if sent_chunk and failed.retryable:  # the client has bytes: another try cannot help
+                failed = RunFailed(failed.code, failed.message, False, failed.status)
+            yield failed
         finally:
             self._in_use -= 1
             if response is not None:
                 # A response read to its end gave its connection back to the pool already;
                 # otherwise (cancelled, failed, cut short) this closes the connection at once.
                 response.close()
+
+
+def _asking_for_usage(body: bytes) -> tuple[bytes, bool] | RunFailed:
+    """A streaming request's body as sent upstream, which always asks for the usage chunk, and
+    whether the client asked for it too (then it is forwarded); or why the body cannot go."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return statuses.failure(statuses.BAD_REQUEST, "the request body is not JSON")
+    if not isinstance(document, dict):
+        return statuses.failure(statuses.BAD_REQUEST, "the request body is not an object")
+    if client_wants_usage(document):
+        return body, True
+    options = document.get("stream_options")
+    options = dict(options) if isinstance(options, dict) else {}
+    options["include_usage"] = True
+    document["stream_options"] = options
+    return orjson.dumps(document), False
 
 
 def _reason(error: OSError) -> str:
@@ -292,11 +260,49 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes |
     return b"".join(parts)
 
 
-def _failed(code: str, message: str, sent_chunk: bool) -> RunFailed:
-    failed = statuses.failure(code, message)
-    if sent_chunk and failed.retryable:
-        return RunFailed(failed.code, failed.message, False, failed.status)
-    return failed
+def _failure(
+    error: Exception, settings: OpenAISettings, queued: bool, answered: bool, limit: int
+) -> RunFailed:
+    """The one translation of what a run's exchange with the upstream raised into a `RunFailed`:
+    `queued` when the run waited for a connection of the pool, `answered` once the upstream's
+    status line arrived. The order matters: aiohttp's errors subclass each other."""
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        if queued:
+            message = f"all {settings.max_connections} connections to the upstream are busy"
+            return statuses.failure(statuses.PROVIDER_BUSY, message)
+        return statuses.failure(
+            statuses.UPSTREAM_UNAVAILABLE,
+            f"no connection to {settings.base_url} within {settings.connect_timeout_s:g}s",
+        )
+    if isinstance(error, aiohttp.ServerTimeoutError):
+        return statuses.failure(
+            statuses.UPSTREAM_TIMEOUT,
+            f"the upstream sent nothing for {settings.request_timeout_s:g}s",
+        )
+    if isinstance(error, TimeoutError):  # after aiohttp's own timeouts, which are TimeoutErrors
+        return statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return statuses.failure(
+            statuses.UPSTREAM_UNAVAILABLE,
+            f"cannot connect to {settings.base_url}: {_reason(error.os_error)}",
+        )
+    if isinstance(
+        error,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientPayloadError
+        | aiohttp.ClientOSError
+        | aiohttp.ClientConnectionResetError,
+    ):
+        when = "mid-response" if answered else "before it answered"
+        return statuses.failure(
+            statuses.UPSTREAM_ERROR,
+            f"the upstream dropped the connection {when} ({error or type(error).__name__})",
+        )
+    if isinstance(error, _Malformed):
+        return statuses.failure(statuses.UPSTREAM_ERROR, str(error))
+    if isinstance(error, _TooLarge):
+        return _too_large(limit)
+    return statuses.failure(statuses.UPSTREAM_ERROR, f"upstream request failed: {error!r}")
 
 
 def _decode(data: bytes) -> dict[str, Any]:
