@@ -4,6 +4,8 @@
 - `AsyncService`: the `start()`/`stop()` or `async with` lifecycle of servers and agents.
 - `LogThrottle`: one log line per interval for events outsiders can cause at will.
 - `bind_listener`: a server's socket, bound before it starts.
+- `asgiserving.AsgiServer`: an ASGI app served by uvicorn on such a socket (imported from its
+  module, so that parts serving no HTTP never load uvicorn).
 
 Nothing here knows about the wire, the Edge or the Node; everything above may import it.
 """

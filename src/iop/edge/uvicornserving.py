@@ -30,11 +30,9 @@ in the Edge knows which server runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import socket
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import httptools
@@ -45,7 +43,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from iop.aiokits import guarded_task
+from iop.aiokits.asgiserving import AsgiServer
 
 from .asgi import Message
 from .authfailures import source_of
@@ -337,14 +335,6 @@ def _end_with_the_connection(cycle: RequestResponseCycle) -> None:
     setattr(cycle, "send", send_delimited_by_close)  # noqa: B010 - shadows the bound method
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the process decides when the Edge stops."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 class HttpServer:
     """One ASGI app on one listening socket, with `limits`; `await start()`, `await stop()`."""
 
@@ -362,23 +352,7 @@ class HttpServer:
         protocol = type(
             "LimitedProtocol", (_LimitedProtocol,), {"refusals": self.refusals, "clients": {}}
         )
-        config = uvicorn.Config(
-            app,
-            http=protocol,
-            ws="none",
-            loop="none",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            proxy_headers=False,  # the Edge reads no client address: skip that middleware
-            timeout_graceful_shutdown=math.ceil(grace),
-        )
-        self._server = _Server(config)
-        self._sock = sock
-        self._name = name
-        self._what = what
-        self._serving: asyncio.Task[None] | None = None
+        self._server = AsgiServer(app, sock, name=name, what=what, http=protocol, grace=grace)
 
     @property
     def started(self) -> bool:
@@ -387,23 +361,12 @@ class HttpServer:
     @property
     def open_connections(self) -> int:
         """Client connections open now (those over the cap, refused, not counted)."""
-        return len(self._server.server_state.connections)
+        return self._server.open_connections
 
     async def start(self) -> None:
         """Serve; returns once the socket accepts connections."""
-        server = self._server
-        serving = guarded_task(server.serve(sockets=[self._sock]), name=self._name, logger=logger)
-        self._serving = serving
-        while not server.started:
-            if serving.done():
-                serving.result()  # raises what stopped it
-                raise OSError(f"{self._what} did not start")
-            await asyncio.sleep(0.005)
+        await self._server.start()
 
     async def stop(self) -> None:
         """Stop accepting, let requests in progress finish (up to the grace), then return."""
-        serving, self._serving = self._serving, None
-        if serving is None:
-            return
-        self._server.should_exit = True
-        await serving
+        await self._server.stop()

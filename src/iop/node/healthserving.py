@@ -11,17 +11,14 @@ dialled any Edge, and a rollout would stop the old pod while the new one serves 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
-import uvicorn
 
-from iop.aiokits import guarded_task
+from iop.aiokits.asgiserving import AsgiServer
 
 __all__ = ["HealthServer"]
 
@@ -32,56 +29,30 @@ Readiness = Callable[[], tuple[bool, str]]
 Message = MutableMapping[str, Any]
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: `iop node run` decides when the Node stops."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 class HealthServer:
     """`/healthz` and `/readyz` on `sock` (bound by the caller); `await start()`, `await stop()`."""
 
     def __init__(self, readiness: Readiness, sock: socket.socket) -> None:
         self._readiness = readiness
         self._sock = sock
-        config = uvicorn.Config(
+        self._server = AsgiServer(
             self._app,
+            sock,
+            name="node-health",
+            what="the health endpoints",
             interface="asgi3",  # a bound method: uvicorn's guess would take it for ASGI 2
-            ws="none",
-            loop="none",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            proxy_headers=False,
         )
-        self._server = _Server(config)
-        self._serving: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
-        return int(self._sock.getsockname()[1])
+        return self._server.port
 
     async def start(self) -> None:
         """Serve; returns once the socket accepts connections."""
-        server = self._server
-        serving = guarded_task(
-            server.serve(sockets=[self._sock]), name="node-health", logger=logger
-        )
-        self._serving = serving
-        while not server.started:
-            if serving.done():
-                serving.result()  # raises what stopped it
-                raise OSError("the health endpoints did not start")
-            await asyncio.sleep(0.005)
+        await self._server.start()
 
     async def stop(self) -> None:
-        serving, self._serving = self._serving, None
-        if serving is not None:
-            self._server.should_exit = True
-            await serving
+        await self._server.stop()
 
     async def _app(
         self,

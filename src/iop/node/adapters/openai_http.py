@@ -11,11 +11,11 @@ read, and forward each event's `data` JSON object as a `RunChunk`. The Node alwa
 streaming upstream for usage (`stream_options.include_usage`) so the Edge can meter; it forwards
 the usage-only chunk, marked, only when the client asked for it. aiohttp's errors are
 translated here, once (`_failure`), into `RunFailed`s: connection refused, timeouts, a dropped
-connection and every upstream error status get a code and a message that names what happened. Cancelling a run closes
-its upstream connection at once (the upstream sees the client leave); a run that read its
-response to the end gives the connection back to the pool. The API key is read from the
-environment variable the config names, at build time; the key itself never travels or gets
-logged.
+connection and every upstream error status get a code and a message that names what happened.
+Cancelling a run closes its upstream connection at once (the upstream sees the client leave); a
+run that read its response to the end gives the connection back to the pool. The API key is read
+from the environment variable the config names, at build time; the key itself never travels or
+gets logged.
 """
 
 from __future__ import annotations
