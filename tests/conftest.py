@@ -44,9 +44,9 @@ from hypothesis import HealthCheck, settings
 from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data, token_sha256
+from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.node import NodeAgent
 from iop.processes import free_port, spawn_edge, spawn_node, terminate
-from iop.upstream import FakeUpstream, FakeUpstreamSettings
 from iop.wire import ClientTls
 
 # Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI

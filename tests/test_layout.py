@@ -30,7 +30,7 @@ def test_operator_from_the_repository_root_is_the_standard_library() -> None:
     assert Path(result.stdout.strip()).parent == Path(subprocess.__file__).parent
 
 
-@pytest.mark.parametrize("name", ["edge", "node", "wire", "cli", "edgeconfig", "upstream"])
+@pytest.mark.parametrize("name", ["edge", "node", "wire", "cli", "edgeconfig", "fakes"])
 def test_product_folders_do_not_import_from_the_repository_root(name: str) -> None:
     result = subprocess.run(
         [sys.executable, "-c", f"import {name}"], cwd=REPO, capture_output=True, text=True

@@ -16,9 +16,8 @@ import pytest
 from iop import runtime_pb2 as pb
 from iop.edge.hubs import ProviderLink
 from iop.edge.nodehub import NodeHub
-from iop.fakes import tokens
+from iop.fakes import FakeUpstream, tokens
 from iop.runtime_pb2_grpc import NodeRuntimeStub
-from iop.upstream import FakeUpstream
 from iop.wire import (
     PROTOCOL_VERSION,
     RunChunk,

@@ -14,9 +14,8 @@ import orjson
 import pytest
 
 from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings
-from iop.fakes import tokens
+from iop.fakes import FakeUpstream, tokens
 from iop.node import FakeAdapter, OpenAIAdapter
-from iop.upstream import FakeUpstream
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

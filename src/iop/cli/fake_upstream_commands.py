@@ -14,8 +14,8 @@ import orjson
 import uvloop
 
 from iop.edgeconfig import split_listener
-from iop.upstream import FakeUpstream, FakeUpstreamSettings
-from iop.upstream.serving import FAIL_MODES
+from iop.fakes import FakeUpstream, FakeUpstreamSettings
+from iop.fakes.upstream import FAIL_MODES
 
 __all__ = ["register"]
 

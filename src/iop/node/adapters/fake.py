@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from iop.edgeconfig import FakeAdapterSettings as FakeSettings
-from iop.fakes import OpenAIError, parse_request, tokens
+from iop.fakes.answers import OpenAIError, parse_request, tokens
 from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
 from iop.wire.nodestates import ADAPTER_ERROR
 

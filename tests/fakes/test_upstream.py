@@ -10,9 +10,8 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from iop.fakes import tokens
+from iop.fakes import FakeUpstream, FakeUpstreamSettings, tokens
 from iop.processes import spawn_fake_upstream
-from iop.upstream import FakeUpstream, FakeUpstreamSettings
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 

@@ -1,4 +1,5 @@
-"""The fake OpenAI-compatible server: a small HTTP/1.1 server on asyncio and httptools.
+"""The fake OpenAI-compatible upstream (`iop fake-upstream`): a small HTTP/1.1 server on asyncio and
+httptools.
 
 It is the upstream of the tests and the baseline of the benchmarks, so it must be faithful
 (OpenAI's paths, bodies, SSE framing and error bodies) and cheap: a raw asyncio protocol with
@@ -29,7 +30,8 @@ import httptools
 import orjson
 
 from iop.aiokits import AsyncService, guarded_task, stop_tasks
-from iop.fakes import Completion, OpenAIError, error_body, parse_request, tokens
+
+from .answers import Completion, OpenAIError, error_body, parse_request, tokens
 
 __all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]
 
