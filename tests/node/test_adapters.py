@@ -209,7 +209,7 @@ async def test_cancelling_a_run_closes_its_upstream_connection_at_once(
     assert fake_upstream.stats.connections == 2
 
 
-async def test_a_full_pool_is_provider_busy(fake_upstream: FakeUpstream) -> None:
+async def test_a_full_pool_is_provider_busy(fake_upstream: FakeUpstream, until) -> None:
     settings = OpenAIAdapterSettings(
         base_url=fake_upstream.base_url, max_connections=1, request_timeout_s=0.3
     )
@@ -217,7 +217,7 @@ async def test_a_full_pool_is_provider_busy(fake_upstream: FakeUpstream) -> None
     slow = request(True, max_tokens=12, fake_upstream={"tokens_per_second": 20})
     try:
         holding = asyncio.create_task(collect(adapter, slow))
-        await asyncio.sleep(0.1)
+        await until(lambda: fake_upstream.stats.in_flight == 1)  # the pool's one connection
         waiting = await collect(adapter, request(False))
         assert isinstance((await holding)[-1], RunDone)
     finally:

@@ -66,8 +66,9 @@ async def test_a_swap_drain_counts_down_to_zero_as_its_last_run_ends(
     router.apply(payload(wire_config, SLOW))
     old = router.registry.provisions["p1"]
     progress = Progress(router, lambda: old.active)
+    # Admitted, the runs are the old adapter's (their slots and adapter are taken at admit),
+    # whether or not their tasks have reached it yet.
     runs = start(router, request("a", 2), request("b", 6), request("c", 10))
-    await asyncio.sleep(0)  # the runs have started on the old adapter
 
     # New adapter settings: the old adapter drains its three runs; a new run uses the new one.
     router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))

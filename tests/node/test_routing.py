@@ -72,8 +72,9 @@ async def test_capacity_counts_runs_across_a_swap(router: Router, wire_config, u
     admitted = router.admit(request("a"))
     assert not isinstance(admitted, RunFailed)
     events: list[RunEvent] = []
+    # The slot and the adapter are the run's from `admit`: the swap below finds them taken
+    # whether or not the task has reached the adapter yet.
     running = asyncio.create_task(router.execute(request("a"), admitted, events.append))
-    await asyncio.sleep(0.01)
     router.apply(payload(wire_config, capacity=1, adapter={"type": "fake"}))
     assert isinstance(router.admit(request("b")), RunFailed)  # the old run still holds the slot
     old_adapter: Any = admitted.adapter

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -16,35 +17,42 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 async def test_an_item_put_while_idle_goes_out_alone_and_at_once() -> None:
     sent: list[list[int]] = []
+    wrote = asyncio.Event()
 
     async def send(batch: Sequence[int]) -> None:
         sent.append(list(batch))
+        wrote.set()
 
     async with CoalescingWriter(send, name="test-writer") as writer:
         writer.put(1)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await asyncio.wait_for(wrote.wait(), 5)  # nothing else was put: no batch to wait for
         assert sent == [[1]]
 
 
 async def test_items_queued_during_a_write_go_out_as_one_message() -> None:
     sent: list[list[int]] = []
-    release = asyncio.Event()
+    releases: list[asyncio.Event] = []
+    writing = asyncio.Condition()
 
     async def send(batch: Sequence[int]) -> None:
-        sent.append(list(batch))
+        release = asyncio.Event()
+        async with writing:
+            sent.append(list(batch))
+            releases.append(release)
+            writing.notify_all()
         await release.wait()
-        release.clear()
 
     async with CoalescingWriter(send, name="test-writer") as writer:
         writer.put(1)
-        await asyncio.sleep(0.01)
-        for item in (2, 3, 4):
+        async with writing:
+            await asyncio.wait_for(writing.wait_for(lambda: len(sent) == 1), 5)
+        for item in (2, 3, 4):  # while 1 is in flight
             writer.put(item)
-        release.set()
-        await asyncio.sleep(0.01)
-        release.set()
-        await asyncio.sleep(0.01)
+        releases[0].set()
+        async with writing:
+            await asyncio.wait_for(writing.wait_for(lambda: len(sent) == 2), 5)
+        releases[1].set()
+        await asyncio.wait_for(writer.wait_flushed(), 5)
         assert sent == [[1], [2, 3, 4]]
         assert (writer.messages_sent, writer.items_sent) == (2, 4)
 
@@ -59,7 +67,7 @@ async def test_items_put_in_one_step_share_a_message() -> None:
         writer.put("chunk")
         writer.put("usage")
         writer.put("done")
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(writer.wait_flushed(), 5)
     assert sent == [["chunk", "usage", "done"]]
 
 
@@ -107,22 +115,24 @@ async def test_wait_flushed_returns_once_everything_put_was_written() -> None:
     """What a drained Node waits for before it closes its links: its last words sent."""
     written: list[int] = []
     gate = asyncio.Event()
+    writing = asyncio.Event()
 
     async def send(batch: Sequence[int]) -> None:
+        writing.set()
         await gate.wait()  # a slow link: each write waits for the gate
         written.extend(batch)
 
     async with CoalescingWriter(send, name="test-writer") as writer:
         writer.put(1)
-        await asyncio.sleep(0)
+        await asyncio.wait_for(writing.wait(), 5)  # 1 is in flight
         writer.put(2)
         writer.put(3, wake=False)
         flushed = asyncio.create_task(writer.wait_flushed())
-        await asyncio.sleep(0.01)
-        assert not flushed.done()  # 1 is in flight, 2 and 3 wait
+        written_when_flushed: list[list[int]] = []
+        flushed.add_done_callback(lambda _: written_when_flushed.append(list(written)))
         gate.set()
         await asyncio.wait_for(flushed, 5)
-        assert written == [1, 2, 3]
+        assert written_when_flushed == [[1, 2, 3]]  # it returned only once all was written
         assert writer.backlog == 0
         await writer.wait_flushed()  # nothing left: at once
 
@@ -138,7 +148,9 @@ async def test_wait_flushed_returns_when_the_stream_breaks() -> None:
         assert isinstance(writer.error, ConnectionResetError)
 
 
-async def test_finish_writes_everything_queued_and_never_cuts_a_write_short() -> None:
+async def test_finish_writes_everything_queued_and_never_cuts_a_write_short(
+    until: Callable[..., Awaitable[Any]],
+) -> None:
     """How a Node ends its half of a stream: its last words whole (a grpc.aio write cancelled
     midway would cancel the call, and the peer would lose what it had not read yet)."""
     written: list[int] = []
@@ -161,7 +173,7 @@ async def test_finish_writes_everything_queued_and_never_cuts_a_write_short() ->
         writer.put(2)
         writer.put(3, wake=False)
         finishing = asyncio.create_task(writer.finish())
-        await asyncio.sleep(0)
+        await until(lambda: writer.closed)  # finishing (the write of 1 still waits on the gate)
         assert writer.put(4) is False  # finishing: nothing more is taken
         gate.set()
         await asyncio.wait_for(finishing, 5)
