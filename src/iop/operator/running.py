@@ -21,7 +21,9 @@ import logging
 import os
 import re
 import secrets
+import signal
 import socket
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -295,6 +297,7 @@ async def run_operator(
                 )
                 await metrics_server.start()
             tasks.append(guarded_task(_flag(watching, ready), name="ready", logger=logger))
+            tasks.append(guarded_task(_signals_stop(watching, stop), name="signals", logger=logger))
             try:
                 await kopf.operator(
                     registry=registry,
@@ -322,6 +325,18 @@ async def _release_on(stop: asyncio.Event, election: LeaderElection) -> None:
     shutdown (seconds): the standby takes over at its next try."""
     await stop.wait()
     await election.release()
+
+
+async def _signals_stop(watching: asyncio.Event, stop: asyncio.Event) -> None:
+    """Once kopf runs, SIGTERM and SIGINT set `stop` again: kopf puts in its own handlers, which
+    stop kopf alone, and the Lease would only be released after kopf's shutdown (5 s measured),
+    keeping the standby from leading meanwhile. Through `stop`, kopf stops all the same."""
+    await watching.wait()
+    if threading.current_thread() is not threading.main_thread():
+        return  # no signal handlers outside the main thread (kopf installs none either)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
 
 
 async def _flag(watching: asyncio.Event, ready: asyncio.Event | None) -> None:
