@@ -1,24 +1,24 @@
 """The Edge: the OpenAI-compatible API, the provider pool, the node hub and usage metering.
 
 `EdgeServer` (what `iop edge run` starts) is the package's one public name; everything else is
-reached by its module. The modules, lowest layer first (each imports only from the layers before
-its own):
+reached by its module. The modules, in layers, highest first; a module imports only from its own
+layer or those below (import-linter holds the package to it, `[tool.importlinter]` in
+pyproject.toml, and to having no circles):
 
-- values and rules, no I/O: `errors` (the one exception hierarchy), `snapshots` (the pool as
-  the config describes it), `limiting` (the rules of `openai.limits[]`), `hubs` (what the
-  request path needs from the hub, a Protocol), `refreshreports`, `asgi` (the raw apps'
-  shared pieces), `configfiles` (reading a config file for a refresh);
-- HTTP's words and the pool's state: `httperrors` (the one error -> HTTP mapper), `httplimits`,
-  `hublimits`, `authfailures`, `authenticating`, `bodies`, `dispatching`, `retrying`,
-  `redisclients` and `redislimits`;
-- the request path: `enforcing` (limits at admission), `metering`, `relaying` (one request's
-  run, its retries and fallbacks), `serving` (the OpenAI API), `clientguarding` (what one
-  client may do);
-- the node hub: `nodesessions` (one connected Node, one run's stream) and `nodehub` (the gRPC
-  server);
-- the live refresh: `refreshing` and the admin API `admin`; the servers: `uvicornserving` (the
-  HTTP server) and `guardmetrics`;
-- `launching`: one process's lifecycle, every part above started and stopped in order.
+- `launching`: one process's lifecycle, every part below started and stopped in order;
+- `guardmetrics`: the metrics of what the Edge turns away, read from the parts at scrape time;
+- the servers: `serving` (the OpenAI API), `admin` (the admin API), `nodehub` (the gRPC server
+  Nodes dial) and `uvicornserving` (the HTTP server, with the limits of `httplimits`);
+- what they run: `relaying` (one request's run, its retries and fallbacks), `refreshing` (a
+  live refresh), `nodesessions` (one connected Node, one run's stream), `clientguarding` (what
+  one client may do) and `hublimits` (what the hub refuses before a Node is known);
+- `enforcing` (`openai.limits[]` at admission), `metering`, `httplimits`;
+- the pool's state and HTTP's words: `dispatching`, `retrying`, `authenticating`, `bodies`,
+  `httperrors` (the one error -> HTTP mapper) and `redislimits`;
+- what imports nothing else of the Edge: values and rules (`errors`, the one exception
+  hierarchy; `snapshots`; `hubs`, what the request path needs from the hub, as a Protocol;
+  `limiting`; `refreshreports`; `asgi`), `authfailures` (failed authentications per source),
+  `configfiles` (reading a config file for a refresh) and `redisclients` (a lean Redis client).
 """
 
 from .launching import EdgeServer

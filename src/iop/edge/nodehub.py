@@ -307,7 +307,7 @@ class NodeHub(AsyncService):
 
     def run(self, request: RunRequest) -> RunStream:
         """The run's stream; the request goes to the node when the stream is entered/iterated."""
-        return RunStream(self, request, self.stream_buffer_bytes)
+        return RunStream(request, self.stream_buffer_bytes, self._start_run)
 
     def nodes(self) -> Mapping[str, NodeStatus]:
         superseded: dict[str, list[InstanceDrain]] = {}

@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -54,9 +53,6 @@ from iop.wire.nodestates import DRAINING, NOT_PROBED
 from iop.wire.texts import MAX_ID_CHARS, bounded
 
 from .hubs import InstanceDrain
-
-if TYPE_CHECKING:
-    from .nodehub import NodeHub
 
 __all__ = ["EdgeItem", "FlowSignal", "NodeSession", "RunStream"]
 
@@ -105,7 +101,6 @@ class RunStream:
         "_ended",
         "_events",
         "_finished",
-        "_hub",
         "_limit",
         "_on_end",
         "_paused",
@@ -113,15 +108,20 @@ class RunStream:
         "_pieces_size",
         "_saw_chunk",
         "_session",
+        "_start_on",
         "_started",
         "_waiter",
         "paused_at",
         "request",
     )
 
-    def __init__(self, hub: NodeHub, request: RunRequest, buffer_limit: int) -> None:
+    def __init__(
+        self, request: RunRequest, buffer_limit: int, start: Callable[[RunStream], None]
+    ) -> None:
+        """`start(stream)` sends the run to its Node (the hub's choice of session), or fails it;
+        it is called once, when the run is first awaited."""
         self.request = request
-        self._hub = hub
+        self._start_on = start
         self._session: NodeSession | None = None
         self._events: deque[RunEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -238,7 +238,7 @@ class RunStream:
 
     def _start(self) -> None:
         self._started = True
-        self._hub._start_run(self)
+        self._start_on(self)
 
     def attach(self, session: NodeSession) -> None:
         self._session = session
