@@ -53,12 +53,12 @@ import orjson
 import uvloop
 import yaml
 
-from iop import runtime_pb2 as pb
 from iop.edge import EdgeServer
 from iop.edge.hubs import NodeStatus, ProviderLink
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
+from iop.wire.nodestates import ConfigAck
 
 if TYPE_CHECKING:
     from bench import benchkit
@@ -381,7 +381,7 @@ class InstantHub:
         generation: int | None = None,
         ack_timeout: float = 0.0,
         hold: Collection[str] = (),
-    ) -> Mapping[str, pb.ConfigAck | None]:
+    ) -> Mapping[str, ConfigAck | None]:
         return {}
 
     def nodes(self) -> Mapping[str, NodeStatus]:

@@ -26,8 +26,8 @@ import grpc
 import grpc.aio
 import orjson
 
-from iop import runtime_pb2 as pb
 from iop.wire import PROTOCOL_VERSION
+from iop.wire import runtime_pb2 as pb
 
 METHOD = "/iop.runtime.v1.NodeRuntime/Connect"
 

@@ -14,10 +14,10 @@ import httpx
 import orjson
 import pytest
 
-from iop import runtime_pb2 as pb
 from iop.edge.hubs import Hub, NodeStatus, ProviderLink, RunEvents
 from iop.edgeconfig import EdgeConfig
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
+from iop.wire.nodestates import ConfigAck
 
 
 def provider(pid: str, **settings: Any) -> dict[str, Any]:
@@ -240,7 +240,7 @@ class FakeHub:
         generation: int | None = None,
         ack_timeout: float = 0.0,
         hold: Collection[str] = (),
-    ) -> Mapping[str, pb.ConfigAck | None]:
+    ) -> Mapping[str, ConfigAck | None]:
         return {}  # no Node is connected to a fake hub: nothing to push
 
     def nodes(self) -> Mapping[str, NodeStatus]:

@@ -13,11 +13,9 @@ import httpx
 import orjson
 import pytest
 
-from iop import runtime_pb2 as pb
 from iop.edge.hubs import ProviderLink
 from iop.edge.nodehub import NodeHub
 from iop.fakes import FakeUpstream, tokens
-from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.wire import (
     PROTOCOL_VERSION,
     RunChunk,
@@ -28,6 +26,8 @@ from iop.wire import (
     RunUsage,
     statuses,
 )
+from iop.wire import runtime_pb2 as pb
+from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 

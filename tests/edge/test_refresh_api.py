@@ -14,12 +14,12 @@ import httpx
 import pytest
 import yaml
 
-from iop import runtime_pb2 as pb
 from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
 from iop.edgeconfig import config_hash, load_data, node_payloads, token_sha256
-from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.wire import PROTOCOL_VERSION
+from iop.wire import runtime_pb2 as pb
+from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 

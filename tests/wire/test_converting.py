@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iop import runtime_pb2 as pb
 from iop.edgeconfig import HealthPolicy, node_payloads
 from iop.wire import (
     DrainProgress,
@@ -18,7 +17,9 @@ from iop.wire import (
     RunUsage,
     nodestates,
 )
+from iop.wire import runtime_pb2 as pb
 from iop.wire.converting import (
+    ack_from_proto,
     chunk_to_pieces,
     drain_from_proto,
     drain_to_proto,
@@ -169,6 +170,12 @@ def test_what_a_node_says_in_words_is_cut_before_anyone_keeps_it() -> None:
     assert len(event.code) < MAX_ID_CHARS + 100
     health = health_from_proto(pb.ProviderHealth(provider_id="p", detail=huge, reason=huge))
     assert len(health.detail) < MAX_TEXT_CHARS + 100 and len(health.reason) < MAX_ID_CHARS + 100
+    ack = ack_from_proto(
+        pb.ConfigAck(generation=3, config_hash=huge, error=huge, pending=True, in_use_hash=huge)
+    )
+    assert (ack.generation, ack.ok, ack.pending) == (3, False, True)
+    assert len(ack.error) < MAX_TEXT_CHARS + 100
+    assert len(ack.config_hash) < MAX_ID_CHARS + 100 and len(ack.in_use_hash) < MAX_ID_CHARS + 100
     assert bounded("short") == "short"
 
 

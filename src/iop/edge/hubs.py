@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
-from iop import runtime_pb2 as pb
 from iop.edgeconfig import EdgeConfig
 from iop.wire import DrainProgress, RunEvent, RunRequest
-from iop.wire.nodestates import NODE_DISCONNECTED
+from iop.wire.nodestates import NODE_DISCONNECTED, ConfigAck
 
 __all__ = [
     "ConfigPush",
@@ -141,7 +140,7 @@ class ConfigPush(Protocol):
         generation: int | None = ...,
         ack_timeout: float = ...,
         hold: Collection[str] = ...,
-    ) -> Mapping[str, pb.ConfigAck | None]:
+    ) -> Mapping[str, ConfigAck | None]:
         """Make `config` current; push each connected node's changed payload (but to the nodes
         in `hold`); node id -> ack."""
         ...

@@ -61,7 +61,6 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from iop import runtime_pb2 as pb
 from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
 from iop.edgeconfig import (
     EdgeConfig,
@@ -70,7 +69,6 @@ from iop.edgeconfig import (
     node_payloads,
     token_sha256,
 )
-from iop.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
 from iop.wire import (
     PROTOCOL_VERSION,
     CoalescingWriter,
@@ -80,8 +78,10 @@ from iop.wire import (
     Ticker,
     statuses,
 )
+from iop.wire import runtime_pb2 as pb
 from iop.wire.converting import liveness_to_proto, payload_to_proto
-from iop.wire.nodestates import NOT_REPORTED, UNSPECIFIED
+from iop.wire.nodestates import NOT_REPORTED, UNSPECIFIED, ConfigAck
+from iop.wire.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
 from iop.wire.texts import MAX_ID_CHARS, bounded
 
 from .authfailures import AuthFailures, source_of
@@ -341,7 +341,7 @@ class NodeHub(AsyncService):
         generation: int | None = None,
         ack_timeout: float = 10.0,
         hold: Collection[str] = (),
-    ) -> dict[str, pb.ConfigAck | None]:
+    ) -> dict[str, ConfigAck | None]:
         """Make `config` current and push each connected node's payload if it changed.
 
         A node gets a `NodeConfigRefreshRequest` only when its payload differs from the last one
@@ -355,14 +355,14 @@ class NodeHub(AsyncService):
         number = self._snapshot.generation + 1 if generation is None else generation
         snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
-        waits: dict[str, asyncio.Future[pb.ConfigAck]] = {}
+        waits: dict[str, asyncio.Future[ConfigAck]] = {}
         loop = asyncio.get_running_loop()
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
             digest = snapshot.digests.get(node_id, "")
             if payload is None or node_id in hold or _holds(session, digest):
                 continue
-            future: asyncio.Future[pb.ConfigAck] = loop.create_future()
+            future: asyncio.Future[ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future
             session.payload, session.payload_digest = payload, digest
             session.payload_generation = snapshot.generation
@@ -370,7 +370,7 @@ class NodeHub(AsyncService):
             session.writer_put(_refresh(session))
             waits[node_id] = future
         self._changed()
-        results: dict[str, pb.ConfigAck | None] = dict.fromkeys(waits)
+        results: dict[str, ConfigAck | None] = dict.fromkeys(waits)
         if waits:
             await asyncio.wait(waits.values(), timeout=ack_timeout)
             for node_id, future in waits.items():

@@ -28,7 +28,6 @@ from types import TracebackType
 
 import grpc
 
-from iop import runtime_pb2 as pb
 from iop.aiokits import LogThrottle
 from iop.edgeconfig import NodePayload
 from iop.wire import (
@@ -43,14 +42,15 @@ from iop.wire import (
     RunRequest,
     statuses,
 )
+from iop.wire import runtime_pb2 as pb
 from iop.wire.converting import (
+    ack_from_proto,
     drain_from_proto,
     event_from_proto,
     health_from_proto,
     request_to_proto,
 )
-from iop.wire.nodestates import DRAINING, NOT_PROBED
-from iop.wire.texts import MAX_ID_CHARS, bounded
+from iop.wire.nodestates import DRAINING, NOT_PROBED, ConfigAck
 
 from .hubs import InstanceDrain
 
@@ -379,7 +379,7 @@ class NodeSession:
         self.applied_hash = ""
         self.last_heartbeat: float | None = None
         self.node_in_flight: dict[str, int] = {}
-        self.acks: dict[int, asyncio.Future[pb.ConfigAck]] = {}
+        self.acks: dict[int, asyncio.Future[ConfigAck]] = {}
         self.writer: CoalescingWriter[EdgeItem] | None = None
         self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = self._loop.create_future()
         self._on_change = on_change
@@ -481,7 +481,7 @@ class NodeSession:
         if message.HasField("drain"):
             self._drained(drain_from_proto(message.drain))
         for ack in message.acks:
-            changed = self._acknowledged(ack) or changed
+            changed = self._acknowledged(ack_from_proto(ack)) or changed
         if message.HasField("heartbeat"):
             self.last_heartbeat = time.monotonic()
             known = self._known_providers()
@@ -569,11 +569,7 @@ class NodeSession:
         elif before.draining and not progress.draining:
             self._log("drained").info("node %s: drain done", self.node_id)
 
-    def _acknowledged(self, ack: pb.ConfigAck) -> bool:
-        # The Node's words, cut before they are logged or kept in a refresh report.
-        ack.error = bounded(ack.error)
-        ack.config_hash = bounded(ack.config_hash, MAX_ID_CHARS)
-        ack.in_use_hash = bounded(ack.in_use_hash, MAX_ID_CHARS)
+    def _acknowledged(self, ack: ConfigAck) -> bool:
         future = self.acks.pop(ack.generation, None)
         if future is not None and not future.done():
             future.set_result(ack)

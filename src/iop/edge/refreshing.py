@@ -39,7 +39,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from iop import runtime_pb2 as pb
 from iop.edgeconfig import (
     ChangeReport,
     ConfigError,
@@ -53,6 +52,7 @@ from iop.edgeconfig import (
     parse_yaml,
     require_token_hashes,
 )
+from iop.wire.nodestates import ConfigAck
 
 from .configfiles import ConfigFileRefused, ConfigFiles
 from .dispatching import Dispatcher
@@ -270,7 +270,7 @@ class Refresher:
         self,
         config: EdgeConfig,
         change: ChangeReport,
-        acks: Mapping[str, pb.ConfigAck | None],
+        acks: Mapping[str, ConfigAck | None],
         generation: int,
         held: Collection[str] = (),
     ) -> tuple[NodePush, ...]:

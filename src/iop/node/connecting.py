@@ -38,9 +38,7 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
-from iop import runtime_pb2 as pb
 from iop.aiokits import guarded_task, stop_tasks
-from iop.runtime_pb2_grpc import NodeRuntimeStub
 from iop.wire import (
     DEFAULT_LIVENESS,
     PROTOCOL_VERSION,
@@ -56,6 +54,7 @@ from iop.wire import (
     grpc_options,
     statuses,
 )
+from iop.wire import runtime_pb2 as pb
 from iop.wire.converting import (
     chunk_to_pieces,
     drain_to_proto,
@@ -66,6 +65,7 @@ from iop.wire.converting import (
     request_from_proto,
 )
 from iop.wire.nodestates import DRAINING
+from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
 
 from .arbitrating import PayloadArbiter
 from .routing import FIRST_BYTE_TIMEOUT, Router, RunGate

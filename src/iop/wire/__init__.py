@@ -6,13 +6,16 @@ The dispatch layer of the Edge sees only this package's values:
 - events, yielded in order, exactly one terminal event (`RunDone` or `RunFailed`) per run:
   `RunChunk(data, usage_only)`, `RunUsage(prompt_tokens, completion_tokens, total_tokens)`,
   `RunDone(finish_reason)`, `RunFailed(code, message, retryable, status)`
-- `ProviderHealth(provider_id, healthy, detail, reason)`, its reason codes and a Node's
-  `DrainProgress` in `iop.wire.nodestates`
+- `ProviderHealth(provider_id, healthy, detail, reason)`, its reason codes, a Node's
+  `DrainProgress` and its `ConfigAck` (its answer to a config push) in `iop.wire.nodestates`
 - the error codes and their HTTP statuses in `iop.wire.statuses`.
 
-The protobuf messages (`iop.runtime_pb2`) stay behind `converting.py`; `CoalescingWriter` is the
-one writer per stream direction both sides use; `liveness.py` holds the heartbeat deadline both
-sides judge a peer by, and `tls.py` the credentials of the link.
+The protobuf messages (`runtime_pb2` and the gRPC stubs `runtime_pb2_grpc`, generated here by
+`scripts/gen-proto`) are known to `converting.py` and to the two ends of the stream alone, which
+build and read the messages whole: the Edge's `nodehub` and `nodesessions`, the Node's
+`connecting`. The request path, the refresh and the `Hub` protocol see only these values.
+`CoalescingWriter` is the one writer per stream direction both sides use; `liveness.py` holds
+the heartbeat deadline both sides judge a peer by, and `tls.py` the credentials of the link.
 """
 
 from typing import Final

@@ -12,11 +12,11 @@ from typing import Final
 import orjson
 from pydantic import ValidationError
 
-from iop import runtime_pb2 as pb
 from iop.edgeconfig import HealthPolicy, NodePayload, ProviderPayload
 
+from . import runtime_pb2 as pb
 from .liveness import Liveness
-from .nodestates import DrainProgress
+from .nodestates import ConfigAck, DrainProgress
 from .runs import (
     ProviderHealth,
     RunChunk,
@@ -30,6 +30,7 @@ from .runs import (
 from .texts import MAX_ID_CHARS, bounded
 
 __all__ = [
+    "ack_from_proto",
     "chunk_to_pieces",
     "drain_from_proto",
     "drain_to_proto",
@@ -191,6 +192,18 @@ def health_from_proto(message: pb.ProviderHealth) -> ProviderHealth:
 def drain_to_proto(progress: DrainProgress) -> pb.DrainProgress:
     """The protobuf of a Node's drain progress."""
     return pb.DrainProgress(shutting_down=progress.shutting_down, runs_left=progress.runs_left)
+
+
+def ack_from_proto(message: pb.ConfigAck) -> ConfigAck:
+    """A Node's answer to a config payload, its words cut before anyone logs or keeps them."""
+    return ConfigAck(
+        generation=message.generation,
+        config_hash=bounded(message.config_hash, MAX_ID_CHARS),
+        ok=message.ok,
+        error=bounded(message.error),
+        pending=message.pending,
+        in_use_hash=bounded(message.in_use_hash, MAX_ID_CHARS),
+    )
 
 
 def drain_from_proto(message: pb.DrainProgress) -> DrainProgress:

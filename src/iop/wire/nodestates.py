@@ -1,4 +1,5 @@
-"""What a Node says about its providers besides runs: why one is unhealthy, and how far a drain is.
+"""What a Node says besides runs: why a provider is unhealthy, how far a drain is, and its answer
+to a config push (`ConfigAck`).
 
 Reasons are codes, so the Edge can put them in a metric label and a status page can group by
 them; the sentence for people travels beside them (`ProviderHealth.detail`). A code that an
@@ -22,6 +23,7 @@ __all__ = [
     "PROBE_FAILED",
     "REQUEST_FAILURES",
     "UNSPECIFIED",
+    "ConfigAck",
     "DrainProgress",
 ]
 
@@ -55,6 +57,23 @@ HEALTH_REASONS: Final = (
     NOT_REPORTED,
     UNSPECIFIED,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigAck:
+    """A Node's answer to a config payload of generation `generation` (welcome or push).
+
+    `ok`: the Node built it (else `error` says why). `pending`: built but not in use yet, since
+    a Node connected to several Edge replicas switches only once every one sends it;
+    `in_use_hash` is the payload it runs meanwhile. Texts are cut to their bounds already.
+    """
+
+    generation: int
+    config_hash: str
+    ok: bool
+    error: str = ""
+    pending: bool = False
+    in_use_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)

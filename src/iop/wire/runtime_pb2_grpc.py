@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from iop import runtime_pb2 as iop_dot_runtime__pb2
+from iop.wire import runtime_pb2 as iop_dot_wire_dot_runtime__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in iop/runtime_pb2_grpc.py depends on'
+        + ' but the generated code in iop/wire/runtime_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class NodeRuntimeStub:
         """
         self.Connect = channel.stream_stream(
                 '/iop.runtime.v1.NodeRuntime/Connect',
-                request_serializer=iop_dot_runtime__pb2.NodeMessage.SerializeToString,
-                response_deserializer=iop_dot_runtime__pb2.EdgeMessage.FromString,
+                request_serializer=iop_dot_wire_dot_runtime__pb2.NodeMessage.SerializeToString,
+                response_deserializer=iop_dot_wire_dot_runtime__pb2.EdgeMessage.FromString,
                 _registered_method=True)
 
 
@@ -60,8 +60,8 @@ def add_NodeRuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=iop_dot_runtime__pb2.NodeMessage.FromString,
-                    response_serializer=iop_dot_runtime__pb2.EdgeMessage.SerializeToString,
+                    request_deserializer=iop_dot_wire_dot_runtime__pb2.NodeMessage.FromString,
+                    response_serializer=iop_dot_wire_dot_runtime__pb2.EdgeMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,8 +89,8 @@ class NodeRuntime:
             request_iterator,
             target,
             '/iop.runtime.v1.NodeRuntime/Connect',
-            iop_dot_runtime__pb2.NodeMessage.SerializeToString,
-            iop_dot_runtime__pb2.EdgeMessage.FromString,
+            iop_dot_wire_dot_runtime__pb2.NodeMessage.SerializeToString,
+            iop_dot_wire_dot_runtime__pb2.EdgeMessage.FromString,
             options,
             channel_credentials,
             insecure,

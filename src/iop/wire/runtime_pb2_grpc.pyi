@@ -48,7 +48,7 @@ an Edge and a Node of either release talk during a rollout).
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from iop import runtime_pb2 as _runtime_pb2
+from iop.wire import runtime_pb2 as _runtime_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
