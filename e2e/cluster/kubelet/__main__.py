@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 from .apiclient import Credentials
+from .contexts import Config
 from .envs import Image, repository
-from .kubelet import Config, serve
+from .kubelet import serve
 
 DEFAULT_IMAGE = "ghcr.io/iop-edge/iop-edge"
 CHECKOUT = Path(__file__).resolve().parents[3]

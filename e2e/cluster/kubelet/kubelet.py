@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import platform
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from .apiclient import ApiClient, ApiError, Credentials, Handler, Informer
-from .envs import Image
+from .apiclient import ApiClient, ApiError, Handler, Informer
+from .contexts import Config, LogContext, PodContext
 from .logserver import LogServer
 from .networking import PodNetwork
 from .pods import PodWorker
@@ -38,38 +36,6 @@ LEASE_RENEW = 10.0
 STATUS_EVERY = 60.0
 SHUTDOWN_GRACE = 5.0
 VERSION = "v1.37.2-iop"
-
-
-@dataclass(frozen=True)
-class Config:
-    node_name: str
-    node_ip: str
-    pod_cidr: ipaddress.IPv4Network
-    node_netns: str
-    bridge: str
-    netns_prefix: str
-    cluster_dns: str
-    cluster_domain: str
-    api_host: str
-    api_port: int
-    credentials: Credentials
-    serving_cert: str
-    serving_key: str
-    serving_port: int
-    state: Path
-    image: Image
-
-    @property
-    def pods_dir(self) -> Path:
-        return self.state / "pods"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.state / "logs"
-
-    @property
-    def gateway(self) -> ipaddress.IPv4Address:
-        return next(self.pod_cidr.hosts())
 
 
 def now_micro() -> str:
@@ -120,6 +86,9 @@ class Kubelet:
             secrets=self.secrets.objects,
             request_token=self._request_token,
             allocatable=allocatable(),
+        )
+        self.pod_context = PodContext(
+            config, api, http, self.network, self.sources, self.services.objects
         )
         self._since = now()
         self.workers: dict[str, PodWorker] = {}
@@ -271,7 +240,7 @@ class Kubelet:
             return
         if worker is None:
             await self._wait_for_sources()
-            worker = PodWorker(self, pod)
+            worker = PodWorker(self.pod_context, pod)
             self.workers[uid] = worker
             worker.update(pod)
             task = asyncio.get_running_loop().create_task(self._guard(worker), name=f"pod:{uid}")
@@ -319,7 +288,7 @@ async def serve(config: Config) -> None:
     ):
         kubelet = Kubelet(config, api, http)
         await kubelet.register()
-        logs = LogServer(kubelet)
+        logs = LogServer(LogContext(config, lambda: list(kubelet.workers.values())))
         await logs.start()
         tasks = [
             loop.create_task(kubelet.keep_lease(), name="lease"),

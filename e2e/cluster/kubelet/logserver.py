@@ -11,18 +11,16 @@ from __future__ import annotations
 import asyncio
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
+from .contexts import LogContext
 
 FOLLOW_POLL = 0.2
 
 
 class LogServer:
-    def __init__(self, kubelet: Kubelet) -> None:
+    def __init__(self, kubelet: LogContext) -> None:
         self.kubelet = kubelet
         self.runner: web.AppRunner | None = None
 
@@ -57,7 +55,7 @@ class LogServer:
 
     def _find(self, namespace: str, pod: str, name: str) -> tuple[Path, int, bool] | None:
         """(log folder, current restart count, whether it still runs) of one container."""
-        for worker in self.kubelet.workers.values():
+        for worker in self.kubelet.workers():
             meta = worker.pod["metadata"]
             if (meta["namespace"], meta["name"]) != (namespace, pod):
                 continue

@@ -19,15 +19,13 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .apiclient import ApiError
 from .containers import Container, Launch, now
+from .contexts import PodContext
 from .envs import ConfigError, Context, argv, environment
 from .volumes import PodVolumes, VolumeError
-
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
 
 Object = dict[str, Any]
 log = logging.getLogger("kubelet.pods")
@@ -43,7 +41,7 @@ class Condition:
 
 
 class PodWorker:
-    def __init__(self, kubelet: Kubelet, pod: Object) -> None:
+    def __init__(self, kubelet: PodContext, pod: Object) -> None:
         self.kubelet = kubelet
         self.pod = pod
         meta = pod["metadata"]
@@ -224,7 +222,7 @@ class PodWorker:
             allocatable=self.kubelet.sources.allocatable,
             services=[
                 service
-                for (namespace, _), service in self.kubelet.services.objects.items()
+                for (namespace, _), service in self.kubelet.services.items()
                 if namespace == self.pod["metadata"]["namespace"]
             ],
         )
