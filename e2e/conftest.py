@@ -18,13 +18,14 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from tests.waiting import wait_for
 
 T = TypeVar("T")
 
@@ -140,25 +141,11 @@ class KubeCluster:
         self, resource: str, kind: str, *, namespace: str | None = None, timeout: float = 30
     ) -> None:
         """Wait until condition `kind` of `resource` is True, as a user's script must."""
-        self.wait_for(
+        wait_for(
             lambda: self.condition(resource, kind, namespace=namespace) == "True",
             timeout=timeout,
             what=f"{resource} to be {kind}",
         )
-
-    @staticmethod
-    def wait_for(
-        probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2
-    ) -> T:
-        """Poll `probe` until it returns something truthy (returned); fail after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(interval)
 
 
 @dataclass
@@ -270,12 +257,13 @@ def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iter
     kube_cluster.kubectl("create", "namespace", name)
     # Pods cannot be created before the controller manager gives the namespace its default
     # ServiceAccount; waiting here keeps that race out of every test.
-    deadline = time.monotonic() + 30
     probe = ("get", "serviceaccount", "default", "-n", name)
-    while kube_cluster.kubectl(*probe, check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            pytest.fail(f"namespace {name} got no default ServiceAccount in 30s")
-        time.sleep(0.1)
+    wait_for(
+        lambda: kube_cluster.kubectl(*probe, check=False).returncode == 0,
+        timeout=30,
+        interval=0.1,
+        what=f"namespace {name}'s default ServiceAccount",
+    )
     try:
         yield name
     finally:

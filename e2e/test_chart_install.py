@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,8 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
@@ -47,20 +48,25 @@ def wait_ready(
     cluster: KubeCluster, namespace: str, generation: int, timeout: float = 180, name: str = EC
 ) -> Any:
     """The EdgeConfig once it is Ready for `generation` (a positive signal, polled)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def ready() -> Any:
         ec = cluster.get("ec", name, "-n", namespace)
         status = ec.get("status", {})
-        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
-        if (
+        condition = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+        current = (
             status.get("observedGeneration") == generation
-            and ready.get("status") == "True"
-            and ready.get("observedGeneration") == generation
-        ):
-            return ec
-        if time.monotonic() > deadline:
-            pytest.fail(f"EdgeConfig {name} not Ready for generation {generation}: {status}")
-        time.sleep(0.5)
+            and condition.get("status") == "True"
+            and condition.get("observedGeneration") == generation
+        )
+        return ec if current else None
+
+    return wait_for(
+        ready,
+        timeout=timeout,
+        interval=0.5,
+        what=f"EdgeConfig {name} Ready for generation {generation}",
+        show=lambda: cluster.get("ec", name, "-n", namespace).get("status"),
+    )
 
 
 def chat(cluster: KubeCluster, namespace: str, model: str = "llama-3.1-8b") -> dict[str, Any]:
@@ -70,22 +76,21 @@ def chat(cluster: KubeCluster, namespace: str, model: str = "llama-3.1-8b") -> d
     ).stdout
     service = cluster.get("service", "iop-openai", "-n", namespace)
     url = f"http://{service['spec']['clusterIP']}:8080/v1/chat/completions"
+
     # kube-proxy follows the Service's endpoints a moment after they change (a rolled Edge):
     # a refused connection is retried for a few seconds, anything else is the answer.
-    deadline = time.monotonic() + 15
-    while True:
+    def answer() -> httpx.Response | None:
         try:
-            response = httpx.post(
+            return httpx.post(
                 url,
                 headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
                 json={"model": model, "messages": [{"role": "user", "content": "Hello!"}]},
                 timeout=30,
             )
-            break
         except httpx.ConnectError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return None
+
+    response = wait_for(answer, timeout=15, what=f"an answer (not a refused connection) at {url}")
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
@@ -141,7 +146,7 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     edge_pods = cluster.pods(namespace, "app.kubernetes.io/component=edge")
     assert len(edge_pods) == 2  # the chart's default edge.replicas
     pod_urls = [f"http://{pod['status']['podIP']}:9091/metrics" for pod in edge_pods]
-    cluster.wait_for(
+    wait_for(
         lambda: sum(requests_counted(url).get(chatted, 0) for url in pod_urls) == 1,
         timeout=30,
         what="the chat completion counted by one Edge replica",
@@ -191,12 +196,12 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     # Uninstall leaves nothing of the release: not the EdgeConfig, not the operator's ConfigMaps
     # (owned by it), not the cluster-scoped objects; the CRD stays, as Helm documents.
     cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", timeout=300)
-    cluster.wait_for(
+    wait_for(
         lambda: not cluster.get("pods", "-n", namespace)["items"],
         timeout=120,
         what="the release's pods to go",
     )
-    cluster.wait_for(
+    wait_for(
         lambda: (
             not [
                 c
@@ -219,7 +224,7 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
         )  # fmt: skip
 
     expected = ["secret/iop-provider-keys", "serviceaccount/default"]
-    cluster.wait_for(lambda: left() == expected, timeout=60, what=f"only {expected} left")
+    wait_for(lambda: left() == expected, timeout=60, what=f"only {expected} left")
     cluster_scoped = cluster.kubectl(
         "get", "validatingwebhookconfigurations,clusterroles,clusterrolebindings", "-o", "name"
     ).stdout
@@ -296,6 +301,6 @@ def test_install_with_mutual_tls_on_the_node_link(
             )
 
         # The Node may still be dialling when the EdgeConfig is Ready: wait for an answer.
-        cluster.wait_for(answered, timeout=60, interval=1, what="a chat completion over TLS")
+        wait_for(answered, timeout=60, interval=1, what="a chat completion over TLS")
     finally:
         cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", timeout=300, check=False)

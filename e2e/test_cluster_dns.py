@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.waiting import wait_for
+
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
@@ -114,13 +116,13 @@ def test_headless_and_normal_services_resolve_and_connect_inside_a_pod(
         )
         return ready == pod_ips
 
-    kube_cluster.wait_for(endpoints_ready, timeout=30, what="both pods in the EndpointSlice")
+    wait_for(endpoints_ready, timeout=30, what="both pods in the EndpointSlice")
 
     # kube-proxy follows the EndpointSlice a moment later (until then its rule for a Service
     # with no endpoints refuses the connection). The host reaching the ClusterIP, through the
     # route to the Service range in the node namespace, shows the rule is in place.
     cluster_ip = kube_cluster.get("service", "upstream", "-n", namespace)["spec"]["clusterIP"]
-    kube_cluster.wait_for(
+    wait_for(
         lambda: models_status(f"http://{cluster_ip}/v1/models") == 200,
         timeout=30,
         what="kube-proxy to carry the ClusterIP to the pods",
@@ -142,7 +144,7 @@ def test_headless_and_normal_services_resolve_and_connect_inside_a_pod(
         },
     }
     kube_cluster.apply(client, "-n", namespace)
-    finished = kube_cluster.wait_for(
+    finished = wait_for(
         lambda: (lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None)(
             kube_cluster.get("pod", "resolver", "-n", namespace)
         ),

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.waiting import wait_for
+
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
@@ -124,7 +126,7 @@ def test_a_deployment_runs_answers_and_replaces_a_deleted_pod(
         fresh = [p for p in current if p["metadata"]["uid"] not in old_uids and ready(p)]
         return fresh or None
 
-    (fresh,) = kube_cluster.wait_for(replaced, timeout=60, what="a Ready replacement pod")
+    (fresh,) = wait_for(replaced, timeout=60, what="a Ready replacement pod")
     assert models(fresh["status"]["podIP"])["object"] == "list"
 
 
@@ -158,7 +160,7 @@ def test_a_rolling_restart_replaces_every_process_one_by_one(
     rollout(kube_cluster, namespace, "roll")
     print(f"rolling restart of 3 replicas: {time.monotonic() - began:.1f}s")
 
-    after = kube_cluster.wait_for(
+    after = wait_for(
         lambda: (lambda p: p if len(p) == 3 and all(map(ready, p)) else None)(
             kube_cluster.get("pods", "-n", namespace, "-l", "app=roll")["items"]
         ),
@@ -246,7 +248,7 @@ def test_env_and_a_mounted_configmap_that_follows_updates(
         "create", "secret", "generic", "demo", "-n", namespace, "--from-literal=password=s3cret"
     )
     kube_cluster.apply(demo_pod(["python", "-c", CONFIG_WATCHER]), "-n", namespace)
-    kube_cluster.wait_for(
+    wait_for(
         lambda: "greeting: hello" in logs(kube_cluster, namespace, "demo"),
         timeout=30,
         what="the pod to print the mounted greeting",
@@ -269,7 +271,7 @@ def test_env_and_a_mounted_configmap_that_follows_updates(
     kube_cluster.kubectl(
         "patch", "configmap", "demo", "-n", namespace, "--type=merge", "-p", json.dumps(update)
     )
-    kube_cluster.wait_for(
+    wait_for(
         lambda: "greeting: updated" in logs(kube_cluster, namespace, "demo"),
         timeout=20,
         what="the mounted file to show the update",
@@ -306,7 +308,7 @@ def test_a_pod_is_an_in_cluster_client_of_the_api_server(
     kube_cluster.apply(
         demo_pod(["python", "-c", IN_CLUSTER_CLIENT], restart="Never"), "-n", namespace
     )
-    done = kube_cluster.wait_for(
+    done = wait_for(
         lambda: (lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None)(
             kube_cluster.get("pod", "demo", "-n", namespace)
         ),
@@ -335,7 +337,7 @@ def test_an_image_that_cannot_run_here_waits_with_a_reason(
         )
         return statuses[0]["state"].get("waiting") if statuses else None
 
-    reason = kube_cluster.wait_for(
+    reason = wait_for(
         lambda: (lambda w: w if w and w["reason"] == "ErrImageNeverPull" else None)(waiting()),
         timeout=30,
         what="the ErrImageNeverPull waiting reason",
@@ -373,7 +375,7 @@ def test_a_crashing_container_is_restarted_with_back_off(
         return statuses[0] if statuses and statuses[0]["restartCount"] >= 2 else None
 
     # Back-off 1 s, then 2 s: two restarts take about 3 s.
-    status = kube_cluster.wait_for(restarted_twice, timeout=30, what="two restarts")
+    status = wait_for(restarted_twice, timeout=30, what="two restarts")
     last = status["lastState"]["terminated"]
     assert (last["exitCode"], last["reason"]) == (3, "Error")
     previous = kube_cluster.kubectl("logs", "crasher", "-n", namespace, "--previous").stdout
@@ -460,7 +462,7 @@ def test_an_empty_dir_over_a_parent_of_the_checkout_hides_nothing_the_image_need
         pod["spec"]["containers"][0]["volumeMounts"].pop()
         pod["spec"]["volumes"].pop()
     kube_cluster.apply(pod, "-n", namespace)
-    done = kube_cluster.wait_for(
+    done = wait_for(
         lambda: (lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None)(
             kube_cluster.get("pod", "covered", "-n", namespace)
         ),

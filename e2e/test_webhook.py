@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.waiting import wait_for
+
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
@@ -145,7 +147,7 @@ def test_a_validating_webhook_served_by_a_pod_is_called(
             )  # fmt: skip
 
         # The API server picks the configuration up within a moment; until then all pass.
-        error = kube_cluster.wait_for(
+        error = wait_for(
             lambda: (lambda r: r.stderr if r.returncode != 0 else None)(create('"deny":"yes"')),
             timeout=30,
             what="the webhook to refuse a labelled ConfigMap",

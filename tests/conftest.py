@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import inspect
 import ipaddress
 import os
 import shutil
@@ -33,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -48,6 +46,7 @@ from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.node import NodeAgent
 from iop.processes import free_port, spawn_edge, spawn_node, terminate
 from iop.wire import ClientTls
+from tests.waiting import wait_available, wait_until
 
 # Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI
 # runner a fast example can take a second. The properties bound their work by example counts.
@@ -329,27 +328,6 @@ async def start_node() -> AsyncIterator[Callable[..., Awaitable[NodeAgent]]]:
         yield start
 
 
-async def wait_until(
-    condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.01
-) -> Any:
-    """Poll `condition` until it returns something true, and return that.
-
-    The one polling helper of the tests: for state that gives no event to wait on (in another
-    process, say). `condition` may be async (an HTTP call); it is awaited each time.
-    """
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > until:
-            raise TimeoutError(f"the condition did not hold within {timeout:g}s; last: {value!r}")
-        await asyncio.sleep(interval)
-
-
 @pytest.fixture
 def until() -> Callable[..., Awaitable[Any]]:
     """`await until(lambda: condition, timeout=10)`: see `wait_until`."""
@@ -454,13 +432,7 @@ class IopProcesses:
 
     async def wait_available(self, url: str, providers: list[str], timeout: float = 20) -> None:
         """Until the Edge's /readyz lists exactly `providers` as available to dispatch."""
-        async with httpx.AsyncClient(base_url=url) as http:
-
-            async def available() -> bool:
-                ready = (await http.get("/readyz")).json()
-                return bool(ready["providers_available"] == providers)
-
-            await wait_until(available, timeout, interval=0.05)
+        await wait_available(url, providers, timeout)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ import pytest
 
 from iop.edgeconfig import token_sha256
 from iop.processes import free_port, iop_command, spawn_edge, spawn_node, terminate
+from tests.waiting import wait_available, wait_for
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
@@ -41,15 +41,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 CLIENT_TOKEN = "sk-e2e-operator-client"
-
-
-def wait_for(probe: Callable[[], object], *, timeout: float, what: str) -> None:
-    """Poll `probe` until it is truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- EdgeConfig documents ----------------------------------------------------------------------
@@ -444,15 +435,7 @@ class HostStack:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=CLIENT_TOKEN, max_retries=0)
 
     async def wait_available(self, providers: list[str], timeout: float = 90) -> None:
-        ready: Any = None
-        async with httpx.AsyncClient(base_url=self.url) as http:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                ready = (await http.get("/readyz")).json()
-                if ready["providers_available"] == providers:
-                    return
-                await asyncio.sleep(0.05)
-        pytest.fail(f"the nodes' providers never became available: {ready}")
+        await wait_available(self.url, providers, timeout)
 
 
 @pytest.fixture

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from typing import Any
 
 import pytest
+
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -16,11 +17,13 @@ pytestmark = pytest.mark.e2e
 def explain(kube_cluster, field: str) -> str:
     """`kubectl explain` of `field`, its lines joined (kubectl wraps long descriptions). The API
     server publishes a new CRD's OpenAPI schema a moment after it serves the resource."""
-    deadline = time.monotonic() + 30
-    while (result := kube_cluster.kubectl("explain", field, check=False)).returncode != 0:
-        assert time.monotonic() < deadline, result.stderr
-        time.sleep(0.2)
-    return " ".join(result.stdout.split())
+
+    def explained() -> Any:
+        result = kube_cluster.kubectl("explain", field, check=False)
+        return result if result.returncode == 0 else None
+
+    found = wait_for(explained, timeout=30, what=f"kubectl explain {field}")
+    return " ".join(found.stdout.split())
 
 
 def test_explain_says_what_a_field_does_and_how_a_change_applies(kube_cluster, edgeconfig_crd):

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from iop.edgeconfig import config_hash, load_data
+from tests.waiting import wait_for
 
 # Each test starts an Edge, its Nodes and the operator; two also install the chart and go through
 # a rollout: 1-3 minutes each on a shared 2-core machine.
@@ -78,7 +79,7 @@ class Health:
             return (obj, reading) if wanted(obj, reading) else None
 
         try:
-            found: tuple[dict[str, Any], Any] = self.edgeconfigs.cluster.wait_for(
+            found: tuple[dict[str, Any], Any] = wait_for(
                 holds, timeout=timeout, what=f"{what} on ec/{self.name}", interval=0.1
             )
         except BaseException:

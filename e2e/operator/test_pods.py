@@ -32,6 +32,7 @@ import openai
 import pytest
 
 from e2e.operator.conftest import Workloads
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -149,7 +150,8 @@ class PodStack(Workloads):
                 and got.get("observedGeneration") == generation
             )
 
-        wait_until(ready, timeout, f"ec/{NAME} Ready for generation {generation}", lambda: found)
+        what = f"ec/{NAME} Ready for generation {generation}"
+        wait_for(ready, timeout=timeout, what=what, show=lambda: found.get("status"))
         return found
 
 
@@ -159,15 +161,6 @@ def http_client(**options: Any) -> httpx.AsyncClient:
     connection may go to a pod that is gone."""
     transport = httpx.AsyncHTTPTransport(retries=5)
     return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30, connect=2), **options)
-
-
-def wait_until(probe: Callable[[], object], timeout: float, what: str, show: Any = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            detail = json.dumps(show().get("status"), indent=1) if show else ""
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{detail}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -189,12 +182,14 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
         stack.spec = stack.wait_ready(1, timeout=240)["spec"]
         stack.api_key = stack.secret(f"{NAME}-api-keys", TOKEN_REF)
         for name in (EDGE, NODE_1, NODE_2):
-            wait_until(lambda n=name: stack.rolled_out(n), 120, f"{name} to roll out")
-        wait_until(
-            lambda: stack.ec()["status"].get("nodesAcked") == "2/2", 120, "both nodes acked",
-            stack.ec,
-        )  # fmt: skip
-        wait_until(stack.routed, 30, "the Edge's Service to answer")
+            wait_for(lambda n=name: stack.rolled_out(n), timeout=120, what=f"{name} to roll out")
+        wait_for(
+            lambda: stack.ec()["status"].get("nodesAcked") == "2/2",
+            timeout=120,
+            what="both nodes acked",
+            show=lambda: stack.ec().get("status"),
+        )
+        wait_for(stack.routed, timeout=30, what="the Edge's Service to answer")
         yield stack
     finally:
         logs = kube_cluster.kubectl(
@@ -265,9 +260,14 @@ async def node_2_rolled_under_load(
 
     async with under_load(pods, "n") as outcomes:
         await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
-        await asyncio.to_thread(wait_until, old_pods_gone, 120, "the old node-2 pod to exit")
         await asyncio.to_thread(
-            wait_until, lambda: pods.rolled_out(NODE_2), 60, "node-2's rollout to complete"
+            wait_for, old_pods_gone, timeout=120, what="the old node-2 pod to exit"
+        )
+        await asyncio.to_thread(
+            wait_for,
+            lambda: pods.rolled_out(NODE_2),
+            timeout=60,
+            what="node-2's rollout to complete",
         )
     return old, outcomes
 
@@ -413,7 +413,7 @@ async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_oper
 
     # Kill the active operator as soon as it has stamped node-2's workload, before the roll is
     # done: the standby takes over and finishes it.
-    wait_until(lambda: pods.stamp(NODE_2) != unstamped, 60, "node-2's workload stamped")
+    wait_for(lambda: pods.stamp(NODE_2) != unstamped, timeout=60, what="node-2's workload stamped")
     pods.kubectl("delete", "pod", pods.leader_pod(), "--grace-period=0", "--force", "--wait=false")
     ec = await asyncio.to_thread(pods.wait_ready, pods.generation, 240)
 
@@ -458,15 +458,15 @@ async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodSt
     }
     # After an operator restart (the test before kills it) the webhook serves again once the
     # new pod listens and has written its caBundle; until then failurePolicy Ignore admits.
-    wait_until(
+    wait_for(
         lambda: (
             pods.kubectl(
                 "apply", "-f", "-", "--dry-run=server", stdin=json.dumps(manifest), check=False
             ).returncode
             != 0
         ),
-        60,
-        "the webhook to refuse an invalid spec",
+        timeout=60,
+        what="the webhook to refuse an invalid spec",
     )
     result = pods.kubectl("apply", "-f", "-", stdin=json.dumps(manifest), check=False)
     assert result.returncode != 0
@@ -499,7 +499,9 @@ async def test_a_nodes_drain_shows_in_the_status_until_its_last_run_ends(pods: P
     _, outcomes = await node_2_rolled_under_load(pods, lambda: seen.append(draining()))
     assert max(seen) >= 1, seen
     assert [o for o in outcomes if o.startswith("failed")] == []
-    await asyncio.to_thread(wait_until, lambda: draining() == 0, 30, "no drain in the status")
+    await asyncio.to_thread(
+        wait_for, lambda: draining() == 0, timeout=30, what="no drain in the status"
+    )
 
 
 async def test_a_deleted_or_edited_configmap_is_put_back_within_seconds(pods: PodStack) -> None:
@@ -513,13 +515,15 @@ async def test_a_deleted_or_edited_configmap_is_put_back_within_seconds(pods: Po
         found = pods.kubectl("get", "configmap", name, "-o", "json", check=False)
         return found.returncode == 0 and json.loads(found.stdout)["data"] == before
 
-    await asyncio.to_thread(wait_until, back, 10, f"ConfigMap {name} to be written again")
+    await asyncio.to_thread(
+        wait_for, back, timeout=10, what=f"ConfigMap {name} to be written again"
+    )
     print(f"ConfigMap {name} deleted -> back in {time.monotonic() - started:.2f}s")
 
     patch = json.dumps({"data": {"edge.yaml": "{}"}})
     await asyncio.to_thread(pods.kubectl, "patch", "configmap", name, "--type=merge", "-p", patch)
     started = time.monotonic()
-    await asyncio.to_thread(wait_until, back, 10, f"ConfigMap {name} to be restored")
+    await asyncio.to_thread(wait_for, back, timeout=10, what=f"ConfigMap {name} to be restored")
     print(f"ConfigMap {name} edited -> restored in {time.monotonic() - started:.2f}s")
     reasons = [
         e["reason"]
@@ -550,7 +554,7 @@ async def test_a_webhook_configuration_that_changed_is_trusted_again(pods: PodSt
         found = pods.cluster.get("validatingwebhookconfiguration", webhook)
         return bool(found["webhooks"][0]["clientConfig"].get("caBundle") == ours)
 
-    await asyncio.to_thread(wait_until, trusted, 10, "the operator's caBundle back")
+    await asyncio.to_thread(wait_for, trusted, timeout=10, what="the operator's caBundle back")
     print(f"caBundle replaced -> put back in {time.monotonic() - started:.2f}s")
 
 
@@ -570,7 +574,10 @@ async def test_the_standby_operator_takes_over_when_the_active_one_goes(pods: Po
             pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("iop://"))
             os.kill(pid, signal.SIGKILL)
         await asyncio.to_thread(
-            wait_until, lambda o=old: pods.leader() not in ("", o), 60, "another operator to lead"
+            wait_for,
+            lambda o=old: pods.leader() not in ("", o),
+            timeout=60,
+            what="another operator to lead",
         )
         took_over = time.monotonic() - started
         changed = copy.deepcopy(pods.spec)
@@ -580,7 +587,10 @@ async def test_the_standby_operator_takes_over_when_the_active_one_goes(pods: Po
         print(f"failover by {how}: new leader after {took_over:.1f}s, a live change Ready "
               f"after {applied:.1f}s")  # fmt: skip
     await asyncio.to_thread(
-        wait_until, lambda: len(pods.pods("operator")) == 2, 120, "two operator replicas again"
+        wait_for,
+        lambda: len(pods.pods("operator")) == 2,
+        timeout=120,
+        what="two operator replicas again",
     )
 
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from e2e.operator.conftest import CHART, ON_KWOK
+from tests.waiting import wait_for
 
 # Two chart installs and four operator pods before the first look.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
@@ -89,8 +90,8 @@ def test_each_operator_writes_only_its_own_edgeconfig(kube_cluster: Any, namespa
         return ec.get("status", {}).get("observedGeneration") == 1 and made.returncode == 0
 
     for name in RELEASES:
-        kube_cluster.wait_for(lambda n=name: observed(n), timeout=180, what=f"ec/{name} observed")
-        kube_cluster.wait_for(
+        wait_for(lambda n=name: observed(n), timeout=180, what=f"ec/{name} observed")
+        wait_for(
             lambda n=name: (
                 all(p["status"].get("podIP") for p in operator_pods(kube_cluster, namespace, n))
                 and len(operator_pods(kube_cluster, namespace, n)) == 2
@@ -139,7 +140,7 @@ def test_each_operator_writes_only_its_own_edgeconfig(kube_cluster: Any, namespa
     alpha_admissions = admissions(kube_cluster, namespace, "alpha")
     patch = json.dumps({"spec": {"openai": {"longContextThresholdTokens": 5000}}})
     kube_cluster.kubectl("patch", "ec", "alpha", "-n", namespace, "--type=merge", "-p", patch)
-    kube_cluster.wait_for(
+    wait_for(
         lambda: (
             kube_cluster.get("ec", "alpha", "-n", namespace)["status"]["observedGeneration"] == 2
         ),

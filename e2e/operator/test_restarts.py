@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from iop.edgeconfig import config_hash, load_data
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -148,10 +149,10 @@ async def test_an_edge_restart_rolls_only_the_edge_workload(
 
 
 def edgeconfigs_wait(edgeconfigs: Any, probe: Any, timeout: float = 60) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out: {edgeconfigs.get('demo').get('status')}")
-        time.sleep(0.1)
+    wait_for(
+        probe,
+        timeout=timeout,
+        interval=0.1,
+        what="ec/demo",
+        show=lambda: edgeconfigs.get("demo").get("status"),
+    )
