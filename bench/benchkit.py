@@ -1,41 +1,44 @@
-"""What the bench scripts share: loading each other, pinned tools' environments, /proc readers.
+"""What the benchmarks share: the load generator, the config they serve, pinned tools' environments.
 
-bench/ is no package, and its scripts run as `python -P bench/<name>.py`, which keeps their
-folder off sys.path (bench/operator.py would shadow the standard library's `operator`); so no
-script can `import benchkit`. Each loads this file by its path, in the same five lines (mypy,
-which reads bench/ as a namespace package, takes `from bench import benchkit` instead), and
-other scripts through `load_sibling`. Standard library only: it also runs inside the pinned
-tools' own virtual environments (the `--inner` and `--serve` runs).
+- the load generator: `measure` keeps one HTTP/1.1 keep-alive `Connection` per worker, parsed by
+  httptools so that the client costs as little CPU as possible, and returns a `Cell` (requests/s,
+  latencies, times to the first body byte); `http_request`, `body` and `pct` go with it;
+- the config: `edge_config` (the Edge, node-1 with p-http and p-fake, the principal token
+  CLIENT_TOKEN), `split_url`, `wait_available` (until /readyz lists the providers);
+- the pinned tools: `ensure_venv` builds a virtual environment of pinned packages (and a checkout)
+  under `default_cache`, never touching the project's;
+- processes: `cpu_seconds` (from /proc), `started_line` (the JSON line an `iop` process prints
+  once it listens), `until`; `module_command` runs a benchmark module as a child process.
+
+Importing it needs the standard library only, since it also runs inside the pinned tools' own
+environments (the studies' `--inner` and `--serve` runs): httptools and `iop` are imported by the
+functions that use them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+#: The checkout's root: benchmarks run as modules of the `bench` package from here.
+REPO = Path(__file__).resolve().parents[1]
 
-def load_sibling(name: str) -> ModuleType:
-    """bench/`name`.py as the module `bench.<name>`, loaded once."""
-    key = f"bench.{name}"  # never a top-level name: bench/operator.py is no `operator`
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+
+def module_command(python: str, name: str, *args: str) -> list[str]:
+    """The command that runs `bench.<name>` with `python` (another checkout's interpreter for a
+    baseline: its own `iop`, this checkout's benchmark), to be started with `cwd=REPO`."""
+    return [python, "-m", f"bench.{name}", *args]
 
 
 def default_cache(name: str) -> Path:
@@ -127,3 +130,181 @@ async def until(condition: Callable[[], Any], timeout: float, interval: float = 
         if time.monotonic() > end:
             raise TimeoutError("condition not met")
         await asyncio.sleep(interval)
+
+
+CLIENT_TOKEN = "sk-bench-client"
+NODE_TOKEN = "bench-node-token"
+MAX_TOKENS = 8  # 8 content chunks per stream
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; `request()` sends one request and waits for its response."""
+
+    def __init__(self) -> None:
+        import httptools  # here: the pinned tools' environments import this module without it
+
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.first_body = 0.0
+        self.tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        if not self.first_body:
+            self.first_body = time.perf_counter()
+        self.tail = body
+
+    def on_message_complete(self) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(ConnectionError("the server closed the connection"))
+
+    async def request(self, payload: bytes) -> tuple[float, float]:
+        """(latency, time to the first body byte), in milliseconds."""
+        assert self.transport is not None
+        self.done = asyncio.get_running_loop().create_future()
+        self.first_body = 0.0
+        start = time.perf_counter()
+        self.transport.write(payload)
+        await self.done
+        end = time.perf_counter()
+        status = self.parser.get_status_code()
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {self.tail[:300]!r}")
+        return (end - start) * 1000, (self.first_body - start) * 1000
+
+
+def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def body(model: str, stream: bool) -> bytes:
+    """A chat completion request for `model` of MAX_TOKENS tokens."""
+    return json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say something about gateways."}],
+            "max_tokens": MAX_TOKENS,
+            "stream": stream,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+@dataclass
+class Cell:
+    rps: float
+    latencies: list[float]
+    firsts: list[float]
+
+
+async def measure(host: str, port: int, payload: bytes, concurrency: int, seconds: float) -> Cell:
+    loop = asyncio.get_running_loop()
+    connections = []
+    for _ in range(concurrency):
+        _, protocol = await loop.create_connection(Connection, host, port)
+        connections.append(protocol)
+    latencies: list[float] = []
+    firsts: list[float] = []
+    end = loop.time() + seconds
+
+    async def worker(connection: Connection) -> None:
+        while loop.time() < end:
+            latency, first = await connection.request(payload)
+            latencies.append(latency)
+            firsts.append(first)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in connections))
+    elapsed = time.perf_counter() - began
+    for connection in connections:
+        assert connection.transport is not None
+        connection.transport.close()
+    return Cell(len(latencies) / elapsed, latencies, firsts)
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
+
+
+def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict[str, object]:
+    """The benchmarks' Edge config: model `openai` on p-http (the `openai` adapter against
+    `upstream_url`) and `node-fake` on p-fake (the built-in generator), both on node-1, the
+    principal token CLIENT_TOKEN; `probe_interval_ms` sets how often the Node probes p-http's
+    upstream (None: the default)."""
+    from iop.edgeconfig import token_sha256  # here: see Connection
+
+    def provider(pid: str, adapter: dict[str, object]) -> dict[str, object]:
+        settings: dict[str, object] = {
+            "id": pid,
+            "adapter": adapter,
+            "served_models": ["served"],
+            "capacity": 1024,
+            "max_queue": 1024,
+        }
+        if probe_interval_ms is not None and adapter["type"] == "openai":
+            settings["health"] = {"interval_ms": probe_interval_ms}
+        return settings
+
+    return {
+        "edge": {
+            "id": "edge-bench",
+            "listen": "127.0.0.1:0",
+            "admin": {"listen": "127.0.0.1:0"},  # never the default 9090 another Edge may hold
+        },
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
+                    "principal_ref": "bench",
+                }
+            ],
+        },
+        "models": [
+            {"id": "openai", "providers": {"p-http": "served"}},
+            {"id": "node-fake", "providers": {"p-fake": "served"}},
+        ],
+        "nodes": [
+            {
+                "id": "node-1",
+                "token_hash_sha256": token_sha256(NODE_TOKEN),
+                "providers": [
+                    provider("p-http", {"type": "openai", "base_url": upstream_url}),
+                    provider("p-fake", {"type": "fake", "completion_tokens": MAX_TOKENS}),
+                ],
+            }
+        ],
+    }
+
+
+def split_url(url: object) -> tuple[str, int]:
+    host, _, port = str(url).removeprefix("http://").rpartition(":")
+    return host, int(port)
+
+
+async def wait_available(host: str, port: int, wanted: bytes) -> None:
+    request = f"GET /readyz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+    for _ in range(600):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(request)
+        answer = await reader.read()
+        writer.close()
+        if wanted in answer:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the node never connected")

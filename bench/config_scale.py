@@ -8,7 +8,7 @@ then times, best of a few runs each:
   - classify:    compare two loaded configs that differ in one provider's capacity.
 Prints the figures and how each grows from one size to the next (2.0 = linear).
 
-    uv run python bench/config_scale.py [--base-nodes 2000] [--repeat 3]
+    uv run python -m bench.config_scale [--base-nodes 2000] [--repeat 3]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark: the Edge's request path (Edge -> Node -> fake upstream) against the fake upstream
 called directly, in one run, streaming and not, at several concurrencies.
 
-    uv run --frozen python -P bench/edge.py [--seconds 3] [--concurrency 1 32 128]
+    uv run --frozen python -m bench.edge [--seconds 3] [--concurrency 1 32 128]
         [--paths openai node-fake edge-alone] [--probe-interval-ms 0 1000]
 
 Three real processes, as deployed: `iop fake-upstream`, `iop edge run` (auth on, metrics on, a
@@ -35,210 +35,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
-import importlib.util
 import os
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httptools
 import orjson
 import uvloop
 import yaml
 
+from bench import benchkit
+from bench.benchkit import (
+    CLIENT_TOKEN,
+    MAX_TOKENS,
+    NODE_TOKEN,
+    body,
+    edge_config,
+    http_request,
+    measure,
+    pct,
+    split_url,
+    wait_available,
+)
 from iop.edge import EdgeServer
 from iop.edge.hubs import NodeStatus, ProviderLink
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
-
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
-
-CLIENT_TOKEN = "sk-bench-client"
-NODE_TOKEN = "bench-node-token"
-MAX_TOKENS = 8  # 8 content chunks per stream
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; `request()` sends one request and waits for its response."""
-
-    def __init__(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future[None] | None = None
-        self.first_body = 0.0
-        self.tail = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio subclass
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
-
-    def on_body(self, body: bytes) -> None:
-        if not self.first_body:
-            self.first_body = time.perf_counter()
-        self.tail = body
-
-    def on_message_complete(self) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(ConnectionError("the server closed the connection"))
-
-    async def request(self, payload: bytes) -> tuple[float, float]:
-        """(latency, time to the first body byte), in milliseconds."""
-        assert self.transport is not None
-        self.done = asyncio.get_running_loop().create_future()
-        self.first_body = 0.0
-        start = time.perf_counter()
-        self.transport.write(payload)
-        await self.done
-        end = time.perf_counter()
-        status = self.parser.get_status_code()
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {self.tail[:300]!r}")
-        return (end - start) * 1000, (self.first_body - start) * 1000
-
-
-def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:
-    auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-def body(model: str, stream: bool) -> bytes:
-    return orjson.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say something about gateways."}],
-            "max_tokens": MAX_TOKENS,
-            "stream": stream,
-        }
-    )
-
-
-@dataclass
-class Cell:
-    rps: float
-    latencies: list[float]
-    firsts: list[float]
-
-
-async def measure(host: str, port: int, payload: bytes, concurrency: int, seconds: float) -> Cell:
-    loop = asyncio.get_running_loop()
-    connections = []
-    for _ in range(concurrency):
-        _, protocol = await loop.create_connection(_Connection, host, port)
-        connections.append(protocol)
-    latencies: list[float] = []
-    firsts: list[float] = []
-    end = loop.time() + seconds
-
-    async def worker(connection: _Connection) -> None:
-        while loop.time() < end:
-            latency, first = await connection.request(payload)
-            latencies.append(latency)
-            firsts.append(first)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in connections))
-    elapsed = time.perf_counter() - began
-    for connection in connections:
-        assert connection.transport is not None
-        connection.transport.close()
-    return Cell(len(latencies) / elapsed, latencies, firsts)
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
-
-
-def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict[str, object]:
-    """The bench's config; `probe_interval_ms` sets how often the Node probes the upstream of
-    p-http (None: the default)."""
-
-    def provider(pid: str, adapter: dict[str, object]) -> dict[str, object]:
-        settings: dict[str, object] = {
-            "id": pid,
-            "adapter": adapter,
-            "served_models": ["served"],
-            "capacity": 1024,
-            "max_queue": 1024,
-        }
-        if probe_interval_ms is not None and adapter["type"] == "openai":
-            settings["health"] = {"interval_ms": probe_interval_ms}
-        return settings
-
-    return {
-        "edge": {
-            "id": "edge-bench",
-            "listen": "127.0.0.1:0",
-            "admin": {"listen": "127.0.0.1:0"},  # never the default 9090 another Edge may hold
-        },
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": sha(CLIENT_TOKEN),
-                    "principal_ref": "bench",
-                }
-            ],
-        },
-        "models": [
-            {"id": "openai", "providers": {"p-http": "served"}},
-            {"id": "node-fake", "providers": {"p-fake": "served"}},
-        ],
-        "nodes": [
-            {
-                "id": "node-1",
-                "token_hash_sha256": sha(NODE_TOKEN),
-                "providers": [
-                    provider("p-http", {"type": "openai", "base_url": upstream_url}),
-                    provider("p-fake", {"type": "fake", "completion_tokens": MAX_TOKENS}),
-                ],
-            }
-        ],
-    }
-
-
-def split_url(url: object) -> tuple[str, int]:
-    host, _, port = str(url).removeprefix("http://").rpartition(":")
-    return host, int(port)
-
-
-async def wait_available(host: str, port: int, wanted: bytes) -> None:
-    request = f"GET /readyz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
-    for _ in range(600):
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.write(request)
-        answer = await reader.read()
-        writer.close()
-        if wanted in answer:
-            return
-        await asyncio.sleep(0.05)
-    raise RuntimeError("the node never connected")
 
 
 @contextlib.asynccontextmanager
@@ -260,15 +88,12 @@ async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, in
 
 @contextlib.asynccontextmanager
 async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
-    """This script as an Edge process whose hub answers every run at once (`--stub-edge`)."""
+    """This module as an Edge process whose hub answers every run at once (`--stub-edge`)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-P",
-        __file__,
-        "--stub-edge",
-        str(folder / "edge.yaml"),
+        *benchkit.module_command(sys.executable, "edge", "--stub-edge", str(folder / "edge.yaml")),
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=benchkit.REPO,
     )
     try:
         host, port = split_url((await benchkit.started_line(process))["url"])

@@ -1,7 +1,7 @@
 """The largest EdgeConfig each way in takes, in nodes of four providers (`iop.fakes.sized_spec`).
 
     eval "$(e2e/cluster/up)"   # or let this script find the running cluster
-    uv run --frozen python -P bench/edgeconfig_sizes.py [--high 2000]
+    uv run --frozen python -m bench.edgeconfig_sizes [--high 2000]
 
 Against the real API server and etcd of `e2e/cluster`, by bisection on the number of nodes:
 

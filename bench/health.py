@@ -1,6 +1,6 @@
 """Benchmark: how long traffic keeps going to a dead model server, and how soon it comes back.
 
-    uv run --frozen python -P bench/health.py [--rounds 5] [--interval-ms 5000 1000]
+    uv run --frozen python -m bench.health [--rounds 5] [--interval-ms 5000 1000]
         [--cost-seconds 20]
 
 Processes as deployed: two `iop fake-upstream`s, `iop edge run` and `iop node run` (plaintext
@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -44,28 +42,20 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import uvloop
 import yaml
 
+from bench import benchkit
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_iop, spawn_node, terminate
-
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 CLIENT_TOKEN = "sk-bench-health"
 NODE_TOKEN = "bench-health-node"
 POLL_S = 0.005
 CLIENTS = 4
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def document(ports: dict[str, int], interval_ms: int) -> dict[str, Any]:
@@ -74,14 +64,18 @@ def document(ports: dict[str, int], interval_ms: int) -> dict[str, Any]:
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
-                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "b"}
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
+                    "principal_ref": "b",
+                }
             ],
         },
         "models": [{"id": "m", "providers": {pid: "served" for pid in ports}}],
         "nodes": [
             {
                 "id": "node-1",
-                "token_hash_sha256": sha(NODE_TOKEN),
+                "token_hash_sha256": token_sha256(NODE_TOKEN),
                 "providers": [
                     {
                         "id": pid,

@@ -1,8 +1,8 @@
 """Benchmark: hostile clients of the node hub and the OpenAI API, each replayed as described,
 against real processes: the figures of docs/reliability.md ("Hostile peers").
 
-    uv run --frozen python -P bench/hostile.py [--only NAME ...]
-    PYTHONPATH=OTHER/src uv run --frozen python -P bench/hostile.py   # another checkout's product
+    uv run --frozen python -m bench.hostile [--only NAME ...]
+    PYTHONPATH=OTHER/src uv run --frozen python -m bench.hostile   # another checkout's product
 
 Every process (Edge, Nodes, the hostile clients and upstream) is a child started with this
 environment, so with `PYTHONPATH` pointing at another checkout's `src` the same attacks run
@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
-import importlib.util
 import os
 import socket
 import sys
@@ -42,27 +40,20 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import orjson
 import uvloop
 import yaml
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+from bench import benchkit
+from iop.edgeconfig import token_sha256
 
 CHAOS = Path(__file__).resolve().parents[1] / "tests" / "chaos"
 CLIENT_KEY = "sk-bench-hostile"
 NODE_TOKENS = {"node-1": "bench-node-1", "node-2": "bench-node-2", "node-3": "bench-node-3"}
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def iop() -> list[str]:
@@ -95,12 +86,20 @@ def document(
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
-                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_KEY), "principal_ref": "b"}
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": token_sha256(CLIENT_KEY),
+                    "principal_ref": "b",
+                }
             ],
         },
         "models": [{"id": model_id, **spec} for model_id, spec in models.items()],
         "nodes": [
-            {"id": node_id, "token_hash_sha256": sha(NODE_TOKENS[node_id]), "providers": providers}
+            {
+                "id": node_id,
+                "token_hash_sha256": token_sha256(NODE_TOKENS[node_id]),
+                "providers": providers,
+            }
             for node_id, providers in nodes.items()
         ],
     }

@@ -2,7 +2,7 @@
 replica on its own, which is also what a per-replica share of each limit costs) or in a shared
 Redis, against the commit before them.
 
-    uv run --frozen python -P bench/limits.py --baseline /tmp/base/.venv/bin/python \
+    uv run --frozen python -m bench.limits --baseline /tmp/base/.venv/bin/python \
         [--parts admission relay processes] [--rounds 3] [--seconds 3] [--concurrency 1 32]
 
 A real `redis-server` (Debian's package, on PATH) is started on loopback for the runs that need
@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import importlib.util
 import json
 import os
 import shutil
@@ -46,20 +45,14 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvloop
 import yaml
 
+from bench import benchkit
+from bench.edge import InstantHub
 from iop.processes import free_port, terminate
-
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
-
-bench = benchkit.load_sibling("edge")
 
 #: Limits the bench never reaches: every check passes, so the figures are the counting's cost.
 LIMIT = {
@@ -72,7 +65,7 @@ LIMIT = {
 
 
 def config(variant: str, redis_url: str) -> dict[str, Any]:
-    document: dict[str, Any] = bench.edge_config("http://127.0.0.1:1/v1")
+    document: dict[str, Any] = benchkit.edge_config("http://127.0.0.1:1/v1")
     if variant in ("local", "redis"):
         document["openai"]["limits"] = [LIMIT]
     if variant == "redis":
@@ -145,7 +138,7 @@ def admission_child(variant: str, redis_url: str) -> None:
         limiter = Limiter(Dispatcher(PoolSnapshot.build(edge_config)), edge_config)
         await limiter.start()
         principal = Principal("bench", "bench")
-        request = parse_request("chat", bench.body("openai", False))
+        request = parse_request("chat", benchkit.body("openai", False))
 
         async def one() -> None:
             grant = await limiter.admit(principal, "openai", request)
@@ -174,7 +167,7 @@ def relay_child(variant: str, redis_url: str) -> None:
         dispatcher = Dispatcher(PoolSnapshot.build(edge_config))
         dispatcher.set_available(["p-http", "p-fake"])
         metrics = Metrics(dispatcher)
-        relay = Relay(dispatcher, bench.InstantHub(), metrics)
+        relay = Relay(dispatcher, InstantHub(), metrics)
         limiter: Any = None
         if variant != "baseline":
             from iop.edge.enforcing import Limiter
@@ -182,7 +175,7 @@ def relay_child(variant: str, redis_url: str) -> None:
             limiter = Limiter(dispatcher, edge_config, registry=metrics.registry)
             await limiter.start()
         principal = Principal("bench", "bench")
-        raw = bench.body("openai", False)
+        raw = benchkit.body("openai", False)
         policy = dispatcher.snapshot.models["openai"].generation
 
         async def one() -> None:
@@ -212,9 +205,10 @@ async def in_process(part: str, args: argparse.Namespace, redis_url: str) -> Non
     for round_ in range(args.rounds):
         for name, python in variants.items():
             child = await asyncio.create_subprocess_exec(
-                python, "-P", __file__, f"--{part}-child", name, redis_url,
+                *benchkit.module_command(python, "limits", f"--{part}-child", name, redis_url),
                 stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
+                cwd=benchkit.REPO,
+            )
             out, _ = await child.communicate()
             times[name] += json.loads(out)
         print(f"  {part}: round {round_ + 1} done", file=sys.stderr, flush=True)
@@ -235,17 +229,19 @@ async def in_process(part: str, args: argparse.Namespace, redis_url: str) -> Non
 async def stub_edge(
     python: str, folder: Path, variant: str, redis_url: str
 ) -> AsyncIterator[tuple[str, int, int]]:
-    """bench/edge.py's `--stub-edge` Edge, run by `python`, on the variant's config."""
+    """bench.edge's `--stub-edge` Edge, run by `python`, on the variant's config."""
     path = folder / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(config("none" if variant == "baseline" else variant, redis_url)))
     edge = await asyncio.create_subprocess_exec(
-        python, "-P", str(Path(__file__).with_name("edge.py")), "--stub-edge", str(path),
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+        *benchkit.module_command(python, "edge", "--stub-edge", str(path)),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=benchkit.REPO,
+    )
     try:
         started = await benchkit.started_line(edge)
-        host, port = bench.split_url(started["url"])
-        await bench.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
+        host, port = benchkit.split_url(started["url"])
+        await benchkit.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
         yield host, port, edge.pid
     finally:
         await terminate(edge)
@@ -268,16 +264,16 @@ async def processes(args: argparse.Namespace, redis_url: str, redis_pid: int) ->
                     mode = "stream" if stream else "whole"
                     for conc in args.concurrency:
                         for name, (host, port, pid) in stacks.items():
-                            payload = bench.http_request(
+                            payload = benchkit.http_request(
                                 f"{host}:{port}",
                                 "/v1/chat/completions",
-                                bench.body("openai", stream),
-                                bench.CLIENT_TOKEN,
+                                benchkit.body("openai", stream),
+                                benchkit.CLIENT_TOKEN,
                             )
-                            await bench.measure(host, port, payload, conc, 0.5)
+                            await benchkit.measure(host, port, payload, conc, 0.5)
                             before = benchkit.cpu_seconds(pid)
                             redis_before = benchkit.cpu_seconds(redis_pid)
-                            cell = await bench.measure(host, port, payload, conc, args.seconds)
+                            cell = await benchkit.measure(host, port, payload, conc, args.seconds)
                             count = len(cell.latencies)
                             row = rows[(mode, conc, name)]
                             row["rps"].append(cell.rps)
@@ -294,9 +290,9 @@ async def processes(args: argparse.Namespace, redis_url: str, redis_pid: int) ->
         base = statistics.median(rows[(mode, conc, "baseline")]["rps"])
         rps = statistics.median(row["rps"])
         store = f"{statistics.median(row['redis']):.0f}" if name == "redis" else "-"
+        p50, p99 = benchkit.pct(row["latencies"], 50), benchkit.pct(row["latencies"], 99)
         print(
-            f"| {mode} | {conc} | {name} | {rps:,.0f} | {rps / base:.2f} | "
-            f"{bench.pct(row['latencies'], 50):.2f} | {bench.pct(row['latencies'], 99):.2f} | "
+            f"| {mode} | {conc} | {name} | {rps:,.0f} | {rps / base:.2f} | {p50:.2f} | {p99:.2f} | "
             f"{statistics.median(row['edge']):.0f} | {store} |"
         )
 

@@ -1,6 +1,6 @@
 """Benchmark: the Edge's memory per idle keep-alive connection and per open stream, and after.
 
-    uv run --frozen python -P bench/memory.py [--connections 2000] [--streams 2000] [--cycles 3]
+    uv run --frozen python -m bench.memory [--connections 2000] [--streams 2000] [--cycles 3]
 
 Real processes: `iop fake-upstream` (streams paced by its per-request hook, so they stay open),
 `iop edge run` and `iop node run` (the `openai` adapter, pool and capacity large enough for every
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
 import tempfile
 import time
@@ -31,14 +30,11 @@ import orjson
 import uvloop
 import yaml
 
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 
 CLIENT_TOKEN = "sk-bench-client"
 NODE_TOKEN = "bench-node-token"
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def rss_kib(pid: int) -> int:
@@ -54,14 +50,18 @@ def config(upstream_url: str, size: int) -> dict[str, object]:
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
-                {"token_ref": "mem", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "m"}
+                {
+                    "token_ref": "mem",
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
+                    "principal_ref": "m",
+                }
             ],
         },
         "models": [{"id": "m", "providers": {"p": "served"}}],
         "nodes": [
             {
                 "id": "node-1",
-                "token_hash_sha256": sha(NODE_TOKEN),
+                "token_hash_sha256": token_sha256(NODE_TOKEN),
                 "providers": [
                     {
                         "id": "p",

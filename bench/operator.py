@@ -1,7 +1,7 @@
 """Benchmark: the operator. From the API call that changes an EdgeConfig to `Ready` again.
 
     eval "$(e2e/cluster/up)"   # or let this script find the running cluster
-    uv run --frozen python -P bench/operator.py [--changes 30] [--nodes 4]
+    uv run --frozen python -m bench.operator [--changes 30] [--nodes 4]
 
 1. **Live change -> Applied.** An Edge (`iop edge run`) and `--nodes` Nodes (`iop node run`,
    each with one `fake` provider) on this host; the operator in this process (the same code as
@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from iop.edgeconfig import token_sha256
 from iop.operator import OperatorOptions, PassTimings, run_operator
 from iop.operator.kubeapi import KubeApi, resource_path
 from iop.processes import spawn_edge, spawn_node, terminate
@@ -98,7 +99,7 @@ def spec(nodes: int) -> dict[str, Any]:
         "nodes": [
             {
                 "id": f"node-{n}",
-                "tokenHashSha256": _sha(f"node-{n}-token"),
+                "tokenHashSha256": token_sha256(f"node-{n}-token"),
                 "providers": [
                     {
                         "id": f"p{n}",
@@ -111,12 +112,6 @@ def spec(nodes: int) -> dict[str, Any]:
             for n in range(nodes)
         ],
     }
-
-
-def _sha(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -202,7 +197,7 @@ async def pods(args: argparse.Namespace, env: dict[str, str]) -> None:
     for node in document["nodes"]:
         token = kubectl(env, "get", "secret", f"{NAME}-node-{node['id']}", "-n", namespace,
                         "-o", "jsonpath={.data.token}")  # fmt: skip
-        node["tokenHashSha256"] = _sha(base64.b64decode(token).decode())
+        node["tokenHashSha256"] = token_sha256(base64.b64decode(token).decode())
     try:
         await measure(args, env, namespace, document, ())
     finally:

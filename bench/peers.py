@@ -1,6 +1,6 @@
 """Benchmark: IOP Edge side by side with peer gateways (LiteLLM, vLLM's router) and the direct path.
 
-    uv run --frozen python -P bench/peers.py [--rounds 3] [--seconds 3]
+    uv run --frozen python -m bench.peers [--rounds 3] [--seconds 3]
         [--concurrency 1 32 128] [--paths direct iop litellm vllm-router] [--charts docs]
 
 Paths, all in front of the same `iop fake-upstream` process:
@@ -21,7 +21,7 @@ in hundreds of packages the product must not depend on. Both run offline:
 the router is told to check its workers' health on `/v1/models`, which the fake upstream serves.
 
 One closed-loop client serves every path: N workers, each with its own aiohttp session over one
-keep-alive connection, as the issue measured. Paths take turns within each round (the order
+keep-alive connection. Paths take turns within each round (the order
 rotates from round to round), so that the machine's load, which other work shares, falls on all
 of them alike; the ratios are what to read. The direct path's figures show the client's ceiling.
 
@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
-import importlib.util
 import os
 import signal
 import socket
@@ -52,37 +50,27 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import aiohttp
-import orjson
 import uvloop
 import yaml
 
+from bench import benchkit
+from bench.benchkit import CLIENT_TOKEN, MAX_TOKENS, body
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
-
 #: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
-#: `litellm-proxy-extras` releases that are not published); the issue's figures used it too.
+#: `litellm-proxy-extras` releases that are not published); docs/benchmarks.md's figures used
+#: it too.
 LITELLM_VERSION = "1.108.7"
-CLIENT_TOKEN = "sk-bench-client"
 MASTER_KEY = "sk-bench-master"
 NODE_TOKEN = "bench-node-token"
 MODEL = "bench"
-MAX_TOKENS = 8  # 8 content chunks per stream, as in bench/edge.py
 #: The newest vllm-router on PyPI on the day of the figures.
 VLLM_ROUTER_VERSION = "0.1.17"
 PATHS = ("direct", "iop", "litellm", "vllm-router")
 PEERS = ("litellm", "vllm-router")
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # -- the peer's installation -----------------------------------------------------------------------
@@ -206,14 +194,18 @@ def iop_config(upstream_url: str) -> dict[str, object]:
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
-                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "b"}
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
+                    "principal_ref": "b",
+                }
             ],
         },
         "models": [{"id": MODEL, "providers": {"p-a": "served", "p-b": "served"}}],
         "nodes": [
             {
                 "id": "node-1",
-                "token_hash_sha256": sha(NODE_TOKEN),
+                "token_hash_sha256": token_sha256(NODE_TOKEN),
                 "providers": [provider("p-a"), provider("p-b")],
             }
         ],
@@ -249,17 +241,6 @@ class Cell:
     firsts: list[float]
     errors: int
     cpu_us: dict[str, float]
-
-
-def body(model: str, stream: bool) -> bytes:
-    return orjson.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say something about gateways."}],
-            "max_tokens": MAX_TOKENS,
-            "stream": stream,
-        }
-    )
 
 
 async def measure(

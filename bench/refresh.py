@@ -1,7 +1,7 @@
 """Benchmark: live refresh. Apply -> all node acks with 20 Nodes, and throughput during an apply
 storm against a steady run, in one run.
 
-    uv run --frozen python -P bench/refresh.py [--nodes 20] [--applies 100] [--rounds 8]
+    uv run --frozen python -m bench.refresh [--nodes 20] [--applies 100] [--rounds 8]
 
 Real processes, as deployed: `iop edge run` (admin API on loopback) and one `iop node run` per
 node, each node with one provider (the built-in `fake` adapter: no upstream HTTP, so the figures
@@ -30,8 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import copy
-import hashlib
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -39,7 +37,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httptools
 import httpx
@@ -47,19 +45,11 @@ import orjson
 import uvloop
 import yaml
 
+from bench import benchkit
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
-
 CLIENT_TOKEN = "sk-bench-refresh"
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def document(nodes: int) -> dict[str, Any]:
@@ -71,7 +61,7 @@ def document(nodes: int) -> dict[str, Any]:
             "principal_tokens": [
                 {
                     "token_ref": "bench",
-                    "token_hash_sha256": sha(CLIENT_TOKEN),
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
                     "principal_ref": "bench",
                 }
             ],
@@ -86,7 +76,7 @@ def document(nodes: int) -> dict[str, Any]:
         "nodes": [
             {
                 "id": f"node-{i}",
-                "token_hash_sha256": sha(f"token-{i}"),
+                "token_hash_sha256": token_sha256(f"token-{i}"),
                 "providers": [
                     {
                         "id": f"p{i}",

@@ -1,7 +1,7 @@
 """Benchmark: the reliability figures of docs/reliability.md, each fault injected into real
 processes under load.
 
-    uv run --frozen python -P bench/reliability.py [--rounds 5] [--only NAME ...]
+    uv run --frozen python -m bench.reliability [--rounds 5] [--only NAME ...]
 
 Processes as deployed (`iop edge run`, `iop node run`, `iop fake-upstream`), plaintext links (the
 figures are about timing and memory, not TLS). Each part prints its figures; every part that
@@ -32,8 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import hashlib
-import importlib.util
 import os
 import signal
 import socket
@@ -43,28 +41,20 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import orjson
 import uvloop
 import yaml
 
+from bench import benchkit
+from iop.edgeconfig import token_sha256
 from iop.node import NodeAgent
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
-
 CLIENT_TOKEN = "sk-bench-reliability"
 NODE_TOKENS = {"node-1": "bench-node-1", "node-2": "bench-node-2"}
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def document(providers: dict[str, list[dict[str, Any]]], **openai: Any) -> dict[str, Any]:
@@ -74,7 +64,11 @@ def document(providers: dict[str, list[dict[str, Any]]], **openai: Any) -> dict[
         "openai": {
             "listen": "127.0.0.1:0",
             "principal_tokens": [
-                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "b"}
+                {
+                    "token_ref": "bench",
+                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
+                    "principal_ref": "b",
+                }
             ],
             **openai,
         },
@@ -85,7 +79,11 @@ def document(providers: dict[str, list[dict[str, Any]]], **openai: Any) -> dict[
             }
         ],
         "nodes": [
-            {"id": node_id, "token_hash_sha256": sha(NODE_TOKENS[node_id]), "providers": ps}
+            {
+                "id": node_id,
+                "token_hash_sha256": token_sha256(NODE_TOKENS[node_id]),
+                "providers": ps,
+            }
             for node_id, ps in providers.items()
         ],
     }

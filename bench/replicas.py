@@ -1,6 +1,6 @@
 """Benchmark: one Edge and one Node against two Edge replicas and two Nodes, on the same machine.
 
-    uv run --frozen python -P bench/replicas.py [--rounds 3] [--seconds 3] [--concurrency 32]
+    uv run --frozen python -m bench.replicas [--rounds 3] [--seconds 3] [--concurrency 32]
 
 Real processes as deployed (`iop fake-upstream`, `iop edge run`, `iop node run` with the
 `openai` adapter), in two topologies that take turns within each round:
@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -31,24 +30,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
 
 import uvloop
 import yaml
 
+from bench import benchkit
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_iop, terminate
-
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
 TOPOLOGIES = {"1 edge + 1 node": 1, "2 edges + 2 nodes": 2}
 
 
-def document(bench: ModuleType, upstream_url: str, nodes: int) -> dict[str, object]:
+def document(upstream_url: str, nodes: int) -> dict[str, object]:
     return {
         "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
         "openai": {
@@ -56,7 +49,7 @@ def document(bench: ModuleType, upstream_url: str, nodes: int) -> dict[str, obje
             "principal_tokens": [
                 {
                     "token_ref": "bench",
-                    "token_hash_sha256": bench.sha(bench.CLIENT_TOKEN),
+                    "token_hash_sha256": token_sha256(benchkit.CLIENT_TOKEN),
                     "principal_ref": "bench",
                 }
             ],
@@ -65,7 +58,7 @@ def document(bench: ModuleType, upstream_url: str, nodes: int) -> dict[str, obje
         "nodes": [
             {
                 "id": f"node-{i}",
-                "token_hash_sha256": bench.sha(f"token-{i}"),
+                "token_hash_sha256": token_sha256(f"token-{i}"),
                 "providers": [
                     {
                         "id": f"p-{i}",
@@ -88,11 +81,9 @@ class Topology:
 
 
 @contextlib.asynccontextmanager
-async def topology(
-    bench: ModuleType, folder: Path, upstream_url: str, replicas: int
-) -> AsyncIterator[Topology]:
+async def topology(folder: Path, upstream_url: str, replicas: int) -> AsyncIterator[Topology]:
     config = folder / f"edge-{replicas}.yaml"
-    config.write_text(yaml.safe_dump(document(bench, upstream_url, replicas)))
+    config.write_text(yaml.safe_dump(document(upstream_url, replicas)))
     processes: list[asyncio.subprocess.Process] = []
     try:
         edges = []
@@ -111,9 +102,9 @@ async def topology(
                 )
             )
         wanted = ",".join(f'"p-{i}"' for i in range(1, replicas + 1)).encode()
-        addresses = [bench.split_url(s["url"]) for s in edges]
+        addresses = [benchkit.split_url(s["url"]) for s in edges]
         for host, port in addresses:
-            await bench.wait_available(host, port, b'"providers_available":[' + wanted + b"]")
+            await benchkit.wait_available(host, port, b'"providers_available":[' + wanted + b"]")
         yield Topology(addresses, [p.pid for p in processes])
     finally:
         for process in reversed(processes):
@@ -128,25 +119,28 @@ class Row:
 
 
 async def measure(
-    bench: ModuleType, target: Topology, stream: bool, concurrency: int, seconds: float, row: Row
+    target: Topology, stream: bool, concurrency: int, seconds: float, row: Row
 ) -> None:
     share = concurrency // len(target.edges)
     payloads = [
-        bench.http_request(
-            f"{host}:{port}", "/v1/chat/completions", bench.body("m", stream), bench.CLIENT_TOKEN
+        benchkit.http_request(
+            f"{host}:{port}",
+            "/v1/chat/completions",
+            benchkit.body("m", stream),
+            benchkit.CLIENT_TOKEN,
         )
         for host, port in target.edges
     ]
     await asyncio.gather(
         *(
-            bench.measure(host, port, payload, share, 0.3)
+            benchkit.measure(host, port, payload, share, 0.3)
             for (host, port), payload in zip(target.edges, payloads, strict=True)
         )
     )
     before = benchkit.cpu_seconds(*target.pids)
     cells = await asyncio.gather(
         *(
-            bench.measure(host, port, payload, share, seconds)
+            benchkit.measure(host, port, payload, share, seconds)
             for (host, port), payload in zip(target.edges, payloads, strict=True)
         )
     )
@@ -158,7 +152,6 @@ async def measure(
 
 
 async def main(args: argparse.Namespace) -> None:
-    bench = benchkit.load_sibling("edge")
     rows: dict[tuple[str, str, int], Row] = collections.defaultdict(Row)
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
@@ -166,7 +159,7 @@ async def main(args: argparse.Namespace) -> None:
             async with contextlib.AsyncExitStack() as stack:
                 targets = {
                     name: await stack.enter_async_context(
-                        topology(bench, folder, upstream.base_url, replicas)
+                        topology(folder, upstream.base_url, replicas)
                     )
                     for name, replicas in TOPOLOGIES.items()
                 }
@@ -176,7 +169,7 @@ async def main(args: argparse.Namespace) -> None:
                             for name, target in targets.items():
                                 mode = "stream" if stream else "whole"
                                 row = rows[(mode, name, conc)]
-                                await measure(bench, target, stream, conc, args.seconds, row)
+                                await measure(target, stream, conc, args.seconds, row)
                     print(f"  round {round_ + 1} done", file=sys.stderr, flush=True)
     print("| mode | conc | topology | req/s | p50 ms | p99 ms | CPU us/req, Edges + Nodes |")
     print("|---|---:|---|---:|---:|---:|---:|")

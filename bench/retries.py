@@ -1,7 +1,7 @@
 """Benchmark: what retries before the first byte cost when nothing fails, and what they buy when
 something does.
 
-    uv run --frozen python -P bench/retries.py [--parts relay cost errors] [--baseline PYTHON]
+    uv run --frozen python -m bench.retries [--parts relay cost errors] [--baseline PYTHON]
         [--seconds 3] [--rounds 3] [--concurrency 1 32] [--requests 2000]
 
 `relay` (needs `--baseline PYTHON`): the request path's own work in one process, without HTTP
@@ -36,8 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import hashlib
-import importlib.util
 import json
 import os
 import statistics
@@ -48,28 +46,18 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import uvloop
 import yaml
 
+from bench import benchkit
+from bench.edge import InstantHub
+from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
-
 FAIL_MODES = ("status", "drop", "drop-mid-stream")
-
-
-bench = benchkit.load_sibling("edge")
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @contextlib.asynccontextmanager
@@ -81,13 +69,10 @@ async def edge_stack(
     config = folder / "edge.yaml"
     if path == "edge-alone":
         edge = await asyncio.create_subprocess_exec(
-            python,
-            "-P",
-            str(Path(__file__).with_name("edge.py")),
-            "--stub-edge",
-            str(config),
+            *benchkit.module_command(python, "edge", "--stub-edge", str(config)),
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=benchkit.REPO,
         )
     else:
         edge = await asyncio.create_subprocess_exec(
@@ -97,7 +82,7 @@ async def edge_stack(
     node: asyncio.subprocess.Process | None = None
     try:
         started = await benchkit.started_line(edge)
-        host, port = bench.split_url(started["url"])
+        host, port = benchkit.split_url(started["url"])
         pids = {"edge": edge.pid}
         if path == "node-fake":
             node = await asyncio.create_subprocess_exec(
@@ -106,7 +91,7 @@ async def edge_stack(
                 "--log-level", "WARNING",
             )  # fmt: skip
             pids["node"] = node.pid
-        await bench.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
+        await benchkit.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
         yield host, port, pids
     finally:
         if node is not None:
@@ -127,9 +112,9 @@ async def cost(args: argparse.Namespace) -> None:
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            config = bench.edge_config(upstream.base_url)
+            config = benchkit.edge_config(upstream.base_url)
             (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-            (folder / "token").write_text(bench.NODE_TOKEN)
+            (folder / "token").write_text(benchkit.NODE_TOKEN)
             for path, model in (("edge-alone", "openai"), ("node-fake", "node-fake")):
                 async with contextlib.AsyncExitStack() as exits:
                     stacks = {
@@ -141,15 +126,15 @@ async def cost(args: argparse.Namespace) -> None:
                             mode = "stream" if stream else "whole"
                             for conc in args.concurrency:
                                 for name, (host, port, pids) in stacks.items():
-                                    payload = bench.http_request(
+                                    payload = benchkit.http_request(
                                         f"{host}:{port}",
                                         "/v1/chat/completions",
-                                        bench.body(model, stream),
-                                        bench.CLIENT_TOKEN,
+                                        benchkit.body(model, stream),
+                                        benchkit.CLIENT_TOKEN,
                                     )
-                                    await bench.measure(host, port, payload, conc, 0.5)
+                                    await benchkit.measure(host, port, payload, conc, 0.5)
                                     before = benchkit.cpu_seconds(pids["edge"])
-                                    cell = await bench.measure(
+                                    cell = await benchkit.measure(
                                         host, port, payload, conc, args.seconds
                                     )
                                     row = rows[(path, mode, name, conc)]
@@ -163,7 +148,7 @@ async def cost(args: argparse.Namespace) -> None:
     for (path, mode, name, conc), row in rows.items():
         print(
             f"| {path} | {mode} | {conc} | {name} | {statistics.median(row.rps):,.0f} | "
-            f"{bench.pct(row.latencies, 50):.2f} | {bench.pct(row.latencies, 99):.2f} | "
+            f"{benchkit.pct(row.latencies, 50):.2f} | {benchkit.pct(row.latencies, 99):.2f} | "
             f"{statistics.median(row.edge_cpu_us):.0f} |"
         )
     print("\n| path | mode | conc | today/baseline req/s | CPU today - baseline us |")
@@ -189,12 +174,12 @@ def relay_child() -> None:
 
     async def run() -> list[float]:
         dispatcher = Dispatcher(
-            PoolSnapshot.build(load_data(bench.edge_config("http://127.0.0.1:1/v1")))
+            PoolSnapshot.build(load_data(benchkit.edge_config("http://127.0.0.1:1/v1")))
         )
         dispatcher.set_available(["p-http", "p-fake"])
-        relay = Relay(dispatcher, bench.InstantHub(), Metrics(dispatcher))
+        relay = Relay(dispatcher, InstantHub(), Metrics(dispatcher))
         principal = Principal("bench", "bench")
-        raw = bench.body("openai", False)
+        raw = benchkit.body("openai", False)
         policy = dispatcher.snapshot.models["openai"].generation
 
         async def one() -> None:
@@ -224,7 +209,9 @@ async def relay(args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for name, python in variants.items():
             child = await asyncio.create_subprocess_exec(
-                python, "-P", __file__, "--relay-child", stdout=asyncio.subprocess.PIPE
+                *benchkit.module_command(python, "retries", "--relay-child"),
+                stdout=asyncio.subprocess.PIPE,
+                cwd=benchkit.REPO,
             )
             out, _ = await child.communicate()
             times[name] += json.loads(out)
@@ -246,7 +233,7 @@ def pool_config(upstreams: dict[str, str], retries: dict[str, int]) -> dict[str,
             "principal_tokens": [
                 {
                     "token_ref": "bench",
-                    "token_hash_sha256": sha(bench.CLIENT_TOKEN),
+                    "token_hash_sha256": token_sha256(benchkit.CLIENT_TOKEN),
                     "principal_ref": "bench",
                 }
             ],
@@ -256,7 +243,7 @@ def pool_config(upstreams: dict[str, str], retries: dict[str, int]) -> dict[str,
         "nodes": [
             {
                 "id": "node-1",
-                "token_hash_sha256": sha(bench.NODE_TOKEN),
+                "token_hash_sha256": token_sha256(benchkit.NODE_TOKEN),
                 "providers": [
                     {
                         "id": name,
@@ -284,8 +271,8 @@ async def drive_requests(host: str, port: int, stream: bool, count: int, conc: i
     """`count` requests over `conc` keep-alive connections; a failure is a status other than
     200 or a stream that does not end with [DONE]."""
     loop = asyncio.get_running_loop()
-    payload = bench.http_request(
-        f"{host}:{port}", "/v1/chat/completions", bench.body("m", stream), bench.CLIENT_TOKEN
+    payload = benchkit.http_request(
+        f"{host}:{port}", "/v1/chat/completions", benchkit.body("m", stream), benchkit.CLIENT_TOKEN
     )
     left = count
     failed = 0
@@ -297,7 +284,7 @@ async def drive_requests(host: str, port: int, stream: bool, count: int, conc: i
         while left > 0:
             left -= 1
             if connection is None:
-                _, connection = await loop.create_connection(bench._Connection, host, port)
+                _, connection = await loop.create_connection(benchkit.Connection, host, port)
             connection.done = loop.create_future()
             connection.tail = b""
             began = time.perf_counter()
@@ -346,13 +333,13 @@ async def errors(args: argparse.Namespace) -> None:
                 retries = {} if retries_on else {"max_per_request": 0}
                 config = pool_config({n: u.base_url for n, u in upstreams.items()}, retries)
                 (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-                (folder / "token").write_text(bench.NODE_TOKEN)
+                (folder / "token").write_text(benchkit.NODE_TOKEN)
                 edge, started = await spawn_edge(folder / "edge.yaml")
                 exits.push_async_callback(terminate, edge)
                 node = await spawn_node(started["hub_port"], "node-1", folder / "token")
                 exits.push_async_callback(terminate, node)
-                host, port = bench.split_url(started["url"])
-                await bench.wait_available(host, port, b'"providers_available":["up-a","up-b"]')
+                host, port = benchkit.split_url(started["url"])
+                await benchkit.wait_available(host, port, b'"providers_available":["up-a","up-b"]')
                 for stream in (False, True):
                     before = sum([await completions(u.listen) for u in upstreams.values()])
                     outcome = await drive_requests(host, port, stream, args.requests, 16)
@@ -366,7 +353,7 @@ async def errors(args: argparse.Namespace) -> None:
         print(
             f"| {label} | {mode} | {'defaults' if retries_on else 'off'} | "
             f"{o.failed / o.requests:.1%} ({o.failed}/{o.requests}) | {o.tries / o.requests:.3f} | "
-            f"{bench.pct(o.latencies, 50):.2f} | {bench.pct(o.latencies, 99):.2f} |"
+            f"{benchkit.pct(o.latencies, 50):.2f} | {benchkit.pct(o.latencies, 99):.2f} |"
         )
 
 

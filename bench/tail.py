@@ -1,6 +1,6 @@
 """Benchmark: where the request path's tail comes from, and process-level knobs side by side.
 
-    uv run --frozen python -P bench/tail.py [--seconds 4] [--rounds 3] [--concurrency 1 32]
+    uv run --frozen python -m bench.tail [--seconds 4] [--rounds 3] [--concurrency 1 32]
         [--variants today baseline gc-relaxed switch-1ms] [--baseline PYTHON] [--py-spy PATH]
 
 The Edge and the Node run as real `iop edge run` / `iop node run` processes (the `openai`
@@ -34,7 +34,6 @@ import asyncio
 import collections
 import contextlib
 import gc
-import importlib.util
 import json
 import os
 import signal
@@ -45,17 +44,12 @@ import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvloop
 import yaml
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+from bench import benchkit
 
 VARIANTS = ("today", "baseline", "gc-relaxed", "switch-1ms")
 
@@ -194,18 +188,17 @@ async def spawn_child(
     stats: Path, variant: str, *argv: str, python: str = sys.executable
 ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        python,
-        "-P",
-        __file__,
-        *("--child", str(stats), "--variant", variant, "--"),
+        *benchkit.module_command(python, "tail", "--child", str(stats), "--variant", variant),
+        "--",
         *argv,
         stdout=asyncio.subprocess.PIPE if argv[0] == "edge" else None,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=benchkit.REPO,
     )
 
 
 @contextlib.asynccontextmanager
-async def stack(bench: ModuleType, folder: Path, variant: str, python: str) -> AsyncIterator[Stack]:
+async def stack(folder: Path, variant: str, python: str) -> AsyncIterator[Stack]:
     from iop.processes import terminate
 
     stats = {"edge": folder / f"{variant}-edge.jsonl", "node": folder / f"{variant}-node.jsonl"}
@@ -226,8 +219,8 @@ async def stack(bench: ModuleType, folder: Path, variant: str, python: str) -> A
             *("--token-file", str(folder / "token"), "--log-level", "WARNING"),
             python=python,
         )
-        host, port = bench.split_url(started["url"])
-        await bench.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
+        host, port = benchkit.split_url(started["url"])
+        await benchkit.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
         yield Stack(host, port, {"edge": edge.pid, "node": node.pid}, stats)
     finally:
         if node is not None:
@@ -264,22 +257,19 @@ class Row:
 
 
 async def drive(args: argparse.Namespace) -> None:
-    bench = benchkit.load_sibling("edge")
     from iop.processes import spawn_fake_upstream
 
     rows: dict[tuple[str, str, int], Row] = collections.defaultdict(Row)
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            config = bench.edge_config(upstream.base_url)
+            config = benchkit.edge_config(upstream.base_url)
             (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-            (folder / "token").write_text(bench.NODE_TOKEN)
+            (folder / "token").write_text(benchkit.NODE_TOKEN)
             async with contextlib.AsyncExitStack() as exits:
                 stacks = {
                     v: await exits.enter_async_context(
-                        stack(
-                            bench, folder, v, args.baseline if v == "baseline" else sys.executable
-                        )
+                        stack(folder, v, args.baseline if v == "baseline" else sys.executable)
                     )
                     for v in args.variants
                 }
@@ -289,7 +279,6 @@ async def drive(args: argparse.Namespace) -> None:
                             for variant in args.variants:
                                 target = stacks[variant]
                                 await measure_cell(
-                                    bench,
                                     target,
                                     stream,
                                     conc,
@@ -299,22 +288,20 @@ async def drive(args: argparse.Namespace) -> None:
                     print(f"  round {round_ + 1} done", file=sys.stderr, flush=True)
                 report(rows, args)
                 if args.py_spy:
-                    await profile(bench, stacks[args.variants[0]], args)
+                    await profile(stacks[args.variants[0]], args)
 
 
-async def measure_cell(
-    bench: ModuleType, target: Stack, stream: bool, conc: int, seconds: float, row: Row
-) -> None:
-    payload = bench.http_request(
+async def measure_cell(target: Stack, stream: bool, conc: int, seconds: float, row: Row) -> None:
+    payload = benchkit.http_request(
         f"{target.host}:{target.port}",
         "/v1/chat/completions",
-        bench.body("openai", stream),
-        bench.CLIENT_TOKEN,
+        benchkit.body("openai", stream),
+        benchkit.CLIENT_TOKEN,
     )
-    await bench.measure(target.host, target.port, payload, conc, 0.3)  # warm-up
+    await benchkit.measure(target.host, target.port, payload, conc, 0.3)  # warm-up
     await collect(target)  # resets the instruments
     before = {name: benchkit.cpu_seconds(pid) for name, pid in target.pids.items()}
-    cell = await bench.measure(target.host, target.port, payload, conc, seconds)
+    cell = await benchkit.measure(target.host, target.port, payload, conc, seconds)
     seen = await collect(target)
     served = len(cell.latencies)
     for name, pid in target.pids.items():
@@ -373,14 +360,14 @@ def report(rows: dict[tuple[str, str, int], Row], args: argparse.Namespace) -> N
         )
 
 
-async def profile(bench: ModuleType, target: Stack, args: argparse.Namespace) -> None:
+async def profile(target: Stack, args: argparse.Namespace) -> None:
     """py-spy over the Edge and the Node while c=32 load runs, streaming and not."""
     for stream in (False, True):
-        payload = bench.http_request(
+        payload = benchkit.http_request(
             f"{target.host}:{target.port}",
             "/v1/chat/completions",
-            bench.body("openai", stream),
-            bench.CLIENT_TOKEN,
+            benchkit.body("openai", stream),
+            benchkit.CLIENT_TOKEN,
         )
         with tempfile.TemporaryDirectory() as tmp:
             outputs = {name: Path(tmp) / f"{name}.txt" for name in target.pids}
@@ -394,7 +381,7 @@ async def profile(bench: ModuleType, target: Stack, args: argparse.Namespace) ->
                 )
                 for name, pid in target.pids.items()
             ]
-            await bench.measure(target.host, target.port, payload, 32, args.profile_seconds + 1)
+            await benchkit.measure(target.host, target.port, payload, 32, args.profile_seconds + 1)
             for spy in spies:
                 await spy.wait()
             for name, path in outputs.items():

@@ -1,6 +1,6 @@
 """Benchmark: Edge node hub -> Node -> fake upstream, against calling the fake upstream directly.
 
-    uv run --frozen python -P bench/wire.py [--seconds 4] [--concurrency 1 64]
+    uv run --frozen python -m bench.wire [--seconds 4] [--concurrency 1 64]
 
 One run measures both paths side by side, streaming and not, at each concurrency:
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ import orjson
 import uvloop
 
 from iop.edge.nodehub import NodeHub
-from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data
+from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data, token_sha256
 from iop.node import FakeAdapter, OpenAIAdapter
 from iop.processes import spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunDone, RunRequest
@@ -95,7 +94,7 @@ async def main(seconds: float, concurrencies: list[int]) -> None:
                 "nodes": [
                     {
                         "id": "node-1",
-                        "token_hash_sha256": hashlib.sha256(TOKEN.encode()).hexdigest(),
+                        "token_hash_sha256": token_sha256(TOKEN),
                         "providers": [
                             {
                                 "id": "p1",

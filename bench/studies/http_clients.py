@@ -1,6 +1,6 @@
 """Benchmark: HTTP clients for the Node's `openai` adapter, side by side against the fake upstream.
 
-    uv run --frozen python -P bench/http_clients.py [--rounds 3] [--seconds 3]
+    uv run --frozen python -m bench.studies.http_clients [--rounds 3] [--seconds 3]
         [--concurrency 1 32]
 
 The Node's adapter spends most of its CPU in its HTTP client (docs/benchmarks.md), so this
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import statistics
@@ -30,13 +29,9 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+from bench import benchkit
 
 PACKAGES = ["aiohttp==3.14.5", "aiosonic==1.3.3", "pyreqwest==0.15.1", "uvloop==0.23.0"]
 CLIENTS = ("aiohttp", "aiosonic", "pyreqwest")
@@ -179,14 +174,13 @@ async def outer(args: argparse.Namespace, python: Path) -> dict[str, dict[str, f
 
     async with spawn_fake_upstream() as upstream:
         process = await asyncio.create_subprocess_exec(
-            str(python),
-            "-P",
-            __file__,
+            *benchkit.module_command(str(python), "studies.http_clients"),
             *("--inner", f"{upstream.base_url}/chat/completions"),
             *("--rounds", str(args.rounds), "--seconds", str(args.seconds)),
             "--concurrency",
             *map(str, args.concurrency),
             stdout=asyncio.subprocess.PIPE,
+            cwd=benchkit.REPO,
         )
         out, _ = await process.communicate()
         if process.returncode:
@@ -213,7 +207,8 @@ def main() -> None:
     python = benchkit.ensure_venv(args.cache / "venv", PACKAGES)
     load = os.getloadavg()
     print(
-        f"# bench/http_clients.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"# bench.studies.http_clients on {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, "
         f"load average {load[0]:.1f}; {args.rounds} rounds of {args.seconds:g} s per cell\n"
     )
     summary = uvloop.run(outer(args, python))

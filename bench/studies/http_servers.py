@@ -1,6 +1,6 @@
 """Benchmark: the Edge's OpenAI API served by uvicorn (today) and by granian, side by side.
 
-    uv run --frozen python -P bench/http_servers.py [--rounds 3] [--seconds 3]
+    uv run --frozen python -m bench.studies.http_servers [--rounds 3] [--seconds 3]
         [--concurrency 1 32 128]
 
 Both servers run the same `EdgeApp` (auth, validation, dispatch, metering, SSE) over the stub hub
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import importlib.util
 import os
 import socket
 import statistics
@@ -30,17 +29,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import uvloop
 import yaml
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+from bench import benchkit
+from bench.edge import InstantHub
 
 GRANIAN = "granian==2.8.7"
 SERVERS = ("uvicorn", "granian")
@@ -61,9 +57,8 @@ async def serve_granian(config_path: str) -> None:
     from iop.edge.snapshots import PoolSnapshot
     from iop.edgeconfig import load_file
 
-    bench = benchkit.load_sibling("edge")
     config = load_file(config_path)
-    hub = bench.InstantHub()
+    hub = InstantHub()
     dispatcher = Dispatcher(PoolSnapshot.build(config))
     dispatcher.set_available(available_providers(hub.connected_providers()))
     app = EdgeApp(
@@ -103,33 +98,33 @@ async def serve_granian(config_path: str) -> None:
 # -- the driver ------------------------------------------------------------------------------------
 
 
-async def start(python: str, *args: str) -> tuple[asyncio.subprocess.Process, tuple[str, int]]:
-    bench = benchkit.load_sibling("edge")
+async def start(
+    python: str, name: str, *args: str
+) -> tuple[asyncio.subprocess.Process, tuple[str, int]]:
     process = await asyncio.create_subprocess_exec(
-        python,
-        "-P",
-        *args,
+        *benchkit.module_command(python, name, *args),
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=benchkit.REPO,
     )
     line = await benchkit.started_line(process)
-    return process, bench.split_url(line["url"])
+    return process, benchkit.split_url(line["url"])
 
 
 async def drive(args: argparse.Namespace, granian_python: Path) -> None:
     from iop.processes import terminate
 
-    bench = benchkit.load_sibling("edge")
     rows: dict[tuple[str, int, str], dict[str, list[Any]]] = collections.defaultdict(
         lambda: collections.defaultdict(list)
     )
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "edge.yaml"
-        config.write_text(yaml.safe_dump(bench.edge_config("http://127.0.0.1:9/v1")))
-        edge_py = str(Path(__file__).with_name("edge.py"))
+        config.write_text(yaml.safe_dump(benchkit.edge_config("http://127.0.0.1:9/v1")))
         servers = {
-            "uvicorn": await start(sys.executable, edge_py, "--stub-edge", str(config)),
-            "granian": await start(str(granian_python), __file__, "--serve", str(config)),
+            "uvicorn": await start(sys.executable, "edge", "--stub-edge", str(config)),
+            "granian": await start(
+                str(granian_python), "studies.http_servers", "--serve", str(config)
+            ),
         }
         try:
             for _ in range(args.rounds):
@@ -137,15 +132,15 @@ async def drive(args: argparse.Namespace, granian_python: Path) -> None:
                     for conc in args.concurrency:
                         for name in SERVERS:
                             process, (host, port) = servers[name]
-                            payload = bench.http_request(
+                            payload = benchkit.http_request(
                                 f"{host}:{port}",
                                 "/v1/chat/completions",
-                                bench.body("openai", stream),
-                                bench.CLIENT_TOKEN,
+                                benchkit.body("openai", stream),
+                                benchkit.CLIENT_TOKEN,
                             )
-                            await bench.measure(host, port, payload, conc, 0.3)
+                            await benchkit.measure(host, port, payload, conc, 0.3)
                             before = benchkit.cpu_seconds(process.pid)
-                            cell = await bench.measure(host, port, payload, conc, args.seconds)
+                            cell = await benchkit.measure(host, port, payload, conc, args.seconds)
                             cpu = benchkit.cpu_seconds(process.pid) - before
                             row = rows[("stream" if stream else "whole", conc, name)]
                             row["rps"].append(cell.rps)
@@ -181,11 +176,12 @@ def main() -> None:
     if args.serve:
         uvloop.run(serve_granian(args.serve))
         return
-    root = Path(__file__).resolve().parent.parent  # this checkout, into granian's environment
+    root = benchkit.REPO  # this checkout, into granian's environment
     python = benchkit.ensure_venv(args.cache / "venv", [GRANIAN], project=root)
     load = os.getloadavg()
     print(
-        f"# bench/http_servers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"# bench.studies.http_servers on {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, "
         f"load average {load[0]:.1f}; {GRANIAN}; {args.rounds} rounds of {args.seconds:g} s\n"
     )
     uvloop.run(drive(args, python))

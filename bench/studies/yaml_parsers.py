@@ -1,6 +1,6 @@
 """Benchmark: the YAML parsers on PyPI against what the config needs from one, on a big config.
 
-    uv run --frozen python -P bench/yaml_parsers.py [--base-nodes 2000] [--repeat 3]
+    uv run --frozen python -m bench.studies.yaml_parsers [--base-nodes 2000] [--repeat 3]
 
 The candidates are installed, pinned, into a virtual environment of their own under a cache
 directory (`--cache`, default `$XDG_CACHE_HOME/iop-bench/yaml-parsers`), never into the
@@ -19,7 +19,6 @@ It prints one table; figures go to docs/benchmarks.md ("## Config scale").
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,13 +26,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench import benchkit
-else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
-    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
-    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+from bench import benchkit
 
 #: The candidates, pinned (the newest PyPI serves here on the day of the figures).
 PACKAGES = [
@@ -184,21 +179,30 @@ def main() -> None:
         return
     import yaml
 
-    document = benchkit.load_sibling("config_scale").document
+    from bench.config_scale import document
+
     python = benchkit.ensure_venv(args.cache / "venv", PACKAGES)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(document(args.base_nodes), sort_keys=False))
         size = path.stat().st_size // 1024
         answer = subprocess.run(
-            [str(python), "-P", __file__, "--inner", str(path), "--repeat", str(args.repeat)],
+            benchkit.module_command(
+                str(python),
+                "studies.yaml_parsers",
+                "--inner",
+                str(path),
+                "--repeat",
+                str(args.repeat),
+            ),
             check=True,
+            cwd=benchkit.REPO,
             capture_output=True,
             text=True,
         )
     load = os.getloadavg()
     print(
-        f"# bench/yaml_parsers.py, {time.strftime('%Y-%m-%d %H:%M')}, load average "
+        f"# bench/studies/yaml_parsers.py, {time.strftime('%Y-%m-%d %H:%M')}, load average "
         f"{load[0]:.1f}; {args.base_nodes} nodes, {size:,} KiB of YAML, best of {args.repeat}\n"
     )
     cases = list(CASES)

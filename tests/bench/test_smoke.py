@@ -1,0 +1,103 @@
+"""Every benchmark runs, briefly, so that none rots: `python -m bench.NAME` with the smallest
+sizes and durations it takes, as a child process from the checkout's root, and prints its table.
+
+Nothing here is timed or compared: the figures of such a run mean nothing (docs/benchmarks.md
+holds the real ones). Three kinds run only far enough to import and parse their arguments, and
+the reason is named beside each: the operator's two need a Kubernetes cluster (`e2e/cluster`),
+and the studies install their candidates from PyPI into environments of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+#: name -> the arguments of a run of a second or so (a few for those that start several
+#: processes), and what its output must show.
+RUNS = {
+    "config_scale": (["--base-nodes", "10", "--repeat", "1"], "classify"),
+    "edge": (["--seconds", "0.2", "--concurrency", "1", "--paths", "edge-alone"], "edge alone"),
+    "wire": (["--seconds", "0.2", "--concurrency", "1"], "wire/direct"),
+    "refresh": (
+        [
+            "--nodes",
+            "2",
+            "--applies",
+            "2",
+            "--rounds",
+            "1",
+            "--window",
+            "0.3",
+            "--concurrency",
+            "2",
+        ],
+        "apply",
+    ),
+    "peers": (
+        ["--paths", "direct", "iop", "--rounds", "1", "--seconds", "0.2", "--concurrency", "1"],
+        "iop",
+    ),
+    "replicas": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "2"], "req/s"),
+    "tail": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "1"], "p99"),
+    "memory": (["--connections", "5", "--streams", "5", "--cycles", "1"], "KiB"),
+    "retries": (
+        ["--parts", "errors", "--requests", "20", "--fail-modes", "status"],
+        "retries",
+    ),
+    "limits": (["--parts", "admission", "--rounds", "1"], "admission"),
+    "health": (["--rounds", "1", "--interval-ms", "200", "--cost-seconds", "0.5"], "out"),
+    "hostile": (["--only", "wrong-tokens"], "wrong"),
+    "reliability": (["--rounds", "1", "--only", "headers"], "header"),
+}
+#: name -> why it runs only as far as `--help` here.
+HELP_ONLY = {
+    "operator": "needs a Kubernetes cluster (bench.operator finds e2e/cluster's)",
+    "edgeconfig_sizes": "needs a Kubernetes cluster (bench.edgeconfig_sizes finds e2e/cluster's)",
+    "studies.yaml_parsers": "installs its candidates from PyPI first",
+    "studies.http_clients": "installs its candidates from PyPI first",
+    "studies.http_servers": "installs granian from PyPI first",
+}
+
+
+def run(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def test_every_benchmark_module_is_listed_here() -> None:
+    found = {
+        path.relative_to(REPO / "bench").with_suffix("").as_posix().replace("/", ".")
+        for path in (REPO / "bench").rglob("*.py")
+        if path.stem not in ("__init__", "benchkit")
+    }
+    assert found == set(RUNS) | set(HELP_ONLY)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "shows"), [(n, *r) for n, r in RUNS.items()], ids=list(RUNS)
+)
+def test_a_short_run_prints_its_table(name: str, args: list[str], shows: str) -> None:
+    finished = run(name, *args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert shows in finished.stdout, finished.stdout[-3000:]
+
+
+@pytest.mark.parametrize("name", list(HELP_ONLY), ids=list(HELP_ONLY))
+def test_a_benchmark_that_needs_more_than_this_machine_parses_its_arguments(name: str) -> None:
+    finished = run(name, "--help")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "usage:" in finished.stdout
