@@ -26,7 +26,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.node import NodeAgent
 from iop.processes import free_port, spawn_edge, spawn_node, terminate
 from iop.wire import ClientTls
-from tests.waiting import wait_available, wait_until
+from tests.waiting import wait_available, wait_for, wait_until
 
 # Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI
 # runner a fast example can take a second. The properties bound their work by example counts.
@@ -475,17 +474,17 @@ def redis_url() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
+
+        def answers() -> bool:
+            assert server.poll() is None, f"redis-server exited with {server.returncode}"
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1) as probe:
                     probe.sendall(b"PING\r\n")
-                    if probe.recv(16).startswith(b"+PONG"):
-                        break
+                    return probe.recv(16).startswith(b"+PONG")
             except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start on port {port}")
-                time.sleep(0.05)
+                return False
+
+        wait_for(answers, timeout=20, interval=0.05, what=f"redis-server on port {port}")
         yield f"redis://127.0.0.1:{port}"
     finally:
         server.terminate()

@@ -21,6 +21,7 @@ import yaml
 
 from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
@@ -55,10 +56,7 @@ async def in_flight(metrics: httpx.AsyncClient, provider: str) -> float:
 
 async def kit_until(condition: Any, timeout: float) -> None:
     """Until the async `condition` holds (state in another process)."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.1)
+    await wait_until(condition, timeout, 0.1)
 
 
 async def test_a_normal_request_is_served_while_eight_non_reading_clients_hold_a_model(

@@ -27,6 +27,7 @@ import yaml
 
 from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -144,10 +145,8 @@ async def hub_stack(
             ready = (await http.get("/readyz")).json()
             return bool(ready["providers_available"] == ["p1", "p2"])
 
-        deadline = time.monotonic() + 90  # two Node processes start on a loaded machine
-        while not await both_available():
-            assert time.monotonic() < deadline, "the nodes never connected"
-            await asyncio.sleep(0.1)
+        # Two Node processes start on a loaded machine.
+        await wait_until(both_available, 90, 0.1, what="both nodes connected")
         yield Stack(edge, started, log, http)
 
 

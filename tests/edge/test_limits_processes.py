@@ -11,7 +11,6 @@ while a client alternates between them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import os
@@ -30,6 +29,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from iop.edgeconfig import token_sha256
 from iop.processes import spawn_iop, terminate
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
@@ -242,15 +242,16 @@ async def test_max_concurrent_holds_requests_in_progress(edge: Edge) -> None:
             await client.chat.completions.create(model="fast", messages=HI, max_tokens=2)
         assert "Too many requests at once for principal p-conc" in caught.value.message
         assert "Limit 2, In progress 2" in caught.value.message
+
     # Both streams closed by their client: their places come back as the Edge sees them go.
-    deadline = time.monotonic() + 10
-    while True:
+    async def served() -> bool:
         try:
             await client.chat.completions.create(model="fast", messages=HI, max_tokens=2)
-            break
         except openai.RateLimitError:
-            assert time.monotonic() < deadline, "the closed streams' places never came back"
-            await asyncio.sleep(0.05)
+            return False
+        return True
+
+    await wait_until(served, 10, 0.05, what="the closed streams' places to come back")
     await client.close()
 
 
