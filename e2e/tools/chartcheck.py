@@ -17,7 +17,7 @@ the API server's field validation does), so a misspelt field in a template fails
 
 kubeconform gets a module folder of its own (`kubeconform/go.mod` beside this file), built and
 cached by gotools.py (the cluster's binary cache, keyed by a hash of its go.mod and go.sum).
-Standard library only, like localcluster.py.
+Standard library only, like the cluster's launcher.
 
     chartcheck.py build                  build kubeconform unless it is up to date; print its path
     chartcheck.py schemas DIR [CRD...]   write the schemas into DIR
@@ -42,8 +42,9 @@ CLUSTER_DIR = REPO / "e2e" / "cluster"
 sys.path.insert(0, str(CLUSTER_DIR))
 sys.path.insert(0, str(HERE))
 
+import gobuilding  # noqa: E402  (the cluster's Go toolchain and pins)
 import gotools  # noqa: E402  (builds the pinned Go tools beside this file)
-import localcluster  # noqa: E402  (the cluster's cache, lock, Go toolchain and log)
+import layout  # noqa: E402  (the cluster's cache, lock and errors)
 
 KUBECONFORM_DIR = HERE / "kubeconform"
 KUBECONFORM_PACKAGE = "github.com/yannh/kubeconform/cmd/kubeconform"
@@ -82,9 +83,9 @@ def build_kubeconform() -> Path:
 def module_dir(module_at_version: str, cwd: Path) -> Path:
     """Where the Go module cache holds `module@version` (downloaded through the proxy if not)."""
     result = subprocess.run(
-        [localcluster.go_command(), "mod", "download", "-json", module_at_version],
+        [gobuilding.go_command(), "mod", "download", "-json", module_at_version],
         cwd=cwd,
-        env=localcluster.go_env(),
+        env=gobuilding.go_env(),
         capture_output=True,
         text=True,
         check=False,
@@ -100,7 +101,7 @@ def module_dir(module_at_version: str, cwd: Path) -> Path:
 
 def kubernetes_openapi() -> dict[str, Any]:
     """The swagger.json of the Kubernetes release the local cluster's API server is built from."""
-    version = localcluster.module_versions(localcluster.GO_MOD.read_text())["k8s.io/kubernetes"]
+    version = gobuilding.module_versions(layout.GO_MOD.read_text())["k8s.io/kubernetes"]
     folder = module_dir(f"k8s.io/kubernetes@{version}", CLUSTER_DIR)
     document: dict[str, Any] = json.loads(
         (folder / "api" / "openapi-spec" / "swagger.json").read_text()
@@ -260,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         binary = build_kubeconform()
         with tempfile.TemporaryDirectory(prefix="iop-schemas-") as folder:
             return validate(args.paths, write_schemas(Path(folder)), binary)
-    except (CheckError, gotools.ToolError, localcluster.ClusterError) as error:
+    except (CheckError, gotools.ToolError, layout.ClusterError) as error:
         log(str(error))
         return 1
 

@@ -3,10 +3,10 @@
 Each tool's folder (`kubeconform/`, `kstatus/`) is a Go module: its go.mod and go.sum pin what is
 built, so its dependency graph never moves one of the cluster's (`e2e/cluster/go.mod`), and any
 Go source in it (a command of our own around a library) is built with it. The binary goes into
-the cluster's binary cache (`e2e/cluster/localcluster.py`: `~/.cache/iop-edge/cluster/tools`,
+the cluster's binary cache (`e2e/cluster/layout.py`: `~/.cache/iop-edge/cluster/tools`,
 or under `IOP_CLUSTER_CACHE`), keyed by a hash of the recipe and every file of the folder, and is
 built under the cache's build lock, so two checkouts building at once build it once. Modules come
-only through the Go module proxy. Standard library only, like localcluster.py.
+only through the Go module proxy. Standard library only, like the cluster's launcher.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 CLUSTER_DIR = HERE.parent / "cluster"
 sys.path.insert(0, str(CLUSTER_DIR))
 
-import localcluster  # noqa: E402  (the cluster's cache, lock, Go toolchain and log)
+import gobuilding  # noqa: E402  (the cluster's Go toolchain and pins)
+import layout  # noqa: E402  (the cluster's cache, lock and errors)
 
 
 class ToolError(Exception):
@@ -54,7 +55,7 @@ class GoTool:
 
     def version(self) -> str:
         """The pinned version of `module`, from the folder's go.mod."""
-        versions = localcluster.module_versions((self.folder / "go.mod").read_text())
+        versions = gobuilding.module_versions((self.folder / "go.mod").read_text())
         if self.module not in versions:
             raise ToolError(f"{self.folder / 'go.mod'} does not require {self.module}")
         return versions[self.module]
@@ -74,7 +75,7 @@ class GoTool:
         return digest.hexdigest()[:16]
 
     def path(self) -> Path:
-        root = localcluster.cache_root() / "tools" / f"{self.name}-{self.key()}"
+        root = layout.cache_root() / "tools" / f"{self.name}-{self.key()}"
         return root / "bin" / self.name
 
     def build(self) -> Path:
@@ -82,7 +83,7 @@ class GoTool:
         target = self.path()
         if os.access(target, os.X_OK):
             return target
-        with localcluster.file_lock(localcluster.cache_root() / ".build.lock"):
+        with layout.file_lock(layout.cache_root() / ".build.lock"):
             if os.access(target, os.X_OK):  # built by whoever held the lock before us
                 return target
             log(f"building {self.name} ({self.module} {self.version()}) into {target.parent}")
@@ -90,7 +91,7 @@ class GoTool:
             work = target.parent.with_name(f"{target.parent.name}.tmp-{os.getpid()}")
             try:
                 command = [
-                    localcluster.go_command(),
+                    gobuilding.go_command(),
                     "build",
                     "-trimpath",
                     "-ldflags=-s -w",
@@ -99,7 +100,7 @@ class GoTool:
                     self.package,
                 ]
                 result = subprocess.run(
-                    command, cwd=self.folder, env=localcluster.go_env(), check=False
+                    command, cwd=self.folder, env=gobuilding.go_env(), check=False
                 )
                 if result.returncode != 0:
                     raise ToolError(f"go build {self.package} exited with {result.returncode}")

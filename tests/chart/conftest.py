@@ -132,7 +132,7 @@ def _prepare(config: pytest.Config) -> _Session:
     disabled = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with disabled:
-            cluster = _load("localcluster", REPO / "e2e" / "cluster" / "localcluster.py")
+            cluster = _load("gobuilding", REPO / "e2e" / "cluster" / "gobuilding.py")
             chartcheck = _load("chartcheck", REPO / "e2e" / "tools" / "chartcheck.py")
             helm = Path(cluster.ensure_built().bin_dir) / "helm"
             kubeconform = chartcheck.build_kubeconform()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kubelet.downward import quantity, resource_value
 from kubelet.envs import Image, argv, expand, repository, service_links

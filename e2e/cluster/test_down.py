@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-LAUNCHER = Path(__file__).resolve().parent / "cluster" / "localcluster.py"
+LAUNCHER = Path(__file__).resolve().parent / "localcluster.py"
 IMAGE = "ghcr.io/iop-edge/iop-edge:e2e"
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-CHART = Path(__file__).resolve().parent / "testdata" / "smoke-chart"
+CHART = Path(__file__).resolve().parents[1] / "testdata" / "smoke-chart"
 KWOK_NODE = "kwok-node-0"
 POD_NETWORK = ipaddress.ip_network("10.244.0.0/16")
 CEL_MESSAGE = "replicas must not exceed maxReplicas"
