@@ -10,6 +10,7 @@ and the studies install their candidates from PyPI into environments of their ow
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,14 +69,24 @@ HELP_ONLY = {
 
 
 def run(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """`python -m bench.NAME ARGS` in a session of its own: a run that overstays its bound is
+    stopped with every process it started (its Edges, Nodes and upstreams), not just itself."""
+    with subprocess.Popen(
         [sys.executable, "-m", f"bench.{name}", *args],
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=280,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=280)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            pytest.fail(f"bench.{name} ran past 280 s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def test_every_benchmark_module_is_listed_here() -> None:
