@@ -136,9 +136,22 @@ def test_each_operator_writes_only_its_own_edgeconfig(kube_cluster: Any, namespa
     # A change to alpha is alpha's alone: its webhook answers (beta's is never asked), its
     # operator applies it, beta's EdgeConfig does not move.
     beta_before = kube_cluster.get("ec", "beta", "-n", namespace)
+    patch = json.dumps({"spec": {"openai": {"longContextThresholdTokens": 5000}}})
+    # The webhook answers only once the API server trusts its certificate and the Service has a
+    # ready replica; until then failurePolicy Ignore admits without asking it. A server-side dry
+    # run is admitted like the real patch and changes nothing: wait until alpha's answers one.
+    asked = admissions(kube_cluster, namespace, "alpha")
+
+    def answered() -> bool:
+        kube_cluster.kubectl(
+            "patch", "ec", "alpha", "-n", namespace, "--type=merge", "-p", patch,
+            "--dry-run=server",
+        )  # fmt: skip
+        return admissions(kube_cluster, namespace, "alpha") > asked
+
+    wait_for(answered, timeout=60, what="alpha's webhook to answer", interval=1)
     beta_admissions = admissions(kube_cluster, namespace, "beta")
     alpha_admissions = admissions(kube_cluster, namespace, "alpha")
-    patch = json.dumps({"spec": {"openai": {"longContextThresholdTokens": 5000}}})
     kube_cluster.kubectl("patch", "ec", "alpha", "-n", namespace, "--type=merge", "-p", patch)
     wait_for(
         lambda: (
