@@ -1,4 +1,5 @@
-"""What a Node says about its providers besides runs: why one is unhealthy, and how far a drain is.
+"""What a Node says about its providers besides runs: why one is unhealthy, how far a drain is,
+and how loaded a provider's model server says it is.
 
 Reasons are codes, so the Edge can put them in a metric label and a status page can group by
 them; the sentence for people travels beside them (`ProviderHealth.detail`). A code that an
@@ -23,6 +24,7 @@ __all__ = [
     "REQUEST_FAILURES",
     "UNSPECIFIED",
     "DrainProgress",
+    "ServerLoad",
 ]
 
 # -- why a provider is unhealthy (ProviderHealth.reason) ----------------------------------------
@@ -75,3 +77,16 @@ class DrainProgress:
     @property
     def total(self) -> int:
         return sum(self.runs_left.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """What a model server's own `/metrics` said of its load when the Node's probe last read
+    them (vLLM's names: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+    `vllm:kv_cache_usage_perc`). `age_s`: how old the reading was when the Node reported it."""
+
+    running: int = 0
+    waiting: int = 0
+    #: KV-cache use, 0..1.
+    kv_cache_usage: float = 0.0
+    age_s: float = 0.0

@@ -22,8 +22,8 @@ __all__ = [
     "RunUsage",
 ]
 
-#: The OpenAI endpoint a run is for: /v1/chat/completions or /v1/completions.
-RunKind: TypeAlias = Literal["chat", "completion"]
+#: The OpenAI endpoint a run is for: /v1/chat/completions, /v1/completions or /v1/embeddings.
+RunKind: TypeAlias = Literal["chat", "completion", "embedding"]
 
 
 @dataclass(frozen=True, slots=True)
