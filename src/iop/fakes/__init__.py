@@ -5,13 +5,26 @@
 - `configs`: synthetic EdgeConfigs of a given size (nodes of four providers).
 """
 
-from .answers import WORDS, Completion, OpenAIError, error_body, parse_request, tokens
+from .answers import (
+    EMBEDDING_DIMENSIONS,
+    WORDS,
+    Completion,
+    OpenAIError,
+    embedding_response,
+    embedding_vector,
+    error_body,
+    parse_request,
+    tokens,
+)
 from .configs import sized_spec
 
 __all__ = [
+    "EMBEDDING_DIMENSIONS",
     "WORDS",
     "Completion",
     "OpenAIError",
+    "embedding_response",
+    "embedding_vector",
     "error_body",
     "parse_request",
     "sized_spec",
