@@ -52,6 +52,7 @@ from iop.wire.converting import (
     liveness_from_proto,
     payload_from_proto,
     request_from_proto,
+    server_load_to_proto,
 )
 
 from .arbitrating import PayloadArbiter
@@ -338,7 +339,16 @@ class EdgeConnection:
         while True:
             on_time = await ticker.tick()
             try:
-                writer.put(pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight()))
+                writer.put(
+                    pb.Heartbeat(
+                        sent_at=time.time(),
+                        in_flight=self.router.in_flight(),
+                        server_load={
+                            pid: server_load_to_proto(load)
+                            for pid, load in self.router.server_loads().items()
+                        },
+                    )
+                )
             except Exception:
                 logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
             if on_time and loop.time() - self._last_heard > liveness.heartbeat_timeout:
