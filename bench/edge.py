@@ -55,7 +55,7 @@ import yaml
 
 from iop import runtime_pb2 as pb
 from iop.edge import EdgeServer
-from iop.edge.hubs import NodeStatus, ProviderLink
+from iop.edge.hubs import NodeStatus, ProviderLink, ProviderLoad
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
@@ -367,6 +367,9 @@ class InstantHub:
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         return None
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        return {}
 
     def run(self, request: RunRequest) -> _InstantStream:
         return _InstantStream(self._stream if request.stream else self._whole)

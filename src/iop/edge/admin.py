@@ -21,7 +21,10 @@ process, as a raw ASGI app like the OpenAI API. Routes:
   whether it is connected, which config it applied, whether it drains and how many runs each
   provider has left (older processes of it that a newer one superseded included), and each of
   its providers' health with the reason code and the sentence behind it (URL credentials
-  redacted). Without a hub (an admin API tested alone) it lists the nodes as not connected.
+  redacted) and its load (this Edge's runs on it, what its Node and its server last reported,
+  and the load `least_load` reads). Without a hub (an admin API tested alone) it lists the nodes
+  as not connected. `dispatch` has each model's policy and its choices by reason (and the prefix
+  points `prefix_affinity` remembers).
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -40,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Self
@@ -51,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .dispatching import Dispatcher
 from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport
@@ -264,12 +269,16 @@ class AdminApp:
         nodes_of = {pid: limits.node_id for pid, limits in snapshot.providers.items()}
         health = provider_health(nodes_of, links)
         providers_of = {node.id: node.providers for node in snapshot.config.nodes}
+        dispatcher = self._refresher.dispatcher
         for entry in document["nodes"]:
             node_id = entry["node_id"]
             providers = sorted(providers_of[node_id], key=lambda p: p.id)
             entry.update(
                 _node_status(node_id, connected.get(node_id), [health[p.id] for p in providers])
             )
+            for provider in entry["providers"]:
+                provider["load"] = _load_status(dispatcher, provider["provider_id"])
+        document["dispatch"] = _dispatch_status(dispatcher)
         return document
 
     async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
@@ -339,6 +348,47 @@ def _node_status(
         ],
     }
     return document
+
+
+def _load_status(dispatcher: Dispatcher, provider_id: str) -> dict[str, Any]:
+    """One provider's load in `GET /status`: what least_load reads and where it comes from."""
+    report = dispatcher.reported_load(provider_id)
+    server = report.server if report is not None else None
+    return {
+        "load": dispatcher.load(provider_id),
+        "edge_in_flight": dispatcher.in_flight(provider_id),
+        "node_in_flight": report.node_in_flight if report is not None else None,
+        "reported_s_ago": (
+            round(time.monotonic() - report.reported_at, 3) if report is not None else None
+        ),
+        "server": (
+            {
+                "running": server.running,
+                "waiting": server.waiting,
+                "kv_cache_usage": round(server.kv_cache_usage, 4),
+                "age_s": round(server.age_s, 3),
+            }
+            if server is not None
+            else None
+        ),
+    }
+
+
+def _dispatch_status(dispatcher: Dispatcher) -> dict[str, Any]:
+    """`dispatch` in `GET /status`: each model's policy and the choices it made, by reason."""
+    decisions: dict[str, dict[str, int]] = {}
+    for (model_id, policy, reason), count in dispatcher.decisions().items():
+        key = f"{policy}/{reason}"
+        decisions.setdefault(model_id, {})[key] = count
+    return {
+        model_id: {
+            "policy": route.dispatch.policy,
+            "load_factor": route.dispatch.load_factor,
+            "choices": dict(sorted(decisions.get(model_id, {}).items())),
+            "prefix_points": dispatcher.prefix_homes(model_id),
+        }
+        for model_id, route in dispatcher.snapshot.models.items()
+    }
 
 
 def redacted(config: EdgeConfig) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """What the request path needs from the node hub, as a Protocol: the seam between the two.
 
-The hub (`nodehub`) owns the gRPC side: which nodes are connected, their providers' health, and
-the runs in flight on each connection. The request path only needs the four calls below, so it is
-written (and unit-tested, with an in-process fake) against this Protocol rather than the hub.
+The hub (`nodehub`) owns the gRPC side: which nodes are connected, their providers' health and
+load, and the runs in flight on each connection. The request path only needs the calls below, so
+it is written (and unit-tested, with an in-process fake) against this Protocol rather than the
+hub.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Protocol
 from iop import runtime_pb2 as pb
 from iop.edgeconfig import EdgeConfig
 from iop.wire import DrainProgress, RunEvent, RunRequest
-from iop.wire.nodestates import NODE_DISCONNECTED
+from iop.wire.nodestates import NODE_DISCONNECTED, ServerLoad
 
 __all__ = [
     "ConfigPush",
@@ -24,6 +25,7 @@ __all__ = [
     "NodeRuns",
     "NodeStatus",
     "ProviderLink",
+    "ProviderLoad",
     "RunEvents",
     "available_providers",
     "provider_health",
@@ -40,6 +42,17 @@ class ProviderLink:
     healthy: bool
     detail: str = ""
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLoad:
+    """A provider's load as its Node last reported it in a heartbeat: its runs from every Edge
+    (`node_in_flight`) and, when the model server exposes vLLM's metrics, the server's own
+    view. `reported_at` is this Edge's `time.monotonic()` when the heartbeat arrived."""
+
+    node_in_flight: int
+    server: ServerLoad | None
+    reported_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +137,10 @@ class NodeRuns(Protocol):
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback` whenever nodes connect or disconnect or a provider's health changes."""
+        ...
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        """provider id -> its last reported load: a live view, updated as heartbeats arrive."""
         ...
 
     def run(self, request: RunRequest) -> RunEvents:

@@ -47,10 +47,11 @@ from iop.wire.converting import (
     event_from_proto,
     health_from_proto,
     request_to_proto,
+    server_load_from_proto,
 )
 from iop.wire.nodestates import DRAINING, NOT_PROBED
 
-from .hubs import InstanceDrain
+from .hubs import InstanceDrain, ProviderLoad
 
 if TYPE_CHECKING:
     from .nodehub import NodeHub
@@ -316,6 +317,8 @@ class NodeSession:
         self.applied_hash = ""
         self.last_heartbeat: float | None = None
         self.node_in_flight: dict[str, int] = {}
+        #: provider id -> its load as the last heartbeat said (what least_load reads).
+        self.loads: dict[str, ProviderLoad] = {}
         self.acks: dict[int, asyncio.Future[pb.ConfigAck]] = {}
         self.writer: CoalescingWriter[EdgeItem] | None = None
         self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = self._loop.create_future()
@@ -432,8 +435,20 @@ class NodeSession:
         for ack in message.acks:
             changed = self._acknowledged(ack) or changed
         if message.HasField("heartbeat"):
-            self.last_heartbeat = time.monotonic()
-            self.node_in_flight = dict(message.heartbeat.in_flight)
+            now = self.last_heartbeat = time.monotonic()
+            heartbeat = message.heartbeat
+            in_flight = self.node_in_flight = dict(heartbeat.in_flight)
+            servers = heartbeat.server_load
+            self.loads = {
+                provider.id: ProviderLoad(
+                    in_flight.get(provider.id, 0),
+                    server_load_from_proto(servers[provider.id])
+                    if provider.id in servers
+                    else None,
+                    now,
+                )
+                for provider in self.payload.providers
+            }
         if changed and self.ready:
             self._on_change()
 
