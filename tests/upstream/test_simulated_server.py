@@ -5,6 +5,7 @@ metrics, a client that leaves freeing its place)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -147,3 +148,29 @@ async def test_without_gpu_there_are_no_metrics(fake_upstream: FakeUpstream) -> 
     async with httpx.AsyncClient() as http:
         response = await http.get(f"http://{fake_upstream.address}/metrics")
     assert response.status_code == 404
+
+
+async def test_a_reset_empties_the_cache_when_idle_and_waits_otherwise() -> None:
+    settings = GpuSettings(step_ms=1, step_ms_per_seq=0)
+    body = {"model": "m", "prompt": SYSTEM, "max_tokens": 2}
+    async with (
+        FakeUpstream(FakeUpstreamSettings(gpu=settings)) as upstream,
+        httpx.AsyncClient(base_url=upstream.base_url) as http,
+    ):
+        await http.post("/completions", json=body)
+        assert upstream.engine is not None and upstream.engine.cached_blocks > 0
+        slow = asyncio.ensure_future(http.post("/completions", json={**body, "max_tokens": 10_000}))
+        while not upstream.stats.in_flight:
+            await asyncio.sleep(0.01)
+        busy = await http.post(f"http://{upstream.address}/fake/reset")
+        assert busy.status_code == 409
+        slow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await slow
+        while upstream.stats.in_flight:
+            await asyncio.sleep(0.01)
+        done = await http.post(f"http://{upstream.address}/fake/reset")
+        assert done.status_code == 200
+        assert upstream.engine.cached_blocks == 0 and upstream.stats.completions == 0
+        again = await http.post("/completions", json=body)
+        assert again.status_code == 200

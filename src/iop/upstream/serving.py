@@ -5,7 +5,9 @@ It is the upstream of the tests and the baseline of the benchmarks, so it must b
 httptools' parser costs a fraction of a framework's per-request work, and it gives full control
 over the failures it injects (an error status, a connection dropped before the response or in
 the middle of a stream). It counts what it saw, including clients that went away mid-response,
-at `GET /fake/stats`, so a test can check that a cancellation really reached it.
+at `GET /fake/stats`, so a test can check that a cancellation really reached it;
+`POST /fake/reset` starts the counts (and a simulated GPU server's cache) afresh while it is
+idle, so a benchmark can run its cells on the same processes.
 
 Test hooks: a request body may carry `"fake_upstream": {"fail": "status" | "drop" |
 "drop-mid-stream", "status": 500, "latency_ms": 100, "tokens_per_second": 5}` to change how
@@ -349,6 +351,14 @@ class FakeUpstream(AsyncService):
         await self._server.wait_closed()
         self._server = None
 
+    def reset(self) -> None:
+        """Start the counts afresh, and the simulated GPU server with an empty cache (call it
+        while no request is in flight: `POST /fake/reset` refuses otherwise)."""
+        self.stats = UpstreamStats()
+        if self.settings.gpu is not None:
+            self.engine = GpuEngine(self.settings.gpu)
+            self._engine_wake.set()
+
     @property
     def port(self) -> int:
         return self._port
@@ -379,6 +389,14 @@ class FakeUpstream(AsyncService):
                 self._refuse(connection, request, 405)
                 return
             await self._embed(connection, request)
+            return
+        if path == b"/fake/reset" and request.method == b"POST":
+            if self.stats.in_flight:
+                message = f"{self.stats.in_flight} request(s) in flight: reset when idle"
+                connection._write_response(409, error_body(message), keep_alive)
+            else:
+                self.reset()
+                connection._write_response(200, b"{}", keep_alive)
             return
         if request.method != b"GET":
             self._refuse(connection, request, 404 if path != _MODELS else 405)
@@ -606,16 +624,25 @@ class FakeUpstream(AsyncService):
             engine.cancel(sim)  # nothing once it is done; frees its cache when its client left
 
     async def _drive_engine(self) -> None:
-        """The simulated server's clock: a step, its duration, then the tokens it gave."""
-        engine = self.engine
-        assert engine is not None
+        """The simulated server's clock: a step, its duration, then the tokens it gave.
+
+        Steps end on a schedule (each one its duration after the one before), not a sleep after
+        each: a process that wakes late, on a busy machine, catches up on its next steps, so
+        the server keeps the speed it simulates, as a GPU does whatever its host's CPUs do.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
         while True:
+            engine = self.engine
+            assert engine is not None
             step = engine.step()
             if step is None:
                 self._engine_wake.clear()
                 await self._engine_wake.wait()
+                deadline = loop.time()  # idle until now: the next step starts now
                 continue
-            await asyncio.sleep(step.duration_s)
+            deadline = max(deadline, loop.time() - step.duration_s) + step.duration_s
+            await asyncio.sleep(deadline - loop.time())
             sims = self._sims
             for sim, count in step.tokens:
                 queue = sims.get(sim.id)
