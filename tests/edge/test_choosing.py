@@ -94,21 +94,26 @@ async def test_least_load_takes_equals_in_turn(pool) -> None:
     assert counts == {"a": 100, "b": 100, "c": 100, "d": 100}
 
 
-async def test_least_load_counts_other_edges_and_the_servers_queue(pool) -> None:
+async def test_least_load_counts_other_edges_and_other_clients(pool) -> None:
     dispatcher = pool("least_load", ids="abc")
     now = time.monotonic()
     dispatcher.watch_loads(
         {
             # Runs from other Edges, as the Node's heartbeat says.
-            "a": ProviderLoad(node_in_flight=3, server=None, reported_at=now),
-            # The server's own queue (its /metrics): requests from outside IOP wait there.
-            "b": ProviderLoad(0, ServerLoad(running=2, waiting=1), now),
-            "c": ProviderLoad(0, ServerLoad(running=1, waiting=0), now),
+            "a": ProviderLoad(node_in_flight=3, server=None, reported_at=now, elsewhere=3),
+            # The server's own queue (its /metrics), less the Node's runs: other clients.
+            "b": ProviderLoad(0, ServerLoad(running=2, waiting=1, not_ours=3), now),
+            "c": ProviderLoad(1, ServerLoad(running=1, not_ours=0), now),
         }
     )
-    assert [dispatcher.load(pid) for pid in "abc"] == [3, 3, 1]
+    assert [dispatcher.load(pid) for pid in "abc"] == [3, 3, 0]
     first = await dispatcher.acquire("m", False)
     assert first.provider_id == "c"
+    # The Edge's own runs add up at once; a report that lags neither hides nor doubles them.
+    assert dispatcher.load("c") == 1
+    second = await dispatcher.acquire("m", False)
+    assert second.provider_id == "c"  # 1 against 3 and 3
+    assert [dispatcher.load(pid) for pid in "abc"] == [3, 3, 2]
 
 
 async def test_stale_reports_count_for_nothing(pool) -> None:
@@ -116,9 +121,11 @@ async def test_stale_reports_count_for_nothing(pool) -> None:
     old = time.monotonic() - LOAD_REPORT_TTL_S - 1
     dispatcher.watch_loads(
         {
-            "a": ProviderLoad(4, ServerLoad(running=4, waiting=9), old),
+            "a": ProviderLoad(4, ServerLoad(running=4, waiting=9, not_ours=9), old, elsewhere=4),
             "b": ProviderLoad(
-                0, ServerLoad(running=3, waiting=0, age_s=LOAD_REPORT_TTL_S + 1), time.monotonic()
+                0,
+                ServerLoad(running=3, waiting=0, age_s=LOAD_REPORT_TTL_S + 1, not_ours=3),
+                time.monotonic(),
             ),
         }
     )

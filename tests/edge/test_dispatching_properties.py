@@ -182,14 +182,22 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(
         provider=st.sampled_from(PROVIDERS),
         node_in_flight=st.integers(0, 6),
-        server=st.none() | st.tuples(st.integers(0, 6), st.integers(0, 6), st.floats(0, 1)),
+        elsewhere=st.integers(0, 6),
+        server=st.none()
+        | st.tuples(
+            st.integers(0, 6), st.integers(0, 6), st.floats(0, 1), st.just(0.0), st.integers(0, 6)
+        ),
     )
     def node_reports_load(
-        self, provider: str, node_in_flight: int, server: tuple[int, int, float] | None
+        self,
+        provider: str,
+        node_in_flight: int,
+        elsewhere: int,
+        server: tuple[int, int, float, float, int] | None,
     ) -> None:
         """A heartbeat: other Edges' runs and the server's own queue, which may say anything."""
         report = ServerLoad(*server) if server is not None else None
-        self.loads[provider] = ProviderLoad(node_in_flight, report, time.monotonic())
+        self.loads[provider] = ProviderLoad(node_in_flight, report, time.monotonic(), elsewhere)
 
     @rule(up=st.sets(st.sampled_from(PROVIDERS)))
     def nodes_change(self, up: set[str]) -> None:

@@ -21,10 +21,11 @@ process, as a raw ASGI app like the OpenAI API. Routes:
   whether it is connected, which config it applied, whether it drains and how many runs each
   provider has left (older processes of it that a newer one superseded included), and each of
   its providers' health with the reason code and the sentence behind it (URL credentials
-  redacted) and its load (this Edge's runs on it, what its Node and its server last reported,
-  and the load `least_load` reads). Without a hub (an admin API tested alone) it lists the nodes
-  as not connected. `dispatch` has each model's policy and its choices by reason (and the prefix
-  points `prefix_affinity` remembers).
+  redacted) and its load (this Edge's runs on it, what its Node and its server last reported:
+  runs from other Edges, other clients' requests; and the load `least_load` reads). Without a
+  hub (an admin API tested alone) it lists the nodes as not connected. `dispatch` has each
+  model's policy and its choices by reason (and the prefix points `prefix_affinity`
+  remembers).
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -358,6 +359,7 @@ def _load_status(dispatcher: Dispatcher, provider_id: str) -> dict[str, Any]:
         "load": dispatcher.load(provider_id),
         "edge_in_flight": dispatcher.in_flight(provider_id),
         "node_in_flight": report.node_in_flight if report is not None else None,
+        "other_edges_in_flight": report.elsewhere if report is not None else None,
         "reported_s_ago": (
             round(time.monotonic() - report.reported_at, 3) if report is not None else None
         ),
@@ -365,6 +367,7 @@ def _load_status(dispatcher: Dispatcher, provider_id: str) -> dict[str, Any]:
             {
                 "running": server.running,
                 "waiting": server.waiting,
+                "not_ours": server.not_ours,
                 "kv_cache_usage": round(server.kv_cache_usage, 4),
                 "age_s": round(server.age_s, 3),
             }

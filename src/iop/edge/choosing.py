@@ -6,12 +6,15 @@ a free slot, by the model's `dispatch.policy` (docs/edge.md, "Choosing among equ
 
 - `round_robin` (the default, the specification's tie rule): the least recently chosen. The
   dispatcher does it inline; nothing here is on its path.
-- `least_load`: the lowest load for its capacity. A provider's load is the most of what the Edge
-  knows: its own runs on it (always fresh), the runs its Node reports from every Edge, and the
-  model server's running plus waiting requests when the Node's probe reads them from its
-  `/metrics` (vLLM's names). Reports older than `LOAD_REPORT_TTL_S` count for nothing: a stale
-  high reading must not keep a provider idle. Equal loads: the lower KV-cache use, then the
-  least recently chosen.
+- `least_load`: the lowest load for its capacity. A provider's load is what is running or
+  waiting there: this Edge's own runs on it (counted here, always current), plus the runs its
+  Node has from other Edges (its heartbeats say), plus the requests at the model server that
+  are not the Node's at all (other clients: the server's running and waiting requests, which the
+  Node's probe reads from its `/metrics` under vLLM's names, less the Node's own runs then).
+  Reports older than `LOAD_REPORT_TTL_S` count for nothing. Only this Edge's own count changes
+  between reports, so a report that lags never hides or invents this Edge's own runs (a single
+  Edge's choices are exact). Equal loads: the lower KV-cache use, then the least recently
+  chosen.
 - `prefix_affinity`: the request goes to its prefix's home. A prompt is a chain of hashes
   (`PrefixKey`, made by `prefixes.py`); the Edge remembers, per model, where each of a request's
   points went last, and a request goes where its deepest known point went (the conversation's
@@ -168,16 +171,16 @@ class Chooser:
         self.decisions[key] = self.decisions.get(key, 0) + 1
 
     def load(self, provider_id: str, own: int, now: float | None = None) -> int:
-        """The provider's load: the most of the Edge's own runs and the fresh reports."""
+        """The provider's load: this Edge's runs, other Edges' and other clients' (fresh)."""
         report = self.loads.get(provider_id)
         if report is None:
             return own
         if (time.monotonic() if now is None else now) - report.reported_at > LOAD_REPORT_TTL_S:
             return own
-        load = max(own, report.node_in_flight)
+        load = own + report.elsewhere
         server = report.server
         if server is not None and server.age_s <= LOAD_REPORT_TTL_S:
-            load = max(load, server.running + server.waiting)
+            load += server.not_ours
         return load
 
     def kv_usage(self, provider_id: str, now: float) -> float:

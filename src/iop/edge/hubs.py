@@ -47,12 +47,14 @@ class ProviderLink:
 @dataclass(frozen=True, slots=True)
 class ProviderLoad:
     """A provider's load as its Node last reported it in a heartbeat: its runs from every Edge
-    (`node_in_flight`) and, when the model server exposes vLLM's metrics, the server's own
-    view. `reported_at` is this Edge's `time.monotonic()` when the heartbeat arrived."""
+    (`node_in_flight`), those of them from other Edges than this one (`elsewhere`) and, when
+    the model server exposes vLLM's metrics, the server's own view. `reported_at` is this
+    Edge's `time.monotonic()` when the heartbeat arrived."""
 
     node_in_flight: int
     server: ServerLoad | None
     reported_at: float
+    elsewhere: int = 0
 
 
 @dataclass(frozen=True, slots=True)

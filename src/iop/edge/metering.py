@@ -110,8 +110,8 @@ class _PoolCollector(Collector):
             decisions.add_metric([model_id, policy, reason], count)
         load = GaugeMetricFamily(
             "iop_edge_provider_load",
-            "A provider's load as least_load reads it: the most of this Edge's runs on it, its "
-            "Node's runs from every Edge and its server's running plus waiting requests.",
+            "A provider's load as least_load reads it: this Edge's runs on it, plus its Node's "
+            "runs from other Edges, plus its server's requests from other clients.",
             labels=["provider"],
         )
         for provider_id in sorted(self._dispatcher.snapshot.providers):

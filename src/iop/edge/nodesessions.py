@@ -439,6 +439,7 @@ class NodeSession:
             heartbeat = message.heartbeat
             in_flight = self.node_in_flight = dict(heartbeat.in_flight)
             servers = heartbeat.server_load
+            elsewhere = heartbeat.in_flight_elsewhere
             self.loads = {
                 provider.id: ProviderLoad(
                     in_flight.get(provider.id, 0),
@@ -446,6 +447,7 @@ class NodeSession:
                     if provider.id in servers
                     else None,
                     now,
+                    elsewhere.get(provider.id, 0),
                 )
                 for provider in self.payload.providers
             }

@@ -546,9 +546,10 @@ class DispatchSettings(Spec):
         DispatchPolicyName,
         live(
             "round_robin: equals take turns (the least recently chosen goes next). least_load: "
-            "the one with the lowest load for its capacity (the Edge's runs on it, its Node's "
-            "runs from every Edge and the model server's running and waiting requests when its "
-            "/metrics tells them; KV-cache use breaks ties). prefix_affinity: a conversation "
+            "the one with the lowest load for its capacity (this Edge's runs on it, plus its "
+            "Node's runs from other Edges, plus the model server's requests from other clients "
+            "when its /metrics tells them; KV-cache use breaks ties). prefix_affinity: a "
+            "conversation "
             "goes back to the provider that holds its prompt's prefix (a hash of the prompt's "
             "leading blocks, the same on every Edge replica) while that provider's load stays "
             "within load_factor of its share; past it the least loaded takes the request and "

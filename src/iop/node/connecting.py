@@ -164,6 +164,8 @@ class EdgeConnection:
         self.silences = 0
         self._writer: CoalescingWriter[_Outgoing] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
+        #: provider id -> runs of this Edge's in flight (the heartbeat tells it the others').
+        self._mine: dict[str, int] = {}
         self._gates: dict[str, RunGate] = {}
         self._last_heard = 0.0
 
@@ -339,13 +341,20 @@ class EdgeConnection:
         while True:
             on_time = await ticker.tick()
             try:
+                in_flight = self.router.in_flight()
+                mine = self._mine
                 writer.put(
                     pb.Heartbeat(
                         sent_at=time.time(),
-                        in_flight=self.router.in_flight(),
+                        in_flight=in_flight,
                         server_load={
                             pid: server_load_to_proto(load)
                             for pid, load in self.router.server_loads().items()
+                        },
+                        in_flight_elsewhere={
+                            pid: n - mine.get(pid, 0)
+                            for pid, n in in_flight.items()
+                            if n > mine.get(pid, 0)
                         },
                     )
                 )
@@ -389,12 +398,15 @@ class EdgeConnection:
             logger=logger,
         )
         self._runs[run_id] = task
+        provider_id = request.provider_id
+        self._mine[provider_id] = self._mine.get(provider_id, 0) + 1
         if gate is not None:
             self._gates[run_id] = gate
 
         def done(_: object) -> None:
             self._runs.pop(run_id, None)
             self._gates.pop(run_id, None)
+            self._mine[provider_id] -= 1
 
         task.add_done_callback(done)
 

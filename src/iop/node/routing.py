@@ -334,7 +334,10 @@ class Router:
             self._verdict(provision)
 
     def _loaded(self, provider_id: str, load: ServerLoad) -> None:
-        """What a provider's server said of its load (probing.py), for the heartbeats."""
+        """What a provider's server said of its load (probing.py), for the heartbeats, with the
+        requests at the server that were not this Node's runs then (other clients)."""
+        ours = self._in_flight.get(provider_id, 0)
+        load = replace(load, not_ours=max(0, load.running + load.waiting - ours))
         self._server_loads[provider_id] = (load, time.monotonic())
 
     def _verdict(self, provision: Provision) -> None:

@@ -179,13 +179,18 @@ def server_load_to_proto(load: ServerLoad, age_s: float | None = None) -> pb.Ser
         waiting=max(0, load.waiting),
         kv_cache_usage=load.kv_cache_usage,
         age_s=load.age_s if age_s is None else age_s,
+        not_ours=max(0, load.not_ours),
     )
 
 
 def server_load_from_proto(message: pb.ServerLoad) -> ServerLoad:
     """A server's load as the Edge receives it."""
     return ServerLoad(
-        message.running, message.waiting, message.kv_cache_usage, max(0.0, message.age_s)
+        message.running,
+        message.waiting,
+        message.kv_cache_usage,
+        max(0.0, message.age_s),
+        message.not_ours,
     )
 
 

@@ -83,10 +83,13 @@ class DrainProgress:
 class ServerLoad:
     """What a model server's own `/metrics` said of its load when the Node's probe last read
     them (vLLM's names: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-    `vllm:kv_cache_usage_perc`). `age_s`: how old the reading was when the Node reported it."""
+    `vllm:kv_cache_usage_perc`). `age_s`: how old the reading was when the Node reported it;
+    `not_ours`: of running + waiting, the requests that were not the Node's runs then (other
+    clients of the server)."""
 
     running: int = 0
     waiting: int = 0
     #: KV-cache use, 0..1.
     kv_cache_usage: float = 0.0
     age_s: float = 0.0
+    not_ours: int = 0
