@@ -59,7 +59,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,7 +75,6 @@ import yaml
 from iop.fakes import tokens
 from iop.processes import (
     UpstreamProcess,
-    free_port,
     spawn_edge,
     spawn_fake_upstream,
     spawn_node,
@@ -92,7 +90,9 @@ else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helper
     _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
     _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
 
-VLLM_ROUTER_VERSION = "0.1.17"  # as bench/peers.py
+#: bench/peers.py: the pinned vLLM router, how it is installed, how a server is waited for.
+peers = benchkit.load_sibling("peers")
+
 CLIENT_TOKEN = "sk-bench-routing"
 NODE_TOKEN = "bench-routing-node"
 MODEL = "bench"
@@ -294,7 +294,8 @@ async def iop_stack(
         node = await spawn_node(started["hub_port"], "node-1", folder / "token")
         url = str(started["url"])
         wanted = json.dumps([f"gpu-{i}" for i in range(1, len(servers) + 1)]).replace(" ", "")
-        await wait_http(f"{url}/readyz", f'"providers_available":{wanted}'.encode(), 120, edge)
+        answer = f'"providers_available":{wanted}'.encode()
+        await peers.wait_http(f"{url}/readyz", answer, 120, edge)
         yield Target(url, CLIENT_TOKEN, MODEL, str(started["admin_url"])), document
     finally:
         if node is not None:
@@ -322,41 +323,12 @@ async def apply_policy(
 async def vllm_router(
     command: Path, servers: list[UpstreamProcess], policy: str, folder: Path
 ) -> AsyncIterator[Target]:
-    port = free_port()
+    """bench/peers.py's router, in front of the four servers, with `policy`."""
     workers = [f"http://{server.listen}" for server in servers]
-    with (folder / f"vllm-router-{policy}.log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            str(command),
-            *("--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())),
-            *("--worker-urls", *workers, "--policy", policy),
-            *("--health-check-endpoint", "/v1/models", "--log-level", "warning"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        await wait_http(f"{url}/v1/models", b'"object":"list"', 120, process)
-        yield Target(url, None, SERVED)
-    finally:
-        await terminate(process)
-
-
-async def wait_http(
-    url: str, wanted: bytes, timeout: float, process: asyncio.subprocess.Process
-) -> None:
-    """Poll `url` until its body contains `wanted`; fail if `process` exits first."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout
-    async with aiohttp.ClientSession() as session:
-        while loop.time() < until:
-            if process.returncode is not None:
-                raise RuntimeError(f"{url}: the server exited with {process.returncode}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
-                    if wanted in await response.read():
-                        return
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer {wanted!r} within {timeout:.0f}s")
+    async with peers.vllm_router(
+        command, servers[0].listen, folder, workers=workers, policy=policy
+    ) as started:
+        yield Target(started.url, None, SERVED)
 
 
 # -- one cell -----------------------------------------------------------------------------------
@@ -498,16 +470,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
         flush=True,
     )
     routers = [s for s in args.systems if s.startswith("vllm-router:")]
-    router = (
-        benchkit.ensure_venv(
-            args.cache / f"vllm-router-{VLLM_ROUTER_VERSION}",
-            [f"vllm-router=={VLLM_ROUTER_VERSION}"],
-            command="vllm-router",
-            announce=True,
-        )
-        if routers
-        else None
-    )
+    router = peers.ensure_vllm_router(args.cache) if routers else None
     cells: list[Cell] = []
     async with contextlib.AsyncExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -715,7 +678,8 @@ def main() -> None:
     print(
         f"# bench/routing.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
         f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, vllm-router "
-        f"{VLLM_ROUTER_VERSION}, {args.seconds:g} s of arrivals a cell ({args.warmup:g} s warm-up)",
+        f"{peers.VLLM_ROUTER_VERSION}, {args.seconds:g} s of arrivals a cell "
+        f"({args.warmup:g} s warm-up)",
         flush=True,
     )
     print(

@@ -52,7 +52,7 @@ from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
 from .errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
 from .hubs import ProviderLoad
-from .snapshots import Candidate, ModelRoute, PoolSnapshot
+from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
 
 __all__ = ["BUSY_COOLDOWN_S", "RETRY_AFTER_S", "Dispatcher", "Lease"]
 
@@ -176,6 +176,20 @@ class _FairQueue:
             (waiter for fifo in self.by_principal.values() for waiter in fifo.values()),
             key=lambda waiter: waiter.order,
         )
+
+
+def _has_room(limits: ProviderLimits, slots: _Slots, long: bool) -> bool:
+    """The provider can take the request now: a free slot (and a long one for a long request),
+    and not cooling down after a busy refusal."""
+    if slots.in_flight >= limits.capacity:
+        return False
+    if (
+        long
+        and limits.long_context_slots is not None
+        and slots.long_in_flight >= limits.long_context_slots
+    ):
+        return False
+    return not (slots.cool_until and slots.cool_until > time.monotonic())
 
 
 class Dispatcher:
@@ -451,15 +465,7 @@ class Dispatcher:
             if limits.id not in available or (avoid and limits.id in avoid):
                 continue
             slots = all_slots[limits.id]
-            if slots.in_flight >= limits.capacity:
-                continue
-            if (
-                long
-                and limits.long_context_slots is not None
-                and slots.long_in_flight >= limits.long_context_slots
-            ):
-                continue
-            if slots.cool_until and slots.cool_until > time.monotonic():
+            if not _has_room(limits, slots, long):
                 continue
             if best is None or slots.last_used < best_used:
                 best, best_used, best_priority = candidate, slots.last_used, limits.priority
@@ -477,7 +483,6 @@ class Dispatcher:
         group: list[Candidate] = []
         free: list[Candidate] = []
         priority: int | None = None
-        now = 0.0
         for candidate in route.candidates:
             limits = candidate.provider
             if limits.priority != priority:
@@ -490,20 +495,8 @@ class Dispatcher:
             if long and not limits.takes_long:
                 continue
             group.append(candidate)
-            slots = all_slots[limits.id]
-            if slots.in_flight >= limits.capacity:
-                continue
-            if (
-                long
-                and limits.long_context_slots is not None
-                and slots.long_in_flight >= limits.long_context_slots
-            ):
-                continue
-            if slots.cool_until:
-                now = now or time.monotonic()
-                if slots.cool_until > now:
-                    continue
-            free.append(candidate)
+            if _has_room(limits, all_slots[limits.id], long):
+                free.append(candidate)
         if not free:
             return None
         return self._chooser.choose(route, group, free, prefix, all_slots)
