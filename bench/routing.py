@@ -340,6 +340,8 @@ class Sample:
     ttft: float
     e2e: float
     ok: bool
+    #: What went wrong, when it did.
+    why: str = ""
 
 
 @dataclass
@@ -410,7 +412,9 @@ async def run_cell(
     if target.token:
         headers["authorization"] = f"Bearer {target.token}"
     url = f"{target.url}/v1/chat/completions"
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # Idle connections closed before the servers close them (uvicorn: 5 s): a POST on a
+    # connection the server is closing fails, and nothing retries it.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
     async with aiohttp.ClientSession(
         connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=600)
     ) as session:
@@ -431,18 +435,21 @@ async def run_cell(
             start = time.perf_counter()
             first = 0.0
             ok = False
+            why = ""
             try:
                 async with session.post(url, data=body) as response:
                     tail = b""
                     async for piece in response.content.iter_any():
                         if not first:
                             first = time.perf_counter()
-                        tail = (tail + piece)[-32:]
+                        tail = (tail + piece)[-200:]
                     ok = response.status == 200 and tail.endswith(b"data: [DONE]\n\n")
-            except (aiohttp.ClientError, TimeoutError):
-                ok = False
+                    if not ok:
+                        why = f"HTTP {response.status}: {tail[-160:].decode(errors='replace')}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                why = repr(exc)
             end = time.perf_counter()
-            cell.samples.append(Sample(turn.at, (first or end) - start, end - start, ok))
+            cell.samples.append(Sample(turn.at, (first or end) - start, end - start, ok, why))
 
         started = time.perf_counter()
         await asyncio.gather(*(send(turn) for turn in turns))
@@ -543,6 +550,8 @@ async def measure(
         file=sys.stderr,
         flush=True,
     )
+    for sample in [s for s in cell.samples if not s.ok][:3]:
+        print(f"    failed at {sample.at:.1f} s: {sample.why}", file=sys.stderr, flush=True)
     return cell
 
 
@@ -700,7 +709,7 @@ def main() -> None:
                         "system": c.system,
                         "load": c.load,
                         "rate": c.rate,
-                        "samples": [[s.at, s.ttft, s.e2e, s.ok] for s in c.samples],
+                        "samples": [[s.at, s.ttft, s.e2e, s.ok, s.why] for s in c.samples],
                         "hits": c.hits,
                         "queries": c.queries,
                         "served": c.served,
