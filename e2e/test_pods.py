@@ -416,8 +416,7 @@ def test_deletion_runs_pre_stop_then_sigterm(
         },
     }
     kube_cluster.apply(pod, "-n", namespace)
-    kube_cluster.kubectl("wait", "--for=condition=Ready", "pod/graceful", "-n", namespace,
-                         "--timeout=30s")  # fmt: skip
+    kube_cluster.wait_condition("pod/graceful", "Ready", namespace=namespace)
     kube_cluster.kubectl("delete", "pod", "graceful", "-n", namespace, "--timeout=30s")
 
     assert (tmp_path / "prestop").read_text() == "bye\n"

@@ -113,6 +113,8 @@ class RelayedRun:
         self._events: AsyncIterator[RunEvent] | None = None
         self._first: RunEvent | None = None
         self._prefix_key: PrefixKey | None = _UNKNOWN
+        #: Tokens the upstream reported for the answer (prompt + completion), once it has.
+        self.spent: int | None = None
 
     @property
     def provider_id(self) -> str:
@@ -354,6 +356,7 @@ class RelayedRun:
     def _meter(self, usage: RunUsage) -> None:
         lease = self._lease
         assert lease is not None
+        self.spent = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
         self._relay._metrics.count_usage(
             self._principal,
             self._model,
