@@ -198,8 +198,11 @@ async def test_round_robin_scatters_a_conversation_over_the_servers(
 async def test_a_live_policy_change_under_load_loses_no_request(
     setup: Setup, tmp_path: Path
 ) -> None:
-    async with fleet(setup, tmp_path, "round_robin", servers=3) as running:
+    # Decoding at 20 ms a step: a 16-token answer streams for over 300 ms, across an apply.
+    slower = [*GPU[:2], "20", *GPU[3:]]
+    async with fleet(setup, tmp_path, "round_robin", servers=3, upstream_args=slower) as running:
         statuses: list[int] = []
+        held_ends: list[str | None] = []
         stop = asyncio.Event()
 
         async def load(api: openai.AsyncOpenAI, worker: int) -> None:
@@ -231,11 +234,21 @@ async def test_a_live_policy_change_under_load_loses_no_request(
             workers = [asyncio.ensure_future(load(api, n)) for n in range(12)]
             policies = ["least_load", "prefix_affinity", "round_robin"] * 3
             for policy in policies:
+                # A run that certainly started under the old policy and ends under the new one.
+                held = await api.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": f"held across {policy}"}],
+                    max_tokens=16,
+                    stream=True,
+                )
+                chunks = [await anext(aiter(held))]
                 document = running.document
                 document["models"][0]["dispatch"] = {"policy": policy, "load_factor": 1.5}
                 answer = await admin.post("/refresh", json={"mode": "apply", "config": document})
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["outcome"] == "applied"
+                chunks += [chunk async for chunk in held]
+                held_ends.append(chunks[-1].choices[0].finish_reason)
                 served = len(statuses)
                 while len(statuses) < served + 10:  # some load on each policy
                     await asyncio.sleep(0.05)
@@ -246,6 +259,7 @@ async def test_a_live_policy_change_under_load_loses_no_request(
             await admin.aclose()
             await api.close()
     assert statuses and set(statuses) == {200}
+    assert held_ends == ["length"] * len(policies)  # every held stream ended whole
     assert status["dispatch"]["m"]["policy"] == "round_robin"
     policies_seen = {key.split("/")[0] for key in status["dispatch"]["m"]["choices"]}
     assert policies_seen == {"round_robin", "least_load", "prefix_affinity"}
