@@ -62,7 +62,7 @@ from bench.benchkit import (
     wait_available,
 )
 from iop.edge import EdgeServer
-from iop.edge.hubs import NodeStatus, ProviderLink
+from iop.edge.hubs import NodeStatus, ProviderLink, ProviderLoad
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
@@ -192,6 +192,9 @@ class InstantHub:
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         return None
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        return {}
 
     def run(self, request: RunRequest) -> _InstantStream:
         return _InstantStream(self._stream if request.stream else self._whole)

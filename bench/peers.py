@@ -155,17 +155,25 @@ async def litellm_proxy(command: Path, upstream_url: str, folder: Path) -> Async
 
 
 @contextlib.asynccontextmanager
-async def vllm_router(command: Path, upstream_listen: str, folder: Path) -> AsyncIterator[Target]:
+async def vllm_router(
+    command: Path,
+    upstream_listen: str,
+    folder: Path,
+    *,
+    workers: Sequence[str] = (),
+    policy: str = "round_robin",
+) -> AsyncIterator[Target]:
+    """The router in front of `workers` (default: the upstream at `upstream_listen`, twice)."""
     port = free_port()
     upstream_port = upstream_listen.rpartition(":")[2]
     # Two workers on the same upstream (two spellings of its address: the router keys workers
     # by URL), as the two deployments of the other gateways.
-    workers = [f"http://127.0.0.1:{upstream_port}", f"http://localhost:{upstream_port}"]
-    with (folder / "vllm-router.log").open("wb") as log:
+    workers = workers or [f"http://127.0.0.1:{upstream_port}", f"http://localhost:{upstream_port}"]
+    with (folder / f"vllm-router-{policy}.log").open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             str(command),
             *("--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())),
-            *("--worker-urls", *workers, "--policy", "round_robin"),
+            *("--worker-urls", *workers, "--policy", policy),
             *("--health-check-endpoint", "/v1/models", "--log-level", "warning"),
             stdout=log,
             stderr=subprocess.STDOUT,

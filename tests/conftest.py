@@ -196,13 +196,15 @@ def build_document(
     openai: Mapping[str, Any] | None = None,
     generation: Mapping[str, Mapping[str, Any]] | None = None,
     edge: Mapping[str, Any] | None = None,
+    dispatch: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The one config builder of the tests: a valid document with one node holding `providers`.
 
     Each provider needs `id`, `adapter` and `served_models`; `models` maps model id -> provider
     ids, each serving its first served model (default: one model "m" over every provider).
     Listeners are on loopback port 0; the clients of `CLIENT_TOKENS` are known; the Node link
-    is mutual TLS with `TEST_TLS`. `edge` adds to (or overrides) the `edge` section.
+    is mutual TLS with `TEST_TLS`. `edge` adds to (or overrides) the `edge` section;
+    `generation` and `dispatch` give models their sections, by model id.
     """
     models = models if models is not None else {"m": [p["id"] for p in providers]}
     served = {p["id"]: p["served_models"][0] for p in providers}
@@ -228,6 +230,11 @@ def build_document(
                 "id": model_id,
                 "providers": {pid: served[pid] for pid in pids},
                 "generation": dict((generation or {}).get(model_id, {})),
+                **(
+                    {"dispatch": dict(dispatch[model_id])}
+                    if dispatch and model_id in dispatch
+                    else {}
+                ),
             }
             for model_id, pids in models.items()
         ],

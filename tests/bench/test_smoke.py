@@ -57,6 +57,10 @@ RUNS = {
     "health": (["--rounds", "1", "--interval-ms", "200", "--cost-seconds", "0.5"], "out"),
     "hostile": (["--only", "wrong-tokens"], "wrong"),
     "reliability": (["--rounds", "1", "--only", "headers"], "header"),
+    "routing": (
+        ["--loads", "0.5", "--seconds", "2", "--warmup", "1", "--systems", "iop:prefix_affinity"],
+        "prefix-cache hits",
+    ),
 }
 #: name -> why it runs only as far as `--help` here.
 HELP_ONLY = {

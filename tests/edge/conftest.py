@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from iop.edge.hubs import Hub, NodeStatus, ProviderLink, RunEvents
+from iop.edge.hubs import Hub, NodeStatus, ProviderLink, ProviderLoad, RunEvents
 from iop.edgeconfig import EdgeConfig
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
@@ -200,6 +200,8 @@ class FakeHub:
     """Runs requests in-process with `script`; records what it was asked and what ended how."""
 
     providers: dict[str, ProviderLink] = field(default_factory=dict)
+    #: What the nodes reported of their providers' load (`provider_loads`).
+    loads: dict[str, ProviderLoad] = field(default_factory=dict)
     script: Script = echo_script
     requests: list[RunRequest] = field(default_factory=list)
     active: dict[str, RunRequest] = field(default_factory=dict)
@@ -221,6 +223,9 @@ class FakeHub:
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         self.listeners.append(callback)
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        return self.loads
 
     def run(self, request: RunRequest) -> RunEvents:
         self.requests.append(request)

@@ -1,10 +1,12 @@
 """The pool's invariants under any sequence of requests, retries that avoid the providers they
-tried, releases, cancellations, swaps and node changes (a hypothesis state machine over a real
-event loop)."""
+tried, releases, cancellations, swaps and node changes, under every dispatch policy (each model
+draws its own, and a swap may change it) with prompts of a few prefixes and load reports from the
+Nodes (a hypothesis state machine over a real event loop)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,13 +21,42 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from iop.edge.choosing import PrefixKey
 from iop.edge.dispatching import Dispatcher, Lease
 from iop.edge.errors import EdgeError
+from iop.edge.hubs import ProviderLoad
 from iop.edge.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig
+from iop.wire.nodestates import ServerLoad
 
 PROVIDERS = ("a", "b", "c")
 MODELS = {"x": ["a", "b"], "y": ["b", "c"], "z": ["c"]}
+POLICIES = ("round_robin", "least_load", "prefix_affinity")
+#: Prompts of three conversations, a few turns each (None: a request without a prefix).
+PREFIXES = [None] + [
+    PrefixKey(tuple(f"{conversation}-{turn}".encode() for turn in range(turns)))
+    for conversation in "pqr"
+    for turns in (1, 2, 3)
+]
+PROVIDER_SETTINGS = st.fixed_dictionaries(
+    {
+        pid: st.tuples(
+            st.integers(1, 3),
+            st.sampled_from([None, 1]),
+            # Mostly one priority, mostly enabled: a policy chooses only among equals, and a
+            # chooser that takes a full provider is found in the default number of examples.
+            st.sampled_from([0, 0, 0, 1, 2]),
+            st.sampled_from([True, True, True, False]),
+        )
+        for pid in PROVIDERS
+    }
+)
+DISPATCH_SETTINGS = st.fixed_dictionaries(
+    {
+        model: st.tuples(st.sampled_from(POLICIES), st.sampled_from([1.0, 1.25, 3.0]))
+        for model in MODELS
+    }
+)
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -38,10 +69,16 @@ class PoolMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.generation = 1
         self.leases: list[Lease] = []
+        #: Leases ever given (each must be one counted dispatch choice).
+        self.given = 0
         self.waiting: list[asyncio.Task[Lease]] = []
         self.over_capacity: list[str] = []
 
-    def config(self, settings: dict[str, tuple[int, int | None, int, bool]]):
+    def config(
+        self,
+        settings: dict[str, tuple[int, int | None, int, bool]],
+        dispatch: dict[str, tuple[str, float]],
+    ):
         providers = [
             self.provider(
                 pid,
@@ -55,24 +92,18 @@ class PoolMachine(RuleBasedStateMachine):
             for pid, (capacity, long_slots, priority, enabled) in settings.items()
         ]
         # Keep every model valid: its first provider always takes long requests when enabled.
-        return self.config_of(providers, MODELS)
+        policies = {
+            model: {"policy": policy, "load_factor": factor}
+            for model, (policy, factor) in dispatch.items()
+        }
+        return self.config_of(providers, MODELS, dispatch=policies)
 
-    @initialize(
-        settings=st.fixed_dictionaries(
-            {
-                pid: st.tuples(
-                    st.integers(1, 3),
-                    st.sampled_from([None, 1]),
-                    st.integers(0, 2),
-                    st.booleans(),
-                )
-                for pid in PROVIDERS
-            }
-        )
-    )
-    def start(self, settings) -> None:
-        self.dispatcher = Dispatcher(PoolSnapshot.build(self.config(settings)))
+    @initialize(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
+    def start(self, settings, dispatch) -> None:
+        self.dispatcher = Dispatcher(PoolSnapshot.build(self.config(settings, dispatch)))
         self.dispatcher.set_available(PROVIDERS)
+        self.loads: dict[str, ProviderLoad] = {}
+        self.dispatcher.watch_loads(self.loads)
 
     def settle(self) -> None:
         async def spin() -> None:
@@ -90,18 +121,23 @@ class PoolMachine(RuleBasedStateMachine):
         if limits is not None and self.dispatcher.in_flight(lease.provider_id) > limits.capacity:
             self.over_capacity.append(lease.provider_id)
         self.leases.append(lease)
+        self.given += 1
 
-    @rule(model=st.sampled_from(sorted(MODELS)), long=st.booleans())
-    def request(self, model: str, long: bool) -> None:
+    @rule(
+        model=st.sampled_from(sorted(MODELS)),
+        long=st.booleans(),
+        prefix=st.sampled_from(PREFIXES),
+    )
+    def request(self, model: str, long: bool, prefix: PrefixKey | None) -> None:
         async def try_now() -> None:
             try:
-                lease = self.dispatcher.try_acquire(model, long)
+                lease = self.dispatcher.try_acquire(model, long, prefix)
             except EdgeError:
                 return
             if lease is not None:
                 self.admitted(lease)
             else:
-                task = asyncio.ensure_future(self.dispatcher.acquire(model, long))
+                task = asyncio.ensure_future(self.dispatcher.acquire(model, long, prefix=prefix))
                 self.waiting.append(task)
 
         self.loop.run_until_complete(try_now())
@@ -111,12 +147,15 @@ class PoolMachine(RuleBasedStateMachine):
         model=st.sampled_from(sorted(MODELS)),
         long=st.booleans(),
         avoid=st.frozensets(st.sampled_from(PROVIDERS), min_size=1, max_size=2),
+        prefix=st.sampled_from(PREFIXES),
     )
-    def retry(self, model: str, long: bool, avoid: frozenset[str]) -> None:
+    def retry(
+        self, model: str, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+    ) -> None:
         async def acquire() -> None:
             deadline = asyncio.get_running_loop().time() + 600
             task = asyncio.ensure_future(
-                self.dispatcher.acquire(model, long, deadline=deadline, avoid=avoid)
+                self.dispatcher.acquire(model, long, deadline=deadline, avoid=avoid, prefix=prefix)
             )
             self.waiting.append(task)
 
@@ -136,23 +175,31 @@ class PoolMachine(RuleBasedStateMachine):
         self.waiting[index % len(self.waiting)].cancel()
         self.settle()
 
-    @rule(
-        settings=st.fixed_dictionaries(
-            {
-                pid: st.tuples(
-                    st.integers(1, 3),
-                    st.sampled_from([None, 1]),
-                    st.integers(0, 2),
-                    st.booleans(),
-                )
-                for pid in PROVIDERS
-            }
-        )
-    )
-    def swap(self, settings) -> None:
+    @rule(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
+    def swap(self, settings, dispatch) -> None:
         self.generation += 1
-        self.dispatcher.swap(PoolSnapshot.build(self.config(settings), self.generation))
+        self.dispatcher.swap(PoolSnapshot.build(self.config(settings, dispatch), self.generation))
         self.settle()
+
+    @rule(
+        provider=st.sampled_from(PROVIDERS),
+        node_in_flight=st.integers(0, 6),
+        elsewhere=st.integers(0, 6),
+        server=st.none()
+        | st.tuples(
+            st.integers(0, 6), st.integers(0, 6), st.floats(0, 1), st.just(0.0), st.integers(0, 6)
+        ),
+    )
+    def node_reports_load(
+        self,
+        provider: str,
+        node_in_flight: int,
+        elsewhere: int,
+        server: tuple[int, int, float, float, int] | None,
+    ) -> None:
+        """A heartbeat: other Edges' runs and the server's own queue, which may say anything."""
+        report = ServerLoad(*server) if server is not None else None
+        self.loads[provider] = ProviderLoad(node_in_flight, report, time.monotonic(), elsewhere)
 
     @rule(up=st.sets(st.sampled_from(PROVIDERS)))
     def nodes_change(self, up: set[str]) -> None:
@@ -171,6 +218,11 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def admissions_respect_capacity(self) -> None:
         assert not self.over_capacity
+
+    @invariant()
+    def every_lease_is_one_counted_choice(self) -> None:
+        if hasattr(self, "dispatcher"):
+            assert sum(self.dispatcher.decisions().values()) == self.given
 
     @invariant()
     def queue_depth_matches_waiting_requests(self) -> None:
@@ -221,7 +273,7 @@ def test_pool_invariants(config_of, provider) -> None:
     run_state_machine_as_test(
         Machine,
         settings=settings(
-            max_examples=60,
+            max_examples=150,
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

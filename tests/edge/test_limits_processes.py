@@ -34,7 +34,7 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
 NODE_TOKEN = "limits-node-token"
-PRINCIPALS = ["p-rpm", "p-tpm", "p-conc", "p-budget", "p-retry", "p-live", "p-large"]
+PRINCIPALS = ["p-rpm", "p-tpm", "p-conc", "p-budget", "p-retry", "p-live", "p-large", "p-embed"]
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
@@ -54,6 +54,7 @@ def limits(reset_at: str) -> list[dict[str, Any]]:
         {"principal_ref": "p-retry", "tokens_per_minute": 1200},
         {"principal_ref": "p-live", "max_concurrent": 1},
         {"principal_ref": "p-large", "tokens_per_minute": 20},
+        {"principal_ref": "p-embed", "requests_per_minute": 2},
     ]
 
 
@@ -200,6 +201,26 @@ async def test_requests_per_minute_refuses_the_fourth_request(edge: Edge) -> Non
     # A stream is refused the same way, before it takes a slot.
     with pytest.raises(openai.RateLimitError):
         await client.chat.completions.create(model="fast", messages=HI, stream=True)
+    await client.close()
+
+
+async def test_embeddings_pass_the_same_admission(edge: Edge) -> None:
+    client = edge.client("p-embed")
+    before = await edge.limited("p-embed")
+    raw = await client.embeddings.with_raw_response.create(model="fast", input=["hi", "there"])
+    assert len(raw.parse().data) == 2
+    assert raw.headers["x-ratelimit-remaining-requests"] == "1"
+    await client.chat.completions.create(model="fast", messages=HI, max_tokens=2)
+    # The principal's second request of the minute was a chat: its embeddings are refused now,
+    # before they take a slot, exactly as its chats are.
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.embeddings.create(model="fast", input="hi")
+    error = caught.value
+    assert error.status_code == 429
+    assert error.code == "rate_limit_exceeded"
+    assert "requests per minute (openai.limits[p-embed|*|*].requests_per_minute)" in error.message
+    assert int(error.response.headers["retry-after"]) >= 1
+    assert await edge.limited("p-embed") == before + 1
     await client.close()
 
 

@@ -51,3 +51,31 @@ def test_each_app_has_its_own_registry(config_of, provider) -> None:
     one.count_request(None, "m", "a", 200)
     assert 'status="200"' in one.render().decode()
     assert 'status="200"' not in two.render().decode()
+
+
+async def test_dispatch_choices_and_provider_loads_are_exposed(config_of, provider) -> None:
+    config = config_of(
+        [provider("a"), provider("b")],
+        {"m": ["a", "b"], "n": ["a", "b"]},
+        dispatch={"n": {"policy": "least_load"}},
+    )
+    dispatcher = Dispatcher(PoolSnapshot.build(config))
+    dispatcher.set_available({"a", "b"})
+    metrics = Metrics(dispatcher)
+    leases = [await dispatcher.acquire("m", False) for _ in range(2)]
+    leases.append(await dispatcher.acquire("n", False))
+    text = metrics.render().decode()
+    assert "# TYPE iop_edge_dispatch_total counter" in text
+    assert (
+        'iop_edge_dispatch_total{model="m",policy="round_robin",reason="round_robin"} 2.0' in text
+    )
+    assert 'iop_edge_dispatch_total{model="n",policy="least_load",reason="least_load"} 1.0' in text
+    assert 'iop_edge_provider_load{provider="a"} ' in text
+    loads = sorted(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("iop_edge_provider_load{")
+    )
+    assert loads == [1.0, 2.0]
+    for lease in leases:
+        dispatcher.release(lease)

@@ -379,9 +379,11 @@ async def test_oversized_chunked_body_is_refused_while_it_arrives(http) -> None:
 async def test_wrong_method_and_unknown_path(http) -> None:
     response = await http.get(CHAT)
     assert response.status_code == 405 and response.headers["allow"] == "POST"
-    response = await http.post("/v1/embeddings", json={})
+    response = await http.post("/v1/images/generations", json={})
     assert response.status_code == 404
-    assert response.json()["error"]["message"] == "Invalid URL (POST /v1/embeddings)"
+    assert response.json()["error"]["message"] == "Invalid URL (POST /v1/images/generations)"
+    response = await http.get("/v1/embeddings")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
 
 
 # -- queueing, disconnects, retries and failures -----------------------------------------------

@@ -127,3 +127,38 @@ async def test_the_health_endpoints_follow_the_nodes_welcome_and_drain(
 
 async def _is(answer: Awaitable[tuple[int, object]], status: int) -> bool:
     return (await answer)[0] == status
+
+
+async def test_a_node_tells_each_edge_the_runs_that_came_from_the_others(
+    wire_config, start_hub, until, node_token: str, tmp_path: Path, tls
+) -> None:
+    """Two Edges (hubs) share a Node: each heartbeat tells an Edge the runs of the other one on
+    each provider (what least_load adds to its own), and its total."""
+    slow = {"type": "fake", "tokens_per_second": 5, "completion_tokens": 50}
+    config = wire_config([{"id": "p1", "adapter": slow}])
+    first, second = await start_hub(config), await start_hub(config)
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token + "\n")
+    process = await spawn_node(
+        first.port,
+        "node-1",
+        token_file,
+        *("--edge", f"127.0.0.1:{second.port}", *tls.node_args()),
+    )
+    try:
+        await until(lambda: first.connected_providers() and second.connected_providers(), 30)
+        async with (
+            first.run(request("run-a", stream=True)) as one,
+            first.run(request("run-b", stream=True)) as two,
+        ):
+            assert isinstance(await anext(one), RunChunk)
+            assert isinstance(await anext(two), RunChunk)
+            seen = await until(
+                lambda: (load := second.provider_loads().get("p1")) and load.elsewhere == 2 and load
+            )
+            assert seen.node_in_flight == 2
+            mine = first.provider_loads()["p1"]
+            assert mine.elsewhere == 0  # its own runs are no one else's
+        await until(lambda: second.provider_loads()["p1"].elsewhere == 0)
+    finally:
+        await terminate(process)

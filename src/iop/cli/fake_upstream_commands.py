@@ -14,7 +14,7 @@ import orjson
 import uvloop
 
 from iop.edgeconfig import split_listener
-from iop.fakes import FakeUpstream, FakeUpstreamSettings
+from iop.fakes import FakeUpstream, FakeUpstreamSettings, GpuSettings
 from iop.fakes.upstream import FAIL_MODES
 
 __all__ = ["register"]
@@ -25,8 +25,8 @@ def register(commands: Any) -> None:
     parser = commands.add_parser(
         "fake-upstream",
         help="serve a fake OpenAI-compatible API (prints its address as one JSON line)",
-        description="Serve /v1/models, /v1/chat/completions and /v1/completions with "
-        "deterministic answers. Once listening it prints one JSON line on stdout: "
+        description="Serve /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings "
+        "with deterministic answers. Once listening it prints one JSON line on stdout: "
         '{"listen": "HOST:PORT", "base_url": "http://HOST:PORT/v1", "pid": N}.',
     )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="host:port; port 0 picks one")
@@ -49,7 +49,58 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--error-status", type=int, default=500, help="HTTP status of an injected failure"
     )
-    parser.add_argument("--seed", type=int, default=None, help="seed of the failure draw")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed of the failure draw and of --gpu-jitter"
+    )
+    gpu = parser.add_argument_group(
+        "simulated GPU server",
+        "--gpu times completions by a simulated model server instead of --latency-ms and "
+        "--tokens-per-second: a KV/prefix cache with LRU eviction by blocks, prefill of the "
+        "prompt tokens not in the cache, decoding that slows as the batch grows, a bounded "
+        "batch and a waiting queue; GET /metrics serves vLLM's metric names. Tokens are "
+        "estimated as 4 bytes of text each.",
+    )
+    defaults = GpuSettings()
+    gpu.add_argument("--gpu", action="store_true", help="simulate a GPU server (off by default)")
+    gpu.add_argument(
+        "--gpu-kv-tokens", type=int, default=defaults.kv_tokens, help="KV-cache size, in tokens"
+    )
+    gpu.add_argument(
+        "--gpu-block-tokens",
+        type=int,
+        default=defaults.block_tokens,
+        help="tokens per KV-cache block (the prefix cache's unit)",
+    )
+    gpu.add_argument(
+        "--gpu-max-batch", type=int, default=defaults.max_batch, help="most requests running"
+    )
+    gpu.add_argument(
+        "--gpu-prefill-tokens-per-s",
+        type=float,
+        default=defaults.prefill_tokens_per_s,
+        help="prefill speed of the tokens not in the cache",
+    )
+    gpu.add_argument(
+        "--gpu-step-ms", type=float, default=defaults.step_ms, help="a decode step of one request"
+    )
+    gpu.add_argument(
+        "--gpu-step-ms-per-seq",
+        type=float,
+        default=defaults.step_ms_per_seq,
+        help="what each running request adds to a step",
+    )
+    gpu.add_argument(
+        "--gpu-max-step-tokens",
+        type=int,
+        default=defaults.max_step_tokens,
+        help="tokens of work per step (decode tokens first, then prefill chunks)",
+    )
+    gpu.add_argument(
+        "--gpu-jitter",
+        type=float,
+        default=defaults.jitter,
+        help="each step lasts 1 +- this fraction longer, drawn from --seed (default 0)",
+    )
     parser.set_defaults(run=_run)
 
 
@@ -65,6 +116,23 @@ def _run(args: argparse.Namespace) -> int:
     if not 400 <= args.error_status <= 599:
         print("iop fake-upstream: --error-status must be an HTTP error (400-599)", file=sys.stderr)
         return 2
+    gpu: GpuSettings | None = None
+    if args.gpu:
+        try:
+            gpu = GpuSettings(
+                kv_tokens=args.gpu_kv_tokens,
+                block_tokens=args.gpu_block_tokens,
+                max_batch=args.gpu_max_batch,
+                prefill_tokens_per_s=args.gpu_prefill_tokens_per_s,
+                step_ms=args.gpu_step_ms,
+                step_ms_per_seq=args.gpu_step_ms_per_seq,
+                max_step_tokens=args.gpu_max_step_tokens,
+                jitter=args.gpu_jitter,
+                seed=args.seed or 0,
+            )
+        except ValueError as exc:
+            print(f"iop fake-upstream: --gpu-*: {exc}", file=sys.stderr)
+            return 2
     settings = FakeUpstreamSettings(
         latency_ms=args.latency_ms,
         tokens_per_second=args.tokens_per_second,
@@ -74,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
         fail_mode=args.fail_mode,
         error_status=args.error_status,
         seed=args.seed,
+        gpu=gpu,
     )
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     uvloop.run(_serve(settings, host, port))

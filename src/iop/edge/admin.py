@@ -21,10 +21,13 @@ process, as a raw ASGI app like the OpenAI API. Routes:
   whether it is connected, which config it applied, whether it drains and how many runs each
   provider has left (older processes of it that a newer one superseded included), and each of
   its providers' health with the reason code and the sentence behind it (URL credentials
-  redacted). Without a hub (an admin API tested alone) it lists the nodes as not connected.
-  `limits`: each entry of `openai.limits[]` per principal, with its current use (requests and
-  tokens left in the minute's buckets, requests in progress, budget spent and when it resets),
-  read from the shared store when there is one.
+  redacted) and its load (this Edge's runs on it, what its Node and its server last reported:
+  runs from other Edges, other clients' requests; and the load `least_load` reads). Without a
+  hub (an admin API tested alone) it lists the nodes as not connected. `dispatch` has each
+  model's policy and its choices by reason (and the prefix points `prefix_affinity`
+  remembers). `limits`: each entry of `openai.limits[]` per principal, with its current use
+  (requests and tokens left in the minute's buckets, requests in progress, budget spent and
+  when it resets), read from the shared store when there is one.
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -61,6 +64,7 @@ from iop.edgeconfig import (
 )
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .dispatching import Dispatcher
 from .enforcing import Limiter
 from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
@@ -340,12 +344,16 @@ class AdminApp:
         nodes_of = {pid: limits.node_id for pid, limits in snapshot.providers.items()}
         health = provider_health(nodes_of, links)
         providers_of = {node.id: node.providers for node in snapshot.config.nodes}
+        dispatcher = self._refresher.dispatcher
         for entry in document["nodes"]:
             node_id = entry["node_id"]
             providers = sorted(providers_of[node_id], key=lambda p: p.id)
             entry.update(
                 _node_status(node_id, connected.get(node_id), [health[p.id] for p in providers])
             )
+            for provider in entry["providers"]:
+                provider["load"] = _load_status(dispatcher, provider["provider_id"])
+        document["dispatch"] = _dispatch_status(dispatcher)
         return document
 
     async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
@@ -415,6 +423,49 @@ def _node_status(
         ],
     }
     return document
+
+
+def _load_status(dispatcher: Dispatcher, provider_id: str) -> dict[str, Any]:
+    """One provider's load in `GET /status`: what least_load reads and where it comes from."""
+    report = dispatcher.reported_load(provider_id)
+    server = report.server if report is not None else None
+    return {
+        "load": dispatcher.load(provider_id),
+        "edge_in_flight": dispatcher.in_flight(provider_id),
+        "node_in_flight": report.node_in_flight if report is not None else None,
+        "other_edges_in_flight": report.elsewhere if report is not None else None,
+        "reported_s_ago": (
+            round(time.monotonic() - report.reported_at, 3) if report is not None else None
+        ),
+        "server": (
+            {
+                "running": server.running,
+                "waiting": server.waiting,
+                "not_ours": server.not_ours,
+                "kv_cache_usage": round(server.kv_cache_usage, 4),
+                "age_s": round(server.age_s, 3),
+            }
+            if server is not None
+            else None
+        ),
+    }
+
+
+def _dispatch_status(dispatcher: Dispatcher) -> dict[str, Any]:
+    """`dispatch` in `GET /status`: each model's policy and the choices it made, by reason."""
+    decisions: dict[str, dict[str, int]] = {}
+    for (model_id, policy, reason), count in dispatcher.decisions().items():
+        key = f"{policy}/{reason}"
+        decisions.setdefault(model_id, {})[key] = count
+    return {
+        model_id: {
+            "policy": route.dispatch.policy,
+            "load_factor": route.dispatch.load_factor,
+            "choices": dict(sorted(decisions.get(model_id, {}).items())),
+            "prefix_points": dispatcher.prefix_homes(model_id),
+        }
+        for model_id, route in dispatcher.snapshot.models.items()
+    }
 
 
 def redacted(config: EdgeConfig) -> dict[str, Any]:

@@ -8,10 +8,12 @@ Types are strict: `"max_tokens": "12"` is an error, as it is at OpenAI.
 The Edge then changes the document in exactly three ways: `model` becomes the name the chosen
 provider serves, and the model's generation policy applies (`max_tokens` capped or defaulted,
 `temperature` and `top_p` defaulted when the request names none). A request handed to a fallback
-model gets that model's policy over what the client sent, not over the first model's.
+model gets that model's policy over what the client sent, not over the first model's. An
+embeddings request generates nothing: only its `model` changes.
 
 Context class: the estimated input tokens are the UTF-8 bytes of the message contents (text
-parts of multi-part contents) or of the prompt, divided by 4 and rounded up; a prompt given as
+parts of multi-part contents) or of the prompt (an embeddings request's input), divided by 4 and
+rounded up; a prompt given as
 token ids counts one token per id. A request whose estimate reaches
 `openai.long_context_threshold_tokens` is long. Since the contents are part of the body, a body
 shorter than 4 x threshold bytes is short without looking at the contents (text prompts only:
@@ -21,7 +23,7 @@ token ids are denser than that in JSON).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -36,6 +38,7 @@ __all__ = [
     "BYTES_PER_TOKEN",
     "ChatCompletionBody",
     "CompletionBody",
+    "EmbeddingBody",
     "ParsedRequest",
     "apply_policy",
     "estimate_tokens",
@@ -89,36 +92,54 @@ class ChatCompletionBody(_Sampling):
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
 
 
+def _text_or_tokens(value: Any) -> Any:
+    """A prompt (or an embeddings input): text, texts, token ids or lists of token ids."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        if all(isinstance(item, str) for item in value):
+            return value
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+            return value
+        if all(
+            isinstance(item, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in item)
+            for item in value
+        ):
+            return value
+    raise ValueError(
+        "must be a string, an array of strings, an array of token ids or an array of "
+        "arrays of token ids"
+    )
+
+
 class CompletionBody(_Sampling):
     """POST /v1/completions."""
 
     prompt: Any
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, list) and value:
-            if all(isinstance(item, str) for item in value):
-                return value
-            if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
-                return value
-            if all(
-                isinstance(item, list)
-                and all(isinstance(i, int) and not isinstance(i, bool) for i in item)
-                for item in value
-            ):
-                return value
-        raise ValueError(
-            "must be a string, an array of strings, an array of token ids or an array of "
-            "arrays of token ids"
-        )
+    _prompt = field_validator("prompt")(_text_or_tokens)
 
 
-_MODELS: Final[dict[str, type[ChatCompletionBody] | type[CompletionBody]]] = {
+class EmbeddingBody(_Body):
+    """POST /v1/embeddings."""
+
+    model: Annotated[str, Field(min_length=1)]
+    input: Any
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[int | None, Field(ge=1)] = None
+    user: str | None = None
+
+    _input = field_validator("input")(_text_or_tokens)
+
+
+#: The text of an embeddings request or a completion: what is counted as input tokens.
+Prompted = CompletionBody | EmbeddingBody
+
+_MODELS: Final[dict[str, type[ChatCompletionBody] | type[CompletionBody] | type[EmbeddingBody]]] = {
     "chat": ChatCompletionBody,
     "completion": CompletionBody,
+    "embedding": EmbeddingBody,
 }
 
 
@@ -131,7 +152,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     document: dict[str, Any]
-    body: ChatCompletionBody | CompletionBody
+    body: ChatCompletionBody | CompletionBody | EmbeddingBody
     size: int
     #: What `apply_policy` changed, to undo before another policy: (field, the client's value,
     #: or `_ABSENT`), None while it changed nothing.
@@ -167,6 +188,8 @@ def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:
         body = _MODELS[kind].model_validate(document)
     except ValidationError as exc:
         raise _bad_request(exc.errors(include_url=False)) from exc
+    if isinstance(body, EmbeddingBody):
+        return ParsedRequest(kind, body.model, False, False, document, body, len(raw))
     stream = bool(body.stream)
     return ParsedRequest(
         kind=kind,
@@ -182,7 +205,7 @@ def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:
 
 
 #: Fields whose problems are named first: what the request is about before how it samples.
-_FIRST_FIELDS: Final = ("model", "messages", "prompt")
+_FIRST_FIELDS: Final = ("model", "messages", "prompt", "input")
 
 
 def _bad_request(errors: list[ErrorDetails]) -> BadRequest:
@@ -223,7 +246,9 @@ _ABSENT: Final = object()
 
 def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
     """Apply a model's generation policy to the document that will be forwarded; applied again
-    (for a fallback model), it starts from what the client sent."""
+    (for a fallback model), it starts from what the client sent. Embeddings have none."""
+    if request.kind == "embedding":
+        return
     document = request.document
     changes = request.policy_changes
     if changes:
@@ -278,7 +303,7 @@ def estimate_tokens(request: ParsedRequest) -> int:
                     if isinstance(text, str):
                         size += _utf8_len(text)
     else:
-        prompt = body.prompt
+        prompt = _prompt_of(body)
         for item in [prompt] if isinstance(prompt, str) else prompt:
             if isinstance(item, str):
                 size += _utf8_len(item)
@@ -292,14 +317,18 @@ def estimate_tokens(request: ParsedRequest) -> int:
 def is_long(request: ParsedRequest, threshold_tokens: int) -> bool:
     """True when the request is `context_class=long`."""
     body = request.body
-    text_only = (
-        isinstance(body, ChatCompletionBody)
-        or isinstance(body.prompt, str)
-        or isinstance(body.prompt[0], str)
-    )
+    if isinstance(body, ChatCompletionBody):
+        text_only = True
+    else:
+        prompt = _prompt_of(body)  # validated: text, or a list that is not empty
+        text_only = isinstance(prompt, str) or isinstance(prompt[0], str)
     if text_only and -(-request.size // BYTES_PER_TOKEN) < threshold_tokens:
         return False  # the contents are shorter than the whole body
     return estimate_tokens(request) >= threshold_tokens
+
+
+def _prompt_of(body: CompletionBody | EmbeddingBody) -> Any:
+    return body.prompt if isinstance(body, CompletionBody) else body.input
 
 
 def _utf8_len(text: str) -> int:

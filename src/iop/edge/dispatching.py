@@ -6,8 +6,10 @@ The rules (docs/edge.md explains them for operators), as implemented:
   connected node and healthy (`set_available`), with in-flight < capacity. A long-context request
   also needs a long slot: `long_context_slots` None means no separate limit, n means fewer than n
   long requests in flight, 0 means never. A long request holds a long slot *and* a capacity slot.
-- The lowest `priority` wins; among equal priorities the least recently chosen provider goes
-  next, which is round-robin that stays fair when some providers are momentarily full.
+- The lowest `priority` wins; among equal priorities the model's `dispatch.policy` chooses
+  (`choosing.py`): by default the least recently chosen provider goes next, which is round-robin
+  that stays fair when some providers are momentarily full; `least_load` and `prefix_affinity`
+  choose among the same free candidates by load or by the prompt's prefix.
 - No candidate free: the request waits in its model's queue. The queue holds at most the sum of
   `max_queue` over the model's enabled providers (full: `QueueFull`, a 429) and a request waits
   at most the largest `queue_timeout_ms` among them (then `QueueTimeout`, a 503).
@@ -33,6 +35,7 @@ The rules (docs/edge.md explains them for operators), as implemented:
 
 Everything runs on one event loop and nothing here awaits except a waiting request, so the state
 needs no lock. A dispatch that finds a free candidate costs O(candidates of the model).
+Every choice is counted by (model, policy, reason) in `decisions()`.
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ from typing import Final
 
 from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
+from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
 from .errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
-from .snapshots import Candidate, ModelRoute, PoolSnapshot
+from .hubs import ProviderLoad
+from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
 
 __all__ = ["BUSY_COOLDOWN_S", "RETRY_AFTER_S", "Dispatcher", "Lease"]
 
@@ -96,6 +101,7 @@ class _Waiter:
         "future",
         "long",
         "model_id",
+        "prefix",
         "principal",
         "seq",
         "tag",
@@ -111,6 +117,7 @@ class _Waiter:
         deadline: float,
         future: asyncio.Future[Lease],
         avoid: frozenset[str],
+        prefix: PrefixKey | None,
     ) -> None:
         self.seq = seq
         self.model_id = model_id
@@ -119,6 +126,7 @@ class _Waiter:
         self.deadline = deadline
         self.future = future
         self.avoid = avoid
+        self.prefix = prefix
         self.enqueued_at = time.perf_counter()
         self.timer: asyncio.TimerHandle | None = None
         #: The virtual start tag of fair queuing (see the module docstring).
@@ -170,6 +178,20 @@ class _FairQueue:
         )
 
 
+def _has_room(limits: ProviderLimits, slots: _Slots, long: bool) -> bool:
+    """The provider can take the request now: a free slot (and a long one for a long request),
+    and not cooling down after a busy refusal."""
+    if slots.in_flight >= limits.capacity:
+        return False
+    if (
+        long
+        and limits.long_context_slots is not None
+        and slots.long_in_flight >= limits.long_context_slots
+    ):
+        return False
+    return not (slots.cool_until and slots.cool_until > time.monotonic())
+
+
 class Dispatcher:
     """The provider pool's live state over an immutable snapshot."""
 
@@ -188,6 +210,7 @@ class Dispatcher:
         self._seq = 0
         self._stamp = 0
         self._timers: set[asyncio.TimerHandle] = set()
+        self._chooser = Chooser()
         self._add_slots(snapshot)
 
     # -- the snapshot and the set of available providers ---------------------------------------
@@ -206,6 +229,9 @@ class Dispatcher:
             if pid not in snapshot.providers and slots.in_flight == 0
         ]:
             del self._slots[provider_id]
+        self._chooser.keep_only(
+            {model_id: route.dispatch.policy for model_id, route in snapshot.models.items()}
+        )
         self._reevaluate()
 
     def set_available(self, provider_ids: Iterable[str]) -> None:
@@ -219,12 +245,18 @@ class Dispatcher:
     def available(self) -> frozenset[str]:
         return self._available
 
+    def watch_loads(self, loads: Mapping[str, ProviderLoad]) -> None:
+        """Read providers' reported loads from `loads` (the hub's live view) from now on."""
+        self._chooser.loads = loads
+
     # -- acquiring and releasing slots ----------------------------------------------------------
 
-    def try_acquire(self, model_id: str, long: bool) -> Lease | None:
+    def try_acquire(
+        self, model_id: str, long: bool, prefix: PrefixKey | None = None
+    ) -> Lease | None:
         """A lease on the best free candidate now, or None when every candidate is busy."""
         route = self._route(model_id, long)
-        candidate = self._select(route, long)
+        candidate = self._select(route, long, prefix=prefix)
         if candidate is None:
             return None
         loop_time = asyncio.get_running_loop().time()
@@ -238,20 +270,21 @@ class Dispatcher:
         deadline: float | None = None,
         principal: str = ANONYMOUS_PRINCIPAL,
         avoid: frozenset[str] = frozenset(),
+        prefix: PrefixKey | None = None,
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
         `deadline` (loop time) marks a retry: the request keeps its original deadline and does
         not count against the queue bound again. `principal` (a principal_ref) places a waiting
         request in the queue's fair order. `avoid`: providers this request tried already (see
-        the module docstring).
+        the module docstring). `prefix`: the prompt's prefix points, for `prefix_affinity`.
         """
         route = self._route(model_id, long)
         loop = asyncio.get_running_loop()
         now = loop.time()
         if avoid and not self._others_available(route, long, avoid):
             avoid = frozenset()
-        candidate = self._select(route, long, avoid)
+        candidate = self._select(route, long, avoid, prefix)
         if candidate is not None:
             return self._take(
                 route,
@@ -271,7 +304,7 @@ class Dispatcher:
             raise self._timeout(model_id)
         self._seq += 1
         waiter = _Waiter(
-            self._seq, model_id, long, principal, deadline, loop.create_future(), avoid
+            self._seq, model_id, long, principal, deadline, loop.create_future(), avoid, prefix
         )
         self._enqueue(waiter)
         waiter.timer = loop.call_at(deadline, self._expire, waiter)
@@ -362,6 +395,22 @@ class Dispatcher:
     def waiting(self) -> int:
         return self._waiting_total
 
+    def decisions(self) -> Mapping[tuple[str, str, str], int]:
+        """(model, policy, reason) -> choices made since start (`choosing.py` has the reasons)."""
+        return self._chooser.decisions
+
+    def load(self, provider_id: str) -> int:
+        """The provider's load as `least_load` reads it (`choosing.py`)."""
+        return self._chooser.load(provider_id, self.in_flight(provider_id))
+
+    def reported_load(self, provider_id: str) -> ProviderLoad | None:
+        """What the provider's Node last reported of its load."""
+        return self._chooser.loads.get(provider_id)
+
+    def prefix_homes(self, model_id: str) -> int:
+        """Prefix points `prefix_affinity` remembers for the model."""
+        return self._chooser.prefix_homes(model_id)
+
     # -- internals ------------------------------------------------------------------------------
 
     def _add_slots(self, snapshot: PoolSnapshot) -> None:
@@ -395,8 +444,15 @@ class Dispatcher:
         return False
 
     def _select(
-        self, route: ModelRoute, long: bool, avoid: frozenset[str] = frozenset()
+        self,
+        route: ModelRoute,
+        long: bool,
+        avoid: frozenset[str] = frozenset(),
+        prefix: PrefixKey | None = None,
     ) -> Candidate | None:
+        """The candidate that takes the request now (counted as chosen), or None."""
+        if route.dispatch.policy != ROUND_ROBIN:
+            return self._choose(route, long, avoid, prefix)
         available = self._available
         all_slots = self._slots
         best: Candidate | None = None
@@ -409,19 +465,41 @@ class Dispatcher:
             if limits.id not in available or (avoid and limits.id in avoid):
                 continue
             slots = all_slots[limits.id]
-            if slots.in_flight >= limits.capacity:
-                continue
-            if (
-                long
-                and limits.long_context_slots is not None
-                and slots.long_in_flight >= limits.long_context_slots
-            ):
-                continue
-            if slots.cool_until and slots.cool_until > time.monotonic():
+            if not _has_room(limits, slots, long):
                 continue
             if best is None or slots.last_used < best_used:
                 best, best_used, best_priority = candidate, slots.last_used, limits.priority
+        if best is not None:
+            self._chooser.count(route.id, ROUND_ROBIN, ROUND_ROBIN)
         return best
+
+    def _choose(
+        self, route: ModelRoute, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+    ) -> Candidate | None:
+        """`_select` for the policies of `choosing.py`: the same filter and priority, then the
+        policy picks among the free candidates of the best priority."""
+        available = self._available
+        all_slots = self._slots
+        group: list[Candidate] = []
+        free: list[Candidate] = []
+        priority: int | None = None
+        for candidate in route.candidates:
+            limits = candidate.provider
+            if limits.priority != priority:
+                if free:
+                    break  # candidates are sorted by priority: this level has a free one
+                group = []
+                priority = limits.priority
+            if limits.id not in available or (avoid and limits.id in avoid):
+                continue
+            if long and not limits.takes_long:
+                continue
+            group.append(candidate)
+            if _has_room(limits, all_slots[limits.id], long):
+                free.append(candidate)
+        if not free:
+            return None
+        return self._chooser.choose(route, group, free, prefix, all_slots)
 
     def _take(
         self,
@@ -544,6 +622,12 @@ class Dispatcher:
                         oldest, chosen = head, pair
             if oldest is None or chosen is None:
                 return
+            route = chosen[0]
+            if not oldest.future.done():
+                policy = route.dispatch.policy
+                self._chooser.count(route.id, policy, FREED_SLOT)
+                if oldest.prefix is not None and policy == PREFIX_AFFINITY:
+                    self._chooser.remember(route.id, oldest.prefix, provider_id)
             self._grant(oldest, *chosen)
 
     def _reevaluate(self) -> None:
@@ -556,6 +640,8 @@ class Dispatcher:
             key=lambda waiters: min(waiter.seq for waiter in waiters),
         )
         for waiter in (waiter for waiters in queues for waiter in waiters):
+            if waiter.future.done():
+                continue  # cancelled: its task takes it out of the queue when it resumes
             try:
                 route = self._route(waiter.model_id, waiter.long)
             except (ModelNotFound, NoProvider) as error:
@@ -564,7 +650,7 @@ class Dispatcher:
             avoid = waiter.avoid
             if avoid and not self._others_available(route, waiter.long, avoid):
                 avoid = frozenset()
-            candidate = self._select(route, waiter.long, avoid)
+            candidate = self._select(route, waiter.long, avoid, waiter.prefix)
             if candidate is not None:
                 self._grant(waiter, route, candidate)
 

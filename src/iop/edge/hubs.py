@@ -1,8 +1,9 @@
 """What the request path needs from the node hub, as a Protocol: the seam between the two.
 
-The hub (`nodehub`) owns the gRPC side: which nodes are connected, their providers' health, and
-the runs in flight on each connection. The request path only needs the four calls below, so it is
-written (and unit-tested, with an in-process fake) against this Protocol rather than the hub.
+The hub (`nodehub`) owns the gRPC side: which nodes are connected, their providers' health and
+load, and the runs in flight on each connection. The request path only needs the calls below, so
+it is written (and unit-tested, with an in-process fake) against this Protocol rather than the
+hub.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Protocol
 
 from iop.edgeconfig import EdgeConfig
 from iop.wire import DrainProgress, RunEvent, RunRequest
-from iop.wire.nodestates import NODE_DISCONNECTED, ConfigAck
+from iop.wire.nodestates import NODE_DISCONNECTED, ConfigAck, ServerLoad
 
 __all__ = [
     "ConfigPush",
@@ -23,6 +24,7 @@ __all__ = [
     "NodeRuns",
     "NodeStatus",
     "ProviderLink",
+    "ProviderLoad",
     "RunEvents",
     "available_providers",
     "provider_health",
@@ -39,6 +41,19 @@ class ProviderLink:
     healthy: bool
     detail: str = ""
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLoad:
+    """A provider's load as its Node last reported it in a heartbeat: its runs from every Edge
+    (`node_in_flight`), those of them from other Edges than this one (`elsewhere`) and, when
+    the model server exposes vLLM's metrics, the server's own view. `reported_at` is this
+    Edge's `time.monotonic()` when the heartbeat arrived."""
+
+    node_in_flight: int
+    server: ServerLoad | None
+    reported_at: float
+    elsewhere: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +138,10 @@ class NodeRuns(Protocol):
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback` whenever nodes connect or disconnect or a provider's health changes."""
+        ...
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        """provider id -> its last reported load: a live view, updated as heartbeats arrive."""
         ...
 
     def run(self, request: RunRequest) -> RunEvents:

@@ -172,6 +172,7 @@ class EdgeServer(AsyncService):
         self._hub_started = True
         self.hub.add_listener(self._links_changed)
         self._links_changed()
+        self.dispatcher.watch_loads(self.hub.provider_loads())
         try:
             sock = bind_listener(self.host, self.port, "the OpenAI API")
             self.port = sock.getsockname()[1]

@@ -5,7 +5,9 @@ Counted per request: requests by outcome, and prompt, completion and total token
 model and reason (the wire's failure code), retries the budget refused, and fallbacks to another
 model. Observed: the time a request waited for a slot and the time to its first token. Read at
 scrape time from the dispatcher (nothing on the hot path): requests waiting per model, runs in
-flight per provider (and long-context runs). Read at scrape time from the node hub: each
+flight per provider (and long-context runs), each provider's load as `least_load` reads it, and
+every dispatch choice by model, policy and reason (`iop_edge_dispatch_total`; the reasons are in
+`choosing.py`). Read at scrape time from the node hub: each
 provider's health (a 0/1 gauge, and the reason of an unhealthy one as a label of a series that
 exists only while it is unhealthy, so the reasons need no enumeration and a healthy provider
 costs one series) and each node's drain (whether it drains, and the runs each provider has left).
@@ -24,7 +26,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -96,7 +98,25 @@ class _PoolCollector(Collector):
             "iop_edge_config_generation", "Config snapshots swapped in since the Edge started."
         )
         generation.add_metric([], self._dispatcher.snapshot.generation)
-        yield from (in_flight, long_in_flight, depth, by_principal, generation)
+        decisions = CounterMetricFamily(
+            "iop_edge_dispatch",
+            "Dispatch choices among a model's best free providers, by model, policy "
+            "(models[].dispatch.policy) and reason: round_robin, least_load, affinity (the "
+            "prompt's prefix went home), overflow (its home was past its bound or full), "
+            "freed_slot (a waiting request took the slot that freed first).",
+            labels=["model", "policy", "reason"],
+        )
+        for (model_id, policy, reason), count in sorted(self._dispatcher.decisions().items()):
+            decisions.add_metric([model_id, policy, reason], count)
+        load = GaugeMetricFamily(
+            "iop_edge_provider_load",
+            "A provider's load as least_load reads it: this Edge's runs on it, plus its Node's "
+            "runs from other Edges, plus its server's requests from other clients.",
+            labels=["provider"],
+        )
+        for provider_id in sorted(self._dispatcher.snapshot.providers):
+            load.add_metric([provider_id], self._dispatcher.load(provider_id))
+        yield from (in_flight, long_in_flight, depth, by_principal, generation, decisions, load)
 
 
 class _NodeCollector(Collector):

@@ -8,6 +8,7 @@ Interface for the rest of the Edge (dispatch, HTTP API):
                                              #   healthy, detail), providers of connected nodes
     hub.add_listener(callback)               # callback() when nodes connect or disconnect or a
                                              #   provider's health changes
+    hub.provider_loads()                     # provider id -> ProviderLoad (heartbeats), live
     async with hub.run(request) as stream:   # RunRequest -> RunStream
         async for event in stream: ...       # RunChunk, RunUsage, then RunDone or RunFailed
     await hub.swap_config(config)            # push changed node payloads, collect the acks
@@ -92,7 +93,7 @@ from .hublimits import (
     HubLimits,
     peer_address,
 )
-from .hubs import InstanceDrain, NodeStatus, ProviderLink
+from .hubs import InstanceDrain, NodeStatus, ProviderLink, ProviderLoad
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 
 __all__ = ["HubSnapshot", "NodeHub"]
@@ -304,6 +305,11 @@ class NodeHub(AsyncService):
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback()` whenever nodes connect or disconnect or a provider's health changes."""
         self._listeners.append(callback)
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        """provider id -> what its Node's last heartbeat said of its load: a live view of the
+        sessions in use (an older instance's heartbeats count for nothing)."""
+        return _LoadView(self)
 
     def run(self, request: RunRequest) -> RunStream:
         """The run's stream; the request goes to the node when the stream is entered/iterated."""
@@ -640,6 +646,30 @@ class NodeHub(AsyncService):
                     session.applied_generation,
                 )
                 self._changed()
+
+
+class _LoadView(Mapping[str, ProviderLoad]):
+    """`NodeHub.provider_loads()`: read through to the session of each provider's node."""
+
+    __slots__ = ("_hub",)
+
+    def __init__(self, hub: NodeHub) -> None:
+        self._hub = hub
+
+    def __getitem__(self, provider_id: str) -> ProviderLoad:
+        hub = self._hub
+        node_id = hub._snapshot.provider_nodes.get(provider_id)
+        session = hub._sessions.get(node_id) if node_id is not None else None
+        if session is None:
+            raise KeyError(provider_id)
+        return session.loads[provider_id]
+
+    def __iter__(self) -> Iterator[str]:
+        for session in list(self._hub._sessions.values()):
+            yield from session.loads
+
+    def __len__(self) -> int:
+        return sum(len(session.loads) for session in self._hub._sessions.values())
 
 
 def _refresh(session: NodeSession) -> pb.NodeConfigRefreshRequest:

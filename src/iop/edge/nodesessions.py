@@ -49,10 +49,11 @@ from iop.wire.converting import (
     event_from_proto,
     health_from_proto,
     request_to_proto,
+    server_load_from_proto,
 )
 from iop.wire.nodestates import DRAINING, NOT_PROBED, ConfigAck
 
-from .hubs import InstanceDrain
+from .hubs import InstanceDrain, ProviderLoad
 
 __all__ = ["EdgeItem", "FlowSignal", "NodeSession", "RunStream"]
 
@@ -379,6 +380,8 @@ class NodeSession:
         self.applied_hash = ""
         self.last_heartbeat: float | None = None
         self.node_in_flight: dict[str, int] = {}
+        #: provider id -> its load as the last heartbeat said (what least_load reads).
+        self.loads: dict[str, ProviderLoad] = {}
         self.acks: dict[int, asyncio.Future[ConfigAck]] = {}
         self.writer: CoalescingWriter[EdgeItem] | None = None
         self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = self._loop.create_future()
@@ -483,10 +486,24 @@ class NodeSession:
         for ack in message.acks:
             changed = self._acknowledged(ack_from_proto(ack)) or changed
         if message.HasField("heartbeat"):
-            self.last_heartbeat = time.monotonic()
+            now = self.last_heartbeat = time.monotonic()
+            heartbeat = message.heartbeat
             known = self._known_providers()
-            self.node_in_flight = {
-                pid: runs for pid, runs in message.heartbeat.in_flight.items() if pid in known
+            in_flight = self.node_in_flight = {
+                pid: runs for pid, runs in heartbeat.in_flight.items() if pid in known
+            }
+            servers = heartbeat.server_load
+            elsewhere = heartbeat.in_flight_elsewhere
+            self.loads = {
+                provider.id: ProviderLoad(
+                    in_flight.get(provider.id, 0),
+                    server_load_from_proto(servers[provider.id])
+                    if provider.id in servers
+                    else None,
+                    now,
+                    elsewhere.get(provider.id, 0),
+                )
+                for provider in self.payload.providers
             }
         if changed and self.ready:
             self._on_change()

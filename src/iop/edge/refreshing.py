@@ -97,6 +97,11 @@ class Refresher:
         self._last_apply: RefreshReport | None = None
 
     @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher whose snapshot this refresher swaps."""
+        return self._dispatcher
+
+    @property
     def current(self) -> PoolSnapshot:
         """The config in use, with its hash and generation."""
         return self._dispatcher.snapshot

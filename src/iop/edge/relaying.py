@@ -49,11 +49,14 @@ from iop.wire import statuses as wire_statuses
 
 from .authenticating import Principal
 from .bodies import ParsedRequest, apply_policy
+from .choosing import PREFIX_AFFINITY, PrefixKey
 from .dispatching import Dispatcher, Lease
 from .errors import ModelNotFound, NoProvider, QueueTimeout
 from .hubs import NodeRuns, RunEvents
 from .metering import Metrics
+from .prefixes import prefix_key
 from .retrying import RetryBudget, RetryBudgets, should_retry
+from .snapshots import ModelRoute
 
 __all__ = ["Relay", "RelayedRun"]
 
@@ -78,6 +81,8 @@ class Relay:
 
 #: No provider tried yet.
 _NONE: Final[frozenset[str]] = frozenset()
+#: A request's prefix points before they are needed (most requests never need them).
+_UNKNOWN: Final = PrefixKey(())
 
 
 @dataclass(slots=True)
@@ -111,6 +116,7 @@ class RelayedRun:
         self._stream: RunEvents | None = None
         self._events: AsyncIterator[RunEvent] | None = None
         self._first: RunEvent | None = None
+        self._prefix_key: PrefixKey | None = _UNKNOWN
         #: Tokens the upstream reported for the answer (prompt + completion), once it has.
         self.spent: int | None = None
 
@@ -151,6 +157,7 @@ class RelayedRun:
                         deadline=deadline,
                         principal=self._principal.principal_ref,
                         avoid=attempts.tried if attempts is not None else _NONE,
+                        prefix=self._prefix(dispatcher.snapshot.models.get(self._model)),
                     )
             except (QueueTimeout, NoProvider, ModelNotFound):
                 if attempts is None or attempts.failure is None:
@@ -184,6 +191,14 @@ class RelayedRun:
             else:
                 stream.on_end(functools.partial(dispatcher.release, lease))
             return self
+
+    def _prefix(self, route: ModelRoute | None) -> PrefixKey | None:
+        """The prompt's prefix points when the model dispatches by them (made once)."""
+        if route is None or route.dispatch.policy != PREFIX_AFFINITY:
+            return None
+        if self._prefix_key is _UNKNOWN:
+            self._prefix_key = prefix_key(self._request)
+        return self._prefix_key
 
     def _try_again(
         self,

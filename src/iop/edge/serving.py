@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API, as a raw ASGI app (served by uvicorn with httptools).
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
-`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `GET /healthz` and
+`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `POST /v1/embeddings` (JSON,
+through the pool like a completion), `GET /healthz` and
 `GET /readyz` (200 once the config is loaded and the node hub listens; its body also lists the
 providers dispatch can use now, and each provider's health as a reason code: the sentence
 behind it may name internal addresses, so it is only on the admin API's `GET /status`).
@@ -71,6 +72,7 @@ _CLIENT_GONE: Final = 499
 _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
 }
 
 

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from iop.edgeconfig import EdgeConfig, GenerationPolicy, RetrySection, config_hash
+from iop.edgeconfig import (
+    DispatchSettings,
+    EdgeConfig,
+    GenerationPolicy,
+    RetrySection,
+    config_hash,
+)
 
 __all__ = ["Candidate", "ModelRoute", "PoolSnapshot", "ProviderLimits"]
 
@@ -70,6 +76,8 @@ class ModelRoute:
     fallbacks: tuple[str, ...] = ()
     #: Longest a try may take to its first event, in seconds (None: no limit).
     first_byte_timeout_s: float | None = None
+    #: How the model chooses among its best free candidates (`models[].dispatch`).
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)
 
     def candidate(self, provider_id: str) -> Candidate | None:
         for candidate in self.candidates:
@@ -142,6 +150,7 @@ class PoolSnapshot:
                     if model.first_byte_timeout_ms is None
                     else model.first_byte_timeout_ms / 1000
                 ),
+                dispatch=model.dispatch,
             )
             models[model.id] = route
             for candidate in candidates:

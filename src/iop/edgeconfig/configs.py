@@ -27,6 +27,8 @@ __all__ = [
     "AdminSection",
     "BootstrapSection",
     "ControlPlaneSection",
+    "DispatchPolicyName",
+    "DispatchSettings",
     "EdgeConfig",
     "EdgeSection",
     "FakeAdapterSettings",
@@ -863,6 +865,42 @@ class GenerationPolicy(Spec):
     ] = None
 
 
+#: How a model picks among its best free providers (docs/edge.md, "Choosing among equals").
+DispatchPolicyName = Literal["round_robin", "least_load", "prefix_affinity"]
+
+
+class DispatchSettings(Spec):
+    """How a model chooses among its best candidates: the providers of the lowest priority that
+    have a free slot. Filtering, priority, capacity and long slots are the same under every
+    policy; only the choice among those equals changes."""
+
+    policy: Annotated[
+        DispatchPolicyName,
+        live(
+            "round_robin: equals take turns (the least recently chosen goes next). least_load: "
+            "the one with the lowest load for its capacity (this Edge's runs on it, plus its "
+            "Node's runs from other Edges, plus the model server's requests from other clients "
+            "when its /metrics tells them; KV-cache use breaks ties). prefix_affinity: a "
+            "conversation "
+            "goes back to the provider that holds its prompt's prefix (a hash of the prompt's "
+            "leading blocks, the same on every Edge replica) while that provider's load stays "
+            "within load_factor of its share; past it the least loaded takes the request and "
+            "becomes the prefix's new home."
+        ),
+    ] = "round_robin"
+    load_factor: Annotated[
+        float,
+        live(
+            "prefix_affinity's bound: a prefix's home keeps it while its load with the request "
+            "stays at most this factor times its fair share (by capacity) of the load of the "
+            "model's best candidates, rounded up (consistent hashing with bounded loads). "
+            "Lower spreads load sooner, higher keeps more prefix-cache hits.",
+            ge=1,
+            le=10,
+        ),
+    ] = 1.25
+
+
 class ModelSpec(Spec):
     """A model clients can ask for, and the providers that serve it."""
 
@@ -902,6 +940,13 @@ class ModelSpec(Spec):
             ge=1,
         ),
     ] = None
+    dispatch: Annotated[
+        DispatchSettings,
+        live(
+            "How this model chooses among its best free providers: round_robin (the "
+            "specification's rule), least_load or prefix_affinity (docs/edge.md)."
+        ),
+    ] = DispatchSettings()
 
 
 # -- nodes and their providers -------------------------------------------------------------------

@@ -40,7 +40,8 @@ def _walk(
         marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
         apply = marker if isinstance(marker, str) else inherited
         path = f"{prefix}{name}"
-        if typing.get_origin(field.annotation) is typing.Literal:
+        literal = typing.get_origin(field.annotation) is typing.Literal
+        if literal and len(typing.get_args(field.annotation)) == 1:
             continue  # a discriminator: shown in the path as (type=...)
         found.append((path, field, apply))
         for inner, suffix in _nested_models(field.annotation):
@@ -66,6 +67,8 @@ def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type):
         return "mapping" if issubclass(annotation, BaseModel) else annotation.__name__
     origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " or ".join(f"`{value}`" for value in typing.get_args(annotation))
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if origin is list:
         return f"list of {_type_name(args[0])}"

@@ -6,20 +6,40 @@
 - `upstream`: `FakeUpstream`, the fake OpenAI-compatible server (`iop fake-upstream`) that stands
   in for GPU servers: those answers at a configurable latency and speed, and failures on request
   (an error status with an OpenAI error body, a connection dropped before or during an answer).
+  It also answers `/v1/embeddings`.
+- `simulating`: `GpuEngine`, a simulated GPU model server behind the fake upstream's completions
+  when given `GpuSettings` (`iop fake-upstream --gpu`): a prefix cache, prefill, a batch that
+  slows decoding, a waiting queue, vLLM's metric names.
 """
 
-from .answers import WORDS, Completion, OpenAIError, error_body, parse_request, tokens
+from .answers import (
+    EMBEDDING_DIMENSIONS,
+    WORDS,
+    Completion,
+    OpenAIError,
+    embedding_response,
+    embedding_vector,
+    error_body,
+    parse_request,
+    tokens,
+)
 from .configs import sized_spec
+from .simulating import GpuEngine, GpuSettings
 from .upstream import FailMode, FakeUpstream, FakeUpstreamSettings, UpstreamStats
 
 __all__ = [
+    "EMBEDDING_DIMENSIONS",
     "WORDS",
     "Completion",
     "FailMode",
     "FakeUpstream",
     "FakeUpstreamSettings",
+    "GpuEngine",
+    "GpuSettings",
     "OpenAIError",
     "UpstreamStats",
+    "embedding_response",
+    "embedding_vector",
     "error_body",
     "parse_request",
     "sized_spec",

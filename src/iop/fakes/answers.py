@@ -4,12 +4,18 @@ Shared by the Node's `fake` adapter and the fake upstream (`iop fake-upstream`),
 same bytes and a test can predict every one of them. Pure functions of the request and settings:
 the text is a fixed cycle of words, one word per token; the natural answer is `completion_tokens`
 long and a smaller `max_tokens` (or `max_completion_tokens`) cuts it short with finish_reason
-"length".
+"length". An embedding is a unit vector of `dimensions` (default `EMBEDDING_DIMENSIONS`) numbers
+drawn from the BLAKE2b of its input, as float32: a list of floats, or their little-endian bytes
+in base64 (`encoding_format`), as OpenAI sends them.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
+import math
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -17,9 +23,12 @@ from typing import Any, Final, Literal
 import orjson
 
 __all__ = [
+    "EMBEDDING_DIMENSIONS",
     "WORDS",
     "Completion",
     "OpenAIError",
+    "embedding_response",
+    "embedding_vector",
     "error_body",
     "parse_request",
     "tokens",
@@ -31,6 +40,10 @@ WORDS: Final = (
     "in order"
 ).split()
 
+#: Numbers in a fake embedding when the request names no `dimensions`.
+EMBEDDING_DIMENSIONS: Final = 16
+#: Most inputs in one embeddings request, as OpenAI allows.
+_MAX_INPUTS: Final = 2048
 _FINGERPRINT: Final = "fp_iopfake"
 _ids = itertools.count(1)
 
@@ -82,6 +95,8 @@ class Completion:
     id: str
     created: int
     overrides: dict[str, Any]
+    #: Prompt tokens the server had in its prefix cache (the simulated GPU server's).
+    cached_tokens: int = 0
 
     @property
     def usage(self) -> dict[str, int]:
@@ -96,7 +111,10 @@ class Completion:
         if self.kind == "chat":
             usage = {
                 **usage,
-                "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                "prompt_tokens_details": {
+                    "cached_tokens": self.cached_tokens,
+                    "audio_tokens": 0,
+                },
                 "completion_tokens_details": {
                     "reasoning_tokens": 0,
                     "audio_tokens": 0,
@@ -215,25 +233,8 @@ def parse_request(
     kind: Kind, body: bytes, *, default_tokens: int, models: tuple[str, ...], now: int
 ) -> Completion:
     """Check a request body the way OpenAI does; raise `OpenAIError` for a bad one."""
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise OpenAIError(
-            400,
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
-        ) from None
-    if not isinstance(document, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.")
-    model = document.get("model")
-    if not isinstance(model, str) or not model:
-        raise OpenAIError(400, "you must provide a model parameter", param="model")
-    if models and model not in models:
-        raise OpenAIError(
-            404,
-            f"The model `{model}` does not exist or you do not have access to it.",
-            code="model_not_found",
-        )
+    document = _document(body)
+    model = _model(document, models)
     if kind == "chat":
         messages = document.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -284,3 +285,114 @@ def _count_words(value: Any) -> int:
     if isinstance(value, dict):
         return _count_words(value.get("content")) + _count_words(value.get("text"))
     return 0
+
+
+def embedding_vector(text: str, dimensions: int) -> list[float]:
+    """The fake embedding of `text`: a unit vector of float32 values, a function of the text."""
+    raw = b""
+    counter = 0
+    while len(raw) < 2 * dimensions:
+        raw += hashlib.blake2b(text.encode() + counter.to_bytes(4, "little")).digest()
+        counter += 1
+    values = [
+        (int.from_bytes(raw[2 * i : 2 * i + 2], "little") - 32767.5) for i in range(dimensions)
+    ]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    # Round through float32, so a float answer and a base64 one decode to the same numbers.
+    return list(
+        struct.unpack(
+            f"<{dimensions}f", struct.pack(f"<{dimensions}f", *(v / norm for v in values))
+        )
+    )
+
+
+def embedding_response(body: bytes, *, models: tuple[str, ...]) -> tuple[bytes, int]:
+    """The whole answer of POST /v1/embeddings and its prompt tokens (one per word of input, a
+    token id counting one); `OpenAIError` for a request OpenAI would refuse."""
+    document = _document(body)
+    model = _model(document, models)
+    value = document.get("input")
+    inputs: list[str]
+    if isinstance(value, str):
+        inputs = [value]
+    elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        inputs = list(value)
+    elif isinstance(value, list) and value and all(_token_ids(item) for item in value):
+        inputs = [" ".join(map(str, item)) for item in value]
+    elif isinstance(value, list) and _token_ids(value):
+        inputs = [" ".join(map(str, value))]
+    else:
+        raise OpenAIError(
+            400,
+            "'input' must be a string, an array of strings, an array of token ids or an array "
+            "of arrays of token ids.",
+            param="input",
+        )
+    if len(inputs) > _MAX_INPUTS:
+        raise OpenAIError(400, f"'input' may hold at most {_MAX_INPUTS} items.", param="input")
+    if any(not text for text in inputs):
+        raise OpenAIError(400, "'input' cannot be an empty string.", param="input")
+    encoding = document.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise OpenAIError(
+            400, "'encoding_format' must be 'float' or 'base64'.", param="encoding_format"
+        )
+    dimensions = document.get("dimensions", EMBEDDING_DIMENSIONS)
+    if (
+        not isinstance(dimensions, int)
+        or isinstance(dimensions, bool)
+        or not 1 <= dimensions <= 4096
+    ):
+        raise OpenAIError(
+            400, "'dimensions' must be an integer from 1 to 4096.", param="dimensions"
+        )
+    data = []
+    for index, text in enumerate(inputs):
+        vector = embedding_vector(text, dimensions)
+        encoded: list[float] | str = vector
+        if encoding == "base64":
+            encoded = base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode()
+        data.append({"object": "embedding", "index": index, "embedding": encoded})
+    prompt_tokens = sum(max(1, len(text.split())) for text in inputs)
+    answer = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    return orjson.dumps(answer), prompt_tokens
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    )
+
+
+def _document(body: bytes) -> dict[str, Any]:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise OpenAIError(
+            400,
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload.)",
+        ) from None
+    if not isinstance(document, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.")
+    return document
+
+
+def _model(document: dict[str, Any], models: tuple[str, ...]) -> str:
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise OpenAIError(400, "you must provide a model parameter", param="model")
+    if models and model not in models:
+        raise OpenAIError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            code="model_not_found",
+        )
+    return model

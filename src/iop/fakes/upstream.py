@@ -6,24 +6,34 @@ It is the upstream of the tests and the baseline of the benchmarks, so it must b
 httptools' parser costs a fraction of a framework's per-request work, and it gives full control
 over the failures it injects (an error status, a connection dropped before the response or in
 the middle of a stream). It counts what it saw, including clients that went away mid-response,
-at `GET /fake/stats`, so a test can check that a cancellation really reached it.
+at `GET /fake/stats`, so a test can check that a cancellation really reached it;
+`POST /fake/reset` starts the counts (and a simulated GPU server's cache) afresh while it is
+idle, so a benchmark can run its cells on the same processes.
 
 Test hooks: a request body may carry `"fake_upstream": {"fail": "status" | "drop" |
 "drop-mid-stream", "status": 500, "latency_ms": 100, "tokens_per_second": 5}` to change how
 that one request is answered.
+
+With `gpu` settings (`iop fake-upstream --gpu ...`, opt-in) completions are timed by a simulated
+GPU server instead (`simulating.py`: a KV/prefix cache, prefill of what is not cached, decoding
+that slows as the batch grows, a bounded batch and a waiting queue), one engine per process, and
+`GET /metrics` serves its gauges and counters under vLLM's names. Latency and speed settings do
+not apply then; injected failures still do. A chat answer's usage tells the prompt's cached
+tokens (`prompt_tokens_details.cached_tokens`), as vLLM's does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http
+import itertools
 import logging
 import random
 import socket
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, cast
 
 import httptools
@@ -31,7 +41,15 @@ import orjson
 
 from iop.aiokits import AsyncService, guarded_task, stop_tasks
 
-from .answers import Completion, OpenAIError, error_body, parse_request, tokens
+from .answers import (
+    Completion,
+    OpenAIError,
+    embedding_response,
+    error_body,
+    parse_request,
+    tokens,
+)
+from .simulating import GpuEngine, GpuSettings, render_answer, render_chat
 
 __all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]
 
@@ -45,6 +63,7 @@ FAIL_MODES: Final = ("status", "drop", "drop-mid-stream")
 _CHAT: Final = b"/v1/chat/completions"
 _COMPLETIONS: Final = b"/v1/completions"
 _MODELS: Final = b"/v1/models"
+_EMBEDDINGS: Final = b"/v1/embeddings"
 _DONE: Final = b"data: [DONE]\n\n"
 
 
@@ -60,20 +79,24 @@ class FakeUpstreamSettings:
     fail_mode: FailMode = "status"
     error_status: int = 500
     seed: int | None = None
+    #: Time completions by a simulated GPU server (None: latency and speed as above).
+    gpu: GpuSettings | None = None
 
 
 @dataclass(slots=True)
 class UpstreamStats:
     """What the fake saw; `completions` counts the completion requests it received, however they
     were answered (so a test can count the tries of a gateway's retries), `completed` the
-    completions answered, `lookups` the GETs answered (the model list, `/health`: what a Node's
-    health probe asks), `disconnects` clients that left before their response ended,
-    `connections` the connections it accepted (so a test can see a client's keep-alive pool),
-    `peak_in_flight` the most completions it served at once (so a test can check a capacity)."""
+    completions answered, `embeddings` the embeddings requests received, `lookups` the GETs
+    answered (the model list, `/health`, `/metrics`: what a Node's health probe asks),
+    `disconnects` clients that left before their response ended, `connections` the connections
+    it accepted (so a test can see a client's keep-alive pool), `peak_in_flight` the most
+    completions it served at once (so a test can check a capacity)."""
 
     requests: int = 0
     completions: int = 0
     completed: int = 0
+    embeddings: int = 0
     lookups: int = 0
     failures_injected: int = 0
     disconnects: int = 0
@@ -218,6 +241,20 @@ class _Connection(asyncio.Protocol):
         )
         self._transport.write(head + body)
 
+    def _write_text(self, status: int, body: bytes, keep_alive: bool) -> None:
+        """A Prometheus text exposition (`/metrics`)."""
+        if self._transport is None or self._lost:
+            return
+        head = self._head(
+            status,
+            [
+                (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            keep_alive,
+        )
+        self._transport.write(head + body)
+
     def write_partial(self, status: int, body: bytes, keep_alive: bool) -> None:
         """The head of a response and half its body (then the caller drops the connection)."""
         if self._transport is None or self._lost:
@@ -284,6 +321,13 @@ class FakeUpstream(AsyncService):
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._random = random.Random(self.settings.seed)
+        gpu = self.settings.gpu
+        #: The simulated GPU server, when completions are timed by one.
+        self.engine = GpuEngine(gpu) if gpu is not None else None
+        self._engine_task: asyncio.Task[None] | None = None
+        self._engine_wake = asyncio.Event()
+        #: Simulated request id -> where its tokens go (a count per step, -1 at its end).
+        self._sims: dict[int, asyncio.Queue[int]] = {}
 
     async def start(self) -> int:
         """Listen; returns the bound port (useful with port 0)."""
@@ -299,11 +343,22 @@ class FakeUpstream(AsyncService):
             return
         self._server.close()
         tasks = [c.task for c in self._connections if c.task is not None]
+        if self._engine_task is not None:
+            tasks.append(self._engine_task)
+            self._engine_task = None
         for connection in list(self._connections):
             connection.abort()
         await stop_tasks(tasks)
         await self._server.wait_closed()
         self._server = None
+
+    def reset(self) -> None:
+        """Start the counts afresh, and the simulated GPU server with an empty cache (call it
+        while no request is in flight: `POST /fake/reset` refuses otherwise)."""
+        self.stats = UpstreamStats()
+        if self.settings.gpu is not None:
+            self.engine = GpuEngine(self.settings.gpu)
+            self._engine_wake.set()
 
     @property
     def port(self) -> int:
@@ -330,6 +385,20 @@ class FakeUpstream(AsyncService):
                 return
             await self._complete(connection, request, "chat" if path == _CHAT else "completion")
             return
+        if path == _EMBEDDINGS:
+            if request.method != b"POST":
+                self._refuse(connection, request, 405)
+                return
+            await self._embed(connection, request)
+            return
+        if path == b"/fake/reset" and request.method == b"POST":
+            if self.stats.in_flight:
+                message = f"{self.stats.in_flight} request(s) in flight: reset when idle"
+                connection._write_response(409, error_body(message), keep_alive)
+            else:
+                self.reset()
+                connection._write_response(200, b"{}", keep_alive)
+            return
         if request.method != b"GET":
             self._refuse(connection, request, 404 if path != _MODELS else 405)
             return
@@ -345,6 +414,9 @@ class FakeUpstream(AsyncService):
                 connection._write_response(200, orjson.dumps(self._model(model)), keep_alive)
         elif path == b"/health":
             connection._write_response(200, b"{}", keep_alive)
+        elif path == b"/metrics" and self.engine is not None:
+            model = self.settings.models[0] if self.settings.models else "fake-model"
+            connection._write_text(200, self.engine.metrics_text(model), keep_alive)
         elif path == b"/fake/stats":
             connection._write_response(200, orjson.dumps(asdict(self.stats)), keep_alive)
         else:
@@ -368,6 +440,7 @@ class FakeUpstream(AsyncService):
             or settings.latency_ms
             or settings.tokens_per_second
             or settings.fail_rate > 0
+            or settings.gpu is not None
         ):
             return False
         try:
@@ -393,6 +466,32 @@ class FakeUpstream(AsyncService):
             connection._write_response(200, completion.response(), request.keep_alive)
         self.stats.completed += 1
         return True
+
+    async def _embed(self, connection: _Connection, request: _Request) -> None:
+        """POST /v1/embeddings: deterministic vectors after `latency_ms` (or a failure)."""
+        self.stats.embeddings += 1
+        try:
+            body, _ = embedding_response(request.body, models=self.settings.models)
+        except OpenAIError as refusal:
+            connection._write_response(refusal.status, refusal.body, request.keep_alive)
+            return
+        overrides = _overrides(request.body)
+        latency = float(overrides.get("latency_ms", self.settings.latency_ms)) / 1000
+        fault, status = self._fault(overrides)
+        if latency:
+            await asyncio.sleep(latency)
+        if fault is not None:
+            self.stats.failures_injected += 1
+        if fault == "drop":
+            connection.abort()
+        elif fault == "status":
+            message = f"The server had an error while processing your request (HTTP {status})."
+            connection._write_response(status, error_body(message), request.keep_alive)
+        elif fault == "drop-mid-stream":
+            connection.write_partial(200, body, request.keep_alive)
+            connection.abort()
+        else:
+            connection._write_response(200, body, request.keep_alive)
 
     def _refuse(self, connection: _Connection, request: _Request, status: int) -> None:
         method = request.method.decode()
@@ -452,6 +551,8 @@ class FakeUpstream(AsyncService):
                     await asyncio.sleep(latency)
                 message = f"The server had an error while processing your request (HTTP {status})."
                 connection._write_response(status, error_body(message), request.keep_alive)
+            elif self.engine is not None and fault is None:
+                await self._simulate(connection, request, completion)
             elif completion.stream:
                 await self._stream(connection, request, completion, latency, interval, fault)
             else:
@@ -474,6 +575,84 @@ class FakeUpstream(AsyncService):
             self.stats.disconnects += 1
         finally:
             self.stats.in_flight -= 1
+
+    async def _simulate(
+        self, connection: _Connection, request: _Request, completion: Completion
+    ) -> None:
+        """Answer as the simulated GPU server times it: the first token when its prefill is
+        done, one more per engine step; the whole body at the end when it does not stream."""
+        engine = self.engine
+        assert engine is not None
+        document = orjson.loads(request.body)
+        if completion.kind == "chat":
+            prompt = render_chat(document.get("messages") or [])
+        else:
+            raw = document.get("prompt")
+            prompt = (raw if isinstance(raw, str) else orjson.dumps(raw).decode()).encode()
+        text = "".join(tokens(completion.completion_tokens))
+        sim = engine.submit(prompt, completion.completion_tokens, render_answer(text))
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        self._sims[sim.id] = queue
+        self._engine_wake.set()
+        if self._engine_task is None:
+            self._engine_task = guarded_task(
+                self._drive_engine(), name="fake-upstream-gpu", logger=logger
+            )
+        try:
+            first = await queue.get()
+            completion = replace(
+                completion, prompt_tokens=sim.prompt_tokens, cached_tokens=sim.cached_tokens
+            )
+            words = tokens(completion.completion_tokens)
+            if not completion.stream:
+                while first != -1:
+                    first = await queue.get()
+                connection._write_response(200, completion.response(), request.keep_alive)
+                return
+            out = [connection.start_stream(request.keep_alive)]
+            count = first
+            while count != -1:
+                out += _stream_chunks(
+                    completion, itertools.islice(words, count), first=len(out) == 1
+                )
+                await connection.write(b"".join(out))
+                out.clear()
+                count = await queue.get()
+            out += _stream_end(completion)
+            await connection.write(b"".join(out))
+        finally:
+            self._sims.pop(sim.id, None)
+            engine.cancel(sim)  # nothing once it is done; frees its cache when its client left
+
+    async def _drive_engine(self) -> None:
+        """The simulated server's clock: a step, its duration, then the tokens it gave.
+
+        Steps end on a schedule (each one its duration after the one before), not a sleep after
+        each: a process that wakes late, on a busy machine, catches up on its next steps, so
+        the server keeps the speed it simulates, as a GPU does whatever its host's CPUs do.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            engine = self.engine
+            assert engine is not None
+            step = engine.step()
+            if step is None:
+                self._engine_wake.clear()
+                await self._engine_wake.wait()
+                deadline = loop.time()  # idle until now: the next step starts now
+                continue
+            deadline = max(deadline, loop.time() - step.duration_s) + step.duration_s
+            await asyncio.sleep(deadline - loop.time())
+            sims = self._sims
+            for sim, count in step.tokens:
+                queue = sims.get(sim.id)
+                if queue is not None:
+                    queue.put_nowait(count)
+            for sim in step.finished:
+                queue = sims.get(sim.id)
+                if queue is not None:
+                    queue.put_nowait(-1)
 
     async def _stream(
         self,
@@ -528,3 +707,13 @@ def _stream_end(completion: Completion) -> list[bytes]:
         out.append(_chunked(usage))
     out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(_DONE), _DONE))
     return out
+
+
+def _overrides(body: bytes) -> dict[str, Any]:
+    """The test hooks of a request body (`fake_upstream`), or none."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    overrides = document.get("fake_upstream") if isinstance(document, dict) else None
+    return overrides if isinstance(overrides, dict) else {}

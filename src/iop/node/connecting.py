@@ -63,6 +63,7 @@ from iop.wire.converting import (
     liveness_from_proto,
     payload_from_proto,
     request_from_proto,
+    server_load_to_proto,
 )
 from iop.wire.nodestates import DRAINING
 from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
@@ -192,6 +193,8 @@ class EdgeConnection:
         self.silences = 0
         self._writer: CoalescingWriter[_Outgoing] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
+        #: provider id -> runs of this Edge's in flight (the heartbeat tells it the others').
+        self._mine: dict[str, int] = {}
         self._gates: dict[str, RunGate] = {}
         self._last_heard = 0.0
         #: Chunks larger than this travel in pieces (the Edge's welcome says how large a message
@@ -436,8 +439,23 @@ class EdgeConnection:
         while True:
             on_time = await ticker.tick()
             try:
+                in_flight = self.router.in_flight()
+                mine = self._mine
                 _put_sized(
-                    writer, pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight())
+                    writer,
+                    pb.Heartbeat(
+                        sent_at=time.time(),
+                        in_flight=in_flight,
+                        server_load={
+                            pid: server_load_to_proto(load)
+                            for pid, load in self.router.server_loads().items()
+                        },
+                        in_flight_elsewhere={
+                            pid: n - mine.get(pid, 0)
+                            for pid, n in in_flight.items()
+                            if n > mine.get(pid, 0)
+                        },
+                    ),
                 )
             except Exception:
                 logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
@@ -495,12 +513,15 @@ class EdgeConnection:
             logger=logger,
         )
         self._runs[run_id] = task
+        provider_id = request.provider_id
+        self._mine[provider_id] = self._mine.get(provider_id, 0) + 1
         if gate is not None:
             self._gates[run_id] = gate
 
         def done(_: object) -> None:
             self._runs.pop(run_id, None)
             self._gates.pop(run_id, None)
+            self._mine[provider_id] -= 1
 
         task.add_done_callback(done)
 

@@ -11,6 +11,15 @@ Probes dial a new connection each time (`force_close`), apart from the adapter's
 full of long completions must not make a probe wait for a connection and fail, and a probe
 should see what a new request would (a refused connection), not a kept-alive socket. Only
 adapters with an upstream are probed (the `fake` adapter answers in-process).
+
+Load: after a passing probe, the same task reads `GET /metrics` on the upstream's host and
+takes what a vLLM server says of its load there (`vllm:num_requests_running`,
+`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` of older
+releases; summed, or for the cache the most, over the label sets); the Node reports it to every
+Edge with its heartbeats, for the `least_load` and `prefix_affinity` policies. A server whose
+`/metrics` fails or has none of those names (not vLLM) is asked again only after
+`_METRICS_RETRY_S`, so a server without them costs one request a minute. A failing read never
+counts against the provider's health.
 """
 
 from __future__ import annotations
@@ -20,18 +29,64 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import HealthPolicy
+from iop.wire.nodestates import ServerLoad
 
 from .adapters import Upstream
 
-__all__ = ["ProbeTarget", "Prober", "probe_url"]
+__all__ = ["ProbeTarget", "Prober", "metrics_url", "probe_url", "read_server_load"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds before a server whose /metrics told nothing is asked again.
+_METRICS_RETRY_S: Final = 60.0
+#: Most bytes of a /metrics answer read (vLLM's, histograms and all, is far below).
+_METRICS_MAX_BYTES: Final = 4 * 1024 * 1024
+_RUNNING: Final = "vllm:num_requests_running"
+_WAITING: Final = "vllm:num_requests_waiting"
+_KV_USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def metrics_url(base_url: str) -> str:
+    """Where a model server serves Prometheus metrics: `/metrics` on its host."""
+    parts = urlsplit(base_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+
+
+def read_server_load(text: str) -> ServerLoad | None:
+    """A server's load from its Prometheus text, or None when it has none of vLLM's names."""
+    running = waiting = 0.0
+    usage = 0.0
+    found = False
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        value_text = rest.rpartition("}")[2] if "{" in line else rest
+        fields = value_text.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if name == _RUNNING:
+            running += value
+            found = True
+        elif name == _WAITING:
+            waiting += value
+            found = True
+        elif name in _KV_USAGE:
+            usage = max(usage, value)
+    if not found:
+        return None
+    return ServerLoad(int(running), int(waiting), min(max(usage, 0.0), 1.0))
 
 
 def probe_url(base_url: str, path: str | None) -> str:
@@ -52,6 +107,8 @@ class ProbeTarget:
     timeout: float
     #: May hold the API key: never shown.
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Where the server's load is read (`/metrics` on its host); empty: nowhere.
+    metrics_url: str = ""
 
     @classmethod
     def of(cls, provider_id: str, upstream: Upstream, policy: HealthPolicy) -> ProbeTarget:
@@ -61,6 +118,7 @@ class ProbeTarget:
             policy.interval_ms / 1000,
             policy.timeout_ms / 1000,
             upstream.headers,
+            metrics_url(upstream.base_url),
         )
 
     @property
@@ -76,14 +134,17 @@ class ProbeTarget:
 
 #: `on_result(provider_id, failure)`: failure is None when the probe passed.
 ResultCallback = Callable[[str, str | None], None]
+#: `on_load(provider_id, load)`: what the server's /metrics said after a passing probe.
+LoadCallback = Callable[[str, ServerLoad], None]
 
 
 class Prober:
     """Owns the probe tasks: `watch(targets)` starts, restarts and stops them; `aclose()` ends
     them all and closes the HTTP session they share."""
 
-    def __init__(self, on_result: ResultCallback) -> None:
+    def __init__(self, on_result: ResultCallback, on_load: LoadCallback | None = None) -> None:
         self._on_result = on_result
+        self._on_load = on_load
         self._targets: dict[str, ProbeTarget] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -127,14 +188,45 @@ class Prober:
         """Probe every interval until cancelled. Anything unexpected is logged with its
         traceback and the next probe runs: a provider nobody probes would never come back."""
         loop = asyncio.get_running_loop()
+        metrics_after = 0.0  # loop time before which /metrics is not read
         while True:
             started = loop.time()
             try:
                 failure = await self.probe(target)
                 self._on_result(target.provider_id, failure)
+                if (
+                    failure is None
+                    and self._on_load is not None
+                    and target.metrics_url
+                    and started >= metrics_after
+                ):
+                    load = await self.read_load(target)
+                    if load is None:
+                        metrics_after = started + _METRICS_RETRY_S
+                    else:
+                        self._on_load(target.provider_id, load)
             except Exception:
                 logger.exception("probing %s failed unexpectedly; carrying on", target.provider_id)
             await asyncio.sleep(max(0.0, started + target.interval - loop.time()))
+
+    async def read_load(self, target: ProbeTarget) -> ServerLoad | None:
+        """The server's load from its /metrics; None when it tells none (or cannot be read)."""
+        session = self._session
+        if session is None:
+            return None
+        try:
+            async with session.get(
+                target.metrics_url,
+                headers=target.headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=target.timeout),
+            ) as response:
+                if response.status != 200:
+                    return None
+                body = await response.content.read(_METRICS_MAX_BYTES)
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+        return read_server_load(body.decode("utf-8", "replace"))
 
     async def probe(self, target: ProbeTarget) -> str | None:
         """One probe: None when it passed, else what went wrong, in a sentence."""

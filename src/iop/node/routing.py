@@ -39,7 +39,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import orjson
@@ -56,7 +56,7 @@ from iop.wire import (
     RunRequest,
     statuses,
 )
-from iop.wire.nodestates import ADAPTER_ERROR, DRAINING
+from iop.wire.nodestates import ADAPTER_ERROR, DRAINING, ServerLoad
 
 from .adapters import Adapter, AdapterError, build_adapter
 from .healthstates import HealthState
@@ -222,7 +222,9 @@ class Router:
         self._retiring: set[Provision] = set()
         self._drain_started = 0.0
         self._drain_logged = 0.0
-        self.prober = Prober(self._probed)
+        #: provider id -> what its server's /metrics said of its load, and when (monotonic).
+        self._server_loads: dict[str, tuple[ServerLoad, float]] = {}
+        self.prober = Prober(self._probed, self._loaded)
 
     @property
     def registry(self) -> Registry:
@@ -230,6 +232,17 @@ class Router:
 
     def in_flight(self) -> dict[str, int]:
         return {pid: n for pid, n in self._in_flight.items() if n}
+
+    def server_loads(self) -> dict[str, ServerLoad]:
+        """provider id -> its model server's last reported load, aged to now (the providers of
+        the registry in use whose server exposes vLLM's metrics)."""
+        now = time.monotonic()
+        provisions = self._registry.provisions
+        return {
+            pid: replace(load, age_s=now - read_at)
+            for pid, (load, read_at) in self._server_loads.items()
+            if pid in provisions
+        }
 
     def health(self, provider_ids: Iterable[str] | None = None) -> list[ProviderHealth]:
         """The health of every provider (or of `provider_ids`, those of the registry in use)."""
@@ -319,6 +332,13 @@ class Router:
             return
         if provision.state.record_probe(failure):
             self._verdict(provision)
+
+    def _loaded(self, provider_id: str, load: ServerLoad) -> None:
+        """What a provider's server said of its load (probing.py), for the heartbeats, with the
+        requests at the server that were not this Node's runs then (other clients)."""
+        ours = self._in_flight.get(provider_id, 0)
+        load = replace(load, not_ours=max(0, load.running + load.waiting - ours))
+        self._server_loads[provider_id] = (load, time.monotonic())
 
     def _verdict(self, provision: Provision) -> None:
         health = provision.health

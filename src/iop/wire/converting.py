@@ -16,7 +16,7 @@ from iop.edgeconfig import HealthPolicy, NodePayload, ProviderPayload
 
 from . import runtime_pb2 as pb
 from .liveness import Liveness
-from .nodestates import ConfigAck, DrainProgress
+from .nodestates import ConfigAck, DrainProgress, ServerLoad
 from .runs import (
     ProviderHealth,
     RunChunk,
@@ -44,15 +44,19 @@ __all__ = [
     "payload_to_proto",
     "request_from_proto",
     "request_to_proto",
+    "server_load_from_proto",
+    "server_load_to_proto",
 ]
 
 _KIND_TO_PROTO: Final[dict[str, pb.RunKind.ValueType]] = {
     "chat": pb.RUN_KIND_CHAT,
     "completion": pb.RUN_KIND_COMPLETION,
+    "embedding": pb.RUN_KIND_EMBEDDING,
 }
 _KIND_FROM_PROTO: Final[dict[int, RunKind]] = {
     pb.RUN_KIND_CHAT: "chat",
     pb.RUN_KIND_COMPLETION: "completion",
+    pb.RUN_KIND_EMBEDDING: "embedding",
 }
 #: A deadline already past still travels as a tiny positive timeout (0 means none on the wire).
 _EXPIRED: Final = 1e-6
@@ -210,6 +214,28 @@ def drain_from_proto(message: pb.DrainProgress) -> DrainProgress:
     """A Node's drain progress from its protobuf (providers with no run left are left out)."""
     runs_left = {pid: n for pid, n in message.runs_left.items() if n}
     return DrainProgress(message.shutting_down, runs_left)
+
+
+def server_load_to_proto(load: ServerLoad, age_s: float | None = None) -> pb.ServerLoad:
+    """The protobuf of a server's load; `age_s` overrides the reading's age (now vs. read)."""
+    return pb.ServerLoad(
+        running=max(0, load.running),
+        waiting=max(0, load.waiting),
+        kv_cache_usage=load.kv_cache_usage,
+        age_s=load.age_s if age_s is None else age_s,
+        not_ours=max(0, load.not_ours),
+    )
+
+
+def server_load_from_proto(message: pb.ServerLoad) -> ServerLoad:
+    """A server's load as the Edge receives it."""
+    return ServerLoad(
+        message.running,
+        message.waiting,
+        message.kv_cache_usage,
+        max(0.0, message.age_s),
+        message.not_ours,
+    )
 
 
 def payload_to_proto(

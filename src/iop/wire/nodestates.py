@@ -1,5 +1,5 @@
-"""What a Node says besides runs: why a provider is unhealthy, how far a drain is, and its answer
-to a config push (`ConfigAck`).
+"""What a Node says besides runs: why a provider is unhealthy, how far a drain is, how loaded a
+provider's model server says it is (`ServerLoad`), and its answer to a config push (`ConfigAck`).
 
 Reasons are codes, so the Edge can put them in a metric label and a status page can group by
 them; the sentence for people travels beside them (`ProviderHealth.detail`). A code that an
@@ -25,6 +25,7 @@ __all__ = [
     "UNSPECIFIED",
     "ConfigAck",
     "DrainProgress",
+    "ServerLoad",
 ]
 
 # -- why a provider is unhealthy (ProviderHealth.reason) ----------------------------------------
@@ -94,3 +95,19 @@ class DrainProgress:
     @property
     def total(self) -> int:
         return sum(self.runs_left.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """What a model server's own `/metrics` said of its load when the Node's probe last read
+    them (vLLM's names: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+    `vllm:kv_cache_usage_perc`). `age_s`: how old the reading was when the Node reported it;
+    `not_ours`: of running + waiting, the requests that were not the Node's runs then (other
+    clients of the server)."""
+
+    running: int = 0
+    waiting: int = 0
+    #: KV-cache use, 0..1.
+    kv_cache_usage: float = 0.0
+    age_s: float = 0.0
+    not_ours: int = 0

@@ -27,8 +27,8 @@ __all__ = [
 #: Edge's `openai.max_response_bytes`, and what a Node applies for an Edge that predates it).
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
-#: The OpenAI endpoint a run is for: /v1/chat/completions or /v1/completions.
-RunKind: TypeAlias = Literal["chat", "completion"]
+#: The OpenAI endpoint a run is for: /v1/chat/completions, /v1/completions or /v1/embeddings.
+RunKind: TypeAlias = Literal["chat", "completion", "embedding"]
 
 
 @dataclass(frozen=True, slots=True)

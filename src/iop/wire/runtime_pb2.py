@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16iop/wire/runtime.proto\x12\x0eiop.runtime.v1\"\xa9\x02\n\x0bNodeMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.iop.runtime.v1.Hello\x12(\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x18.iop.runtime.v1.RunEvent\x12.\n\x06health\x18\x03 \x03(\x0b\x32\x1e.iop.runtime.v1.ProviderHealth\x12\'\n\x04\x61\x63ks\x18\x04 \x03(\x0b\x32\x19.iop.runtime.v1.ConfigAck\x12,\n\theartbeat\x18\x05 \x01(\x0b\x32\x19.iop.runtime.v1.Heartbeat\x12\x15\n\raccepted_runs\x18\x06 \x03(\t\x12,\n\x05\x64rain\x18\x07 \x01(\x0b\x32\x1d.iop.runtime.v1.DrainProgress\"\xa9\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12.\n\x06health\x18\x05 \x03(\x0b\x32\x1e.iop.runtime.v1.ProviderHealth\x12\x13\n\x0binstance_id\x18\x06 \x01(\t\x12\x12\n\nstarted_at\x18\x07 \x01(\x01\"\xcd\x01\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.iop.runtime.v1.RunChunkH\x00\x12)\n\x05usage\x18\x03 \x01(\x0b\x32\x18.iop.runtime.v1.RunUsageH\x00\x12\'\n\x04\x64one\x18\x04 \x01(\x0b\x32\x17.iop.runtime.v1.RunDoneH\x00\x12)\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x18.iop.runtime.v1.RunErrorH\x00\x42\x07\n\x05\x65vent\":\n\x08RunChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nusage_only\x18\x02 \x01(\x08\x12\x0c\n\x04more\x18\x03 \x01(\x08\"R\n\x08RunUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\" \n\x07RunDone\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\"L\n\x08RunError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x0e\n\x06status\x18\x04 \x01(\r\"V\n\x0eProviderHealth\x12\x13\n\x0bprovider_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x97\x01\n\rDrainProgress\x12\x15\n\rshutting_down\x18\x01 \x01(\x08\x12>\n\truns_left\x18\x02 \x03(\x0b\x32+.iop.runtime.v1.DrainProgress.RunsLeftEntry\x1a/\n\rRunsLeftEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"u\n\tConfigAck\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07pending\x18\x05 \x01(\x08\x12\x13\n\x0bin_use_hash\x18\x06 \x01(\t\"\x89\x01\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\x12:\n\tin_flight\x18\x02 \x03(\x0b\x32\'.iop.runtime.v1.Heartbeat.InFlightEntry\x1a/\n\rInFlightEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"G\n\x08Liveness\x12\x1d\n\x15heartbeat_interval_ms\x18\x01 \x01(\r\x12\x1c\n\x14heartbeat_timeout_ms\x18\x02 \x01(\r\"\x9c\x02\n\x0b\x45\x64geMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.iop.runtime.v1.Welcome\x12(\n\x04runs\x18\x02 \x03(\x0b\x32\x1a.iop.runtime.v1.RunRequest\x12\'\n\x07\x63\x61ncels\x18\x03 \x03(\x0b\x32\x16.iop.runtime.v1.Cancel\x12\x39\n\x07refresh\x18\x04 \x01(\x0b\x32(.iop.runtime.v1.NodeConfigRefreshRequest\x12,\n\theartbeat\x18\x05 \x01(\x0b\x32\x19.iop.runtime.v1.Heartbeat\x12\x12\n\npause_runs\x18\x06 \x03(\t\x12\x13\n\x0bresume_runs\x18\x07 \x03(\t\"\xa7\x01\n\x07Welcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07\x65\x64ge_id\x18\x02 \x01(\t\x12*\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x1a.iop.runtime.v1.NodeConfig\x12*\n\x08liveness\x18\x04 \x01(\x0b\x32\x18.iop.runtime.v1.Liveness\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\r\"\xd1\x01\n\nRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bprovider_id\x18\x02 \x01(\t\x12\x14\n\x0cserved_model\x18\x03 \x01(\t\x12%\n\x04kind\x18\x04 \x01(\x0e\x32\x17.iop.runtime.v1.RunKind\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x0e\n\x06stream\x18\x06 \x01(\x08\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x14\n\x0clong_context\x18\x08 \x01(\x08\x12\x1a\n\x12max_response_bytes\x18\t \x01(\x04\"4\n\x06\x43\x61ncel\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1a\n\x12\x66irst_byte_timeout\x18\x02 \x01(\x08\"\x88\x01\n\nNodeConfig\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05\x61lias\x18\x04 \x01(\t\x12\x31\n\tproviders\x18\x05 \x03(\x0b\x32\x1e.iop.runtime.v1.ProviderConfig\"\xd2\x01\n\x0eProviderConfig\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_json\x18\x02 \x01(\x0c\x12\x15\n\rserved_models\x18\x03 \x03(\t\x12\x0f\n\x07\x65nabled\x18\x04 \x01(\x08\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\r\x12\x1f\n\x12long_context_slots\x18\x06 \x01(\rH\x00\x88\x01\x01\x12,\n\x06health\x18\x07 \x01(\x0b\x32\x1c.iop.runtime.v1.HealthPolicyB\x15\n\x13_long_context_slots\"\x9e\x01\n\x0cHealthPolicy\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x19\n\x11\x66\x61ilure_threshold\x18\x04 \x01(\r\x12\x19\n\x11success_threshold\x18\x05 \x01(\r\x12!\n\x19request_failure_threshold\x18\x06 \x01(\r\"F\n\x18NodeConfigRefreshRequest\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.iop.runtime.v1.NodeConfig*O\n\x07RunKind\x12\x18\n\x14RUN_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rRUN_KIND_CHAT\x10\x01\x12\x17\n\x13RUN_KIND_COMPLETION\x10\x02\x32V\n\x0bNodeRuntime\x12G\n\x07\x43onnect\x12\x1b.iop.runtime.v1.NodeMessage\x1a\x1b.iop.runtime.v1.EdgeMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16iop/wire/runtime.proto\x12\x0eiop.runtime.v1\"\xa9\x02\n\x0bNodeMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.iop.runtime.v1.Hello\x12(\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x18.iop.runtime.v1.RunEvent\x12.\n\x06health\x18\x03 \x03(\x0b\x32\x1e.iop.runtime.v1.ProviderHealth\x12\'\n\x04\x61\x63ks\x18\x04 \x03(\x0b\x32\x19.iop.runtime.v1.ConfigAck\x12,\n\theartbeat\x18\x05 \x01(\x0b\x32\x19.iop.runtime.v1.Heartbeat\x12\x15\n\raccepted_runs\x18\x06 \x03(\t\x12,\n\x05\x64rain\x18\x07 \x01(\x0b\x32\x1d.iop.runtime.v1.DrainProgress\"\xa9\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12.\n\x06health\x18\x05 \x03(\x0b\x32\x1e.iop.runtime.v1.ProviderHealth\x12\x13\n\x0binstance_id\x18\x06 \x01(\t\x12\x12\n\nstarted_at\x18\x07 \x01(\x01\"\xcd\x01\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.iop.runtime.v1.RunChunkH\x00\x12)\n\x05usage\x18\x03 \x01(\x0b\x32\x18.iop.runtime.v1.RunUsageH\x00\x12\'\n\x04\x64one\x18\x04 \x01(\x0b\x32\x17.iop.runtime.v1.RunDoneH\x00\x12)\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x18.iop.runtime.v1.RunErrorH\x00\x42\x07\n\x05\x65vent\":\n\x08RunChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nusage_only\x18\x02 \x01(\x08\x12\x0c\n\x04more\x18\x03 \x01(\x08\"R\n\x08RunUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\" \n\x07RunDone\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\"L\n\x08RunError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x0e\n\x06status\x18\x04 \x01(\r\"V\n\x0eProviderHealth\x12\x13\n\x0bprovider_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x97\x01\n\rDrainProgress\x12\x15\n\rshutting_down\x18\x01 \x01(\x08\x12>\n\truns_left\x18\x02 \x03(\x0b\x32+.iop.runtime.v1.DrainProgress.RunsLeftEntry\x1a/\n\rRunsLeftEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"u\n\tConfigAck\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x0f\n\x07pending\x18\x05 \x01(\x08\x12\x13\n\x0bin_use_hash\x18\x06 \x01(\t\"\xa1\x03\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\x12:\n\tin_flight\x18\x02 \x03(\x0b\x32\'.iop.runtime.v1.Heartbeat.InFlightEntry\x12>\n\x0bserver_load\x18\x03 \x03(\x0b\x32).iop.runtime.v1.Heartbeat.ServerLoadEntry\x12M\n\x13in_flight_elsewhere\x18\x04 \x03(\x0b\x32\x30.iop.runtime.v1.Heartbeat.InFlightElsewhereEntry\x1a/\n\rInFlightEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1aM\n\x0fServerLoadEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.iop.runtime.v1.ServerLoad:\x02\x38\x01\x1a\x38\n\x16InFlightElsewhereEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"g\n\nServerLoad\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x02\x12\r\n\x05\x61ge_s\x18\x04 \x01(\x02\x12\x10\n\x08not_ours\x18\x05 \x01(\r\"G\n\x08Liveness\x12\x1d\n\x15heartbeat_interval_ms\x18\x01 \x01(\r\x12\x1c\n\x14heartbeat_timeout_ms\x18\x02 \x01(\r\"\x9c\x02\n\x0b\x45\x64geMessage\x12(\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.iop.runtime.v1.Welcome\x12(\n\x04runs\x18\x02 \x03(\x0b\x32\x1a.iop.runtime.v1.RunRequest\x12\'\n\x07\x63\x61ncels\x18\x03 \x03(\x0b\x32\x16.iop.runtime.v1.Cancel\x12\x39\n\x07refresh\x18\x04 \x01(\x0b\x32(.iop.runtime.v1.NodeConfigRefreshRequest\x12,\n\theartbeat\x18\x05 \x01(\x0b\x32\x19.iop.runtime.v1.Heartbeat\x12\x12\n\npause_runs\x18\x06 \x03(\t\x12\x13\n\x0bresume_runs\x18\x07 \x03(\t\"\xa7\x01\n\x07Welcome\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07\x65\x64ge_id\x18\x02 \x01(\t\x12*\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x1a.iop.runtime.v1.NodeConfig\x12*\n\x08liveness\x18\x04 \x01(\x0b\x32\x18.iop.runtime.v1.Liveness\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\r\"\xd1\x01\n\nRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0bprovider_id\x18\x02 \x01(\t\x12\x14\n\x0cserved_model\x18\x03 \x01(\t\x12%\n\x04kind\x18\x04 \x01(\x0e\x32\x17.iop.runtime.v1.RunKind\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x0e\n\x06stream\x18\x06 \x01(\x08\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x14\n\x0clong_context\x18\x08 \x01(\x08\x12\x1a\n\x12max_response_bytes\x18\t \x01(\x04\"4\n\x06\x43\x61ncel\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1a\n\x12\x66irst_byte_timeout\x18\x02 \x01(\x08\"\x88\x01\n\nNodeConfig\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05\x61lias\x18\x04 \x01(\t\x12\x31\n\tproviders\x18\x05 \x03(\x0b\x32\x1e.iop.runtime.v1.ProviderConfig\"\xd2\x01\n\x0eProviderConfig\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x64\x61pter_json\x18\x02 \x01(\x0c\x12\x15\n\rserved_models\x18\x03 \x03(\t\x12\x0f\n\x07\x65nabled\x18\x04 \x01(\x08\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\r\x12\x1f\n\x12long_context_slots\x18\x06 \x01(\rH\x00\x88\x01\x01\x12,\n\x06health\x18\x07 \x01(\x0b\x32\x1c.iop.runtime.v1.HealthPolicyB\x15\n\x13_long_context_slots\"\x9e\x01\n\x0cHealthPolicy\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x19\n\x11\x66\x61ilure_threshold\x18\x04 \x01(\r\x12\x19\n\x11success_threshold\x18\x05 \x01(\r\x12!\n\x19request_failure_threshold\x18\x06 \x01(\r\"F\n\x18NodeConfigRefreshRequest\x12*\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1a.iop.runtime.v1.NodeConfig*g\n\x07RunKind\x12\x18\n\x14RUN_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rRUN_KIND_CHAT\x10\x01\x12\x17\n\x13RUN_KIND_COMPLETION\x10\x02\x12\x16\n\x12RUN_KIND_EMBEDDING\x10\x03\x32V\n\x0bNodeRuntime\x12G\n\x07\x43onnect\x12\x1b.iop.runtime.v1.NodeMessage\x1a\x1b.iop.runtime.v1.EdgeMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAINPROGRESS_RUNSLEFTENTRY']._serialized_options = b'8\001'
   _globals['_HEARTBEAT_INFLIGHTENTRY']._loaded_options = None
   _globals['_HEARTBEAT_INFLIGHTENTRY']._serialized_options = b'8\001'
-  _globals['_RUNKIND']._serialized_start=2860
-  _globals['_RUNKIND']._serialized_end=2939
+  _globals['_HEARTBEAT_SERVERLOADENTRY']._loaded_options = None
+  _globals['_HEARTBEAT_SERVERLOADENTRY']._serialized_options = b'8\001'
+  _globals['_HEARTBEAT_INFLIGHTELSEWHEREENTRY']._loaded_options = None
+  _globals['_HEARTBEAT_INFLIGHTELSEWHEREENTRY']._serialized_options = b'8\001'
+  _globals['_RUNKIND']._serialized_start=3245
+  _globals['_RUNKIND']._serialized_end=3348
   _globals['_NODEMESSAGE']._serialized_start=43
   _globals['_NODEMESSAGE']._serialized_end=340
   _globals['_HELLO']._serialized_start=343
@@ -60,27 +64,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONFIGACK']._serialized_start=1220
   _globals['_CONFIGACK']._serialized_end=1337
   _globals['_HEARTBEAT']._serialized_start=1340
-  _globals['_HEARTBEAT']._serialized_end=1477
-  _globals['_HEARTBEAT_INFLIGHTENTRY']._serialized_start=1430
-  _globals['_HEARTBEAT_INFLIGHTENTRY']._serialized_end=1477
-  _globals['_LIVENESS']._serialized_start=1479
-  _globals['_LIVENESS']._serialized_end=1550
-  _globals['_EDGEMESSAGE']._serialized_start=1553
-  _globals['_EDGEMESSAGE']._serialized_end=1837
-  _globals['_WELCOME']._serialized_start=1840
-  _globals['_WELCOME']._serialized_end=2007
-  _globals['_RUNREQUEST']._serialized_start=2010
-  _globals['_RUNREQUEST']._serialized_end=2219
-  _globals['_CANCEL']._serialized_start=2221
-  _globals['_CANCEL']._serialized_end=2273
-  _globals['_NODECONFIG']._serialized_start=2276
-  _globals['_NODECONFIG']._serialized_end=2412
-  _globals['_PROVIDERCONFIG']._serialized_start=2415
-  _globals['_PROVIDERCONFIG']._serialized_end=2625
-  _globals['_HEALTHPOLICY']._serialized_start=2628
-  _globals['_HEALTHPOLICY']._serialized_end=2786
-  _globals['_NODECONFIGREFRESHREQUEST']._serialized_start=2788
-  _globals['_NODECONFIGREFRESHREQUEST']._serialized_end=2858
-  _globals['_NODERUNTIME']._serialized_start=2941
-  _globals['_NODERUNTIME']._serialized_end=3027
+  _globals['_HEARTBEAT']._serialized_end=1757
+  _globals['_HEARTBEAT_INFLIGHTENTRY']._serialized_start=1573
+  _globals['_HEARTBEAT_INFLIGHTENTRY']._serialized_end=1620
+  _globals['_HEARTBEAT_SERVERLOADENTRY']._serialized_start=1622
+  _globals['_HEARTBEAT_SERVERLOADENTRY']._serialized_end=1699
+  _globals['_HEARTBEAT_INFLIGHTELSEWHEREENTRY']._serialized_start=1701
+  _globals['_HEARTBEAT_INFLIGHTELSEWHEREENTRY']._serialized_end=1757
+  _globals['_SERVERLOAD']._serialized_start=1759
+  _globals['_SERVERLOAD']._serialized_end=1862
+  _globals['_LIVENESS']._serialized_start=1864
+  _globals['_LIVENESS']._serialized_end=1935
+  _globals['_EDGEMESSAGE']._serialized_start=1938
+  _globals['_EDGEMESSAGE']._serialized_end=2222
+  _globals['_WELCOME']._serialized_start=2225
+  _globals['_WELCOME']._serialized_end=2392
+  _globals['_RUNREQUEST']._serialized_start=2395
+  _globals['_RUNREQUEST']._serialized_end=2604
+  _globals['_CANCEL']._serialized_start=2606
+  _globals['_CANCEL']._serialized_end=2658
+  _globals['_NODECONFIG']._serialized_start=2661
+  _globals['_NODECONFIG']._serialized_end=2797
+  _globals['_PROVIDERCONFIG']._serialized_start=2800
+  _globals['_PROVIDERCONFIG']._serialized_end=3010
+  _globals['_HEALTHPOLICY']._serialized_start=3013
+  _globals['_HEALTHPOLICY']._serialized_end=3171
+  _globals['_NODECONFIGREFRESHREQUEST']._serialized_start=3173
+  _globals['_NODECONFIGREFRESHREQUEST']._serialized_end=3243
+  _globals['_NODERUNTIME']._serialized_start=3350
+  _globals['_NODERUNTIME']._serialized_end=3436
 # @@protoc_insertion_point(module_scope)

@@ -73,6 +73,8 @@ class _RunKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunKind.Value
     """POST /chat/completions"""
     RUN_KIND_COMPLETION: _RunKind.ValueType  # 2
     """POST /completions"""
+    RUN_KIND_EMBEDDING: _RunKind.ValueType  # 3
+    """POST /embeddings (never streams)"""
 
 class RunKind(_RunKind, metaclass=_RunKindEnumTypeWrapper): ...
 
@@ -81,6 +83,8 @@ RUN_KIND_CHAT: RunKind.ValueType  # 1
 """POST /chat/completions"""
 RUN_KIND_COMPLETION: RunKind.ValueType  # 2
 """POST /completions"""
+RUN_KIND_EMBEDDING: RunKind.ValueType  # 3
+"""POST /embeddings (never streams)"""
 Global___RunKind: _TypeAlias = RunKind  # noqa: Y015
 
 @_typing.final
@@ -498,27 +502,126 @@ class Heartbeat(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ServerLoadEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___ServerLoad: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___ServerLoad | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class InFlightElsewhereEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SENT_AT_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    SERVER_LOAD_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_ELSEWHERE_FIELD_NUMBER: _builtins.int
     sent_at: _builtins.float
     """unix seconds, for status only (clocks may differ)"""
     @_builtins.property
     def in_flight(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """provider id -> runs in flight on the node, all Edges"""
 
+    @_builtins.property
+    def server_load(self) -> _containers.MessageMap[_builtins.str, Global___ServerLoad]:
+        """provider id -> what the provider's model server said of its load on /metrics when the
+        Node's probe last read it (only providers whose server exposes vLLM's metrics). The Edge's
+        least_load and prefix_affinity policies read it; absent: nothing known.
+        """
+
+    @_builtins.property
+    def in_flight_elsewhere(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """provider id -> runs in flight on the node that came from other Edges than the one this
+        heartbeat goes to (the receiving Edge counts its own exactly). Absent (a Node that predates
+        it): none known.
+        """
+
     def __init__(
         self,
         *,
         sent_at: _builtins.float = ...,
         in_flight: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        server_load: _abc.Mapping[_builtins.str, Global___ServerLoad] | None = ...,
+        in_flight_elsewhere: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "sent_at", b"sent_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "in_flight_elsewhere", b"in_flight_elsewhere", "sent_at", b"sent_at", "server_load", b"server_load"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class ServerLoad(_message.Message):
+    """A model server's own view of its load (vLLM's metric names)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
+    AGE_S_FIELD_NUMBER: _builtins.int
+    NOT_OURS_FIELD_NUMBER: _builtins.int
+    running: _builtins.int
+    """vllm:num_requests_running"""
+    waiting: _builtins.int
+    """vllm:num_requests_waiting"""
+    kv_cache_usage: _builtins.float
+    """vllm:kv_cache_usage_perc, 0..1"""
+    age_s: _builtins.float
+    """seconds since the Node read it, when the heartbeat left"""
+    not_ours: _builtins.int
+    """Of running + waiting, the requests that were not this Node's runs when it read them: other
+    clients of the same server.
+    """
+    def __init__(
+        self,
+        *,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        kv_cache_usage: _builtins.float = ...,
+        age_s: _builtins.float = ...,
+        not_ours: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_s", b"age_s", "kv_cache_usage", b"kv_cache_usage", "not_ours", b"not_ours", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerLoad: _TypeAlias = ServerLoad  # noqa: Y015
 
 @_typing.final
 class Liveness(_message.Message):

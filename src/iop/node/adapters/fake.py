@@ -1,7 +1,8 @@
 """The `fake` adapter: a deterministic generator inside the Node, for demos, tests and benchmarks.
 
 It answers exactly what the fake upstream would (the same module builds the bytes), paced by
-`latency_ms` (time to the first token) and `tokens_per_second`, without any network.
+`latency_ms` (time to the first token) and `tokens_per_second`, without any network; embeddings
+come after `latency_ms`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from iop.edgeconfig import FakeAdapterSettings as FakeSettings
-from iop.fakes.answers import OpenAIError, parse_request, tokens
+from iop.fakes.answers import OpenAIError, embedding_response, parse_request, tokens
 from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
 from iop.wire.nodestates import ADAPTER_ERROR
 
@@ -42,6 +43,18 @@ class FakeAdapter:
         self.closed = True
 
     async def run(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:
+        if request.kind == "embedding":
+            try:
+                body, prompt_tokens = embedding_response(request.body, models=())
+            except OpenAIError as refusal:
+                yield statuses.upstream_http_failure(refusal.status, refusal.body)
+                return
+            if self.settings.latency_ms:
+                await asyncio.sleep(self.settings.latency_ms / 1000)
+            yield RunChunk(body)
+            yield RunUsage(prompt_tokens, 0, prompt_tokens)
+            yield RunDone(None)
+            return
         try:
             completion = parse_request(
                 request.kind,

@@ -47,7 +47,11 @@ from .base import Upstream, client_wants_usage, usage_from
 
 __all__ = ["OpenAIAdapter"]
 
-_PATHS: Final = {"chat": "/chat/completions", "completion": "/completions"}
+_PATHS: Final = {
+    "chat": "/chat/completions",
+    "completion": "/completions",
+    "embedding": "/embeddings",
+}
 _DONE: Final = b"[DONE]"
 #: Idle seconds before the pool closes a keep-alive connection itself: below the 5 s idle
 #: timeout of uvicorn (vLLM's server) and most others, so the Node, not the server, ends an idle

@@ -1,0 +1,199 @@
+"""The simulated GPU server's model: its timings follow the mechanics it claims, on a clock of its
+own (engine steps and their durations), so nothing here depends on the machine's speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from iop.fakes import GpuEngine, GpuSettings
+from iop.fakes.simulating import SimRequest, render_answer, render_chat, token_count
+
+SYSTEM = "You are a careful assistant who answers in full sentences. " * 40  # ~600 tokens
+
+
+def run_until_first_token(engine: GpuEngine, request: SimRequest) -> float:
+    """Simulated seconds from now until `request` gets its first token."""
+    elapsed = 0.0
+    while True:
+        step = engine.step()
+        assert step is not None, "the engine stopped before the request's first token"
+        elapsed += step.duration_s
+        if any(r is request for r, _ in step.tokens):
+            return elapsed
+
+
+def drain(engine: GpuEngine) -> float:
+    elapsed = 0.0
+    while (step := engine.step()) is not None:
+        elapsed += step.duration_s
+    return elapsed
+
+
+def test_tokens_are_four_bytes_of_text() -> None:
+    assert token_count(b"") == 0
+    assert token_count(b"abcd") == 1
+    assert token_count(b"abcde") == 2
+    assert token_count("é".encode() * 4) == 2  # bytes of UTF-8, not characters
+
+
+def test_a_repeated_prefix_is_prefilled_once() -> None:
+    engine = GpuEngine(GpuSettings(step_ms=10, step_ms_per_seq=0, prefill_tokens_per_s=1000))
+    prompt = render_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "a"}])
+    cold = engine.submit(prompt, 4)
+    cold_ttft = run_until_first_token(engine, cold)
+    drain(engine)
+    warm = engine.submit(prompt, 4)
+    warm_ttft = run_until_first_token(engine, warm)
+    drain(engine)
+    assert cold.cached_tokens == 0
+    # Every full block of the prompt was cached; only its tail is prefilled again.
+    block = engine.settings.block_tokens
+    assert warm.cached_tokens == token_count(prompt) // block * block
+    assert warm_ttft < cold_ttft / 10, (cold_ttft, warm_ttft)
+    assert engine.prefix_hits == warm.cached_tokens
+    assert engine.prefix_queries == 2 * token_count(prompt)
+
+
+def test_a_conversations_next_turn_hits_its_earlier_turn_and_answer() -> None:
+    engine = GpuEngine(GpuSettings())
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first"}]
+    answer = "The quick brown fox jumps over the lazy dog " * 10
+    engine.submit(render_chat(messages), 90, render_answer(answer))
+    drain(engine)
+    messages += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "second"},
+    ]
+    prompt = render_chat(messages)
+    # The next turn's prompt begins with the first turn's prompt and its stored answer.
+    assert prompt.startswith(render_chat(messages[:2]) + render_answer(answer))
+    turn = engine.submit(prompt, 4)
+    run_until_first_token(engine, turn)
+    block = engine.settings.block_tokens
+    first_turn = token_count(render_chat(messages[:2]) + render_answer(answer))
+    assert turn.cached_tokens >= first_turn // block * block
+
+
+@pytest.mark.parametrize("batch", [2, 8, 16], ids=["batch-2", "batch-8", "batch-16"])
+def test_a_fuller_batch_decodes_slower(batch: int) -> None:
+    settings = GpuSettings(step_ms=20, step_ms_per_seq=2, max_batch=16)
+    alone = GpuEngine(settings)
+    alone.submit(b"x" * 64, 50)
+    crowded = GpuEngine(settings)
+    for _ in range(batch):
+        crowded.submit(b"x" * 64, 50)
+    # Past the prefill, a step is one token for every running request.
+    for engine in (alone, crowded):
+        engine.step()
+    one = alone.step()
+    many = crowded.step()
+    assert one is not None and many is not None
+    assert many.running == batch and one.running == 1
+    assert many.duration_s == pytest.approx(one.duration_s + (batch - 1) * 0.002)
+    assert many.duration_s > one.duration_s
+
+
+def test_prefill_costs_the_tokens_not_in_the_cache() -> None:
+    settings = GpuSettings(step_ms=10, step_ms_per_seq=0, prefill_tokens_per_s=1000)
+    engine = GpuEngine(settings)
+    request = engine.submit(b"y" * 4 * 400, 2)  # 400 tokens, no cache
+    elapsed = run_until_first_token(engine, request)
+    steps = -(-400 // settings.max_step_tokens)
+    assert elapsed == pytest.approx(steps * 0.010 + 400 / 1000)
+
+
+def test_the_batch_is_bounded_and_the_rest_waits() -> None:
+    engine = GpuEngine(GpuSettings(max_batch=4))
+    requests = [engine.submit(f"prompt {i}".encode(), 5) for i in range(7)]
+    engine.step()
+    assert (engine.running, engine.waiting) == (4, 3)
+    drain(engine)
+    assert all(r.done for r in requests)
+    assert engine.finished == 7
+
+
+def test_requests_wait_for_room_in_the_kv_cache() -> None:
+    # Room for 4 requests of 64 tokens (prompt and answer), whatever the batch allows.
+    engine = GpuEngine(GpuSettings(kv_tokens=256, block_tokens=16, max_batch=16))
+    for i in range(6):
+        engine.submit(f"{i:x}".encode() * 4 * 32, 32)
+    engine.step()
+    assert (engine.running, engine.waiting) == (4, 2)
+    assert engine.kv_usage == pytest.approx(1.0)
+
+
+def test_eviction_takes_the_least_recently_used_blocks() -> None:
+    block_bytes = 16 * 4
+    settings = GpuSettings(kv_tokens=16 * 12, block_tokens=16, step_ms_per_seq=0)
+    engine = GpuEngine(settings)
+    old = b"o" * block_bytes * 4
+    recent = b"r" * block_bytes * 4
+    for prompt in (old, recent):
+        engine.submit(prompt, 1)
+        drain(engine)
+    engine.submit(recent, 1)  # used again: now the old prefix is the least recently used
+    drain(engine)
+    engine.submit(b"n" * block_bytes * 6, 1)  # needs room: some cached blocks must go
+    drain(engine)
+    assert engine.evictions > 0
+    again_recent = engine.submit(recent, 1)
+    drain(engine)
+    again_old = engine.submit(old, 1)
+    drain(engine)
+    assert again_recent.cached_tokens == 4 * 16
+    assert again_old.cached_tokens < 4 * 16
+
+
+def test_the_same_seed_gives_the_same_steps_and_another_seed_does_not() -> None:
+    def durations(seed: int) -> list[float]:
+        engine = GpuEngine(GpuSettings(jitter=0.2, seed=seed))
+        for i in range(20):
+            engine.submit(f"{SYSTEM}{i % 3}".encode(), 10 + i)
+        found = []
+        while (step := engine.step()) is not None:
+            found.append(step.duration_s)
+        return found
+
+    assert durations(7) == durations(7)
+    assert durations(7) != durations(8)
+    assert len(durations(7)) == len(durations(8))  # the jitter moves time, not the schedule
+
+
+def test_a_cancelled_request_frees_what_it_held() -> None:
+    engine = GpuEngine(GpuSettings(kv_tokens=1024))
+    request = engine.submit(b"z" * 4 * 200, 100)
+    engine.step()
+    assert engine.kv_usage > 0
+    engine.cancel(request)
+    assert engine.running == 0
+    assert engine.kv_usage == 0
+    assert engine.step() is None
+
+
+def test_metrics_use_vllms_names() -> None:
+    engine = GpuEngine(GpuSettings(max_batch=1))
+    for _ in range(2):
+        engine.submit(b"q" * 4 * 64, 3)
+    engine.step()
+    text = engine.metrics_text("served").decode()
+    labels = '{engine="0",model_name="served"}'
+    assert f"vllm:num_requests_running{labels} 1" in text
+    assert f"vllm:num_requests_waiting{labels} 1" in text
+    assert f"vllm:kv_cache_usage_perc{labels} " in text
+    assert f"vllm:prefix_cache_queries_total{labels} 64" in text
+    assert f"vllm:prefix_cache_hits_total{labels} 0" in text
+    assert "# TYPE vllm:prefix_cache_hits_total counter" in text
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        pytest.param({"max_batch": 0}, "max_batch must be >= 1", id="no-batch"),
+        pytest.param({"kv_tokens": 8}, "kv_tokens must be >= block_tokens", id="tiny-cache"),
+        pytest.param({"jitter": 1.5}, "jitter must be in [0, 1)", id="jitter"),
+        pytest.param({"max_step_tokens": 4}, "max_step_tokens must be >= max_batch", id="budget"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused(settings: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace(")", r"\)")):
+        GpuSettings(**settings)  # type: ignore[arg-type]
