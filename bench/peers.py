@@ -11,6 +11,11 @@ Paths, all in front of the same `iop fake-upstream` process:
   a principal token, metrics on, full dispatch), as deployed;
 - `litellm`: LiteLLM's proxy with the equivalent config (two deployments of one model, a master
   key, no database), one process, as `litellm --config` starts it;
+- `iop-local`: a prototype of issue 22's candidate 2, "Edge-local providers": one Edge process
+  (this script, `--serve-local`) whose hub runs the Node's `openai` adapter in its own process
+  instead of sending runs to a Node (`LocalHub`): the Edge's HTTP, auth, dispatch and metering,
+  and the adapter's HTTP client, without the gRPC hop, the Node process and its parse. It is a
+  measurement, not the product: no health probes, no capacity arbitration across replicas;
 - `vllm-router`: the vLLM project's router (Rust, on PyPI as `vllm-router`) in front of the same
   upstream as two workers, round-robin. It checks no client key and maps no model names (a
   request names the upstream's model), so it does less per request than the two gateways.
@@ -52,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import importlib.util
 import os
@@ -63,17 +69,19 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 import uvloop
 import yaml
 
+from iop.edge.hubs import ProviderLink
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from iop.wire import RunDone, RunEvent, RunFailed, RunRequest
 
 if TYPE_CHECKING:
     from bench import benchkit
@@ -91,10 +99,10 @@ MODEL = "bench"
 MAX_TOKENS = 8  # 8 content chunks per stream, as in bench/edge.py
 #: The newest vllm-router on PyPI on the day of the figures.
 VLLM_ROUTER_VERSION = "0.1.17"
-PATHS = ("direct", "iop", "litellm", "vllm-router")
+PATHS = ("direct", "iop", "iop-local", "litellm", "vllm-router")
 PEERS = ("litellm", "vllm-router")
 #: The processes of each path that make up "the gateway" (CPU per request, per chunk).
-GATEWAY = ("edge", "node", "litellm", "vllm-router")
+GATEWAY = ("edge", "node", "edge-local", "litellm", "vllm-router")
 
 
 @dataclass(frozen=True)
@@ -289,7 +297,7 @@ async def iop_stack(
     (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
     (folder / "token").write_text(NODE_TOKEN)
     with environment(env or {}):
-        edge, started = await spawn_edge(folder / "edge.yaml")
+        edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
     node: asyncio.subprocess.Process | None = None
     try:
         with environment(env or {}):
@@ -301,6 +309,123 @@ async def iop_stack(
         if node is not None:
             await terminate(node)
         await terminate(edge)
+
+
+class _LocalStream:
+    """One run on an adapter in this process, pulled event by event by the Edge's relay."""
+
+    def __init__(self, adapter: Any, request: RunRequest) -> None:
+        self._events = adapter.run(request)
+        self._ended = False
+        self._on_end: list[Callable[[], object]] = []
+
+    async def __aenter__(self) -> _LocalStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._events.aclose()  # a run left early closes its upstream request
+        self._end()
+
+    def __aiter__(self) -> _LocalStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event: RunEvent = await anext(self._events)
+        if isinstance(event, RunDone | RunFailed):
+            self._end()
+        return event
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            for callback in self._on_end:
+                callback()
+
+    def on_end(self, callback: Callable[[], object]) -> None:
+        if self._ended:
+            callback()
+        else:
+            self._on_end.append(callback)
+
+    def take_ready(self) -> list[RunEvent]:
+        return []  # nothing waits: each event is pulled from the upstream when asked for
+
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        self._ended = True
+
+
+class LocalHub:
+    """The hub of `--serve-local`: every provider of the config runs in this process."""
+
+    def __init__(self, config: Any) -> None:
+        from iop.node.adapters.openai_http import OpenAIAdapter
+
+        self._adapters = {
+            provider.id: OpenAIAdapter(provider.id, provider.adapter)
+            for node in config.nodes
+            for provider in node.providers
+        }
+        self._links = {pid: ProviderLink(pid, "local", healthy=True) for pid in self._adapters}
+
+    def connected_providers(self) -> Mapping[str, ProviderLink]:
+        return self._links
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        return None
+
+    def run(self, request: RunRequest) -> _LocalStream:
+        return _LocalStream(self._adapters[request.provider_id], request)
+
+    async def start(self) -> int:
+        return 0
+
+    async def swap_config(self, config: Any, **_: Any) -> Mapping[str, Any]:
+        return {}
+
+    def nodes(self) -> Mapping[str, Any]:
+        return {}
+
+    def payload_digests(self) -> Mapping[str, str]:
+        return {}
+
+    async def stop(self, grace: float = 0.0) -> None:
+        for adapter in self._adapters.values():
+            await adapter.aclose()
+
+
+async def serve_local(config_path: str) -> None:
+    from iop.edge import EdgeServer
+    from iop.edgeconfig import load_file
+
+    config = load_file(config_path)
+    gc.freeze()  # as `iop edge run` does once it serves
+    async with EdgeServer(config, hub=LocalHub(config)) as edge:
+        print(orjson.dumps({"url": edge.url}).decode(), flush=True)
+        await asyncio.Event().wait()
+
+
+@contextlib.asynccontextmanager
+async def iop_local(upstream_url: str, folder: Path) -> AsyncIterator[Target]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-P",
+        __file__,
+        "--serve-local",
+        str(folder / "edge.yaml"),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        url = str(orjson.loads(await asyncio.wait_for(process.stdout.readline(), 120))["url"])
+        await wait_http(f"{url}/readyz", b'"providers_available":["p-a","p-b"]', 60, process)
+        yield Target(url, CLIENT_TOKEN, MODEL, {"edge-local": process.pid})
+    finally:
+        await terminate(process)
 
 
 # -- the closed-loop client ------------------------------------------------------------------------
@@ -466,7 +591,7 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
         # An answer as long as the longest mode asks for (the fake's own default is 16 tokens).
         longest = max(mode.tokens for mode in args.modes)
         upstream = await stack.enter_async_context(
-            spawn_fake_upstream(["--completion-tokens", str(longest)])
+            spawn_fake_upstream(["--completion-tokens", str(longest)], startup_timeout=120)
         )
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         targets: dict[str, Target] = {
@@ -480,6 +605,10 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
                 targets[f"iop:{name}"] = await stack.enter_async_context(
                     iop_stack(upstream.base_url, folder / f"iop-{name}", env)
                 )
+        if "iop-local" in args.paths:
+            targets["iop-local"] = await stack.enter_async_context(
+                iop_local(upstream.base_url, folder / "iop-local")
+            )
         if litellm is not None:
             targets["litellm"] = await stack.enter_async_context(
                 litellm_proxy(litellm, upstream.base_url, folder)
@@ -560,7 +689,7 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
                     per_chunk = f"{gateway / mode.tokens:,.1f}"
                 cells.append(per_chunk)
                 print(f"| {mode.name} | {conc} | {path} | " + " | ".join(cells) + " |")
-    iops = [p for p in order if p == "iop" or p.startswith("iop:")]
+    iops = [p for p in order if p.startswith("iop")]
     if not iops:
         return
     peers = [p for p in PEERS if p in order]
@@ -597,10 +726,17 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
                 print(f"| {mode.name} | {conc} | {path} | " + " | ".join(cols) + " |")
 
 
-COLOURS = {"direct": "#7f7f7f", "iop": "#1f77b4", "litellm": "#d62728", "vllm-router": "#2ca02c"}
+COLOURS = {
+    "direct": "#7f7f7f",
+    "iop": "#1f77b4",
+    "iop-local": "#9467bd",
+    "litellm": "#d62728",
+    "vllm-router": "#2ca02c",
+}
 LABELS = {
     "direct": "direct (fake upstream)",
     "iop": "IOP Edge + Node",
+    "iop-local": "IOP Edge, local provider (prototype)",
     "litellm": "LiteLLM proxy",
     "vllm-router": "vLLM router (Rust)",
 }
@@ -704,7 +840,11 @@ def main() -> None:
         "--cache", type=Path, default=benchkit.default_cache("peers"), help="peer installs"
     )
     parser.add_argument("--charts", type=Path, metavar="DIR", help="draw PNG charts into DIR")
+    parser.add_argument("--serve-local", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_local:
+        uvloop.run(serve_local(args.serve_local))
+        return
     load = os.getloadavg()
     print(
         f"# bench/peers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
