@@ -7,6 +7,7 @@ applied; a patch of `.../status` changes only the status."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,6 +38,8 @@ class FakeApi:
         self.version = version
         self._versions = itertools.count(1)
         self.calls: list[tuple[str, str]] = []
+        #: Seconds each PUT takes before it is applied (a slow API server: a write in flight).
+        self.put_delay = 0.0
 
     def app(self) -> aiohttp.web.Application:
         app = aiohttp.web.Application()
@@ -63,6 +66,7 @@ class FakeApi:
                 return _status(409, "AlreadyExists", f"{target} already exists")
             return aiohttp.web.json_response(self._store(target, body), status=201)
         if request.method == "PUT":
+            await asyncio.sleep(self.put_delay)
             current = self.objects.get(path)
             if current is None:
                 return _status(404, "NotFound", f"{path} not found")

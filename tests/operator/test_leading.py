@@ -44,6 +44,30 @@ async def test_one_replica_leads_and_the_other_takes_over_when_it_releases(until
             await stop_tasks(tasks)
 
 
+async def test_a_release_while_a_renewal_is_in_flight_gives_the_lease_up_for_good(until) -> None:
+    """SIGTERM comes while the loop renews (its PUT in flight): the release waits for it, then
+    empties the holder; the loop, still running, takes the Lease no more."""
+    fake = FakeApi()
+    async with fake_api(fake) as api:
+        leader = election(api, "a")
+        task = asyncio.create_task(leader.run())
+        try:
+            await until(leader.leading.is_set, timeout=10)
+            fake.put_delay = 0.2
+            puts = fake.calls.count(("PUT", LEASE))
+            await until(lambda: fake.calls.count(("PUT", LEASE)) > puts, timeout=10)
+            await leader.release()  # the renewal's PUT has not been applied yet
+            assert fake.objects[LEASE]["spec"]["holderIdentity"] == ""
+            fake.put_delay = 0.0
+            writes = fake.calls.count(("PUT", LEASE))
+            await asyncio.sleep(0.5)  # five of the loop's tries: none may write (an absence)
+            assert fake.calls.count(("PUT", LEASE)) == writes
+            assert fake.objects[LEASE]["spec"]["holderIdentity"] == ""
+            assert not leader.leading.is_set()
+        finally:
+            await stop_tasks([task])
+
+
 async def test_a_leader_that_stops_renewing_loses_the_lease_after_its_duration(until) -> None:
     fake = FakeApi()
     async with fake_api(fake) as api:

@@ -64,12 +64,16 @@ class LeaderElection:
         self._seen: tuple[str, float] | None = None
         self._renewed_at = 0.0
         self._released = False
+        #: One read-and-write of the Lease at a time: a release must not cross a renewal in
+        #: flight (its PUT would conflict, and the renewal would take the Lease back).
+        self._lock = asyncio.Lock()
 
     async def run(self) -> None:
         """Try to acquire or renew every `retry_s` until cancelled."""
         while True:
             try:
-                await self._try()
+                async with self._lock:
+                    await self._try()
             except KubeApiError as error:
                 logger.warning("Lease %s: %s", self.name, error)
             if (
@@ -88,9 +92,13 @@ class LeaderElection:
         """Give the Lease up (on shutdown), so a standby takes over at once; this replica takes
         it no more."""
         self._released = True
-        if not self.leading.is_set():
-            return
-        self.leading.clear()
+        async with self._lock:
+            if not self.leading.is_set():
+                return
+            self.leading.clear()
+            await self._give_up()
+
+    async def _give_up(self) -> None:
         try:
             lease = await self._api.get(self._path, what=f"read the Lease {self.name}")
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:

@@ -21,7 +21,9 @@ import logging
 import os
 import re
 import secrets
+import signal
 import socket
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -37,13 +39,14 @@ from .admitting import AdmissionServer
 from .certifying import (
     SelfSignedCertificate,
     ca_bundle_current,
+    owner_reference,
     patch_ca_bundle,
     shared_certificate,
 )
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
-from .errors import KubeApiError, OperatorError
+from .errors import KubeApiError, KubeNotFound, OperatorError
 from .eventing import EventPoster
-from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings
+from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings, resource_path
 from .leading import LeaderElection
 from .metrics import MetricsServer, OperatorMetrics
 from .reconciling import PassTimings, Reconciler
@@ -295,6 +298,7 @@ async def run_operator(
                 )
                 await metrics_server.start()
             tasks.append(guarded_task(_flag(watching, ready), name="ready", logger=logger))
+            tasks.append(guarded_task(_signals_stop(watching, stop), name="signals", logger=logger))
             try:
                 await kopf.operator(
                     registry=registry,
@@ -322,6 +326,18 @@ async def _release_on(stop: asyncio.Event, election: LeaderElection) -> None:
     shutdown (seconds): the standby takes over at its next try."""
     await stop.wait()
     await election.release()
+
+
+async def _signals_stop(watching: asyncio.Event, stop: asyncio.Event) -> None:
+    """Once kopf runs, SIGTERM and SIGINT set `stop` again: kopf puts in its own handlers, which
+    stop kopf alone, and the Lease would only be released after kopf's shutdown (5 s measured),
+    keeping the standby from leading meanwhile. Through `stop`, kopf stops all the same."""
+    await watching.wait()
+    if threading.current_thread() is not threading.main_thread():
+        return  # no signal handlers outside the main thread (kopf installs none either)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
 
 
 async def _flag(watching: asyncio.Event, ready: asyncio.Event | None) -> None:
@@ -379,7 +395,11 @@ class _Webhook:
             names.append(service)
         if options.webhook_secret:
             self._certificate = await shared_certificate(
-                self._api, options.namespace, options.webhook_secret, names
+                self._api,
+                options.namespace,
+                options.webhook_secret,
+                names,
+                await self._service_owner(),
             )
         else:
             names += [os.environ.get("POD_IP", ""), *options.extra_sans, "localhost", "127.0.0.1"]
@@ -390,6 +410,22 @@ class _Webhook:
         return AdmissionServer(
             options.webhook_listen, self._certificate, f"{url.rstrip('/')}/{WEBHOOK_ID}"
         )
+
+    async def _service_owner(self) -> dict[str, Any] | None:
+        """The webhook's Service as the owner of the certificate's Secret (it goes with the
+        release); None without one, or if it is not there (yet)."""
+        service = self._options.webhook_service
+        if not service:
+            return None
+        path = resource_path("v1", "services", self._options.namespace, service)
+        try:
+            found = await self._api.get(path, what=f"read the webhook's Service {service}")
+        except KubeNotFound:
+            logger.warning(
+                "the webhook's Service %s is not there: its Secret has no owner", service
+            )
+            return None
+        return owner_reference(found)
 
     def keep_ca_bundle(self) -> asyncio.Task[None]:
         """Watch the configuration and patch its caBundle whenever it does not trust us."""
