@@ -191,17 +191,18 @@ def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:
     ).encode() + body
 
 
-def body(model: str, stream: bool) -> bytes:
-    """A chat completion request for `model` of MAX_TOKENS tokens."""
-    return json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "Say something about gateways."}],
-            "max_tokens": MAX_TOKENS,
-            "stream": stream,
-        },
-        separators=(",", ":"),
-    ).encode()
+def body(model: str, stream: bool, *, tokens: int = MAX_TOKENS, pace: float | None = None) -> bytes:
+    """A chat completion request for `model` of `tokens` tokens; with `pace`, the fake upstream
+    writes them at that many tokens/s (its per-request hook, which gateways forward untouched)."""
+    document: dict[str, object] = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something about gateways."}],
+        "max_tokens": tokens,
+        "stream": stream,
+    }
+    if pace is not None:
+        document["fake_upstream"] = {"tokens_per_second": pace}
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 @dataclass

@@ -49,6 +49,11 @@ def config(upstream_url: str, size: int) -> dict[str, object]:
         "edge": {"id": "edge-mem", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
         "openai": {
             "listen": "127.0.0.1:0",
+            # Every connection and stream comes from this one address: past the per-client
+            # bounds of the client guards they would be refused, not measured.
+            "max_connections": 2 * size + 64,
+            "max_connections_per_client": 2 * size,
+            "max_requests_per_client": size,
             "principal_tokens": [
                 {
                     "token_ref": "mem",
@@ -146,12 +151,12 @@ async def cycle(
 
 async def main(args: argparse.Namespace) -> None:
     size = max(args.streams, 16) + 64
-    async with spawn_fake_upstream() as upstream:
+    async with spawn_fake_upstream(startup_timeout=120) as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             (folder / "edge.yaml").write_text(yaml.safe_dump(config(upstream.base_url, size)))
             (folder / "token").write_text(NODE_TOKEN)
-            edge, started = await spawn_edge(folder / "edge.yaml")
+            edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
             node = await spawn_node(started["hub_port"], "node-1", folder / "token")
             try:
                 host, _, port_text = str(started["url"]).removeprefix("http://").rpartition(":")

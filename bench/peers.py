@@ -2,6 +2,7 @@
 
     uv run --frozen python -m bench.peers [--rounds 3] [--seconds 3]
         [--concurrency 1 32 128] [--paths direct iop litellm vllm-router] [--charts docs]
+        [--modes whole stream stream-256] [--variant base=PYTHONPATH=../other/src]
 
 Paths, all in front of the same `iop fake-upstream` process:
 
@@ -10,6 +11,12 @@ Paths, all in front of the same `iop fake-upstream` process:
   a principal token, metrics on, full dispatch), as deployed;
 - `litellm`: LiteLLM's proxy with the equivalent config (two deployments of one model, a master
   key, no database), one process, as `litellm --config` starts it;
+- `iop-local`: a prototype of "Edge-local providers" (docs/benchmarks.md, the data path's
+  candidate 2): one Edge process (this script, `--serve-local`) whose hub runs the Node's
+  `openai` adapter in its own process instead of sending runs to a Node (`LocalHub`): the
+  Edge's HTTP, auth, dispatch and metering, and the adapter's HTTP client, without the gRPC hop,
+  the Node process and its parse. It is a measurement, not the product: no health probes, no
+  capacity arbitration across replicas;
 - `vllm-router`: the vLLM project's router (Rust, on PyPI as `vllm-router`) in front of the same
   upstream as two workers, round-robin. It checks no client key and maps no model names (a
   request names the upstream's model), so it does less per request than the two gateways.
@@ -25,11 +32,24 @@ keep-alive connection. Paths take turns within each round (the order
 rotates from round to round), so that the machine's load, which other work shares, falls on all
 of them alike; the ratios are what to read. The direct path's figures show the client's ceiling.
 
+Modes: `whole` (8 tokens, one JSON body), `stream` (8 content chunks), `stream-N` (N content
+chunks, written by the upstream in one burst, as a fast model server's buffered output reads)
+and `stream-N@TPS` (N chunks paced at TPS tokens/s per stream through the fake upstream's
+per-request hook: one upstream write per token, as a GPU server generates them; the router and
+IOP forward the hook untouched, and the direct path obeys it).
+
+`--variant NAME=VAR=VALUE[,VAR=VALUE...]` adds another IOP stack, `iop:NAME`, whose Edge and
+Node start with those environment variables: `PYTHONPATH=OTHER/src` runs another checkout's
+product (the figures before a change, in the same run, as bench/hostile.py does), and gRPC's own
+variables (`GRPC_POLL_STRATEGY`, `GRPC_EXPERIMENTS`) try its knobs. Every variant takes its turn
+in each round like the other paths.
+
 It prints, per mode and concurrency: requests/s (median of the rounds and their range), p50 and
 p99 latency and their ratio (over all rounds' requests), time to the first SSE event for
 streams, the latency each gateway adds to the direct path, CPU time per request by process (from
-/proc), and the ratios of IOP to the direct path and to each peer. With `--charts DIR` it draws
-`peers-throughput.png` and `peers-latency-cdf.png` there. Figures go to docs/benchmarks.md
+/proc), CPU per content chunk of a stream (the gateway's processes), and the ratios of IOP to
+the direct path and to each peer, the router's CPU per request among them. With `--charts DIR`
+it draws `peers-throughput.png` and `peers-latency-cdf.png` there. Figures go to docs/benchmarks.md
 ("## Side by side with a peer").
 """
 
@@ -38,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -47,18 +68,22 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import orjson
 import uvloop
 import yaml
 
 from bench import benchkit
-from bench.benchkit import CLIENT_TOKEN, MAX_TOKENS, body
+from bench.benchkit import CLIENT_TOKEN, MAX_TOKENS
+from iop.edge.hubs import ProviderLink, ProviderLoad
 from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from iop.wire import RunDone, RunEvent, RunFailed, RunRequest
 
 #: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
 #: `litellm-proxy-extras` releases that are not published); docs/benchmarks.md's figures used
@@ -69,8 +94,40 @@ NODE_TOKEN = "bench-node-token"
 MODEL = "bench"
 #: The newest vllm-router on PyPI on the day of the figures.
 VLLM_ROUTER_VERSION = "0.1.17"
-PATHS = ("direct", "iop", "litellm", "vllm-router")
+PATHS = ("direct", "iop", "iop-local", "litellm", "vllm-router")
 PEERS = ("litellm", "vllm-router")
+#: The processes of each path that make up "the gateway" (CPU per request, per chunk).
+GATEWAY = ("edge", "node", "edge-local", "litellm", "vllm-router")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a request asks for: a whole answer or a stream of `tokens` chunks (paced or not)."""
+
+    name: str
+    stream: bool
+    tokens: int
+    pace: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        if text == "whole":
+            return cls(text, False, MAX_TOKENS)
+        if text == "stream":
+            return cls(text, True, MAX_TOKENS)
+        count, _, pace = text.removeprefix("stream-").partition("@")
+        if not text.startswith("stream-") or not count.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r}: whole, stream, stream-N or stream-N@TPS")
+        return cls(text, True, int(count), float(pace) if pace else None)
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME=VAR=VALUE[,VAR=VALUE...]` -> (NAME, {VAR: VALUE})."""
+    name, _, assignments = text.partition("=")
+    env = dict(pair.split("=", 1) for pair in assignments.split(",") if "=" in pair)
+    if not name or not env:
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=VAR=VALUE[,VAR=VALUE...]")
+    return name, env
 
 
 # -- the peer's installation -----------------------------------------------------------------------
@@ -220,14 +277,34 @@ def iop_config(upstream_url: str) -> dict[str, object]:
     }
 
 
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """The variables `env` set while processes start (they inherit this process's)."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextlib.asynccontextmanager
-async def iop_stack(upstream_url: str, folder: Path) -> AsyncIterator[Target]:
+async def iop_stack(
+    upstream_url: str, folder: Path, env: dict[str, str] | None = None
+) -> AsyncIterator[Target]:
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
     (folder / "token").write_text(NODE_TOKEN)
-    edge, started = await spawn_edge(folder / "edge.yaml")
+    with environment(env or {}):
+        edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
     node: asyncio.subprocess.Process | None = None
     try:
-        node = await spawn_node(started["hub_port"], "node-1", folder / "token")
+        with environment(env or {}):
+            node = await spawn_node(started["hub_port"], "node-1", folder / "token")
         url = str(started["url"])
         await wait_http(f"{url}/readyz", b'"providers_available":["p-a","p-b"]', 60, edge)
         yield Target(url, CLIENT_TOKEN, MODEL, {"edge": edge.pid, "node": node.pid})
@@ -235,6 +312,127 @@ async def iop_stack(upstream_url: str, folder: Path) -> AsyncIterator[Target]:
         if node is not None:
             await terminate(node)
         await terminate(edge)
+
+
+class _LocalStream:
+    """One run on an adapter in this process, pulled event by event by the Edge's relay."""
+
+    def __init__(self, adapter: Any, request: RunRequest) -> None:
+        self._events = adapter.run(request)
+        self._ended = False
+        self._on_end: list[Callable[[], object]] = []
+
+    async def __aenter__(self) -> _LocalStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._events.aclose()  # a run left early closes its upstream request
+        self._end()
+
+    def __aiter__(self) -> _LocalStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event: RunEvent = await anext(self._events)
+        if isinstance(event, RunDone | RunFailed):
+            self._end()
+        return event
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            for callback in self._on_end:
+                callback()
+
+    def on_end(self, callback: Callable[[], object]) -> None:
+        if self._ended:
+            callback()
+        else:
+            self._on_end.append(callback)
+
+    def take_ready(self) -> list[RunEvent]:
+        return []  # nothing waits: each event is pulled from the upstream when asked for
+
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        self._ended = True
+
+
+class LocalHub:
+    """The hub of `--serve-local`: every provider of the config runs in this process."""
+
+    def __init__(self, config: Any) -> None:
+        from iop.node.adapters.openai_http import OpenAIAdapter
+
+        self._adapters = {
+            provider.id: OpenAIAdapter(provider.id, provider.adapter)
+            for node in config.nodes
+            for provider in node.providers
+        }
+        self._links = {pid: ProviderLink(pid, "local", healthy=True) for pid in self._adapters}
+
+    def connected_providers(self) -> Mapping[str, ProviderLink]:
+        return self._links
+
+    def provider_loads(self) -> Mapping[str, ProviderLoad]:
+        return {}  # no Node reports any: least_load counts this Edge's own runs
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        return None
+
+    def run(self, request: RunRequest) -> _LocalStream:
+        return _LocalStream(self._adapters[request.provider_id], request)
+
+    async def start(self) -> int:
+        return 0
+
+    async def swap_config(self, config: Any, **_: Any) -> Mapping[str, Any]:
+        return {}
+
+    def nodes(self) -> Mapping[str, Any]:
+        return {}
+
+    def payload_digests(self) -> Mapping[str, str]:
+        return {}
+
+    async def stop(self, grace: float = 0.0) -> None:
+        for adapter in self._adapters.values():
+            await adapter.aclose()
+
+
+async def serve_local(config_path: str) -> None:
+    from iop.edge import EdgeServer
+    from iop.edgeconfig import load_file
+
+    config = load_file(config_path)
+    gc.freeze()  # as `iop edge run` does once it serves
+    async with EdgeServer(config, hub=LocalHub(config)) as edge:
+        print(orjson.dumps({"url": edge.url}).decode(), flush=True)
+        await asyncio.Event().wait()
+
+
+@contextlib.asynccontextmanager
+async def iop_local(upstream_url: str, folder: Path) -> AsyncIterator[Target]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.peers",
+        "--serve-local",
+        str(folder / "edge.yaml"),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=benchkit.REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert process.stdout is not None
+        url = str(orjson.loads(await asyncio.wait_for(process.stdout.readline(), 120))["url"])
+        await wait_http(f"{url}/readyz", b'"providers_available":["p-a","p-b"]', 60, process)
+        yield Target(url, CLIENT_TOKEN, MODEL, {"edge-local": process.pid})
+    finally:
+        await terminate(process)
 
 
 # -- the closed-loop client ------------------------------------------------------------------------
@@ -252,13 +450,14 @@ class Cell:
 
 
 async def measure(
-    target: Target, stream: bool, concurrency: int, seconds: float, pids: dict[str, int]
+    target: Target, mode: Mode, concurrency: int, seconds: float, pids: dict[str, int]
 ) -> Cell:
     """`concurrency` workers, each on its own keep-alive connection, for `seconds`."""
     headers = {"content-type": "application/json"}
     if target.token:
         headers["authorization"] = f"Bearer {target.token}"
-    payload = body(target.model, stream)
+    stream = mode.stream
+    payload = benchkit.body(target.model, mode.stream, tokens=mode.tokens, pace=mode.pace)
     url = f"{target.url}/v1/chat/completions"
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
@@ -364,6 +563,17 @@ def pct(values: Sequence[float], q: float) -> float:
 Key = tuple[str, int, str]  # (mode, concurrency, path)
 
 
+def path_order(args: argparse.Namespace) -> list[str]:
+    """The paths of the run: the chosen ones, each IOP variant right after IOP."""
+    order: list[str] = []
+    for path in PATHS:
+        if path in args.paths:
+            order.append(path)
+            if path == "iop":
+                order += [f"iop:{name}" for name, _ in args.variant]
+    return order
+
+
 async def run(args: argparse.Namespace) -> dict[Key, Series]:
     results: dict[Key, Series] = defaultdict(Series)
     task = asyncio.current_task()
@@ -373,13 +583,27 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
     litellm = ensure_litellm(args.cache) if "litellm" in args.paths else None
     router = ensure_vllm_router(args.cache) if "vllm-router" in args.paths else None
     async with contextlib.AsyncExitStack() as stack:
-        upstream = await stack.enter_async_context(spawn_fake_upstream())
+        # An answer as long as the longest mode asks for (the fake's own default is 16 tokens).
+        longest = max(mode.tokens for mode in args.modes)
+        upstream = await stack.enter_async_context(
+            spawn_fake_upstream(["--completion-tokens", str(longest)], startup_timeout=120)
+        )
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         targets: dict[str, Target] = {
             "direct": Target(f"http://{upstream.listen}", None, "served", {}),
         }
         if "iop" in args.paths:
-            targets["iop"] = await stack.enter_async_context(iop_stack(upstream.base_url, folder))
+            targets["iop"] = await stack.enter_async_context(
+                iop_stack(upstream.base_url, folder / "iop")
+            )
+            for name, env in args.variant:
+                targets[f"iop:{name}"] = await stack.enter_async_context(
+                    iop_stack(upstream.base_url, folder / f"iop-{name}", env)
+                )
+        if "iop-local" in args.paths:
+            targets["iop-local"] = await stack.enter_async_context(
+                iop_local(upstream.base_url, folder / "iop-local")
+            )
         if litellm is not None:
             targets["litellm"] = await stack.enter_async_context(
                 litellm_proxy(litellm, upstream.base_url, folder)
@@ -388,20 +612,18 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
             targets["vllm-router"] = await stack.enter_async_context(
                 vllm_router(router, upstream.listen, folder)
             )
-        order = [p for p in PATHS if p in args.paths]
+        order = path_order(args)
         for round_ in range(args.rounds):
             turn = order[round_ % len(order) :] + order[: round_ % len(order)]
-            for mode in ("whole", "stream"):
+            for mode in args.modes:
                 for concurrency in args.concurrency:
                     for path in turn:
                         target = targets[path]
                         pids = {**target.pids, "upstream": upstream.pid, "client": os.getpid()}
-                        cell = await measure(
-                            target, mode == "stream", concurrency, args.seconds, pids
-                        )
-                        results[(mode, concurrency, path)].cells.append(cell)
+                        cell = await measure(target, mode, concurrency, args.seconds, pids)
+                        results[(mode.name, concurrency, path)].cells.append(cell)
                         print(
-                            f"  round {round_ + 1} {mode} c={concurrency} {path}: "
+                            f"  round {round_ + 1} {mode.name} c={concurrency} {path}: "
                             f"{cell.rps:,.0f} req/s, {cell.errors} errors",
                             file=sys.stderr,
                             flush=True,
@@ -409,78 +631,117 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
     return results
 
 
+def gateway_cpu(series: Series) -> float:
+    """CPU per request of the path's own processes (Edge + Node, LiteLLM, the router)."""
+    present = series.cells[0].cpu_us
+    return sum(series.cpu(name) for name in GATEWAY if name in present)
+
+
 def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
-    order = [p for p in PATHS if p in args.paths]
+    order = path_order(args)
     print(
         "| mode | conc | path | req/s (median) | range | p50 ms | p99 ms | p99/p50 "
         "| TTFT p50 ms | added p50 ms | added TTFT p50 ms | errors |"
     )
     print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for mode in ("whole", "stream"):
+    for mode in args.modes:
         for conc in args.concurrency:
-            direct = results.get((mode, conc, "direct"))
+            direct = results.get((mode.name, conc, "direct"))
             for path in order:
-                series = results[(mode, conc, path)]
+                series = results[(mode.name, conc, path)]
                 lat = series.latencies
                 p50, p99 = pct(lat, 50), pct(lat, 99)
                 low, high = series.rps_range
-                ttft = pct(series.firsts, 50) if mode == "stream" else float("nan")
+                ttft = pct(series.firsts, 50) if mode.stream else float("nan")
                 added = added_ttft = "-"
                 if direct is not None and path != "direct":
                     added = f"{p50 - pct(direct.latencies, 50):+.2f}"
-                    if mode == "stream":
+                    if mode.stream:
                         added_ttft = f"{ttft - pct(direct.firsts, 50):+.2f}"
                 print(
-                    f"| {mode} | {conc} | {path} | {series.rps:,.0f} | {low:,.0f}-{high:,.0f} | "
-                    f"{p50:.2f} | {p99:.2f} | {p99 / p50:.1f} | "
-                    f"{'-' if mode == 'whole' else f'{ttft:.2f}'} | {added} | {added_ttft} | "
+                    f"| {mode.name} | {conc} | {path} | {series.rps:,.0f} | "
+                    f"{low:,.0f}-{high:,.0f} | {p50:.2f} | {p99:.2f} | {p99 / p50:.1f} | "
+                    f"{f'{ttft:.2f}' if mode.stream else '-'} | {added} | {added_ttft} | "
                     f"{series.errors} |"
                 )
-    print("\nCPU time per request by process (us, median of the rounds):\n")
+    print(
+        "\nCPU time per request by process (us, median of the rounds); gateway: the path's own "
+        "processes; per chunk: the gateway's CPU per content chunk of a stream:\n"
+    )
     names = ["edge", "node", "litellm", "vllm-router", "upstream", "client"]
-    print("| mode | conc | path | " + " | ".join(names) + " |")
-    print("|---|---:|---|" + "---:|" * len(names))
-    for mode in ("whole", "stream"):
+    print("| mode | conc | path | " + " | ".join(names) + " | gateway | per chunk |")
+    print("|---|---:|---|" + "---:|" * (len(names) + 2))
+    for mode in args.modes:
         for conc in args.concurrency:
             for path in order:
-                series = results[(mode, conc, path)]
+                series = results[(mode.name, conc, path)]
                 present = series.cells[0].cpu_us
                 cells = [f"{series.cpu(n):,.0f}" if n in present else "-" for n in names]
-                print(f"| {mode} | {conc} | {path} | " + " | ".join(cells) + " |")
-    if "iop" not in order:
+                gateway = gateway_cpu(series) if path != "direct" else None
+                cells.append("-" if gateway is None else f"{gateway:,.0f}")
+                per_chunk = "-"
+                if gateway is not None and mode.stream:
+                    per_chunk = f"{gateway / mode.tokens:,.1f}"
+                cells.append(per_chunk)
+                print(f"| {mode.name} | {conc} | {path} | " + " | ".join(cells) + " |")
+    iops = [p for p in order if p.startswith("iop")]
+    if not iops:
         return
     peers = [p for p in PEERS if p in order]
     print("\nRatios (requests/s: median of the rounds; latency: p50 over all rounds):\n")
     print(
-        "| mode | conc | IOP / direct req/s | "
-        + " | ".join(f"IOP / {p} req/s" for p in peers)
-        + " | added p50: IOP | "
-        + " | ".join(peers)
+        "| mode | conc | path | / direct req/s | "
+        + " | ".join(f"/ {p} req/s" for p in peers)
+        + " | added p50 | "
+        + " | ".join(f"{p} added p50" for p in peers)
+        + "".join(f" | CPU / {p}'s | added p50 / {p}'s" for p in peers if p == "vllm-router")
         + " |"
     )
-    print("|---|---:|" + "---:|" * (2 + 2 * len(peers)))
-    for mode in ("whole", "stream"):
+    columns = 3 + 2 * len(peers) + 2 * ("vllm-router" in peers)
+    print("|---|---:|---|" + "---:|" * (columns - 1))
+    for mode in args.modes:
         for conc in args.concurrency:
-            iop = results[(mode, conc, "iop")]
-            direct = results.get((mode, conc, "direct"))
+            direct = results.get((mode.name, conc, "direct"))
             d50 = pct(direct.latencies, 50) if direct else float("nan")
-            cols = [f"{iop.rps / direct.rps:.2f}" if direct else "-"]
-            cols += [f"{iop.rps / results[(mode, conc, p)].rps:.1f}x" for p in peers]
-            cols.append(f"{pct(iop.latencies, 50) - d50:+.2f} ms")
-            cols += [f"{pct(results[(mode, conc, p)].latencies, 50) - d50:+.2f} ms" for p in peers]
-            print(f"| {mode} | {conc} | " + " | ".join(cols) + " |")
+            for path in iops:
+                iop = results[(mode.name, conc, path)]
+                gap = pct(iop.latencies, 50) - d50
+                cols = [f"{iop.rps / direct.rps:.2f}" if direct else "-"]
+                cols += [f"{iop.rps / results[(mode.name, conc, p)].rps:.2f}x" for p in peers]
+                cols.append(f"{gap:+.2f} ms")
+                cols += [
+                    f"{pct(results[(mode.name, conc, p)].latencies, 50) - d50:+.2f} ms"
+                    for p in peers
+                ]
+                if "vllm-router" in peers:
+                    router = results[(mode.name, conc, "vllm-router")]
+                    router_added = pct(router.latencies, 50) - d50
+                    cols.append(f"{gateway_cpu(iop) / gateway_cpu(router):.1f}x")
+                    cols.append(f"{gap / router_added:.1f}x" if router_added > 0 else "-")
+                print(f"| {mode.name} | {conc} | {path} | " + " | ".join(cols) + " |")
 
 
-COLOURS = {"direct": "#7f7f7f", "iop": "#1f77b4", "litellm": "#d62728", "vllm-router": "#2ca02c"}
+COLOURS = {
+    "direct": "#7f7f7f",
+    "iop": "#1f77b4",
+    "iop-local": "#9467bd",
+    "litellm": "#d62728",
+    "vllm-router": "#2ca02c",
+}
 LABELS = {
     "direct": "direct (fake upstream)",
     "iop": "IOP Edge + Node",
+    "iop-local": "IOP Edge, local provider (prototype)",
     "litellm": "LiteLLM proxy",
     "vllm-router": "vLLM router (Rust)",
 }
 
 
 def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
+    names = {mode.name for mode in args.modes}
+    if not {"whole", "stream"} <= names:
+        print("charts need the modes whole and stream; none drawn", file=sys.stderr)
+        return
     throughput_chart(results, args, folder)
     latency_chart(results, args, folder)
 
@@ -556,10 +817,29 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument(
+        "--modes",
+        nargs="+",
+        type=Mode.parse,
+        default=[Mode.parse(m) for m in ("whole", "stream", "stream-256")],
+        help="whole, stream (8 chunks), stream-N, stream-N@TPS (paced)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=variant,
+        default=[],
+        metavar="NAME=VAR=VALUE[,VAR=VALUE]",
+        help="another IOP stack, iop:NAME, started with these environment variables",
+    )
+    parser.add_argument(
         "--cache", type=Path, default=benchkit.default_cache("peers"), help="peer installs"
     )
     parser.add_argument("--charts", type=Path, metavar="DIR", help="draw PNG charts into DIR")
+    parser.add_argument("--serve-local", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_local:
+        uvloop.run(serve_local(args.serve_local))
+        return
     load = os.getloadavg()
     print(
         f"# bench/peers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "

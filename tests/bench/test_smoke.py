@@ -45,9 +45,12 @@ RUNS = {
         "apply",
     ),
     "peers": (
-        ["--paths", "direct", "iop", "--rounds", "1", "--seconds", "0.2", "--concurrency", "1"],
-        "iop",
+        ["--paths", "direct", "iop", "iop-local", "--rounds", "1", "--seconds", "0.2"]
+        + ["--concurrency", "1", "--modes", "whole", "stream-16"],
+        "iop-local",
     ),
+    "grpc_hops": (["--seconds", "0.2", "--rounds", "1", "--in-flight", "1"], "aio-options"),
+    "sse_passthrough": (["--tokens", "16", "--repeat", "1"], "passed through"),
     "replicas": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "2"], "req/s"),
     "tail": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "1"], "p99"),
     "memory": (["--connections", "5", "--streams", "5", "--cycles", "1"], "KiB"),

@@ -208,6 +208,48 @@ async def test_a_stream_reads_the_same_when_its_events_arrive_at_once(
     assert answers[1].endswith(b"data: [DONE]\n\n")
 
 
+@pytest.mark.parametrize("include_usage", [False, True], ids=["plain", "with-usage"])
+@pytest.mark.parametrize("at_once", [False, True], ids=["event-by-event", "all-at-once"])
+async def test_a_stream_of_whole_sse_events_reads_the_same_as_one_of_objects(
+    http, fake_hub, include_usage, at_once
+) -> None:
+    # A Node passes a stream through: each upstream read's events as one chunk of SSE bytes.
+    body: dict[str, Any] = {"model": "m", "messages": HELLO, "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+
+    per_event = fake_hub.script  # the fake's own answers, one object per chunk
+
+    async def passed_through(request: RunRequest) -> AsyncIterator[RunEvent]:
+        events = [event async for event in per_event(request)]
+        chunks = [e for e in events if isinstance(e, RunChunk)]
+        framed = [b"data: " + c.data + b"\n\n" for c in chunks if not c.usage_only]
+        if include_usage:  # the Node keeps the usage-only chunk only for a client that asked
+            framed += [b"data: " + c.data + b"\n\n" for c in chunks if c.usage_only]
+        yield RunChunk(framed[0], sse=True)  # a read of one event, then one of all the rest
+        yield RunChunk(b"".join(framed[1:]), sse=True)
+        for event in events:
+            if not isinstance(event, RunChunk):
+                yield event
+
+    fake_hub.at_once = at_once
+    answers = []
+    for script in (per_event, passed_through):
+        fake_hub.script = script
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            text = await response.aread()
+        answers.append(re.sub(rb'"id":"run-[^"]+"', b'"id":"run"', text))
+        assert fake_hub.requests[-1].sse_chunks  # the Edge asks every stream's Node for it
+    assert answers[0] == answers[1]
+    assert answers[1].endswith(b"data: [DONE]\n\n")
+    assert (b'"choices":[]' in answers[1]) is include_usage
+
+
+async def test_a_whole_answer_is_never_asked_for_sse_chunks(client, fake_hub) -> None:
+    await client.chat.completions.create(model="m", messages=HELLO)
+    assert not fake_hub.requests[-1].sse_chunks
+
+
 async def test_text_completion_streaming_and_not(client, fake_hub) -> None:
     response = await client.completions.create(model="m", prompt="Say hi")
     assert response.choices[0].text == "Hello from a"

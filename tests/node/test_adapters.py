@@ -24,18 +24,60 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 def request(
-    stream: bool, *, deadline: float | None = None, kind: str = "chat", **body: Any
+    stream: bool,
+    *,
+    deadline: float | None = None,
+    kind: str = "chat",
+    sse: bool = False,
+    **body: Any,
 ) -> RunRequest:
     document: dict[str, Any] = {"model": "served", "stream": stream, **body}
     if kind == "chat":
         document["messages"] = MESSAGES
     else:
         document["prompt"] = "hello"
-    return RunRequest("r1", "p1", "served", kind, orjson.dumps(document), stream, deadline)  # type: ignore[arg-type]
+    return RunRequest(
+        "r1",
+        "p1",
+        "served",
+        kind,  # type: ignore[arg-type]
+        orjson.dumps(document),
+        stream,
+        deadline,
+        sse_chunks=sse,
+    )
 
 
 async def collect(adapter: Any, run: RunRequest) -> list[RunEvent]:
     return [event async for event in adapter.run(run)]
+
+
+def client_bytes(events: Sequence[RunEvent], include_usage: bool = False) -> bytes:
+    """What the Edge writes to the client for a stream's chunks (before its `[DONE]`)."""
+    return b"".join(
+        event.data if event.sse else b"data: " + event.data + b"\n\n"
+        for event in events
+        if isinstance(event, RunChunk) and (include_usage or not event.usage_only)
+    )
+
+
+def same_but_ids(passed: bytes, per_event: bytes) -> bool:
+    """Two streams' client bytes are the same events, framed alike, but for the ids and times
+    each answer of the fake upstream gets."""
+
+    def events(data: bytes) -> list[Any]:
+        assert data.endswith(b"\n\n") and all(
+            event.startswith(b"data: {") and b"\n" not in event
+            for event in data[:-2].split(b"\n\n")
+        )
+        documents = [orjson.loads(event[6:]) for event in data[:-2].split(b"\n\n")]
+        return [{k: v for k, v in d.items() if k not in ("id", "created")} for d in documents]
+
+    return events(passed) == events(per_event)
+
+
+def ends(events: Sequence[RunEvent]) -> list[RunEvent]:
+    return [event for event in events if not isinstance(event, RunChunk)]
 
 
 @pytest.fixture
@@ -79,6 +121,40 @@ async def test_stream_forwards_the_usage_chunk_marked_when_asked(
     assert isinstance(usage_chunk, RunChunk) and usage_chunk.usage_only
     assert orjson.loads(usage_chunk.data)["choices"] == []
     assert isinstance(events[-2], RunUsage)
+
+
+@pytest.mark.parametrize("include_usage", [False, True], ids=["no-usage", "usage"])
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize(
+    "hook", [{}, {"tokens_per_second": 2000}], ids=["one-burst", "a-write-per-token"]
+)
+async def test_a_passed_through_stream_reaches_the_client_byte_for_byte(
+    adapter: OpenAIAdapter, include_usage: bool, kind: str, hook: dict[str, Any]
+) -> None:
+    options: dict[str, Any] = {"stream_options": {"include_usage": True}} if include_usage else {}
+    run = request(True, kind=kind, max_tokens=12, fake_upstream=hook, **options)
+    per_event = await collect(adapter, run)
+    passed = await collect(adapter, dataclasses.replace(run, sse_chunks=True))
+    assert same_but_ids(client_bytes(passed, include_usage), client_bytes(per_event, include_usage))
+    assert all(e.sse for e in passed if isinstance(e, RunChunk))
+    assert (b'"choices":[]' in client_bytes(passed)) is include_usage
+    assert ends(passed) == ends(per_event)
+    usage, done = ends(passed)
+    assert isinstance(usage, RunUsage) and usage.completion_tokens == 12
+    assert done == RunDone("length")
+    if not hook:  # one upstream write: a read or two, each one chunk of many events
+        assert len(passed) - 2 <= 2
+
+
+async def test_passed_through_chunks_keep_to_the_runs_bound(adapter: OpenAIAdapter) -> None:
+    run = request(True, max_tokens=16, stream_options={"include_usage": True})
+    bounded = dataclasses.replace(run, max_response_bytes=1024)
+    per_event = await collect(adapter, bounded)
+    passed = await collect(adapter, dataclasses.replace(bounded, sse_chunks=True))
+    chunks = [e for e in passed if isinstance(e, RunChunk)]
+    assert all(len(c.data) <= 1024 for c in chunks) and len(chunks) > 1
+    assert same_but_ids(client_bytes(passed, True), client_bytes(per_event, True))
+    assert ends(passed) == ends(per_event)
 
 
 async def test_completions_stream(adapter: OpenAIAdapter) -> None:
@@ -338,6 +414,14 @@ async def test_sse_framings_are_read_alike(body: bytes, split_at: Sequence[int])
         RunUsage(3, 2, 5),
         RunDone("stop"),
     ]
+    async with raw_upstream(sse_response(body, split_at=split_at)) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            passed = await collect(adapter, request(True, sse=True))
+        finally:
+            await adapter.aclose()
+    assert client_bytes(passed) == b"data: %s\n\ndata: %s\n\n" % (chunk("a"), chunk("b", "stop"))
+    assert ends(passed) == [RunUsage(3, 2, 5), RunDone("stop")]
 
 
 async def test_multi_line_data_is_joined_with_newlines() -> None:
@@ -352,15 +436,19 @@ async def test_multi_line_data_is_joined_with_newlines() -> None:
     assert events[-1] == RunDone("stop")
 
 
-async def test_a_stream_that_is_not_json_is_an_upstream_error() -> None:
-    body = b"data: %s\n\ndata: <html>oops</html>\n\n" % chunk("a")
+@pytest.mark.parametrize(
+    "bad", [b"<html>oops</html>", b'{"choices": [], "usage": {"prompt_tokens": oops'], ids=str
+)
+@pytest.mark.parametrize("sse", [False, True], ids=["per-event", "passed-through"])
+async def test_a_stream_that_is_not_json_is_an_upstream_error(bad: bytes, sse: bool) -> None:
+    body = b"data: %s\n\ndata: %s\n\n" % (chunk("a"), bad)
     async with raw_upstream(sse_response(body)) as (_, url):
         adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
         try:
-            events = await collect(adapter, request(True))
+            events = await collect(adapter, request(True, sse=sse))
         finally:
             await adapter.aclose()
-    assert events[0] == RunChunk(chunk("a"))
+    assert client_bytes(events[:1]) == b"data: %s\n\n" % chunk("a")
     failed = events[-1]
     assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_ERROR
     assert "not JSON" in failed.message
@@ -445,16 +533,17 @@ async def test_an_answer_past_the_runs_bound_is_refused_without_being_read_whole
     assert events[0].code == statuses.RESPONSE_TOO_LARGE and not events[0].retryable
 
 
-async def test_a_stream_event_past_the_runs_bound_is_refused() -> None:
+@pytest.mark.parametrize("sse", [False, True], ids=["per-event", "passed-through"])
+async def test_a_stream_event_past_the_runs_bound_is_refused(sse: bool) -> None:
     body = b'data: %s\n\ndata: {"choices": "%s' % (chunk("a"), b"x" * 200_000)
     async with raw_upstream(sse_response(body, split_at=range(100, 200_000, 4096))) as (_, url):
         adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
         try:
-            bounded = dataclasses.replace(request(True), max_response_bytes=64 * 1024)
+            bounded = dataclasses.replace(request(True, sse=sse), max_response_bytes=64 * 1024)
             events = await collect(adapter, bounded)
         finally:
             await adapter.aclose()
-    assert events[0] == RunChunk(chunk("a"))
+    assert client_bytes(events[:1]) == b"data: %s\n\n" % chunk("a")
     assert isinstance(events[-1], RunFailed) and events[-1].code == statuses.RESPONSE_TOO_LARGE
 
 

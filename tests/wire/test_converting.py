@@ -36,7 +36,7 @@ from iop.wire.texts import MAX_ID_CHARS, MAX_TEXT_CHARS, bounded
 
 counts = st.integers(min_value=0, max_value=2**31)
 events = st.one_of(
-    st.builds(RunChunk, st.binary(), st.booleans()),
+    st.builds(RunChunk, st.binary(), st.booleans(), st.booleans()),
     st.builds(RunUsage, counts, counts, counts),
     st.builds(RunDone, st.one_of(st.none(), st.sampled_from(["stop", "length"]))),
     st.builds(
@@ -151,13 +151,20 @@ def test_drain_progress_round_trips(progress: DrainProgress) -> None:
     assert back.draining == progress.draining
 
 
-def test_a_chunk_larger_than_a_piece_travels_in_pieces_that_join_to_it() -> None:
+@pytest.mark.parametrize("sse", [False, True], ids=["object", "sse-events"])
+def test_a_chunk_larger_than_a_piece_travels_in_pieces_that_join_to_it(sse: bool) -> None:
     data = bytes(range(256)) * 40  # 10,240 bytes
-    pieces = chunk_to_pieces("r", RunChunk(data, usage_only=True), 4096)
+    pieces = chunk_to_pieces("r", RunChunk(data, usage_only=True, sse=sse), 4096)
     assert [len(p.chunk.data) for p in pieces] == [4096, 4096, 2048]
     assert [p.chunk.more for p in pieces] == [True, True, False]
-    assert all(p.run_id == "r" and p.chunk.usage_only for p in pieces)
+    assert all(p.run_id == "r" and p.chunk.usage_only and p.chunk.sse is sse for p in pieces)
     assert b"".join(p.chunk.data for p in pieces) == data
+
+
+def test_a_stream_asks_for_sse_chunks_and_a_node_that_predates_it_reads_none() -> None:
+    request = RunRequest("r", "p", "served", "chat", b"{}", True, sse_chunks=True)
+    assert request_from_proto(request_to_proto(request)).sse_chunks
+    assert not request_from_proto(pb.RunRequest(run_id="r", kind=pb.RUN_KIND_CHAT)).sse_chunks
 
 
 def test_what_a_node_says_in_words_is_cut_before_anyone_keeps_it() -> None:

@@ -289,7 +289,7 @@ class RunStream:
         if type(event) is RunChunk:
             if self._pieces:
                 self._pieces.append(event.data)
-                event = RunChunk(b"".join(self._pieces), event.usage_only)
+                event = RunChunk(b"".join(self._pieces), event.usage_only, event.sse)
                 self._pieces, self._pieces_size = [], 0
             if len(event.data) > self._max_response_bytes:
                 self._refuse_too_large(len(event.data))

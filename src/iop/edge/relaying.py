@@ -379,6 +379,7 @@ class RelayedRun:
                 stream=request.stream,
                 long_context=self._long,
                 max_response_bytes=lease.snapshot.config.openai.max_response_bytes,
+                sse_chunks=request.stream,
             )
         )
         await stream.__aenter__()

@@ -318,7 +318,8 @@ class EdgeApp:
         include_usage: bool,
         headers: _Headers,
     ) -> int:
-        """An SSE answer: one `data:` event per chunk, then `data: [DONE]`.
+        """An SSE answer: one `data:` event per chunk object (a Node's chunk of whole events,
+        `sse`, as it is), then `data: [DONE]`.
 
         The events that arrived while the previous write was under way go out in one write, as
         the wire's writers do: a stream the Edge keeps up with is written event by event, one it
@@ -339,7 +340,7 @@ class EdgeApp:
                         await send(
                             {"type": "http.response.start", "status": 200, "headers": start_headers}
                         )
-                    parts.append(b"data: " + event.data + b"\n\n")
+                    parts.append(event.data if event.sse else b"data: " + event.data + b"\n\n")
                 elif isinstance(event, RunDone):
                     if not started:
                         await send(

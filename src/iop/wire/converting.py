@@ -77,6 +77,7 @@ def request_to_proto(request: RunRequest, now: float | None = None) -> pb.RunReq
         timeout_s=timeout,
         long_context=request.long_context,
         max_response_bytes=request.max_response_bytes or 0,
+        sse_chunks=request.sse_chunks,
     )
 
 
@@ -101,6 +102,7 @@ def request_from_proto(message: pb.RunRequest, now: float | None = None) -> RunR
         deadline=deadline,
         long_context=message.long_context,
         max_response_bytes=message.max_response_bytes or None,
+        sse_chunks=message.sse_chunks,
     )
 
 
@@ -108,7 +110,8 @@ def event_to_proto(run_id: str, event: RunEvent) -> pb.RunEvent:
     """The protobuf of one event of run `run_id`."""
     if isinstance(event, RunChunk):
         return pb.RunEvent(
-            run_id=run_id, chunk=pb.RunChunk(data=event.data, usage_only=event.usage_only)
+            run_id=run_id,
+            chunk=pb.RunChunk(data=event.data, usage_only=event.usage_only, sse=event.sse),
         )
     if isinstance(event, RunUsage):
         return pb.RunEvent(
@@ -145,6 +148,7 @@ def chunk_to_pieces(run_id: str, chunk: RunChunk, piece_bytes: int) -> list[pb.R
                 data=bytes(data[start : start + piece_bytes]),
                 usage_only=chunk.usage_only,
                 more=start != last,
+                sse=chunk.sse,
             ),
         )
         for start in starts
@@ -160,7 +164,8 @@ def event_from_proto(message: pb.RunEvent) -> RunEvent:
     """
     which = message.WhichOneof("event")
     if which == "chunk":
-        return RunChunk(message.chunk.data, message.chunk.usage_only)
+        chunk = message.chunk
+        return RunChunk(chunk.data, chunk.usage_only, chunk.sse)
     if which == "usage":
         usage = message.usage
         return RunUsage(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)

@@ -41,7 +41,8 @@ class RunRequest:
     the time left, so clocks of different hosts never matter). `long_context` makes the run hold
     one of the provider's long-context slots too. `max_response_bytes` bounds the answer the
     Node reads and sends (a whole body, or one event of a stream); None: the Node's default,
-    `DEFAULT_MAX_RESPONSE_BYTES`.
+    `DEFAULT_MAX_RESPONSE_BYTES`. `sse_chunks`: the Edge takes a stream's chunks as whole
+    server-sent events (`RunChunk.sse`).
     """
 
     run_id: str
@@ -53,20 +54,27 @@ class RunRequest:
     deadline: float | None = None
     long_context: bool = False
     max_response_bytes: int | None = None
+    sse_chunks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RunChunk:
-    """One OpenAI JSON object.
+    """One OpenAI JSON object, or whole server-sent events of a stream.
 
     The whole response body when the run does not stream, or one chunk object (the JSON after
     `data: `) when it does. `usage_only` marks the final usage-only chunk (empty `choices`) of a
     stream whose client asked for `stream_options.include_usage`; when the client did not ask,
     the Node drops that chunk (it always asks the upstream, to meter) and sends only `RunUsage`.
+
+    `sse`: `data` is one or more whole events of a stream, framed as the client gets them
+    (`data: {...}\n\n` each), passed through as the upstream wrote them in one read (for a run
+    whose request has `sse_chunks`). It never holds the usage-only chunk the client did not ask
+    for, nor `data: [DONE]`, which the Edge writes.
     """
 
     data: bytes
     usage_only: bool = False
+    sse: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,7 +243,7 @@ Global___RunEvent: _TypeAlias = RunEvent  # noqa: Y015
 @_typing.final
 class RunChunk(_message.Message):
     """One OpenAI JSON object: the whole response body when the run does not stream, or one chunk
-    object (the JSON after `data: `) when it does.
+    object (the JSON after `data: `) when it does; or, with `sse`, whole server-sent events.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -251,6 +251,7 @@ class RunChunk(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     USAGE_ONLY_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
+    SSE_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     usage_only: _builtins.bool
     """The usage-only chunk (empty `choices`) of a stream whose client asked for
@@ -261,16 +262,24 @@ class RunChunk(_message.Message):
     `Welcome.max_message_bytes` travels in pieces, which the Edge joins (bounded by the run's
     `max_response_bytes`) before anything sees it. Only a Node welcomed with that bound splits.
     """
+    sse: _builtins.bool
+    """`data` is one or more whole server-sent events of a stream, framed exactly as the client
+    gets them (`data: {...}\\n\\n` each): what the upstream wrote in one read, passed through
+    without a parse per event (a chunk object costs the Node and the Edge far more than its
+    bytes). Never the usage-only chunk the client did not ask for, nor `data: [DONE]`, which
+    the Edge writes itself. Sent only for a run whose request has `sse_chunks`.
+    """
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         usage_only: _builtins.bool = ...,
         more: _builtins.bool = ...,
+        sse: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "more", b"more", "usage_only", b"usage_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "more", b"more", "sse", b"sse", "usage_only", b"usage_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -756,6 +765,7 @@ class RunRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     LONG_CONTEXT_FIELD_NUMBER: _builtins.int
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _builtins.int
+    SSE_CHUNKS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     provider_id: _builtins.str
     served_model: _builtins.str
@@ -777,6 +787,11 @@ class RunRequest(_message.Message):
     body, or one event of a stream. The Node reads no more than this from its upstream and fails
     the run with `response_too_large` past it. 0 (an Edge that predates it): the Node's default.
     """
+    sse_chunks: _builtins.bool
+    """The Edge takes this stream's chunks as whole server-sent events (RunChunk.sse). An Edge that
+    predates it never sets it, and a Node that predates it sends one chunk object per event,
+    which the Edge still frames itself.
+    """
     def __init__(
         self,
         *,
@@ -789,10 +804,11 @@ class RunRequest(_message.Message):
         timeout_s: _builtins.float = ...,
         long_context: _builtins.bool = ...,
         max_response_bytes: _builtins.int = ...,
+        sse_chunks: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "stream", b"stream", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "sse_chunks", b"sse_chunks", "stream", b"stream", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

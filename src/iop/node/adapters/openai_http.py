@@ -21,6 +21,7 @@ gets logged.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from collections.abc import AsyncGenerator, Iterator
@@ -187,7 +188,7 @@ class OpenAIAdapter:
             # Everything that arrived is split at each turn (often a whole burst of events).
             # Read to the end even after [DONE], which the end of the body follows at once:
             # only a response read to its end gives its connection back to the pool.
-            decoder = _StreamDecoder(wants_usage, limit)
+            decoder = _StreamDecoder(wants_usage, limit, request.sse_chunks)
             while piece := await response.content.readany():
                 for chunk in decoder.feed(piece):
                     sent_chunk = True
@@ -328,14 +329,37 @@ def _finish_reason(document: dict[str, Any]) -> str | None:
     return None
 
 
-class _StreamDecoder:
-    """An SSE body, fed as it arrives, as run events: a chunk per `data` object, then the usage
-    and `RunDone` at the end. Plain generators: a malformed event fails after the good ones
-    before it went out."""
+#: A usage object or a finish reason (JSON with or without spaces): what a stream's last
+#: events hold, and the reason to parse an event that would otherwise pass through.
+_TAIL: Final = re.compile(rb'"(?:usage"\s*:\s*\{|finish_reason"\s*:\s*")')
+#: How many of a read's last events are searched for those: the finish chunk, the usage chunk
+#: and `[DONE]` are a stream's last three, so each is among the last three of the read it
+#: arrives in (an earlier usage or finish reason in the stream is superseded by the last).
+_TAIL_EVENTS: Final = 3
 
-    def __init__(self, wants_usage: bool, limit: int) -> None:
+
+class _StreamDecoder:
+    """An SSE body, fed as it arrives, as run events: its chunks, then the usage and `RunDone`
+    at the end. Plain generators: a malformed event fails after the good ones before it went
+    out.
+
+    Two ways out. Per event (`sse=False`, for an Edge that predates `RunChunk.sse`): every
+    event is parsed and sent as its JSON object. Passed through (`sse=True`): each read's whole
+    events go out as one chunk of bytes, as the upstream wrote them, when they are all single
+    `data: {...}` lines (what OpenAI, vLLM and the others send: the client gets exactly the
+    bytes the per-event way would frame). Only a read's last events are searched, and parsed
+    from the first one that holds a usage object, a finish reason or `[DONE]` (where the usage,
+    the finish reason and the usage-only chunk the client did not ask for are). A read framed
+    otherwise (comments, other fields, CRLF, data on several lines) is parsed event by event and
+    framed anew, as before. What passes through is not checked to be JSON: a malformed object
+    reaches the client as the upstream wrote it (one in a read's last events, or in a read
+    framed otherwise, still fails the run with `upstream_error`).
+    """
+
+    def __init__(self, wants_usage: bool, limit: int, sse: bool = False) -> None:
         self._wants_usage = wants_usage
         self._limit = limit
+        self._sse = sse
         # An event not complete yet; grows in place, and only its new bytes are searched for
         # the event's end: an event arriving in thousands of pieces costs linear time.
         self._buffer = bytearray()
@@ -354,31 +378,95 @@ class _StreamDecoder:
                 piece, self._cr = piece[:-1], True
             piece = piece.replace(b"\r\n", b"\n")
         buffer = self._buffer
-        if not buffer:
-            *events, rest = piece.split(b"\n\n")
-        else:
+        if buffer:
             start = len(buffer) - 1
             buffer += piece
             if buffer.find(b"\n\n", start) < 0:
                 if len(buffer) > self._limit:
                     raise _TooLarge
                 return iter(())
-            *events, rest = bytes(buffer).split(b"\n\n")
-        if len(rest) > self._limit:
+            piece = bytes(buffer)
+        cut = _after_last_event(piece, len(piece))
+        if len(piece) - cut > self._limit:
             raise _TooLarge
-        self._buffer = bytearray(rest)
-        return self._chunks(events)
+        if not cut:
+            if not buffer:
+                self._buffer = bytearray(piece)
+            return iter(())
+        self._buffer = bytearray(piece[cut:])
+        if self._sse:
+            return self._passed(piece[:cut])
+        return self._objects(piece[: cut - 2].split(b"\n\n"))
 
     def end(self) -> Iterator[RunEvent]:
         """The last events once the body ended (its last event may lack the blank line)."""
         rest, self._buffer = bytes(self._buffer), bytearray()
         if rest:
-            yield from self._chunks([rest])
+            if self._sse:
+                yield from self._framed([rest])
+            else:
+                yield from self._objects([rest])
         if self._usage is not None:
             yield RunUsage(*self._usage)
         yield RunDone(self._finish)
 
-    def _chunks(self, events: list[bytes]) -> Iterator[RunChunk]:
+    def _passed(self, events: bytes) -> Iterator[RunChunk]:
+        """Whole events (each ending with a blank line) as chunks of SSE bytes: those before
+        the read's last ones as they came, when that is safe, the rest parsed."""
+        if self._done:
+            return  # nothing after [DONE] counts
+        # The read's last events are searched for what must be parsed: from the first that
+        # holds a usage object, a finish reason or [DONE] on, the events are parsed.
+        tail = len(events)
+        for _ in range(_TAIL_EVENTS):
+            tail = _after_last_event(events, tail - 2)
+            if not tail:
+                break
+        head = len(events)
+        found = _TAIL.search(events, tail)
+        if found is not None:
+            head = _after_last_event(events, found.start())
+        done = events.find(_DONE, tail, head)
+        if done >= 0:
+            head = _after_last_event(events, done)
+        if head > self._limit or not _plain(events, head):
+            head = 0
+        if head:
+            yield RunChunk(events[:head], sse=True)
+        if head < len(events):
+            yield from self._framed(events[head:-2].split(b"\n\n"))
+
+    def _framed(self, events: list[bytes]) -> Iterator[RunChunk]:
+        """Parsed events framed anew as SSE, in chunks of at most the limit (an object too large
+        for that with its framing goes alone, as an object, which the Edge frames)."""
+        parts: list[bytes] = []
+        size = 0
+        limit = self._limit
+        try:
+            for data, usage_only in self._parsed(events):
+                framed = b"data: " + data + b"\n\n"
+                if size + len(framed) > limit and parts:
+                    yield RunChunk(b"".join(parts), sse=True)
+                    parts, size = [], 0
+                if len(framed) > limit:
+                    yield RunChunk(data, usage_only)
+                    continue
+                parts.append(framed)
+                size += len(framed)
+        except _Malformed:
+            if parts:  # the good events before the bad one still go out
+                yield RunChunk(b"".join(parts), sse=True)
+            raise
+        if parts:
+            yield RunChunk(b"".join(parts), sse=True)
+
+    def _objects(self, events: list[bytes]) -> Iterator[RunChunk]:
+        for data, usage_only in self._parsed(events):
+            yield RunChunk(data, usage_only)
+
+    def _parsed(self, events: list[bytes]) -> Iterator[tuple[bytes, bool]]:
+        """Each event's JSON object that goes to the client, and whether it is the usage-only
+        chunk; notes the usage, the finish reason and `[DONE]` on the way."""
         for event in events:
             if event.startswith(b"data: ") and b"\n" not in event:
                 data: bytes | None = event[6:]
@@ -397,10 +485,30 @@ class _StreamDecoder:
                 self._usage = found
                 if not choices:
                     if self._wants_usage:
-                        yield RunChunk(data, usage_only=True)
+                        yield data, True
                     continue
             self._finish = _finish_reason(document) or self._finish
-            yield RunChunk(data)
+            yield data, False
+
+
+def _after_last_event(data: bytes, end: int) -> int:
+    """Where the bytes after the last blank line before `end` start (0: none before it)."""
+    boundary = data.rfind(b"\n\n", 0, end)
+    return boundary + 2 if boundary >= 0 else 0
+
+
+def _plain(events: bytes, end: int) -> bool:
+    """Whether `events[:end]` (whole events) are all single `data: {...}` lines, each ending
+    with a blank line: then they reach the client byte for byte as the per-event way would
+    frame them. Counted, not split: every newline must belong to a boundary between two such
+    events, or to the last one's end."""
+    if not end:
+        return False
+    return (
+        events.startswith(b"data: {")
+        and events.startswith(b"}\n\n", end - 3)
+        and events.count(b"\n", 0, end) == 2 * events.count(b"}\n\ndata: {", 0, end) + 2
+    )
 
 
 def _event_data(event: bytes) -> bytes | None:
