@@ -53,6 +53,8 @@ CHECKOUT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 import clusternet  # noqa: E402
+import hostpackages  # noqa: E402
+import imagebuild  # noqa: E402
 from clusternet import Network  # noqa: E402
 
 # Bump when the way binaries are built changes (flags, ldflags, extra files): it is part of the
@@ -393,22 +395,10 @@ def build(*, force: bool = False) -> Build:
 
 def ensure_host_packages() -> None:
     """Install the Debian packages the cluster needs (as root, with apt-get) if missing."""
-    missing = sorted({pkg for command, pkg in DEBIAN_PACKAGES.items() if not shutil.which(command)})
-    if not missing:
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise ClusterError(f"install the Debian packages {', '.join(missing)} (apt-get, as root)")
-    log(f"installing Debian packages: {', '.join(missing)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # Another apt-get (another worktree's build) may hold dpkg's lock: wait for it.
-    wait = ["-o", "DPkg::Lock::Timeout=300"]
-    install = ["apt-get", *wait, "install", "-y", "--no-install-recommends", *missing]
-    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:  # the package lists may be missing or stale
-        subprocess.run(["apt-get", *wait, "update"], env=env, capture_output=True, check=False)
-        result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{result.stderr[-2000:]}")
+    try:
+        hostpackages.ensure_commands(DEBIAN_PACKAGES, log)
+    except hostpackages.PackageError as error:
+        raise ClusterError(str(error)) from None
 
 
 def ensure_built() -> Build:
@@ -737,13 +727,21 @@ def corefile(state: State) -> str:
 
 
 def kubelet_python() -> Path:
-    """The virtualenv the kubelet runs in, and its pods too: the checkout's `.venv`, or
-    IOP_KUBELET_VENV (which the kubelet also reads, from the environment `up` passes on)."""
+    """The Python the kubelet runs on (it needs aiohttp): the checkout's `.venv`, or
+    IOP_KUBELET_VENV. Its pods run from the project's image, not from this virtualenv."""
     venv = Path(os.environ.get("IOP_KUBELET_VENV") or CHECKOUT / ".venv")
     python = venv / "bin" / "python"
-    if not os.access(python, os.X_OK) or not os.access(venv / "bin" / "iop", os.X_OK):
-        raise ClusterError(f"{venv} has no bin/python and bin/iop: run scripts/bootstrap first")
+    if not os.access(python, os.X_OK):
+        raise ClusterError(f"{venv} has no bin/python: run scripts/bootstrap first")
     return python
+
+
+def ensure_image() -> imagebuild.Build:
+    """The project's image, built from the Dockerfile unless its inputs are unchanged."""
+    try:
+        return imagebuild.build()
+    except imagebuild.ImageError as error:
+        raise ClusterError(f"the project's image could not be built: {error}") from None
 
 
 def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
@@ -896,6 +894,8 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             f"--serving-key={pki / 'kubelet-serving.key'}",
             f"--serving-port={ports['kubelet']}",
             f"--state={root / 'kubelet'}",
+            f"--images={imagebuild.images_file(root)}",
+            f"--image-cache={imagebuild.cache_root() / 'rootfs'}",
         ],
     }
 
@@ -1155,13 +1155,15 @@ def exports(state: State) -> str:
 
 def up(timeout: float) -> State:
     build_ = ensure_built()
+    image = ensure_image()
     root = state_dir()
     with file_lock(lock_path()):
         existing = State.load(root)
         if existing is not None:
             health = check(existing)
             if health.all_healthy and existing.bin_dir == build_.bin_dir:
-                log(f"already running: {root}")
+                imagebuild.load(root, image)
+                log(f"already running: {root} (image {image.reference}@{image.digest[:19]})")
                 return existing
             log("found a stopped or unhealthy cluster: cleaning it up first")
             stop_processes(existing)
@@ -1175,7 +1177,7 @@ def up(timeout: float) -> State:
             shutil.rmtree(root)
         for attempt in (1, 2):
             try:
-                return start(root, build_, timeout)
+                return start(root, build_, image, timeout)
             except PortTaken as error:
                 if attempt == 2:
                     raise ClusterError(str(error)) from None
@@ -1188,11 +1190,12 @@ class PortTaken(ClusterError):
     pass
 
 
-def start(root: Path, build_: Build, timeout: float) -> State:
+def start(root: Path, build_: Build, image: imagebuild.Build, timeout: float) -> State:
     began = time.monotonic()
     root.mkdir(mode=0o700, parents=True)
     (root / MARKER).write_text(f"made by {HERE / 'localcluster.py'}\n")
     (root / "logs").mkdir()
+    imagebuild.load(root, image)
     state = State(root=root, bin_dir=build_.bin_dir, ports={}, processes={})
     try:
         try:
@@ -1360,6 +1363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=float(os.environ.get("IOP_CLUSTER_TIMEOUT", "90")),
         help="seconds to wait for every component to be healthy (default 90)",
     )
+    commands.add_parser(
+        "image", help="build the project's image if its inputs changed; load it if running"
+    )
     commands.add_parser("down", help="stop what `up` started and remove its state")
     status_parser = commands.add_parser("status", help="say what runs")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -1373,6 +1379,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "up":
             state = up(args.timeout)
             sys.stdout.write(exports(state))
+        elif args.command == "image":
+            image = ensure_image()
+            if State.load(state_dir()) is not None:
+                imagebuild.load(state_dir(), image)
+                log(f"loaded {image.reference}@{image.digest[:19]} into {state_dir()}")
         elif args.command == "down":
             stopped = down()
             log(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")

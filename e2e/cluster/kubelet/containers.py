@@ -44,14 +44,21 @@ class Launch:
 
     netns: str
     hostname: str
+    #: The image's unpacked root file system (the overlay's lower layer, never written).
+    rootfs: str
+    #: This container's writable layer (upper and work folders), new for every start.
+    layer: str
+    #: Where the container's root is mounted (in its own mount namespace only).
     root: str
     files: dict[str, str]
     mounts: list[dict[str, Any]]
     argv: list[str]
     env: dict[str, str]
     workdir: str
-    #: Host folders bound back in at their own path when a volume covers a parent of one.
-    keep: list[str] = field(default_factory=list)
+    user: dict[str, Any]
+    capabilities: list[int]
+    no_new_privs: bool
+    read_only_root: bool
 
 
 @dataclass
@@ -59,7 +66,7 @@ class Container:
     spec: Object
     log_dir: Path
     changed: Callable[[], None]
-    image: str = ""
+    image_id: str = ""
     state: Object = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: Object = field(default_factory=dict)
     restart_count: int = 0
@@ -86,7 +93,7 @@ class Container:
         entry: Object = {
             "name": self.name,
             "image": self.spec.get("image", ""),
-            "imageID": "",
+            "imageID": self.image_id,
             "state": self.state,
             "lastState": self.last_state,
             "ready": self.ready,

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from .apiclient import ApiClient, ApiError, Credentials, Handler, Informer
-from .envs import Image
+from .images import NodeImages
 from .logserver import LogServer
 from .networking import PodNetwork
 from .pods import PodWorker
@@ -57,7 +57,7 @@ class Config:
     serving_key: str
     serving_port: int
     state: Path
-    image: Image
+    images: NodeImages
 
     @property
     def pods_dir(self) -> Path:
@@ -102,6 +102,7 @@ class Kubelet:
         self.config = config
         self.api = api
         self.http = http
+        self.images = config.images
         self.network = PodNetwork(
             node_netns=config.node_netns,
             bridge=config.bridge,
