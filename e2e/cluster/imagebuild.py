@@ -339,10 +339,12 @@ def ensure_base(buildah: Buildah, base: str) -> str:
     began = time.monotonic()
     if not tarball.is_file():
         context.mkdir(parents=True, exist_ok=True)
-        partial = context / f"base.tar.tmp-{os.getpid()}"
+        for leftover in context.glob("partial-*"):  # a build that died (we hold the lock)
+            leftover.unlink()
+        partial = context / f"partial-{os.getpid()}.tar"
         log(f"mmdebstrap {' '.join(a for a in args if not a.startswith('--'))}: {tarball}")
         result = subprocess.run(
-            ["mmdebstrap", "--quiet", *args, str(partial)],
+            ["mmdebstrap", "--quiet", "--format=tar", *args, str(partial)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if result.returncode != 0:

@@ -172,7 +172,7 @@ def identity(
     return Identity(
         uid=uid,
         gid=gid,
-        groups=tuple(sorted(set(groups) - {gid})),
+        groups=tuple(sorted(set(groups))),
         home=entry[5] if entry is not None and len(entry) > 5 and entry[5] else "/",
         capabilities=capabilities(context),
         no_new_privs=context.get("allowPrivilegeEscalation") is False
