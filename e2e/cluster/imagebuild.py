@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import gzip
 import hashlib
 import json
 import os
@@ -54,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import hostpackages  # noqa: E402
-from kubelet.images import normalize  # noqa: E402
+from kubelet.images import NodeImages, normalize, unpack  # noqa: E402
 
 CHECKOUT = HERE.parent.parent
 DOCKERFILE = CHECKOUT / "Dockerfile"
@@ -260,7 +259,7 @@ class Buildah:
     def image_id(self, reference: str) -> str | None:
         if not self.succeeds("inspect", "--type=image", reference):
             return None
-        return self.inspect(reference)["FromImageID"]  # type: ignore[no-any-return]
+        return str(self.inspect(reference)["FromImageID"])
 
     def inspect(self, reference: str) -> dict[str, object]:
         parsed: dict[str, object] = json.loads(self.output("inspect", "--type=image", reference))
@@ -407,16 +406,29 @@ def layout_dir() -> Path:
     return cache_root() / "oci"
 
 
-def export(buildah: Buildah, reference: str, name: str) -> str:
-    """Push `reference` into the shared OCI layout as `name`; returns its manifest digest."""
-    layout = layout_dir()
-    buildah.output("push", "--quiet", reference, f"oci:{layout}:{name}")
-    index = json.loads((layout / "index.json").read_text())
+def exported(name: str) -> str | None:
+    """The manifest digest of `name` in the shared layout, if it is there."""
+    try:
+        index = json.loads((layout_dir() / "index.json").read_text())
+    except FileNotFoundError:
+        return None
     for entry in index["manifests"]:
         if entry.get("annotations", {}).get("org.opencontainers.image.ref.name") == name:
             digest: str = entry["digest"]
-            return digest
-    raise ImageError(f"{layout}/index.json has no {name} after the push")
+            if _blob(layout_dir(), digest).is_file():
+                return digest
+    return None
+
+
+def export(buildah: Buildah, reference: str, name: str, *, again: bool = True) -> str:
+    """Push `reference` into the shared OCI layout as `name`; returns its manifest digest."""
+    if not again and (digest := exported(name)) is not None:
+        return digest
+    buildah.output("push", "--quiet", reference, f"oci:{layout_dir()}:{name}")
+    digest = exported(name)
+    if digest is None:
+        raise ImageError(f"{layout_dir()}/index.json has no {name} after the push")
+    return digest
 
 
 def build(*, force: bool = False) -> Build:
@@ -456,7 +468,7 @@ def build(*, force: bool = False) -> Build:
             reference=reference,
             digest=export(buildah, reference, key),
             base=base,
-            base_digest=export(buildah, base, f"base-{base_id[:16]}"),
+            base_digest=export(buildah, base, f"base-{base_id[:16]}", again=False),
             layout=str(layout_dir()),
             seconds=round(time.monotonic() - began, 1),
         )
@@ -474,7 +486,7 @@ def keep_dependency_layer(buildah: Buildah) -> None:
         if image.get("names"):
             continue
         history = buildah.inspect(image["id"]).get("History") or []
-        if history and DEPENDENCY_STEP in str(history[-1].get("created_by", "")):  # type: ignore[index,union-attr]
+        if isinstance(history, list) and history and DEPENDENCY_STEP in str(history[-1]):
             buildah.output("tag", image["id"], DEPENDENCY_CACHE_TAG)
             return
 
@@ -514,7 +526,7 @@ def collect_garbage(buildah: Buildah, keep: str) -> None:
     for blob in (layout / "blobs" / "sha256").iterdir():
         if f"sha256:{blob.name}" not in used:
             blob.unlink()
-    rootfs = cache_root() / "rootfs"
+    rootfs = rootfs_dir()
     if rootfs.is_dir():
         for unpacked in rootfs.iterdir():
             if f"sha256:{unpacked.name}" not in used and not unpacked.name.startswith("."):
@@ -550,37 +562,55 @@ def load(state: Path, built: Build) -> Path:
     partial.write_text(json.dumps(listing, indent=2) + "\n")
     partial.replace(target)
     Build.record(built.key).touch()
+    # Unpacked now, outside any test's time, rather than when the first pod starts (the
+    # kubelet would do the same, once per digest, under the same lock).
+    images = NodeImages(target, rootfs_dir())
+    for reference in listing["images"]:
+        image = images.find(reference)
+        assert image is not None
+        if not (rootfs_dir() / image.digest.partition(":")[2]).is_dir():
+            began = time.monotonic()
+            unpack(image, rootfs_dir())
+            log(f"unpacked {reference} in {time.monotonic() - began:.0f}s")
     return target
+
+
+def rootfs_dir() -> Path:
+    """Where images are unpacked, one folder per manifest digest (the kubelet's --image-cache)."""
+    return cache_root() / "rootfs"
 
 
 def layer_report(built: Build) -> str:
     """Each layer's size (compressed as a registry stores it, and unpacked), with the step
-    that made it, and the largest folders of the largest layer."""
+    that made it, and the largest folders of the project's own layers (those over the base)."""
     layout = Path(built.layout)
     manifest = json.loads(_blob(layout, built.digest).read_text())
     config = json.loads(_blob(layout, manifest["config"]["digest"]).read_text())
+    base_manifest = json.loads(_blob(layout, built.base_digest).read_text())
+    base_layers = {layer["digest"] for layer in base_manifest["layers"]}
     steps = [h.get("created_by", "") for h in config["history"] if not h.get("empty_layer")]
+    steps = [""] * (len(manifest["layers"]) - len(steps)) + steps  # aligned from the top layer
     lines = [f"{built.reference} {built.digest}"]
     total_packed = total_unpacked = 0
-    largest: tuple[int, Path] = (0, Path())
-    for layer, step in zip(manifest["layers"], steps, strict=False):
+    folders: Counter[str] = Counter()
+    for layer, step in zip(manifest["layers"], steps, strict=True):
         blob = _blob(layout, layer["digest"])
-        with gzip.open(blob) if layer["mediaType"].endswith("gzip") else blob.open("rb") as raw:
-            unpacked = sum(len(chunk) for chunk in iter(lambda: raw.read(1 << 20), b""))
+        ours = layer["digest"] not in base_layers
+        unpacked = 0
+        with tarfile.open(blob, "r:*") as tar:
+            for member in tar:
+                unpacked += member.size
+                if ours and member.isfile():
+                    parts = member.name.split("/")
+                    folders["/".join(parts[: min(len(parts) - 1, 6)])] += member.size
         total_packed += layer["size"]
         total_unpacked += unpacked
-        largest = max(largest, (unpacked, blob))
-        what = re.sub(r"^/bin/sh -c (#\(nop\) )?", "", step)[:70]
-        lines.append(f"  {layer['size'] / 1e6:7.1f} MB packed {unpacked / 1e6:7.1f} MB  {what}")
-    lines.append(f"  {total_packed / 1e6:7.1f} MB packed {total_unpacked / 1e6:7.1f} MB  total")
-    folders: Counter[str] = Counter()
-    with tarfile.open(largest[1]) as tar:
-        for member in tar:
-            if member.isfile():
-                parts = member.name.split("/")
-                folders["/".join(parts[: min(len(parts) - 1, 6)])] += member.size
-    lines.append("  largest folders of the largest layer (unpacked):")
-    lines += [f"    {size / 1e6:7.1f} MB  {name}" for name, size in folders.most_common(12)]
+        what = f"base {built.base}" if not ours else re.sub(r"^/bin/sh -c (#\(nop\) )?", "", step)
+        sizes = f"{layer['size'] / 1e6:7.1f} MB packed {unpacked / 1e6:7.1f} MB"
+        lines.append(f"  {sizes}  {what[:66]}")
+    lines.append(f"  {total_packed / 1e6:7.1f} MB packed {total_unpacked / 1e6:7.1f} MB  in all")
+    lines.append("  largest folders of the project's layers (unpacked):")
+    lines += [f"    {size / 1e6:7.1f} MB  {name}" for name, size in folders.most_common(15)]
     return "\n".join(lines)
 
 

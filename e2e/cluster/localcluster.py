@@ -895,7 +895,7 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             f"--serving-port={ports['kubelet']}",
             f"--state={root / 'kubelet'}",
             f"--images={imagebuild.images_file(root)}",
-            f"--image-cache={imagebuild.cache_root() / 'rootfs'}",
+            f"--image-cache={imagebuild.rootfs_dir()}",
         ],
     }
 
