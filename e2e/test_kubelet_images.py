@@ -12,6 +12,8 @@ import hashlib
 import io
 import json
 import os
+import stat
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -22,7 +24,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
 
 from kubelet.envs import ConfigError, argv, process_environment
-from kubelet.images import ImageConfig, ImageError, NodeImages, apply_layer, normalize, unpack
+from kubelet.images import (
+    ImageConfig,
+    ImageError,
+    NodeImages,
+    apply_layer,
+    image_file,
+    normalize,
+    unpack,
+)
 from kubelet.securitycontexts import (
     CAPABILITIES,
     DEFAULT_CAPABILITIES,
@@ -117,7 +127,7 @@ def test_a_node_finds_its_images_by_tag_or_digest_and_nothing_else(tmp_path: Pat
     assert images.find("nginx:1.27") is None
 
 
-def test_layers_apply_in_order_with_whiteouts_once_per_digest(tmp_path: Path) -> None:
+def test_layers_unpack_once_each_and_overlay_with_their_whiteouts(tmp_path: Path) -> None:
     lower = _layer(
         [
             ("etc", None, ""),
@@ -125,7 +135,6 @@ def test_layers_apply_in_order_with_whiteouts_once_per_digest(tmp_path: Path) ->
             ("etc/gone", b"x", ""),
             ("cache", None, ""),
             ("cache/old", b"x", ""),
-            ("bin", None, ""),
             ("usr", None, ""),
             ("usr/python", b"py", ""),
             ("python", None, "usr/python"),
@@ -134,8 +143,8 @@ def test_layers_apply_in_order_with_whiteouts_once_per_digest(tmp_path: Path) ->
     upper = _layer(
         [
             ("etc/.wh.gone", b"", ""),
-            ("cache/new", b"y", ""),
             ("cache/.wh..wh..opq", b"", ""),
+            ("cache/new", b"y", ""),
             ("etc/passwd", b"root\niop", ""),
         ]
     )
@@ -143,17 +152,31 @@ def test_layers_apply_in_order_with_whiteouts_once_per_digest(tmp_path: Path) ->
     image = images.find(PROJECT)
     assert image is not None
 
-    root = unpack(image, tmp_path / "rootfs")
+    layers = unpack(image, tmp_path / "rootfs")
 
-    assert (root / "etc" / "passwd").read_text() == "root\niop"
-    assert not (root / "etc" / "gone").exists()
-    assert sorted(p.name for p in (root / "cache").iterdir()) == ["new"]
-    assert os.readlink(root / "python") == "usr/python"
-    assert (root / "etc" / "passwd").stat().st_uid == 10001
-    assert (root / "etc" / "passwd").stat().st_mode & 0o777 == 0o640
-    (root / "etc" / "marker").write_text("kept")
-    assert unpack(image, tmp_path / "rootfs") == root
-    assert (root / "etc" / "marker").exists()  # not unpacked again
+    assert [layer.name for layer in layers] == [blob.name for blob in image.layers]
+    assert (layers[0] / "etc" / "passwd").stat().st_uid == 10001
+    assert (layers[0] / "etc" / "passwd").stat().st_mode & 0o777 == 0o640
+    assert os.readlink(layers[0] / "python") == "usr/python"
+    gone = (layers[1] / "etc" / "gone").lstat()
+    assert stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0  # overlayfs' whiteout
+    assert os.getxattr(layers[1] / "cache", "trusted.overlay.opaque") == b"y"
+    assert image_file(layers, "etc/passwd") == layers[1] / "etc" / "passwd"
+    assert image_file(layers, "etc/gone") is None
+    # What a container sees: the overlay of both, the top layer first.
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    lower_dirs = f"{layers[1]}:{layers[0]}"
+    listing = subprocess.run(
+        ["unshare", "--mount", "sh", "-c",
+         f"mount -t overlay overlay -o lowerdir={lower_dirs} {merged} && "
+         f"ls {merged}/etc && ls {merged}/cache && cat {merged}/etc/passwd"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert listing == ["passwd", "new", "root", "iop"]
+    (layers[0] / "marker").write_text("kept")
+    assert unpack(image, tmp_path / "rootfs") == layers
+    assert (layers[0] / "marker").exists()  # not unpacked again
 
 
 @pytest.mark.parametrize(

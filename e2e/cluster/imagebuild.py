@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
 from collections import Counter, deque
@@ -53,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import hostpackages  # noqa: E402
+from kubelet.images import ImageError as UnpackError  # noqa: E402
 from kubelet.images import NodeImages, normalize, unpack  # noqa: E402
 
 CHECKOUT = HERE.parent.parent
@@ -431,6 +433,28 @@ def export(buildah: Buildah, reference: str, name: str, *, again: bool = True) -
     return digest
 
 
+@contextlib.contextmanager
+def staged_context(folder: Path) -> Iterator[Path]:
+    """The build context: a copy of what .dockerignore lets in, every time stamp set to 0.
+
+    buildah's layer cache keys a COPY on its files' contents *and* time stamps, so a fresh
+    clone (CI) or a copy of the same lock file would miss the cached dependency layer; with
+    the stamps fixed, only contents count, as with Docker's BuildKit."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        for relative in ["Dockerfile", ".dockerignore", *context_files()]:
+            source = CHECKOUT / relative
+            if source.is_file():
+                (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, folder / relative)
+        for path in sorted(folder.rglob("*"), reverse=True):  # files, then their folders
+            os.utime(path, (0, 0), follow_symlinks=False)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def build(*, force: bool = False) -> Build:
     """Build the image unless a build of the same inputs is in the cache; export it."""
     try:
@@ -458,11 +482,12 @@ def build(*, force: bool = False) -> Build:
         ca = machine_ca()
         if ca is not None:
             args += ["-v", f"{ca}:{CA_IN_IMAGE}:ro"]
-        buildah.stream(
-            [*args, str(CHECKOUT)],
-            root / "logs" / f"build-{key}.log",
-            re.compile(r"^\[\d+/\d+\] STEP|^STEP|^COMMIT|Using cache"),
-        )
+        with staged_context(root / "context") as context:
+            buildah.stream(
+                [*args, str(context)],
+                root / "logs" / f"build-{key}.log",
+                re.compile(r"^\[\d+/\d+\] STEP|^STEP|^COMMIT|Using cache"),
+            )
         built = Build(
             key=key,
             reference=reference,
@@ -562,21 +587,32 @@ def load(state: Path, built: Build) -> Path:
     partial.write_text(json.dumps(listing, indent=2) + "\n")
     partial.replace(target)
     Build.record(built.key).touch()
-    # Unpacked now, outside any test's time, rather than when the first pod starts (the
-    # kubelet would do the same, once per digest, under the same lock).
-    images = NodeImages(target, rootfs_dir())
-    for reference in listing["images"]:
-        image = images.find(reference)
-        assert image is not None
-        if not (rootfs_dir() / image.digest.partition(":")[2]).is_dir():
-            began = time.monotonic()
-            unpack(image, rootfs_dir())
-            log(f"unpacked {reference} in {time.monotonic() - began:.0f}s")
     return target
 
 
+def prepare(built: Build) -> None:
+    """Unpack the image's layers and its base's now, outside any test's time, rather than when
+    the first pod starts (the kubelet would do the same, once per layer, under the same lock)."""
+    listing = {"layout": built.layout, "images": {built.reference: built.digest,
+                                                  built.base: built.base_digest}}  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
+        handle.write(json.dumps(listing))
+        handle.flush()
+        images = NodeImages(Path(handle.name), rootfs_dir())
+        for reference in listing["images"]:
+            image = images.find(reference)
+            assert image is not None
+            began = time.monotonic()
+            if not all((rootfs_dir() / layer.name).is_dir() for layer in image.layers):
+                try:
+                    unpack(image, rootfs_dir())
+                except UnpackError as error:
+                    raise ImageError(f"unpacking {reference}: {error}") from None
+                log(f"unpacked {reference} in {time.monotonic() - began:.0f}s")
+
+
 def rootfs_dir() -> Path:
-    """Where images are unpacked, one folder per manifest digest (the kubelet's --image-cache)."""
+    """Where images are unpacked, one folder per layer digest (the kubelet's --image-cache)."""
     return cache_root() / "rootfs"
 
 
@@ -627,6 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         built = build(force=args.force)
         if args.load:
+            prepare(built)
             log(f"loaded into {load(Path(args.load), built)}")
         if args.report:
             print(layer_report(built))

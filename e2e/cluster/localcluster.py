@@ -739,7 +739,9 @@ def kubelet_python() -> Path:
 def ensure_image() -> imagebuild.Build:
     """The project's image, built from the Dockerfile unless its inputs are unchanged."""
     try:
-        return imagebuild.build()
+        built = imagebuild.build()
+        imagebuild.prepare(built)
+        return built
     except imagebuild.ImageError as error:
         raise ClusterError(f"the project's image could not be built: {error}") from None
 

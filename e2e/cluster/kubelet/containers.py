@@ -44,8 +44,8 @@ class Launch:
 
     netns: str
     hostname: str
-    #: The image's unpacked root file system (the overlay's lower layer, never written).
-    rootfs: str
+    #: The image's unpacked layers, bottom first (the overlay's lower layers, never written).
+    layers: list[str]
     #: This container's writable layer (upper and work folders), new for every start.
     layer: str
     #: Where the container's root is mounted (in its own mount namespace only).

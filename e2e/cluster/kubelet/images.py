@@ -1,18 +1,21 @@
-"""The images this node has, and each one's root file system, unpacked once per digest.
+"""The images this node has, and their layers, each unpacked once per digest.
 
 The node never pulls: no registry is reachable from these machines. `e2e/cluster/imagebuild.py`
-builds the project's image, exports it to an OCI image layout, and writes the cluster's image
+builds the project's image, exports it to an OCI image layout and writes the cluster's image
 list (`<state>/images.json`: the layout's folder and, per reference, a manifest digest in it),
 as `kind load` gives a kind node an image. The list is read again whenever it changed, so an
 image rebuilt while the cluster runs is what the next container starts from.
 
-An image's config (Entrypoint, Cmd, Env, WorkingDir, User) comes from the layout; its layers
-are applied in order into `<cache>/<digest>` with the OCI whiteouts (`.wh.<name>` deletes a
-lower layer's entry, `.wh..wh..opq` empties a folder), numeric owners and modes, as a runtime's
-snapshotter does. The folder is written under a temporary name and renamed when complete, under
-a file lock, so kubelets of two clusters never unpack the same digest twice nor see half of it.
-Containers use it as the lower layer of an overlay (podinit.py): it is never written to.
-Standard library only (imagebuild.py imports `normalize`).
+An image's config (Entrypoint, Cmd, Env, WorkingDir, User) comes from the layout. Its layers are
+unpacked as containerd's overlay snapshotter does: each layer into a folder of its own, named by
+its digest, with numeric owners and modes, and the OCI whiteouts turned into overlayfs ones (a
+`.wh.<name>` entry becomes a 0/0 character device, `.wh..wh..opq` the `trusted.overlay.opaque`
+attribute of its folder). A container's root is then an overlay of those folders (podinit.py),
+so a layer shared by two images (the base under every build of the project) is unpacked once,
+and a rebuild unpacks only the layers it changed. A folder is written under a temporary name and
+renamed when complete, under a file lock, so kubelets of two clusters never unpack the same
+layer twice nor see half of one; it is never written to afterwards.
+Standard library only (imagebuild.py imports it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,11 +140,22 @@ class NodeImages:
         layers = tuple(_blob(layout, layer["digest"]) for layer in manifest["layers"])
         return Image(wanted, digest, ImageConfig.of(config.get("config") or {}), layers)
 
-    async def rootfs(self, image: Image) -> Path:
-        """The image's root file system, unpacked the first time it is asked for."""
+    async def layers(self, image: Image) -> list[Path]:
+        """The image's unpacked layers, bottom first; unpacked the first time asked for."""
         lock = self._locks.setdefault(image.digest, asyncio.Lock())
         async with lock:
             return await asyncio.to_thread(unpack, image, self.unpacked)
+
+
+def image_file(layers: list[Path], relative: str) -> Path | None:
+    """A regular file of the image (as the overlay of `layers` shows it), or None."""
+    for layer in reversed(layers):
+        path = layer / relative
+        if path.is_symlink() or path.exists():
+            if path.is_char_device() and os.stat(path).st_rdev == 0:  # a whiteout
+                return None
+            return path if path.is_file() else None
+    return None
 
 
 def _blob(layout: Path, digest: str) -> Path:
@@ -167,9 +182,14 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def unpack(image: Image, folder: Path) -> Path:
-    """`folder/<digest>`: the image's layers applied in order; made once, then reused."""
-    target = folder / image.digest.partition(":")[2]
+def unpack(image: Image, folder: Path) -> list[Path]:
+    """The image's layers unpacked under `folder`, bottom first: each made once, then reused."""
+    return [unpack_layer(layer, folder) for layer in image.layers]
+
+
+def unpack_layer(blob: Path, folder: Path) -> Path:
+    """`folder/<digest>`: one layer, its whiteouts in overlayfs' form; made once."""
+    target = folder / blob.name
     if target.is_dir():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -180,8 +200,7 @@ def unpack(image: Image, folder: Path) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=0o755)
         try:
-            for layer in image.layers:
-                apply_layer(layer, partial)
+            apply_layer(blob, partial)
             partial.rename(target)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
@@ -220,8 +239,8 @@ _EXTRACT: dict[str, Any] = (
 
 
 def apply_layer(archive: Path, root: Path) -> None:
-    """Apply one layer (a tar, compressed or not) onto `root`, with OCI whiteouts."""
-    added: set[str] = set()
+    """Unpack one layer (a tar, compressed or not) into the empty folder `root`, turning its
+    OCI whiteouts into overlayfs whiteouts."""
     try:
         with tarfile.open(archive, "r:*") as tar:
             for member in tar:
@@ -230,15 +249,15 @@ def apply_layer(archive: Path, root: Path) -> None:
                     continue
                 parent, _, base = name.rpartition("/")
                 _no_symlink_above(root, parent)
+                folder = root / parent
                 if base == ".wh..wh..opq":
-                    folder = root / parent
-                    if folder.is_dir():
-                        for entry in folder.iterdir():
-                            if f"{parent}/{entry.name}".lstrip("/") not in added:
-                                _remove(entry)
+                    folder.mkdir(parents=True, exist_ok=True)
+                    os.setxattr(folder, "trusted.overlay.opaque", b"y")
                     continue
                 if base.startswith(".wh."):
-                    _remove(root / parent / base[4:])
+                    folder.mkdir(parents=True, exist_ok=True)
+                    _remove(folder / base[4:])
+                    os.mknod(folder / base[4:], stat.S_IFCHR, os.makedev(0, 0))
                     continue
                 target = root / name
                 if target.is_symlink() or target.exists():
@@ -248,6 +267,5 @@ def apply_layer(archive: Path, root: Path) -> None:
                     member.linkname = _clean(member.linkname)
                 member.name = name
                 tar.extract(member, root, set_attrs=True, numeric_owner=True, **_EXTRACT)
-                added.add(name)
     except (tarfile.TarError, OSError, EOFError) as error:
         raise ImageError(f"layer {archive.name}: {error}") from None

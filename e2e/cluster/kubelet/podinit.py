@@ -6,9 +6,9 @@ that it does, with plain system calls, what runc does for our purposes:
 
 - joins the pod's network namespace (made by the kubelet) and gets its own mount and UTS
   namespaces (the hostname is the pod's name);
-- mounts the container's root: an overlay whose lower layer is the image's unpacked root file
-  system (shared, never written) and whose upper layer is this container's own writable layer
-  (on disk, thrown away with the container, as a runtime's snapshot is);
+- mounts the container's root: an overlay whose lower layers are the image's unpacked layers
+  (shared, never written) and whose upper layer is this container's own writable layer (on
+  disk, thrown away with the container, as a runtime's snapshot is);
 - mounts a fresh /proc, a read-only /sys, a /dev with the usual devices, /dev/pts and /dev/shm;
 - binds the pod's own /etc/hosts, /etc/hostname and /etc/resolv.conf, and each volume at its
   mountPath (the mount points are made in the writable layer, following symlinks inside the
@@ -103,12 +103,13 @@ def enter_namespaces(netns: str, hostname: str) -> None:
 class Root:
     """The container's root: the image's file system under this container's writable layer."""
 
-    def __init__(self, path: Path, rootfs: str, layer: Path) -> None:
+    def __init__(self, path: Path, layers: list[str], layer: Path) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         (layer / "upper").mkdir(parents=True, exist_ok=True)
         (layer / "work").mkdir(parents=True, exist_ok=True)
-        options = f"lowerdir={rootfs},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+        lower = ":".join(reversed(layers))  # overlayfs lists the top layer first
+        options = f"lowerdir={lower},upperdir={layer / 'upper'},workdir={layer / 'work'}"
         mount("overlay", str(path), "overlay", 0, options)
 
     def inside(self, container_path: str, *, is_file: bool) -> Path:
@@ -219,7 +220,7 @@ def become(user: dict[str, Any], keep: list[int], no_new_privs: bool, last_cap: 
 def run(spec: dict[str, Any]) -> None:
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     enter_namespaces(spec["netns"], spec["hostname"])
-    root = Root(Path(spec["root"]), spec["rootfs"], Path(spec["layer"]))
+    root = Root(Path(spec["root"]), spec["layers"], Path(spec["layer"]))
     root.kernel_file_systems()
     binds = [(source, path, False) for path, source in spec["files"].items()]
     binds += [(m["source"], m["target"], m["read_only"]) for m in spec["mounts"]]

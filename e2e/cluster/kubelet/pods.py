@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .apiclient import ApiError
 from .containers import Container, Launch, now
 from .envs import ConfigError, Context, argv, environment, process_environment
-from .images import Image, ImageError
+from .images import Image, ImageError, image_file
 from .securitycontexts import SecurityError, identity, verify_run_as_non_root
 from .volumes import PodVolumes, VolumeError, read_only_kind
 
@@ -193,8 +193,8 @@ class PodWorker:
         while True:
             try:
                 verify_run_as_non_root(self.pod, container.spec, image.config.user)
-                rootfs = await self.kubelet.images.rootfs(image)
-                launch = self._launch(container, image, rootfs)
+                layers = await self.kubelet.images.layers(image)
+                launch = self._launch(container, image, layers)
             except (ConfigError, VolumeError, SecurityError) as error:
                 container.wait("CreateContainerConfigError", str(error))
                 await asyncio.sleep(1)
@@ -233,7 +233,7 @@ class PodWorker:
                 )
             await asyncio.sleep(2)
 
-    def _launch(self, container: Container, image: Image, rootfs: Path) -> Launch:
+    def _launch(self, container: Container, image: Image, layers: list[Path]) -> Launch:
         config = self.kubelet.config
         context = Context(
             pod=self.pod,
@@ -253,8 +253,8 @@ class PodWorker:
         kubelet_env = environment(container.spec, context)
 
         def read_etc(name: str) -> str | None:
-            path = rootfs / "etc" / name
-            return path.read_text(errors="replace") if path.is_file() else None
+            path = image_file(layers, f"etc/{name}")
+            return path.read_text(errors="replace") if path is not None else None
 
         who = identity(self.pod, container.spec, image.config.user, read_etc)
         hostname = self.pod["spec"].get("hostname") or self.pod["metadata"]["name"]
@@ -284,7 +284,7 @@ class PodWorker:
         return Launch(
             netns=self.kubelet.network.netns_path(self.uid),
             hostname=hostname,
-            rootfs=str(rootfs),
+            layers=[str(layer) for layer in layers],
             layer=str(layer),
             root=str(self.dir / "root" / container.name),
             files={f"/etc/{name}": str(self.dir / "etc" / name) for name in ETC_FILES},
