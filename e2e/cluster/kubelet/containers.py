@@ -116,15 +116,26 @@ class Container:
         """Start the process, probe it, wait for it to end; returns its exit code."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         spec_file = self.log_dir / f"{self.restart_count}.launch.json"
-        spec_file.write_text(json.dumps({**launch.__dict__, "failure_exit_code": START_FAILED}))
-        with self.log_path().open("ab") as output:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-S", str(PODINIT), str(spec_file),
-                stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
-                start_new_session=True,
-            )  # fmt: skip
+        # runc's exec fifo: podinit holds the write end, closed by its exec of the command (or
+        # by its exit), so the container is reported running once the command runs.
+        exec_read, exec_write = os.pipe()
+        spec = {**launch.__dict__, "failure_exit_code": START_FAILED, "exec_fd": exec_write}
+        spec_file.write_text(json.dumps(spec))
+        try:
+            with self.log_path().open("ab") as output:
+                self.process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-S", str(PODINIT), str(spec_file),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
+                    start_new_session=True, pass_fds=(exec_write,),
+                )  # fmt: skip
+        finally:
+            os.close(exec_write)
         self.pid = self.process.pid
         self.container_id = f"iop://{self.pid}"
+        try:
+            await asyncio.to_thread(os.read, exec_read, 1)
+        finally:
+            os.close(exec_read)
         started_at = now()
         self.state = {"running": {"startedAt": started_at}}
         self._kill_reason = ""

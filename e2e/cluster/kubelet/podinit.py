@@ -19,7 +19,9 @@ that it does, with plain system calls, what runc does for our purposes:
 - becomes the container's user: supplementary groups, group, capability bounding set (a
   capability not kept is dropped), no_new_privs when asked, then the user id (which clears the
   capabilities of a user that is not root);
-- execs the command with exactly the container's environment, in its working directory.
+- execs the command with exactly the container's environment, in its working directory; the
+  exec closes the pipe the kubelet waits on (runc's exec fifo), so a container is reported
+  running only once its command runs.
 
 Everything it mounts lives in the container's mount namespace and disappears with its last
 process; the host's mount table never changes. Standard library only (ctypes for the syscalls
@@ -237,6 +239,8 @@ def run(spec: dict[str, Any]) -> None:
         raise InitError(f"workingDir {workdir}: {error.strerror}") from None
     argv: list[str] = spec["argv"]
     env: dict[str, str] = spec["env"]
+    if "exec_fd" in spec:  # closed by the exec: the kubelet then reports the container running
+        os.set_inheritable(spec["exec_fd"], False)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as error:
