@@ -74,6 +74,8 @@ DEPENDENCY_CACHE_TAG = "localhost/iop-edge-cache:dependencies"
 # Builds kept in the shared layout: the newest few, and any used within this many hours.
 KEEP_BUILDS = 3
 KEEP_HOURS = 12.0
+# Images (with their intermediate steps) the storage may hold before dangling ones are pruned.
+PRUNE_OVER = 60
 
 
 class ImageError(Exception):
@@ -517,9 +519,12 @@ def keep_dependency_layer(buildah: Buildah) -> None:
 
 
 def collect_garbage(buildah: Buildah, keep: str) -> None:
-    """Drop what no recent build uses: dangling images in the storage, and builds past the
-    newest KEEP_BUILDS unused for KEEP_HOURS with their blobs and unpacked roots."""
-    buildah.succeeds("rmi", "--prune")
+    """Drop what no recent build uses: dangling images once the storage holds more than
+    PRUNE_OVER (each one a full copy of its root with vfs; pruning at every build would cost
+    minutes of deletes and throw away the cached steps of the final stage), and builds past the
+    newest KEEP_BUILDS unused for KEEP_HOURS with their blobs and unpacked layers."""
+    if len(json.loads(buildah.output("images", "--all", "--json") or "[]")) > PRUNE_OVER:
+        buildah.succeeds("rmi", "--prune")
     records = sorted(
         (cache_root() / "builds").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True
     )
