@@ -490,6 +490,7 @@ def build(*, force: bool = False) -> Build:
                 root / "logs" / f"build-{key}.log",
                 re.compile(r"^\[\d+/\d+\] STEP|^STEP|^COMMIT|Using cache"),
             )
+        log(f"  [{time.monotonic() - began:5.0f}s] built; exporting to {layout_dir()}")
         built = Build(
             key=key,
             reference=reference,
