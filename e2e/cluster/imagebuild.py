@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -55,7 +54,7 @@ sys.path.insert(0, str(HERE))
 
 import hostpackages  # noqa: E402
 from kubelet.images import ImageError as UnpackError  # noqa: E402
-from kubelet.images import NodeImages, normalize, unpack  # noqa: E402
+from kubelet.images import NodeImages, file_lock, normalize, unpack  # noqa: E402
 
 CHECKOUT = HERE.parent.parent
 DOCKERFILE = CHECKOUT / "Dockerfile"
@@ -91,17 +90,6 @@ def cache_root() -> Path:
     if configured:
         return Path(configured).expanduser()
     return Path.home() / ".cache" / "iop-edge" / "image"
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def project_reference() -> str:

@@ -173,7 +173,9 @@ def _read_json(layout: Path, digest: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (made if missing) for every process of the machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -193,7 +195,7 @@ def unpack_layer(blob: Path, folder: Path) -> Path:
     if target.is_dir():
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder / f".{target.name}.lock"):
+    with file_lock(folder / f".{target.name}.lock"):
         if target.is_dir():  # another kubelet made it while this one waited
             return target
         partial = folder / f".{target.name}.tmp-{os.getpid()}"
