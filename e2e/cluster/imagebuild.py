@@ -74,7 +74,7 @@ DEPENDENCY_CACHE_TAG = "localhost/iop-edge-cache:dependencies"
 KEEP_BUILDS = 3
 KEEP_HOURS = 12.0
 # Images (with their intermediate steps) the storage may hold before dangling ones are pruned.
-PRUNE_OVER = 60
+PRUNE_OVER = 45
 
 
 class ImageError(Exception):
