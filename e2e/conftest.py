@@ -107,6 +107,46 @@ class KubeCluster:
         items = self.get("pods", "-n", namespace, "-l", selector)["items"]
         return [pod for pod in items if "deletionTimestamp" not in pod["metadata"]]
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (e2e/cluster/localcluster.py, AUDIT_POLICY): the calls of
+        workloads' ServiceAccounts."""
+        return self.kubeconfig.parent / "logs" / "audit.log"
+
+    def audit(self, user: str) -> list[dict[str, Any]]:
+        """The audit events of `user` (`system:serviceaccount:NS:NAME`), in order."""
+        events = []
+        for path in sorted(self.audit_log.parent.glob("audit*.log")):
+            with path.open(encoding="utf-8") as stream:
+                for line in stream:
+                    if f'"{user}"' in line:
+                        event = json.loads(line)
+                        if event.get("user", {}).get("username") == user:
+                            events.append(event)
+        return events
+
+    def condition(self, resource: str, kind: str, *, namespace: str | None = None) -> str | None:
+        """The status ("True", "False", "Unknown") of condition `kind` of `resource`
+        (`crd/NAME`, `pod/NAME`), or None while it has none: an object the API server has just
+        written may have no conditions yet (or `conditions: null`), which `kubectl wait
+        --for=condition` reports as an error instead of waiting."""
+        args = ["get", resource, "-o", "json", *(["-n", namespace] if namespace else [])]
+        found = self.kubectl(*args, check=False)
+        if found.returncode != 0:
+            return None
+        conditions = (json.loads(found.stdout).get("status") or {}).get("conditions") or ()
+        return next((c.get("status") for c in conditions if c.get("type") == kind), None)
+
+    def wait_condition(
+        self, resource: str, kind: str, *, namespace: str | None = None, timeout: float = 30
+    ) -> None:
+        """Wait until condition `kind` of `resource` is True, as a user's script must."""
+        self.wait_for(
+            lambda: self.condition(resource, kind, namespace=namespace) == "True",
+            timeout=timeout,
+            what=f"{resource} to be {kind}",
+        )
+
     @staticmethod
     def wait_for(
         probe: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.2

@@ -150,20 +150,21 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     edge_config = cluster.get("configmap", f"{EC}-edge", "-n", namespace)
     assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["admin"]["listen"] == "0.0.0.0:9090"
 
-    # The metrics: served on their own Service and on each Edge pod's metrics port, with the
-    # chat above counted under its principal and token ref; the public Service has none.
+    # The metrics: served on their own Service and on each Edge pod's metrics port (the chart runs
+    # two Edge replicas), with the chat above counted under its principal and token ref by the
+    # replica that served it; the public Service has none.
     chatted = ("team-search", "search-chat", "llama-3.1-8b", "200")
     metrics = cluster.get("service", "iop-metrics", "-n", namespace)["spec"]
-    (edge_pod,) = cluster.pods(namespace, "app.kubernetes.io/component=edge")
-    for url in (
-        f"http://{metrics['clusterIP']}:{metrics['ports'][0]['port']}/metrics",
-        f"http://{edge_pod['status']['podIP']}:9091/metrics",
-    ):
-        cluster.wait_for(
-            lambda url=url: requests_counted(url).get(chatted, 0) >= 1,
-            timeout=30,
-            what=f"the chat completion counted at {url}",
-        )
+    edge_pods = cluster.pods(namespace, "app.kubernetes.io/component=edge")
+    assert len(edge_pods) == 2  # the chart's default edge.replicas
+    pod_urls = [f"http://{pod['status']['podIP']}:9091/metrics" for pod in edge_pods]
+    cluster.wait_for(
+        lambda: sum(requests_counted(url).get(chatted, 0) for url in pod_urls) == 1,
+        timeout=30,
+        what="the chat completion counted by one Edge replica",
+    )
+    service_url = f"http://{metrics['clusterIP']}:{metrics['ports'][0]['port']}/metrics"
+    assert "iop_edge_requests_total" in httpx.get(service_url, timeout=10).text
     openai = cluster.get("service", "iop-openai", "-n", namespace)["spec"]["clusterIP"]
     assert httpx.get(f"http://{openai}:8080/metrics", timeout=10).status_code == 404
 

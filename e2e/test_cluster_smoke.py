@@ -100,7 +100,7 @@ def widgets(kube_cluster: KubeCluster) -> Iterator[str]:
     name = crd["metadata"]["name"]
     kube_cluster.apply(crd)
     try:
-        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+        kube_cluster.wait_condition(f"crd/{name}", "Established")
         yield name
     finally:
         kube_cluster.kubectl("delete", "crd", name, "--ignore-not-found", "--wait=false")

@@ -421,8 +421,7 @@ def test_deletion_runs_pre_stop_then_sigterm(
     }
     tmp_path.chmod(0o777)  # the image runs as its user 10001, as a hostPath's user must know
     kube_cluster.apply(pod, "-n", namespace)
-    kube_cluster.kubectl("wait", "--for=condition=Ready", "pod/graceful", "-n", namespace,
-                         "--timeout=30s")  # fmt: skip
+    kube_cluster.wait_condition("pod/graceful", "Ready", namespace=namespace)
     kube_cluster.kubectl("delete", "pod", "graceful", "-n", namespace, "--timeout=30s")
 
     assert (tmp_path / "prestop").read_text() == "bye\n"

@@ -76,7 +76,7 @@ kubectl -n {ns} get pods -o wide
 kubectl -n {ns} get ec -o wide
 kubectl -n {ns} describe ec edge
 
-Ask the Edge, through its Service (the key is the chart's, from Secret iop-api-keys):
+Ask the Edge, through its Service (the key the operator generated into Secret iop-api-keys):
 
 export OPENAI_API_KEY=$({key_command})
 curl {url}/chat/completions -H "Authorization: Bearer $OPENAI_API_KEY" \\
@@ -99,17 +99,23 @@ Two ready-made edits of the EdgeConfig (written to {edits}):
    kubectl apply warns (the webhook states the plan):
      Warning: live: nodes[{node["id"]}].providers[{provider["id"]}].capacity
    (the first apply also warns that the Helm-made object has no last-applied annotation: harmless)
-   Then `kubectl -n {ns} get ec -o wide`: GENERATION goes up, APPLIED True, RESTART none, a new
-   CONFIG hash; `describe` shows the AppliedLive event and the capacity under Last Change. No pod
-   restarts: `kubectl -n {ns} get pods` shows the same pods and AGEs.
+   Then `kubectl -n {ns} get ec -o wide`: GENERATION goes up, READY and APPLIED True, RESTART
+   none, a new CONFIG hash; `describe` shows the AppliedLive event and the capacity under Last
+   Change. No pod restarts: `kubectl -n {ns} get pods` shows the same pods and AGEs.
 
 2. Restart: openai.listen 0.0.0.0:8080 -> [::]:8080 (the same port, IPv6 clients too)
    kubectl apply -f {listener}
    kubectl apply warns:
      Warning: restart edge: openai.listen
-   Then get ec shows PROGRESSING while the Edge rolls (RESTART edge), then Ready again; only the
-   Edge pod is replaced (`kubectl -n {ns} get pods`: a new iop-edge-... pod, the Nodes, the
-   operator and the fake upstream keep theirs); the Rolling and RolledOut events say so.
+   Then `kubectl -n {ns} get ec -o wide` shows READY False, APPLIED False and RESTART edge while
+   the Edge rolls, its MESSAGE saying how far (`edge: Deployment/iop-edge 1 of 2 new replicas
+   updated`), then READY True once the new Edge pods serve and the Nodes are back on them (NODES
+   3/3); only the Edge pods are replaced (`kubectl -n {ns} get pods`: new iop-edge-... pods, the
+   Nodes, the operator and the fake upstream keep theirs); the Rolling and RolledOut events say so.
+   To wait for it in a script (never on the previous generation's Ready):
+     GEN=$(kubectl -n {ns} get ec edge -o jsonpath='{{.metadata.generation}}')
+     kubectl -n {ns} wait --for=jsonpath='{{.status.observedGeneration}}'=$GEN ec/edge
+     kubectl -n {ns} wait --for=condition=Ready ec/edge --timeout=180s
 
 A broken edit is refused with every problem and its path, e.g.
    kubectl -n {ns} patch ec edge --type=merge -p '{broken}'

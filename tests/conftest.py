@@ -5,7 +5,9 @@ is a real fake OpenAI server on a loopback socket; `start_hub` and `start_node` 
 node hub and an in-process Node agent and stop them when the test ends. `no_leaked_tasks` fails
 a test that leaves an asyncio task behind (wire tests use it through `pytestmark`).
 `start_edge` starts a whole in-process Edge with its admin API, for the live refresh tests;
-`iop_processes` starts real `iop edge run` / `iop node run` processes.
+`iop_processes` starts real `iop edge run` / `iop node run` processes. `redis_url` is a real
+Redis server (Debian's `redis-server`, installed with apt-get when missing, as the e2e cluster
+installs its host packages) for the shared limit store, one per session.
 
 Every Node link in the tests runs over mutual TLS, as deployed: a CA, a server certificate for
 loopback and a client certificate are made once per session (`TEST_TLS`, with `cryptography`;
@@ -21,8 +23,12 @@ import datetime
 import hashlib
 import inspect
 import ipaddress
+import os
 import shutil
+import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +46,7 @@ from iop.edge import EdgeServer
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.node import NodeAgent
-from iop.processes import spawn_edge, spawn_node, terminate
+from iop.processes import free_port, spawn_edge, spawn_node, terminate
 from iop.upstream import FakeUpstream, FakeUpstreamSettings
 from iop.wire import ClientTls
 
@@ -459,3 +465,55 @@ class IopProcesses:
 @pytest.fixture(scope="session")
 def iop_processes() -> IopProcesses:
     return IopProcesses()
+
+
+# -- a real Redis for the shared limit store (openai.limit_store) ------------------------------
+
+
+def ensure_redis_server() -> str:
+    """The path of `redis-server`, installing Debian's package (as root) when it is missing."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.fail("the limit store tests need redis-server: apt-get install redis-server")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    wait = ["-o", "DPkg::Lock::Timeout=300"]  # another worktree's apt-get may hold the lock
+    install = ["apt-get", *wait, "install", "-y", "--no-install-recommends", "redis-server"]
+    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:  # the package lists may be missing or stale
+        subprocess.run(["apt-get", *wait, "update"], env=env, capture_output=True, check=False)
+        result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+    found = shutil.which("redis-server")
+    if result.returncode != 0 or not found:
+        pytest.fail(f"apt-get install redis-server failed:\n{result.stderr[-2000:]}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis on loopback for the session (no persistence); tests isolate themselves by
+    their own `key_prefix`."""
+    binary = ensure_redis_server()
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as probe:
+                    probe.sendall(b"PING\r\n")
+                    if probe.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"redis-server did not start on port {port}")
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

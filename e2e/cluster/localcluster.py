@@ -661,6 +661,11 @@ class State:
     def log_file(self, name: str) -> Path:
         return self.root / "logs" / f"{name}.log"
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: every call of a pod's ServiceAccount (`AUDIT_POLICY`)."""
+        return self.root / "logs" / "audit.log"
+
     def save(self) -> None:
         data = {
             "bin_dir": str(self.bin_dir),
@@ -704,6 +709,22 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return f"(no log at {path})"
     return "\n".join(text.splitlines()[-lines:])
+
+
+# The API server's audit policy: the calls of workloads' ServiceAccounts, as metadata (verb,
+# resource, name, the answer's code), once each, when answered; nothing of the control plane's
+# own controllers (kube-system) or of people.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
 
 
 def corefile(state: State) -> str:
@@ -771,6 +792,7 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
         ]
 
     (root / "Corefile").write_text(corefile(state))
+    (root / "audit-policy.yaml").write_text(AUDIT_POLICY)
     write_kubeconfig("coredns")
     kube_proxy_config = write_kubeconfig("kube-proxy")
     kwok_kubeconfig = write_kubeconfig("kwok")
@@ -814,6 +836,11 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={root / 'apiserver-certs'}",
+            # What workloads' ServiceAccounts call (the tests compare a Role with it).
+            f"--audit-policy-file={root / 'audit-policy.yaml'}",
+            f"--audit-log-path={state.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",
         ],
         "kube-controller-manager": [
             str(build_.binary("kube-controller-manager")),

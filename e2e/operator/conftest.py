@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 CLIENT_TOKEN = "sk-e2e-operator-client"
+HEALTH_FIXTURE = "health_readers"
+HEALTH = pytest.StashKey["Any | str"]()
 
 
 def sha(text: str) -> str:
@@ -137,6 +140,37 @@ def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
     raise KeyError(provider_id)
 
 
+# -- what kstatus and Argo CD make of an EdgeConfig -----------------------------------------------
+
+
+def _prepare_health(config: pytest.Config) -> Any | str:
+    """e2e/tools/healthcheck.py's HealthReaders (kstatus built from its pin, the Argo CD Lua), or
+    why there are none; built once collection is done, as the cluster is (a cold build takes
+    minutes)."""
+    sys.path.insert(0, str(REPO / "e2e" / "tools"))
+    return importlib.import_module("healthcheck").prepare_for_pytest(config)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if config.option.collectonly or HEALTH in config.stash:
+        return
+    if any(HEALTH_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        config.stash[HEALTH] = _prepare_health(config)
+
+
+@pytest.fixture(scope="session")
+def health_readers(pytestconfig: pytest.Config) -> Any:
+    """kstatus and the Argo CD health check (`healthcheck.HealthReaders`); fails, never skips,
+    when they cannot be built."""
+    if HEALTH not in pytestconfig.stash:
+        pytestconfig.stash[HEALTH] = _prepare_health(pytestconfig)
+    prepared = pytestconfig.stash[HEALTH]
+    if isinstance(prepared, str):
+        pytest.fail(prepared, pytrace=False)
+    return prepared
+
+
 # -- the cluster side ----------------------------------------------------------------------------
 
 
@@ -144,9 +178,7 @@ def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
 def edgeconfig_crd(kube_cluster: KubeCluster) -> None:
     """The EdgeConfig CRD from deploy/crds, installed and established (cluster-wide, once)."""
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kube_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev", "--timeout=30s"
-    )
+    kube_cluster.wait_condition("crd/edgeconfigs.iop.dev", "Established")
     # Established comes a moment before discovery serves the resource.
     wait_for(
         lambda: kube_cluster.kubectl("get", "ec", "-A", check=False).returncode == 0,
@@ -197,6 +229,7 @@ class OperatorProcess:
     webhook_configuration: str | None = None
     webhook_port: int = 0
     liveness_port: int = 0
+    metrics_port: int = 0
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -205,6 +238,7 @@ class OperatorProcess:
             "--namespace", self.namespace,
             "--kubeconfig", str(self.cluster.kubeconfig),
             "--liveness-listen", f"127.0.0.1:{self.liveness_port}",
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--log-level", "INFO",
         ]  # fmt: skip
         for url in self.edge_admins:
@@ -282,6 +316,7 @@ def start_operator(
             webhook_configuration=name,
             webhook_port=webhook_port,
             liveness_port=free_port(),
+            metrics_port=free_port(),
         )
         started.append(operator)
         operator.start()

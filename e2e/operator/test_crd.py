@@ -89,8 +89,19 @@ def test_printer_columns(kube_cluster, namespace, edgeconfig_crd, host_spec) -> 
     assert create(kube_cluster, namespace, host_spec()).returncode == 0
     plain = kube_cluster.kubectl("get", "ec", "-n", namespace).stdout.splitlines()[0].split()
     wide = kube_cluster.kubectl("get", "iop", "-n", namespace, "-o", "wide").stdout
-    assert plain == ["NAME", "VALID", "APPLIED", "RESTART", "NODES", "AGE"]
+    assert plain == ["NAME", "READY", "VALID", "APPLIED", "RESTART", "NODES", "AGE"]
     assert wide.splitlines()[0].split() == [
-        "NAME", "VALID", "APPLIED", "RESTART", "NODES", "AGE",
+        "NAME", "READY", "VALID", "APPLIED", "RESTART", "NODES", "AGE",
         "GENERATION", "OBSERVED", "CONFIG", "MESSAGE",
     ]  # fmt: skip
+
+
+def test_a_new_edgeconfig_reads_as_not_yet_observed(
+    kube_cluster, namespace, edgeconfig_crd, host_spec
+) -> None:
+    """No operator runs here: the status the CRD defaults says generation 1 is not observed, so
+    kstatus (Flux, Helm 4's --wait) reads InProgress rather than Current for want of a status."""
+    assert create(kube_cluster, namespace, host_spec()).returncode == 0
+    found = kube_cluster.get("ec", "-n", namespace)["items"][0]
+    assert found["metadata"]["generation"] == 1
+    assert found["status"] == {"observedGeneration": 0}

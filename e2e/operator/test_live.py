@@ -131,7 +131,7 @@ LIVE_CLASSES = [
     ),
     pytest.param(
         edit_generation,
-        ["models[m].generation.max_tokens"],
+        ["models[m].generation.maxTokens"],
         completion_tokens,
         8,
         3,
@@ -139,7 +139,7 @@ LIVE_CLASSES = [
     ),
     pytest.param(
         edit_threshold,
-        ["openai.long_context_threshold_tokens"],
+        ["openai.longContextThresholdTokens"],
         lambda s: served(s, content=LONG),
         "served-b",  # long: only pb has a long slot
         "served-a",  # no longer long: the lowest priority wins
@@ -170,6 +170,8 @@ async def test_create_becomes_ready_and_the_edge_serves_every_model(
     assert [r["state"] for r in status["replicas"]] == ["Applied"]
     assert status["appliedConfigHash"] == status["desiredConfigHash"]
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Reconciling": "False",
+        "Stalled": "False",
         "Valid": "True",
         "Applied": "True",
         "Progressing": "False",

@@ -81,7 +81,7 @@ async def test_an_adapter_change_on_one_node_rolls_only_that_nodes_workload_once
     await asyncio.to_thread(edgeconfigs_wait, edgeconfigs, waiting)
     ec = found
     assert ec["status"]["lastChange"]["restartPaths"] == [
-        {"path": "nodes[node-2].providers[pc].adapter.completion_tokens", "scope": "node:node-2"}
+        {"path": "nodes[node-2].providers[pc].adapter.completionTokens", "scope": "node:node-2"}
     ]
     assert ec["status"]["lastChange"]["livePaths"] == ["nodes[node-1].providers[pa].capacity"]
     stamps = {name: workloads.stamp(name) for name in (EDGE, NODE_1, NODE_2)}

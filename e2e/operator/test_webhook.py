@@ -84,8 +84,8 @@ async def test_warnings_state_the_plan_and_a_dry_run_changes_nothing(
     assert warnings == [
         f"Warning: edge.admin.listen {spec['edge']['admin']['listen']} is loopback: the operator "
         "cannot reach the Edge replicas to apply changes",
-        "Warning: restart edge: openai.allow_unauthenticated",
-        "Warning: restart node node-2: nodes[node-2].providers[pc].adapter.completion_tokens",
+        "Warning: restart edge: openai.allowUnauthenticated",
+        "Warning: restart node node-2: nodes[node-2].providers[pc].adapter.completionTokens",
         "Warning: live: nodes[node-1].providers[pa].capacity",
     ]
     ec = await asyncio.to_thread(edgeconfigs.get, "demo")

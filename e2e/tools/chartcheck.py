@@ -15,10 +15,9 @@ that are pinned and fetched only through the Go module proxy:
 Every schema is written "strict": an object with `properties` refuses keys it does not list (as
 the API server's field validation does), so a misspelt field in a template fails here.
 
-kubeconform gets a module folder of its own (`kubeconform/go.mod` beside this file), so its
-dependency graph never moves one of the cluster's, and its binary goes into the cluster's binary
-cache (`e2e/cluster/localcluster.py`: `~/.cache/iop-edge/cluster`, or `IOP_CLUSTER_CACHE`),
-keyed by a hash of its go.mod and go.sum. Standard library only, like localcluster.py.
+kubeconform gets a module folder of its own (`kubeconform/go.mod` beside this file), built and
+cached by gotools.py (the cluster's binary cache, keyed by a hash of its go.mod and go.sum).
+Standard library only, like localcluster.py.
 
     chartcheck.py build                  build kubeconform unless it is up to date; print its path
     chartcheck.py schemas DIR [CRD...]   write the schemas into DIR
@@ -28,15 +27,11 @@ keyed by a hash of its go.mod and go.sum. Standard library only, like localclust
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,13 +40,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 CLUSTER_DIR = REPO / "e2e" / "cluster"
 sys.path.insert(0, str(CLUSTER_DIR))
+sys.path.insert(0, str(HERE))
 
+import gotools  # noqa: E402  (builds the pinned Go tools beside this file)
 import localcluster  # noqa: E402  (the cluster's cache, lock, Go toolchain and log)
 
 KUBECONFORM_DIR = HERE / "kubeconform"
 KUBECONFORM_PACKAGE = "github.com/yannh/kubeconform/cmd/kubeconform"
-# Bump when the way the binary is built changes: it is part of the cache key.
-RECIPE = "1"
 
 #: The module whose example/ folder holds the Prometheus Operator's CRDs (ServiceMonitor).
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.90.1"
@@ -70,61 +65,14 @@ def log(message: str) -> None:
 # --------------------------------------------------------------------------------------------
 # kubeconform
 
-
-def kubeconform_version() -> str:
-    versions = localcluster.module_versions((KUBECONFORM_DIR / "go.mod").read_text())
-    return versions["github.com/yannh/kubeconform"]
-
-
-def kubeconform_path() -> Path:
-    digest = hashlib.sha256()
-    for part in (
-        RECIPE,
-        (KUBECONFORM_DIR / "go.mod").read_text(),
-        (KUBECONFORM_DIR / "go.sum").read_text(),
-    ):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    root = localcluster.cache_root() / "tools" / f"kubeconform-{digest.hexdigest()[:16]}"
-    return root / "bin" / "kubeconform"
+KUBECONFORM = gotools.GoTool(
+    "kubeconform", package=KUBECONFORM_PACKAGE, module="github.com/yannh/kubeconform"
+)
 
 
 def build_kubeconform() -> Path:
     """The kubeconform binary for the pin, built first if the cache does not have it."""
-    target = kubeconform_path()
-    if os.access(target, os.X_OK):
-        return target
-    with localcluster.file_lock(localcluster.cache_root() / ".build.lock"):
-        if os.access(target, os.X_OK):  # built by whoever held the lock before us
-            return target
-        version = kubeconform_version()
-        log(f"building kubeconform {version} into {target.parent}")
-        started = time.monotonic()
-        work = target.parent.with_name(f"{target.parent.name}.tmp-{os.getpid()}")
-        try:
-            result = subprocess.run(
-                [
-                    localcluster.go_command(),
-                    "build",
-                    "-trimpath",
-                    "-ldflags=-s -w",
-                    "-o",
-                    str(work / "kubeconform"),
-                    KUBECONFORM_PACKAGE,
-                ],
-                cwd=KUBECONFORM_DIR,
-                env=localcluster.go_env(),
-                check=False,
-            )
-            if result.returncode != 0:
-                raise CheckError(f"go build {KUBECONFORM_PACKAGE} exited with {result.returncode}")
-            target.parent.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(target.parent, ignore_errors=True)
-            work.rename(target.parent)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        log(f"kubeconform built in {time.monotonic() - started:.0f}s")
-        return target
+    return KUBECONFORM.build()
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         binary = build_kubeconform()
         with tempfile.TemporaryDirectory(prefix="iop-schemas-") as folder:
             return validate(args.paths, write_schemas(Path(folder)), binary)
-    except (CheckError, localcluster.ClusterError) as error:
+    except (CheckError, gotools.ToolError, localcluster.ClusterError) as error:
         log(str(error))
         return 1
 

@@ -4,7 +4,9 @@ The rule: the instance that started last wins. The Edge moves dispatch to it at 
 older one finish the runs it has, and refuses the older one while the newer is connected, so
 the two never take turns. SIGTERM drains a Node: the Edges stop dispatching to it, runs still
 sent to it are refused as retryable (`provider_busy`), runs in flight finish, then it exits. A
-surge rollout (new process up, old one SIGTERMed) loses no request.
+surge rollout (new process up, old one SIGTERMed) loses no request. A drained Node leaves each
+Edge by ending its half of the stream and waiting for the Edge to close it, so an Edge that is
+busy when the Node finishes still reads the end of every run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
+
+from iop.processes import spawn_iop, terminate
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -109,3 +114,81 @@ async def test_sigterm_drains_a_node_its_streams_finish_and_new_requests_go_else
     assert [status for status, _ in during] == [200] * 4
     cut = [text[-200:] for status, text in finished if not kit.stream_ok(status, text)]
     assert not cut, f"streams cut by the drain: {cut}"
+
+
+async def test_a_drained_node_leaves_an_edge_that_is_busy_as_its_last_runs_end_losing_nothing(
+    document_of, kit, iop_processes, tmp_path: Path
+) -> None:
+    """The interleaving behind the test above failing in the full suite (two streams cut by
+    `node_disconnected`): the Node's last runs end and the Node goes while the Edge's event loop
+    is busy (there: the whole suite's load in its process; here: the Edge process frozen) and
+    has not read their last events yet. A Node that cut its stream then made grpc drop them.
+
+    Deterministic: the Edge is frozen before the runs end, and thawed only once node-1 has
+    either exited (cut: the old way) or said it is leaving the Edge (ends its half of the stream
+    and waits for the Edge to close it). The heartbeat deadline is long, so the freeze does not
+    count as silence on either side."""
+    slow = {"type": "fake", "tokens_per_second": 10, "completion_tokens": 10}  # 1 s a stream
+    document = document_of(
+        [{"id": "p1", "adapter": slow, "served_models": ["served"], "capacity": 4}],
+        token=kit.node_tokens["node-1"],
+        edge={"node_link": {"heartbeat_timeout_ms": 120_000}},
+    )
+    (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
+    tokens = kit.token_files(tmp_path)
+    async with contextlib.AsyncExitStack() as stack:
+        edge, started = await iop_processes.edge(stack, tmp_path / "edge.yaml")
+        node = await spawn_iop(
+            *("node", "run", "--edge", f"127.0.0.1:{started['hub_port']}", "--node-id", "node-1"),
+            *("--token-file", str(tokens["node-1"]), "--log-level", "INFO"),
+            *iop_processes.tls.node_args(),
+            stderr=True,
+        )
+        stack.push_async_callback(terminate, node)
+        assert node.stderr is not None
+        log: list[str] = []
+
+        async def until_logged(*needles: str) -> str | None:
+            """The first line holding one of `needles`; None when the Node's log ended."""
+            assert node.stderr is not None
+            while line := (await node.stderr.readline()).decode():
+                log.append(line)
+                if any(needle in line for needle in needles):
+                    return line
+            return None
+
+        await asyncio.wait_for(until_logged("connected to edge"), 60)
+        await iop_processes.wait_available(started["url"], ["p1"], timeout=30)
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(
+                base_url=started["url"],
+                headers={"authorization": "Bearer sk-chat-secret"},
+                timeout=120,
+            )
+        )
+        began = [asyncio.Event(), asyncio.Event()]
+
+        async def stream(began: asyncio.Event) -> tuple[int, str]:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            text = []
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for part in response.aiter_text():
+                    text.append(part)
+                    began.set()
+            return response.status_code, "".join(text)
+
+        streams = [asyncio.create_task(stream(event)) for event in began]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in began)), 60)
+
+        async with kit.frozen(edge.pid):
+            node.send_signal(signal.SIGTERM)
+            # Both runs end on the Node while the Edge reads nothing...
+            assert await asyncio.wait_for(until_logged("shutdown drain: every run ended"), 60)
+            # ...and the Node goes (the old way: it exits) or says goodbye and waits.
+            await asyncio.wait_for(until_logged("leaving edge"), 60)
+        finished = await asyncio.wait_for(asyncio.gather(*streams), 60)
+        assert await asyncio.wait_for(node.wait(), 60) == 0
+        log.extend((await node.stderr.read()).decode().splitlines(keepends=True))
+
+    cut = [text[-200:] for status, text in finished if not kit.stream_ok(status, text)]
+    assert not cut, f"streams cut as the node left: {cut}\nnode log:\n{''.join(log)}"

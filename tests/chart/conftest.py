@@ -53,8 +53,14 @@ class ChartTools:
     schemas: Path
     chartcheck: ModuleType
 
-    def template(self, *args: str, values: dict[str, Any] | None = None) -> str:
-        """`helm template` of the chart; raises RenderFailed with helm's message."""
+    def template(
+        self,
+        *args: str,
+        values: dict[str, Any] | None = None,
+        kube_version: str | None = KUBE_VERSION,
+    ) -> str:
+        """`helm template` of the chart (None: without --kube-version, as many GitOps tools
+        render); raises RenderFailed with helm's message."""
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
             extra: list[str] = []
             if values is not None:
@@ -68,7 +74,7 @@ class ChartTools:
                     "iop",
                     str(CHART),
                     "--namespace=iop-system",
-                    f"--kube-version={KUBE_VERSION}",
+                    *([f"--kube-version={kube_version}"] if kube_version else []),
                     *extra,
                     *args,
                 ],

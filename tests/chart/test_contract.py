@@ -36,35 +36,59 @@ def test_the_chart_ships_the_generated_crd_unchanged() -> None:
     assert list((CHART / "crds").iterdir()) == [CHART / "crds" / "edgeconfigs.iop.dev.yaml"]
 
 
-def rbac_table() -> set[tuple[str, str, tuple[str, ...]]]:
-    """(apiGroup, resource, verbs) rows of docs/operator.md's RBAC table."""
+def rbac_table() -> set[tuple[str, str, tuple[str, ...], bool]]:
+    """(apiGroup, resource, verbs, by name) rows of docs/operator.md's RBAC table."""
     text = (REPO / "docs" / "operator.md").read_text()
     section = text[text.index("**RBAC.**") :]
-    rows: set[tuple[str, str, tuple[str, ...]]] = set()
+    rows: set[tuple[str, str, tuple[str, ...], bool]] = set()
     for line in section.splitlines()[1:]:
         if rows and not line.startswith("|"):
             break
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or not cells[0].startswith("`"):
+        if len(cells) < 4 or not cells[0].startswith("`"):
             continue
         group = cells[0].strip("`").strip('"')
         resource = re.match(r"`([^`]+)`", cells[1])
         assert resource is not None, line
         verbs = tuple(sorted(verb.strip() for verb in cells[2].split(",")))
-        rows.add((group, resource.group(1), verbs))
+        rows.add((group, resource.group(1), verbs, not cells[3].startswith("no")))
     return rows
 
 
 def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
     documents = chart_tools.documents()
-    granted: set[tuple[str, str, tuple[str, ...]]] = set()
+    granted: set[tuple[str, str, tuple[str, ...], bool]] = set()
     (role,) = by_kind(documents, "Role").values()
     (cluster_role,) = by_kind(documents, "ClusterRole").values()
     for rule in [*role["rules"], *cluster_role["rules"]]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                granted.add((group, resource, tuple(sorted(rule["verbs"]))))
+                verbs = tuple(sorted(rule["verbs"]))
+                granted.add((group, resource, verbs, "resourceNames" in rule))
     assert granted == rbac_table()
+    # Nothing but create (which RBAC cannot limit by name) and what has no name in advance
+    # (pods, Events, Deployments found by label) is granted without names.
+    unnamed = {
+        (resource, verb)
+        for rule in role["rules"]
+        if "resourceNames" not in rule
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert {verb for resource, verb in unnamed if resource in ("secrets", "configmaps")} == {
+        "create"
+    }
+    named = {r["resources"][0]: r["resourceNames"] for r in role["rules"] if "resourceNames" in r}
+    assert named["secrets"] == [
+        "iop-iop-edge-edge-admin",
+        "iop-iop-edge-operator-webhook-tls",
+        "iop-iop-edge-api-keys",
+        "iop-iop-edge-node-node-1",
+    ]
+    assert named["deployments"] == ["iop-iop-edge-edge", "iop-iop-edge-node-node-1"]
+    assert named["configmaps"] == ["iop-iop-edge-edge", "iop-iop-edge-edge-applied"]
+    assert named["edgeconfigs"] == named["edgeconfigs/status"] == ["iop-iop-edge"]
+    assert named["leases"] == ["iop-iop-edge-operator"]
     # The cluster-scoped rule names this release's webhook configuration, and nothing else.
     (webhook,) = by_kind(documents, "ValidatingWebhookConfiguration")
     assert cluster_role["rules"] == [
@@ -72,7 +96,7 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingwebhookconfigurations"],
             "resourceNames": [webhook],
-            "verbs": ["get", "patch"],
+            "verbs": ["get", "list", "watch", "patch"],
         }
     ]
     # Only the operator's ServiceAccount is bound; the Edge and Nodes get no API token at all.
@@ -123,7 +147,7 @@ def test_workloads_carry_the_labels_and_mounts_the_operator_looks_for(
     assert sources[1]["secret"]["items"] == [
         {"key": conventions.ADMIN_TOKEN_KEY, "path": "admin/token"}
     ]
-    assert conventions.admin_secret_name(NAME) in by_kind(documents, "Secret")
+    assert "optional" not in sources[1]["secret"]  # the operator creates it on its first pass
     # The stamp is the operator's: the chart never writes it, so helm upgrade keeps it.
     annotations = edge["spec"]["template"]["metadata"].get("annotations", {})
     assert conventions.CONFIG_HASH_ANNOTATION not in annotations
@@ -164,10 +188,22 @@ def test_the_operator_and_its_webhook_are_wired_as_the_contract_says(
 ) -> None:
     documents = chart_tools.documents()
     operator = by_kind(documents, "Deployment")["iop-iop-edge-operator"]
-    assert operator["spec"]["replicas"] == 1
-    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    assert operator["spec"]["replicas"] == 2
+    assert operator["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     (container,) = operator["spec"]["template"]["spec"]["containers"]
     args = container["args"]
+    assert {
+        "--edgeconfig=iop-iop-edge",
+        "--leader-election=iop-iop-edge-operator",
+        "--webhook-secret=iop-iop-edge-operator-webhook-tls",
+        "--metrics-listen=0.0.0.0:8081",
+    } <= set(args)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    metrics = by_kind(documents, "Service")["iop-iop-edge-operator-metrics"]
+    assert metrics["spec"]["ports"][0]["port"] == 8081
     (webhook_name,) = by_kind(documents, "ValidatingWebhookConfiguration")
     service_name = next(a.split("=", 1)[1] for a in args if a.startswith("--webhook-service="))
     assert f"--webhook-configuration={webhook_name}" in args
@@ -177,7 +213,7 @@ def test_the_operator_and_its_webhook_are_wired_as_the_contract_says(
     ]
     assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert {e["name"] for e in container["env"]} == {"POD_IP", "POD_NAMESPACE"}
+    assert {e["name"] for e in container["env"]} == {"POD_IP", "POD_NAMESPACE", "POD_NAME"}
 
     # The webhook as docs/operator.md gives it, field by field.
     text = (REPO / "docs" / "operator.md").read_text()
@@ -185,6 +221,7 @@ def test_the_operator_and_its_webhook_are_wired_as_the_contract_says(
     block = block[block.index("```yaml") + 7 : block.index("```", block.index("```yaml") + 7)]
     documented = yaml.safe_load(
         block.replace("<the namespace>", "iop-system")
+        .replace("<the EdgeConfig>", "iop-iop-edge")
         .replace("<operator webhook Service>", service_name)
         .replace("<ns>", "iop-system")
     )["webhooks"][0]
@@ -211,6 +248,7 @@ def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
         ("ClusterRoleBinding", "iop-iop-edge-iop-system-webhook"),
         ("Deployment", "iop-iop-edge-operator"),
         ("Service", "iop-iop-edge-operator-webhook"),
+        ("Service", "iop-iop-edge-operator-metrics"),
         ("ValidatingWebhookConfiguration", "iop-iop-edge-iop-system"),
     }
     assert without < everything

@@ -62,18 +62,24 @@ def test_metrics_have_a_listener_port_and_service_of_their_own(
     # The public Service carries the OpenAI API and nothing else.
     assert [p["targetPort"] for p in services["iop-iop-edge-openai"]["spec"]["ports"]] == ["http"]
 
-    # The ServiceMonitor selects the metrics Service, and only it, on its metrics port.
-    (monitor,) = by_kind(documents, "ServiceMonitor").values()
-    selector = monitor["spec"]["selector"]["matchLabels"]
-    selected = [
-        name
-        for name, service in services.items()
-        if selector.items() <= service["metadata"]["labels"].items()
-    ]
-    assert selected == ["iop-iop-edge-metrics"]
-    (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] == "metrics"
-    assert endpoint["path"] == "/metrics"
+    # Each ServiceMonitor selects one metrics Service, and only it, on its metrics port: the
+    # Edge's and the operator's.
+    monitors = by_kind(documents, "ServiceMonitor")
+    for monitor_name, service_name in (
+        ("iop-iop-edge-edge", "iop-iop-edge-metrics"),
+        ("iop-iop-edge-operator", "iop-iop-edge-operator-metrics"),
+    ):
+        monitor = monitors[monitor_name]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        selected = [
+            name
+            for name, service in services.items()
+            if selector.items() <= service["metadata"]["labels"].items()
+        ]
+        assert selected == [service_name]
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics"
+        assert endpoint["path"] == "/metrics"
 
 
 def test_a_load_balancer_never_carries_the_metrics(chart_tools: ChartTools) -> None:
@@ -190,15 +196,21 @@ def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[str]:
 
 
 def exported_metric_names() -> set[str]:
-    """Every sample name the Edge's registry exposes, from each family's type (a counter
-    `x` is scraped as `x_total`, a histogram as `x_bucket`, `x_count`, `x_sum`), so a family
-    counts before anything was observed."""
+    """Every sample name the Edge's and the operator's registries expose, from each family's
+    type (a counter `x` is scraped as `x_total`, a histogram as `x_bucket`, `x_count`, `x_sum`),
+    so a family counts before anything was observed. The limiter registers its own on the
+    Edge's registry, as `EdgeServer` does."""
     from iop.edge.dispatching import Dispatcher
+    from iop.edge.enforcing import Limiter
     from iop.edge.metering import Metrics
     from iop.edge.snapshots import PoolSnapshot
+    from iop.operator.metrics import OperatorMetrics
 
     config = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))
-    metrics = Metrics(Dispatcher(PoolSnapshot.build(config)))
+    dispatcher = Dispatcher(PoolSnapshot.build(config))
+    metrics = Metrics(dispatcher)
+    Limiter(dispatcher, config, registry=metrics.registry)
+    registries = [metrics.registry, OperatorMetrics().registry]
     suffixes = {
         "counter": ("_total", "_created"),
         "gauge": ("",),
@@ -206,7 +218,7 @@ def exported_metric_names() -> set[str]:
         "summary": ("", "_count", "_sum", "_created"),
     }
     names = set()
-    for family in metrics.registry.collect():
+    for family in (f for registry in registries for f in registry.collect()):
         assert family.type in suffixes, f"{family.name}: a {family.type} (add its sample names)"
         names |= {family.name + suffix for suffix in suffixes[family.type]}
     return names
@@ -238,7 +250,7 @@ def test_the_dashboard_queries_only_metrics_the_edge_exports() -> None:
     queried = {name for expr in dashboard_queries(dashboard) for name in promql_metric_names(expr)}
     assert queried, "the dashboard queries no metric"
     unknown = queried - exported_metric_names()
-    assert not unknown, f"the dashboard queries metrics the Edge does not export: {sorted(unknown)}"
+    assert not unknown, f"the dashboard queries metrics nothing exports: {sorted(unknown)}"
     for needed in (
         "iop_edge_requests_total",
         "iop_edge_request_duration_seconds_bucket",
@@ -249,13 +261,22 @@ def test_the_dashboard_queries_only_metrics_the_edge_exports() -> None:
         "iop_edge_completion_tokens_total",
         "iop_edge_refreshes_total",
         "iop_edge_config_generation",
+        "iop_operator_reconcile_total",
+        "iop_operator_seconds_since_last_success",
+        "iop_operator_leader",
+        "iop_edge_limited_requests_total",
+        "iop_edge_limit_budget_remaining_tokens",
     ):
         assert needed in queried, f"the dashboard has no panel on {needed}"
 
 
 def test_docs_list_every_metric_the_edge_exports() -> None:
-    # docs/edge.md is where the dashboard's reader looks a name up.
-    documented = set(re.findall(r"`(iop_edge_\w+)", (REPO / "docs" / "edge.md").read_text()))
+    # docs/edge.md and docs/operator.md are where the dashboard's reader looks a name up.
+    documented = {
+        name
+        for doc in ("edge.md", "operator.md")
+        for name in re.findall(r"`(iop_(?:edge|operator)_\w+)", (REPO / "docs" / doc).read_text())
+    }
     families = {
         re.sub(r"_(total|bucket)$", "", name)
         for name in exported_metric_names()

@@ -1,5 +1,6 @@
-"""The chart renders what the cluster accepts, follows the operator's contract, keeps tokens in
-Secrets, and refuses values it does not know.
+"""The chart renders what the cluster accepts, the same bytes every time (no token drawn, no
+hash computed: the operator makes tokens in the cluster), follows the operator's contract, and
+refuses values it does not know.
 
 Rendered with the pinned helm and validated by kubeconform (-strict) against the pinned
 Kubernetes release's schemas and the EdgeConfig CRD, so a misspelt field or a spec the CRD
@@ -8,8 +9,6 @@ refuses fails here, not at `helm install`.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ RUN_VALUES = REPO / "configs" / "helm-values.yaml"
 # Every optional part on, so that each template is rendered and validated at least once.
 EVERYTHING = {
     "fakeUpstream": {"enabled": True},
+    "limitStore": {"redis": {"enabled": True}},
     "metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
     "edge": {"replicas": 3, "service": {"type": "NodePort", "nodePort": 30080}},
     "tls": {
@@ -133,26 +133,112 @@ def test_every_value_is_in_the_schema_and_documented(chart_values: dict[str, Any
     walk(chart_values, schema, "")
 
 
-def test_no_raw_token_outside_a_secret(chart_tools: ChartTools) -> None:
-    documents = chart_tools.documents("--values", str(RUN_VALUES))
-    secrets = by_kind(documents, "Secret")
-    tokens = {
-        (name, key): base64.b64decode(value).decode()
-        for name, secret in secrets.items()
-        for key, value in secret["data"].items()
-    }
-    assert len(tokens) == 1 + 3 + 3  # admin, three nodes, three client tokens
-    assert all(len(token) >= 32 for token in tokens.values())
-    others = yaml.safe_dump_all([d for d in documents if d["kind"] != "Secret"])
-    for (name, key), token in tokens.items():
-        assert token not in others, f"the token {name}/{key} appears outside its Secret"
+#: Template functions whose result is not a function of the values: drawn at random, read from
+#: the cluster (empty under `helm template`), or the time of the render.
+_IMPURE = re.compile(
+    r"\b(randAlphaNum|randAlpha|randNumeric|randAscii|randBytes|randInt|uuidv4|genCA|"
+    r"genPrivateKey|genSelfSignedCert|genSignedCert|derivePassword|lookup|now|date)\b"
+)
 
+
+@pytest.mark.parametrize(("args", "values"), VALUE_SETS)
+def test_renders_are_pure(chart_tools: ChartTools, args, values) -> None:
+    """What Argo CD does on every sync: render again and compare. Two renders are the same bytes,
+    and nothing is a Secret: the operator makes the tokens in the cluster."""
+    first = chart_tools.template(*args, values=values)
+    second = chart_tools.template(*args, values=values)
+    assert first == second
+    kinds = {d["kind"] for d in yaml.safe_load_all(first) if d}
+    assert "Secret" not in kinds
+
+
+def test_no_template_calls_an_impure_function() -> None:
+    used = {
+        f"{path.relative_to(CHART)}: {match.group(1)}"
+        for path in (CHART / "templates").rglob("*")
+        if path.is_file()
+        for match in _IMPURE.finditer(path.read_text())
+    }
+    assert used == set()
+
+
+def test_helm_template_without_a_kube_version_renders(chart_tools: ChartTools) -> None:
+    """Helm's default is v1.20; the chart sets no kubeVersion (the operator checks the cluster)."""
+    default = chart_tools.template(kube_version=None)
+    assert default == chart_tools.template()
+
+
+def test_tokens_are_named_by_their_secrets_never_drawn_or_hashed(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents("--values", str(RUN_VALUES))
+    rendered = yaml.safe_dump_all(documents)
+    assert "tokenHashSha256" not in rendered
     spec = by_kind(documents, "EdgeConfig")["edge"]["spec"]
+    assert spec["edge"]["admin"] == {
+        "listen": "0.0.0.0:9090",
+        "tokenFile": "/etc/iop/admin/token",
+        "tokenSecret": {"name": "edge-edge-admin", "key": "token", "generate": True},
+    }
     for node in spec["nodes"]:
-        assert node["tokenHashSha256"] == sha256(tokens[(f"iop-node-{node['id']}", "token")])
+        assert node["tokenSecret"] == {
+            "name": f"iop-node-{node['id']}",
+            "key": "token",
+            "generate": True,
+        }
     for entry in spec["openai"]["principalTokens"]:
-        assert entry["tokenHashSha256"] == sha256(tokens[("iop-api-keys", entry["tokenRef"])])
-        assert "tokenSecret" not in entry
+        assert entry["tokenSecret"] == {
+            "name": "iop-api-keys",
+            "key": entry["tokenRef"],
+            "generate": True,
+        }
+
+
+def test_secrets_the_user_names_are_used_and_never_generated(chart_tools: ChartTools) -> None:
+    values = {
+        "edge": {"adminToken": {"existingSecret": "my-admin", "key": "bearer"}},
+        "edgeConfig": {
+            "spec": {
+                "edge": {"id": "edge-a"},
+                "openai": {
+                    "principalTokens": [
+                        {
+                            "tokenRef": "app",
+                            "principalRef": "team",
+                            "tokenSecret": {"name": "my-keys", "key": "app"},
+                        },
+                        {"tokenRef": "hashed", "principalRef": "team", "tokenHashSha256": "a" * 64},
+                    ]
+                },
+                "nodes": [{"id": "node-1", "tokenSecret": {"name": "my-node-1"}}],
+            }
+        },
+        "nodes": [{"id": "node-1", "tokenSecret": {"name": "my-node-1"}}],
+    }
+    documents = chart_tools.documents(values=values)
+    spec = next(iter(by_kind(documents, "EdgeConfig").values()))["spec"]
+    mine = {"generate": False}
+    assert spec["edge"]["admin"]["tokenSecret"] == {"name": "my-admin", "key": "bearer", **mine}
+    app, hashed = spec["openai"]["principalTokens"]
+    assert app["tokenSecret"] == {"name": "my-keys", "key": "app", **mine}
+    assert hashed == {"tokenRef": "hashed", "principalRef": "team", "tokenHashSha256": "a" * 64}
+    assert spec["nodes"][0]["tokenSecret"] == {"name": "my-node-1", "key": "token", **mine}
+    edge = by_kind(documents, "Deployment")["iop-iop-edge-edge"]["spec"]["template"]["spec"]
+    sources = edge["volumes"][0]["projected"]["sources"]
+    assert sources[1]["secret"] == {
+        "name": "my-admin",
+        "items": [{"key": "bearer", "path": "admin/token"}],
+    }
+    node = by_kind(documents, "Deployment")["iop-iop-edge-node-node-1"]["spec"]["template"]
+    token = next(v for v in node["spec"]["volumes"] if "secret" in v)
+    assert token["secret"]["secretName"] == "my-node-1"
+    # The operator may read exactly the Secrets the EdgeConfig and the workloads name.
+    (role,) = by_kind(documents, "Role").values()
+    (named,) = [r for r in role["rules"] if r["resources"] == ["secrets"] and "resourceNames" in r]
+    assert set(named["resourceNames"]) == {
+        "my-admin",
+        "my-keys",
+        "my-node-1",
+        "iop-iop-edge-operator-webhook-tls",
+    }
 
 
 def test_the_edgeconfig_from_values_is_a_valid_config_wired_to_the_chart(
@@ -176,9 +262,43 @@ def test_the_edgeconfig_from_values_is_a_valid_config_wired_to_the_chart(
     assert set(urls.values()) == {"http://iop-fake-upstream:8000/v1"}
 
 
+@pytest.mark.parametrize(
+    ("store", "expected"),
+    [
+        pytest.param({}, "redis://iop-iop-edge-redis:6379", id="the-chart's-redis"),
+        pytest.param(
+            {"url": "rediss://cache.example:6380/2", "passwordEnv": "REDIS_PASSWORD"},
+            "rediss://cache.example:6380/2",
+            id="a-store-of-the-spec-wins",
+        ),
+    ],
+)
+def test_the_limit_store_option_runs_a_redis_for_the_edges(
+    chart_tools: ChartTools, store: dict[str, Any], expected: str
+) -> None:
+    values: dict[str, Any] = {
+        "limitStore": {"redis": {"enabled": True}},
+        "edge": {"networkPolicy": {"enabled": True}},
+    }
+    if store:
+        values["edgeConfig"] = {"spec": {"openai": {"limitStore": store}}}
+    documents = chart_tools.documents(values=values)
+    spec = by_kind(documents, "EdgeConfig")["iop-iop-edge"]["spec"]
+    assert load_data(spec).openai.limit_store.url == expected
+    redis = by_kind(documents, "Deployment")["iop-iop-edge-redis"]
+    (container,) = _containers(redis)
+    assert container["image"] == "docker.io/library/redis:7.2-alpine"
+    assert "iop-iop-edge-redis" in by_kind(documents, "Service")
+    policy = by_kind(documents, "NetworkPolicy")["iop-iop-edge-redis"]["spec"]
+    (rule,) = policy["ingress"]
+    edge = by_kind(documents, "Deployment")["iop-iop-edge-edge"]
+    selector = rule["from"][0]["podSelector"]["matchLabels"]
+    assert selector.items() <= edge["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_the_make_run_values_describe_the_sample_config(chart_tools: ChartTools) -> None:
     # configs/helm-values.yaml is configs/edge.yaml in camelCase, but for the upstream URLs,
-    # the listeners the chart wires and the token hashes it computes.
+    # the listeners the chart wires and the tokens, which it names by their Secrets.
     original = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))
     documents = chart_tools.documents("--values", str(RUN_VALUES))
     rendered = load_data(by_kind(documents, "EdgeConfig")["edge"]["spec"])
@@ -212,11 +332,12 @@ def test_the_image_defaults_to_the_app_version(chart_tools: ChartTools) -> None:
         for document in chart_tools.documents(values=EVERYTHING)
         for container in _containers(document)
     }
-    assert images == {f"ghcr.io/iop-edge/iop-edge:{version}"}
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    # Every pod runs the project's image, but the optional Redis of the limits (its own image).
+    redis = yaml.safe_load((CHART / "values.yaml").read_text())["limitStore"]["redis"]["image"]
+    assert images == {
+        f"ghcr.io/iop-edge/iop-edge:{version}",
+        f"{redis['repository']}:{redis['tag']}",
+    }
 
 
 def by_kind(documents: Sequence[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:

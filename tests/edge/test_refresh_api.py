@@ -206,6 +206,29 @@ async def test_a_configured_token_is_required(start_edge, refresh_document, tmp_
         assert response.status_code == 401
 
 
+async def test_a_rotated_token_file_is_taken_without_a_restart(
+    start_edge, refresh_document, tmp_path: Path
+) -> None:
+    """A Secret mounted as the token file is swapped as the kubelet does it (a new file moved
+    over the old path): the new token works at once, the old one no longer."""
+    document = refresh_document()
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("first-token\n")
+    document["edge"]["admin"]["token_file"] = str(token_file)
+    edge = await start_edge(document)
+    async with admin_client(edge, "first-token") as admin:
+        assert (await admin.get("/config")).status_code == 200
+
+    swapped = tmp_path / "admin.token.new"
+    swapped.write_text("second-token\n")
+    swapped.replace(token_file)
+
+    async with admin_client(edge, "second-token") as admin:
+        assert (await admin.get("/config")).status_code == 200
+    async with admin_client(edge, "first-token") as admin:
+        assert (await admin.get("/config")).status_code == 401
+
+
 async def test_off_loopback_the_edge_refuses_to_start_without_auth(
     refresh_document, tmp_path: Path
 ) -> None:
@@ -250,6 +273,7 @@ async def test_config_is_shown_with_its_hash_and_secrets_redacted(start_edge, re
     assert token == {
         "token_ref": "search-chat",
         "token_hash_sha256": "<redacted>",
+        "token_secret": None,
         "principal_ref": "team-search",
         "alias": None,
     }

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from iop.edgeconfig import node_payloads
-from iop.node import NodeAgent, Router
-from iop.wire import DrainProgress, RunEvent, RunFailed, RunRequest
+from iop.node import Router
+from iop.wire import DrainProgress, RunDone, RunEvent, RunFailed, RunRequest
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -116,20 +116,31 @@ async def test_a_swap_that_retires_an_idle_adapter_reports_no_drain(wire_config)
     assert not router.drain_progress().draining
 
 
-async def test_a_drained_node_sends_what_its_links_hold_before_it_returns() -> None:
-    """The runs' last events and the drain's zero are queued for every Edge when the last run
-    ends: `drain` waits until each link has written them, so `stop` cuts nothing."""
-    agent = NodeAgent(node_id="node-1", token="t", edges=["127.0.0.1:1"])
-    written = asyncio.Event()
+async def test_a_drained_node_returns_once_the_edge_has_read_its_last_run_and_closed(
+    wire_config, start_hub, start_node, until, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Node says goodbye instead of cutting its stream: `drain` returns once the Edge has
+    read the end of every run and closed the stream (cut, the stream would lose what the Edge
+    had received but not yet read)."""
+    caplog.set_level(logging.INFO, logger="iop.edge.nodehub")
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": SLOW}]))
+    agent = await start_node(hub)
+    events: list[RunEvent] = []
 
-    class SlowLink:
-        async def flush(self) -> None:
-            await written.wait()
+    async def consume() -> None:
+        async with hub.run(request("a", 10)) as stream:
+            async for event in stream:
+                events.append(event)
 
-    agent.connections = {"127.0.0.1:1": SlowLink()}  # type: ignore[dict-item]
-    drain = asyncio.create_task(agent.drain(5))
-    await asyncio.sleep(0.05)
-    assert not drain.done()  # no run in flight, but a link still holds its last words
-    written.set()
-    assert await asyncio.wait_for(drain, 5) is True
-    await agent.stop()
+    consuming = asyncio.create_task(consume())
+    await until(lambda: agent.router.running == 1)
+
+    assert await agent.drain(30) is True
+    # Back from the drain: the Edge has the run's end and has closed the node's session.
+    assert "node-1" not in hub.nodes()
+    await consuming
+    assert isinstance(events[-1], RunDone)
+    (link,) = agent.connections.values()
+    assert link.leaving and not link.connected.is_set()
+    ends = [r.getMessage() for r in caplog.records if "node-1 disconnected" in r.getMessage()]
+    assert ends == ["node node-1 disconnected: the node ended its stream"]

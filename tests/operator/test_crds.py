@@ -117,6 +117,7 @@ def test_names_subresource_and_printer_columns() -> None:
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [(c["name"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
     assert columns == [
+        ("Ready", 0),
         ("Valid", 0),
         ("Applied", 0),
         ("Restart", 0),

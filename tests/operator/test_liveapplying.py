@@ -67,9 +67,10 @@ def test_a_draining_node_shows_the_runs_it_has_left() -> None:
     ]
     (result,) = node_results(["n1"], outcomes)
     assert (result.state, result.draining_runs) == ("Acked", 3)
-    assert _node(result) == {"nodeId": "n1", "state": "Acked", "reason": "", "drainingRuns": 3}
+    shown = _node(result).model_dump(by_alias=True, exclude_none=True)
+    assert shown == {"nodeId": "n1", "state": "Acked", "reason": "", "drainingRuns": 3}
     (idle,) = node_results(["n1"], [outcome("b", {"n1": (True, True)})])
-    assert "drainingRuns" not in _node(idle)
+    assert "drainingRuns" not in _node(idle).model_dump(by_alias=True, exclude_none=True)
 
 
 def test_the_status_parser_sums_every_process_drain() -> None:

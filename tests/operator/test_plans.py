@@ -23,7 +23,7 @@ def test_restarts_come_first_then_the_live_paths(document) -> None:
 
     assert plan(document, new) == [
         "restart edge: openai.listen",
-        "restart node node-2: nodes[node-2].providers[pc].adapter.latency_ms",
+        "restart node node-2: nodes[node-2].providers[pc].adapter.latencyMs",
         "live: nodes[node-1].providers[pa].capacity",
     ]
 

@@ -135,3 +135,44 @@ async def test_wait_flushed_returns_when_the_stream_breaks() -> None:
         writer.put(2)
         await asyncio.wait_for(writer.wait_flushed(), 5)
         assert isinstance(writer.error, ConnectionResetError)
+
+
+async def test_finish_writes_everything_queued_and_never_cuts_a_write_short() -> None:
+    """How a Node ends its half of a stream: its last words whole (a grpc.aio write cancelled
+    midway would cancel the call, and the peer would lose what it had not read yet)."""
+    written: list[int] = []
+    cut: list[int] = []
+    gate = asyncio.Event()
+    writing = asyncio.Event()
+
+    async def send(batch: Sequence[int]) -> None:
+        writing.set()
+        try:
+            await gate.wait()  # a slow link
+        except asyncio.CancelledError:
+            cut.extend(batch)
+            raise
+        written.extend(batch)
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        writer.put(1)
+        await writing.wait()  # 1 is in flight
+        writer.put(2)
+        writer.put(3, wake=False)
+        finishing = asyncio.create_task(writer.finish())
+        await asyncio.sleep(0)
+        assert writer.put(4) is False  # finishing: nothing more is taken
+        gate.set()
+        await asyncio.wait_for(finishing, 5)
+        assert writer.task.done() and writer.error is None
+    assert written == [1, 2, 3]
+    assert cut == []
+
+
+async def test_finish_of_an_idle_writer_returns_at_once() -> None:
+    async def send(batch: Sequence[int]) -> None:
+        pass
+
+    async with CoalescingWriter(send, name="test-writer") as writer:
+        await asyncio.wait_for(writer.finish(), 5)
+        assert writer.task.done()

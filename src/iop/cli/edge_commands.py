@@ -20,7 +20,7 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
 from iop.edge.refreshreports import ConfigSource
-from iop.edgeconfig import ConfigError, load_file
+from iop.edgeconfig import ConfigError, load_file, require_token_hashes
 from iop.wire import TlsError
 
 from . import reload_commands
@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         config = load_file(args.config)
+        require_token_hashes(config)
     except ConfigError as error:
         print_problems(str(args.config), error)
         return 1

@@ -13,6 +13,7 @@ from typing import Any
 import uvloop
 
 from iop.operator.crds import crd_yaml
+from iop.operator.errors import OperatorError
 from iop.operator.running import OperatorOptions, default_namespace, run_operator
 
 __all__ = ["register"]
@@ -37,6 +38,13 @@ def register(commands: Any) -> None:
         help="the namespace to serve (default: $POD_NAMESPACE, the ServiceAccount's, 'default')",
     )
     run.add_argument("--kubeconfig", default=None, help="a kubeconfig (default: in-cluster)")
+    run.add_argument(
+        "--edgeconfig",
+        default=None,
+        metavar="NAME",
+        help="serve only the EdgeConfig NAME (what a Helm release's operator does: the API "
+        "server sends it nothing of other releases); default: every EdgeConfig of the namespace",
+    )
     run.add_argument(
         "--edge-admin",
         action="append",
@@ -72,6 +80,13 @@ def register(commands: Any) -> None:
         "the cluster); it is written into the webhook configuration",
     )
     run.add_argument(
+        "--webhook-secret",
+        default=None,
+        metavar="NAME",
+        help="keep the webhook certificate in this Secret (made by the first replica, shared "
+        "by all, so one caBundle trusts every replica); default: a new certificate per start",
+    )
+    run.add_argument(
         "--webhook-san",
         action="append",
         default=[],
@@ -83,6 +98,19 @@ def register(commands: Any) -> None:
         default="0.0.0.0:8080",
         metavar="HOST:PORT",
         help="where GET /healthz answers (kopf's liveness endpoint); 'off' for none",
+    )
+    run.add_argument(
+        "--metrics-listen",
+        default="0.0.0.0:8081",
+        metavar="HOST:PORT",
+        help="where GET /metrics (Prometheus) and GET /readyz answer; 'off' for none",
+    )
+    run.add_argument(
+        "--leader-election",
+        default=None,
+        metavar="LEASE",
+        help="elect one active replica with this coordination.k8s.io Lease (the others watch, "
+        "serve the webhook and take over when it goes); default: act alone",
     )
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
@@ -116,15 +144,23 @@ def _run(args: argparse.Namespace) -> int:
     options = OperatorOptions(
         namespace=args.namespace or default_namespace(),
         kubeconfig=args.kubeconfig,
+        edgeconfig=args.edgeconfig,
         edge_admin_urls=tuple(args.edge_admin),
         webhook_listen=None if args.no_webhook else args.webhook_listen,
         webhook_configuration=args.webhook_configuration,
         webhook_service=args.webhook_service,
         webhook_url=args.webhook_url,
+        webhook_secret=args.webhook_secret,
         liveness_listen=None if args.liveness_listen == "off" else args.liveness_listen,
+        metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
+        leader_election=args.leader_election,
         extra_sans=tuple(args.webhook_san),
     )
-    uvloop.run(_serve(options))
+    try:
+        uvloop.run(_serve(options))
+    except OperatorError as error:  # what it cannot work with, said once (a too old cluster)
+        print(f"iop operator: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

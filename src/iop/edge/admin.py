@@ -22,6 +22,9 @@ process, as a raw ASGI app like the OpenAI API. Routes:
   provider has left (older processes of it that a newer one superseded included), and each of
   its providers' health with the reason code and the sentence behind it (URL credentials
   redacted). Without a hub (an admin API tested alone) it lists the nodes as not connected.
+  `limits`: each entry of `openai.limits[]` per principal, with its current use (requests and
+  tokens left in the minute's buckets, requests in progress, budget spent and when it resets),
+  read from the shared store when there is one.
 - `GET /healthz`.
 
 Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
@@ -37,10 +40,12 @@ which configured credential matched.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import re
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Self
 from urllib.parse import parse_qs
@@ -51,11 +56,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from iop.edgeconfig import AdminSection, EdgeConfig, is_loopback_listener, is_secret_field
 
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .enforcing import Limiter
 from .hubs import Hub, NodeStatus, ProviderLink, provider_health
 from .refreshing import ConfigFileRefused, Refresher
 from .refreshreports import ConfigSource, RefreshReport
 
 __all__ = ["AdminApp", "AdminAuth", "AdminAuthError", "RefreshBody", "redacted"]
+
+logger = logging.getLogger(__name__)
 
 
 #: Largest `POST /refresh` body: a config with thousands of nodes fits with room to spare.
@@ -69,17 +77,29 @@ _URL_QUERY_VALUE: Final = re.compile(r"(?<=[?&])([^=&#\s]*)=[^&#\s]*")
 #: A fragment may carry a credential too (`#access_token=...`).
 _URL_FRAGMENT: Final = re.compile(r"#\S*$")
 _BEARER: Final = b"bearer "
+#: A changed token file is looked for at most this often (only when a token did not match).
+_TOKEN_FILE_RECHECK_S: Final = 1.0
 
 
 class AdminAuthError(ValueError):
     """The admin API cannot start: open off loopback, or its token file is unusable."""
 
 
-@dataclass(frozen=True, slots=True)
 class AdminAuth:
-    """The accepted token hashes (none: the API is open, loopback only), by credential name."""
+    """The accepted token hashes (none: the API is open, loopback only), by credential name.
 
-    hashes: tuple[tuple[str, bytes], ...] = ()
+    A token file is read at start and again when a token does not match and the file has
+    changed since (at most once a second): a Secret mounted there that someone rotates (the
+    kubelet swaps the file) is accepted without a restart, and the old token stops working.
+    """
+
+    def __init__(
+        self, hashes: tuple[tuple[str, bytes], ...] = (), token_file: Path | None = None
+    ) -> None:
+        self.hashes = hashes
+        self._token_file = token_file
+        self._stamp = _file_stamp(token_file) if token_file is not None else None
+        self._looked_at = 0.0
 
     @classmethod
     def load(cls, section: AdminSection, listen: str) -> AdminAuth:
@@ -87,26 +107,28 @@ class AdminAuth:
         hashes: list[tuple[str, bytes]] = []
         if section.token_hash_sha256:
             hashes.append(("token_hash_sha256", section.token_hash_sha256.encode()))
-        if section.token_file:
-            try:
-                token = Path(section.token_file).read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise AdminAuthError(
-                    f"cannot read edge.admin.token_file {section.token_file}: {exc}"
-                ) from exc
-            if not token:
-                raise AdminAuthError(f"edge.admin.token_file {section.token_file} is empty")
-            hashes.append(("token_file", hashlib.sha256(token.encode()).hexdigest().encode()))
+        token_file = Path(section.token_file) if section.token_file else None
+        if token_file is not None:
+            hashes.append(("token_file", _hash_file(token_file)))
         if not hashes and not is_loopback_listener(listen):
             raise AdminAuthError(
                 f"the admin API would listen on {listen}, off loopback, without auth: set "
                 "edge.admin.token_hash_sha256 or edge.admin.token_file"
             )
-        return cls(tuple(hashes))
+        return cls(tuple(hashes), token_file)
 
     @property
     def required(self) -> bool:
         return bool(self.hashes)
+
+    async def admit(self, authorization: bytes | None) -> str:
+        """`check`, after reading a changed token file again when the token did not match."""
+        try:
+            return self.check(authorization)
+        except _HttpError:
+            if self._token_file is None or not await self._reload():
+                raise
+        return self.check(authorization)
 
     def check(self, authorization: bytes | None) -> str:
         """Which credential the request's bearer token matched; raises `_HttpError` (401)."""
@@ -122,6 +144,45 @@ class AdminAuth:
         if not matched:
             raise _HttpError("unauthorized", "wrong admin token")
         return f"admin token ({matched})"
+
+    async def _reload(self) -> bool:
+        """Read the token file again if it changed; whether the hashes changed."""
+        assert self._token_file is not None
+        moment = time.monotonic()
+        if moment - self._looked_at < _TOKEN_FILE_RECHECK_S:
+            return False
+        self._looked_at = moment
+        path = self._token_file
+        stamp = await asyncio.to_thread(_file_stamp, path)
+        if stamp == self._stamp:
+            return False
+        try:
+            digest = await asyncio.to_thread(_hash_file, path)
+        except AdminAuthError as error:
+            logger.warning("the admin token file changed but cannot be used: %s", error)
+            return False
+        self._stamp = stamp
+        self.hashes = (*[h for h in self.hashes if h[0] != "token_file"], ("token_file", digest))
+        logger.info("edge.admin.token_file %s changed: the new token is accepted", path)
+        return True
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+def _hash_file(path: Path) -> bytes:
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdminAuthError(f"cannot read edge.admin.token_file {path}: {exc}") from exc
+    if not token:
+        raise AdminAuthError(f"edge.admin.token_file {path} is empty")
+    return hashlib.sha256(token.encode()).hexdigest().encode()
 
 
 class RefreshBody(BaseModel):
@@ -194,10 +255,17 @@ def _status(report: RefreshReport) -> int:
 class AdminApp:
     """The ASGI application of the admin API."""
 
-    def __init__(self, refresher: Refresher, auth: AdminAuth, hub: Hub | None = None) -> None:
+    def __init__(
+        self,
+        refresher: Refresher,
+        auth: AdminAuth,
+        hub: Hub | None = None,
+        limiter: Limiter | None = None,
+    ) -> None:
         self._refresher = refresher
         self._auth = auth
         self._hub = hub
+        self._limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -229,7 +297,7 @@ class AdminApp:
         if path == "/healthz":
             await send_body(send, 200, b'{"status":"ok"}')
             return
-        who = self._auth.check(header(scope, b"authorization"))
+        who = await self._auth.admit(header(scope, b"authorization"))
         client = scope.get("client")
         peer = f"{client[0]}:{client[1]}" if client else "unknown peer"
         if path == "/refresh":
@@ -243,7 +311,10 @@ class AdminApp:
             }
             await send_body(send, 200, orjson.dumps(document))
         elif path == "/status":
-            await send_body(send, 200, orjson.dumps(self._status()))
+            status = self._status()
+            if self._limiter is not None:
+                status["limits"] = await self._limiter.status()
+            await send_body(send, 200, orjson.dumps(status))
         else:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             mode = query.get("mode", [""])[0]

@@ -46,6 +46,7 @@ class Authenticator:
                 Principal(entry.principal_ref, entry.token_ref),
             )
             for entry in section.principal_tokens
+            if entry.token_hash_sha256 is not None  # a config the Edge runs has every hash
         }
 
     def authenticate(self, authorization: bytes | None) -> Principal:

@@ -19,6 +19,7 @@ __all__ = [
     "PayloadTooLarge",
     "QueueFull",
     "QueueTimeout",
+    "RateLimited",
     "RouteNotFound",
     "TooManyConnections",
     "Unauthorized",
@@ -92,6 +93,20 @@ class QueueTimeout(EdgeError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class RateLimited(EdgeError):
+    """A limit of `openai.limits[]` has no room for the request (429 rate_limit_exceeded).
+
+    `kind` is OpenAI's error type for it (`requests` or `tokens`); `headers` say when to try
+    again (`Retry-After`, `retry-after-ms`, or `x-should-retry: false` when it never passes)
+    and the `x-ratelimit-*` state, as `enforcing.py` words them.
+    """
+
+    def __init__(self, message: str, kind: str, headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.headers = headers
 
 
 class UpstreamError(EdgeError):

@@ -30,6 +30,7 @@ from .errors import (
     PayloadTooLarge,
     QueueFull,
     QueueTimeout,
+    RateLimited,
     RouteNotFound,
     TooManyConnections,
     Unauthorized,
@@ -73,6 +74,8 @@ def _shape(error: EdgeError) -> tuple[int, str, str | None, str | None, Headers]
         # The connection stays open: uvicorn's parser drops the rest of the body unbuffered, so
         # the client can finish sending and read this answer instead of a connection reset.
         return 413, "invalid_request_error", "request_too_large", None, []
+    if isinstance(error, RateLimited):
+        return 429, error.kind, "rate_limit_exceeded", None, error.headers
     if isinstance(error, QueueFull):
         return 429, "rate_limit_error", "queue_full", None, [_retry_after(error.retry_after_s)]
     if isinstance(error, QueueTimeout):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from iop.edgeconfig import EdgeConfig, split_listener
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
 from .dispatching import Dispatcher
+from .enforcing import Limiter
 from .httplimits import HttpLimits
 from .hubs import Hub, available_providers
 from .metering import Metrics, MetricsApp
@@ -62,10 +64,14 @@ class EdgeServer(AsyncService):
         metrics_listen: str | None = None,
         config_path: str | Path | None = None,
         ack_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
         self.metrics = Metrics(self.dispatcher, self.hub)
+        # `openai.limits[]`; `clock` (Unix seconds) is where budget periods and buckets read the
+        # time: a test moves it to see a budget reset.
+        self.limiter = Limiter(self.dispatcher, config, registry=self.metrics.registry, clock=clock)
         self.refresher = Refresher(
             self.dispatcher,
             hub=self.hub,
@@ -91,6 +97,7 @@ class EdgeServer(AsyncService):
             metrics=self.metrics,
             max_request_bytes=config.openai.max_request_bytes,
             ready=self.ready,
+            limiter=self.limiter,
         )
         self.limits = HttpLimits.of(config.openai)
         self._listen = openai_listen or config.openai.listen
@@ -130,7 +137,12 @@ class EdgeServer(AsyncService):
         return self._server
 
     async def start(self) -> None:
-        self.hub_port = await self.hub.start()
+        await self.limiter.start()
+        try:
+            self.hub_port = await self.hub.start()
+        except BaseException:
+            await self.limiter.stop()
+            raise
         self._hub_started = True
         self.hub.add_listener(self._links_changed)
         self._links_changed()
@@ -155,7 +167,7 @@ class EdgeServer(AsyncService):
                 host, port = split_listener(self._admin_listen)
                 sock = bind_listener(host, port, "the admin API")
                 self.admin_port = sock.getsockname()[1]
-                admin = AdminApp(self.refresher, self._admin_auth, self.hub)
+                admin = AdminApp(self.refresher, self._admin_auth, self.hub, self.limiter)
                 self._admin_server = await self._serve_http(
                     admin,
                     sock,
@@ -199,6 +211,7 @@ class EdgeServer(AsyncService):
                     await self.hub.stop(grace)
             finally:
                 self.dispatcher.close()
+                await self.limiter.stop()
 
     async def _serve_http(
         self,

@@ -113,7 +113,9 @@ class HubSnapshot:
             provider_nodes=MappingProxyType(
                 {p.id: node.id for node in config.nodes for p in node.providers}
             ),
-            token_hashes=MappingProxyType({n.id: n.token_hash_sha256 for n in config.nodes}),
+            token_hashes=MappingProxyType(
+                {n.id: n.token_hash_sha256 for n in config.nodes if n.token_hash_sha256}
+            ),
         )
 
 

@@ -51,6 +51,7 @@ from iop.edgeconfig import (
     load_text,
     node_payload,
     parse_yaml,
+    require_token_hashes,
 )
 
 from .configfiles import ConfigFileRefused, ConfigFiles
@@ -329,21 +330,24 @@ def _held_nodes(change: ChangeReport, restarting: Collection[str]) -> frozenset[
 
 
 async def _load(candidate: ConfigSource, files: ConfigFiles) -> EdgeConfig:
-    """The candidate as a valid config, or `ConfigError`; reading and parsing run off the event
-    loop. A file is read through `files` (or `ConfigFileRefused`).
+    """The candidate as a valid config the Edge can run, or `ConfigError`; reading and parsing
+    run off the event loop. A file is read through `files` (or `ConfigFileRefused`).
 
     A config model passed in is validated again (as a document): one built with `model_copy`
     never went through the checks between values.
     """
     if candidate.path is not None:
         text = await asyncio.to_thread(files.read, candidate.path)
-        return await asyncio.to_thread(_load_file_text, text)
-    if candidate.text is not None:
-        return await asyncio.to_thread(load_text, candidate.text)
-    data = candidate.data
-    if isinstance(data, EdgeConfig):
-        data = data.model_dump(mode="json")
-    return await asyncio.to_thread(load_data, data)
+        config = await asyncio.to_thread(_load_file_text, text)
+    elif candidate.text is not None:
+        config = await asyncio.to_thread(load_text, candidate.text)
+    else:
+        data = candidate.data
+        if isinstance(data, EdgeConfig):
+            data = data.model_dump(mode="json")
+        config = await asyncio.to_thread(load_data, data)
+    require_token_hashes(config)
+    return config
 
 
 def _load_file_text(text: str) -> EdgeConfig:

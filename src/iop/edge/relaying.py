@@ -107,6 +107,8 @@ class RelayedRun:
         self._stream: RunEvents | None = None
         self._events: AsyncIterator[RunEvent] | None = None
         self._first: RunEvent | None = None
+        #: Tokens the upstream reported for the answer (prompt + completion), once it has.
+        self.spent: int | None = None
 
     @property
     def provider_id(self) -> str:
@@ -339,6 +341,7 @@ class RelayedRun:
     def _meter(self, usage: RunUsage) -> None:
         lease = self._lease
         assert lease is not None
+        self.spent = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
         self._relay._metrics.count_usage(
             self._principal,
             self._model,

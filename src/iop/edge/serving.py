@@ -37,6 +37,7 @@ from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .authenticating import Authenticator, Principal
 from .bodies import apply_policy, is_long, parse_request
 from .dispatching import Dispatcher
+from .enforcing import NO_GRANT, Limiter
 from .errors import (
     EdgeError,
     InternalError,
@@ -63,6 +64,7 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _DONE: Final = b"data: [DONE]\n\n"
+_Headers = list[tuple[bytes, bytes]]
 #: The status recorded for a request whose client went away before its answer.
 _CLIENT_GONE: Final = 499
 
@@ -88,8 +90,10 @@ class EdgeApp:
         metrics: Metrics,
         max_request_bytes: int,
         ready: Callable[[], bool],
+        limiter: Limiter | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        self._limiter = limiter
         self._authenticator = authenticator
         self._metrics = metrics
         self._hub = hub
@@ -206,6 +210,8 @@ class EdgeApp:
         status = 200
         watcher: asyncio.Task[None] | None = None
         gone = _Disconnect()
+        grant = NO_GRANT
+        relayed: RelayedRun | None = None
         try:
             principal = self._authenticator.authenticate(header(scope, b"authorization"))
             raw = await self._read_body(scope, receive)
@@ -217,6 +223,8 @@ class EdgeApp:
             model = route.id
             apply_policy(request, route.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
+            if self._limiter is not None:  # before the request takes a slot or a queue place
+                grant = await self._limiter.admit(principal, model, request)
             task = asyncio.current_task()
             assert task is not None
             watcher = guarded_task(
@@ -225,12 +233,15 @@ class EdgeApp:
                 logger=logger,
             )
             async with self._relay.open(request, long, principal) as run:
+                relayed = run
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
                 if request.stream:
-                    status = await self._stream(run, send, arrived, model, request.include_usage)
+                    status = await self._stream(
+                        run, send, arrived, model, request.include_usage, grant.headers
+                    )
                 else:
-                    status = await self._respond(run, send, arrived, model)
+                    status = await self._respond(run, send, arrived, model, grant.headers)
                 gone.finished = True
         except EdgeError as error:
             gone.finished = True  # what the watcher sees next is the end of this answer
@@ -249,6 +260,7 @@ class EdgeApp:
         finally:
             if watcher is not None:
                 watcher.cancel()
+            grant.finish(relayed.spent if relayed is not None else None, status == 200)
             self._metrics.count_request(principal, model, provider, status)
             self._metrics.observe_duration(model, time.perf_counter() - arrived)
 
@@ -279,7 +291,9 @@ class EdgeApp:
             if not message.get("more_body", False):
                 return b"".join(parts)
 
-    async def _respond(self, run: RelayedRun, send: Send, arrived: float, model: str) -> int:
+    async def _respond(
+        self, run: RelayedRun, send: Send, arrived: float, model: str, headers: _Headers
+    ) -> int:
         """A non-streaming answer: the Node's one chunk is the whole body."""
         body = b""
         async for event in run:
@@ -287,14 +301,20 @@ class EdgeApp:
                 body = event.data
                 self._metrics.observe_first_token(model, time.perf_counter() - arrived)
             elif isinstance(event, RunDone):
-                await send_body(send, 200, body)
+                await send_body(send, 200, body, headers=headers)
                 return 200
             elif isinstance(event, RunFailed):
                 return await self._refuse(send, upstream_error(event))
         return await self._refuse(send, _ended_early())
 
     async def _stream(
-        self, run: RelayedRun, send: Send, arrived: float, model: str, include_usage: bool
+        self,
+        run: RelayedRun,
+        send: Send,
+        arrived: float,
+        model: str,
+        include_usage: bool,
+        headers: _Headers,
     ) -> int:
         """An SSE answer: one `data:` event per chunk, then `data: [DONE]`.
 
@@ -304,6 +324,7 @@ class EdgeApp:
         company (one socket write per event was the largest cost of a stream on the Edge).
         """
         started = False
+        start_headers = [*_SSE_HEADERS, *headers] if headers else _SSE_HEADERS
         async for first in run:
             parts: list[bytes] = []
             for event in (first, *run.take_ready()):
@@ -314,13 +335,13 @@ class EdgeApp:
                         started = True
                         self._metrics.observe_first_token(model, time.perf_counter() - arrived)
                         await send(
-                            {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                            {"type": "http.response.start", "status": 200, "headers": start_headers}
                         )
                     parts.append(b"data: " + event.data + b"\n\n")
                 elif isinstance(event, RunDone):
                     if not started:
                         await send(
-                            {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                            {"type": "http.response.start", "status": 200, "headers": start_headers}
                         )
                     parts.append(_DONE)
                     await send(

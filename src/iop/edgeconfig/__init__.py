@@ -7,6 +7,7 @@ all build on it.
 from .classifying import classify
 from .configs import (
     ANONYMOUS_PRINCIPAL,
+    EVERY_PRINCIPAL,
     A2ASection,
     AdminSection,
     BootstrapSection,
@@ -16,6 +17,7 @@ from .configs import (
     FakeAdapterSettings,
     GenerationPolicy,
     HealthPolicy,
+    LimitStoreSection,
     MetricsSection,
     ModelSpec,
     NodeLinkSection,
@@ -23,10 +25,14 @@ from .configs import (
     NodeSpec,
     OpenAIAdapterSettings,
     OpenAISection,
+    PrincipalLimit,
     PrincipalToken,
     ProviderSpec,
     RetrySection,
+    SecretKeyRef,
     TlsSection,
+    TokenBudget,
+    camel_path,
     is_loopback_listener,
     split_listener,
 )
@@ -35,10 +41,12 @@ from .loading import load_data, load_file, load_text, parse_yaml
 from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath
 from .secrets import is_secret_field
+from .tokens import TokenRef, require_token_hashes, token_refs, with_token_hashes
 from .trees import config_hash
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
+    "EVERY_PRINCIPAL",
     "A2ASection",
     "AdminSection",
     "BootstrapSection",
@@ -50,6 +58,7 @@ __all__ = [
     "FakeAdapterSettings",
     "GenerationPolicy",
     "HealthPolicy",
+    "LimitStoreSection",
     "MetricsSection",
     "ModelSpec",
     "NodeLinkSection",
@@ -58,13 +67,18 @@ __all__ = [
     "NodeSpec",
     "OpenAIAdapterSettings",
     "OpenAISection",
+    "PrincipalLimit",
     "PrincipalToken",
     "Problem",
     "ProviderPayload",
     "ProviderSpec",
     "RestartPath",
     "RetrySection",
+    "SecretKeyRef",
     "TlsSection",
+    "TokenBudget",
+    "TokenRef",
+    "camel_path",
     "classify",
     "config_hash",
     "is_loopback_listener",
@@ -75,5 +89,8 @@ __all__ = [
     "node_payload",
     "node_payloads",
     "parse_yaml",
+    "require_token_hashes",
     "split_listener",
+    "token_refs",
+    "with_token_hashes",
 ]

@@ -22,6 +22,7 @@ from pydantic.fields import FieldInfo
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
     "APPLY_KEY",
+    "EVERY_PRINCIPAL",
     "A2ASection",
     "AdminSection",
     "BootstrapSection",
@@ -31,6 +32,7 @@ __all__ = [
     "FakeAdapterSettings",
     "GenerationPolicy",
     "HealthPolicy",
+    "LimitStoreSection",
     "MetricsSection",
     "ModelSpec",
     "NodeLinkSection",
@@ -38,11 +40,15 @@ __all__ = [
     "NodeSpec",
     "OpenAIAdapterSettings",
     "OpenAISection",
+    "PrincipalLimit",
     "PrincipalToken",
     "ProviderSpec",
     "RetrySection",
+    "SecretKeyRef",
     "Spec",
     "TlsSection",
+    "TokenBudget",
+    "camel_path",
     "is_loopback_listener",
     "split_listener",
 ]
@@ -104,6 +110,10 @@ _MODEL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
 _SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _URL_PATH_PATTERN = r"^/[^\s?#]*$"
+_SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]{1,253}$"
+_TIME_OF_DAY_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+_REDIS_URL_PATTERN = r"^(|rediss?://[^\s@/]+(/[0-9]{1,2})?)$"
 
 #: Patterns whose mismatch gets a sentence of its own instead of pydantic's regex dump.
 PATTERN_MESSAGES: Final = {
@@ -113,6 +123,11 @@ PATTERN_MESSAGES: Final = {
     'token itself (printf %s "$TOKEN" | sha256sum)',
     _ENV_NAME_PATTERN: "must be an environment variable name (letters, digits, '_')",
     _URL_PATH_PATTERN: "must be a URL path starting with '/', without spaces, query or fragment",
+    _SECRET_NAME_PATTERN: "must be a Kubernetes object name: lowercase letters, digits, '-', '.'",
+    _SECRET_KEY_PATTERN: "must be a Secret key: letters, digits, '-', '_' and '.'",
+    _TIME_OF_DAY_PATTERN: "must be a time of day as HH:MM (24-hour, UTC), for example 00:00",
+    _REDIS_URL_PATTERN: "must be redis://host:port or rediss://host:port (TLS), optionally "
+    "with /db, and no credentials (the password goes in password_env)",
 }
 
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
@@ -180,6 +195,16 @@ def camel_name(name: str) -> str:
     return first + "".join(word[:1].upper() + word[1:] for word in rest)
 
 
+def camel_path(path: str) -> str:
+    """A config path in the CRD's spelling: `nodes[node-1].providers[a].adapter.latency_ms` ->
+    `nodes[node-1].providers[a].adapter.latencyMs` (ids in brackets are left as they are)."""
+    parts = re.split(r"(\[[^\]]*\])", path)
+    return "".join(
+        part if part.startswith("[") else ".".join(camel_name(name) for name in part.split("."))
+        for part in parts
+    )
+
+
 class Spec(BaseModel):
     """Base of every config section: immutable, strict about unknown keys, snake or camel."""
 
@@ -191,6 +216,46 @@ class Spec(BaseModel):
         validate_by_alias=True,
         use_attribute_docstrings=False,
     )
+
+
+# -- tokens held in Kubernetes Secrets ----------------------------------------------------------
+
+
+class SecretKeyRef(Spec):
+    """A key of a Kubernetes Secret, in the EdgeConfig's namespace, that holds a token.
+
+    Only the operator reads it: it hashes the token into the Edge's config (the Edge never sees a
+    raw token, and never reads Secrets), so a Helm render carries no token and no hash of one.
+    The reference is not part of the Edge's config, so changing it restarts nothing by itself;
+    the token it leads to counts as the `token_hash_sha256` beside it, whose marker says what a
+    different token restarts.
+    """
+
+    name: Annotated[
+        str,
+        live("Name of the Secret, in the EdgeConfig's namespace.", pattern=_SECRET_NAME_PATTERN),
+    ]
+    key: Annotated[
+        str,
+        live("The key of the Secret's data that holds the token.", pattern=_SECRET_KEY_PATTERN),
+    ] = "token"
+    generate: Annotated[
+        bool,
+        live(
+            "When the Secret or its key does not exist, the operator creates it with a random "
+            "token (owned by the EdgeConfig) and never changes it afterwards; delete the Secret "
+            "to rotate the token. false: the Secret is the user's, and while it is missing the "
+            "change waits for it."
+        ),
+    ] = False
+
+
+def _one_token_source(owner: str, digest: str | None, secret: SecretKeyRef | None) -> None:
+    if (digest is None) == (secret is None):
+        raise ValueError(
+            f"{owner} needs exactly one of token_hash_sha256 (the SHA-256 of its token) and "
+            "token_secret (a Kubernetes Secret the operator hashes)"
+        )
 
 
 # -- the Edge itself -----------------------------------------------------------------------------
@@ -214,6 +279,15 @@ class AdminSection(Spec):
         restart_edge(
             "Path of a file holding the admin bearer token (for example a mounted Secret); "
             "the Edge hashes it at start and never logs it."
+        ),
+    ] = None
+    token_secret: Annotated[
+        SecretKeyRef | None,
+        live(
+            "In an EdgeConfig: the Secret the operator reads the admin token from to call the "
+            "Edge (the Edge reads token_file, where that Secret is mounted). Null: Secret "
+            "NAME-edge-admin, key token, created with a random token when missing. It is not "
+            "part of the Edge's config."
         ),
     ] = None
     config_dir: Annotated[
@@ -345,9 +419,20 @@ class PrincipalToken(Spec):
         ),
     ]
     token_hash_sha256: Annotated[
-        Sha256Hex,
-        restart_edge("SHA-256 (64 lowercase hex) of the bearer token; never the token itself."),
-    ]
+        Sha256Hex | None,
+        restart_edge(
+            "SHA-256 (64 lowercase hex) of the bearer token; never the token itself. Exactly one "
+            "of token_hash_sha256 and token_secret."
+        ),
+    ] = None
+    token_secret: Annotated[
+        SecretKeyRef | None,
+        live(
+            "In an EdgeConfig: the Secret that holds the bearer token. The operator writes its "
+            "SHA-256 into the Edge's config as token_hash_sha256, where a different token rolls "
+            "the Edge; the reference itself is not part of the Edge's config."
+        ),
+    ] = None
     principal_ref: Annotated[
         str,
         restart_edge("The principal (team, tenant) this token's usage counts for.", min_length=1),
@@ -355,6 +440,11 @@ class PrincipalToken(Spec):
     alias: Annotated[str | None, restart_edge("An optional human-readable name for the token.")] = (
         None
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _one_token_source("a principal token", self.token_hash_sha256, self.token_secret)
+        return self
 
 
 class RetrySection(Spec):
@@ -402,6 +492,153 @@ class RetrySection(Spec):
             le=600_000,
         ),
     ] = 10_000
+
+
+#: `principal_ref` of a limit that applies to every principal, each on its own counters.
+EVERY_PRINCIPAL: Final = "*"
+
+
+class TokenBudget(Spec):
+    """Tokens a principal may spend per day or per month; the count starts again at the reset."""
+
+    tokens: Annotated[
+        int,
+        live(
+            "Tokens (prompt + completion, as the upstream reports them) allowed per period; a "
+            "request that would pass it is refused with 429 until the reset.",
+            ge=1,
+        ),
+    ]
+    period: Annotated[
+        Literal["day", "month"],
+        live("How often the count starts again: every day, or on the first day of each month."),
+    ]
+    reset_at: Annotated[
+        str,
+        live(
+            "Time of day (HH:MM, UTC) at which the period starts: every day, or on the first "
+            "day of the month. A change keeps what was spent in the period it moves.",
+            pattern=_TIME_OF_DAY_PATTERN,
+        ),
+    ] = "00:00"
+
+
+class PrincipalLimit(Spec):
+    """Bounds on what one principal (or one of its tokens, or its use of one model) may use.
+
+    A request is held to every entry that selects it; each entry counts on its own.
+    """
+
+    principal_ref: Annotated[
+        str,
+        live(
+            "The principal this entry bounds (a principal_ref of principal_tokens, or "
+            "'anonymous'); '*' bounds every principal, each with counters of its own.",
+            min_length=1,
+        ),
+    ]
+    token_ref: Annotated[
+        Name | None,
+        live(
+            "Only the requests of this token of the principal (its token_ref); null counts "
+            "every token of the principal together."
+        ),
+    ] = None
+    model: Annotated[
+        ModelId | None,
+        live(
+            "Only the requests for this model id of the catalog (the model asked for); null "
+            "counts every model together."
+        ),
+    ] = None
+    requests_per_minute: Annotated[
+        int | None,
+        live(
+            "Requests admitted per minute: a bucket of this many that refills continuously "
+            "(this many per minute), so a burst may take the whole minute's worth at once.",
+            ge=1,
+        ),
+    ] = None
+    tokens_per_minute: Annotated[
+        int | None,
+        live(
+            "Tokens (prompt + completion) per minute, refilled continuously: at admission the "
+            "request's estimated prompt tokens are taken, and corrected to the usage the "
+            "upstream reports when the answer ends.",
+            ge=1,
+        ),
+    ] = None
+    max_concurrent: Annotated[
+        int | None,
+        live(
+            "Requests in progress at once (waiting for a slot or running), across the fleet "
+            "when a limit_store is configured.",
+            ge=1,
+        ),
+    ] = None
+    budget: Annotated[
+        TokenBudget | None,
+        live("Tokens allowed per day or month, with its reset time; null means no budget."),
+    ] = None
+
+    @model_validator(mode="after")
+    def _bounds_something(self) -> Self:
+        if (
+            self.requests_per_minute is None
+            and self.tokens_per_minute is None
+            and self.max_concurrent is None
+            and self.budget is None
+        ):
+            raise ValueError(
+                "sets no limit: give requests_per_minute, tokens_per_minute, max_concurrent "
+                "or budget"
+            )
+        return self
+
+    @property
+    def list_key(self) -> str:
+        """The entry's key in paths and hashes: principal|token_ref|model ('*' for none)."""
+        return f"{self.principal_ref}|{self.token_ref or '*'}|{self.model or '*'}"
+
+
+class LimitStoreSection(Spec):
+    """Where the limits of `openai.limits` count: in each Edge process, or in a Redis every
+    replica shares (docs/edge.md, Limits)."""
+
+    url: Annotated[
+        str,
+        restart_edge(
+            "redis://host:port/db (rediss:// for TLS) of a Redis the Edge replicas share, so "
+            "every limit holds fleet-wide and budgets survive restarts; empty means each Edge "
+            "counts on its own. No credentials in it: see password_env.",
+            pattern=_REDIS_URL_PATTERN,
+        ),
+    ] = ""
+    password_env: Annotated[
+        EnvName | None,
+        restart_edge("Environment variable that holds the Redis password (AUTH); null: none."),
+    ] = None
+    username: Annotated[
+        str | None,
+        restart_edge("Redis ACL user name (AUTH username password); null: the default user."),
+    ] = None
+    key_prefix: Annotated[
+        str,
+        restart_edge(
+            "Prefix of every key the Edge writes, so several Edge fleets can share one Redis.",
+            pattern=r"^[A-Za-z0-9._:-]{1,64}$",
+        ),
+    ] = "iop"
+    timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds an admission waits for Redis; past it, or while Redis is "
+            "unreachable, the Edge counts in its own process (each replica then holds the "
+            "limits on its own) and says so in its log, metrics and GET /status.",
+            ge=1,
+            le=10_000,
+        ),
+    ] = 250
 
 
 class OpenAISection(Spec):
@@ -498,6 +735,19 @@ class OpenAISection(Spec):
             "Retries before the first byte and their budget (docs/edge.md, Retries and fallbacks)."
         ),
     ] = RetrySection()
+    limits: Annotated[
+        list[PrincipalLimit],
+        live(
+            "Limits per principal (and per token_ref or model): requests and tokens per minute, "
+            "requests at once, a token budget per day or month. A request over one is refused "
+            "before it takes a slot or a queue place, with 429 rate_limit_exceeded naming the "
+            "limit (docs/edge.md, Limits)."
+        ),
+    ] = Field(default_factory=list)
+    limit_store: Annotated[
+        LimitStoreSection,
+        restart_edge("Where the limits count: per Edge process, or in a shared Redis."),
+    ] = LimitStoreSection()
 
 
 class A2ASection(Spec):
@@ -773,17 +1023,31 @@ class NodeSpec(Spec):
         str | None, restart_edge("A human-readable name for the node, shown in status.")
     ] = None
     token_hash_sha256: Annotated[
-        Sha256Hex,
+        Sha256Hex | None,
         restart_edge(
             "SHA-256 (64 lowercase hex) of the token this node authenticates with; never the "
-            "token itself."
+            "token itself. Exactly one of token_hash_sha256 and token_secret."
         ),
-    ]
+    ] = None
+    token_secret: Annotated[
+        SecretKeyRef | None,
+        live(
+            "In an EdgeConfig: the Secret that holds this node's token (the one its agent "
+            "presents). The operator writes its SHA-256 into the Edge's config as "
+            "token_hash_sha256, where a different token rolls the Edge; the reference itself "
+            "is not part of the Edge's config."
+        ),
+    ] = None
     runtime: Annotated[NodeRuntime, live("Runtime metadata.")] = NodeRuntime()
     providers: Annotated[
         list[ProviderSpec],
         restart_node("The providers (model servers) under this node."),
     ] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _one_token_source("a node", self.token_hash_sha256, self.token_secret)
+        return self
 
 
 class EdgeConfig(Spec):
@@ -800,5 +1064,9 @@ class EdgeConfig(Spec):
     )
     nodes: Annotated[
         list[NodeSpec],
-        restart_edge("The Node agents and their providers."),
+        restart_edge(
+            "The Node agents and their providers. This rule is for adding or removing a node; "
+            "each field below carries its own (the nearest rule wins), and most of them, a "
+            "provider's capacity or priority among them, are live."
+        ),
     ] = Field(default_factory=list)

@@ -265,13 +265,21 @@ def _document_order(problem: Problem) -> tuple[object, ...]:
 # -- pydantic error translation ------------------------------------------------------------------
 
 
+def _without_userinfo(value: object) -> object:
+    """A URL's credentials (`scheme://user:password@host`) never reach a problem."""
+    if isinstance(value, str) and "://" in value and "@" in value:
+        scheme, rest = value.split("://", 1)
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return value
+
+
 def _translate(error: ErrorDetails) -> Problem:
     path, model = _render_loc(error["loc"])
     kind = error["type"]
     ctx = error.get("ctx") or {}
     value = error.get("input")
     leaf = str(error["loc"][-1]) if error["loc"] else ""
-    got = "" if is_secret_field(leaf) else f", got {render_value(value)}"
+    got = "" if is_secret_field(leaf) else f", got {render_value(_without_userinfo(value))}"
     message: str
     if kind == "missing":
         # pydantic names a missing field by its alias; the file's spelling is snake_case

@@ -1,6 +1,7 @@
 """A config as a plain tree keyed by ids, the common ground of hashing and classification.
 
-Lists of things that have an id (nodes, providers, models, principal tokens) become mappings
+Lists of things that have an id (nodes, providers, models, principal tokens; a limit's key is
+its selector, `principal|token_ref|model`) become mappings
 `{"[id]": item}`, and lists of names (served_models) become sorted lists, so that reordering
 them is no change: two configs that mean the same have the same tree and the same hash. A list
 whose order means something (`models[].fallbacks`, marked ordered in `configs.py`) keeps it.
@@ -26,6 +27,9 @@ ID_FIELDS = ("id", "token_ref")
 
 def item_key(item: BaseModel) -> str | None:
     """The id a list item is keyed by in paths (`nodes[node-1]`), or None if it has none."""
+    key = getattr(item, "list_key", None)  # an item keyed by several fields (openai.limits[])
+    if isinstance(key, str):
+        return key
     for name in ID_FIELDS:
         value = getattr(item, name, None)
         if isinstance(value, str):

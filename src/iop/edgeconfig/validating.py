@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .configs import ANONYMOUS_PRINCIPAL, camel_name, is_loopback_listener, split_listener
+from .configs import (
+    ANONYMOUS_PRINCIPAL,
+    EVERY_PRINCIPAL,
+    camel_name,
+    is_loopback_listener,
+    split_listener,
+)
 from .errors import Problem, render_value
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
@@ -80,6 +86,7 @@ def check_document(data: Mapping[str, object]) -> list[Problem]:
     _check_models(data, index)
     _check_fallbacks(data, index)
     _check_principal_tokens(data, index)
+    _check_limits(data, index)
     _check_admin(data, index)
     return index.problems
 
@@ -299,6 +306,85 @@ def _check_principal_tokens(data: Mapping[str, object], index: _Index) -> None:
                         f"{close_match_hint(str(principal), known)}",
                     )
                 )
+
+
+def _check_limits(data: Mapping[str, object], index: _Index) -> None:
+    """`openai.limits[]`: each entry names a known principal, a token of that principal and a
+    model of the catalog; no two entries select the same requests."""
+    _, openai = _get(data, "openai")
+    if not isinstance(openai, Mapping):
+        return
+    principal_of: dict[str, str] = {}  # token_ref -> principal_ref
+    principals = {ANONYMOUS_PRINCIPAL}
+    for _, entry in _items(openai, "principal_tokens"):
+        _, ref = _get(entry, "token_ref")
+        _, principal = _get(entry, "principal_ref")
+        if isinstance(principal, str):
+            principals.add(principal)
+            if isinstance(ref, str):
+                principal_of.setdefault(ref, principal)
+    model_ids = []
+    for _, model_entry in _items(data, "models"):
+        _, model_id = _get(model_entry, "id")
+        if isinstance(model_id, str):
+            model_ids.append(model_id)
+    seen: dict[str, str] = {}
+    for limit_path, limit in _items(openai, "limits", "openai."):
+        principal_key, principal = _get(limit, "principal_ref")
+        token_key, token = _get(limit, "token_ref")
+        model_key, model = _get(limit, "model")
+        if not isinstance(principal, str):
+            continue  # the schema reports it
+        if principal != EVERY_PRINCIPAL and principal not in principals:
+            known = sorted(principals)
+            index.problems.append(
+                Problem(
+                    f"{limit_path}.{principal_key}",
+                    f"no principal_tokens entry bills to principal {render_value(principal)}"
+                    f"{close_match_hint(principal, known)} (or '*' for every principal)",
+                )
+            )
+        if isinstance(token, str):
+            owner = principal_of.get(token)
+            if owner is None:
+                hint = close_match_hint(token, sorted(principal_of))
+                index.problems.append(
+                    Problem(f"{limit_path}.{token_key}", f'unknown token_ref "{token}"{hint}')
+                )
+            elif principal == EVERY_PRINCIPAL:
+                index.problems.append(
+                    Problem(
+                        f"{limit_path}.{principal_key}",
+                        f'a token belongs to one principal: name "{owner}", the principal of '
+                        f"token_ref \"{token}\", instead of '*'",
+                    )
+                )
+            elif owner != principal:
+                index.problems.append(
+                    Problem(
+                        f"{limit_path}.{token_key}",
+                        f'token_ref "{token}" bills to principal "{owner}", not "{principal}"',
+                    )
+                )
+        if isinstance(model, str) and model not in model_ids:
+            hint = close_match_hint(model, model_ids)
+            index.problems.append(
+                Problem(f"{limit_path}.{model_key}", f'unknown model "{model}"{hint}')
+            )
+        selector = (
+            f"principal_ref={principal}, token_ref={token if isinstance(token, str) else '*'}, "
+            f"model={model if isinstance(model, str) else '*'}"
+        )
+        if selector in seen:
+            index.problems.append(
+                Problem(
+                    limit_path,
+                    f"selects the same requests as {seen[selector]} ({selector}): "
+                    "put every limit of one selection in one entry",
+                )
+            )
+        else:
+            seen[selector] = limit_path
 
 
 def _check_admin(data: Mapping[str, object], index: _Index) -> None:

@@ -3,14 +3,20 @@
 In production the Edge runs as several replicas behind a Service, and every replica must be able
 to dispatch to every Node. The agent keeps one `EdgeConnection` per Edge address: the addresses
 given (`edges`), plus every address a service name resolves to (`services`, for a headless
-Service), re-resolved periodically so replicas that come and go are followed. All connections
-share one `Router`, so a provider's capacity holds across all Edges, and one `PayloadArbiter`,
-so replicas that disagree on the config mid-rollout never flip the Node between two.
+Service), looked up again periodically, and at once when a link drops or a dial fails, so
+replicas that come and go, or come back at a new pod IP, are followed within a second or so
+(`resolving.py` says when). An address the Service no longer lists is left without losing
+anything (`EdgeConnection.leave`: its runs finish first); one that never got a session is
+dropped at once. All connections share one `Router`, so a provider's capacity holds across all
+Edges, and one `PayloadArbiter`, so replicas that disagree on the config mid-rollout never flip
+the Node between two.
 
 `drain(grace)` is how a Node leaves (SIGTERM in `iop node run`): every Edge hears at once that
 its providers are draining and stops dispatching here, runs that still arrive are refused with
-the retryable `provider_busy`, and the runs in flight get up to `grace` seconds to finish before
-`stop()` closes the connections.
+the retryable `provider_busy`, and the runs in flight get up to `grace` seconds to finish. Then
+every link says goodbye (it ends its half of the stream after its last message and waits for the
+Edge to close the stream), so no Edge loses the end of a run that finished here; `stop()` closes
+what is left.
 """
 
 from __future__ import annotations
@@ -18,27 +24,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 import uuid
 from collections.abc import Sequence
 
-from iop.aiokits import AsyncService, guarded_task, stop_tasks
+from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
 from iop.edgeconfig import split_listener
 from iop.wire import DEFAULT_LIVENESS, ClientTls, Liveness
 
 from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
+from .resolving import Resolve, ResolvePacing, resolve_service
 from .routing import Router
 
 __all__ = ["NodeAgent"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a drained Node gives its links to send what they hold (when the grace is over).
-FLUSH_TIMEOUT_S = 1.0
-#: Seconds between two resolutions of the Edge services while no Edge has welcomed this Node.
-_UNWELCOMED_RESOLVE_S = 1.0
+#: Seconds a drained Node gives its links to say goodbye when the grace is (nearly) over.
+LEAVE_TIMEOUT_S = 1.0
 
 
 class NodeAgent(AsyncService):
@@ -57,6 +61,7 @@ class NodeAgent(AsyncService):
         backoff_max: float = 10.0,
         liveness: Liveness = DEFAULT_LIVENESS,
         resolve_interval: float = 30.0,
+        resolve: Resolve = resolve_service,
         tls: ClientTls | None = None,
     ) -> None:
         if not edges and not services:
@@ -75,15 +80,21 @@ class NodeAgent(AsyncService):
         self._tls = tls
         # Read here, once for every connection: a missing or empty file fails at once.
         self._credentials = tls.credentials() if tls is not None else None
-        self._resolve_interval = resolve_interval
+        self._resolve = resolve
+        self._pacing = ResolvePacing(resolve_interval)
+        self._resolve_now = asyncio.Event()
+        self._unresolved = LogThrottle(logger, interval=60.0)
         self.connections: dict[str, EdgeConnection] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Links to addresses the Service no longer lists, finishing their runs before they end.
+        self._leaving: dict[str, asyncio.Task[None]] = {}
         self._resolver: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         for address in self._edges:
             self._connect(address)
         if self._services:
+            self._pacing.started(asyncio.get_running_loop().time())
             await self._resolve_once()
             self._resolver = guarded_task(
                 self._resolve_forever(), name="node-resolver", logger=logger
@@ -115,22 +126,27 @@ class NodeAgent(AsyncService):
                 self.router.running,
             )
             return False
-        # The runs' last events and the drain's end are queued for every Edge: they go out
-        # before `stop()` closes the links, or the Edges would fail runs that had finished.
-        flushes = [c.flush() for c in self.connections.values()]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*flushes), max(until - loop.time(), FLUSH_TIMEOUT_S)
-            )
+        # The runs' last events and the drain's end are queued for every Edge. Each link says
+        # goodbye: an Edge closes the stream only once it has read them. Cut by `stop()`
+        # instead, the stream would lose what a busy Edge had received but not yet read.
+        if self._resolver is not None:
+            await stop_tasks([self._resolver])  # no new link now
+            self._resolver = None
+        for connection in self.connections.values():
+            connection.leave()
+        links = [*self._tasks.values(), *self._leaving.values()]
+        if links:
+            await asyncio.wait(links, timeout=max(until - loop.time(), LEAVE_TIMEOUT_S))
         return True  # the router logged the end of the drain
 
     async def stop(self) -> None:
         """Drop every connection (their runs are cancelled), then close the adapters."""
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._leaving.values()]
         if self._resolver is not None:
             tasks.append(self._resolver)
         await stop_tasks(tasks)
         self._tasks.clear()
+        self._leaving.clear()
         await self.router.aclose()
 
     async def wait_connected(self, count: int | None = None) -> None:
@@ -144,8 +160,8 @@ class NodeAgent(AsyncService):
             await asyncio.sleep(0.01)
 
     def _connect(self, address: str) -> None:
-        if address in self.connections:
-            return
+        if address in self.connections or address in self._leaving:
+            return  # a link that is leaving ends first; the next lookup brings it back
         connection = EdgeConnection(
             address,
             self.identity,
@@ -155,6 +171,7 @@ class NodeAgent(AsyncService):
             tls=self._tls,
             credentials=self._credentials,
             liveness=self._liveness,
+            on_down=self._link_down,
         )
         self.connections[address] = connection
         self._tasks[address] = guarded_task(
@@ -162,25 +179,46 @@ class NodeAgent(AsyncService):
         )
 
     async def _disconnect(self, address: str) -> None:
+        """The Service no longer lists `address`: a link that is up leaves once its runs are
+        done (the Edge may be draining them before it exits); any other is dropped now."""
         task = self._tasks.pop(address, None)
-        self.connections.pop(address, None)
-        if task is not None:
+        connection = self.connections.pop(address, None)
+        if task is None or connection is None:
+            return
+        if not connection.connected.is_set():
             await stop_tasks([task])
+            return
+        connection.leave()
+        self._leaving[address] = task
+
+        def left(_: object) -> None:
+            self._leaving.pop(address, None)
+            self._resolve_now.set()  # if it is listed again, connect it again
+
+        task.add_done_callback(left)
+
+    def _welcomed(self) -> int:
+        return sum(1 for c in self.connections.values() if c.connected.is_set())
+
+    def _link_down(self, connection: EdgeConnection, welcomed: bool) -> None:
+        """A link dropped or a dial failed: where the Edges are may have changed."""
+        if not self._services or connection.target in self._edges:
+            return
+        if welcomed:
+            now = asyncio.get_running_loop().time()
+            self._pacing.lost(now, welcomed_before=self._welcomed() + 1)
+        self._resolve_now.set()
 
     async def _resolve_once(self) -> None:
         wanted = set(self._edges)
-        loop = asyncio.get_running_loop()
         for service in self._services:
             host, port = split_listener(service)
             try:
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                wanted.update(await self._resolve(host, port))
             except OSError as exc:
-                logger.warning("cannot resolve %s: %s", service, exc)
+                # A headless Service with no ready Edge may not resolve at all (NXDOMAIN).
+                self._unresolved.warning("cannot resolve %s: %s", service, exc)
                 wanted |= {a for a in self.connections if a not in self._edges}
-                continue
-            for family, _, _, _, sockaddr in infos:
-                ip = str(sockaddr[0])
-                wanted.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
         for address in sorted(wanted - set(self.connections)):
             logger.info("new Edge address %s", address)
             self._connect(address)
@@ -189,10 +227,17 @@ class NodeAgent(AsyncService):
             await self._disconnect(address)
 
     async def _resolve_forever(self) -> None:
+        """Look again when `ResolvePacing` says so, or at once when a link drops (spaced)."""
+        loop = asyncio.get_running_loop()
+        pacing = self._pacing
+        last = loop.time()
         while True:
-            # Until an Edge has welcomed this Node, look again every second: at start no Edge
-            # replica may be ready yet, and a headless Service lists only ready pods.
-            welcomed = any(c.connected.is_set() for c in self.connections.values())
-            interval = self._resolve_interval
-            await asyncio.sleep(interval if welcomed else min(_UNWELCOMED_RESOLVE_S, interval))
+            delay = pacing.delay(
+                loop.time(), welcomed=self._welcomed(), listed=len(self.connections)
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resolve_now.wait(), delay)
+            await asyncio.sleep(max(0.0, last + pacing.spacing - loop.time()))
+            self._resolve_now.clear()
+            last = loop.time()
             await self._resolve_once()

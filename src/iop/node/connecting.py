@@ -13,15 +13,25 @@ event or at the latest the next heartbeat (no message of its own): that is the f
 life the Edge's per-run deadline waits for. The Edge's pause and resume reach the run's
 `RunGate`, and a run also waits when the connection's writer holds too much, so no buffer here
 grows with a slow client or a slow link.
+
+Leaving: `leave()` ends a link on purpose without losing a message (a Node that drained before it
+exits, an Edge address its Service no longer lists). The link refuses new runs as retryable
+(`provider_busy`) and reports its providers draining, lets its runs finish, writes what it holds,
+ends its half of the stream and waits for the Edge to close the stream. The Edge reads every
+message sent before that end first. Cutting the stream instead (a cancel, a closed channel)
+makes grpc drop whatever the Edge had received but not yet read: when the Edge's event loop is
+busy at that moment, the last chunks and the end of runs that had finished here, and the Edge
+fails those runs as `node_disconnected`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -53,16 +63,21 @@ from iop.wire.converting import (
     payload_from_proto,
     request_from_proto,
 )
+from iop.wire.nodestates import DRAINING
 
 from .arbitrating import PayloadArbiter
 from .routing import FIRST_BYTE_TIMEOUT, Router, RunGate
 
-__all__ = ["Backoff", "EdgeConnection", "NodeIdentity"]
+__all__ = ["Backoff", "EdgeConnection", "LinkDown", "NodeIdentity"]
 
 logger = logging.getLogger(__name__)
 
 #: Items the writer may hold before runs wait for it to catch up (a slow or stalled link).
 WRITER_BACKLOG: Final = 4096
+
+#: Called after every session that ended and every dial that failed, except when leaving:
+#: (the connection, whether that session had been welcomed).
+LinkDown = Callable[["EdgeConnection", bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +153,7 @@ class EdgeConnection:
         tls: ClientTls | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         liveness: Liveness = DEFAULT_LIVENESS,
+        on_down: LinkDown | None = None,
     ) -> None:
         self.target = target
         self.identity = identity
@@ -165,18 +181,34 @@ class EdgeConnection:
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._gates: dict[str, RunGate] = {}
         self._last_heard = 0.0
+        self._on_down = on_down
+        self._leaving = asyncio.Event()
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving.is_set()
+
+    def leave(self) -> None:
+        """Leave this Edge for good, losing nothing: see the module docstring. `run()` returns
+        once the Edge closed the stream, or at once if no session is up."""
+        if self._leaving.is_set():
+            return
+        self._leaving.set()
+        logger.info("leaving edge %s: %d run(s) to finish first", self.target, len(self._runs))
+        self._on_health(self.router.health())
 
     async def run(self) -> None:
-        """Connect, serve, and reconnect after every loss, until cancelled.
+        """Connect, serve, and reconnect after every loss, until cancelled or `leave()`.
 
-        Only cancellation ends this loop. A refusal or a lost stream is expected and logged in
-        a line; anything else is a bug somewhere below (an adapter that fails to build from a
-        pushed config, say), logged with its traceback, and the Node reconnects all the same:
-        a Node that stays up but disconnected would serve nothing and say nothing.
+        Only cancellation or leaving ends this loop. A refusal or a lost stream is expected and
+        logged in a line; anything else is a bug somewhere below (an adapter that fails to build
+        from a pushed config, say), logged with its traceback, and the Node reconnects all the
+        same: a Node that stays up but disconnected would serve nothing and say nothing.
         """
-        while True:
+        while not self._leaving.is_set():
             slowest = permanent = False
             unexpected: Exception | None = None
+            welcomes = self.welcomes
             try:
                 await self._session()
                 self.last_error = "the Edge ended the stream"
@@ -189,6 +221,8 @@ class EdgeConnection:
             except Exception as exc:
                 unexpected = exc
                 self.last_error = f"unexpected error: {exc!r}"
+            if self._leaving.is_set():
+                break
             self.failures += 1
             delay = self.backoff.next_delay(slowest=slowest)
             log = logger.error if permanent or unexpected else logger.warning
@@ -199,7 +233,18 @@ class EdgeConnection:
                 delay,
                 exc_info=unexpected,
             )
-            await asyncio.sleep(delay)
+            self._report_down(welcomed=self.welcomes > welcomes)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._leaving.wait(), delay)
+        logger.info("left edge %s", self.target)
+
+    def _report_down(self, *, welcomed: bool) -> None:
+        if self._on_down is None:
+            return
+        try:
+            self._on_down(self, welcomed)
+        except Exception:
+            logger.exception("the link-down callback of edge %s failed", self.target)
 
     def _channel(self) -> grpc.aio.Channel:
         if self.tls is None or self._credentials is None:
@@ -259,6 +304,9 @@ class EdgeConnection:
                     name=f"node-keepalive-{self.target}",
                     logger=logger,
                 )
+                leaving = guarded_task(
+                    self._leaving.wait(), name=f"node-leaving-{self.target}", logger=logger
+                )
                 try:
                     writer.put(self._apply(welcome.config))
                     self._on_health(self.router.health())
@@ -270,8 +318,11 @@ class EdgeConnection:
                     self.backoff.reset()
                     self.connected.set()
                     logger.info("connected to edge %s at %s", welcome.edge_id, self.target)
-                    ends: list[asyncio.Future[Any]] = [reader, keeper, writer.task]
+                    ends: list[asyncio.Future[Any]] = [reader, keeper, writer.task, leaving]
                     await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+                    if leaving.done() and not (reader.done() or writer.task.done()):
+                        await self._goodbye(call, writer, reader, keeper)
+                        return
                     if keeper.done() and not keeper.cancelled():
                         self.silences += 1
                         raise _StreamEnded(
@@ -289,8 +340,33 @@ class EdgeConnection:
                     self.arbiter.withdraw(self.target)
                     self.connected.clear()
                     self._writer = None
-                    await stop_tasks([reader, keeper, *self._runs.values()])
-                    call.cancel()
+                    await stop_tasks([reader, keeper, leaving, *self._runs.values()])
+                    call.cancel()  # nothing left to cut after a goodbye: the call is over
+
+    async def _goodbye(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage],
+        writer: CoalescingWriter[_Outgoing],
+        reader: asyncio.Task[Exception | None],
+        keeper: asyncio.Task[None],
+    ) -> None:
+        """Let this link's runs finish, end our half of the stream after our last message, and
+        wait until the Edge closes the stream (it has read everything then). Returns early when
+        the link breaks meanwhile (the reader, the writer or the keep-alive ends): nothing more
+        can be said then."""
+        broken: list[asyncio.Future[Any]] = [reader, writer.task, keeper]
+        while self._runs:
+            await asyncio.wait([*self._runs.values(), *broken], return_when=asyncio.FIRST_COMPLETED)
+            if any(task.done() for task in broken):
+                return
+        await writer.finish()
+        if writer.error is not None:
+            return
+        await call.done_writing()
+        # Heartbeats stop with the writer; the keep-alive still judges a silent Edge.
+        await asyncio.wait([reader, keeper], return_when=asyncio.FIRST_COMPLETED)
+        if reader.done():
+            logger.info("edge %s closed the stream after our last message", self.target)
 
     async def _read(
         self,
@@ -356,6 +432,10 @@ class EdgeConnection:
         except ValueError as exc:
             writer.put(event_to_proto(run_id, statuses.failure(statuses.BAD_REQUEST, str(exc))))
             return
+        if self._leaving.is_set():
+            busy = statuses.failure(statuses.PROVIDER_BUSY, "the node is leaving this Edge")
+            writer.put(event_to_proto(run_id, busy))
+            return
         admitted = self.router.admit(request)
         if isinstance(admitted, RunFailed):
             writer.put(event_to_proto(run_id, admitted))
@@ -411,12 +491,6 @@ class EdgeConnection:
             in_use_hash=self.arbiter.in_use,
         )
 
-    async def flush(self) -> None:
-        """Until everything queued for the Edge so far has been written (or the link is gone)."""
-        writer = self._writer
-        if writer is not None:
-            await writer.wait_flushed()
-
     def _on_drain(self, progress: DrainProgress) -> None:
         writer = self._writer
         if writer is not None:
@@ -424,6 +498,12 @@ class EdgeConnection:
 
     def _on_health(self, health: list[ProviderHealth]) -> None:
         writer = self._writer
-        if writer is not None:
-            for item in health:
-                writer.put(health_to_proto(item))
+        if writer is None:
+            return
+        leaving = self._leaving.is_set()
+        for item in health:
+            if leaving and item.reason != DRAINING:
+                item = ProviderHealth(
+                    item.provider_id, False, "the node is leaving this Edge", DRAINING
+                )
+            writer.put(health_to_proto(item))

@@ -45,7 +45,9 @@ class ReplicaStatus:
     """What one replica runs, and which of its nodes run that config's payload."""
 
     config_hash: str
-    generation: int
+    #: The replica's counter of the configs it has run (the Edge's snapshot generation: 1 at
+    #: start, one more per apply that changed something); not a Kubernetes generation.
+    snapshot: int
     nodes: tuple[NodeState, ...]
 
 
@@ -97,7 +99,7 @@ class EdgeAdmin(AsyncService):
         try:
             return ReplicaStatus(
                 config_hash=str(document["config_hash"]),
-                generation=int(document["generation"]),
+                snapshot=int(document["generation"]),
                 nodes=tuple(_node_state(n) for n in document["nodes"]),
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -12,6 +12,8 @@ over the alternatives.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import datetime
 import ipaddress
 import logging
@@ -27,9 +29,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .errors import KubeConflict, KubeNotFound
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["SelfSignedCertificate", "patch_ca_bundle"]
+__all__ = ["SelfSignedCertificate", "ca_bundle_current", "patch_ca_bundle", "shared_certificate"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,13 @@ class SelfSignedCertificate:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
+        return cls.of(cert_pem, key_pem, folder)
+
+    @classmethod
+    def of(
+        cls, cert_pem: bytes, key_pem: bytes, folder: Path | None = None
+    ) -> SelfSignedCertificate:
+        """A certificate and key already made, written to private files for the TLS server."""
         where = folder or Path(tempfile.mkdtemp(prefix="iop-operator-tls-"))
         certfile, keyfile = where / "tls.crt", where / "tls.key"
         certfile.write_bytes(cert_pem)
@@ -103,6 +113,71 @@ class SelfSignedCertificate:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(key_pem)
         return cls(cert_pem, key_pem, certfile, keyfile)
+
+    def serves(self, hostnames: Iterable[str], *, for_days: int = 30) -> bool:
+        """Whether it names every one of `hostnames` and stays valid `for_days` more."""
+        certificate = x509.load_pem_x509_certificate(self.cert_pem)
+        left = certificate.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+        if left < datetime.timedelta(days=for_days):
+            return False
+        try:
+            alternatives = certificate.extensions.get_extension_for_class(
+                x509.SubjectAlternativeName
+            ).value
+        except x509.ExtensionNotFound:
+            return False
+        named = {str(n) for n in alternatives.get_values_for_type(x509.DNSName)}
+        named |= {str(n) for n in alternatives.get_values_for_type(x509.IPAddress)}
+        return {h for h in hostnames if h} <= named
+
+
+async def shared_certificate(
+    api: KubeApi, namespace: str, secret: str, hostnames: Iterable[str]
+) -> SelfSignedCertificate:
+    """The webhook certificate every replica of the operator serves with, kept in Secret
+    `secret` (`tls.crt`, `tls.key`): made by the first replica that finds none (or one that no
+    longer names the Service or expires within 30 days), read by the others, so one caBundle
+    trusts them all. Made in the cluster, never by a Helm render."""
+    names = list(hostnames)
+    path = resource_path("v1", "secrets", namespace, secret)
+    found: dict[str, Any] | None
+    try:
+        found = await api.get(path, what=f"read the webhook certificate Secret {secret}")
+    except KubeNotFound:
+        found = None
+    if found is not None:
+        data = found.get("data") or {}
+        if "tls.crt" in data and "tls.key" in data:
+            current = await asyncio.to_thread(
+                SelfSignedCertificate.of,
+                base64.b64decode(data["tls.crt"]),
+                base64.b64decode(data["tls.key"]),
+            )
+            if current.serves(names):
+                return current
+    fresh = await asyncio.to_thread(SelfSignedCertificate.create, names)
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": secret, "namespace": namespace},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": base64.b64encode(fresh.cert_pem).decode(),
+            "tls.key": base64.b64encode(fresh.key_pem).decode(),
+        },
+    }
+    try:
+        if found is None:
+            await api.create(
+                resource_path("v1", "secrets", namespace), body, what=f"create the Secret {secret}"
+            )
+        else:
+            body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+            await api.merge_patch(path, body, what=f"renew the Secret {secret}")
+    except KubeConflict:  # another replica wrote it first: serve with theirs
+        return await shared_certificate(api, namespace, secret, names)
+    logger.info("made the webhook certificate in Secret %s", secret)
+    return fresh
 
 
 def _common_name(names: list[str]) -> str:
@@ -119,12 +194,12 @@ async def patch_ca_bundle(
 ) -> None:
     """Set `caBundle` (and, given `url`, `url`) on every webhook of the named
     ValidatingWebhookConfiguration; the chart owns the rest of it (rules, failure policy)."""
-    import base64
-
     path = resource_path(
         "admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", name=configuration
     )
     current = await api.get(path, what=f"read ValidatingWebhookConfiguration {configuration}")
+    if ca_bundle_current(current, ca_pem, url):
+        return
     bundle = base64.b64encode(ca_pem).decode()
     webhooks: list[dict[str, Any]] = []
     for webhook in current.get("webhooks") or ():
@@ -143,4 +218,15 @@ async def patch_ca_bundle(
     await api.merge_patch(path, {"webhooks": webhooks}, what=f"set the caBundle of {configuration}")
     logger.info(
         "ValidatingWebhookConfiguration %s trusts this operator's certificate", configuration
+    )
+
+
+def ca_bundle_current(configuration: dict[str, Any], ca_pem: bytes, url: str | None = None) -> bool:
+    """Whether every webhook of the configuration already trusts `ca_pem` (and calls `url`)."""
+    bundle = base64.b64encode(ca_pem).decode()
+    webhooks = configuration.get("webhooks") or ()
+    return bool(webhooks) and all(
+        (w.get("clientConfig") or {}).get("caBundle") == bundle
+        and (url is None or (w.get("clientConfig") or {}).get("url") == url)
+        for w in webhooks
     )

@@ -36,13 +36,14 @@ import yaml
 from iop.edgeconfig import EdgeConfig
 
 from . import conventions
+from .statuses import EdgeConfigStatus
 
 __all__ = ["crd_yaml", "edgeconfig_crd", "spec_schema", "status_schema"]
 
 #: Keys of the pydantic JSON schema that a CRD schema either forbids or does not need.
 _DROPPED: Final = frozenset({"title", "default", "x-iop-apply", "discriminator", "$defs"})
 #: The key that identifies items of each keyed list (every other list of objects uses `id`).
-_LIST_KEYS: Final = {"principalTokens": "tokenRef"}
+_LIST_KEYS: Final = {"principalTokens": "tokenRef", "conditions": "type"}
 #: Upper bounds on list sizes: the API server's CEL cost estimate needs them, and they are far
 #: beyond what fits in one object (about 1.5 MiB in etcd), so they never refuse a real config.
 _MAX_ITEMS: Final = {"nodes": 5000, "providers": 64, "models": 10000, "principalTokens": 10000}
@@ -71,8 +72,11 @@ def spec_schema() -> dict[str, Any]:
     schema = _convert(source, definitions, path=())
     schema["description"] = (
         "The whole configuration of one Edge: its listeners, models, nodes and providers "
-        "(the same document as edge.yaml, in camelCase). Each field's description says whether "
-        "a change applies live or needs a restart, and of what. docs/config.md lists every field."
+        "(the same document as edge.yaml, in camelCase). Each field's description ends with "
+        "whether a change applies live or needs a restart, and of what; a field without a rule "
+        "of its own follows the nearest one above it (so `nodes` says Restart-required for adding "
+        "or removing a node, while most fields below it are live). docs/config.md lists every "
+        "field."
     )
     return schema
 
@@ -107,7 +111,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: tuple[str, ...]) 
     elif kind is not None:
         result["type"] = kind
     for key in ("pattern", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
-                "maximum", "minimum", "enum"):  # fmt: skip
+                "maximum", "minimum", "enum", "format"):  # fmt: skip
         if key in node:
             result[key] = node[key]
     for strict, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
@@ -209,180 +213,26 @@ def _with_default(description: str, node: dict[str, Any]) -> str:
     return f"{description} {said}"
 
 
-def _condition_schema() -> dict[str, Any]:
-    """metav1.Condition, as every Kubernetes API spells it."""
-    return {
-        "type": "object",
-        "required": ["type", "status", "reason", "message", "lastTransitionTime"],
-        "properties": {
-            "type": {
-                "type": "string",
-                "description": "Valid, Applied, Progressing, Degraded or Ready.",
-            },
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string", "description": "Why, in one CamelCase word."},
-            "message": {"type": "string", "description": "Why, for people."},
-            "observedGeneration": {
-                "type": "integer",
-                "description": "The .metadata.generation this condition was set for.",
-            },
-            "lastTransitionTime": {
-                "type": "string",
-                "format": "date-time",
-                "description": "When the status last changed.",
-            },
-        },
-    }
-
-
-def _strings(description: str) -> dict[str, Any]:
-    return {"type": "array", "items": {"type": "string"}, "description": description}
-
-
 def status_schema() -> dict[str, Any]:
-    """The schema of `.status`, written only by the operator (docs/operator.md, "Status")."""
-    restart_path = {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "scope": {"type": "string"}},
-    }
-    return {
-        "type": "object",
-        "description": "What the operator made of the spec; written only by the operator.",
-        "properties": {
-            "observedGeneration": {
-                "type": "integer",
-                "description": "The .metadata.generation the operator last acted on.",
-            },
-            "conditions": {
-                "type": "array",
-                "description": "Valid, Applied, Progressing, Degraded and the summary Ready.",
-                "items": _condition_schema(),
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-            },
-            "desiredConfigHash": {
-                "type": "string",
-                "description": "SHA-256 of the config the spec asks for.",
-            },
-            "appliedConfigHash": {
-                "type": "string",
-                "description": "SHA-256 of the config last applied in full (every Edge replica "
-                "runs it and every restart it needed is done).",
-            },
-            "configShortHash": {
-                "type": "string",
-                "description": "The first 12 characters of appliedConfigHash.",
-            },
-            "pendingRestart": {
-                "type": "string",
-                "description": "The restart scopes not done yet (edge, node:<id>), or none.",
-            },
-            "nodesAcked": {
-                "type": "string",
-                "description": "Nodes running the desired config on every Edge replica / nodes "
-                "in the config.",
-            },
-            "problems": {
-                "type": "array",
-                "description": "Every problem of an invalid spec, with its path.",
-                "items": {
-                    "type": "object",
-                    "properties": {"path": {"type": "string"}, "message": {"type": "string"}},
-                },
-            },
-            "lastChange": {
-                "type": "object",
-                "description": "The last change the operator acted on, as classified against "
-                "the config last applied.",
-                "properties": {
-                    "generation": {"type": "integer"},
-                    "fromConfigHash": {"type": "string"},
-                    "toConfigHash": {"type": "string"},
-                    "livePaths": _strings("Paths that apply live."),
-                    "restartPaths": {
-                        "type": "array",
-                        "description": "Paths that need a restart, with its scope.",
-                        "items": restart_path,
-                    },
-                    "restartScopes": _strings("The restarts the change needs."),
-                    "changedNodes": _strings("Nodes the change touches."),
-                    "changedProviders": _strings("Providers the change touches."),
-                    "changedModels": _strings("Models the change touches."),
-                    "omittedPaths": {
-                        "type": "integer",
-                        "description": "Paths left out of the lists above to keep status small.",
-                    },
-                },
-            },
-            "replicas": {
-                "type": "array",
-                "description": "Each Edge replica (pod) and the outcome of the last apply on it.",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "pod": {"type": "string"},
-                        "address": {"type": "string"},
-                        "state": {
-                            "type": "string",
-                            "enum": [
-                                "Applied",
-                                "Failed",
-                                "Unreachable",
-                                "Replaced",
-                                "AwaitingRestart",
-                            ],
-                        },
-                        "configHash": {"type": "string"},
-                        "generation": {"type": "integer"},
-                        "reason": {"type": "string"},
-                    },
-                },
-            },
-            "nodes": {
-                "type": "array",
-                "description": "Each node of the config: Acked (runs the desired payload on "
-                "every Edge replica), Failed (with the reason), NotConnected, or Restarting; "
-                "drainingRuns while processes of it drain (a rollout's old pod, a SIGTERM).",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "nodeId": {"type": "string"},
-                        "state": {
-                            "type": "string",
-                            "enum": ["Acked", "Failed", "NotConnected", "Restarting"],
-                        },
-                        "reason": {"type": "string"},
-                        "drainingRuns": {
-                            "type": "integer",
-                            "description": "Runs the node's draining processes still finish "
-                            "(the most any Edge replica reports); absent when none drains.",
-                        },
-                    },
-                },
-            },
-            "omittedNodes": {
-                "type": "integer",
-                "description": "Nodes left out of .nodes to keep status small (all Acked).",
-            },
-            "rollouts": {
-                "type": "array",
-                "description": "Workloads the operator rolled for restart scopes, and how far.",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "scope": {"type": "string"},
-                        "workload": {"type": "string"},
-                        "configHash": {"type": "string"},
-                        "state": {
-                            "type": "string",
-                            "enum": ["Progressing", "Complete", "Stalled", "Missing"],
-                        },
-                        "message": {"type": "string"},
-                    },
-                },
-            },
-        },
-    }
+    """The schema of `.status`, from the status model the operator writes (`statuses.py`).
+
+    The status defaults to `{observedGeneration: 0}`: an EdgeConfig the operator has not looked
+    at yet then reads as not observed (kstatus: InProgress), not as Current for want of a status.
+    """
+    source = _without_defaults(EdgeConfigStatus.model_json_schema(by_alias=True))
+    schema = _convert(source, source.get("$defs", {}), path=())
+    schema["default"] = {"observedGeneration": 0}
+    return schema
+
+
+def _without_defaults(node: Any) -> Any:
+    """A JSON schema without its `default`s (the model's own; the API server must not write
+    them into stored objects)."""
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(item) for item in node]
+    return node
 
 
 def _printer_columns() -> list[dict[str, Any]]:
@@ -390,6 +240,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         return f'.status.conditions[?(@.type=="{kind}")].status'
 
     return [
+        {"name": "Ready", "type": "string", "jsonPath": condition("Ready")},
         {"name": "Valid", "type": "string", "jsonPath": condition("Valid")},
         {"name": "Applied", "type": "string", "jsonPath": condition("Applied")},
         {"name": "Restart", "type": "string", "jsonPath": ".status.pendingRestart"},

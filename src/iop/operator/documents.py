@@ -114,6 +114,8 @@ class AppliedState:
     stamps: Mapping[str, str] = field(default_factory=dict)
     #: Restarts still to confirm (rollouts under way, nodes outside the cluster to restart).
     restarts: tuple[RestartRecord, ...] = ()
+    #: Unix time the change was committed (0: a record older than this field).
+    applied_at: float = 0.0
 
 
 def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
@@ -133,6 +135,7 @@ def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
             "generation": str(state.generation),
             "stamps": orjson.dumps(dict(state.stamps), option=orjson.OPT_SORT_KEYS).decode(),
             "restarts": orjson.dumps([r.as_dict() for r in state.restarts]).decode(),
+            "appliedAt": f"{state.applied_at:.3f}",
         },
         "binaryData": {_STATE_KEY: base64.b64encode(packed).decode()},
     }
@@ -155,6 +158,7 @@ def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
             generation=int(data.get("generation") or 0),
             stamps={str(k): str(v) for k, v in stamps.items()},
             restarts=tuple(RestartRecord(str(r["scope"]), str(r["configHash"])) for r in restarts),
+            applied_at=float(data.get("appliedAt") or 0.0),
         )
     except (KeyError, ValueError, TypeError, OSError, ConfigError, AttributeError) as exc:
         logger.warning("the applied record %s is unreadable (%r); starting afresh", name, exc)

@@ -18,7 +18,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -41,7 +41,8 @@ __all__ = ["FIELD_MANAGER", "KubeApi", "KubeSettings", "resource_path"]
 
 logger = logging.getLogger(__name__)
 
-#: Who the operator is in `managedFields` and Events.
+#: Who the operator is in `managedFields` (followed by `/NAME` when it serves one EdgeConfig, so
+#: each release's writes are told apart).
 FIELD_MANAGER: Final = "iop-operator"
 _SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 #: A projected ServiceAccount token is rotated by the kubelet; re-read it this often.
@@ -129,18 +130,23 @@ class KubeSettings:
 class KubeApi(AsyncService):
     """JSON calls to the API server over one session; `async with KubeApi(settings) as api`."""
 
-    def __init__(self, settings: KubeSettings, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, settings: KubeSettings, *, timeout: float = 30.0, field_manager: str = FIELD_MANAGER
+    ) -> None:
         self.settings = settings
+        self.field_manager = field_manager
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._authorization: str | None = None
         self._authorized_at = 0.0
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None) -> KubeApi:
+    async def connect(
+        cls, kubeconfig: str | None = None, *, field_manager: str = FIELD_MANAGER
+    ) -> KubeApi:
         """Settings loaded off the event loop, then the client started."""
         settings = await asyncio.to_thread(KubeSettings.load, kubeconfig)
-        api = cls(settings)
+        api = cls(settings, field_manager=field_manager)
         await api.start()
         return api
 
@@ -189,11 +195,48 @@ class KubeApi(AsyncService):
             "PATCH",
             path,
             body=body,
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": self.field_manager, "force": "true"},
             content_type="application/apply-patch+yaml",  # JSON is YAML
             what=what,
         )
         return result
+
+    async def watch(
+        self, path: str, *, params: Mapping[str, str], what: str = ""
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch (`?watch=1`), one JSON object each, until the server ends it.
+
+        No total timeout (a watch lasts minutes); the server's `timeoutSeconds` ends it, and a
+        read that stalls longer than that by a margin is a dead connection."""
+        if self._session is None:
+            raise RuntimeError("KubeApi is not started")
+        if time.monotonic() - self._authorized_at > _TOKEN_REFRESH_S:
+            await self._refresh_token()
+        headers = {"Accept": "application/json"}
+        if self._authorization:
+            headers["Authorization"] = self._authorization
+        seconds = float(params.get("timeoutSeconds", "300"))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=seconds + 30)
+        try:
+            async with self._session.get(
+                self.settings.server + path,
+                params={**params, "watch": "1"},
+                headers=headers,
+                timeout=timeout,
+            ) as response:
+                if response.status >= 300:
+                    raise _error(response.status, await response.read(), what or f"watch {path}")
+                # One event per line; a line may be a megabyte (the Edge ConfigMap), beyond
+                # what aiohttp's line reader takes, so lines are cut here.
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield orjson.loads(line)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeUnavailable(0, "Unreachable", repr(exc), what=what or path) from exc
 
     async def request(
         self,
@@ -210,6 +253,8 @@ class KubeApi(AsyncService):
             raise RuntimeError("KubeApi is not started")
         if time.monotonic() - self._authorized_at > _TOKEN_REFRESH_S:
             await self._refresh_token()
+        if method in ("POST", "PUT", "PATCH"):  # managedFields name the writer
+            params = {"fieldManager": self.field_manager, **(params or {})}
         data = orjson.dumps(body) if body is not None else None
         for attempt in (1, 2):
             headers = {"Accept": "application/json"}

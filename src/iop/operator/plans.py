@@ -13,9 +13,16 @@ kept short and the list bounded; the last line says how many were left out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
-from iop.edgeconfig import ChangeReport, ConfigError, EdgeConfig, is_loopback_listener
+from iop.edgeconfig import (
+    ChangeReport,
+    ConfigError,
+    EdgeConfig,
+    camel_path,
+    is_loopback_listener,
+)
 
 __all__ = ["MAX_LINE", "MAX_TOTAL", "admission_message", "plan_warnings"]
 
@@ -32,8 +39,14 @@ def _line(text: str) -> str:
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 1] + "…"
 
 
-def plan_warnings(change: ChangeReport | None, desired: EdgeConfig, desired_hash: str) -> list[str]:
-    """The plan as warning lines; `change` is None when nothing was applied before."""
+def plan_warnings(
+    change: ChangeReport | None,
+    desired: EdgeConfig,
+    desired_hash: str,
+    waiting: Sequence[str] = (),
+) -> list[str]:
+    """The plan as warning lines, paths in the CRD's camelCase (what the user edits); `change`
+    is None when nothing was applied before; `waiting` names token Secrets still missing."""
     lines: list[str] = []
     if change is None:
         lines.append(f"plan: first apply of config {desired_hash[:12]}")
@@ -45,8 +58,9 @@ def plan_warnings(change: ChangeReport | None, desired: EdgeConfig, desired_hash
         )
         for path in ordered:  # the Edge's restart first: it is the one clients notice
             where = "edge" if path.scope == "edge" else f"node {path.scope.removeprefix('node:')}"
-            lines.append(_line(f"restart {where}: {path.path}"))
-        lines += [_line(f"live: {path}") for path in change.live_paths]
+            lines.append(_line(f"restart {where}: {camel_path(path.path)}"))
+        lines += [_line(f"live: {camel_path(path)}") for path in change.live_paths]
+    lines[:0] = [_line(f"waiting: {what}; the change applies once it exists") for what in waiting]
     if is_loopback_listener(desired.edge.admin.listen):
         lines.insert(
             0,

@@ -1,31 +1,30 @@
-"""One reconcile pass of one EdgeConfig: validate, classify, write, apply live or roll, report.
+"""One reconcile pass of one EdgeConfig: observe, decide, act, report.
 
-A pass is level-based: it reads what is (the spec, the record of what was last applied, the
-workloads, the Edge replicas) and does what is missing, so running it again changes nothing,
-and an operator killed at any point converges on restart without rolling anything twice.
+A pass is level-based: it reads what is and does what is missing, so running it again changes
+nothing, and an operator killed at any point converges on restart without rolling anything twice.
 
 1. **Validate** the spec with the config model (every check of `iop config check`). Invalid:
-   `Valid=False` with every problem and an Event; nothing else is touched.
-2. **Classify** against the config *last applied* (`documents.AppliedState`), never the last
-   seen: a refused or failed change does not become the base. With no record yet (first pass),
-   the base is what the Edge ConfigMap holds, if anything; with neither, each replica's own
-   classification (it answers 409 for a restart) decides.
-3. **Write** the Edge ConfigMap: pods that start from now on are current at once.
-4. **Roll** only the restart scopes the change names: `edge` stamps the Edge workload(s),
-   `node:<id>` that node's workload (found by label); a scope with no workload (a Node on a
-   bare-metal host) stays pending, by name, until that node runs the new payload.
-5. **Apply live** on every ready replica of the current pod template that does not run the
-   desired config yet, telling it which node restarts the operator makes itself; a replica
-   that says it needs an Edge restart gets one (stamp); failures are named and retried.
-6. **Commit**: once every replica took the change (or the Edge roll for it is stamped), the
-   desired config becomes the applied record, with the restarts still to confirm.
-7. **Report**: status and Events (`reporting.py`, `eventing.py`).
+   `Valid=False`, `Stalled=True` with every problem and an Event; nothing else is touched.
+2. **Observe**: say the generation is seen (`Reconciling=True`, `Ready=Unknown`); read the token
+   Secrets the spec names (creating the ones to generate) and hash them into the desired config;
+   the record of what was last applied (`documents.AppliedState`); the workloads; the replicas.
+3. **Decide** (`deciding.plan`): the change against the config *last applied* (never the last
+   seen: a refused change does not become the base), and the restarts it needs.
+4. **Act**: write the Edge ConfigMap (pods that start from now on are current at once); stamp
+   the workloads of each restart (`rolling.py`); apply live on every ready replica of the
+   current pod template (`liveapplying.py`), telling it which node restarts the operator makes;
+   a replica that names a restart the change lacked gets it.
+5. **Decide again** (`deciding.judge`) on what the acts returned: commit the change as applied,
+   which restarts are done, the status, when to look again.
+6. **Report**: the record, the status (`reporting.py`) and Events.
+
+The objects it writes and the Secrets it reads are watched by name (`watching.py`): one deleted
+or edited by someone else wakes a pass, which puts it back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,48 +35,57 @@ from iop.edgeconfig import (
     ChangeReport,
     ConfigError,
     EdgeConfig,
-    classify,
     config_hash,
+    is_loopback_listener,
     load_data,
     load_text,
     split_listener,
+    with_token_hashes,
 )
 
 from . import conventions
 from .adminapi import EdgeAdmin, apply_body
-from .discovering import EdgeReplica, ReplicaFinder
-from .documents import (
-    AppliedState,
-    Owner,
-    RestartRecord,
-    decode_state,
-    edge_configmap,
-    state_configmap,
+from .deciding import (
+    NextPass,
+    Observation,
+    Plan,
+    Verdict,
+    judge,
+    live_targets,
+    plan,
+    settled_outcomes,
+    stamps_due,
+    with_restarts,
 )
+from .discovering import EdgeReplica, ReplicaFinder
+from .documents import AppliedState, Owner, decode_state, edge_configmap, render_config
+from .documents import state_configmap as record_configmap
 from .errors import KubeApiError, KubeNotFound
 from .eventing import EventPoster, EventType
 from .kubeapi import KubeApi, resource_path
-from .liveapplying import NodeResult, ReplicaOutcome, apply_on_replicas, node_results
+from .liveapplying import ReplicaOutcome, apply_on_replicas
+from .metrics import EdgeConfigHealth, OperatorMetrics
 from .reporting import (
     Finding,
-    PendingRestart,
-    RolloutRecord,
     build_status,
     change_summary,
     now,
+    reconciling_status,
 )
-from .rolling import Workload, edge_workloads, node_workloads, stamp
+from .rolling import edge_workloads, node_workloads, stamp
+from .statuses import EdgeConfigStatus, LastChange
+from .statuswriting import StatusWriter
+from .tokensecrets import SecretCache, TokenRead, read_tokens
+from .watching import NamedObject, NamedWatches, WatchEventType, WatchListener
 
 __all__ = ["PassResult", "PassTimings", "Reconciler"]
 
 logger = logging.getLogger(__name__)
 
-#: How long a fetched admin token is trusted before the Secret is read again.
-_TOKEN_TTL_S: Final = 60.0
 #: Look again this soon while a rollout or a restart is under way (Deployment and Pod events
 #: wake a pass sooner; this bounds the wait when none comes).
 _RECHECK_S: Final = 5.0
-#: Look again this soon while a workload rolls or a node drains, so `status.nodes` follows.
+#: Look again this soon while a workload rolls, a node drains or Nodes are awaited.
 _MOTION_RECHECK_S: Final = 1.0
 #: While nodes are not all current (they connect on their own schedule, and no event says when),
 #: look again after 1 s, doubling up to this.
@@ -90,6 +98,8 @@ class PassResult:
 
     retry: bool = False
     recheck_after: float | None = None
+    #: How the pass ended, for the metrics: ok, retry, invalid, blocked, api_error.
+    outcome: str = "ok"
 
 
 @dataclass(slots=True)
@@ -110,8 +120,9 @@ class PassTimings:
 
 
 class Reconciler:
-    """Reconciles one EdgeConfig; keeps what it learned between passes (the applied record,
-    the ConfigMap it wrote, the status it wrote), so an idle pass costs a few reads."""
+    """Reconciles one EdgeConfig; keeps what it learned between passes (the applied record, the
+    ConfigMap it wrote, the Secrets it read, the status it wrote), so an idle pass costs a few
+    reads. `wake` is called when a watched object changes (the worker sets it to its poke)."""
 
     def __init__(
         self,
@@ -122,199 +133,172 @@ class Reconciler:
         admin: EdgeAdmin,
         finder: ReplicaFinder,
         events: EventPoster,
+        metrics: OperatorMetrics | None = None,
         on_pass: Callable[[PassTimings], None] | None = None,
     ) -> None:
         self.namespace = namespace
         self.name = name
+        self.wake: Callable[[], None] = lambda: None
         self._api = api
         self._admin = admin
         self._finder = finder
         self._events = events
         self._on_pass = on_pass
+        self._metrics = metrics
+        self._last_success: float | None = None
         self._state: AppliedState | None = None
         self._state_owner: str | None = None
-        self._written_hash: str | None = None
-        self._last_change: dict[str, Any] | None = None
-        self._last_status: dict[str, Any] | None = None
-        #: The config hash last seen fully in effect (Applied=True).
+        #: The record was deleted or edited by someone else: save it again from memory.
+        self._record_lost = False
+        #: (config hash, resourceVersion) of the Edge ConfigMap as last written or checked.
+        self._written: tuple[str, str] | None = None
+        self._record_version = ""
+        self._secrets = SecretCache()
+        self._repairs: list[str] = []
+        #: Objects being written right now: their watch events are this operator's own.
+        self._writing: set[str] = set()
+        self._last_change: LastChange | None = None
+        self._status = StatusWriter(api)
+        #: The config hash last seen fully in effect (Applied=True), and since when.
         self._effective: str | None = None
-        self._token: tuple[str | None, float] | None = None
+        self._in_effect_since: tuple[str, float] | None = None
         self._nodes_recheck = 1.0
         self._said: set[tuple[str, str]] = set()
+        self._watches = NamedWatches(api, self._listener)
 
     @property
     def applied(self) -> AppliedState | None:
         """The record of what was last applied, once a pass has read it."""
         return self._state
 
+    async def stop(self) -> None:
+        await self._watches.stop()
+
+    @property
+    def health(self) -> EdgeConfigHealth:
+        applied_at = self._state.applied_at if self._state is not None else 0.0
+        return EdgeConfigHealth(self.namespace, self.name, applied_at, self._last_success)
+
     # -- the pass --------------------------------------------------------------------------------
 
     async def reconcile(self, body: Mapping[str, Any], received_at: float) -> PassResult:
+        """One pass over `body` (the EdgeConfig as last seen); what the worker does next."""
+        started = time.monotonic()
+        result = await self._pass(body, received_at)
+        if result.outcome in ("ok", "invalid"):
+            self._last_success = time.monotonic()
+        if self._metrics is not None:
+            self._metrics.passes.labels(result.outcome).inc()
+            self._metrics.pass_seconds.observe(time.monotonic() - started)
+        return result
+
+    async def _pass(self, body: Mapping[str, Any], received_at: float) -> PassResult:
         timings = PassTimings(received_at=received_at)
-        clock = time.perf_counter()
         metadata = body["metadata"]
         owner = Owner(metadata["name"], metadata["namespace"], metadata["uid"])
         generation = int(metadata.get("generation") or 1)
         timings.generation = generation
-        previous = body.get("status") or {}
-
+        previous: Mapping[str, Any] = body.get("status") or {}
+        clock = time.perf_counter()
         try:
-            desired = await asyncio.to_thread(load_data, body.get("spec") or {})
+            spec = await asyncio.to_thread(load_data, body.get("spec") or {})
         except ConfigError as error:
-            return await self._invalid(owner, generation, error, previous)
-        desired_hash = config_hash(desired)
+            return await self._refuse(owner, generation, error, previous)
         clock = timings.mark("validate", clock)
-
-        state = await self._load_state(owner)
-        new_change = state is None or state.config_hash != desired_hash
-        restarts = list(state.restarts) if state is not None else []
-        change: ChangeReport | None = None
-        if new_change:
-            base = state.config if state is not None else await self._configmap_base(owner)
-            base_hash = config_hash(base) if base is not None else ""
-            if base is not None:
-                change = classify(base, desired)
-                self._last_change = change_summary(change, generation, base_hash, desired_hash)
-            else:
-                self._last_change = change_summary(ChangeReport(), generation, "", desired_hash)
-            for scope in change.restart_scopes if change is not None else ():
-                restarts = [r for r in restarts if r.scope != scope]
-                restarts.append(RestartRecord(scope, desired_hash))
-        node_ids = {node.id for node in desired.nodes}
-        restarts = [r for r in restarts if r.scope == "edge" or _node_of(r.scope) in node_ids]
-        clock = timings.mark("classify", clock)
-
-        finding = Finding(generation, desired_hash=desired_hash, node_total=len(node_ids))
         try:
-            await self._write_configmap(owner, desired, desired_hash)
-            clock = timings.mark("configmap", clock)
-            edges = await edge_workloads(self._api, owner.namespace, owner.name)
-            nodes = await node_workloads(self._api, owner.namespace, owner.name)
-            stamps = dict(state.stamps) if state is not None else {}
-            edges, nodes = await self._roll(owner, restarts, edges, nodes, stamps)
-            clock = timings.mark("workloads", clock)
-            token = await self._admin_token(owner, desired)
+            previous = await self._mark_seen(owner, generation, previous)
+            tokens = await read_tokens(self._api, owner, spec, self._secrets)
+            self._watch(owner, tokens)
+            if tokens.missing:
+                return await self._hold(owner, generation, tokens, previous)
+            observation = await self._observe(owner, generation, spec, tokens)
+            clock = timings.mark("observe", clock)
+            verdict = await self._act(owner, observation, tokens, timings, previous)
+            clock = timings.mark("act", clock)
+            await self._report(owner, verdict, previous)
         except KubeApiError as error:
-            return await self._api_failed(owner, finding, error, previous, timings)
-
-        if new_change:
-            await self._say(owner, "Normal", "Validated", _plan(generation, change))
-        known = len(restarts)
-        replicas, outcomes = await self._apply_live(
-            owner, desired, desired_hash, restarts, edges, token, finding
-        )
-        for outcome in outcomes:
-            if outcome.report is not None:
-                timings.replica_apply_ms.append(outcome.report.duration_ms)
-        if len(restarts) > known:
-            # A replica named a restart the classification lacked (its config was not the
-            # record's, e.g. before the first apply): roll that scope after all.
-            try:
-                edges, nodes = await self._roll(owner, restarts, edges, nodes, stamps)
-            except KubeApiError as error:
-                return await self._api_failed(owner, finding, error, previous, timings)
-        clock = timings.mark("replicas", clock)
-
-        failed = [o for o in outcomes if o.state in ("Failed", "Unreachable")]
-        edge_rolls = any(r.scope == "edge" and r.config_hash == desired_hash for r in restarts)
-        committed = not new_change
-        open_restarts, rollouts, pending = self._restarts_left(
-            restarts, edges, nodes, outcomes, desired_hash
-        )
-        try:
-            if new_change and (not failed or edge_rolls):
-                await self._commit(owner, desired, generation, stamps, restarts, change, outcomes)
-                committed = True
-            if (
-                committed
-                and self._state is not None
-                and self._state.restarts != tuple(open_restarts)
-            ):
-                await self._save_state(owner, _replace_restarts(self._state, open_restarts))
-                for record in restarts:
-                    if record not in open_restarts:
-                        await self._say(
-                            owner,
-                            "Normal",
-                            "RolledOut",
-                            f"restart {record.scope} done for config {record.config_hash[:12]}",
-                        )
-        except KubeApiError as error:
-            return await self._api_failed(owner, finding, error, previous, timings)
-
-        restarting_nodes = {_node_of(r.scope) for r in open_restarts if r.scope != "edge"}
-        nodes_seen = node_results(node_ids, outcomes, restarting_nodes)
-        self._judge(finding, committed, outcomes, replicas, edges, open_restarts, rollouts, pending)
-        finding.replicas = outcomes
-        finding.nodes = nodes_seen
-        if finding.applied:
-            self._effective = desired_hash
-        finding.applied_hash = self._effective or previous.get("appliedConfigHash") or ""
-        try:
-            await self._report(owner, finding, previous, nodes_seen)
-        except KubeApiError as error:
-            return await self._api_failed(owner, finding, error, previous, timings)
+            return await self._api_failed(owner, generation, error, previous)
         timings.mark("status", clock)
         timings.finished_at = time.monotonic()
         if self._on_pass is not None:
             self._on_pass(timings)
+        return self._next(verdict.next)
 
-        if finding.degraded:
-            return PassResult(retry=True)
-        if _in_motion(edges, nodes) or any(node.draining_runs for node in nodes_seen):
-            # A rollout, ours or anyone's (`kubectl rollout restart`), or a drain: the nodes'
-            # progress (a superseded process finishing its runs) changes with no event to say so.
-            return PassResult(recheck_after=_MOTION_RECHECK_S)
-        if finding.progressing or not finding.applied:
-            return PassResult(recheck_after=_RECHECK_S)
-        if any(node.state != "Acked" for node in nodes_seen):
-            delay, self._nodes_recheck = (
-                self._nodes_recheck,
-                min(self._nodes_recheck * 2, _NODES_RECHECK_S),
-            )
-            return PassResult(recheck_after=delay)
-        self._nodes_recheck = 1.0
-        return PassResult()
-
-    # -- steps -----------------------------------------------------------------------------------
-
-    async def _invalid(
-        self, owner: Owner, generation: int, error: ConfigError, previous: Mapping[str, Any]
-    ) -> PassResult:
-        finding = Finding(generation, valid=False, problems=error.problems)
-        count = len(error.problems)
-        shown = "; ".join(str(p) for p in error.problems[:10])
-        more = f" and {count - 10} more" if count > 10 else ""
-        await self._say(
-            owner,
-            "Warning",
-            "InvalidSpec",
-            f"generation {generation} refused, the running config is kept: {shown}{more}",
-        )
-        await self._write_status(owner, build_status(finding, previous, None, now()), previous)
-        return PassResult()  # a new generation brings the next chance; retrying cannot help
-
-    async def _api_failed(
+    async def _act(
         self,
         owner: Owner,
-        finding: Finding,
-        error: KubeApiError,
-        previous: Mapping[str, Any],
+        observation: Observation,
+        tokens: TokenRead,
         timings: PassTimings,
-    ) -> PassResult:
-        finding.degraded.append(f"Kubernetes API: {error}")
-        finding.degraded_reason = "KubernetesAPIError"
-        finding.waiting = ("ApplyFailed", "the Kubernetes API refused a call; retrying")
-        finding.applied_hash = self._effective or previous.get("appliedConfigHash") or ""
-        await self._say(owner, "Warning", "Degraded", str(error))
-        try:
-            await self._write_status(
-                owner, build_status(finding, previous, self._last_change, now()), previous
+        previous: Mapping[str, Any],
+    ) -> Verdict:
+        """Write, roll and apply what `plan` asks; the verdict on the results."""
+        current = plan(observation)
+        if observation.new_change:
+            self._remember_change(observation, current.change)
+            self._say(owner, "Normal", "Validated", _plan_message(observation.generation, current))
+        await self._write_configmap(owner, observation.desired, observation.desired_hash)
+        stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
+        observation = await self._roll(owner, observation, current, stamps)
+        asked, ready = live_targets(observation)
+        outcomes, current = await self._apply_live(observation, current, ready, tokens)
+        timings.replica_apply_ms += [o.report.duration_ms for o in outcomes if o.report]
+        observation = await self._roll(owner, observation, current, stamps)
+        outcomes = settled_outcomes(current, outcomes, observation.replicas, asked)
+        admin = observation.desired.edge.admin.listen
+        hint = ""
+        if split_listener(admin)[1] == 0 or is_loopback_listener(admin):
+            hint = (
+                f"edge.admin.listen is {admin}: the operator cannot reach a replica there; "
+                "listen on 0.0.0.0 with edge.admin.tokenFile"
             )
-        except KubeApiError as again:
-            logger.warning("%s/%s: cannot write status: %s", owner.namespace, owner.name, again)
-        timings.finished_at = time.monotonic()
-        return PassResult(retry=True)
+        verdict = judge(
+            observation,
+            current,
+            outcomes,
+            stamps,
+            effective_hash=self._effective or str(previous.get("appliedConfigHash") or ""),
+            in_effect_for=self._in_effect_for(observation, previous),
+            committed_at=time.time(),
+            admin_unreachable_hint=hint,
+        )
+        if self._metrics is not None:
+            for outcome in outcomes:  # the replicas asked to apply (not those already current)
+                if outcome.report is not None or outcome.state in ("Failed", "Unreachable"):
+                    self._metrics.live_applies.labels(outcome.state).inc()
+        if verdict.record is not None:
+            await self._save_state(owner, verdict.record)
+        elif self._record_lost and self._state is not None:
+            await self._save_state(owner, self._state)
+        return verdict
+
+    # -- observing -------------------------------------------------------------------------------
+
+    async def _observe(
+        self, owner: Owner, generation: int, spec: EdgeConfig, tokens: TokenRead
+    ) -> Observation:
+        desired = await asyncio.to_thread(with_token_hashes, spec, tokens.hashes)
+        desired_hash = config_hash(desired)
+        applied = await self._load_state(owner)
+        base = applied.config if applied is not None else None
+        if applied is None:
+            base = await self._configmap_base(owner)
+        admin_port = split_listener(desired.edge.admin.listen)[1]
+        edges = await edge_workloads(self._api, owner.namespace, owner.name)
+        nodes = await node_workloads(self._api, owner.namespace, owner.name)
+        replicas = await self._finder.replicas(owner.namespace, owner.name, admin_port)
+        return Observation(
+            namespace=owner.namespace,
+            name=owner.name,
+            generation=generation,
+            desired=desired,
+            desired_hash=desired_hash,
+            applied=applied,
+            base=base,
+            edges=tuple(edges),
+            nodes={node: tuple(items) for node, items in nodes.items()},
+            replicas=tuple(replicas),
+        )
 
     async def _load_state(self, owner: Owner) -> AppliedState | None:
         if self._state_owner == owner.uid:
@@ -329,20 +313,10 @@ class Reconciler:
         state = None
         if configmap is not None and _owned_by(configmap, owner):
             state = await asyncio.to_thread(decode_state, configmap)
+            self._record_version = configmap["metadata"].get("resourceVersion", "")
         self._state, self._state_owner = state, owner.uid
-        if state is not None:
-            self._written_hash = None  # check the ConfigMap once, on the first write
+        self._written = None  # check the ConfigMap once, on the first write
         return state
-
-    async def _save_state(self, owner: Owner, state: AppliedState) -> None:
-        body = await asyncio.to_thread(state_configmap, owner, state)
-        name = conventions.state_configmap_name(owner.name)
-        await self._api.apply(
-            resource_path("v1", "configmaps", owner.namespace, name),
-            body,
-            what="write the applied record",
-        )
-        self._state = state
 
     async def _configmap_base(self, owner: Owner) -> EdgeConfig | None:
         """What the Edge ConfigMap holds before the operator's first apply (pods started from it),
@@ -362,323 +336,203 @@ class Reconciler:
         except ConfigError:
             return None
 
+    # -- acting ----------------------------------------------------------------------------------
+
     async def _write_configmap(self, owner: Owner, config: EdgeConfig, digest: str) -> None:
+        """NAME-edge holds the desired config: written unless it already does (as read, or as
+        this operator last wrote it and no watch event said otherwise)."""
+        if self._written is not None and self._written[0] == digest:
+            return
         name = conventions.edge_configmap_name(owner.name)
         path = resource_path("v1", "configmaps", owner.namespace, name)
-        if self._written_hash is None:
-            try:
-                found = await self._api.get(path, what="read the Edge ConfigMap")
-                annotations = found["metadata"].get("annotations") or {}
-                self._written_hash = annotations.get(conventions.CONFIG_HASH_ANNOTATION, "")
-            except KubeNotFound:
-                self._written_hash = ""
-        if self._written_hash == digest:
+        rendered = await asyncio.to_thread(render_config, config)
+        try:
+            found: Mapping[str, Any] | None = await self._api.get(
+                path, what="read the Edge ConfigMap"
+            )
+        except KubeNotFound:
+            found = None
+        if found is not None and (found.get("data") or {}).get(conventions.CONFIG_KEY) == rendered:
+            self._written = (digest, found["metadata"].get("resourceVersion", ""))
             return
         body = await asyncio.to_thread(edge_configmap, owner, config, digest)
-        await self._api.apply(path, body, what="write the Edge ConfigMap")
-        self._written_hash = digest
+        self._writing.add(name)
+        try:
+            written = await self._api.apply(path, body, what="write the Edge ConfigMap")
+        finally:
+            self._writing.discard(name)
+        self._written = (digest, written["metadata"].get("resourceVersion", ""))
+
+    async def _save_state(self, owner: Owner, state: AppliedState) -> None:
+        body = await asyncio.to_thread(record_configmap, owner, state)
+        name = conventions.state_configmap_name(owner.name)
+        self._writing.add(name)
+        try:
+            written = await self._api.apply(
+                resource_path("v1", "configmaps", owner.namespace, name),
+                body,
+                what="write the applied record",
+            )
+        finally:
+            self._writing.discard(name)
+        self._state, self._record_lost = state, False
+        self._record_version = written["metadata"].get("resourceVersion", "")
 
     async def _roll(
-        self,
-        owner: Owner,
-        restarts: Sequence[RestartRecord],
-        edges: list[Workload],
-        nodes: dict[str, list[Workload]],
-        stamps: dict[str, str],
-    ) -> tuple[list[Workload], dict[str, list[Workload]]]:
-        """Stamp the workloads of each restart with its config hash (no-op when stamped)."""
-        for record in restarts:
-            targets = edges if record.scope == "edge" else nodes.get(_node_of(record.scope), [])
-            rolled: list[Workload] = []
-            for workload in targets:
-                stamped = await stamp(self._api, owner.namespace, workload, record.config_hash)
-                if stamped.stamp != workload.stamp:
-                    rolled.append(stamped)
-                stamps[stamped.key] = record.config_hash
-                targets[targets.index(workload)] = stamped
-            if rolled:
-                names = ", ".join(w.key for w in rolled)
-                await self._say(
+        self, owner: Owner, observation: Observation, current: Plan, stamps: dict[str, str]
+    ) -> Observation:
+        """Stamp each workload `stamps_due` names (which rolls it); the observation with the
+        stamped workloads, and `stamps` (workload -> hash, what the record keeps) updated."""
+        rolled: dict[str, list[str]] = {}
+        edges = list(observation.edges)
+        nodes = {node: list(items) for node, items in observation.nodes.items()}
+        for workload, record in stamps_due(observation, current):
+            stamped = await stamp(self._api, owner.namespace, workload, record.config_hash)
+            targets = edges if record.scope == "edge" else nodes[stamped.node_id]
+            targets[targets.index(workload)] = stamped
+            rolled.setdefault(record.scope, []).append(stamped.key)
+            if self._metrics is not None:
+                self._metrics.rollouts.labels(record.scope.partition(":")[0]).inc()
+        for record in current.restarts:
+            scope_targets = (
+                edges
+                if record.scope == "edge"
+                else nodes.get(record.scope.removeprefix("node:"), [])
+            )
+            stamps.update((w.key, record.config_hash) for w in scope_targets)
+            if record.scope in rolled:
+                self._say(
                     owner,
                     "Normal",
                     "Rolling",
-                    f"restart {record.scope}: stamped {names} with config "
-                    f"{record.config_hash[:12]}",
+                    f"restart {record.scope}: stamped {', '.join(rolled[record.scope])} with "
+                    f"config {record.config_hash[:12]}",
                 )
-        return edges, nodes
-
-    async def _admin_token(self, owner: Owner, config: EdgeConfig) -> str | None:
-        """The admin token from Secret NAME-edge-admin (key `token`); None when the config's
-        admin API takes no token."""
-        admin = config.edge.admin
-        if not admin.token_hash_sha256 and not admin.token_file:
-            return None
-        cached = self._token
-        if cached is not None and time.monotonic() - cached[1] < _TOKEN_TTL_S:
-            return cached[0]
-        name = conventions.admin_secret_name(owner.name)
-        secret = await self._api.get(
-            resource_path("v1", "secrets", owner.namespace, name),
-            what=f"read the admin token Secret {name}",
+        return replace(
+            observation,
+            edges=tuple(edges),
+            nodes={node: tuple(items) for node, items in nodes.items()},
         )
-        encoded = (secret.get("data") or {}).get(conventions.ADMIN_TOKEN_KEY)
-        token = base64.b64decode(encoded).decode().strip() if encoded else None
-        self._token = (token, time.monotonic())
-        return token
 
     async def _apply_live(
         self,
-        owner: Owner,
-        desired: EdgeConfig,
-        desired_hash: str,
-        restarts: list[RestartRecord],
-        edges: Sequence[Workload],
-        token: str | None,
-        finding: Finding,
-    ) -> tuple[list[EdgeReplica], list[ReplicaOutcome]]:
-        """Every ready replica of the current pod template, brought to the desired config."""
-        try:
-            admin_port = split_listener(desired.edge.admin.listen)[1]
-            replicas = await self._finder.replicas(owner.namespace, owner.name, admin_port)
-        except KubeApiError as error:
-            finding.degraded.append(f"cannot list the Edge replicas: {error}")
-            finding.degraded_reason = "KubernetesAPIError"
-            return [], []
-        edge_stamps = {w.stamp for w in edges}
-        current = [r for r in replicas if r.stamp is None or not edges or r.stamp in edge_stamps]
-        ready = [r for r in current if r.ready]
-        document = desired.model_dump(mode="json", exclude_unset=True)
+        observation: Observation,
+        current: Plan,
+        ready: Sequence[EdgeReplica],
+        tokens: TokenRead,
+    ) -> tuple[list[ReplicaOutcome], Plan]:
+        """Every ready replica brought to the desired config; a second round when a replica
+        names a node restart the change lacked (the Edge's own restart ends it: its replicas are
+        replaced, not refreshed)."""
+        document = observation.desired.model_dump(mode="json", exclude_unset=True)
         outcomes: list[ReplicaOutcome] = []
-        for _ in range(2):  # a second round when a replica names a restart the change lacked
-            restarting = sorted({r.scope for r in restarts if r.scope.startswith("node:")})
-            body = await asyncio.to_thread(apply_body, document, restarting)
-            outcomes = await apply_on_replicas(self._admin, ready, body, desired_hash, token)
+        for _ in range(2):
+            body = await asyncio.to_thread(apply_body, document, current.node_restarts())
+            outcomes = await apply_on_replicas(
+                self._admin, ready, body, observation.desired_hash, tokens.admin_token
+            )
             named = {s for o in outcomes for s in o.restart_scopes}
-            missing = named - {r.scope for r in restarts}
-            if not missing:
+            widened = with_restarts(current, named, observation.desired_hash)
+            if widened is current:
                 break
-            for scope in sorted(missing):
-                restarts.append(RestartRecord(scope, desired_hash))
-            if "edge" in missing:
-                break  # the Edge rolls: its replicas are replaced, not refreshed
-        waiting_for = {r.scope for r in restarts}
-        outcomes = [
-            replace(o, state="AwaitingRestart")
-            if o.state == "Failed" and o.restart_scopes and set(o.restart_scopes) <= waiting_for
-            else o
-            for o in outcomes
-        ]
-        outcomes += [
-            ReplicaOutcome(r, "Replaced", "its pod template is being replaced")
-            for r in replicas
-            if r not in current
-        ]
-        if admin_port == 0 or _loopback(desired.edge.admin.listen):
-            for outcome in outcomes:
-                if outcome.state == "Unreachable":
-                    finding.degraded.append(
-                        f"edge.admin.listen is {desired.edge.admin.listen}: the operator cannot "
-                        "reach a replica there; listen on 0.0.0.0 with edge.admin.tokenFile"
-                    )
-                    break
-        return current, outcomes
+            edge_named = "edge" in named and all(r.scope != "edge" for r in current.restarts)
+            current = widened
+            if edge_named:
+                break
+        return outcomes, current
 
-    async def _commit(
-        self,
-        owner: Owner,
-        desired: EdgeConfig,
-        generation: int,
-        stamps: Mapping[str, str],
-        restarts: Sequence[RestartRecord],
-        change: ChangeReport | None,
-        outcomes: Sequence[ReplicaOutcome],
-    ) -> None:
-        state = AppliedState(
-            desired, config_hash(desired), generation, dict(stamps), tuple(restarts)
-        )
-        await self._save_state(owner, state)
-        if change is None:
-            ready = sum(o.state == "Applied" for o in outcomes)
-            await self._say(
-                owner,
-                "Normal",
-                "AppliedLive",
-                f"generation {generation} (config {state.config_hash[:12]}) is the first applied: "
-                f"{conventions.edge_configmap_name(owner.name)} written, {ready} ready "
-                f"replica{'s' if ready != 1 else ''} run{'s' if ready == 1 else ''} it",
-            )
-        elif not restarts:
-            applied = sum(o.state == "Applied" for o in outcomes)
-            paths = len(change.live_paths) if change is not None else 0
-            await self._say(
-                owner,
-                "Normal",
-                "AppliedLive",
-                f"generation {generation} (config {state.config_hash[:12]}) applied live on "
-                f"{applied} replica{'s' if applied != 1 else ''}: {paths} live "
-                f"path{'s' if paths != 1 else ''}",
-            )
+    # -- reporting -------------------------------------------------------------------------------
 
-    def _restarts_left(
-        self,
-        restarts: Sequence[RestartRecord],
-        edges: Sequence[Workload],
-        nodes: Mapping[str, Sequence[Workload]],
-        outcomes: Sequence[ReplicaOutcome],
-        desired_hash: str,
-    ) -> tuple[list[RestartRecord], list[RolloutRecord], list[PendingRestart]]:
-        """Which restarts are not done yet, the rollouts behind them, and why each waits.
-
-        `edge` is done when its workloads rolled out and every ready replica runs the desired
-        config; `node:<id>` when its workloads rolled out and the node runs the desired payload
-        on every replica. A scope without a workload is done only when that holds too: someone
-        restarted it by hand.
-        """
-        left: list[RestartRecord] = []
-        rollouts: list[RolloutRecord] = []
-        pending: list[PendingRestart] = []
-        asked = [o for o in outcomes if o.state != "Replaced"]
-        replicas_current = bool(asked) and all(
-            o.state == "Applied" and o.config_hash == desired_hash for o in asked
-        )
-        for record in restarts:
-            if record.scope == "edge":
-                workloads = list(edges)
-                selector, what = conventions.edge_selector(self.name), "the Edge"
-                arrived = replicas_current
-            else:
-                node_id = _node_of(record.scope)
-                workloads = list(nodes.get(node_id, ()))
-                selector = conventions.node_selector(self.name, node_id)
-                what = f"node {node_id}"
-                views = [
-                    n
-                    for o in outcomes
-                    if o.status is not None
-                    for n in o.status.nodes
-                    if n.node_id == node_id
-                ]
-                arrived = bool(views) and all(n.current for n in views)
-            rollouts += [
-                RolloutRecord(record.scope, w.key, w.stamp, w.rollout.phase, w.rollout.message)
-                for w in workloads
-            ]
-            rolled = all(w.rollout.phase == "Complete" for w in workloads)
-            if rolled and arrived:
-                continue
-            left.append(record)
-            if not workloads:
-                reason = (
-                    f"no workload labelled {selector} in namespace {self.namespace}: "
-                    f"restart {what} by hand"
-                )
-            elif not rolled:
-                reason = "rolling out"
-            else:
-                reason = f"rolled out; waiting for {what} to run the new config"
-            pending.append(PendingRestart(record.scope, reason))
-        return left, rollouts, pending
-
-    def _judge(
-        self,
-        finding: Finding,
-        committed: bool,
-        outcomes: Sequence[ReplicaOutcome],
-        replicas: Sequence[EdgeReplica],
-        edges: Sequence[Workload],
-        open_restarts: Sequence[RestartRecord],
-        rollouts: Sequence[RolloutRecord],
-        pending: Sequence[PendingRestart],
-    ) -> None:
-        """Fill in Applied, Progressing and Degraded from what the pass saw."""
-        for outcome in outcomes:
-            if outcome.state in ("Failed", "Unreachable"):
-                finding.degraded.append(
-                    f"replica {outcome.replica.name} {outcome.state.lower()}: {outcome.reason}"
-                )
-                finding.degraded_reason = finding.degraded_reason or (
-                    "ReplicaUnreachable" if outcome.state == "Unreachable" else "ReplicaFailed"
-                )
-        stalled = [r for r in rollouts if r.state == "Stalled"]
-        for record in stalled:
-            finding.degraded.append(f"rollout of {record.workload} stalled: {record.message}")
-            finding.degraded_reason = finding.degraded_reason or "RolloutStalled"
-        finding.rollouts = rollouts
-        # One entry per scope: a workload's rollout says more than "pending".
-        seen: set[str] = set()
-        unique = []
-        for item in pending:
-            if item.scope not in seen:
-                seen.add(item.scope)
-                unique.append(item)
-        finding.pending = unique
-        finding.progressing = bool(open_restarts) and not stalled
-        ready = [o for o in outcomes if o.state == "Applied"]
-        asked = [o for o in outcomes if o.state != "Replaced"]
-        if not committed:
-            finding.waiting = ("ApplyFailed", "the change is not applied on every replica yet")
-        elif open_restarts:
-            scopes = ", ".join(r.scope for r in open_restarts)
-            finding.waiting = ("RestartPending", f"waiting for the restart of {scopes}")
-        elif not replicas and not edges:
-            finding.waiting = (
-                "NoEdgeWorkload",
-                f"no Edge workload labelled {conventions.edge_selector(self.name)} in namespace "
-                f"{self.namespace}",
-            )
-            finding.degraded.append(finding.waiting[1])
-            finding.degraded_reason = finding.degraded_reason or "NoEdgeWorkload"
-        elif not ready:
-            finding.waiting = ("WaitingForReplicas", "no ready Edge replica yet")
-        elif len(ready) < len(asked):
-            finding.waiting = ("ApplyFailed", "not every ready replica runs the desired config")
-        else:
-            finding.applied = True
-
-    async def _report(
-        self,
-        owner: Owner,
-        finding: Finding,
-        previous: Mapping[str, Any],
-        nodes_seen: Sequence[NodeResult],
-    ) -> None:
-        last_change = (
-            self._last_change if self._last_change is not None else previous.get("lastChange")
-        )
-        status = build_status(finding, previous, last_change, now())
-        if finding.degraded:
-            await self._say(owner, "Warning", "Degraded", "; ".join(finding.degraded))
-        failed_nodes = [n for n in nodes_seen if n.state == "Failed"]
-        if failed_nodes:
-            shown = "; ".join(f"{n.node_id}: {n.reason}" for n in failed_nodes[:10])
-            await self._say(owner, "Warning", "NodeFailed", shown)
-        for item in finding.pending:
-            if item.reason.startswith("no workload"):
-                await self._say(owner, "Warning", "RestartPending", f"{item.scope}: {item.reason}")
-        if finding.applied and not finding.degraded and not finding.progressing:
-            await self._say(
-                owner, "Normal", "Ready", f"config {finding.desired_hash[:12]} is in effect"
-            )
+    async def _report(self, owner: Owner, verdict: Verdict, previous: Mapping[str, Any]) -> None:
+        for event in verdict.events:
+            self._say(owner, event.type, event.reason, event.message)
+        for repair in self._repairs:
+            self._say(owner, "Normal", "Repaired", repair)
+        self._repairs.clear()
+        finding = verdict.finding
+        if finding.applied:
+            self._effective = finding.desired_hash
+            if self._in_effect_since is None or self._in_effect_since[0] != finding.desired_hash:
+                self._in_effect_since = (finding.desired_hash, time.monotonic())
+        status = build_status(finding, previous, self._last_change, now())
         await self._write_status(owner, status, previous)
 
-    async def _write_status(
-        self, owner: Owner, status: dict[str, Any], previous: Mapping[str, Any]
-    ) -> None:
-        """Patch the status subresource, unless it would change nothing."""
-        if _same_status(status, self._last_status) or _same_status(status, previous):
-            self._last_status = status
-            return
-        path = resource_path(
-            f"{conventions.GROUP}/{conventions.VERSION}",
-            conventions.PLURAL,
-            owner.namespace,
-            owner.name,
-            "status",
-        )
-        await self._api.merge_patch(path, {"status": status}, what="write the status")
-        self._last_status = status
+    async def _mark_seen(
+        self, owner: Owner, generation: int, previous: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """A generation seen for the first time: say so at once (kstatus: InProgress), so no
+        reader takes the previous generation's Ready for this one's; the status as it now is."""
+        if int(previous.get("observedGeneration") or 0) == generation:
+            return previous
+        status = reconciling_status(previous, generation, now())
+        await self._write_status(owner, status, previous)
+        return {**previous, **status.document()}
 
-    async def _say(self, owner: Owner, kind: EventType, reason: str, message: str) -> None:
+    async def _refuse(
+        self, owner: Owner, generation: int, error: ConfigError, previous: Mapping[str, Any]
+    ) -> PassResult:
+        """An invalid spec: every problem in the status and an Event; nothing else changes."""
+        count = len(error.problems)
+        shown = "; ".join(str(p) for p in error.problems[:10])
+        more = f" and {count - 10} more" if count > 10 else ""
+        self._say(
+            owner,
+            "Warning",
+            "InvalidSpec",
+            f"generation {generation} refused, the running config is kept: {shown}{more}",
+        )
+        finding = Finding(generation, valid=False, problems=error.problems)
+        try:
+            await self._write_status(owner, build_status(finding, previous, None, now()), previous)
+        except KubeApiError as again:
+            logger.warning("%s/%s: cannot write status: %s", owner.namespace, owner.name, again)
+            return PassResult(retry=True, outcome="api_error")
+        # A new generation brings the next chance; retrying cannot help.
+        return PassResult(outcome="invalid")
+
+    async def _hold(
+        self, owner: Owner, generation: int, tokens: TokenRead, previous: Mapping[str, Any]
+    ) -> PassResult:
+        """A token Secret the spec names is missing (and not to be generated): nothing changes
+        until it exists (its watch wakes the next pass); retried meanwhile."""
+        message = "; ".join(tokens.missing)
+        self._say(owner, "Warning", "TokenSecretMissing", message)
+        finding = self._failed_finding(generation, "TokenSecretMissing", message, previous)
+        await self._write_status(
+            owner, build_status(finding, previous, self._last_change, now()), previous
+        )
+        return PassResult(retry=True, outcome="blocked")
+
+    async def _api_failed(
+        self, owner: Owner, generation: int, error: KubeApiError, previous: Mapping[str, Any]
+    ) -> PassResult:
+        self._say(owner, "Warning", "Degraded", str(error))
+        finding = self._failed_finding(
+            generation, "KubernetesAPIError", f"Kubernetes API: {error}", previous
+        )
+        finding.waiting = ("ApplyFailed", "the Kubernetes API refused a call; retrying")
+        try:
+            await self._write_status(
+                owner, build_status(finding, previous, self._last_change, now()), previous
+            )
+        except KubeApiError as again:
+            logger.warning("%s/%s: cannot write status: %s", owner.namespace, owner.name, again)
+        return PassResult(retry=True, outcome="api_error")
+
+    def _failed_finding(
+        self, generation: int, reason: str, message: str, previous: Mapping[str, Any]
+    ) -> Finding:
+        finding = Finding(generation, degraded=[message], degraded_reason=reason)
+        finding.waiting = (reason, message)
+        finding.applied_hash = self._effective or previous.get("appliedConfigHash") or ""
+        return finding
+
+    async def _write_status(
+        self, owner: Owner, status: EdgeConfigStatus, previous: Mapping[str, Any]
+    ) -> None:
+        await self._status.write(owner, status, previous)
+
+    def _say(self, owner: Owner, kind: EventType, reason: str, message: str) -> None:
         """An Event, once per distinct reason and message (retries do not repeat it)."""
         key = (reason, message)
         if key in self._said:
@@ -688,9 +542,96 @@ class Reconciler:
         self._said.add(key)
         self._events.post(owner, kind, reason, message)
 
+    # -- memory between passes -------------------------------------------------------------------
 
-def _plan(generation: int, change: ChangeReport | None) -> str:
+    def _remember_change(self, observation: Observation, change: ChangeReport | None) -> None:
+        base_hash = config_hash(observation.base) if observation.base is not None else ""
+        self._last_change = change_summary(
+            change if change is not None else ChangeReport(),
+            observation.generation,
+            base_hash,
+            observation.desired_hash,
+        )
+
+    def _in_effect_for(self, observation: Observation, previous: Mapping[str, Any]) -> float | None:
+        """Seconds the desired config has been in effect; None: not yet. A config the status
+        already says was in effect (an operator restart, a failover, a new generation that
+        changes nothing) counts as long in effect: no new wait for the Nodes."""
+        since = self._in_effect_since
+        if since is not None and since[0] == observation.desired_hash:
+            return time.monotonic() - since[1]
+        if previous.get("appliedConfigHash") == observation.desired_hash:
+            return float("inf")
+        return None
+
+    def _next(self, step: NextPass) -> PassResult:
+        if step == "retry":
+            return PassResult(retry=True, outcome="retry")
+        if step == "motion":
+            return PassResult(recheck_after=_MOTION_RECHECK_S)
+        if step == "soon":
+            return PassResult(recheck_after=_RECHECK_S)
+        if step == "nodes":
+            delay = self._nodes_recheck
+            self._nodes_recheck = min(delay * 2, _NODES_RECHECK_S)
+            return PassResult(recheck_after=delay)
+        self._nodes_recheck = 1.0
+        return PassResult()
+
+    # -- watches of what the pass owns and reads -------------------------------------------------
+
+    def _watch(self, owner: Owner, tokens: TokenRead) -> None:
+        configmaps = (
+            conventions.edge_configmap_name(owner.name),
+            conventions.state_configmap_name(owner.name),
+        )
+        self._watches.keep(
+            {NamedObject("v1", "configmaps", owner.namespace, name) for name in configmaps}
+            | {NamedObject("v1", "secrets", owner.namespace, name) for name in tokens.names}
+        )
+
+    def _listener(self, target: NamedObject) -> WatchListener:
+        def heard(kind: WatchEventType, obj: Mapping[str, Any] | None) -> None:
+            if self._changed_by_others(target, kind, obj):
+                self.wake()
+
+        return heard
+
+    def _changed_by_others(
+        self, target: NamedObject, kind: WatchEventType, obj: Mapping[str, Any] | None
+    ) -> bool:
+        """Whether an event on a watched object is news (not this operator's own write), and
+        what to forget so the next pass looks again."""
+        version = ((obj or {}).get("metadata") or {}).get("resourceVersion", "")
+        gone = kind == "DELETED"
+        if target.name in self._writing:
+            return False  # the write under way is the newest word on it
+        if target.plural == "secrets":
+            data = None if gone else (obj or {}).get("data") or {}
+            if target.name in self._secrets.entries and self._secrets.entries[target.name] == data:
+                return False
+            self._secrets.forget(target.name)
+            return True
+        if target.name == conventions.edge_configmap_name(self.name):
+            if self._written is None or (not gone and self._written[1] == version):
+                return False
+            self._written = None
+            self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
+            return True
+        if self._state is None or (not gone and self._record_version == version):
+            return False
+        self._record_lost = True
+        self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
+        return True
+
+
+def _what(kind: WatchEventType) -> str:
+    return "deleted" if kind == "DELETED" else "changed by someone else"
+
+
+def _plan_message(generation: int, current: Plan) -> str:
     """The Validated event: what the operator is about to do with a generation."""
+    change = current.change
     if change is None:
         return f"generation {generation} is valid; first apply (no config applied before)"
     if not change.changed:
@@ -702,53 +643,6 @@ def _plan(generation: int, change: ChangeReport | None) -> str:
     return f"generation {generation} is valid: {'; '.join(parts)}"
 
 
-def _node_of(scope: str) -> str:
-    return scope.removeprefix("node:")
-
-
-def _loopback(listen: str) -> bool:
-    from iop.edgeconfig import is_loopback_listener
-
-    return is_loopback_listener(listen)
-
-
 def _owned_by(obj: Mapping[str, Any], owner: Owner) -> bool:
     references = obj.get("metadata", {}).get("ownerReferences") or ()
     return any(ref.get("uid") == owner.uid for ref in references)
-
-
-def _replace_restarts(state: AppliedState, restarts: Sequence[RestartRecord]) -> AppliedState:
-    return AppliedState(
-        state.config, state.config_hash, state.generation, state.stamps, tuple(restarts)
-    )
-
-
-def _in_motion(edges: Sequence[Workload], nodes: Mapping[str, Sequence[Workload]]) -> bool:
-    """Whether a workload of the EdgeConfig is rolling out (whoever started it)."""
-    workloads = [*edges, *(w for items in nodes.values() for w in items)]
-    return any(w.rollout.phase == "Progressing" for w in workloads)
-
-
-def _same_status(status: Mapping[str, Any], other: Mapping[str, Any] | None) -> bool:
-    """Equal but for the conditions' transition times (which only move with their status)."""
-    if other is None:
-        return False
-    return _comparable(status) == _comparable(other)
-
-
-def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
-    result = {k: v for k, v in status.items() if k != "conditions"}
-    result["conditions"] = sorted(
-        (
-            (
-                c.get("type"),
-                c.get("status"),
-                c.get("reason"),
-                c.get("message"),
-                c.get("observedGeneration"),
-            )
-            for c in status.get("conditions") or ()
-        ),
-        key=str,
-    )
-    return result

@@ -1,20 +1,21 @@
-"""What one reconcile pass found, as the EdgeConfig's status and as Events.
+"""What one reconcile pass found, as the EdgeConfig's status (`statuses.EdgeConfigStatus`).
 
-Status follows the Kubernetes API conventions and kstatus: `conditions[]` with type, status,
-reason (CamelCase), message, observedGeneration and lastTransitionTime, and a top-level
-`observedGeneration`, so `kubectl wait --for=condition=Ready` and kstatus-based tools (Helm 4's
-`--wait`, Flux, Argo CD) read it. Conditions:
+Conditions (docs/operator.md, "Status"), each with reason (CamelCase), message,
+observedGeneration and lastTransitionTime, which moves only when the condition's status does:
 
-- `Valid`: the spec loads with every check of `iop config check`; False lists every problem.
-- `Applied`: the desired config is in effect: committed, every ready Edge replica runs it, and
-  every restart it needed is done.
-- `Progressing`: a rollout the operator started (or a restart it waits for) is under way.
-- `Degraded`: something failed (a replica, a node, a rollout, a missing Secret), named; the
-  operator retries with back-off.
-- `Ready`: Valid, Applied, not Progressing and not Degraded.
+- `Ready`: the summary. True when the spec is valid, its config is in effect on every ready
+  Edge replica with every restart done, nothing failed, and the Nodes that run in the cluster
+  are back on every replica after the config came into effect (bounded wait). Unknown from the
+  moment a new generation is seen until the pass decides.
+- `Reconciling` (kstatus, abnormal-true): True while the operator works towards Ready — a new
+  generation, an apply, a rollout, a failure it retries, Nodes it waits for.
+- `Stalled` (kstatus, abnormal-true): True when nothing will change without someone acting: an
+  invalid spec, or a rollout past its progress deadline.
+- `Valid`, `Applied`, `Progressing`, `Degraded`: the product's own detail.
 
-Lists in the status are bounded (`MAX_ITEMS`), so a config with thousands of nodes keeps a
-small status; the counts say what was left out.
+So kstatus (Flux, Helm 4's `--wait`) reads InProgress, Current or Failed, and `kubectl wait
+--for=condition=Ready` never returns on an older generation's Ready (`status.observedGeneration`
+is written first). Lists in the status are bounded (`MAX_ITEMS`); counts say what was left out.
 """
 
 from __future__ import annotations
@@ -24,9 +25,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from iop.edgeconfig import ChangeReport, Problem
+from iop.edgeconfig import ChangeReport, Problem, camel_path
 
 from .liveapplying import NodeResult, ReplicaOutcome
+from .statuses import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    EdgeConfigStatus,
+    LastChange,
+    NodeEntry,
+    ProblemEntry,
+    ReplicaEntry,
+    RestartPathEntry,
+    RolloutEntry,
+)
 
 __all__ = [
     "MAX_ITEMS",
@@ -37,6 +50,8 @@ __all__ = [
     "build_status",
     "change_summary",
     "now",
+    "reconciling_status",
+    "same_status",
 ]
 
 #: The most entries any list in the status holds.
@@ -44,7 +59,7 @@ MAX_ITEMS: Final = 100
 #: The longest condition message; the API server accepts 32 KiB, people read far less.
 MAX_MESSAGE: Final = 2000
 
-ConditionStatus = Literal["True", "False", "Unknown"]
+_Wanted = tuple[ConditionType, ConditionStatus, str, str]
 
 
 def now() -> str:
@@ -85,32 +100,50 @@ class Finding:
     #: Failures, each naming who and why.
     degraded: list[str] = field(default_factory=list)
     degraded_reason: str = ""
+    #: (reason, message) when nothing will change without someone acting.
+    stalled: tuple[str, str] | None = None
+    #: (reason, message) while the config is in effect but in-cluster Nodes are not back yet
+    #: (WaitingForNodes), or when they did not come back in time (NodesMissing).
+    serving: tuple[str, str] | None = None
     replicas: Sequence[ReplicaOutcome] = ()
     nodes: Sequence[NodeResult] = ()
     node_total: int = 0
     rollouts: Sequence[RolloutRecord] = ()
     pending: Sequence[PendingRestart] = ()
 
+    @property
+    def ready(self) -> bool:
+        return (
+            self.valid
+            and self.applied
+            and not self.degraded
+            and not self.progressing
+            and not (self.serving and self.serving[0] == "WaitingForNodes")
+        )
+
 
 def change_summary(
     change: ChangeReport, generation: int, from_hash: str, to_hash: str
-) -> dict[str, Any]:
+) -> LastChange:
     """The `lastChange` stanza: what the change touches, lists bounded."""
-    live = list(change.live_paths)
-    restart = [p.as_dict() for p in change.restart_required_paths]
+    live = [camel_path(path) for path in change.live_paths]
+    restart = [
+        RestartPathEntry(path=camel_path(p.path), scope=p.scope)
+        for p in change.restart_required_paths
+    ]
     omitted = max(0, len(live) - MAX_ITEMS) + max(0, len(restart) - MAX_ITEMS)
-    return {
-        "generation": generation,
-        "fromConfigHash": from_hash,
-        "toConfigHash": to_hash,
-        "livePaths": live[:MAX_ITEMS],
-        "restartPaths": restart[:MAX_ITEMS],
-        "restartScopes": list(change.restart_scopes),
-        "changedNodes": list(change.changed_nodes[:MAX_ITEMS]),
-        "changedProviders": list(change.changed_providers[:MAX_ITEMS]),
-        "changedModels": list(change.changed_models[:MAX_ITEMS]),
-        "omittedPaths": omitted,
-    }
+    return LastChange(
+        generation=generation,
+        from_config_hash=from_hash,
+        to_config_hash=to_hash,
+        live_paths=live[:MAX_ITEMS],
+        restart_paths=restart[:MAX_ITEMS],
+        restart_scopes=list(change.restart_scopes),
+        changed_nodes=list(change.changed_nodes[:MAX_ITEMS]),
+        changed_providers=list(change.changed_providers[:MAX_ITEMS]),
+        changed_models=list(change.changed_models[:MAX_ITEMS]),
+        omitted_paths=omitted,
+    )
 
 
 def _clip(text: str) -> str:
@@ -125,104 +158,152 @@ def _problems_message(problems: Sequence[Problem]) -> str:
 
 def build_conditions(
     finding: Finding, previous: Sequence[Mapping[str, Any]], timestamp: str
-) -> list[dict[str, Any]]:
-    """The five conditions; lastTransitionTime moves only when a condition's status changes.
+) -> list[Condition]:
+    """The seven conditions; lastTransitionTime moves only when a condition's status changes.
 
-    An invalid spec changes only `Valid` and `Ready`: `Applied`, `Progressing` and `Degraded`
-    keep describing the config still in effect (nothing else changed).
+    An invalid spec changes only `Valid`, `Stalled`, `Reconciling` and `Ready`: `Applied`,
+    `Progressing` and `Degraded` keep describing the config still in effect (nothing else
+    changed), with the generation they were set for.
     """
     before = {c.get("type"): c for c in previous}
-    generation = finding.generation
-    wanted: list[tuple[str, ConditionStatus, str, str]] = []
     if not finding.valid:
-        wanted.append(("Valid", "False", "InvalidSpec", _problems_message(finding.problems)))
+        message = _problems_message(finding.problems)
+        wanted: list[_Wanted] = [
+            ("Ready", "False", "InvalidSpec", "the spec is invalid; the running config is kept"),
+            ("Reconciling", "False", "InvalidSpec", "the spec must be fixed first"),
+            ("Stalled", "True", "InvalidSpec", message),
+            ("Valid", "False", "InvalidSpec", message),
+        ]
+        kept: list[_Wanted] = []
         for kind in ("Applied", "Progressing", "Degraded"):
-            kept = before.get(kind)
-            if kept is not None:
-                wanted.append((kind, kept["status"], kept["reason"], kept["message"]))
-        wanted.append(
-            ("Ready", "False", "InvalidSpec", "the spec is invalid; the running config is kept")
-        )
-        return _stamped(
-            wanted,
-            before,
-            generation,
-            timestamp,
-            keep_generation={"Applied", "Progressing", "Degraded"},
+            old = before.get(kind)
+            if old is not None:
+                kept.append((kind, old["status"], old["reason"], old["message"]))
+        return _stamped(wanted, before, finding.generation, timestamp) + _stamped(
+            kept, before, finding.generation, timestamp, keep_generation=True
         )
 
-    wanted.append(("Valid", "True", "Valid", "the spec passes every check"))
-    if finding.applied:
-        wanted.append(
+    ready = _ready(finding)
+    stalled = finding.stalled
+    wanted = [
+        ("Ready", *ready),
+        (
+            ("Reconciling", "False", "Stalled", "the operator cannot make progress on its own")
+            if stalled
+            else ("Reconciling", "False", "Reconciled", "the desired config is in effect")
+            if ready[0] == "True"
+            else ("Reconciling", "True", ready[1], ready[2])
+        ),
+        ("Stalled", "True", *stalled)
+        if stalled
+        else ("Stalled", "False", "NotStalled", "progressing normally"),
+        ("Valid", "True", "Valid", "the spec passes every check"),
+        (
             ("Applied", "True", "Applied", f"config {finding.desired_hash[:12]} is in effect")
-        )
-    else:
-        reason, message = finding.waiting
-        wanted.append(("Applied", "False", reason or "Applying", message or "applying"))
-    if finding.progressing:
-        under_way = [r for r in finding.rollouts if r.state == "Progressing"]
-        pending = [p for p in finding.pending]
-        parts = [f"{r.scope}: {r.workload} {r.message}" for r in under_way]
-        parts += [
-            f"{p.scope}: {p.reason}" for p in pending if p.scope not in {r.scope for r in under_way}
-        ]
-        wanted.append(
-            ("Progressing", "True", "RollingOut", _clip("; ".join(parts) or "rolling out"))
-        )
-    else:
-        wanted.append(("Progressing", "False", "Idle", "no rollout under way"))
-    if finding.degraded:
-        wanted.append(
+            if finding.applied
+            else (
+                "Applied",
+                "False",
+                finding.waiting[0] or "Applying",
+                finding.waiting[1] or "applying",
+            )
+        ),
+        (
+            ("Progressing", "True", "RollingOut", _rollout_message(finding))
+            if finding.progressing
+            else ("Progressing", "False", "Idle", "no rollout under way")
+        ),
+        (
             (
                 "Degraded",
                 "True",
                 finding.degraded_reason or "ApplyFailed",
                 _clip("; ".join(finding.degraded)),
             )
-        )
-    else:
-        wanted.append(("Degraded", "False", "AsExpected", "nothing failed"))
-    if finding.applied and not finding.degraded and not finding.progressing:
-        wanted.append(
-            ("Ready", "True", "Ready", f"config {finding.desired_hash[:12]} is in effect")
-        )
-    elif finding.degraded:
-        wanted.append(
-            ("Ready", "False", finding.degraded_reason or "ApplyFailed", _clip(finding.degraded[0]))
-        )
-    elif finding.progressing:
-        wanted.append(("Ready", "False", "RollingOut", wanted[2][3]))
-    else:
-        reason, message = finding.waiting
-        wanted.append(("Ready", "False", reason or "Applying", message or "applying"))
-    return _stamped(wanted, before, generation, timestamp)
+            if finding.degraded
+            else ("Degraded", "False", "AsExpected", "nothing failed")
+        ),
+    ]
+    return _stamped(wanted, before, finding.generation, timestamp)
+
+
+def _ready(finding: Finding) -> tuple[ConditionStatus, str, str]:
+    if finding.ready:
+        if finding.serving is not None:  # in effect, but some in-cluster Nodes never came back
+            return ("True", "Ready", _clip(finding.serving[1]))
+        return ("True", "Ready", f"config {finding.desired_hash[:12]} is in effect")
+    if finding.degraded:
+        return ("False", finding.degraded_reason or "ApplyFailed", _clip(finding.degraded[0]))
+    if finding.progressing:
+        return ("False", "RollingOut", _rollout_message(finding))
+    if finding.applied and finding.serving is not None:
+        return ("False", finding.serving[0], _clip(finding.serving[1]))
+    reason, message = finding.waiting
+    return ("False", reason or "Applying", message or "applying")
+
+
+def _rollout_message(finding: Finding) -> str:
+    under_way = [r for r in finding.rollouts if r.state == "Progressing"]
+    scopes = {r.scope for r in under_way}
+    parts = [f"{r.scope}: {r.workload} {r.message}" for r in under_way]
+    parts += [f"{p.scope}: {p.reason}" for p in finding.pending if p.scope not in scopes]
+    return _clip("; ".join(parts) or "rolling out")
+
+
+def reconciling_status(
+    previous: Mapping[str, Any], generation: int, timestamp: str
+) -> EdgeConfigStatus:
+    """What a pass writes the moment it sees a new generation, before it decides anything:
+    the generation observed, `Reconciling=True` and `Ready=Unknown` (kstatus: InProgress), the
+    other conditions as they were."""
+    message = f"generation {generation} seen: validating and applying it"
+    wanted: list[_Wanted] = [
+        ("Ready", "Unknown", "Reconciling", message),
+        ("Reconciling", "True", "NewGeneration", message),
+        ("Stalled", "False", "NotStalled", "progressing normally"),
+    ]
+    old = [
+        c for c in previous.get("conditions") or () if c.get("type") not in {w[0] for w in wanted}
+    ]
+    before = {c.get("type"): c for c in previous.get("conditions") or ()}
+    conditions = _stamped(wanted, before, generation, timestamp)
+    conditions += [Condition.model_validate(c) for c in old if _known(c)]
+    return EdgeConfigStatus(observed_generation=generation, conditions=conditions)
+
+
+def _known(condition: Mapping[str, Any]) -> bool:
+    try:
+        Condition.model_validate(condition)
+    except ValueError:
+        return False
+    return True
 
 
 def _stamped(
-    wanted: Sequence[tuple[str, ConditionStatus, str, str]],
+    wanted: Sequence[_Wanted],
     before: Mapping[Any, Mapping[str, Any]],
     generation: int,
     timestamp: str,
-    keep_generation: frozenset[str] | set[str] = frozenset(),
-) -> list[dict[str, Any]]:
+    keep_generation: bool = False,
+) -> list[Condition]:
     conditions = []
     for kind, status, reason, message in wanted:
         old = before.get(kind)
         moved = old is None or old.get("status") != status
         observed = generation
-        if kind in keep_generation and old is not None:
+        if keep_generation and old is not None:
             observed = int(old.get("observedGeneration") or generation)
         conditions.append(
-            {
-                "type": kind,
-                "status": status,
-                "reason": reason,
-                "message": message,
-                "observedGeneration": observed,
-                "lastTransitionTime": timestamp
+            Condition(
+                type=kind,
+                status=status,
+                reason=reason,
+                message=message,
+                observed_generation=observed,
+                last_transition_time=timestamp
                 if moved or old is None
                 else old.get("lastTransitionTime", timestamp),
-            }
+            )
         )
     return conditions
 
@@ -230,71 +311,90 @@ def _stamped(
 def build_status(
     finding: Finding,
     previous: Mapping[str, Any],
-    last_change: Mapping[str, Any] | None,
+    last_change: LastChange | None,
     timestamp: str,
-) -> dict[str, Any]:
-    """The whole `.status` (a merge patch replaces it field by field)."""
+) -> EdgeConfigStatus:
+    """The whole `.status` (a merge patch replaces it field by field; an invalid spec leaves
+    out everything but the generation, the conditions and the problems, which keeps the rest)."""
     conditions = build_conditions(finding, previous.get("conditions") or (), timestamp)
-    status: dict[str, Any] = {
-        "observedGeneration": finding.generation,
-        "conditions": conditions,
-        "problems": [p.as_dict() for p in finding.problems[:MAX_ITEMS]],
-    }
-    if not finding.valid:  # nothing else changes
-        return status
+    problems = [ProblemEntry(path=p.path, message=p.message) for p in finding.problems[:MAX_ITEMS]]
+    if not finding.valid:
+        return EdgeConfigStatus(
+            observed_generation=finding.generation, conditions=conditions, problems=problems
+        )
     acked = sum(1 for node in finding.nodes if node.state == "Acked")
     shown_nodes = [n for n in finding.nodes if n.state != "Acked"][:MAX_ITEMS]
     room = MAX_ITEMS - len(shown_nodes)
     shown_nodes += [n for n in finding.nodes if n.state == "Acked"][: max(0, room)]
     shown_nodes.sort(key=lambda n: n.node_id)
     pending = [p.scope for p in finding.pending]
-    status.update(
-        {
-            "desiredConfigHash": finding.desired_hash,
-            "appliedConfigHash": finding.applied_hash,
-            "configShortHash": finding.applied_hash[:12],
-            "pendingRestart": ",".join(pending) if pending else "none",
-            "nodesAcked": f"{acked}/{finding.node_total}",
-            "replicas": [_replica(o) for o in finding.replicas[:MAX_ITEMS]],
-            "nodes": [_node(n) for n in shown_nodes],
-            "omittedNodes": len(finding.nodes) - len(shown_nodes),
-            "rollouts": [_rollout(r) for r in finding.rollouts[:MAX_ITEMS]],
-        }
+    return EdgeConfigStatus(
+        observed_generation=finding.generation,
+        conditions=conditions,
+        problems=problems,
+        desired_config_hash=finding.desired_hash,
+        applied_config_hash=finding.applied_hash,
+        config_short_hash=finding.applied_hash[:12],
+        pending_restart=",".join(pending) if pending else "none",
+        nodes_acked=f"{acked}/{finding.node_total}",
+        last_change=last_change,
+        replicas=[_replica(o) for o in finding.replicas[:MAX_ITEMS]],
+        nodes=[_node(n) for n in shown_nodes],
+        omitted_nodes=len(finding.nodes) - len(shown_nodes),
+        rollouts=[_rollout(r) for r in finding.rollouts[:MAX_ITEMS]],
     )
-    if last_change is not None:
-        status["lastChange"] = dict(last_change)
-    return status
 
 
-def _replica(outcome: ReplicaOutcome) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "pod": outcome.replica.name,
-        "address": outcome.replica.admin_url,
-        "state": outcome.state,
-        "configHash": outcome.config_hash,
-        "reason": outcome.reason,
-    }
-    if outcome.status is not None:
-        entry["generation"] = outcome.status.generation
-    return entry
+def same_status(status: Mapping[str, Any], other: Mapping[str, Any] | None) -> bool:
+    """Equal but for the conditions' transition times (which only move with their status)."""
+    if other is None:
+        return False
+    return _comparable(status) == _comparable(other)
 
 
-def _node(result: NodeResult) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "nodeId": result.node_id,
-        "state": result.state,
-        "reason": result.reason,
-    }
-    if result.draining_runs:
-        entry["drainingRuns"] = result.draining_runs
-    return entry
+def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
+    result = {k: v for k, v in status.items() if k != "conditions"}
+    result["conditions"] = sorted(
+        (
+            (
+                c.get("type"),
+                c.get("status"),
+                c.get("reason"),
+                c.get("message"),
+                c.get("observedGeneration"),
+            )
+            for c in status.get("conditions") or ()
+        ),
+        key=str,
+    )
+    return result
 
 
-def _rollout(record: RolloutRecord) -> dict[str, Any]:
-    return {
-        "scope": record.scope,
-        "workload": record.workload,
-        "configHash": record.config_hash,
-        "state": record.state,
-        "message": record.message,
-    }
+def _replica(outcome: ReplicaOutcome) -> ReplicaEntry:
+    return ReplicaEntry(
+        pod=outcome.replica.name,
+        address=outcome.replica.admin_url,
+        state=outcome.state,
+        config_hash=outcome.config_hash,
+        snapshot=outcome.status.snapshot if outcome.status is not None else None,
+        reason=outcome.reason,
+    )
+
+
+def _node(result: NodeResult) -> NodeEntry:
+    return NodeEntry(
+        node_id=result.node_id,
+        state=result.state,
+        reason=result.reason,
+        draining_runs=result.draining_runs or None,
+    )
+
+
+def _rollout(record: RolloutRecord) -> RolloutEntry:
+    return RolloutEntry(
+        scope=record.scope,
+        workload=record.workload,
+        config_hash=record.config_hash,
+        state=record.state,
+        message=record.message,
+    )

@@ -40,6 +40,8 @@ class Workload:
     rollout: RolloutState
     #: The node id label (Node workloads), else "".
     node_id: str = ""
+    #: The pods it asks for (`spec.replicas`): a workload scaled to 0 runs nothing.
+    replicas: int = 1
 
     @property
     def key(self) -> str:
@@ -54,6 +56,7 @@ class Workload:
             stamp=(template.get("annotations") or {}).get(conventions.CONFIG_HASH_ANNOTATION, ""),
             rollout=rollout_state(deployment),
             node_id=(metadata.get("labels") or {}).get(conventions.NODE_ID_LABEL, ""),
+            replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
         )
 
 

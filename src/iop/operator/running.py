@@ -1,4 +1,4 @@
-"""`iop operator run`: kopf, the workers, the webhook and the clients under one lifecycle.
+"""`iop operator run`: kopf, the workers, the webhook, leadership and metrics under one lifecycle.
 
 kopf does what it is best at: list-and-watch (EdgeConfigs, and the Deployments and Pods
 labelled `iop.dev/edgeconfig`, which wake the EdgeConfig's worker), the admission webhook
@@ -7,8 +7,11 @@ server, the liveness endpoint. The operator's own work runs in `workers.py` and
 annotation, no progress record, no finalizer (there are no change handlers, timers or daemons),
 and no Events of its own (the operator posts its decisions itself).
 
-One replica (the chart's Deployment uses `strategy: Recreate`): kopf's peering is off
-(`standalone`), since two operators would apply the same EdgeConfig twice.
+One operator per EdgeConfig: with `--edgeconfig NAME` (what the chart passes) every watch asks
+the API server for that EdgeConfig's objects only (a field selector on the EdgeConfig, a label
+selector on its workloads and pods), so two releases in one namespace never see each other's
+objects. Several replicas: all watch and serve the webhook (with one certificate, kept in a
+Secret), and the one holding the Lease reconciles (`leading.py`); kopf itself runs standalone.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Collection, Sequence
+import re
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,16 +36,34 @@ from iop.edgeconfig import split_listener
 from . import conventions
 from .adminapi import EdgeAdmin
 from .admitting import AdmissionServer
-from .certifying import SelfSignedCertificate, patch_ca_bundle
+from .certifying import (
+    SelfSignedCertificate,
+    ca_bundle_current,
+    patch_ca_bundle,
+    shared_certificate,
+)
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
-from .errors import KubeApiError
+from .errors import KubeApiError, OperatorError
 from .eventing import EventPoster
-from .kubeapi import KubeApi, KubeSettings
+from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings
+from .leading import LeaderElection
+from .metrics import MetricsServer, OperatorMetrics
 from .reconciling import PassTimings, Reconciler
+from .watching import NamedObject, NamedWatches
 from .webhooks import WEBHOOK_ID, register_webhook
 from .workers import Workers
 
-__all__ = ["OperatorOptions", "build_registry", "run_operator"]
+__all__ = [
+    "MINIMUM_KUBERNETES",
+    "OperatorOptions",
+    "build_registry",
+    "require_server_version",
+    "run_operator",
+]
+
+#: The oldest Kubernetes the operator runs on (major, minor): its webhook's matchConditions
+#: (GA in 1.30) keep each release's webhook to its own EdgeConfig.
+MINIMUM_KUBERNETES: Final = (1, 30)
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +76,8 @@ class OperatorOptions:
 
     namespace: str
     kubeconfig: str | None = None
+    #: The one EdgeConfig to serve (a release's); None: every EdgeConfig of the namespace.
+    edgeconfig: str | None = None
     #: Admin URLs of Edge replicas outside the cluster; empty: the pods of the Edge workload.
     edge_admin_urls: Sequence[str] = ()
     #: host:port the webhook listens on; None: no webhook.
@@ -60,8 +88,15 @@ class OperatorOptions:
     webhook_service: str | None = None
     #: Instead of the Service: the URL the API server calls (an operator outside the cluster).
     webhook_url: str | None = None
+    #: The Secret holding the webhook certificate all replicas share; None: one per start.
+    webhook_secret: str | None = None
     #: host:port of kopf's liveness endpoint (/healthz); None: none.
     liveness_listen: str | None = "0.0.0.0:8080"
+    #: host:port of GET /metrics and /readyz; None: none (`iop operator run` serves them on
+    #: 0.0.0.0:8081 unless told otherwise).
+    metrics_listen: str | None = None
+    #: The Lease replicas elect a leader with; None: this process acts alone.
+    leader_election: str | None = None
     extra_sans: Collection[str] = field(default_factory=tuple)
 
 
@@ -125,10 +160,25 @@ def build_settings(options: OperatorOptions, server: Any | None) -> kopf.Operato
     # of CRDs and namespaces, which a namespaced Role does not allow.
     settings.scanning.disabled = True
     settings.admission.server = server
+    if options.edgeconfig:  # the API server filters: other releases' objects never arrive
+        name = options.edgeconfig
+        settings.watching.field_selectors[conventions.GROUP, conventions.PLURAL] = (
+            f"metadata.name={name}"
+        )
+        labelled = f"{conventions.EDGECONFIG_LABEL}={name}"
+        settings.watching.label_selectors["apps", "deployments"] = labelled
+        settings.watching.label_selectors["", "pods"] = labelled
     return settings
 
 
-def build_registry(workers: Workers, api: KubeApi, *, webhook: bool) -> kopf.OperatorRegistry:
+def build_registry(
+    workers: Workers,
+    api: KubeApi,
+    *,
+    webhook: bool,
+    metrics: OperatorMetrics | None = None,
+    edgeconfig: str | None = None,
+) -> kopf.OperatorRegistry:
     """The handlers: feed the workers, authenticate, and (optionally) the webhook."""
     registry = kopf.OperatorRegistry()
 
@@ -151,12 +201,12 @@ def build_registry(workers: Workers, api: KubeApi, *, webhook: bool) -> kopf.Ope
         if owner:
             workers.poke(metadata["namespace"], owner)
 
-    labelled = {conventions.EDGECONFIG_LABEL: kopf.PRESENT}
+    labelled = {conventions.EDGECONFIG_LABEL: edgeconfig or kopf.PRESENT}
     kopf.on.event("apps", "v1", "deployments", labels=labelled, registry=registry)(dependent_event)
     kopf.on.event("", "v1", "pods", labels=labelled, registry=registry, id="pods")(dependent_event)
 
     if webhook:
-        register_webhook(registry, workers, api)
+        register_webhook(registry, workers, api, metrics)
     return registry
 
 
@@ -183,14 +233,30 @@ async def run_operator(
     on_pass: Callable[[PassTimings], None] | None = None,
 ) -> None:
     """Run until `stop` is set; `ready` is set once kopf watches."""
-    api = await KubeApi.connect(options.kubeconfig)
+    manager = f"{FIELD_MANAGER}/{options.edgeconfig}" if options.edgeconfig else FIELD_MANAGER
+    api = await KubeApi.connect(options.kubeconfig, field_manager=manager)
     tasks: list[asyncio.Task[None]] = []
+    election: LeaderElection | None = None
     try:
+        await require_server_version(api)
+        if options.leader_election:
+            election = LeaderElection(api, options.namespace, options.leader_election, _identity())
+            tasks.append(guarded_task(election.run(), name="leader-election", logger=logger))
+            tasks.append(
+                guarded_task(_release_on(stop, election), name="lease-release", logger=logger)
+            )
+        leading = election.leading if election is not None else None
         async with EdgeAdmin() as admin, EventPoster(api) as events:
             finder: ReplicaFinder = (
                 FixedReplicas(options.edge_admin_urls)
                 if options.edge_admin_urls
                 else PodReplicas(api)
+            )
+            workers: Workers
+            metrics = OperatorMetrics(
+                queue_depth=lambda: workers.pending,
+                leading=lambda: leading is None or leading.is_set(),
+                health=lambda: workers.health(),
             )
 
             def make(namespace: str, name: str) -> Reconciler:
@@ -201,26 +267,37 @@ async def run_operator(
                     admin=admin,
                     finder=finder,
                     events=events,
+                    metrics=metrics,
                     on_pass=on_pass,
                 )
 
-            workers = Workers(make)
-            server = None
-            if options.webhook_listen is not None:  # a key made, files written: off the loop
-                server, certificate = await asyncio.to_thread(_webhook_server, options)
-                if options.webhook_configuration:
-                    tasks.append(
-                        guarded_task(
-                            _keep_ca_bundle(api, options, certificate),
-                            name="webhook-ca-bundle",
-                            logger=logger,
-                        )
-                    )
-            registry = build_registry(workers, api, webhook=server is not None)
+            workers = Workers(make, leading)
+            watching = asyncio.Event()
+            webhook = _Webhook(api, options)
+            server = await webhook.server() if options.webhook_listen is not None else None
+            if server is not None and options.webhook_configuration:
+                tasks.append(webhook.keep_ca_bundle())
+            registry = build_registry(
+                workers,
+                api,
+                webhook=server is not None,
+                metrics=metrics,
+                edgeconfig=options.edgeconfig,
+            )
             liveness = None
             if options.liveness_listen is not None:
                 host, port = split_listener(options.liveness_listen)
                 liveness = f"http://{host}:{port}/healthz"
+            metrics_server = None
+            if options.metrics_listen is not None:
+                metrics_server = MetricsServer(
+                    options.metrics_listen,
+                    metrics,
+                    lambda: {"watching": watching.is_set(), "webhook": webhook.serving},
+                )
+                await metrics_server.start()
+            tasks.append(guarded_task(_flag(watching, ready), name="ready", logger=logger))
+            tasks.append(guarded_task(_signals_stop(watching, stop), name="signals", logger=logger))
             try:
                 await kopf.operator(
                     registry=registry,
@@ -229,52 +306,157 @@ async def run_operator(
                     standalone=True,
                     liveness_endpoint=liveness,
                     stop_flag=stop,
-                    ready_flag=ready,
+                    ready_flag=watching,
                 )
             finally:
+                if election is not None:
+                    await election.release()
                 await workers.stop()
+                await webhook.stop()
+                if metrics_server is not None:
+                    await metrics_server.stop()
     finally:
         await stop_tasks(tasks)
         await api.stop()
 
 
-def _webhook_server(
-    options: OperatorOptions,
-) -> tuple[AdmissionServer, SelfSignedCertificate]:
-    assert options.webhook_listen is not None
-    host, port = split_listener(options.webhook_listen)
-    names: list[str] = []
-    if options.webhook_service:
-        service, namespace = options.webhook_service, options.namespace
-        names += [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local", service]
-    names += [os.environ.get("POD_IP", ""), *options.extra_sans, "localhost", "127.0.0.1"]
-    if host not in ("0.0.0.0", "::"):
-        names.append(host)
-    certificate = SelfSignedCertificate.create(names)
-    url = options.webhook_url or f"https://{host}:{port}"
-    server = AdmissionServer(options.webhook_listen, certificate, f"{url.rstrip('/')}/{WEBHOOK_ID}")
-    return server, certificate
+async def _release_on(stop: asyncio.Event, election: LeaderElection) -> None:
+    """Give the Lease up the moment the operator is told to stop (SIGTERM), before kopf's own
+    shutdown (seconds): the standby takes over at its next try."""
+    await stop.wait()
+    await election.release()
 
 
-async def _keep_ca_bundle(
-    api: KubeApi, options: OperatorOptions, certificate: SelfSignedCertificate
-) -> None:
-    """Point the webhook configuration at this operator's certificate; retried until it works
-    (the chart may create the configuration a moment after the operator starts)."""
-    assert options.webhook_configuration is not None
-    delay = 1.0
-    while True:
-        try:
-            await patch_ca_bundle(
-                api,
-                options.webhook_configuration,
-                certificate.cert_pem,
-                url=f"{options.webhook_url.rstrip('/')}/{WEBHOOK_ID}"
-                if options.webhook_url
-                else None,
+async def _signals_stop(watching: asyncio.Event, stop: asyncio.Event) -> None:
+    """Once kopf runs, SIGTERM and SIGINT set `stop` again: kopf puts in its own handlers, which
+    stop kopf alone, and the Lease would only be released after kopf's shutdown (5 s measured),
+    keeping the standby from leading meanwhile. Through `stop`, kopf stops all the same."""
+    await watching.wait()
+    if threading.current_thread() is not threading.main_thread():
+        return  # no signal handlers outside the main thread (kopf installs none either)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+
+async def _flag(watching: asyncio.Event, ready: asyncio.Event | None) -> None:
+    await watching.wait()
+    if ready is not None:
+        ready.set()
+
+
+def _identity() -> str:
+    """Who this process is in the Lease: its pod's name (the chart's downward API), else the
+    host, and a random suffix, as client-go does: a container the kubelet restarts in the same
+    pod is a new candidate, not the holder it replaced (which may have been frozen, not dead)."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{secrets.token_hex(4)}"
+
+
+async def require_server_version(api: KubeApi) -> None:
+    """Refuse to start on an API server older than the operator needs, saying what it needs."""
+    version = await api.get("/version", what="read the API server's version")
+    major = int(re.sub(r"\D", "", str(version.get("major") or "0")) or 0)
+    minor = int(re.sub(r"\D", "", str(version.get("minor") or "0")) or 0)
+    if (major, minor) < MINIMUM_KUBERNETES:
+        raise OperatorError(
+            f"the API server runs Kubernetes {version.get('gitVersion', f'{major}.{minor}')}; "
+            f"the operator needs {MINIMUM_KUBERNETES[0]}.{MINIMUM_KUBERNETES[1]} or later "
+            "(its webhook's matchConditions and the CRD's validation rules)"
+        )
+
+
+class _Webhook:
+    """The admission webhook's server and certificate, and the caBundle kept current.
+
+    The certificate: with `--webhook-secret` the one every replica shares (made in the cluster
+    by the first, `certifying.shared_certificate`), else a fresh one per start. The caBundle is
+    re-asserted whenever the ValidatingWebhookConfiguration changes (watched by name): a
+    configuration that was recreated (a `helm upgrade` that replaced it, someone's `kubectl
+    apply`) would otherwise silently stop validating, its failurePolicy being Ignore.
+    """
+
+    def __init__(self, api: KubeApi, options: OperatorOptions) -> None:
+        self._api = api
+        self._options = options
+        self._certificate: SelfSignedCertificate | None = None
+        self._stale = asyncio.Event()
+        self._watches: NamedWatches | None = None
+        self.serving = options.webhook_listen is None or not options.webhook_configuration
+
+    async def server(self) -> AdmissionServer:
+        options = self._options
+        assert options.webhook_listen is not None
+        host, port = split_listener(options.webhook_listen)
+        names: list[str] = []
+        if options.webhook_service:
+            service, namespace = options.webhook_service, options.namespace
+            names += [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+            names.append(service)
+        if options.webhook_secret:
+            self._certificate = await shared_certificate(
+                self._api, options.namespace, options.webhook_secret, names
             )
-            return
-        except KubeApiError as error:
-            logger.warning("cannot configure the webhook yet (retrying in %.0fs): %s", delay, error)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 60.0)
+        else:
+            names += [os.environ.get("POD_IP", ""), *options.extra_sans, "localhost", "127.0.0.1"]
+            if host not in ("0.0.0.0", "::"):
+                names.append(host)
+            self._certificate = await asyncio.to_thread(SelfSignedCertificate.create, names)
+        url = options.webhook_url or f"https://{host}:{port}"
+        return AdmissionServer(
+            options.webhook_listen, self._certificate, f"{url.rstrip('/')}/{WEBHOOK_ID}"
+        )
+
+    def keep_ca_bundle(self) -> asyncio.Task[None]:
+        """Watch the configuration and patch its caBundle whenever it does not trust us."""
+        configuration = self._options.webhook_configuration
+        assert configuration is not None
+        target = NamedObject(
+            "admissionregistration.k8s.io/v1",
+            "validatingwebhookconfigurations",
+            None,
+            configuration,
+        )
+        self._watches = NamedWatches(self._api, lambda _: self._heard)
+        self._watches.keep([target])
+        self._stale.set()
+        return guarded_task(self._patch_when_stale(), name="webhook-ca-bundle", logger=logger)
+
+    def _heard(self, kind: str, obj: Mapping[str, Any] | None) -> None:
+        assert self._certificate is not None
+        url = self._url()
+        if (
+            obj is None
+            or kind == "DELETED"
+            or not ca_bundle_current(dict(obj), self._certificate.cert_pem, url)
+        ):
+            self._stale.set()
+
+    def _url(self) -> str | None:
+        base = self._options.webhook_url
+        return f"{base.rstrip('/')}/{WEBHOOK_ID}" if base else None
+
+    async def _patch_when_stale(self) -> None:
+        assert self._certificate is not None and self._options.webhook_configuration
+        delay = 1.0
+        while True:
+            await self._stale.wait()
+            self._stale.clear()
+            try:
+                await patch_ca_bundle(
+                    self._api,
+                    self._options.webhook_configuration,
+                    self._certificate.cert_pem,
+                    url=self._url(),
+                )
+                self.serving, delay = True, 1.0
+            except KubeApiError as error:
+                logger.warning(
+                    "cannot configure the webhook yet (retrying in %.0fs): %s", delay, error
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                self._stale.set()
+
+    async def stop(self) -> None:
+        if self._watches is not None:
+            await self._watches.stop()

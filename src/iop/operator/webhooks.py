@@ -11,19 +11,30 @@ without changing anything. How the API server reaches it and what happens when i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from iop.edgeconfig import ConfigError, EdgeConfig, classify, config_hash, load_data
+from iop.edgeconfig import (
+    ConfigError,
+    EdgeConfig,
+    classify,
+    config_hash,
+    load_data,
+    token_refs,
+    with_token_hashes,
+)
 
 from . import conventions
-from .documents import decode_state
+from .documents import Owner, decode_state
 from .errors import KubeApiError, KubeNotFound
 from .kubeapi import KubeApi, resource_path
+from .metrics import OperatorMetrics
 from .plans import admission_message, plan_warnings
+from .tokensecrets import SecretCache, read_tokens
 from .workers import Workers
 
 __all__ = ["WEBHOOK_ID", "register_webhook"]
@@ -32,9 +43,16 @@ logger = logging.getLogger(__name__)
 
 #: The handler id, which is also the URL path the webhook configuration points at (/validate).
 WEBHOOK_ID = "validate"
+#: The hash a token the operator is still to generate counts as: a new token, unlike any other.
+_TO_BE_GENERATED = hashlib.sha256(b"a token the operator will generate").hexdigest()
 
 
-def register_webhook(registry: kopf.OperatorRegistry, workers: Workers, api: KubeApi) -> None:
+def register_webhook(
+    registry: kopf.OperatorRegistry,
+    workers: Workers,
+    api: KubeApi,
+    metrics: OperatorMetrics | None = None,
+) -> None:
     """Add the validating webhook handler to `registry`."""
 
     @kopf.on.validate(
@@ -55,13 +73,35 @@ def register_webhook(registry: kopf.OperatorRegistry, workers: Workers, api: Kub
         try:
             desired = await asyncio.to_thread(load_data, spec)
         except ConfigError as error:
+            if metrics is not None:
+                metrics.admissions.labels("refused").inc()
             raise kopf.AdmissionError(admission_message(error), code=422) from None
+        desired, waiting = await _with_tokens(api, namespace or "", name or "", desired)
         # A new object has nothing applied (a record left by a deleted namesake is not its base).
         base = None
         if operation != "CREATE":
             base = await _applied_base(workers, api, namespace or "", name or "")
         change = classify(base, desired) if base is not None else None
-        warnings.extend(plan_warnings(change, desired, config_hash(desired)))
+        warnings.extend(plan_warnings(change, desired, config_hash(desired), waiting))
+        if metrics is not None:
+            metrics.admissions.labels("allowed").inc()
+
+
+async def _with_tokens(
+    api: KubeApi, namespace: str, name: str, spec: EdgeConfig
+) -> tuple[EdgeConfig, list[str]]:
+    """The spec with the hashes of the tokens its Secrets hold, as the reconcile will see it
+    (read only: a token still to be generated counts as a new one), and what is missing."""
+    owner = Owner(name, namespace, "")
+    try:
+        tokens = await read_tokens(api, owner, spec, SecretCache(), generate=False)
+    except KubeApiError as error:  # the plan is a courtesy: say the tokens are unknown
+        logger.warning("no token hashes for the plan of %s/%s: %s", namespace, name, error)
+        return spec, []
+    hashes = {ref.key: _TO_BE_GENERATED for ref in token_refs(spec)}
+    hashes.update(tokens.hashes)
+    resolved = await asyncio.to_thread(with_token_hashes, spec, hashes)
+    return resolved, list(tokens.missing)
 
 
 async def _applied_base(

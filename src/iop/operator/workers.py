@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from iop.aiokits import guarded_task, stop_tasks
 
+from .metrics import EdgeConfigHealth
 from .reconciling import PassResult, Reconciler
 
 __all__ = ["Worker", "Workers"]
@@ -43,16 +44,20 @@ Key = tuple[str, str]
 class Worker:
     """The task that reconciles one EdgeConfig."""
 
-    def __init__(self, key: Key, uid: str, reconciler: Reconciler) -> None:
+    def __init__(
+        self, key: Key, uid: str, reconciler: Reconciler, leading: asyncio.Event | None = None
+    ) -> None:
         self.key = key
         self.uid = uid
         self.reconciler = reconciler
+        self._leading = leading
         self._body: Mapping[str, Any] | None = None
         self._received_at = 0.0
         self._generation: int | None = None
         self._wake = asyncio.Event()
         self._backoff = _BACKOFF_FIRST_S
         self._task = guarded_task(self._run(), name=f"reconcile {key[0]}/{key[1]}", logger=logger)
+        reconciler.wake = self.poke  # a watched object it owns changed
 
     @property
     def task(self) -> asyncio.Task[None]:
@@ -74,7 +79,18 @@ class Worker:
         """Something the EdgeConfig depends on changed (a workload, a pod): look again."""
         self._wake.set()
 
+    @property
+    def due(self) -> bool:
+        """Woken and waiting for its pass."""
+        return self._wake.is_set()
+
     async def _run(self) -> None:
+        try:
+            await self._passes()
+        finally:
+            await self.reconciler.stop()  # its watches go with it
+
+    async def _passes(self) -> None:
         delay: float | None = None
         while True:
             try:
@@ -84,6 +100,8 @@ class Worker:
                     await asyncio.wait_for(self._wake.wait(), delay)
             except TimeoutError:
                 pass
+            if self._leading is not None and not self._leading.is_set():
+                await self._leading.wait()  # a standby replica: only the leader acts
             self._wake.clear()
             body = self._body
             if body is None:
@@ -110,8 +128,11 @@ class Worker:
 class Workers:
     """Every worker, by (namespace, name); created on the first event, dropped on deletion."""
 
-    def __init__(self, make: Callable[[str, str], Reconciler]) -> None:
+    def __init__(
+        self, make: Callable[[str, str], Reconciler], leading: asyncio.Event | None = None
+    ) -> None:
         self._make = make
+        self._leading = leading
         self._workers: dict[Key, Worker] = {}
         #: Workers of deleted-and-recreated namesakes, cancelled and awaited at `stop`.
         self._retired: set[asyncio.Task[None]] = set()
@@ -126,7 +147,7 @@ class Workers:
             worker.task.add_done_callback(self._retired.discard)
             worker = None
         if worker is None:
-            worker = Worker(key, metadata.get("uid", ""), self._make(*key))
+            worker = Worker(key, metadata.get("uid", ""), self._make(*key), self._leading)
             self._workers[key] = worker
         worker.notify(body)
 
@@ -144,6 +165,15 @@ class Workers:
         worker = self._workers.pop((namespace, name), None)
         if worker is not None:
             await stop_tasks([worker.task])
+
+    def health(self) -> list[EdgeConfigHealth]:
+        """Each EdgeConfig's health, for the metrics."""
+        return [worker.reconciler.health for worker in self._workers.values()]
+
+    @property
+    def pending(self) -> int:
+        """Workers with a pass to run (woken, not yet running it): the queue depth."""
+        return sum(1 for worker in self._workers.values() if worker.due)
 
     async def stop(self) -> None:
         workers, self._workers = list(self._workers.values()), {}

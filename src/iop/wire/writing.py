@@ -10,8 +10,9 @@ and the per-message cost is shared.
 `put` never waits, so a producer that could outrun the stream (a run reading its upstream faster
 than the peer takes the stream's messages) bounds the queue itself: `wait_for_room(limit)`
 returns once fewer than `limit` items wait. `wait_flushed()` returns once everything put so far
-has been written: a process that is about to close its stream (a Node that drained) sends its
-last words first.
+has been written. `finish()` takes no more items, writes what is queued and then stops, without
+ever cutting a write short: a side that is about to end its half of the stream (a Node leaving an
+Edge) sends its last words whole, and only then says it is done writing.
 """
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ class CoalescingWriter(Generic[T]):
         if self._task is not None:
             await stop_tasks([self._task])
 
+    async def finish(self) -> None:
+        """Take no more items, write every item queued, then stop (see `error` for how).
+
+        Unlike `stop`, never cancels a write in flight: with grpc.aio, a write cancelled midway
+        cancels the whole call, and the peer loses what it had received but not yet read.
+        """
+        self._closed = True
+        task = self._task
+        if task is None:
+            return
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+        await asyncio.wait([task])  # our own cancellation propagates; the writer's does not
+
     @property
     def task(self) -> asyncio.Task[None]:
         """The writer task: done when the writer stopped or its `send` failed (see `error`)."""
@@ -147,9 +163,12 @@ class CoalescingWriter(Generic[T]):
         try:
             while True:
                 if not self._queue:
+                    if self._closed:
+                        return  # finished: everything queued was written
                     self._wakeup = loop.create_future()
                     await self._wakeup
                     self._wakeup = None
+                    continue
                 if len(self._queue) <= self._max_items:
                     batch, self._queue = self._queue, []
                 else:

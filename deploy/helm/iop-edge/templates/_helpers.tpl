@@ -107,6 +107,11 @@ iop.dev/node-id: {{ index . 1 }}
 {{- include "iop-edge.component-name" (list . "operator-webhook") }}
 {{- end }}
 
+{{/* The Secret the operator keeps its webhook certificate in (made in the cluster, by it). */}}
+{{- define "iop-edge.webhook-secret" -}}
+{{- include "iop-edge.component-name" (list . "operator-webhook-tls") }}
+{{- end }}
+
 {{- define "iop-edge.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
 {{- if .Values.image.digest }}
@@ -134,52 +139,6 @@ securityContext:
 {{- end }}
 {{- end }}
 
-{{/*
-A random token that is generated once and then kept: (list $ "secret-name" "key").
-On upgrade the Secret's current value is read back with `lookup`; on install (or under `helm
-template`, where lookup finds nothing) a new one is drawn. A template may ask for the same token
-several times (the Secret that holds it, the EdgeConfig that needs its hash): the first answer is
-remembered for the rest of the render, so both always agree.
-*/}}
-{{- define "iop-edge.generated-token" -}}
-{{- $root := index . 0 }}
-{{- $name := index . 1 }}
-{{- $key := index . 2 }}
-{{- if not (hasKey $root "iopEdgeTokens") }}
-{{- $_ := set $root "iopEdgeTokens" dict }}
-{{- end }}
-{{- $memo := get $root "iopEdgeTokens" }}
-{{- $id := printf "%s/%s" $name $key }}
-{{- if not (hasKey $memo $id) }}
-{{- $existing := lookup "v1" "Secret" $root.Release.Namespace $name }}
-{{- $current := "" }}
-{{- if $existing }}
-{{- $current = index ($existing.data | default dict) $key | default "" | b64dec }}
-{{- end }}
-{{- $_ := set $memo $id (default (randAlphaNum 48) $current) }}
-{{- end }}
-{{- get $memo $id }}
-{{- end }}
-
-{{/*
-The token in a Secret the user made: (list $ "secret-name" "key" "what needs it"). It must exist
-before the chart is rendered against the cluster; `helm template` cannot read Secrets.
-*/}}
-{{- define "iop-edge.existing-token" -}}
-{{- $root := index . 0 }}
-{{- $name := index . 1 }}
-{{- $key := index . 2 }}
-{{- $secret := lookup "v1" "Secret" $root.Release.Namespace $name }}
-{{- if not $secret }}
-{{- fail (printf "%s: Secret %s/%s not found; create it first (helm template and --dry-run=client cannot read Secrets: use --dry-run=server), or give tokenHashSha256" (index . 3) $root.Release.Namespace $name) }}
-{{- end }}
-{{- $value := index ($secret.data | default dict) $key | default "" }}
-{{- if not $value }}
-{{- fail (printf "%s: Secret %s/%s has no key %q" (index . 3) $root.Release.Namespace $name $key) }}
-{{- end }}
-{{- $value | b64dec }}
-{{- end }}
-
 {{- define "iop-edge.node-token-secret" -}}
 {{- include "iop-edge.component-name" (list (index . 0) (printf "node-%s" (index . 1))) }}
 {{- end }}
@@ -189,39 +148,35 @@ before the chart is rendered against the cluster; `helm template` cannot read Se
 {{- end }}
 
 {{/*
-Where a node's token lives: (list $ node) -> {"name": ..., "key": ..., "generated": bool}, as
-JSON. A `tokenSecret` on the node names the user's Secret; otherwise the chart's own.
+Where a token lives, as the EdgeConfig's `tokenSecret`: (list $ entry "default secret name"
+"default key") -> {"name", "key", "generate"} as JSON. The entry's own `tokenSecret` names the
+user's Secret (never generated); otherwise the chart's name, which the operator creates with a
+random token (it never changes it afterwards). No template draws a token or computes a hash: a
+render is a pure function of the values (Argo CD renders on every sync).
 */}}
+{{- define "iop-edge.token-secret" -}}
+{{- $entry := index . 1 }}
+{{- if $entry.tokenSecret }}
+{{- dict "name" $entry.tokenSecret.name "key" (default "token" $entry.tokenSecret.key) "generate" false | toJson }}
+{{- else }}
+{{- dict "name" (index . 2) "key" (index . 3) "generate" true | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* A node's token Secret: (list $ node). */}}
 {{- define "iop-edge.node-token-ref" -}}
 {{- $root := index . 0 }}
 {{- $node := index . 1 }}
-{{- if $node.tokenSecret }}
-{{- dict "name" $node.tokenSecret.name "key" (default "token" $node.tokenSecret.key) "generated" false | toJson }}
-{{- else }}
-{{- dict "name" (include "iop-edge.node-token-secret" (list $root $node.id)) "key" "token" "generated" true | toJson }}
-{{- end }}
+{{- include "iop-edge.token-secret" (list $root $node (include "iop-edge.node-token-secret" (list $root $node.id)) "token") }}
 {{- end }}
 
-{{/* A node's token: (list $ node). */}}
-{{- define "iop-edge.node-token" -}}
-{{- $root := index . 0 }}
-{{- $node := index . 1 }}
-{{- $ref := include "iop-edge.node-token-ref" . | fromJson }}
-{{- if $ref.generated }}
-{{- include "iop-edge.generated-token" (list $root $ref.name $ref.key) }}
+{{/* The admin API's token Secret: the user's (edge.adminToken.existingSecret) or NAME-edge-admin. */}}
+{{- define "iop-edge.admin-token-ref" -}}
+{{- $existing := .Values.edge.adminToken.existingSecret }}
+{{- if $existing }}
+{{- dict "name" $existing "key" (default "token" .Values.edge.adminToken.key) "generate" false | toJson }}
 {{- else }}
-{{- include "iop-edge.existing-token" (list $root $ref.name $ref.key (printf "node %s" $node.id)) }}
-{{- end }}
-{{- end }}
-
-{{/* A principal token's value: (list $ entry). */}}
-{{- define "iop-edge.client-token" -}}
-{{- $root := index . 0 }}
-{{- $entry := index . 1 }}
-{{- if $entry.tokenSecret }}
-{{- include "iop-edge.existing-token" (list $root $entry.tokenSecret.name (default "token" $entry.tokenSecret.key) (printf "principal token %s" $entry.tokenRef)) }}
-{{- else }}
-{{- include "iop-edge.generated-token" (list $root (include "iop-edge.api-keys-secret" $root) $entry.tokenRef) }}
+{{- dict "name" (include "iop-edge.admin-secret" .) "key" "token" "generate" true | toJson }}
 {{- end }}
 {{- end }}
 
@@ -236,48 +191,14 @@ JSON. A `tokenSecret` on the node names the user's Secret; otherwise the chart's
 {{- dict "nodes" ($spec.nodes | default list) | toJson }}
 {{- end }}
 
-{{/* Principal tokens of the spec that the chart generates, as {"tokens": [...]} JSON. */}}
-{{- define "iop-edge.generated-client-tokens" -}}
-{{- $spec := include "iop-edge.values-spec" . | fromYaml }}
-{{- $out := list }}
-{{- if .Values.edgeConfig.create }}
-{{- range (($spec.openai | default dict).principalTokens | default list) }}
-{{- if and (not .tokenHashSha256) (not .tokenSecret) }}
-{{- $out = append $out . }}
-{{- end }}
-{{- end }}
-{{- end }}
-{{- dict "tokens" $out | toJson }}
-{{- end }}
-
-{{/*
-Nodes whose token the chart generates, as {"nodes": [...]} JSON: every node of the spec without
-a tokenHashSha256 or tokenSecret, and every in-cluster node (which may be a node of an EdgeConfig
-the user applies).
-*/}}
-{{- define "iop-edge.generated-node-tokens" -}}
-{{- $ids := list }}
-{{- if .Values.edgeConfig.create }}
-{{- range (include "iop-edge.spec-nodes" . | fromJson).nodes }}
-{{- if and (not .tokenHashSha256) (not .tokenSecret) }}
-{{- $ids = append $ids .id }}
-{{- end }}
-{{- end }}
-{{- end }}
-{{- range .Values.nodes }}
-{{- if not .tokenSecret }}
-{{- $ids = append $ids .id }}
-{{- end }}
-{{- end }}
-{{- dict "nodes" ($ids | uniq) | toJson }}
-{{- end }}
-
 {{/*
 The EdgeConfig spec as the cluster gets it: the values' spec, the listeners and admin API the
-chart wires (the ports of its Services, probes and NetworkPolicy, the admin token and the TLS
-files it mounts), and every token hash computed from its Secret. Chart-only keys (tokenSecret)
-are removed. `edge.tls` is the chart's alone: files named there must be mounted, and only the
-chart mounts anything into the Edge.
+chart wires (the ports of its Services, probes and NetworkPolicy, the admin token file and the
+TLS files it mounts), and where every token lives: a `tokenHashSha256` the values give is kept;
+any other token is named by its Secret (`tokenSecret`), which the operator reads, hashes into the
+Edge's config, and creates with a random token when the chart names it (`generate: true`).
+`edge.tls` is the chart's alone: files named there must be mounted, and only the chart mounts
+anything into the Edge.
 */}}
 {{- define "iop-edge.spec" -}}
 {{- $root := . }}
@@ -286,19 +207,24 @@ chart mounts anything into the Edge.
 {{- if hasKey ($spec.edge | default dict) "tls" }}
 {{- fail "edgeConfig.spec.edge.tls: the chart sets it from the values tls.* (the Secret it mounts into the Edge); use tls.enabled and tls.secretName instead" }}
 {{- end }}
+{{- $admin := dict "listen" (printf "0.0.0.0:%v" $ports.admin) "tokenFile" "/etc/iop/admin/token" "tokenSecret" (include "iop-edge.admin-token-ref" . | fromJson) }}
 {{- $edge := mergeOverwrite (dict) ($spec.edge | default dict) (dict
       "listen" (printf "0.0.0.0:%v" $ports.hub)
-      "admin" (dict "listen" (printf "0.0.0.0:%v" $ports.admin) "tokenFile" "/etc/iop/admin/token")
+      "admin" $admin
       "metrics" (dict "listen" (printf "0.0.0.0:%v" $ports.metrics))) }}
 {{- with (include "iop-edge.edge-tls" . | fromYaml) }}
 {{- $_ := set $edge "tls" . }}
 {{- end }}
 {{- $openai := mergeOverwrite (dict) ($spec.openai | default dict) (dict "listen" (printf "0.0.0.0:%v" $ports.openai)) }}
+{{- if and .Values.limitStore.redis.enabled (not ($openai.limitStore | default dict).url) }}
+{{- $store := mergeOverwrite (dict) ($openai.limitStore | default dict) (dict "url" (printf "redis://%s:%v" (include "iop-edge.component-name" (list . "redis")) .Values.limitStore.redis.port)) }}
+{{- $_ := set $openai "limitStore" $store }}
+{{- end }}
 {{- $tokens := list }}
 {{- range ($openai.principalTokens | default list) }}
 {{- $entry := omit . "tokenSecret" }}
 {{- if not .tokenHashSha256 }}
-{{- $_ := set $entry "tokenHashSha256" (include "iop-edge.client-token" (list $root .) | sha256sum) }}
+{{- $_ := set $entry "tokenSecret" (include "iop-edge.token-secret" (list $root . (include "iop-edge.api-keys-secret" $root) .tokenRef) | fromJson) }}
 {{- end }}
 {{- $tokens = append $tokens $entry }}
 {{- end }}
@@ -309,7 +235,7 @@ chart mounts anything into the Edge.
 {{- range ($spec.nodes | default list) }}
 {{- $node := omit . "tokenSecret" }}
 {{- if not .tokenHashSha256 }}
-{{- $_ := set $node "tokenHashSha256" (include "iop-edge.node-token" (list $root .) | sha256sum) }}
+{{- $_ := set $node "tokenSecret" (include "iop-edge.node-token-ref" (list $root .) | fromJson) }}
 {{- end }}
 {{- $nodes = append $nodes $node }}
 {{- end }}
@@ -367,4 +293,40 @@ clientCaFile: /etc/iop/tls/ca.crt
 {{- $models := $spec.models | default list }}
 {{- if $models }}{{ (first $models).id }}{{ end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The Secrets the operator reads (and may create), by name, as {"names": [...]} JSON: the admin
+token's, every token Secret the spec from values names (generated or the user's), the in-cluster
+nodes' token Secrets, the webhook certificate's, and operator.rbac.extraSecretNames.
+*/}}
+{{- define "iop-edge.operator-secret-names" -}}
+{{- $root := . }}
+{{- $names := list (include "iop-edge.admin-token-ref" . | fromJson).name }}
+{{- if .Values.operator.webhook.enabled }}
+{{- $names = append $names (include "iop-edge.webhook-secret" .) }}
+{{- end }}
+{{- if .Values.edgeConfig.create }}
+{{- $spec := include "iop-edge.spec" . | fromYaml }}
+{{- range (($spec.openai | default dict).principalTokens | default list) }}
+{{- with .tokenSecret }}{{ $names = append $names .name }}{{ end }}
+{{- end }}
+{{- range ($spec.nodes | default list) }}
+{{- with .tokenSecret }}{{ $names = append $names .name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- range .Values.nodes }}
+{{- $names = append $names (include "iop-edge.node-token-ref" (list $root .) | fromJson).name }}
+{{- end }}
+{{- dict "names" (concat $names .Values.operator.rbac.extraSecretNames | uniq) | toJson }}
+{{- end }}
+
+{{/* The Deployments the operator may stamp (roll), by name, as {"names": [...]} JSON. */}}
+{{- define "iop-edge.operator-deployment-names" -}}
+{{- $root := . }}
+{{- $names := list (include "iop-edge.component-name" (list . "edge")) }}
+{{- range .Values.nodes }}
+{{- $names = append $names (include "iop-edge.component-name" (list $root (printf "node-%s" .id))) }}
+{{- end }}
+{{- dict "names" (concat $names .Values.operator.rbac.extraDeploymentNames | uniq) | toJson }}
 {{- end }}

@@ -1,0 +1,153 @@
+"""Two releases of the chart in one namespace: each one's operator sees, validates and writes only
+its own EdgeConfig and what belongs to it (docs/operator.md, "One operator per EdgeConfig").
+
+Both operators run as pods with their releases' RBAC (two replicas each); the Edges and Nodes
+stand on kwok's node, where nothing runs: this is about who writes what, read from
+`managedFields`, Events, the API server's audit log and each operator's own metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from e2e.operator.conftest import CHART, ON_KWOK
+
+# Two chart installs and four operator pods before the first look.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
+
+RELEASES = ("alpha", "beta")
+
+
+def values(name: str) -> dict[str, Any]:
+    """The chart's demo EdgeConfig, named `name`, its workloads on kwok's node."""
+    return {
+        "fullnameOverride": name,
+        "edge": {"replicas": 1, **ON_KWOK},
+        "nodes": [{"id": "node-1", **ON_KWOK}],
+    }
+
+
+@pytest.fixture(scope="module")
+def namespace(kube_cluster: Any, edgeconfig_crd: None) -> Iterator[str]:
+    namespace = f"e2e-releases-{secrets.token_hex(3)}"
+    kube_cluster.kubectl("create", "namespace", namespace)
+    try:
+        for name in RELEASES:
+            path = kube_cluster.client_home / f"values-{namespace}-{name}.json"
+            path.write_text(json.dumps(values(name)))
+            kube_cluster.helm("install", name, str(CHART), "-n", namespace, "-f", str(path))
+        yield namespace
+    finally:
+        for name in RELEASES:
+            logs = kube_cluster.kubectl(
+                "logs", f"deploy/{name}-operator", "-n", namespace, "--tail=60", check=False
+            )
+            print(f"--- {name}'s operator log ---\n{logs.stdout}{logs.stderr}")
+            kube_cluster.helm("uninstall", name, "-n", namespace, "--wait", check=False)
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def managers(obj: dict[str, Any], subresource: str | None = None) -> set[str]:
+    """Who wrote `obj` (or its `subresource`): `obj` read with `--show-managed-fields`."""
+    return {
+        entry["manager"]
+        for entry in obj["metadata"].get("managedFields") or ()
+        if entry.get("subresource") == subresource
+    }
+
+
+def operator_pods(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=operator"
+    return cluster.pods(namespace, selector)  # type: ignore[no-any-return]
+
+
+def admissions(cluster: Any, namespace: str, name: str) -> float:
+    """Admission reviews all of `name`'s operator replicas have answered (their /metrics)."""
+    total = 0.0
+    for pod in operator_pods(cluster, namespace, name):
+        text = httpx.get(f"http://{pod['status']['podIP']}:8081/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith("iop_operator_webhook_admissions_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_each_operator_writes_only_its_own_edgeconfig(kube_cluster: Any, namespace: str) -> None:
+    def observed(name: str) -> bool:
+        ec = kube_cluster.get("ec", name, "-n", namespace)
+        # The Edges stand on kwok and never answer: the operator writes their config but applies
+        # nothing (no `-edge-applied` record), which is all this test needs.
+        made = kube_cluster.kubectl(
+            "get", "configmap", f"{name}-edge", "-n", namespace, check=False
+        )
+        return ec.get("status", {}).get("observedGeneration") == 1 and made.returncode == 0
+
+    for name in RELEASES:
+        kube_cluster.wait_for(lambda n=name: observed(n), timeout=180, what=f"ec/{name} observed")
+        kube_cluster.wait_for(
+            lambda n=name: (
+                all(p["status"].get("podIP") for p in operator_pods(kube_cluster, namespace, n))
+                and len(operator_pods(kube_cluster, namespace, n)) == 2
+            ),
+            timeout=120,
+            what=f"{name}'s two operator pods",
+        )
+
+    for name in RELEASES:
+        mine = f"iop-operator/{name}"
+
+        def written(kind: str, obj: str, subresource: str | None = None) -> set[str]:
+            found = kube_cluster.get(kind, obj, "-n", namespace, "--show-managed-fields")
+            return managers(found, subresource)
+
+        assert written("ec", name, "status") == {mine}
+        assert written("configmap", f"{name}-edge") == {mine}
+        for secret in (f"{name}-edge-admin", f"{name}-node-node-1", f"{name}-api-keys"):
+            assert written("secret", secret) == {mine}
+        pods = {p["metadata"]["name"] for p in operator_pods(kube_cluster, namespace, name)}
+        events = kube_cluster.get(
+            "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+        )["items"]
+        assert events and {e["reportingInstance"] for e in events} <= pods
+
+    # What each operator's ServiceAccount asked the API server for: only its own objects.
+    for name in RELEASES:
+        (other,) = set(RELEASES) - {name}
+        calls = kube_cluster.audit(f"system:serviceaccount:{namespace}:{name}-operator")
+        # Discovery calls (`/api`, `/apis`) have no objectRef.
+        refs = [(c, c.get("objectRef") or {}) for c in calls]
+        touched = [
+            (c["verb"], ref.get("resource"), ref.get("name"))
+            for c, ref in refs
+            if (ref.get("name") or "").startswith(other)
+            or f"metadata.name%3D{other}" in c.get("requestURI", "")
+            or f"iop.dev%2Fedgeconfig%3D{other}" in c.get("requestURI", "")
+        ]
+        assert calls and touched == []
+        assert [c for c in calls if c.get("responseStatus", {}).get("code") == 403] == []
+
+    # A change to alpha is alpha's alone: its webhook answers (beta's is never asked), its
+    # operator applies it, beta's EdgeConfig does not move.
+    beta_before = kube_cluster.get("ec", "beta", "-n", namespace)
+    beta_admissions = admissions(kube_cluster, namespace, "beta")
+    alpha_admissions = admissions(kube_cluster, namespace, "alpha")
+    patch = json.dumps({"spec": {"openai": {"longContextThresholdTokens": 5000}}})
+    kube_cluster.kubectl("patch", "ec", "alpha", "-n", namespace, "--type=merge", "-p", patch)
+    kube_cluster.wait_for(
+        lambda: (
+            kube_cluster.get("ec", "alpha", "-n", namespace)["status"]["observedGeneration"] == 2
+        ),
+        timeout=60,
+        what="alpha's generation 2 observed",
+    )
+    assert admissions(kube_cluster, namespace, "alpha") == alpha_admissions + 1
+    assert admissions(kube_cluster, namespace, "beta") == beta_admissions
+    beta_after = kube_cluster.get("ec", "beta", "-n", namespace)
+    assert beta_after["metadata"]["generation"] == beta_before["metadata"]["generation"] == 1
+    assert beta_after["status"]["observedGeneration"] == 1

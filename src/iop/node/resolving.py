@@ -1,0 +1,89 @@
+"""Where the Edge replicas are: the addresses a service name lists, and when to look again.
+
+A Node given `--edge-service NAME:PORT` (a headless Service) keeps one connection per address the
+name resolves to. A headless Service lists only the *ready* Edge pods, by pod IP, so the answer
+changes whenever a replica starts, stops, or is replaced by a pod at a new IP (a restart of the
+Edge, a `helm upgrade`): the Node must look again soon after such a change, or it keeps dialing
+an address where no Edge listens until its next periodic look.
+
+`ResolvePacing` decides when (pure, so a unit test drives it with numbers):
+
+- every `interval` (30 s) while every address listed has welcomed this Node;
+- every `fast` second while no Edge has welcomed it (at start no replica may be ready yet);
+- after a link that had been welcomed drops (`lost`), every `fast` second until the Node is
+  welcomed again by as many Edges as before the loss and by every address listed, for at most
+  `fast_for` seconds (a replica that is gone for good, a scale-down, ends the fast pace there).
+
+The agent also looks at once when a link drops or a dial fails, never more often than every
+`fast` seconds (`spacing`): the lookup is cheap, but every failed redial of a dead address asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ["FAST_RESOLVE_FOR_S", "FAST_RESOLVE_S", "Resolve", "ResolvePacing", "resolve_service"]
+
+#: Seconds between two lookups while the Node misses an Edge (see the module docstring).
+FAST_RESOLVE_S: Final = 1.0
+#: Seconds the fast pace lasts after a lost link, at most.
+FAST_RESOLVE_FOR_S: Final = 60.0
+
+#: `await resolve(host, port)`: the addresses (`ip:port`, `[ip6]:port`) a name lists now;
+#: raises OSError when the name does not resolve. The Node's seam for its lookups.
+Resolve = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def resolve_service(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to (the system's resolver: cluster DNS in a pod)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[str] = []
+    for family, _, _, _, sockaddr in infos:
+        ip = str(sockaddr[0])
+        address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+        if address not in found:
+            found.append(address)
+    return found
+
+
+@dataclass(slots=True)
+class ResolvePacing:
+    """When the Node looks its Edge services up again; times are the event loop's clock."""
+
+    interval: float
+    fast: float = FAST_RESOLVE_S
+    fast_for: float = FAST_RESOLVE_FOR_S
+    #: The fast pace lasts until then, unless the Node is back where it was before.
+    _fast_until: float = field(default=0.0, init=False)
+    #: How many Edges welcomed the Node before its last losses.
+    _wanted: int = field(default=0, init=False)
+
+    @property
+    def spacing(self) -> float:
+        """The shortest time between two lookups."""
+        return min(self.fast, self.interval)
+
+    def started(self, now: float) -> None:
+        """The Node starts: look fast until every address listed has welcomed it (bounded)."""
+        self._fast_until = now + self.fast_for
+
+    def lost(self, now: float, *, welcomed_before: int) -> None:
+        """A link that had been welcomed dropped; `welcomed_before` links were up with it."""
+        self._fast_until = now + self.fast_for
+        self._wanted = max(self._wanted, welcomed_before)
+
+    def delay(self, now: float, *, welcomed: int, listed: int) -> float:
+        """Seconds until the next lookup, given how many links are welcomed, of how many."""
+        if welcomed == 0:
+            return self.spacing
+        if welcomed >= max(listed, self._wanted):
+            self._fast_until, self._wanted = 0.0, 0  # back where it was: slow until a loss
+            return self.interval
+        if now < self._fast_until:
+            return self.spacing
+        self._wanted = 0  # the fast pace is over: what is missing may be gone for good
+        return self.interval

@@ -1,0 +1,194 @@
+"""The tokens an EdgeConfig names by Secret: read, created when the spec says to, and hashed.
+
+A spec may name a node's, a client's or the admin API's token by a Secret
+(`token_secret: {name, key, generate}`) instead of by its SHA-256, so nothing that renders the
+EdgeConfig (Helm, Argo CD, Flux) draws a token or carries a hash: renders stay pure. The
+operator reads each named Secret; one marked `generate` that does not exist (or lacks the key)
+it creates with a random token, labelled and owned by the EdgeConfig, and never changes again —
+deleting it is how a token is rotated. The hashes go into the Edge's config
+(`iop.edgeconfig.with_token_hashes`); raw tokens stay in memory only (the admin token, to call
+the Edges) and are never logged.
+
+Secrets are read by name (RBAC: `get` on those names; `create`, which RBAC cannot limit by
+name, only for the ones to generate) and cached until their watch (`watching.py`) says they
+changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from iop.edgeconfig import EdgeConfig, SecretKeyRef, TokenRef, token_refs
+
+from . import conventions
+from .documents import Owner
+from .errors import KubeConflict, KubeNotFound
+from .kubeapi import KubeApi, resource_path
+
+__all__ = ["SecretCache", "TokenRead", "admin_token_ref", "read_tokens"]
+
+#: Bytes of randomness in a generated token (URL-safe base64: 43 characters).
+_TOKEN_BYTES: Final = 32
+
+
+def admin_token_ref(config: EdgeConfig, edgeconfig_name: str) -> SecretKeyRef | None:
+    """Where the operator reads the admin token: `edge.admin.token_secret`, else the Secret
+    NAME-edge-admin (key `token`, generated when missing: the chart's Edge mounts that name);
+    None when the admin API takes no token."""
+    admin = config.edge.admin
+    if admin.token_secret is not None:
+        return admin.token_secret
+    if not admin.token_hash_sha256 and not admin.token_file:
+        return None
+    return SecretKeyRef(
+        name=conventions.admin_secret_name(edgeconfig_name),
+        key=conventions.ADMIN_TOKEN_KEY,
+        generate=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRead:
+    """What reading a config's token Secrets found."""
+
+    #: (Secret name, key) -> SHA-256 hex of the token.
+    hashes: Mapping[tuple[str, str], str]
+    #: The admin token itself (in memory only), or None when there is none to send.
+    admin_token: str | None
+    #: What is missing and not to be generated, each naming the Secret and who needs it (a
+    #: token to generate that `generate=False` left alone is simply absent from `hashes`).
+    missing: Sequence[str]
+    #: Secrets (and keys) created this time, for the Events.
+    created: Sequence[str]
+    #: Every Secret read, to watch.
+    names: frozenset[str]
+
+
+@dataclass(slots=True)
+class SecretCache:
+    """Secrets as last read: name -> data (base64 values), or None for one that does not exist.
+    An entry is dropped when the Secret's watch reports a change."""
+
+    entries: dict[str, Mapping[str, str] | None] = field(default_factory=dict)
+
+    def forget(self, name: str) -> None:
+        self.entries.pop(name, None)
+
+
+async def read_tokens(
+    api: KubeApi,
+    owner: Owner,
+    config: EdgeConfig,
+    cache: SecretCache,
+    *,
+    generate: bool = True,
+) -> TokenRead:
+    """Read (and, with `generate`, create) every token Secret of `config`, and the admin one."""
+    refs = token_refs(config)
+    admin = admin_token_ref(config, owner.name)
+    described = _described(refs, admin, config)
+    by_name: dict[str, list[SecretKeyRef]] = {}
+    for ref in described:
+        by_name.setdefault(ref.secret.name, []).append(ref.secret)
+    created: list[str] = []
+    for name, keys in by_name.items():
+        if name not in cache.entries:
+            cache.entries[name] = await _read(api, owner.namespace, name)
+        absent = sorted(
+            {k.key for k in keys if k.generate and k.key not in (cache.entries[name] or {})}
+        )
+        if absent and generate:
+            cache.entries[name] = await _generate(api, owner, name, absent, cache.entries[name])
+            created.append(f"Secret {name} ({', '.join(absent)})")
+    values: dict[tuple[str, str], str] = {}
+    missing: list[str] = []
+    for ref in described:
+        data = cache.entries.get(ref.secret.name)
+        encoded = (data or {}).get(ref.secret.key)
+        if encoded is None:
+            if not ref.secret.generate:  # (one to generate is made by the reconcile, not here)
+                what = "does not exist" if data is None else f"has no key {ref.secret.key}"
+                missing.append(f"Secret {ref.secret.name} (named by {ref.path}) {what}")
+            continue
+        values[(ref.secret.name, ref.secret.key)] = base64.b64decode(encoded).decode().strip()
+    admin_token = values.get((admin.name, admin.key)) if admin is not None else None
+    return TokenRead(
+        hashes={key: hashlib.sha256(value.encode()).hexdigest() for key, value in values.items()},
+        admin_token=admin_token,
+        missing=missing,
+        created=created,
+        names=frozenset(by_name),
+    )
+
+
+def _described(
+    refs: Iterable[TokenRef], admin: SecretKeyRef | None, config: EdgeConfig
+) -> list[TokenRef]:
+    found = list(refs)
+    if admin is not None and config.edge.admin.token_secret is None:
+        found.append(TokenRef("admin", "admin", "the admin API (Secret NAME-edge-admin)", admin))
+    return found
+
+
+async def _read(api: KubeApi, namespace: str, name: str) -> Mapping[str, str] | None:
+    try:
+        secret = await api.get(
+            resource_path("v1", "secrets", namespace, name), what=f"read the token Secret {name}"
+        )
+    except KubeNotFound:
+        return None
+    data: Mapping[str, str] = secret.get("data") or {}
+    return data
+
+
+async def _generate(
+    api: KubeApi,
+    owner: Owner,
+    name: str,
+    keys: Sequence[str],
+    existing: Mapping[str, str] | None,
+) -> Mapping[str, str]:
+    """Create Secret `name` with a random token under each of `keys`, or add them to it; the
+    data as it now is. Another writer racing us (a second operator replica) wins: its tokens
+    are read back instead."""
+    fresh = {key: _encode(secrets.token_urlsafe(_TOKEN_BYTES)) for key in keys}
+    path = resource_path("v1", "secrets", owner.namespace)
+    if existing is None:
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": owner.namespace,
+                "labels": owner.labels(),
+                "annotations": {
+                    "iop.dev/generated": "tokens made by the operator; delete to rotate"
+                },
+                "ownerReferences": [owner.reference()],
+            },
+            "type": "Opaque",
+            "data": fresh,
+        }
+        try:
+            made = await api.create(path, body, what=f"create the token Secret {name}")
+        except KubeConflict:
+            return await _read(api, owner.namespace, name) or {}
+        data: Mapping[str, str] = made.get("data") or {}
+        return data
+    # Add only the missing keys; a JSON merge patch leaves the others alone.
+    patched = await api.merge_patch(
+        resource_path("v1", "secrets", owner.namespace, name),
+        {"data": fresh},
+        what=f"add token keys to the Secret {name}",
+    )
+    data = patched.get("data") or {}
+    return data
+
+
+def _encode(token: str) -> str:
+    return base64.b64encode(token.encode()).decode()

@@ -1,0 +1,291 @@
+"""The reconcile's decisions, driven without a cluster: what a change is, what rolls, when a
+change is committed, what the status says and when the next pass comes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from iop.edgeconfig import EdgeConfig, config_hash, load_data
+from iop.operator.adminapi import ApplyReport, NodeState, ReplicaStatus
+from iop.operator.deciding import (
+    SERVING_WAIT_S,
+    Observation,
+    judge,
+    live_targets,
+    plan,
+    settled_outcomes,
+    stamps_due,
+    with_restarts,
+)
+from iop.operator.discovering import EdgeReplica
+from iop.operator.documents import AppliedState, RestartRecord
+from iop.operator.liveapplying import ReplicaOutcome
+from iop.operator.rolling import RolloutState, Workload
+
+from .conftest import operator_document
+
+COMPLETE = RolloutState("Complete", "1 of 1 replicas updated and available")
+ROLLING = RolloutState("Progressing", "0 of 1 new replicas updated")
+
+
+def config(edit: Any = None) -> EdgeConfig:
+    document = operator_document()
+    if edit is not None:
+        edit(document)
+    return load_data(document)
+
+
+def capacity(value: int) -> Any:
+    return lambda d: d["nodes"][0]["providers"][0].update(capacity=value)
+
+
+def listen(value: str) -> Any:
+    return lambda d: d.setdefault("openai", {}).update(listen=value)
+
+
+def replica(name: str, stamp: str | None = "", ready: bool = True) -> EdgeReplica:
+    return EdgeReplica(name, name, f"http://{name}:9090", ready, stamp)
+
+
+def applied(
+    replica_: EdgeReplica, digest: str, nodes: dict[str, bool] | None = None, *, apply: bool = True
+) -> ReplicaOutcome:
+    """A replica that runs `digest`, with each node connected and current as `nodes` says."""
+    views = tuple(NodeState(n, True, current) for n, current in (nodes or {}).items())
+    report = ApplyReport(digest, 2, True, (), 3.0, "") if apply else None
+    return ReplicaOutcome(
+        replica_, "Applied", status=ReplicaStatus(digest, 2, views), report=report
+    )
+
+
+def edge(stamp: str, rollout: RolloutState = COMPLETE) -> Workload:
+    return Workload("demo-edge", stamp, rollout)
+
+
+def node_workload(node_id: str, stamp: str = "", rollout: RolloutState = COMPLETE) -> Workload:
+    return Workload(f"demo-{node_id}", stamp, rollout, node_id=node_id)
+
+
+def observe(
+    desired: EdgeConfig,
+    record: AppliedState | None,
+    *,
+    base: EdgeConfig | None = None,
+    edges: tuple[Workload, ...] = (),
+    nodes: Mapping[str, tuple[Workload, ...]] | None = None,
+    replicas: tuple[EdgeReplica, ...] = (replica("edge-0"),),
+) -> Observation:
+    return Observation(
+        namespace="ns",
+        name="demo",
+        generation=2,
+        desired=desired,
+        desired_hash=config_hash(desired),
+        applied=record,
+        base=record.config if record is not None else base,
+        edges=edges,
+        nodes=nodes or {},
+        replicas=replicas,
+    )
+
+
+def record_of(old: EdgeConfig, *restarts: RestartRecord) -> AppliedState:
+    return AppliedState(old, config_hash(old), 1, {}, tuple(restarts), applied_at=100.0)
+
+
+def test_a_first_apply_is_committed_and_said_once() -> None:
+    desired = config()
+    observation = observe(desired, None)
+    current = plan(observation)
+    outcomes = [applied(replica("edge-0"), observation.desired_hash)]
+
+    verdict = judge(observation, current, outcomes, {}, effective_hash="", in_effect_for=None)
+
+    assert current.change is None and current.restarts == ()
+    assert verdict.record is not None and verdict.record.config_hash == observation.desired_hash
+    assert verdict.finding.ready
+    assert [e.reason for e in verdict.events] == ["AppliedLive", "Ready"]
+    assert "is the first applied" in verdict.events[0].message
+    assert verdict.next == "nodes"  # no node has reported yet: look again soon, then less often
+
+
+def test_a_live_change_applies_without_a_roll() -> None:
+    old, desired = config(), config(capacity(9))
+    observation = observe(desired, record_of(old), edges=(edge(config_hash(old)),))
+    current = plan(observation)
+
+    assert current.change is not None and current.change.live_paths
+    assert current.restarts == () and stamps_due(observation, current) == []
+    outcomes = [applied(replica("edge-0", config_hash(old)), observation.desired_hash)]
+    verdict = judge(observation, current, outcomes, {}, effective_hash="", in_effect_for=None)
+
+    assert verdict.finding.applied and verdict.record is not None
+    assert verdict.events[0].message.endswith("applied live on 1 replica: 1 live path")
+
+
+def test_a_restart_stamps_only_its_scope_and_is_progressing_until_rolled_out() -> None:
+    old, desired = config(), config(listen("0.0.0.0:8081"))
+    digest = config_hash(desired)
+    nodes = {"node-1": (node_workload("node-1", "x"),)}
+    observation = observe(desired, record_of(old), edges=(edge(""),), nodes=nodes)
+    current = plan(observation)
+
+    assert current.restarts == (RestartRecord("edge", digest),)
+    assert [(w.name, r.scope) for w, r in stamps_due(observation, current)] == [
+        ("demo-edge", "edge")
+    ]
+
+    rolling = observe(desired, record_of(old), edges=(edge(digest, ROLLING),), nodes=nodes)
+    verdict = judge(
+        rolling,
+        current,
+        [],
+        {"Deployment/demo-edge": digest},
+        effective_hash="e",
+        in_effect_for=None,
+    )
+    finding = verdict.finding
+    assert finding.progressing and not finding.applied
+    assert finding.applied_hash == "e"  # the config still in effect
+    # Committed at once (the Edge rolls to it), with the restart still open.
+    assert verdict.record is not None and verdict.record.restarts == current.restarts
+    assert verdict.record.stamps == {"Deployment/demo-edge": digest}
+    assert verdict.next == "motion"
+
+
+def test_a_restart_is_done_when_rolled_out_and_every_replica_runs_the_config() -> None:
+    desired = config(listen("0.0.0.0:8081"))
+    digest = config_hash(desired)
+    record = AppliedState(desired, digest, 2, {}, (RestartRecord("edge", digest),))
+    observation = observe(
+        desired, record, edges=(edge(digest),), replicas=(replica("edge-1", digest),)
+    )
+    current = plan(observation)
+    outcomes = [applied(replica("edge-1", digest), digest, apply=False)]
+
+    verdict = judge(observation, current, outcomes, {}, effective_hash="", in_effect_for=None)
+
+    assert verdict.record is not None and verdict.record.restarts == ()
+    assert "RolledOut" in [e.reason for e in verdict.events]
+    assert verdict.finding.ready
+
+
+def test_a_node_without_a_workload_is_restarted_by_hand() -> None:
+    old = config()
+    desired = config(lambda d: d["nodes"][1]["providers"][0]["adapter"].update(latency_ms=5))
+    observation = observe(desired, record_of(old))
+    current = plan(observation)
+    outcomes = [applied(replica("edge-0"), observation.desired_hash, {"node-2": False})]
+
+    verdict = judge(observation, current, outcomes, {}, effective_hash="", in_effect_for=None)
+
+    assert [r.scope for r in current.restarts] == ["node:node-2"]
+    assert current.node_restarts() == ["node:node-2"]
+    (pending,) = verdict.finding.pending
+    assert pending.reason.startswith("no workload labelled iop.dev/edgeconfig=demo")
+    assert pending.reason.endswith("restart node node-2 by hand")
+    assert "RestartPending" in [e.reason for e in verdict.events]
+    assert not verdict.finding.applied
+
+
+def test_a_failed_replica_holds_the_change_back_and_retries() -> None:
+    old, desired = config(), config(capacity(9))
+    observation = observe(desired, record_of(old), replicas=(replica("a"), replica("b")))
+    current = plan(observation)
+    outcomes = [
+        applied(replica("a"), observation.desired_hash),
+        ReplicaOutcome(replica("b"), "Unreachable", "admin API at http://b:9090 unreachable"),
+    ]
+
+    verdict = judge(observation, current, outcomes, {}, effective_hash="old", in_effect_for=None)
+
+    assert verdict.record is None  # not committed: the next diff is still against `old`
+    assert verdict.finding.waiting[0] == "ApplyFailed"
+    assert verdict.finding.degraded_reason == "ReplicaUnreachable"
+    assert verdict.next == "retry"
+
+
+def test_a_restart_a_replica_names_is_added_and_awaited() -> None:
+    desired = config()
+    observation = observe(desired, None, replicas=(replica("a"),))
+    current = plan(observation)
+    refused = ReplicaOutcome(replica("a"), "Failed", "it needs a restart", restart_scopes=("edge",))
+
+    widened = with_restarts(current, ["edge"], observation.desired_hash)
+    settled = settled_outcomes(widened, [refused], observation.replicas, [replica("a")])
+
+    assert [r.scope for r in widened.restarts] == ["edge"]
+    assert with_restarts(widened, ["edge"], observation.desired_hash) is widened
+    assert settled[0].state == "AwaitingRestart"
+
+
+def test_replicas_of_an_older_pod_template_are_not_asked() -> None:
+    observation = observe(
+        config(),
+        None,
+        edges=(edge("new"),),
+        replicas=(replica("old", "old"), replica("new-0", "new"), replica("new-1", "new", False)),
+    )
+    current, ready = live_targets(observation)
+    assert [r.name for r in current] == ["new-0", "new-1"]
+    assert [r.name for r in ready] == ["new-0"]
+    settled = settled_outcomes(plan(observation), [], observation.replicas, current)
+    assert [(o.replica.name, o.state) for o in settled] == [("old", "Replaced")]
+
+
+def test_a_stalled_rollout_is_stalled() -> None:
+    old, desired = config(), config(listen("0.0.0.0:8081"))
+    digest = config_hash(desired)
+    stuck = RolloutState("Stalled", "progress deadline exceeded: ReplicaSet has timed out")
+    observation = observe(
+        desired, record_of(old, RestartRecord("edge", digest)), edges=(edge(digest, stuck),)
+    )
+    verdict = judge(observation, plan(observation), [], {}, effective_hash="", in_effect_for=None)
+    assert verdict.finding.stalled is not None
+    assert verdict.finding.stalled[0] == "ProgressDeadlineExceeded"
+    assert verdict.next == "retry"
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "reason", "ready", "next_pass"),
+    [
+        pytest.param(None, "WaitingForNodes", False, "motion", id="just-in-effect"),
+        pytest.param(SERVING_WAIT_S - 1, "WaitingForNodes", False, "motion", id="still-waiting"),
+        pytest.param(SERVING_WAIT_S + 1, "NodesMissing", True, "nodes", id="past-the-bound"),
+    ],
+)
+def test_ready_waits_for_the_in_cluster_nodes(
+    elapsed: float | None, reason: str, ready: bool, next_pass: str
+) -> None:
+    desired = config()
+    digest = config_hash(desired)
+    record = AppliedState(desired, digest, 2, {})
+    nodes = {"node-1": (node_workload("node-1"),)}  # node-2 runs elsewhere: not waited for
+    observation = observe(desired, record, nodes=nodes)
+    outcomes = [applied(replica("edge-0"), digest, {"node-1": False}, apply=False)]
+
+    verdict = judge(
+        observation, plan(observation), outcomes, {}, effective_hash="", in_effect_for=elapsed
+    )
+
+    assert verdict.finding.applied
+    assert verdict.finding.serving is not None and verdict.finding.serving[0] == reason
+    assert "node node-1" in verdict.finding.serving[1]
+    assert verdict.finding.ready is ready
+    assert verdict.next == next_pass
+
+
+def test_nodes_back_means_ready() -> None:
+    desired = config()
+    digest = config_hash(desired)
+    observation = observe(
+        desired, AppliedState(desired, digest, 2, {}), nodes={"node-1": (node_workload("node-1"),)}
+    )
+    outcomes = [applied(replica("edge-0"), digest, {"node-1": True, "node-2": True}, apply=False)]
+    verdict = judge(
+        observation, plan(observation), outcomes, {}, effective_hash="", in_effect_for=0.5
+    )
+    assert verdict.finding.serving is None and verdict.finding.ready
