@@ -3,9 +3,9 @@
 
 The image the chart names (`ghcr.io/iop-edge/iop-edge:<version>`) is what the local cluster's
 process kubelet runs, so the tests prove the image itself: its entrypoint, its user, its
-read-only root. There is no container engine here, so `buildah bud --isolation chroot
---storage-driver vfs` builds it (no daemon, no overlay driver, no user namespaces), into a
-storage of its own under the cache folder (never /var/lib/containers).
+read-only root. There is no container engine here, so `buildah bud --isolation chroot --layers`
+builds it (no daemon, no user namespaces) with the overlay storage driver, into a storage of its
+own under the cache folder (never /var/lib/containers).
 
 The base (`FROM python:3.11-slim-bookworm`) is pulled when a registry answers. Where none does,
 a stand-in is made from Debian's packages with `mmdebstrap` (the suite and the Python version
@@ -64,6 +64,9 @@ PROGRAM = "iop-image"
 # Bump when the way images are built changes: it is part of every cache key.
 RECIPE = "1"
 DEBIAN_PACKAGES = {"buildah": "buildah", "mmdebstrap": "mmdebstrap"}
+# buildah's storage under the cache folder (overlay driver; a storage keeps the driver it was
+# made with, so a change of driver needs a folder of its own).
+STORAGE = "storage-overlay"
 # Where both bases keep the CA bundle that pip (Debian's) and uv (native-tls) read.
 CA_IN_IMAGE = "/etc/ssl/certs/ca-certificates.crt"
 # The build stage's layer of locked dependencies: tagged after a build so that pruning keeps
@@ -201,15 +204,20 @@ def inputs_hash(base_id: str) -> str:
 
 
 class Buildah:
-    """`buildah` on the cache's own storage, vfs driver (no overlay or fuse needed)."""
+    """`buildah` on the cache's own storage, with the overlay driver: a step's layer is what it
+    changed (kernel overlayfs; fuse-overlayfs where the kernel refuses an overlay mount there).
+    vfs, which copies the whole root file system at every step and diffs it at every commit,
+    made a change under src/ cost minutes."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        storage = root / STORAGE
         self.prefix = [
             "buildah",
-            f"--root={root / 'storage'}",
+            f"--root={storage}",
             f"--runroot={root / 'runroot'}",
-            "--storage-driver=vfs",
+            "--storage-driver=overlay",
+            *overlay_options(storage),
         ]
 
     def output(self, *args: str) -> str:
@@ -261,6 +269,31 @@ class Buildah:
         oci = self.inspect(reference).get("OCIv1") or {}
         config = oci.get("config") or {} if isinstance(oci, dict) else {}
         return dict(config.get("Labels") or {})
+
+
+def overlay_options(storage: Path) -> list[str]:
+    """buildah's options for the overlay driver on `storage`: none where the kernel mounts an
+    overlay there (a probe in the storage's folder: an overlayfs as the lower or upper of
+    another, or a kernel without overlay, refuses), else fuse-overlayfs's mount program."""
+    storage.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".overlay-probe-", dir=storage) as probe:
+        parts = {name: Path(probe, name) for name in ("lower", "upper", "work", "merged")}
+        for part in parts.values():
+            part.mkdir()
+        options = f"lowerdir={parts['lower']},upperdir={parts['upper']},workdir={parts['work']}"
+        mounted = subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", options, str(parts["merged"])],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if mounted.returncode == 0:
+            subprocess.run(["umount", str(parts["merged"])], check=True)
+            return []
+    log(f"the kernel refuses an overlay mount in {storage}: using fuse-overlayfs")
+    try:
+        hostpackages.ensure_commands({"fuse-overlayfs": "fuse-overlayfs"}, log)
+    except hostpackages.PackageError as error:
+        raise ImageError(str(error)) from None
+    return [f"--storage-opt=overlay.mount_program={shutil.which('fuse-overlayfs')}"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,7 +379,7 @@ def ensure_base(buildah: Buildah, base: str) -> str:
         STANDIN_CONTAINERFILE.format(label=STANDIN_LABEL, key=key)
     )
     buildah.stream(
-        ["bud", "--isolation=chroot", "--pull=never", "-t", base, str(context)],
+        ["bud", "--isolation=chroot", "--force-rm", "--pull=never", "-t", base, str(context)],
         root / "logs" / f"standin-{key}.log",
         re.compile(r"^STEP|^COMMIT"),
     )
@@ -465,8 +498,9 @@ def build(*, force: bool = False) -> Build:
             return cached
         log(f"building {reference} from {DOCKERFILE} on {base} (inputs {key})")
         began = time.monotonic()
+        # --force-rm: a failed step's working container goes too (it would stay mounted).
         args = [
-            "bud", "--isolation=chroot", "--layers", "--pull=never",
+            "bud", "--isolation=chroot", "--layers", "--force-rm", "--pull=never",
             "-f", str(DOCKERFILE), "-t", reference,
         ]  # fmt: skip
         ca = machine_ca()
@@ -509,9 +543,9 @@ def keep_dependency_layer(buildah: Buildah) -> None:
 
 def collect_garbage(buildah: Buildah, keep: str) -> None:
     """Drop what no recent build uses: dangling images once the storage holds more than
-    PRUNE_OVER (each one a full copy of its root with vfs; pruning at every build would cost
-    minutes of deletes and throw away the cached steps of the final stage), and builds past the
-    newest KEEP_BUILDS unused for KEEP_HOURS with their blobs and unpacked layers."""
+    PRUNE_OVER (pruning at every build would throw away the cached steps of the final stage),
+    and builds past the newest KEEP_BUILDS unused for KEEP_HOURS with their blobs and unpacked
+    layers."""
     if len(json.loads(buildah.output("images", "--all", "--json") or "[]")) > PRUNE_OVER:
         buildah.succeeds("rmi", "--prune")
     records = sorted(
