@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 CLIENT_TOKEN = "sk-e2e-operator-client"
-HEALTH_FIXTURE = "health_readers"
-HEALTH = pytest.StashKey["Any | str"]()
 
 
 def sha(text: str) -> str:
@@ -143,32 +141,20 @@ def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
 # -- what kstatus and Argo CD make of an EdgeConfig -----------------------------------------------
 
 
-def _prepare_health(config: pytest.Config) -> Any | str:
-    """e2e/tools/healthcheck.py's HealthReaders (kstatus built from its pin, the Argo CD Lua), or
-    why there are none; built once collection is done, as the cluster is (a cold build takes
-    minutes)."""
+def _health() -> Any:
     sys.path.insert(0, str(REPO / "e2e" / "tools"))
-    return importlib.import_module("healthcheck").prepare_for_pytest(config)
+    return importlib.import_module("healthcheck")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    config = session.config
-    if config.option.collectonly or HEALTH in config.stash:
-        return
-    if any(HEALTH_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
-        config.stash[HEALTH] = _prepare_health(config)
+    _health().collection_finished(session)
 
 
 @pytest.fixture(scope="session")
 def health_readers(pytestconfig: pytest.Config) -> Any:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`); fails, never skips,
     when they cannot be built."""
-    if HEALTH not in pytestconfig.stash:
-        pytestconfig.stash[HEALTH] = _prepare_health(pytestconfig)
-    prepared = pytestconfig.stash[HEALTH]
-    if isinstance(prepared, str):
-        pytest.fail(prepared, pytrace=False)
-    return prepared
+    return _health().readers_for(pytestconfig)
 
 
 # -- the cluster side ----------------------------------------------------------------------------

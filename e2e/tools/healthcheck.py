@@ -188,10 +188,36 @@ class HealthReaders:
         return self.read([obj])[0]
 
 
-def prepare_for_pytest(config: Any) -> HealthReaders | str:
-    """For a conftest's `pytest_collection_finish`: the readers, built with pytest's output
-    capture off so a cold build's progress shows (outside any test's timeout), or why there are
-    none, for every test that needs them to fail with (tests/gitops, e2e/operator)."""
+#: The fixture that needs the readers: what `collection_finished` looks for.
+FIXTURE = "health_readers"
+_STASH = "iop_health_readers"
+
+
+def collection_finished(session: Any) -> None:
+    """For a conftest's `pytest_collection_finish`: when a selected test needs the readers,
+    build them once, with pytest's output capture off so a cold build's progress shows (outside
+    any test's timeout); a failure is kept for every such test to fail with. Nothing is skipped."""
+    config = session.config
+    if config.option.collectonly or hasattr(config, _STASH):
+        return
+    if any(FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        setattr(config, _STASH, _prepare(config))
+
+
+def readers_for(config: Any) -> HealthReaders:
+    """For the conftests' `health_readers` fixture: the readers, or the test fails with why
+    there are none (tests/gitops, e2e/operator)."""
+    if not hasattr(config, _STASH):
+        setattr(config, _STASH, _prepare(config))
+    prepared = getattr(config, _STASH)
+    if isinstance(prepared, str):
+        import pytest
+
+        pytest.fail(prepared, pytrace=False)
+    return prepared  # type: ignore[no-any-return]
+
+
+def _prepare(config: Any) -> HealthReaders | str:
     capture = config.pluginmanager.getplugin("capturemanager")
     try:
         if capture is None:

@@ -246,20 +246,27 @@ class RunChunk(_message.Message):
 
     DATA_FIELD_NUMBER: _builtins.int
     USAGE_ONLY_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     usage_only: _builtins.bool
     """The usage-only chunk (empty `choices`) of a stream whose client asked for
     `stream_options.include_usage`; the Node drops that chunk when the client did not ask.
+    """
+    more: _builtins.bool
+    """`data` continues in the run's next chunk event: an object larger than the Edge's
+    `Welcome.max_message_bytes` travels in pieces, which the Edge joins (bounded by the run's
+    `max_response_bytes`) before anything sees it. Only a Node welcomed with that bound splits.
     """
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         usage_only: _builtins.bool = ...,
+        more: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "usage_only", b"usage_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "more", b"more", "usage_only", b"usage_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -603,8 +610,15 @@ class Welcome(_message.Message):
     EDGE_ID_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
     LIVENESS_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     edge_id: _builtins.str
+    max_message_bytes: _builtins.int
+    """Largest NodeMessage this Edge accepts. gRPC's receive limit is one per server and is checked
+    on a message's length prefix, before the hello's token is: so the Edge keeps it small for
+    everyone, and a Node splits its batches, and chunks too large for one message (see
+    RunChunk.more), to fit. 0 (an Edge that predates it): the Node sends as it always did.
+    """
     @_builtins.property
     def config(self) -> Global___NodeConfig: ...
     @_builtins.property
@@ -616,10 +630,11 @@ class Welcome(_message.Message):
         edge_id: _builtins.str = ...,
         config: Global___NodeConfig | None = ...,
         liveness: Global___Liveness | None = ...,
+        max_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "liveness", b"liveness"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "edge_id", b"edge_id", "liveness", b"liveness", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "edge_id", b"edge_id", "liveness", b"liveness", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -637,6 +652,7 @@ class RunRequest(_message.Message):
     STREAM_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     LONG_CONTEXT_FIELD_NUMBER: _builtins.int
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     provider_id: _builtins.str
     served_model: _builtins.str
@@ -653,6 +669,11 @@ class RunRequest(_message.Message):
     """
     long_context: _builtins.bool
     """The run is long-context: on a provider with long_context_slots it holds a long slot too."""
+    max_response_bytes: _builtins.int
+    """The largest answer the Edge takes for this run (openai.max_response_bytes): a non-streamed
+    body, or one event of a stream. The Node reads no more than this from its upstream and fails
+    the run with `response_too_large` past it. 0 (an Edge that predates it): the Node's default.
+    """
     def __init__(
         self,
         *,
@@ -664,10 +685,11 @@ class RunRequest(_message.Message):
         stream: _builtins.bool = ...,
         timeout_s: _builtins.float = ...,
         long_context: _builtins.bool = ...,
+        max_response_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "stream", b"stream", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "stream", b"stream", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

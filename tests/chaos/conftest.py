@@ -11,6 +11,7 @@ correctness properties ("detected before the deadline plus a generous slack"), n
 - `frozen(process)`: SIGSTOP while inside the block, SIGCONT on the way out (always).
 - `rss_mb(pid)`: a process's resident memory, from /proc.
 - `chat(...)`: one chat completion over httpx, as a tuple of (status, body text), streamed or not.
+- `open_stream(url, max_tokens, ...)`: a raw streaming request whose client reads nothing.
 - `Load`: clients sending requests back to back (streamed and not) until stopped, recording
   every outcome; `failed` lists what did not end well.
 """
@@ -22,6 +23,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +120,45 @@ async def chat(
     return response.status_code, response.text
 
 
+async def open_stream(
+    url: str,
+    max_tokens: int,
+    *,
+    receive_buffer: int | None = None,
+    model: str = "m",
+    key: str = "sk-chat-secret",
+    source: str | None = None,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client that sends one streaming request and reads nothing until told to (from
+    address `source`, a loopback address other than 127.0.0.1 to be another client)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    if source is not None:
+        sock.bind((source, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    # A reader buffering at most 16 KiB: past that the kernel's buffers fill and the Edge's
+    # writes stall, as with a client that stops reading.
+    reader, writer = await asyncio.open_connection(sock=sock, limit=8 * 1024)
+    body = orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "max_tokens": max_tokens,
+        }
+    )
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + key.encode() + b"\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
+    await writer.drain()
+    return reader, writer
+
+
 def stream_ok(status: int, text: str) -> bool:
     """A stream that ended well: 200, no error event, and `[DONE]`."""
     return status == 200 and '"error"' not in text and text.rstrip().endswith("data: [DONE]")
@@ -183,6 +224,7 @@ class ChaosKit:
     frozen = staticmethod(frozen)
     rss_mb = staticmethod(rss_mb)
     chat = staticmethod(chat)
+    open_stream = staticmethod(open_stream)
     stream_ok = staticmethod(stream_ok)
     error_code = staticmethod(error_code)
     Load = Load

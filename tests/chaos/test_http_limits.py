@@ -221,3 +221,45 @@ async def test_a_body_nested_deeper_than_the_serializer_goes_gets_an_openai_400(
         assert openai_error(answer.content)["type"] == "invalid_request_error"
         assert (await http.get("/healthz")).status_code == 200
     assert edge.dispatcher.in_flight("p1") == 0
+
+
+@pytest.mark.parametrize(
+    "coding",
+    [
+        pytest.param(b"gzip", id="gzip"),
+        pytest.param(b"gzip, chunked", id="gzip-then-chunked"),
+        pytest.param(b"identity", id="identity"),
+    ],
+)
+async def test_a_transfer_encoding_other_than_chunked_gets_an_openai_400(
+    document_of, start_edge, start_node, until, coding: bytes
+) -> None:
+    edge = await edge_with(document_of, start_edge, start_node, until)
+    reader, writer = await connect(edge.url)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\n"
+        + HEADERS
+        + b"content-type: application/json\r\ntransfer-encoding: "
+        + coding
+        + b"\r\n\r\n\x1f\x8b\x08\x00compressed?"
+    )
+    status, headers, body = await answer_of(reader)
+    writer.close()
+    assert status == 400 and headers["connection"] == "close"
+    error = openai_error(body)
+    assert error["code"] == "malformed_http_request"
+    assert "Transfer-Encoding" in error["message"] and coding.decode() in error["message"]
+    assert edge.dispatcher.in_flight("p1") == 0
+    # A chunked body is still read.
+    reader, writer = await connect(edge.url)
+    chat = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\n"
+        + HEADERS
+        + b"content-type: application/json\r\ntransfer-encoding: chunked\r\n"
+        + b"connection: close\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chat), chat)
+    )
+    status, _, body = await answer_of(reader)
+    writer.close()
+    assert status == 200, body

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from pathlib import Path
-from typing import Any
 
 import httpx
-import orjson
 import pytest
 import yaml
 
@@ -26,36 +23,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 CLIENT_KEY = "sk-chat-secret"
 
 
-async def open_stream(url: str, max_tokens: int, *, receive_buffer: int | None = None) -> Any:
-    """A raw client that sends one streaming request and reads nothing until told to."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if receive_buffer is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    # A reader buffering at most 16 KiB: past that the kernel's buffers fill and the Edge's
-    # writes stall, as with a client that stops reading.
-    reader, writer = await asyncio.open_connection(sock=sock, limit=8 * 1024)
-    body = orjson.dumps(
-        {
-            "model": "m",
-            "messages": [{"role": "user", "content": "hi"}],
-            "stream": True,
-            "max_tokens": max_tokens,
-        }
-    )
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
-        b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
-        b"content-length: %d\r\n\r\n" % len(body) + body
-    )
-    await writer.drain()
-    return reader, writer
-
-
 async def test_a_run_that_ended_frees_its_slot_while_its_client_reads_nothing(
-    document_of, start_edge, start_node, until
+    document_of, kit, start_edge, start_node, until
 ) -> None:
     document = document_of(
         [
@@ -74,7 +43,7 @@ async def test_a_run_that_ended_frees_its_slot_while_its_client_reads_nothing(
     edge = await start_edge(document)
     await start_node(edge.hub)
     await until(lambda: edge.dispatcher.available == {"p1"})
-    reader, writer = await open_stream(edge.url, 60_000, receive_buffer=4096)
+    reader, writer = await kit.open_stream(edge.url, 60_000, receive_buffer=4096)
     try:
         assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
         # The run ends on the Node long before its client reads it: the slot is free again.
@@ -110,8 +79,9 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
                     "capacity": 4,
                 }
             ],
-            # No client is cut here: what is measured is what the Edge and the Node hold.
-            openai={"send_timeout_ms": 120_000},
+            # No client is cut here, nor its run stopped: what is measured is what the Edge and
+            # the Node hold for paused runs.
+            openai={"send_timeout_ms": 120_000, "stream_stall_timeout_ms": 120_000},
             edge={"admin": {"listen": "127.0.0.1:0"}},
         )
         (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
@@ -136,8 +106,8 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
             peak["node"] = max(peak["node"], kit.rss_mb(node.pid))
 
         # Answers of about 35 MB each: two clients stop reading, one reads 2 KB a second.
-        stopped = [await open_stream(started["url"], 200_000) for _ in range(2)]
-        slow_reader, slow_writer = await open_stream(started["url"], 200_000)
+        stopped = [await kit.open_stream(started["url"], 200_000) for _ in range(2)]
+        slow_reader, slow_writer = await kit.open_stream(started["url"], 200_000)
         read = 0
 
         async def read_slowly() -> None:
@@ -171,7 +141,7 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
 
 
 async def test_a_client_that_reads_nothing_is_cut_and_its_slot_serves_another(
-    document_of, start_edge, start_node, until
+    document_of, kit, start_edge, start_node, until
 ) -> None:
     document = document_of(
         [
@@ -190,7 +160,7 @@ async def test_a_client_that_reads_nothing_is_cut_and_its_slot_serves_another(
     await until(lambda: edge.dispatcher.available == {"p1"})
     server = edge.http_server
     assert server is not None
-    reader, writer = await open_stream(edge.url, 200_000, receive_buffer=4096)
+    reader, writer = await kit.open_stream(edge.url, 200_000, receive_buffer=4096)
     try:
         assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
         # It holds the only slot (its answer is far larger than every buffer) until it is cut.

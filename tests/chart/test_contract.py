@@ -89,6 +89,7 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
     assert named["configmaps"] == ["iop-iop-edge-edge", "iop-iop-edge-edge-applied"]
     assert named["edgeconfigs"] == named["edgeconfigs/status"] == ["iop-iop-edge"]
     assert named["leases"] == ["iop-iop-edge-operator"]
+    assert named["services"] == ["iop-iop-edge-operator-webhook"]
     # The cluster-scoped rule names this release's webhook configuration, and nothing else.
     (webhook,) = by_kind(documents, "ValidatingWebhookConfiguration")
     assert cluster_role["rules"] == [

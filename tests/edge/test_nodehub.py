@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -32,6 +33,8 @@ from iop.wire import (
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+#: A provider whose plain answers are some 2.5 MB: larger than a wire message (1 MiB).
+LARGE = {"id": "p1", "adapter": {"type": "fake", "completion_tokens": 400_000}}
 
 
 def run_request(
@@ -336,3 +339,30 @@ async def test_take_ready_hands_over_what_arrived_up_to_the_end(
             await anext(stream)
     assert isinstance(rest[-2], RunUsage)
     assert [e for e in rest if isinstance(e, RunDone)] == [rest[-1]]
+
+
+async def test_an_answer_larger_than_a_wire_message_arrives_whole_in_pieces(
+    wire_config, start_hub, start_node
+) -> None:
+    hub = await start_hub(wire_config([LARGE]))
+    await start_node(hub)
+    events = await collect(hub, run_request(stream=False))
+    chunks = [event for event in events if isinstance(event, RunChunk)]
+    assert len(chunks) == 1 and len(chunks[0].data) > 2 * 1024 * 1024  # past the 1 MiB bound
+    answer = orjson.loads(chunks[0].data)
+    assert answer["usage"]["completion_tokens"] == 400_000
+    assert isinstance(events[-1], RunDone)
+
+
+async def test_the_edge_refuses_an_answer_past_the_runs_bound_whatever_the_node_sends(
+    wire_config, start_hub, start_node, until
+) -> None:
+    # The fake adapter reads no upstream, so nothing bounds it on the Node: the Edge's join does.
+    hub = await start_hub(wire_config([LARGE]))
+    node = await start_node(hub)
+    request = run_request(stream=False)
+    events = await collect(hub, dataclasses.replace(request, max_response_bytes=512 * 1024))
+    assert len(events) == 1 and isinstance(events[0], RunFailed)
+    assert events[0].code == statuses.RESPONSE_TOO_LARGE and not events[0].retryable
+    assert "openai.max_response_bytes" in events[0].message
+    await until(lambda: node.router.in_flight() == {})  # cancelled on the Node

@@ -296,3 +296,90 @@ async def test_a_first_byte_just_in_time_is_the_answer(start, fake_hub) -> None:
     response = await client.chat.completions.create(model="solo", messages=HELLO)
     assert response.choices[0].message.content == "Hello from s"
     assert tried(fake_hub) == ["s"]
+
+
+def gated(fake_hub: Any, gates: Mapping[str, asyncio.Event]) -> None:
+    """Runs on the providers of `gates` hold their slot until their gate opens."""
+    echo = fake_hub.script
+
+    async def script(request: RunRequest) -> AsyncIterator[RunEvent]:
+        gate = gates.get(request.provider_id)
+        if gate is not None:
+            await gate.wait()
+        async for event in echo(request):
+            yield event
+
+    fake_hub.script = script
+
+
+async def holding(client: openai.AsyncOpenAI, model: str, count: int) -> list[asyncio.Task[Any]]:
+    """`count` requests for `model`, in flight (each holds a slot until its gate opens)."""
+    return [
+        asyncio.create_task(client.chat.completions.create(model=model, messages=HELLO))
+        for _ in range(count)
+    ]
+
+
+async def test_a_model_whose_providers_are_all_busy_hands_the_request_to_a_free_fallback(
+    start, fake_hub, until
+) -> None:
+    edge, client = await start()
+    gates = {"a": asyncio.Event(), "b": asyncio.Event()}
+    gated(fake_hub, gates)
+    holders = await holding(client, "m", 8)  # a and b: 4 slots each
+    await until(lambda: edge.dispatcher.in_flight("a") + edge.dispatcher.in_flight("b") == 8)
+    response = await client.chat.completions.create(model="m", messages=HELLO)
+    assert response.model == "c-served"  # at once, not after m's queue timeout
+    assert (
+        metric(edge, "iop_edge_fallbacks_total", model="m", fallback="backup", reason="busy") == 1
+    )
+    for gate in gates.values():
+        gate.set()
+    await asyncio.gather(*holders)
+
+
+@pytest.mark.parametrize(
+    ("freed", "served", "spilled"),
+    [
+        pytest.param("c", "c-served", 1, id="fallback-first"),
+        pytest.param("a", "a-served", 0, id="own-first"),
+    ],
+)
+async def test_a_request_waits_for_its_model_and_its_fallback_and_takes_the_first_slot_freed(
+    start, fake_hub, until, freed: str, served: str, spilled: int
+) -> None:
+    edge, client = await start()
+    gates = {pid: asyncio.Event() for pid in "abc"}
+    gated(fake_hub, gates)
+    holders = await holding(client, "m", 8) + await holding(client, "backup", 4)
+    busy = ("a", "b", "c")
+    await until(lambda: sum(edge.dispatcher.in_flight(pid) for pid in busy) == 12)
+    waiting = asyncio.create_task(client.chat.completions.create(model="m", messages=HELLO))
+    await until(lambda: edge.dispatcher.queue_depth("m") == 1)
+    assert edge.dispatcher.queue_depth("backup") == 1  # in both queues at once
+    gates[freed].set()
+    response = await waiting
+    assert response.model == served
+    assert edge.dispatcher.waiting == 0  # the other place in line was given up
+    labels = {"model": "m", "fallback": "backup", "reason": "busy"}
+    assert metric(edge, "iop_edge_fallbacks_total", **labels) == spilled
+    for gate in gates.values():
+        gate.set()
+    await asyncio.gather(*holders)
+
+
+async def test_a_spill_to_a_fallback_is_paid_from_the_retry_budget(start, fake_hub, until) -> None:
+    edge, client = await start(budget_percent=0, budget_min_per_second=0)
+    gates = {"a": asyncio.Event(), "b": asyncio.Event()}
+    gated(fake_hub, gates)
+    holders = await holding(client, "m", 8)
+    await until(lambda: edge.dispatcher.in_flight("a") + edge.dispatcher.in_flight("b") == 8)
+    waiting = asyncio.create_task(client.chat.completions.create(model="m", messages=HELLO))
+    await until(lambda: edge.dispatcher.queue_depth("m") == 1)
+    assert edge.dispatcher.queue_depth("backup") == 0  # no budget: it waits for its own model
+    gates["a"].set()
+    response = await waiting
+    assert response.model == "a-served"
+    assert "c" not in tried(fake_hub)
+    gates["b"].set()
+    await asyncio.gather(*holders)

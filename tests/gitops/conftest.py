@@ -17,30 +17,18 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = "health_readers"
-SESSION = pytest.StashKey["Any | str"]()
 
 
-def _prepare(config: pytest.Config) -> Any | str:
-    """healthcheck.HealthReaders, or why there are none."""
+def _health() -> Any:
     sys.path.insert(0, str(REPO / "e2e" / "tools"))
-    return importlib.import_module("healthcheck").prepare_for_pytest(config)
+    return importlib.import_module("healthcheck")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    config = session.config
-    if config.option.collectonly or SESSION in config.stash:
-        return
-    if any(FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
-        config.stash[SESSION] = _prepare(config)
+    _health().collection_finished(session)
 
 
 @pytest.fixture(scope="session")
 def health_readers(pytestconfig: pytest.Config) -> Any:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`)."""
-    if SESSION not in pytestconfig.stash:
-        pytestconfig.stash[SESSION] = _prepare(pytestconfig)
-    prepared = pytestconfig.stash[SESSION]
-    if isinstance(prepared, str):
-        pytest.fail(prepared, pytrace=False)
-    return prepared
+    return _health().readers_for(pytestconfig)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -307,6 +308,12 @@ USAGE = b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_
             id="crlf-split-mid-event-and-mid-crlf",
         ),
         pytest.param(
+            b"data: %s\r\n\r\ndata: %s\r\n\r\ndata: %s\r\n\r\ndata: [DONE]\r\n\r\n"
+            % (chunk("a"), chunk("b", "stop"), USAGE),
+            tuple(range(1, 300, 3)),
+            id="crlf-in-pieces-of-three-bytes",
+        ),
+        pytest.param(
             b": keep-alive\n\nevent: message\nid: 1\ndata:%s\n\nretry: 5\n\ndata: %s\n\n"
             b"data: %s\n\ndata: [DONE]\n\n" % (chunk("a"), chunk("b", "stop"), USAGE),
             (7,),
@@ -405,3 +412,61 @@ async def test_the_fake_adapter_paces_tokens() -> None:
     events = await collect(fake, request(False))
     assert time.perf_counter() - start >= 0.09
     assert isinstance(events[-1], RunDone)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        pytest.param(
+            [
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: 100000000\r\n\r\n",
+                b"{" * 70_000,
+            ],
+            id="a-body-whose-length-says-too-much",
+        ),
+        pytest.param(
+            [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"]
+            + [b"[" * 16_384] * 8,
+            id="a-body-without-a-length-that-grows-too-much",
+        ),
+    ],
+)
+async def test_an_answer_past_the_runs_bound_is_refused_without_being_read_whole(
+    pieces: list[bytes],
+) -> None:
+    async with raw_upstream(pieces) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            bounded = dataclasses.replace(request(False), max_response_bytes=64 * 1024)
+            events = await collect(adapter, bounded)
+        finally:
+            await adapter.aclose()
+    assert len(events) == 1 and isinstance(events[0], RunFailed)
+    assert events[0].code == statuses.RESPONSE_TOO_LARGE and not events[0].retryable
+
+
+async def test_a_stream_event_past_the_runs_bound_is_refused() -> None:
+    body = b'data: %s\n\ndata: {"choices": "%s' % (chunk("a"), b"x" * 200_000)
+    async with raw_upstream(sse_response(body, split_at=range(100, 200_000, 4096))) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            bounded = dataclasses.replace(request(True), max_response_bytes=64 * 1024)
+            events = await collect(adapter, bounded)
+        finally:
+            await adapter.aclose()
+    assert events[0] == RunChunk(chunk("a"))
+    assert isinstance(events[-1], RunFailed) and events[-1].code == statuses.RESPONSE_TOO_LARGE
+
+
+async def test_only_the_head_of_a_huge_error_body_is_read() -> None:
+    message = b'{"error": {"message": "' + b"m" * 1_000_000 + b'"}}'
+    head = b"HTTP/1.1 500 X\r\ncontent-length: %d\r\n\r\n" % len(message)
+    async with raw_upstream([head, message]) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            events = await collect(adapter, request(False))
+        finally:
+            await adapter.aclose()
+    assert isinstance(events[0], RunFailed) and events[0].code == statuses.UPSTREAM_ERROR
+    assert len(events[0].message) < 1024

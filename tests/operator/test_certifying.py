@@ -8,7 +8,9 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from iop.operator.certifying import SelfSignedCertificate
+from iop.operator.certifying import SelfSignedCertificate, owner_reference, shared_certificate
+
+from .fakeapi import FakeApi, fake_api
 
 
 def test_a_service_name_longer_than_a_common_name_allows_still_makes_a_certificate(
@@ -36,3 +38,31 @@ def test_a_short_name_is_the_common_name(tmp_path: Path) -> None:
     parsed = x509.load_pem_x509_certificate(certificate.cert_pem)
     (common,) = parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     assert common.value == "webhook.iop.svc"
+
+
+SECRETS = "/api/v1/namespaces/ns/secrets"
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "op-webhook", "namespace": "ns", "uid": "svc-uid"},
+}
+
+
+async def test_the_shared_certificate_is_owned_by_the_webhooks_service() -> None:
+    """The Secret goes with its release through the garbage collector: made with the Service as
+    its owner; one found without (made by an earlier version) gets it, keeping its other owners;
+    a second replica reads the same certificate."""
+    fake = FakeApi()
+    owner = owner_reference(SERVICE)
+    names = ["op-webhook.ns.svc"]
+    async with fake_api(fake) as api:
+        made = await shared_certificate(api, "ns", "op-tls", names, owner)
+        secret = fake.objects[f"{SECRETS}/op-tls"]
+        assert secret["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Service", "name": "op-webhook", "uid": "svc-uid"}
+        ]
+        other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "other"}
+        secret["metadata"]["ownerReferences"] = [other]
+        read = await shared_certificate(api, "ns", "op-tls", names, owner)
+        assert read.cert_pem == made.cert_pem
+        assert fake.objects[f"{SECRETS}/op-tls"]["metadata"]["ownerReferences"] == [other, owner]

@@ -19,6 +19,7 @@ from iop.wire import (
     nodestates,
 )
 from iop.wire.converting import (
+    chunk_to_pieces,
     drain_from_proto,
     drain_to_proto,
     event_from_proto,
@@ -30,6 +31,7 @@ from iop.wire.converting import (
     request_from_proto,
     request_to_proto,
 )
+from iop.wire.texts import MAX_ID_CHARS, MAX_TEXT_CHARS, bounded
 
 counts = st.integers(min_value=0, max_value=2**31)
 events = st.one_of(
@@ -146,3 +148,33 @@ def test_drain_progress_round_trips(progress: DrainProgress) -> None:
         dict(progress.runs_left),
     )
     assert back.draining == progress.draining
+
+
+def test_a_chunk_larger_than_a_piece_travels_in_pieces_that_join_to_it() -> None:
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    pieces = chunk_to_pieces("r", RunChunk(data, usage_only=True), 4096)
+    assert [len(p.chunk.data) for p in pieces] == [4096, 4096, 2048]
+    assert [p.chunk.more for p in pieces] == [True, True, False]
+    assert all(p.run_id == "r" and p.chunk.usage_only for p in pieces)
+    assert b"".join(p.chunk.data for p in pieces) == data
+
+
+def test_what_a_node_says_in_words_is_cut_before_anyone_keeps_it() -> None:
+    huge = "x" * 20 * 1024 * 1024
+    event = event_from_proto(
+        pb.RunEvent(run_id="r", error=pb.RunError(code=huge, message=huge, retryable=False))
+    )
+    assert isinstance(event, RunFailed)
+    assert len(event.message) < MAX_TEXT_CHARS + 100 and event.message.endswith("cut)")
+    assert len(event.code) < MAX_ID_CHARS + 100
+    health = health_from_proto(pb.ProviderHealth(provider_id="p", detail=huge, reason=huge))
+    assert len(health.detail) < MAX_TEXT_CHARS + 100 and len(health.reason) < MAX_ID_CHARS + 100
+    assert bounded("short") == "short"
+
+
+def test_a_run_carries_its_answer_bound_and_zero_means_the_default() -> None:
+    request = RunRequest("r", "p", "served", "chat", b"{}", False, max_response_bytes=12345)
+    assert request_from_proto(request_to_proto(request)).max_response_bytes == 12345
+    unbounded = request_to_proto(RunRequest("r", "p", "served", "chat", b"{}", False))
+    assert unbounded.max_response_bytes == 0
+    assert request_from_proto(unbounded).max_response_bytes is None

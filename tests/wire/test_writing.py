@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from iop.wire import CoalescingWriter
+from iop.wire.writing import ITEM_OVERHEAD
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -176,3 +177,19 @@ async def test_finish_of_an_idle_writer_returns_at_once() -> None:
     async with CoalescingWriter(send, name="test-writer") as writer:
         await asyncio.wait_for(writer.finish(), 5)
         assert writer.task.done()
+
+
+async def test_a_writer_with_max_bytes_cuts_a_batch_before_it_passes_the_bound() -> None:
+    sent: list[list[int]] = []
+
+    async def send(batch: Sequence[int]) -> None:
+        sent.append(list(batch))
+
+    overhead = ITEM_OVERHEAD
+    async with CoalescingWriter(send, name="test-writer", max_bytes=1000 + 3 * overhead) as writer:
+        for item, size in enumerate([400, 400, 400, 100, 2000, 10]):
+            writer.put(item, size=size, wake=False)
+        writer.put(6)
+        await writer.wait_flushed()
+    # 400+400 fit, the third 400 would pass 1000; the 2000 goes alone (an item is never split).
+    assert sent == [[0, 1], [2, 3], [4], [5, 6]]

@@ -22,6 +22,7 @@ __all__ = [
     "RateLimited",
     "RouteNotFound",
     "TooManyConnections",
+    "TooManyRequests",
     "Unauthorized",
     "UpstreamError",
 ]
@@ -107,6 +108,16 @@ class RateLimited(EdgeError):
         super().__init__(message)
         self.kind = kind
         self.headers = headers
+
+
+class TooManyRequests(EdgeError):
+    """One client holds as many requests as it may, or failed authentication too often (429):
+    `code` says which."""
+
+    def __init__(self, message: str, code: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamError(EdgeError):

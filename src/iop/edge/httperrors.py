@@ -33,6 +33,7 @@ from .errors import (
     RateLimited,
     RouteNotFound,
     TooManyConnections,
+    TooManyRequests,
     Unauthorized,
     UpstreamError,
 )
@@ -78,6 +79,8 @@ def _shape(error: EdgeError) -> tuple[int, str, str | None, str | None, Headers]
         return 429, error.kind, "rate_limit_exceeded", None, error.headers
     if isinstance(error, QueueFull):
         return 429, "rate_limit_error", "queue_full", None, [_retry_after(error.retry_after_s)]
+    if isinstance(error, TooManyRequests):
+        return 429, "rate_limit_error", error.code, None, [_retry_after(error.retry_after_s)]
     if isinstance(error, QueueTimeout):
         return (
             503,

@@ -10,14 +10,15 @@ The limits here bound each of those, independently of the HTTP server that enfor
   grows a header value piece by piece (quadratically, in httptools) is fed more of it;
 - a client has `header_timeout` to send a request's head: then 408 and the connection closes
   (a connection that sent nothing is just closed), so slow-loris and idle connections end;
-- at most `max_connections` connections at once (lowered to fit the process's open-file limit):
-  one beyond it gets 503 with `Retry-After` and is closed, so real requests are never starved
-  of file descriptors;
+- at most `max_connections` connections at once (lowered to fit the process's open-file limit,
+  next to the node hub's), and at most `max_connections_per_client` from one client address:
+  one beyond either gets 503 with `Retry-After` and is closed, so real requests are never
+  starved of file descriptors, and one client cannot take them all;
 - a client that reads nothing of its answer for `send_timeout` while the Edge has more to send
   is cut, which cancels its run and frees its slot;
-- malformed framing gets an OpenAI-shaped 400 and a closed connection, and each kind of refusal
-  is logged at most once a minute (with a count), so unauthenticated garbage cannot flood the
-  log.
+- malformed framing, and a `Transfer-Encoding` other than chunked, get an OpenAI-shaped 400
+  and a closed connection, and each kind of refusal is logged at most once a minute (with a
+  count), so unauthenticated garbage cannot flood the log.
 
 Every refusal body is OpenAI's error shape (`httperrors.py`).
 """
@@ -35,13 +36,27 @@ from iop.edgeconfig import OpenAISection
 from .errors import HeadersTooLarge, HeaderTimeout, MalformedRequest, TooManyConnections
 from .httperrors import raw_response
 
-__all__ = ["FD_RESERVE", "HttpLimits", "Refusals"]
+__all__ = ["FD_RESERVE", "HttpLimits", "Refusals", "open_file_limit", "open_file_room"]
 
 logger = logging.getLogger(__name__)
 
-#: Open files the Edge keeps for everything but client connections (Node links, listeners,
-#: logs, config reads) when it fits `max_connections` to the open-file limit.
+#: Open files the Edge keeps for everything but client and Node connections (listeners, logs,
+#: config reads, upstream sockets of the tests' in-process parts) when it fits its connection
+#: caps to the open-file limit.
 FD_RESERVE: Final = 256
+
+
+def open_file_limit() -> int:
+    """The process's soft open-file limit (ulimit -n)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_file_room(open_files: int | None = None) -> int:
+    """Open files left for connections under the soft open-file limit (`open_files`, read from
+    the process by default) once `FD_RESERVE` is kept."""
+    open_files = open_file_limit() if open_files is None else open_files
+    return max(1, open_files - FD_RESERVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +69,11 @@ class HttpLimits:
     header_timeout: float = 10.0
     max_connections: int = 4096
     send_timeout: float = 30.0
+    #: Most connections from one client address (0: no bound of its own).
+    max_connections_per_client: int = 0
+    #: Open files this listener leaves for another one's connections (the node hub's) when it
+    #: fits `max_connections` to the open-file limit.
+    reserved_files: int = 0
 
     @classmethod
     def of(cls, section: OpenAISection) -> HttpLimits:
@@ -64,15 +84,15 @@ class HttpLimits:
             header_timeout=section.header_timeout_ms / 1000,
             max_connections=section.max_connections,
             send_timeout=section.send_timeout_ms / 1000,
+            max_connections_per_client=section.max_connections_per_client,
         )
 
     def fitted(self, open_files: int | None = None) -> HttpLimits:
-        """These limits with `max_connections` lowered to leave `FD_RESERVE` open files free
-        under the soft open-file limit (`open_files`, read from the process by default)."""
-        if open_files is None:
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            open_files = soft if soft != resource.RLIM_INFINITY else 1 << 20
-        room = max(1, open_files - FD_RESERVE)
+        """These limits with `max_connections` lowered to leave `FD_RESERVE` and
+        `reserved_files` open files free under the soft open-file limit (`open_files`, read from
+        the process by default)."""
+        open_files = open_file_limit() if open_files is None else open_files
+        room = max(1, open_file_room(open_files) - self.reserved_files)
         if self.max_connections <= room:
             return self
         logger.warning(
@@ -126,9 +146,28 @@ class Refusals:
             )
         )
 
+    def too_many_client_connections(self, client: str, open_now: int) -> bytes:
+        self._count(
+            "connections",
+            "refused a connection from %s: it has %d open, the limit",
+            client,
+            open_now,
+        )
+        return raw_response(
+            TooManyConnections(
+                f"Your address has {open_now} connections open to this server, the most one "
+                "client may hold; reuse them, or try again once some have closed."
+            )
+        )
+
     def malformed(self, reason: str) -> bytes:
         self._count("malformed", "refused malformed HTTP: %s", reason)
         return raw_response(MalformedRequest(f"The request is not valid HTTP/1.1: {reason}."))
+
+    def unsupported(self, what: str) -> bytes:
+        """Valid HTTP the Edge does not serve (a transfer coding it cannot decode)."""
+        self._count("malformed", "refused a request: %s", what)
+        return raw_response(MalformedRequest(f"The request cannot be read: {what}."))
 
     def send_timeout(self) -> None:
         self._count(

@@ -23,6 +23,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from iop.aiokits import AsyncService, bind_listener
@@ -30,9 +31,13 @@ from iop.edgeconfig import EdgeConfig, split_listener
 
 from .admin import AdminApp, AdminAuth
 from .authenticating import Authenticator
+from .authfailures import AuthFailures
+from .clientguarding import ClientGuard
 from .dispatching import Dispatcher
 from .enforcing import Limiter
+from .guardmetrics import GuardCollector
 from .httplimits import HttpLimits
+from .hublimits import HubLimits
 from .hubs import Hub, available_providers
 from .metering import Metrics, MetricsApp
 from .nodehub import NodeHub
@@ -90,16 +95,37 @@ class EdgeServer(AsyncService):
         self._metrics_listen = metrics_listen or None
         self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
+        authenticator = Authenticator(config.openai)
         self.app = EdgeApp(
             dispatcher=self.dispatcher,
             hub=self.hub,
-            authenticator=Authenticator(config.openai),
+            authenticator=authenticator,
             metrics=self.metrics,
             max_request_bytes=config.openai.max_request_bytes,
             ready=self.ready,
             limiter=self.limiter,
         )
-        self.limits = HttpLimits.of(config.openai)
+        #: The app behind its per-client bounds: what the OpenAI listener serves.
+        self.guard = ClientGuard(
+            self.app,
+            authenticator,
+            AuthFailures(
+                "the OpenAI API",
+                logging.getLogger("iop.edge.clientguarding"),
+                per_minute=config.openai.auth_failures_per_minute,
+            ),
+            max_requests_per_client=config.openai.max_requests_per_client,
+        )
+        # The OpenAI listener fits its connection cap to the open-file limit beside the hub's.
+        hub_limits = (
+            self.hub.limits
+            if isinstance(self.hub, NodeHub)
+            else HubLimits.of(config.edge.node_link).fitted()
+        )
+        self.limits = replace(
+            HttpLimits.of(config.openai), reserved_files=hub_limits.max_connections
+        )
+        self.metrics.registry.register(GuardCollector(self.guard, self.hub))
         self._listen = openai_listen or config.openai.listen
         self._grace = shutdown_grace_s
         self._server: HttpServer | None = None
@@ -150,7 +176,11 @@ class EdgeServer(AsyncService):
             sock = bind_listener(self.host, self.port, "the OpenAI API")
             self.port = sock.getsockname()[1]
             self._server = await self._serve_http(
-                self.app, sock, self.limits, "edge-openai-http", f"the OpenAI API on {self._listen}"
+                self.guard,
+                sock,
+                self.limits,
+                "edge-openai-http",
+                f"the OpenAI API on {self._listen}",
             )
             if self._metrics_listen is not None:
                 host, port = split_listener(self._metrics_listen)

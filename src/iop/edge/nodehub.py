@@ -23,7 +23,15 @@ client).
 Liveness (`edge.node_link`): every heartbeat interval the hub sends each node a heartbeat, ends
 the session of a node it heard nothing from for the heartbeat timeout (a frozen process keeps
 its TCP connection open, so only this tells), and fails as retryable the runs a node neither
-accepted nor answered within the first-event timeout.
+accepted nor answered within the first-event timeout. The same tick stops streams paused for a
+client that read too little for `openai.stream_stall_timeout_ms` (live: read from the snapshot),
+which frees their slots.
+
+Before a node is authenticated (`hublimits.py`): its messages are bounded to
+`NODE_MESSAGE_BYTES` (the welcome tells it, and it splits what is larger), its hello must come
+within `edge.node_link.hello_timeout_ms`, the connections waiting for theirs are capped overall
+and per address, and an address that keeps failing authentication is refused unheard for a
+while (`authfailures.py`).
 
 One node id, two processes (a rolling update with surge): the instance that started last wins
 (`Hello.started_at`). A newer instance takes dispatch over at once; the older one's session only
@@ -47,6 +55,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from math import ceil
 from types import MappingProxyType
 from typing import Any
 
@@ -64,12 +73,20 @@ from iop.wire import (
     RunRequest,
     ServerTls,
     Ticker,
-    grpc_options,
     statuses,
 )
-from iop.wire.converting import health_from_proto, liveness_to_proto, payload_to_proto
+from iop.wire.converting import liveness_to_proto, payload_to_proto
 from iop.wire.nodestates import NOT_REPORTED, UNSPECIFIED
+from iop.wire.texts import MAX_ID_CHARS, bounded
 
+from .authfailures import AuthFailures, source_of
+from .hublimits import (
+    AUTH_FAILURES_PER_MINUTE,
+    NODE_MESSAGE_BYTES,
+    HelloGate,
+    HubLimits,
+    peer_address,
+)
 from .hubs import InstanceDrain, NodeStatus, ProviderLink
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 
@@ -121,13 +138,17 @@ class HubSnapshot:
 
 class _Refused(Exception):
     """A connection the hub turns away: the status and details the node gets, and (for the log
-    only) what exactly was wrong."""
+    only) what exactly was wrong. `failure`: the reason it counts as a failed authentication
+    of its address (a metric label), or "" when it does not count."""
 
-    def __init__(self, code: grpc.StatusCode, details: str, why: str = "") -> None:
+    def __init__(
+        self, code: grpc.StatusCode, details: str, why: str = "", *, failure: str = ""
+    ) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
         self.why = why or details
+        self.failure = failure
 
 
 class _Servicer(NodeRuntimeServicer):
@@ -171,6 +192,13 @@ class NodeHub(AsyncService):
         self._stopping = False
         self._liveness_task: asyncio.Task[None] | None = None
         self._refusals = LogThrottle(logger, interval=60.0)
+        #: What the hub refuses before a Node is authenticated (`hublimits.py`).
+        self.limits = HubLimits.of(link).fitted()
+        self._gate = HelloGate(self.limits)
+        #: Failed node authentications per address, throttled.
+        self.auth_failures = AuthFailures(
+            "the node hub", logger, per_minute=AUTH_FAILURES_PER_MINUTE
+        )
         self.port: int | None = None
         #: Sessions opened since start (a node flapping between two processes shows here).
         self.sessions_opened = 0
@@ -178,6 +206,13 @@ class NodeHub(AsyncService):
         self.silent_nodes = 0
         #: Runs failed because their node never accepted them in time.
         self.runs_not_accepted = 0
+        #: Streams stopped because their client read too little for too long (their slots freed).
+        self.streams_stalled = 0
+
+    @property
+    def hellos_refused(self) -> int:
+        """Connections refused because too many were waiting for their hello to be checked."""
+        return self._gate.refused
 
     @property
     def snapshot(self) -> HubSnapshot:
@@ -186,7 +221,11 @@ class NodeHub(AsyncService):
     async def start(self) -> int:
         """Listen on the configured address; returns the bound port."""
         credentials = self._credentials
-        server = grpc.aio.server(options=[*grpc_options(), ("grpc.so_reuseport", 0)])
+        limits = self.limits
+        server = grpc.aio.server(
+            options=[*limits.server_options(), ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=limits.max_connections + limits.max_unauthenticated,
+        )
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
         try:
             if credentials is not None:
@@ -362,8 +401,11 @@ class NodeHub(AsyncService):
         liveness = self.liveness
         beat = pb.Heartbeat(sent_at=time.time())
         now = asyncio.get_running_loop().time()
+        stall_timeout = self._snapshot.config.openai.stream_stall_timeout_ms / 1000
         for session in list(self._every_session()):
             session.writer_put(beat)
+            if session.paused:
+                self.streams_stalled += session.expire_stalled(now, stall_timeout)
             if not on_time:
                 continue
             silent = now - session.last_heard
@@ -404,9 +446,28 @@ class NodeHub(AsyncService):
             return
         session.send_run(stream)
 
+    async def _hello(
+        self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
+    ) -> pb.Hello:
+        """The connection's hello, authenticated, read within the hello timeout."""
+        timeout = self.limits.hello_timeout
+        try:
+            first = await asyncio.wait_for(context.read(), timeout)
+        except TimeoutError:
+            raise _Refused(
+                statuses.REFUSED_NO_HELLO,
+                f"no hello within {timeout:g}s",
+                failure="hello_timeout",
+            ) from None
+        return self._authenticate(first)
+
     def _authenticate(self, first: object) -> pb.Hello:
         if not isinstance(first, pb.NodeMessage) or not first.HasField("hello"):
-            raise _Refused(statuses.REFUSED_NO_HELLO, "the first message must carry a hello")
+            raise _Refused(
+                statuses.REFUSED_NO_HELLO,
+                "the first message must carry a hello",
+                failure="no_hello",
+            )
         hello = first.hello
         if hello.protocol_version != PROTOCOL_VERSION:
             raise _Refused(
@@ -424,7 +485,8 @@ class NodeHub(AsyncService):
             raise _Refused(
                 statuses.REFUSED_CREDENTIALS,
                 statuses.REFUSED_CREDENTIALS_DETAILS,
-                f"{why} (node id {hello.node_id[:64]!r})",
+                f"{why} (node id {hello.node_id[:64]!r}, token sha256 {given[:8]}...)",
+                failure="unknown_node" if expected is None else "wrong_token",
             )
         return hello
 
@@ -434,8 +496,25 @@ class NodeHub(AsyncService):
         peer = context.peer()
         if self._stopping:
             await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
+        source = source_of(peer_address(peer))
+        wait = self.auth_failures.retry_after(source)
+        if wait is not None:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many failed authentications from this address; retry in {ceil(wait)}s",
+            )
+        crowded = self._gate.enter(source)
+        if crowded is not None:
+            self._refusals.warning("refused a node from %s: %s", peer, crowded)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many connections are waiting for their hello; retry shortly",
+            )
         try:
-            hello = self._authenticate(await context.read())
+            try:
+                hello = await self._hello(context)
+            finally:
+                self._gate.leave(source)
             previous = self._sessions.get(hello.node_id)
             if (
                 previous is not None
@@ -448,24 +527,25 @@ class NodeHub(AsyncService):
                     "connected",
                 )
         except _Refused as refused:
-            self._refusals.warning("refused a node from %s: %s", peer, refused.why)
+            if refused.failure:
+                self.auth_failures.failed(source, refused.failure, refused.why)
+            else:
+                self._refusals.warning("refused a node from %s: %s", peer, refused.why)
             await context.abort(refused.code, refused.details)
         snapshot = self._snapshot
         node_id = hello.node_id
         payload = snapshot.payloads[node_id]
         session = NodeSession(
             node_id=node_id,
-            alias=hello.alias,
-            instance_id=hello.instance_id,
+            alias=bounded(hello.alias, MAX_ID_CHARS),
+            instance_id=bounded(hello.instance_id, MAX_ID_CHARS),
             started_at=hello.started_at,
             peer=peer,
             payload=payload,
             generation=snapshot.generation,
             on_change=self._changed,
         )
-        for item in hello.health:
-            health = health_from_proto(item)
-            session.health[health.provider_id] = health
+        session.receive_health(hello.health)
         if previous is not None:
             if previous.instance_id == hello.instance_id:
                 previous.close(statuses.REPLACED, "replaced by a newer connection of this process")
@@ -489,6 +569,7 @@ class NodeHub(AsyncService):
             edge_id=snapshot.config.edge.id,
             config=payload_to_proto(payload, snapshot.generation, snapshot.digests[node_id]),
             liveness=liveness_to_proto(self.liveness),
+            max_message_bytes=NODE_MESSAGE_BYTES,
         )
         code: grpc.StatusCode | None = None
         reason = "the node went away"

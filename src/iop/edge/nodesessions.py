@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING
 import grpc
 
 from iop import runtime_pb2 as pb
+from iop.aiokits import LogThrottle
 from iop.edgeconfig import NodePayload
 from iop.wire import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     TERMINAL_EVENTS,
     CoalescingWriter,
     DrainProgress,
@@ -49,6 +51,7 @@ from iop.wire.converting import (
     request_to_proto,
 )
 from iop.wire.nodestates import DRAINING, NOT_PROBED
+from iop.wire.texts import MAX_ID_CHARS, bounded
 
 from .hubs import InstanceDrain
 
@@ -106,10 +109,13 @@ class RunStream:
         "_limit",
         "_on_end",
         "_paused",
+        "_pieces",
+        "_pieces_size",
         "_saw_chunk",
         "_session",
         "_started",
         "_waiter",
+        "paused_at",
         "request",
     )
 
@@ -126,8 +132,13 @@ class RunStream:
         self._limit = buffer_limit if request.stream else 0
         self._buffered = 0
         self._paused = False
+        #: Loop time since when the run has been paused for its client (None: not paused).
+        self.paused_at: float | None = None
         self._ended = False
         self._on_end: list[Callable[[], object]] = []
+        # Pieces of a chunk too large for one wire message, until its last piece arrives.
+        self._pieces: list[bytes] = []
+        self._pieces_size = 0
 
     async def __aenter__(self) -> RunStream:
         self._start()
@@ -175,8 +186,10 @@ class RunStream:
             self._buffered -= len(event.data)
             if self._paused and self._buffered <= self._limit // 2:
                 self._paused = False
+                self.paused_at = None
                 session = self._session
                 if session is not None:
+                    session.paused.pop(self.request.run_id, None)
                     session.writer_put(FlowSignal(self.request.run_id, pause=False))
         return event
 
@@ -218,6 +231,7 @@ class RunStream:
                 pb.Cancel(run_id=self.request.run_id, first_byte_timeout=first_byte_timeout)
             )
         self._session = None
+        self._pieces, self._pieces_size = [], 0
         self._finished = True
         self._end()
         self._wake()
@@ -229,9 +243,56 @@ class RunStream:
     def attach(self, session: NodeSession) -> None:
         self._session = session
 
+    def piece(self, data: bytes) -> None:
+        """A piece of a chunk too large for one wire message: kept until its last piece, within
+        the run's `max_response_bytes` (past it the run fails as `response_too_large`)."""
+        self._pieces_size += len(data)
+        if self._pieces_size > self._max_response_bytes:
+            self._refuse_too_large(self._pieces_size)
+            return
+        self._pieces.append(data)
+
+    @property
+    def _max_response_bytes(self) -> int:
+        return self.request.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
+
+    def _refuse_too_large(self, size: int) -> None:
+        """The Node sent more than the run allows: cancel it there, fail it here."""
+        self._pieces, self._pieces_size = [], 0
+        session = self._session
+        if session is not None and session.forget(self.request.run_id) is self:
+            session.writer_put(pb.Cancel(run_id=self.request.run_id))
+        self.fail(
+            statuses.RESPONSE_TOO_LARGE,
+            f"the provider's answer passed {size} bytes, more than the limit of "
+            f"{self._max_response_bytes} (openai.max_response_bytes); ask for a stream",
+        )
+
+    def stall(self, seconds: float) -> None:
+        """The client took too little for `seconds` while the run was paused: cancel the run on
+        its Node (its slot is free at once); the client still gets what is held for it, then
+        the `stream_stalled` error."""
+        session = self._session
+        if session is None or self._ended:
+            return
+        if session.forget(self.request.run_id) is self:
+            session.writer_put(pb.Cancel(run_id=self.request.run_id))
+        self.fail(
+            statuses.STREAM_STALLED,
+            f"the client read too little of this stream for {seconds:g}s "
+            "(openai.stream_stall_timeout_ms): it was stopped to free its provider",
+        )
+
     def deliver(self, event: RunEvent) -> None:
         """Queue an event for the consumer (called by the session's reader)."""
         if type(event) is RunChunk:
+            if self._pieces:
+                self._pieces.append(event.data)
+                event = RunChunk(b"".join(self._pieces), event.usage_only)
+                self._pieces, self._pieces_size = [], 0
+            if len(event.data) > self._max_response_bytes:
+                self._refuse_too_large(len(event.data))
+                return
             self._saw_chunk = True
             if self._limit:
                 self._buffered += len(event.data)
@@ -239,6 +300,8 @@ class RunStream:
                     session = self._session
                     if session is not None:
                         self._paused = True
+                        self.paused_at = asyncio.get_running_loop().time()
+                        session.paused[self.request.run_id] = self
                         session.writer_put(FlowSignal(self.request.run_id, pause=True))
         elif isinstance(event, TERMINAL_EVENTS):
             self._session = None
@@ -320,6 +383,11 @@ class NodeSession:
         self.writer: CoalescingWriter[EdgeItem] | None = None
         self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = self._loop.create_future()
         self._on_change = on_change
+        #: Streamed runs paused for a slow client, by run id (the hub ends those stalled too long).
+        self.paused: dict[str, RunStream] = {}
+        #: The Node's repeated log lines, throttled per kind (and provider).
+        self._logs: dict[str, LogThrottle] = {}
+        self._known = (payload, frozenset(provider.id for provider in payload.providers))
 
     @property
     def rank(self) -> tuple[float, str]:
@@ -359,6 +427,8 @@ class NodeSession:
         stream = self.runs.pop(run_id, None)
         if self.unaccepted:
             self.unaccepted.pop(run_id, None)
+        if self.paused:
+            self.paused.pop(run_id, None)
         if self.superseded_by is not None and not self.runs:
             self.close(statuses.SUPERSEDED, f"superseded by instance {self.superseded_by}")
         return stream
@@ -401,58 +471,114 @@ class NodeSession:
             if unaccepted:
                 unaccepted.pop(item.run_id, None)
             event = event_from_proto(item)
+            if type(event) is RunChunk and item.chunk.more:
+                stream.piece(event.data)
+                continue
             if isinstance(event, TERMINAL_EVENTS):
                 self.forget(item.run_id)
             stream.deliver(event)
-        changed = False
-        for report in message.health:
-            health = health_from_proto(report)
-            before = self.health.get(health.provider_id)
-            if before != health:
-                self.health[health.provider_id] = health
-                changed = True
-                if not health.healthy:
-                    # Not probed yet (every provider's first word) and draining (a node leaving
-                    # on purpose) are no cause for a warning.
-                    planned = health.reason in (NOT_PROBED, DRAINING)
-                    log = logger.info if planned else logger.warning
-                    log(
-                        "node %s: provider %s unhealthy (%s): %s",
-                        self.node_id,
-                        health.provider_id,
-                        health.reason or "unspecified",
-                        health.detail,
-                    )
-                elif before is not None and not before.healthy:
-                    logger.info(
-                        "node %s: provider %s healthy again", self.node_id, health.provider_id
-                    )
+        changed = self.receive_health(message.health) if message.health else False
         if message.HasField("drain"):
             self._drained(drain_from_proto(message.drain))
         for ack in message.acks:
             changed = self._acknowledged(ack) or changed
         if message.HasField("heartbeat"):
             self.last_heartbeat = time.monotonic()
-            self.node_in_flight = dict(message.heartbeat.in_flight)
+            known = self._known_providers()
+            self.node_in_flight = {
+                pid: runs for pid, runs in message.heartbeat.in_flight.items() if pid in known
+            }
         if changed and self.ready:
             self._on_change()
 
+    def receive_health(self, reports: Iterable[pb.ProviderHealth]) -> bool:
+        """Apply the Node's health reports (its hello's, or a message's); True when one changed.
+
+        A report for a provider this Node's payload does not hold is refused: nothing stores
+        it, and one (throttled) line says how many came and which, whatever their number.
+        """
+        changed = False
+        known = self._known_providers()
+        unknown: list[str] = []
+        for report in reports:
+            health = health_from_proto(report)
+            provider_id = health.provider_id
+            if provider_id not in known:
+                unknown.append(provider_id)
+                continue
+            before = self.health.get(provider_id)
+            if before == health:
+                continue
+            self.health[provider_id] = health
+            changed = True
+            if not health.healthy:
+                # Not probed yet (every provider's first word) and draining (a node leaving
+                # on purpose) are no cause for a warning.
+                planned = health.reason in (NOT_PROBED, DRAINING)
+                self._log(f"down:{provider_id}").log(
+                    logging.INFO if planned else logging.WARNING,
+                    "node %s: provider %s unhealthy (%s): %s",
+                    self.node_id,
+                    provider_id,
+                    health.reason or "unspecified",
+                    health.detail,
+                )
+            elif before is not None and not before.healthy:
+                self._log(f"up:{provider_id}").info(
+                    "node %s: provider %s healthy again", self.node_id, provider_id
+                )
+        if unknown:
+            shown = ", ".join(repr(pid) for pid in unknown[:5])
+            self._log("unknown").warning(
+                "node %s reported the health of %d provider(s) its config does not hold "
+                "(ignored): %s%s",
+                self.node_id,
+                len(unknown),
+                shown,
+                ", ..." if len(unknown) > 5 else "",
+            )
+        return changed
+
+    def _known_providers(self) -> frozenset[str]:
+        """The provider ids of the payload last sent to the Node."""
+        payload, known = self._known
+        if payload is not self.payload:
+            payload = self.payload
+            known = frozenset(provider.id for provider in payload.providers)
+            self._known = (payload, known)
+        return known
+
+    def _log(self, kind: str) -> LogThrottle:
+        """The throttle of one kind of this Node's lines (at most one line a minute each)."""
+        throttle = self._logs.get(kind)
+        if throttle is None:
+            throttle = self._logs[kind] = LogThrottle(logger)
+        return throttle
+
     def _drained(self, progress: DrainProgress) -> None:
+        known = self._known_providers()
+        if any(pid not in known for pid in progress.runs_left):
+            runs_left = {pid: n for pid, n in progress.runs_left.items() if pid in known}
+            progress = DrainProgress(progress.shutting_down, runs_left)
         before, self.drain = self.drain, progress
         if progress.draining and not before.draining:
             what = "to exit" if progress.shutting_down else "replaced adapters"
-            logger.info(
+            self._log("drain").info(
                 "node %s is draining (%s): %d run(s) left", self.node_id, what, progress.total
             )
         elif before.draining and not progress.draining:
-            logger.info("node %s: drain done", self.node_id)
+            self._log("drained").info("node %s: drain done", self.node_id)
 
     def _acknowledged(self, ack: pb.ConfigAck) -> bool:
+        # The Node's words, cut before they are logged or kept in a refresh report.
+        ack.error = bounded(ack.error)
+        ack.config_hash = bounded(ack.config_hash, MAX_ID_CHARS)
+        ack.in_use_hash = bounded(ack.in_use_hash, MAX_ID_CHARS)
         future = self.acks.pop(ack.generation, None)
         if future is not None and not future.done():
             future.set_result(ack)
         if not ack.ok:
-            logger.error(
+            self._log("refused").error(
                 "node %s refused config generation %d: %s", self.node_id, ack.generation, ack.error
             )
             return False
@@ -469,9 +595,21 @@ class NodeSession:
         if not self.closing.done():
             self.closing.set_result((code, reason))
 
+    def expire_stalled(self, now: float, timeout: float) -> int:
+        """Stop the streams paused for their client longer than `timeout`; how many."""
+        stalled = [
+            stream
+            for stream in self.paused.values()
+            if stream.paused_at is not None and now - stream.paused_at > timeout
+        ]
+        for stream in stalled:
+            stream.stall(timeout)
+        return len(stalled)
+
     def fail_runs(self, code: str, message: str) -> None:
         runs, self.runs = self.runs, {}
         self.unaccepted.clear()
+        self.paused.clear()
         for stream in runs.values():
             stream.fail(code, message)
         for future in self.acks.values():

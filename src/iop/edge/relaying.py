@@ -19,6 +19,10 @@ still be retried (docs/edge.md, "Retries and fallbacks"):
   as above, or the answer.
 - a model none of whose providers is in dispatch (unavailable, not merely busy) hands the request
   to its first fallback that has one, before any try.
+- a model whose providers are all busy (their slots held by other requests) hands the request
+  to a fallback with a free slot, within the retry budget; with none free, the request waits for
+  its own model and its fallbacks at once, until its own model's queue deadline, and the first
+  slot of any of them serves it (`_first_lease`).
 
 The model that answers is the one whose provider served: usage and the request's metrics count
 for it, and the body's `model` is the name that provider serves.
@@ -138,13 +142,16 @@ class RelayedRun:
         deadline: float | None = None
         while True:
             try:
-                lease = await dispatcher.acquire(
-                    self._model,
-                    self._long,
-                    deadline=deadline,
-                    principal=self._principal.principal_ref,
-                    avoid=attempts.tried if attempts is not None else _NONE,
-                )
+                if deadline is None and attempts is not None:
+                    lease = await self._first_lease(attempts, budget)
+                else:
+                    lease = await dispatcher.acquire(
+                        self._model,
+                        self._long,
+                        deadline=deadline,
+                        principal=self._principal.principal_ref,
+                        avoid=attempts.tried if attempts is not None else _NONE,
+                    )
             except (QueueTimeout, NoProvider, ModelNotFound):
                 if attempts is None or attempts.failure is None:
                     raise
@@ -217,6 +224,103 @@ class RelayedRun:
                 self._move_to(attempts.chain[fallback], "failed")
         return True
 
+    async def _first_lease(self, attempts: _Attempts, budget: RetryBudget) -> Lease:
+        """The first slot of a request whose model has fallbacks.
+
+        Its own model's when one is free. When every provider of it is busy (held by other
+        requests), a free slot of a fallback model in dispatch, if the retry budget has room
+        (a spill is paid like a retry, so a flood of one model cannot swamp its fallbacks);
+        otherwise the request waits in its own model's queue and in those of its fallbacks at
+        once, with its own model's deadline, and takes whichever slot comes first (a
+        fallback's again within the budget; the other places in line are given up).
+        """
+        dispatcher = self._relay._dispatcher
+        principal = self._principal.principal_ref
+        lease = dispatcher.try_acquire(self._model, self._long)
+        if lease is not None:
+            return lease
+        if not self._all_held(self._model):
+            # A provider with room sits out a moment (a busy refusal, a failure): its slot is
+            # free again in 50 ms, and a failure's retry has rules of its own.
+            return await dispatcher.acquire(self._model, self._long, principal=principal)
+        chain = attempts.chain
+        fallbacks = [
+            model
+            for model in chain[attempts.position + 1 :]
+            if dispatcher.available_for(model, self._long)
+        ]
+        settings = dispatcher.snapshot.retries
+        for model in fallbacks:
+            try:
+                lease = dispatcher.try_acquire(model, self._long)
+            except (NoProvider, ModelNotFound):
+                continue
+            if lease is None:
+                continue
+            if not budget.try_retry(settings):
+                dispatcher.release(lease)
+                return await dispatcher.acquire(self._model, self._long, principal=principal)
+            self._spill(attempts, model)
+            return lease
+        if not fallbacks:
+            return await dispatcher.acquire(self._model, self._long, principal=principal)
+        route = dispatcher.snapshot.models[self._model]
+        deadline = asyncio.get_running_loop().time() + route.queue_timeout_s
+        racers = {
+            asyncio.ensure_future(
+                dispatcher.acquire(self._model, self._long, principal=principal)
+            ): self._model
+        }
+        for model in fallbacks:
+            waiting = dispatcher.acquire(model, self._long, deadline=deadline, principal=principal)
+            racers[asyncio.ensure_future(waiting)] = model
+        try:
+            while True:
+                done, _ = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+                won: Lease | None = None
+                for racer in [racer for racer in racers if racer in done]:  # chain order
+                    model = racers.pop(racer)
+                    error = racer.exception()
+                    if error is not None:
+                        if model == self._model:
+                            raise error  # its own queue is full, or its deadline passed
+                        continue
+                    lease = racer.result()
+                    if won is None and (model == self._model or budget.try_retry(settings)):
+                        won = lease
+                        if model != self._model:
+                            self._spill(attempts, model)
+                    else:
+                        dispatcher.release(lease)
+                if won is not None:
+                    return won
+        finally:
+            for racer in racers:
+                racer.cancel()
+            for racer, _ in zip(
+                racers, await asyncio.gather(*racers, return_exceptions=True), strict=True
+            ):
+                if not racer.cancelled() and racer.exception() is None:
+                    dispatcher.release(racer.result())  # granted as another one won
+
+    def _all_held(self, model_id: str) -> bool:
+        """Every provider of the model in dispatch has its slots taken by other runs."""
+        dispatcher = self._relay._dispatcher
+        route = dispatcher.snapshot.models.get(model_id)
+        if route is None:
+            return False
+        available = dispatcher.available
+        return not any(
+            candidate.provider.id in available
+            and dispatcher.in_flight(candidate.provider.id) < candidate.provider.capacity
+            for candidate in route.candidates
+        )
+
+    def _spill(self, attempts: _Attempts, model: str) -> None:
+        """The request's own model is busy: a slot of fallback `model` serves it."""
+        attempts.position = attempts.chain.index(model)
+        self._move_to(model, "busy")
+
     def _fall_back_if_unavailable(self, attempts: _Attempts) -> None:
         """Before the first try: a model with no provider in dispatch hands the request to the
         first fallback that has one (or, with none, that has an enabled one to wait for)."""
@@ -259,6 +363,7 @@ class RelayedRun:
                 body=request.encode(lease.served_model),
                 stream=request.stream,
                 long_context=self._long,
+                max_response_bytes=lease.snapshot.config.openai.max_response_bytes,
             )
         )
         await stream.__aenter__()

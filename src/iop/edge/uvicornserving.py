@@ -11,11 +11,13 @@ for an HTTP/1.0 client. `_LimitedProtocol` is that protocol with those fixed:
   `on_url`/`on_header` count exactly and check each header and the number of headers;
 - a timer from the connection's start, and from each request's first byte, closes a connection
   whose head is not complete in `header_timeout` (408 when it sent something);
-- a connection beyond `max_connections` gets 503 and is closed;
+- a connection beyond `max_connections`, or beyond `max_connections_per_client` from one
+  address, gets 503 and is closed;
 - while the transport's buffer is full, a timer checks every `send_timeout` whether the client
   took any of it; a client that took nothing in that time is cut (the app sees a disconnect),
   while one that reads slowly is not;
-- malformed framing gets the OpenAI-shaped 400 of `httplimits.Refusals`, logged throttled;
+- malformed framing, and a `Transfer-Encoding` other than chunked, get the OpenAI-shaped 400
+  of `httplimits.Refusals`, logged throttled;
 - every refusal is a lingering close: the answer, then the write side shut (FIN), then what the
   client still sends is read and dropped for a moment before the socket closes; closing at
   once with its bytes unread would reset the connection and could destroy the answer;
@@ -46,6 +48,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from iop.aiokits import guarded_task
 
 from .asgi import Message
+from .authfailures import source_of
 from .httplimits import HttpLimits, Refusals
 
 __all__ = ["HttpServer"]
@@ -59,8 +62,8 @@ _LINGER_S = 1.0
 _LINGER_BYTES = 1024 * 1024
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback to stop parsing a head past its limits."""
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a head the listener refuses."""
 
 
 class _LimitedProtocol(HttpToolsProtocol):
@@ -70,6 +73,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     """
 
     refusals: ClassVar[Refusals]
+    #: Connections open per client address (`authfailures.source_of`), per server.
+    clients: ClassVar[dict[str, int]]
 
     def __init__(
         self,
@@ -85,8 +90,10 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._head_size = 0  # bytes of the head parsed so far (url and headers)
         self._head_count = 0
         self._too_large = ""
+        self._unsupported = ""
         self._received = False
         self._accepted = False  # counted in the server's connections
+        self._client = ""  # counted in `clients` under this key (when bounded per client)
         self._lingering = False  # answered by the server itself: what comes next is dropped
         self._dropped = 0
         self._head_timer: asyncio.TimerHandle | None = None
@@ -100,6 +107,17 @@ class _LimitedProtocol(HttpToolsProtocol):
             self.transport = transport
             self._linger(self.refusals.too_many_connections(len(self.connections)))
             return
+        per_client = self._limits.max_connections_per_client
+        if per_client:
+            peer = transport.get_extra_info("peername")
+            client = source_of(peer[0]) if isinstance(peer, tuple) and peer else ""
+            open_now = self.clients.get(client, 0)
+            if open_now >= per_client:
+                self.transport = transport
+                self._linger(self.refusals.too_many_client_connections(client, open_now))
+                return
+            self.clients[client] = open_now + 1
+            self._client = client
         super().connection_made(transport)
         self._accepted = True
         self._arm_head_timer()
@@ -107,6 +125,12 @@ class _LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         if self._accepted:
+            if self._limits.max_connections_per_client:
+                left = self.clients[self._client] - 1
+                if left:
+                    self.clients[self._client] = left
+                else:
+                    del self.clients[self._client]
             super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -126,6 +150,8 @@ class _LimitedProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             if self._too_large:
                 self._answer_and_close(self.refusals.too_large(self._too_large))
+            elif self._unsupported:
+                self._answer_and_close(self.refusals.unsupported(self._unsupported))
             else:
                 self._answer_and_close(self.refusals.malformed(_reason(exc)))
             return
@@ -170,6 +196,14 @@ class _LimitedProtocol(HttpToolsProtocol):
             self._stop(f"more than {limits.max_headers} headers")
         if self._head_size > limits.max_header_bytes:
             self._stop(f"more than {limits.max_header_bytes} bytes")
+        if name.lower() == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            # Any other coding (gzip, or a list: "gzip, chunked") would reach the app as a
+            # body it cannot read, and httptools answers some of them with no response at all.
+            self._unsupported = (
+                f"Transfer-Encoding {_shown(value)} is not supported; send the body with "
+                "Content-Length or Transfer-Encoding: chunked"
+            )
+            raise _HeadRefused(self._unsupported)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -191,7 +225,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def _stop(self, what: str) -> None:
         self._too_large = what
-        raise _HeadTooLarge(what)
+        raise _HeadRefused(what)
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
@@ -252,6 +286,12 @@ def _reason(error: httptools.HttpParserError) -> str:
     """The parser's own words (never the client's bytes)."""
     text = str(error).strip() or type(error).__name__
     return text[:120]
+
+
+def _shown(value: bytes) -> str:
+    """A client's header value in a refusal: quoted, printable ASCII only, and short."""
+    text = value.decode("ascii", "replace").strip()
+    return repr("".join(c if c.isprintable() else "?" for c in text[:40]))
 
 
 def _end_with_the_connection(cycle: RequestResponseCycle) -> None:
@@ -319,7 +359,9 @@ class HttpServer:
         grace: float,
     ) -> None:
         self.refusals = Refusals(what, limits.fitted())
-        protocol = type("LimitedProtocol", (_LimitedProtocol,), {"refusals": self.refusals})
+        protocol = type(
+            "LimitedProtocol", (_LimitedProtocol,), {"refusals": self.refusals, "clients": {}}
+        )
         config = uvicorn.Config(
             app,
             http=protocol,

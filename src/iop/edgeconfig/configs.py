@@ -341,6 +341,40 @@ class NodeLinkSection(Spec):
             ge=100,
         ),
     ] = 3000
+    hello_timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds a new connection to the node hub has to finish its TLS and HTTP/2 "
+            "handshake, and again to send its hello; then it is closed. A connection with no "
+            "call open is closed after as long.",
+            ge=100,
+            le=120_000,
+        ),
+    ] = 5000
+    max_connections: Annotated[
+        int,
+        restart_edge(
+            "Most connections to the node hub at once, authenticated or not (each Node keeps "
+            "one per Edge); one beyond it is closed at once. The Edge lowers it to fit the "
+            "process's open-file limit, beside the OpenAI listener's connections.",
+            ge=1,
+        ),
+    ] = 1024
+    max_unauthenticated_connections: Annotated[
+        int,
+        restart_edge(
+            "Most connections to the node hub whose hello has not been checked yet; one beyond "
+            "it is refused (RESOURCE_EXHAUSTED) without a byte of it read.",
+            ge=1,
+        ),
+    ] = 64
+    max_unauthenticated_per_client: Annotated[
+        int,
+        restart_edge(
+            "Most of those from one address (an IPv6 address counts by its /64).",
+            ge=1,
+        ),
+    ] = 8
 
     @model_validator(mode="after")
     def _timeout_above_interval(self) -> Self:
@@ -696,6 +730,34 @@ class OpenAISection(Spec):
             ge=1,
         ),
     ] = 4096
+    max_connections_per_client: Annotated[
+        int,
+        restart_edge(
+            "Most connections from one client address (an IPv6 address counts by its /64); "
+            "one beyond it gets 503 and is closed. Behind a proxy that is the proxy's address: "
+            "raise it to the proxy's share.",
+            ge=1,
+        ),
+    ] = 1024
+    max_requests_per_client: Annotated[
+        int,
+        restart_edge(
+            "Most completion requests in flight (waiting or running) from one client address, "
+            "and apart from that from one principal_ref (anonymous requests count only by "
+            "address); one beyond it gets 429 too_many_requests_in_flight.",
+            ge=1,
+        ),
+    ] = 256
+    auth_failures_per_minute: Annotated[
+        int,
+        restart_edge(
+            "Failed authentications (no, malformed or unknown API key) one client address may "
+            "make a minute; past them, its requests get 429 too_many_auth_failures, whatever "
+            "their key, until that budget refills. Each failure is logged, throttled, with the "
+            "address and the first 8 hex digits of the key's SHA-256.",
+            ge=1,
+        ),
+    ] = 60
     send_timeout_ms: Annotated[
         int,
         restart_edge(
@@ -704,6 +766,17 @@ class OpenAISection(Spec):
             gt=0,
         ),
     ] = 30_000
+    stream_stall_timeout_ms: Annotated[
+        int,
+        live(
+            "Milliseconds a streaming client may fall behind by a whole stream_buffer_bytes "
+            "and read too little to catch up (its run paused all along); then the run is "
+            "cancelled on its Node, which frees its provider's slot, and the client gets what "
+            "the Edge holds for it, then a stream_stalled error event. Keep it well under "
+            "send_timeout_ms.",
+            ge=100,
+        ),
+    ] = 5000
     stream_buffer_bytes: Annotated[
         int,
         restart_edge(
@@ -713,6 +786,15 @@ class OpenAISection(Spec):
             ge=4096,
         ),
     ] = 256 * 1024
+    max_response_bytes: Annotated[
+        int,
+        live(
+            "Largest answer taken from a provider: a non-streamed body, or one event of a "
+            "stream. The Node stops reading past it and the client gets 502 "
+            "response_too_large; ask for a stream to get more.",
+            ge=64 * 1024,
+        ),
+    ] = 32 * 1024 * 1024
     principal_tokens: Annotated[
         list[PrincipalToken],
         restart_edge(

@@ -49,6 +49,7 @@ from iop.wire import (
     DrainProgress,
     Liveness,
     ProviderHealth,
+    RunChunk,
     RunEvent,
     RunFailed,
     Ticker,
@@ -56,6 +57,7 @@ from iop.wire import (
     statuses,
 )
 from iop.wire.converting import (
+    chunk_to_pieces,
     drain_to_proto,
     event_to_proto,
     health_to_proto,
@@ -74,6 +76,9 @@ logger = logging.getLogger(__name__)
 
 #: Items the writer may hold before runs wait for it to catch up (a slow or stalled link).
 WRITER_BACKLOG: Final = 4096
+#: Bytes of the Edge's message bound a batch leaves free for what its items' declared sizes
+#: leave out (framing, ids, small fields beyond `ITEM_OVERHEAD`).
+_MESSAGE_MARGIN: Final = 64 * 1024
 
 #: Called after every session that ended and every dial that failed, except when leaving:
 #: (the connection, whether that session had been welcomed).
@@ -139,6 +144,14 @@ def _message(batch: Sequence[_Outgoing]) -> pb.NodeMessage:
     return message
 
 
+def _put_sized(
+    writer: CoalescingWriter[_Outgoing],
+    item: pb.ConfigAck | pb.Heartbeat | pb.DrainProgress | pb.ProviderHealth,
+) -> None:
+    """Queue one of the few items whose size nothing tells for free (none is frequent)."""
+    writer.put(item, size=item.ByteSize())
+
+
 class EdgeConnection:
     """Keeps this Node connected to the Edge at `target` until cancelled."""
 
@@ -181,6 +194,9 @@ class EdgeConnection:
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._gates: dict[str, RunGate] = {}
         self._last_heard = 0.0
+        #: Chunks larger than this travel in pieces (the Edge's welcome says how large a message
+        #: may be); None: an Edge that sets no bound.
+        self._piece_bytes: int | None = None
         self._on_down = on_down
         self._leaving = asyncio.Event()
 
@@ -285,12 +301,18 @@ class EdgeConnection:
             if welcome.HasField("liveness"):
                 liveness = liveness_from_proto(welcome.liveness, self.default_liveness)
             self._last_heard = asyncio.get_running_loop().time()
+            # The Edge's receive limit (0 from an Edge that predates it: no bound to keep). A
+            # batch leaves room for what its items' declared sizes leave out; a chunk larger
+            # than a piece travels in pieces.
+            limit = welcome.max_message_bytes or None
+            max_bytes = None if limit is None else max(limit - _MESSAGE_MARGIN, limit // 2)
+            self._piece_bytes = None if limit is None else max(limit // 4, 1024)
 
             async def send(batch: Sequence[_Outgoing]) -> None:
                 await call.write(_message(batch))
 
             name = f"node-writer-{self.target}"
-            async with CoalescingWriter(send, name=name) as writer:
+            async with CoalescingWriter(send, name=name, max_bytes=max_bytes) as writer:
                 self._writer = writer
                 # Health and drain progress reach the Edge through this session's writer: listen
                 # only while it lives, so connections that come and go leave no listener behind.
@@ -308,7 +330,7 @@ class EdgeConnection:
                     self._leaving.wait(), name=f"node-leaving-{self.target}", logger=logger
                 )
                 try:
-                    writer.put(self._apply(welcome.config))
+                    _put_sized(writer, self._apply(welcome.config))
                     self._on_health(self.router.health())
                     progress = self.router.drain_progress()
                     if progress.draining:
@@ -398,7 +420,7 @@ class EdgeConnection:
                         gate.resume()
                 if message.HasField("refresh"):
                     self.refreshes += 1
-                    writer.put(self._apply(message.refresh.config))
+                    _put_sized(writer, self._apply(message.refresh.config))
         except (grpc.aio.AioRpcError, _StreamEnded) as exc:
             return exc
 
@@ -414,7 +436,9 @@ class EdgeConnection:
         while True:
             on_time = await ticker.tick()
             try:
-                writer.put(pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight()))
+                _put_sized(
+                    writer, pb.Heartbeat(sent_at=time.time(), in_flight=self.router.in_flight())
+                )
             except Exception:
                 logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
             if on_time and loop.time() - self._last_heard > liveness.heartbeat_timeout:
@@ -444,8 +468,20 @@ class EdgeConnection:
         # the next heartbeat (an interval, well inside the Edge's first-event deadline).
         writer.put(_Accepted(run_id), wake=False)
 
+        piece_bytes = self._piece_bytes
+
         def emit(event: RunEvent) -> None:
-            writer.put(event_to_proto(run_id, event))
+            if type(event) is RunChunk:
+                size = len(event.data)
+                if piece_bytes is not None and size > piece_bytes:
+                    for piece in chunk_to_pieces(run_id, event, piece_bytes):
+                        writer.put(piece, size=len(piece.chunk.data))
+                    return
+                writer.put(event_to_proto(run_id, event), size=size)
+            elif type(event) is RunFailed:
+                writer.put(event_to_proto(run_id, event), size=4 * len(event.message))
+            else:
+                writer.put(event_to_proto(run_id, event))
 
         def room() -> Awaitable[None] | None:
             if writer.backlog < WRITER_BACKLOG:
@@ -494,7 +530,7 @@ class EdgeConnection:
     def _on_drain(self, progress: DrainProgress) -> None:
         writer = self._writer
         if writer is not None:
-            writer.put(drain_to_proto(progress))
+            _put_sized(writer, drain_to_proto(progress))
 
     def _on_health(self, health: list[ProviderHealth]) -> None:
         writer = self._writer
@@ -506,4 +542,4 @@ class EdgeConnection:
                 item = ProviderHealth(
                     item.provider_id, False, "the node is leaving this Edge", DRAINING
                 )
-            writer.put(health_to_proto(item))
+            _put_sized(writer, health_to_proto(item))

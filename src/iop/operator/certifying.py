@@ -19,7 +19,7 @@ import ipaddress
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from .errors import KubeConflict, KubeNotFound
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["SelfSignedCertificate", "ca_bundle_current", "patch_ca_bundle", "shared_certificate"]
+__all__ = [
+    "SelfSignedCertificate",
+    "ca_bundle_current",
+    "owner_reference",
+    "patch_ca_bundle",
+    "shared_certificate",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +138,20 @@ class SelfSignedCertificate:
 
 
 async def shared_certificate(
-    api: KubeApi, namespace: str, secret: str, hostnames: Iterable[str]
+    api: KubeApi,
+    namespace: str,
+    secret: str,
+    hostnames: Iterable[str],
+    owner: Mapping[str, Any] | None = None,
 ) -> SelfSignedCertificate:
     """The webhook certificate every replica of the operator serves with, kept in Secret
     `secret` (`tls.crt`, `tls.key`): made by the first replica that finds none (or one that no
     longer names the Service or expires within 30 days), read by the others, so one caBundle
-    trusts them all. Made in the cluster, never by a Helm render."""
+    trusts them all. Made in the cluster, never by a Helm render. `owner` (an ownerReference:
+    the webhook's Service) makes the Secret go with its release (`helm uninstall`, an Argo CD
+    prune) through the garbage collector; a Secret found without it gets it."""
     names = list(hostnames)
+    owners = [dict(owner)] if owner is not None else []
     path = resource_path("v1", "secrets", namespace, secret)
     found: dict[str, Any] | None
     try:
@@ -154,12 +167,15 @@ async def shared_certificate(
                 base64.b64decode(data["tls.key"]),
             )
             if current.serves(names):
+                if owner is not None and not _owned_by(found, owner):
+                    patch = {"metadata": {"ownerReferences": [*_owners_of(found), *owners]}}
+                    await api.merge_patch(path, patch, what=f"give the Secret {secret} its owner")
                 return current
     fresh = await asyncio.to_thread(SelfSignedCertificate.create, names)
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": secret, "namespace": namespace},
+        "metadata": {"name": secret, "namespace": namespace, "ownerReferences": owners},
         "type": "kubernetes.io/tls",
         "data": {
             "tls.crt": base64.b64encode(fresh.cert_pem).decode(),
@@ -175,9 +191,28 @@ async def shared_certificate(
             body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
             await api.merge_patch(path, body, what=f"renew the Secret {secret}")
     except KubeConflict:  # another replica wrote it first: serve with theirs
-        return await shared_certificate(api, namespace, secret, names)
+        return await shared_certificate(api, namespace, secret, names, owner)
     logger.info("made the webhook certificate in Secret %s", secret)
     return fresh
+
+
+def owner_reference(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to `obj` (as read from the API)."""
+    metadata = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+    }
+
+
+def _owners_of(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def _owned_by(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> bool:
+    return any(ref.get("uid") == owner["uid"] for ref in _owners_of(obj))
 
 
 def _common_name(names: list[str]) -> str:

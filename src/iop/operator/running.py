@@ -39,13 +39,14 @@ from .admitting import AdmissionServer
 from .certifying import (
     SelfSignedCertificate,
     ca_bundle_current,
+    owner_reference,
     patch_ca_bundle,
     shared_certificate,
 )
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
-from .errors import KubeApiError, OperatorError
+from .errors import KubeApiError, KubeNotFound, OperatorError
 from .eventing import EventPoster
-from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings
+from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings, resource_path
 from .leading import LeaderElection
 from .metrics import MetricsServer, OperatorMetrics
 from .reconciling import PassTimings, Reconciler
@@ -394,7 +395,11 @@ class _Webhook:
             names.append(service)
         if options.webhook_secret:
             self._certificate = await shared_certificate(
-                self._api, options.namespace, options.webhook_secret, names
+                self._api,
+                options.namespace,
+                options.webhook_secret,
+                names,
+                await self._service_owner(),
             )
         else:
             names += [os.environ.get("POD_IP", ""), *options.extra_sans, "localhost", "127.0.0.1"]
@@ -405,6 +410,22 @@ class _Webhook:
         return AdmissionServer(
             options.webhook_listen, self._certificate, f"{url.rstrip('/')}/{WEBHOOK_ID}"
         )
+
+    async def _service_owner(self) -> dict[str, Any] | None:
+        """The webhook's Service as the owner of the certificate's Secret (it goes with the
+        release); None without one, or if it is not there (yet)."""
+        service = self._options.webhook_service
+        if not service:
+            return None
+        path = resource_path("v1", "services", self._options.namespace, service)
+        try:
+            found = await self._api.get(path, what=f"read the webhook's Service {service}")
+        except KubeNotFound:
+            logger.warning(
+                "the webhook's Service %s is not there: its Secret has no owner", service
+            )
+            return None
+        return owner_reference(found)
 
     def keep_ca_bundle(self) -> asyncio.Task[None]:
         """Watch the configuration and patch its caBundle whenever it does not trust us."""

@@ -44,27 +44,50 @@ def iop_command() -> list[str]:
 
 
 async def spawn_iop(
-    *args: str, stdout: bool = False, stderr: bool = False
+    *args: str,
+    stdout: bool = False,
+    stderr: bool | Path = False,
+    open_files: int | None = None,
 ) -> asyncio.subprocess.Process:
-    """`iop ARGS...`, unbuffered; stdout and stderr piped when asked, else inherited.
+    """`iop ARGS...`, unbuffered; stdout and stderr piped when asked, else inherited; stderr
+    appended to a file when given its path. `open_files`: the child's open-file limit
+    (`ulimit -n`), for a test of what happens at it.
 
     Pipe only what you read: a child blocks once an unread pipe fills.
     """
-    return await asyncio.create_subprocess_exec(
-        *iop_command(),
-        *args,
-        stdout=asyncio.subprocess.PIPE if stdout else None,
-        stderr=asyncio.subprocess.PIPE if stderr else None,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    with contextlib.ExitStack() as files:
+        errors: Any = asyncio.subprocess.PIPE if stderr is True else None
+        if isinstance(stderr, Path):
+            errors = files.enter_context(stderr.open("ab"))
+        command = iop_command()
+        if open_files is not None:
+            # The shell sets the limit and becomes the command (no preexec_fn: not safe in a
+            # process with threads).
+            command = ["/bin/sh", "-c", f'ulimit -n {int(open_files)} && exec "$@"', "sh", *command]
+        return await asyncio.create_subprocess_exec(
+            *command,
+            *args,
+            stdout=asyncio.subprocess.PIPE if stdout else None,
+            stderr=errors,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
 async def spawn_edge(
-    config: Path, *extra: str, log_level: str = "WARNING", startup_timeout: float = 60.0
+    config: Path,
+    *extra: str,
+    log_level: str = "WARNING",
+    startup_timeout: float = 60.0,
+    log_file: Path | None = None,
+    open_files: int | None = None,
 ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
-    """`iop edge run --config CONFIG`: the process and its start line (url, hub_port, admin_url)."""
+    """`iop edge run --config CONFIG`: the process and its start line (url, hub_port, admin_url).
+    `log_file`: where its log goes (else the caller's stderr); `open_files`: see `spawn_iop`."""
     process = await spawn_iop(
-        "edge", "run", "--config", str(config), "--log-level", log_level, *extra, stdout=True
+        *("edge", "run", "--config", str(config), "--log-level", log_level, *extra),
+        stdout=True,
+        stderr=log_file or False,
+        open_files=open_files,
     )
     try:
         assert process.stdout is not None

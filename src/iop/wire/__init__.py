@@ -21,6 +21,7 @@ from . import nodestates, statuses
 from .liveness import DEFAULT_LIVENESS, Liveness, Ticker
 from .nodestates import DrainProgress
 from .runs import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     TERMINAL_EVENTS,
     ProviderHealth,
     RunChunk,
@@ -36,6 +37,7 @@ from .writing import CoalescingWriter
 
 __all__ = [
     "DEFAULT_LIVENESS",
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "PROTOCOL_VERSION",
     "TERMINAL_EVENTS",
     "ClientTls",
@@ -62,12 +64,16 @@ __all__ = [
 #: 2: heartbeats both ways with a deadline, accepted runs, per-run pause, instance precedence.
 PROTOCOL_VERSION: Final = 2
 
-#: Largest message either side accepts: a batch of whole response bodies can be large.
+#: Largest message a Node accepts from its Edge (runs' bodies, config payloads), and either side
+#: sends.
 MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
 
 
-def grpc_options() -> list[tuple[str, int]]:
-    """Channel and server options both sides use: big messages, and HTTP/2 keepalive.
+def grpc_options(*, max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Channel and server options both sides use: message sizes, and HTTP/2 keepalive.
+
+    The Edge's node hub receives at most `max_receive_bytes` (far less than a Node does: see
+    `iop.edge.hublimits`); a Node takes whatever its Edge sends.
 
     Keepalive is the transport's backstop behind the application's heartbeats (`liveness.py`):
     it closes a link whose peer stops acknowledging pings, so a half-dead connection does not
@@ -80,7 +86,7 @@ def grpc_options() -> list[tuple[str, int]]:
     ("too many pings") and end a healthy link.
     """
     return [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 5_000),
         ("grpc.keepalive_timeout_ms", 3_000),

@@ -27,8 +27,10 @@ from .runs import (
     RunRequest,
     RunUsage,
 )
+from .texts import MAX_ID_CHARS, bounded
 
 __all__ = [
+    "chunk_to_pieces",
     "drain_from_proto",
     "drain_to_proto",
     "event_from_proto",
@@ -69,6 +71,7 @@ def request_to_proto(request: RunRequest, now: float | None = None) -> pb.RunReq
         stream=request.stream,
         timeout_s=timeout,
         long_context=request.long_context,
+        max_response_bytes=request.max_response_bytes or 0,
     )
 
 
@@ -92,6 +95,7 @@ def request_from_proto(message: pb.RunRequest, now: float | None = None) -> RunR
         stream=message.stream,
         deadline=deadline,
         long_context=message.long_context,
+        max_response_bytes=message.max_response_bytes or None,
     )
 
 
@@ -123,8 +127,29 @@ def event_to_proto(run_id: str, event: RunEvent) -> pb.RunEvent:
     )
 
 
+def chunk_to_pieces(run_id: str, chunk: RunChunk, piece_bytes: int) -> list[pb.RunEvent]:
+    """A chunk whose data is larger than `piece_bytes`, as chunk events of at most that much
+    data each, all but the last marked `more` (the Edge joins them)."""
+    data = memoryview(chunk.data)
+    starts = range(0, len(data), piece_bytes)
+    last = starts[-1]
+    return [
+        pb.RunEvent(
+            run_id=run_id,
+            chunk=pb.RunChunk(
+                data=bytes(data[start : start + piece_bytes]),
+                usage_only=chunk.usage_only,
+                more=start != last,
+            ),
+        )
+        for start in starts
+    ]
+
+
 def event_from_proto(message: pb.RunEvent) -> RunEvent:
-    """The event of `message` (its run id is `message.run_id`).
+    """The event of `message` (its run id is `message.run_id`); an error's message is cut to
+    `texts.MAX_TEXT_CHARS` (the Node's words). A chunk's `more` (a piece of a larger object) is
+    the caller's to join: it reads `message.chunk.more`.
 
     Raises ValueError for an event with no kind set.
     """
@@ -138,7 +163,8 @@ def event_from_proto(message: pb.RunEvent) -> RunEvent:
         return RunDone(message.done.finish_reason or None)
     if which == "error":
         error = message.error
-        return RunFailed(error.code, error.message, error.retryable, error.status or None)
+        code, text = bounded(error.code, MAX_ID_CHARS), bounded(error.message)
+        return RunFailed(code, text, error.retryable, error.status or None)
     raise ValueError(f"run {message.run_id!r}: an event without a kind")
 
 
@@ -153,8 +179,13 @@ def health_to_proto(health: ProviderHealth) -> pb.ProviderHealth:
 
 
 def health_from_proto(message: pb.ProviderHealth) -> ProviderHealth:
-    """A provider's health from its protobuf."""
-    return ProviderHealth(message.provider_id, message.healthy, message.detail, message.reason)
+    """A provider's health from its protobuf, its words cut (`texts.py`)."""
+    return ProviderHealth(
+        bounded(message.provider_id, MAX_ID_CHARS),
+        message.healthy,
+        bounded(message.detail),
+        bounded(message.reason, MAX_ID_CHARS),
+    )
 
 
 def drain_to_proto(progress: DrainProgress) -> pb.DrainProgress:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
 __all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "TERMINAL_EVENTS",
     "ProviderHealth",
     "RunChunk",
@@ -21,6 +22,10 @@ __all__ = [
     "RunRequest",
     "RunUsage",
 ]
+
+#: The largest answer a Node reads for a run that names no bound of its own (the default of the
+#: Edge's `openai.max_response_bytes`, and what a Node applies for an Edge that predates it).
+DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
 #: The OpenAI endpoint a run is for: /v1/chat/completions or /v1/completions.
 RunKind: TypeAlias = Literal["chat", "completion"]
@@ -34,7 +39,9 @@ class RunRequest:
     generation policy); `stream_options` stays as the client sent it, so the Node knows whether
     the client wants the usage-only chunk. `deadline` is `time.time()` seconds (the wire carries
     the time left, so clocks of different hosts never matter). `long_context` makes the run hold
-    one of the provider's long-context slots too.
+    one of the provider's long-context slots too. `max_response_bytes` bounds the answer the
+    Node reads and sends (a whole body, or one event of a stream); None: the Node's default,
+    `DEFAULT_MAX_RESPONSE_BYTES`.
     """
 
     run_id: str
@@ -45,6 +52,7 @@ class RunRequest:
     stream: bool
     deadline: float | None = None
     long_context: bool = False
+    max_response_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

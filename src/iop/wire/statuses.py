@@ -25,6 +25,8 @@ __all__ = [
     "NOT_ACCEPTED",
     "PROVIDER_BUSY",
     "PROVIDER_UNHEALTHY",
+    "RESPONSE_TOO_LARGE",
+    "STREAM_STALLED",
     "UNKNOWN_PROVIDER",
     "UPSTREAM_AUTH",
     "UPSTREAM_ERROR",
@@ -75,6 +77,13 @@ BAD_REQUEST: Final = "bad_request"
 CANCELLED: Final = "cancelled"
 #: A bug or an unexpected condition; the message says what.
 INTERNAL_ERROR: Final = "internal_error"
+#: The upstream's answer (a non-streamed body, or one event of a stream) is larger than the
+#: run's `max_response_bytes`: the Node stopped reading it. Not retryable: another provider
+#: would answer as much.
+RESPONSE_TOO_LARGE: Final = "response_too_large"
+#: The client of a stream took nothing of it for `openai.stream_stall_timeout_ms`: its run was
+#: cancelled to free its provider; the client gets what the Edge held for it, then this error.
+STREAM_STALLED: Final = "stream_stalled"
 
 _RETRYABLE: Final = frozenset(
     {
@@ -104,6 +113,8 @@ _HTTP_STATUS: Final = {
     UPSTREAM_AUTH: 502,
     CANCELLED: 499,
     INTERNAL_ERROR: 500,
+    RESPONSE_TOO_LARGE: 502,
+    STREAM_STALLED: 408,
 }
 
 

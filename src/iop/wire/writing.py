@@ -7,6 +7,11 @@ whatever producers put queues up, and the next write sends all of it as one mess
 load that is one message per item with no delay; under heavy load the batches grow by themselves
 and the per-message cost is shared.
 
+A writer with `max_bytes` also bounds each batch in bytes, from the size each `put` declares
+(plus `ITEM_OVERHEAD`): the Edge refuses a Node's message past its receive limit, so a Node's
+writer cuts a batch before it grows past it. Producers declare what they know for free (the
+length of a chunk's data) and leave out what is small.
+
 `put` never waits, so a producer that could outrun the stream (a run reading its upstream faster
 than the peer takes the stream's messages) bounds the queue itself: `wait_for_room(limit)`
 returns once fewer than `limit` items wait. `wait_flushed()` returns once everything put so far
@@ -21,15 +26,19 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Final, Generic, Self, TypeVar
 
 from iop.aiokits import guarded_task, stop_tasks
 
-__all__ = ["CoalescingWriter"]
+__all__ = ["ITEM_OVERHEAD", "CoalescingWriter"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+
+#: Bytes counted for each item of a writer with `max_bytes` besides the size its `put` declares:
+#: an item's framing, ids and small fields.
+ITEM_OVERHEAD: Final = 128
 
 
 class CoalescingWriter(Generic[T]):
@@ -48,11 +57,15 @@ class CoalescingWriter(Generic[T]):
         *,
         name: str,
         max_items: int = 2048,
+        max_bytes: int | None = None,
     ) -> None:
         self._send = send
         self._name = name
         self._max_items = max_items
+        self._max_bytes = max_bytes
         self._queue: list[T] = []
+        #: With `max_bytes`: the declared size of each queued item, overhead included.
+        self._sizes: list[int] = []
         self._wakeup: asyncio.Future[None] | None = None
         self._room: asyncio.Future[None] | None = None
         self._flushed: asyncio.Future[None] | None = None
@@ -111,16 +124,19 @@ class CoalescingWriter(Generic[T]):
     def closed(self) -> bool:
         return self._closed or (self._task is not None and self._task.done())
 
-    def put(self, item: T, *, wake: bool = True) -> bool:
+    def put(self, item: T, *, wake: bool = True, size: int = 0) -> bool:
         """Queue `item` for the next write; False (and dropped) when the writer has stopped.
 
         `wake=False` queues an item that need not go out alone: it rides with the next write
         whatever causes it (an item put with `wake`, or one already in flight), which saves a
-        message when something else follows soon.
+        message when something else follows soon. `size`: the item's bytes beyond
+        `ITEM_OVERHEAD`, for a writer with `max_bytes`.
         """
         if self.closed:
             return False
         self._queue.append(item)
+        if self._max_bytes is not None:
+            self._sizes.append(size + ITEM_OVERHEAD)
         if wake:
             wakeup = self._wakeup
             if wakeup is not None and not wakeup.done():
@@ -158,6 +174,21 @@ class CoalescingWriter(Generic[T]):
         if room is not None and not room.done():
             room.set_result(None)
 
+    def _batch_size(self) -> int:
+        """How many of the queued items the next write takes (at least one)."""
+        count = min(len(self._queue), self._max_items)
+        limit = self._max_bytes
+        if limit is None:
+            return count
+        total = 0
+        for index, size in enumerate(self._sizes[:count]):
+            total += size
+            if total > limit and index:
+                count = index
+                break
+        del self._sizes[:count]
+        return count
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -169,11 +200,12 @@ class CoalescingWriter(Generic[T]):
                     await self._wakeup
                     self._wakeup = None
                     continue
-                if len(self._queue) <= self._max_items:
+                count = self._batch_size()
+                if count == len(self._queue):
                     batch, self._queue = self._queue, []
                 else:
-                    batch = self._queue[: self._max_items]
-                    del self._queue[: self._max_items]
+                    batch = self._queue[:count]
+                    del self._queue[:count]
                 self._wake_producers()
                 self._sending = True
                 try:

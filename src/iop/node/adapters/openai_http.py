@@ -31,6 +31,7 @@ import orjson
 
 from iop.edgeconfig import OpenAIAdapterSettings as OpenAISettings
 from iop.wire import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     ProviderHealth,
     RunChunk,
     RunDone,
@@ -52,6 +53,8 @@ _DONE: Final = b"[DONE]"
 #: timeout of uvicorn (vLLM's server) and most others, so the Node, not the server, ends an idle
 #: connection, and a POST (which aiohttp never retries) rarely meets one the server is closing.
 _KEEPALIVE_S: Final = 4.0
+#: Most bytes of an upstream's error body read (its message is what the Edge shows).
+_ERROR_BODY_BYTES: Final = 64 * 1024
 
 
 class OpenAIAdapter:
@@ -125,6 +128,7 @@ class OpenAIAdapter:
             yield statuses.failure(statuses.PROVIDER_UNHEALTHY, "the adapter is closed")
             return
         body = request.body
+        limit = request.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
         wants_usage = False
         if request.stream:
             try:
@@ -170,10 +174,15 @@ class OpenAIAdapter:
                 self._urls[request.kind], data=body, allow_redirects=False, timeout=timeout
             )
             if response.status >= 400:
-                yield statuses.upstream_http_failure(response.status, await response.read())
+                detail = await _read_at_most(response, _ERROR_BODY_BYTES) or b""
+                yield statuses.upstream_http_failure(response.status, detail)
                 return
             if not request.stream:
-                data = await response.read()
+                read = await _read_at_most(response, limit)
+                if read is None:
+                    yield _too_large(limit)
+                    return
+                data = read
                 document = _decode(data)
                 yield RunChunk(data)
                 usage = usage_from(document)
@@ -184,7 +193,7 @@ class OpenAIAdapter:
             # Everything that arrived is split at each turn (often a whole burst of events).
             # Read to the end even after [DONE], which the end of the body follows at once:
             # only a response read to its end gives its connection back to the pool.
-            decoder = _StreamDecoder(wants_usage)
+            decoder = _StreamDecoder(wants_usage, limit)
             while piece := await response.content.readany():
                 for chunk in decoder.feed(piece):
                     sent_chunk = True
@@ -234,6 +243,8 @@ class OpenAIAdapter:
             yield _failed(statuses.UPSTREAM_ERROR, f"upstream request failed: {exc!r}", sent_chunk)
         except _Malformed as exc:
             yield _failed(statuses.UPSTREAM_ERROR, str(exc), sent_chunk)
+        except _TooLarge:
+            yield _too_large(limit)
         finally:
             self._in_use -= 1
             if response is not None:
@@ -251,6 +262,34 @@ def _reason(error: OSError) -> str:
 
 class _Malformed(Exception):
     """The upstream answered something that is not OpenAI's response format."""
+
+
+class _TooLarge(Exception):
+    """The upstream's answer (or one event of its stream) is larger than the run allows."""
+
+
+def _too_large(limit: int) -> RunFailed:
+    return statuses.failure(
+        statuses.RESPONSE_TOO_LARGE,
+        f"the upstream's answer is larger than {limit} bytes (openai.max_response_bytes); "
+        "ask for a stream",
+    )
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The body, or None once it passes `limit` bytes: nothing more is read (the connection is
+    closed, not pooled), so memory is bounded by the limit whatever the upstream sends."""
+    length = response.content_length
+    if length is not None and length > limit:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    while piece := await response.content.readany():
+        size += len(piece)
+        if size > limit:
+            return None
+        parts.append(piece)
+    return b"".join(parts)
 
 
 def _failed(code: str, message: str, sent_chunk: bool) -> RunFailed:
@@ -284,23 +323,45 @@ class _StreamDecoder:
     and `RunDone` at the end. Plain generators: a malformed event fails after the good ones
     before it went out."""
 
-    def __init__(self, wants_usage: bool) -> None:
+    def __init__(self, wants_usage: bool, limit: int) -> None:
         self._wants_usage = wants_usage
-        self._buffer = b""
+        self._limit = limit
+        # An event not complete yet; grows in place, and only its new bytes are searched for
+        # the event's end: an event arriving in thousands of pieces costs linear time.
+        self._buffer = bytearray()
+        self._cr = False  # the last piece ended with "\r": a "\r\n" may straddle two pieces
         self._done = False
         self._usage: tuple[int, int, int] | None = None
         self._finish: str | None = None
 
     def feed(self, piece: bytes) -> Iterator[RunChunk]:
-        buffer = self._buffer + piece if self._buffer else piece
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
-        *events, self._buffer = buffer.split(b"\n\n")
+        """The chunks `piece` completes. Raises `_TooLarge` when an event grows past the
+        limit."""
+        if self._cr:
+            piece, self._cr = b"\r" + piece, False
+        if b"\r" in piece:
+            if piece.endswith(b"\r"):
+                piece, self._cr = piece[:-1], True
+            piece = piece.replace(b"\r\n", b"\n")
+        buffer = self._buffer
+        if not buffer:
+            *events, rest = piece.split(b"\n\n")
+        else:
+            start = len(buffer) - 1
+            buffer += piece
+            if buffer.find(b"\n\n", start) < 0:
+                if len(buffer) > self._limit:
+                    raise _TooLarge
+                return iter(())
+            *events, rest = bytes(buffer).split(b"\n\n")
+        if len(rest) > self._limit:
+            raise _TooLarge
+        self._buffer = bytearray(rest)
         return self._chunks(events)
 
     def end(self) -> Iterator[RunEvent]:
         """The last events once the body ended (its last event may lack the blank line)."""
-        rest, self._buffer = self._buffer, b""
+        rest, self._buffer = bytes(self._buffer), bytearray()
         if rest:
             yield from self._chunks([rest])
         if self._usage is not None:

@@ -1,0 +1,492 @@
+"""Benchmark: hostile clients of the node hub and the OpenAI API, each replayed as described,
+against real processes: the figures of docs/reliability.md ("Hostile peers").
+
+    uv run --frozen python -P bench/hostile.py [--only NAME ...]
+    PYTHONPATH=OTHER/src uv run --frozen python -P bench/hostile.py   # another checkout's product
+
+Every process (Edge, Nodes, the hostile clients and upstream) is a child started with this
+environment, so with `PYTHONPATH` pointing at another checkout's `src` the same attacks run
+against that release (the "before" figures): the configs use no setting that release lacks
+(defaults everywhere), and the hostile clients are `tests/chaos/hubclients.py` and
+`tests/chaos/hostileupstream.py`, which need only the wire's protobuf.
+
+- hub-oversized: four 250 MiB first messages at once on the node hub (plaintext, two Nodes
+  connected): the Edge's RSS idle, at its peak and after; the worst /healthz and /readyz; Node
+  links lost; how the calls ended and when.
+- hub-silent: the Edge under `ulimit -n 300`: 10 calls that send no hello (how long they stay
+  open), then 320: descriptors at their peak, /healthz failures and worst latency, RSS, links.
+- hostage: 8 clients that read nothing stream `mistral` (capacity 8, fallback `llama`) from a
+  model at 5,000 tokens a second; then a normal request for `mistral`: its latency, its status,
+  the model that answered; then the same model without a fallback.
+- big-answer: a 108 MB non-streamed answer from the model server, with its length and chunked
+  without one: the Node's and the Edge's RSS growth, the status and when, the worst /healthz.
+- log-flood: a Node with a valid token sends 5 config refusals of 20 MiB, then 5 of a message's
+  size and the health of 100,000 providers nobody configured: log bytes and lines, RSS growth.
+- wrong-tokens: 4 connections send wrong keys for 10 s: answers a second by status, log lines
+  about it, whether a key appears in the log.
+- transfer-encoding: a POST with `Transfer-Encoding: gzip`: its status, or no answer in 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import importlib.util
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+import uvloop
+import yaml
+
+if TYPE_CHECKING:
+    from bench import benchkit
+else:  # bench/ is no package, and `-P` keeps it off sys.path: the shared helpers by their path
+    _kit = importlib.util.spec_from_file_location("benchkit", Path(__file__).parent / "benchkit.py")
+    _kit.loader.exec_module(benchkit := importlib.util.module_from_spec(_kit))
+
+CHAOS = Path(__file__).resolve().parents[1] / "tests" / "chaos"
+CLIENT_KEY = "sk-bench-hostile"
+NODE_TOKENS = {"node-1": "bench-node-1", "node-2": "bench-node-2", "node-3": "bench-node-3"}
+BODY = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def iop() -> list[str]:
+    script = Path(sys.executable).with_name("iop")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "iop.cli"]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def document(
+    nodes: dict[str, list[dict[str, Any]]], models: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """A config of defaults but listeners, tokens and the given nodes and models."""
+    return {
+        "edge": {
+            "id": "edge-bench",
+            "listen": "127.0.0.1:0",
+            "admin": {"listen": "127.0.0.1:0"},
+            "metrics": {"listen": "127.0.0.1:0"},
+        },
+        "openai": {
+            "listen": "127.0.0.1:0",
+            "principal_tokens": [
+                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_KEY), "principal_ref": "b"}
+            ],
+        },
+        "models": [{"id": model_id, **spec} for model_id, spec in models.items()],
+        "nodes": [
+            {"id": node_id, "token_hash_sha256": sha(NODE_TOKENS[node_id]), "providers": providers}
+            for node_id, providers in nodes.items()
+        ],
+    }
+
+
+def provider(pid: str, adapter: dict[str, Any], served: str = "served", **settings: Any) -> Any:
+    return {"id": pid, "adapter": adapter, "served_models": [served], "capacity": 8, **settings}
+
+
+@dataclass
+class Stack:
+    edge: asyncio.subprocess.Process
+    started: dict[str, Any]
+    log: Path
+    nodes: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return str(self.started["url"])
+
+    @property
+    def hub_port(self) -> int:
+        return int(self.started["hub_port"])
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text(errors="replace").splitlines()
+
+    def links_lost(self) -> int:
+        return sum(
+            "disconnected" in line and ("node-1 " in line or "node-2 " in line)
+            for line in self.log_lines()
+        )
+
+
+@contextlib.asynccontextmanager
+async def stack(
+    folder: Path,
+    config: dict[str, Any],
+    nodes: list[str],
+    *,
+    ulimit: int | None = None,
+) -> AsyncIterator[Stack]:
+    (folder / "edge.yaml").write_text(yaml.safe_dump(config))
+    log = folder / "edge.log"
+    command = [*iop(), "edge", "run", "--config", str(folder / "edge.yaml"), "--log-level", "INFO"]
+    if ulimit is not None:
+        command = ["/bin/sh", "-c", f'ulimit -n {ulimit} && exec "$@"', "sh", *command]
+    with log.open("wb") as errors:
+        edge = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, stderr=errors
+        )
+    result = Stack(edge, await benchkit.started_line(edge), log)
+    try:
+        for node_id in nodes:
+            token = folder / f"{node_id}.token"
+            token.write_text(NODE_TOKENS[node_id])
+            result.nodes[node_id] = await asyncio.create_subprocess_exec(
+                *iop(),
+                *("node", "run", "--edge", f"127.0.0.1:{result.hub_port}", "--node-id", node_id),
+                *("--token-file", str(token), "--log-level", "WARNING"),
+            )
+        wanted = sorted(
+            p["id"] for n in config["nodes"] if n["id"] in nodes for p in n["providers"]
+        )
+        async with httpx.AsyncClient(base_url=result.url) as http:
+
+            async def ready() -> bool:
+                return bool((await http.get("/readyz")).json()["providers_available"] == wanted)
+
+            await benchkit.until(ready, 120, 0.1)
+        yield result
+    finally:
+        for process in [*result.nodes.values(), edge]:
+            if process.returncode is None:
+                process.terminate()
+                try:
+                    await asyncio.wait_for(process.wait(), 30)
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()
+
+
+@dataclass
+class Watch:
+    """The Edge (and other processes) sampled while something runs: RSS, open files, /healthz."""
+
+    pids: dict[str, int]
+    rss: dict[str, list[float]] = field(default_factory=dict)
+    files: list[int] = field(default_factory=list)
+    healthz: list[float] = field(default_factory=list)
+    healthz_failed: int = 0
+
+    async def run(self, url: str, until: asyncio.Future[Any]) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            while not until.done():
+                for name, pid in self.pids.items():
+                    self.rss.setdefault(name, []).append(rss_mb(pid))
+                self.files.append(open_files(self.pids["edge"]))
+                began = time.perf_counter()
+                try:
+                    ok = (await http.get("/healthz")).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.healthz.append(time.perf_counter() - began)
+                self.healthz_failed += not ok
+                await asyncio.wait([until], timeout=0.05)
+
+    def peak(self, name: str) -> float:
+        return max(self.rss.get(name, [0.0]))
+
+
+async def watched(url: str, pids: dict[str, int], work: Any) -> tuple[Any, Watch]:
+    """Run the awaitable `work` while watching; its result and what was seen."""
+    task = asyncio.ensure_future(work)
+    watch = Watch(pids)
+    await watch.run(url, task)
+    return await task, watch
+
+
+async def hub_client(stack: Stack, *args: str, give_up: float = 60.0) -> list[dict[str, Any]]:
+    client = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(CHAOS / "hubclients.py"),
+        args[0],
+        str(stack.hub_port),
+        *args[1:],
+        "--give-up",
+        str(give_up),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await client.communicate()
+    results: list[dict[str, Any]] = orjson.loads(out) if out.strip() else []
+    return results
+
+
+def ended(results: list[dict[str, Any]]) -> str:
+    codes: dict[str, int] = {}
+    for result in results:
+        codes[result["code"]] = codes.get(result["code"], 0) + 1
+    worst = max((r["s"] for r in results), default=0.0)
+    return f"{dict(sorted(codes.items()))}, the last after {worst:.1f}s"
+
+
+FAKE = {"type": "fake", "completion_tokens": 4}
+TWO_NODES = {
+    "node-1": [provider("p1", FAKE)],
+    "node-2": [provider("p2", FAKE)],
+    "node-3": [provider("p3", FAKE)],
+}
+ONE_MODEL = {"m": {"providers": {"p1": "served", "p2": "served", "p3": "served"}}}
+
+
+# -- parts -------------------------------------------------------------------------------------
+
+
+async def hub_oversized(folder: Path) -> None:
+    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1", "node-2"]) as s:
+        await asyncio.sleep(1.0)
+        idle = rss_mb(s.edge.pid)
+        attack = hub_client(s, "oversized", "--calls", "4", "--size", str(250 * 1024**2))
+        results, watch = await watched(s.url, {"edge": s.edge.pid}, attack)
+        await asyncio.sleep(2.0)
+        print(
+            f"hub-oversized: Edge RSS idle {idle:.0f} MB, peak {watch.peak('edge'):.0f} MB "
+            f"(+{watch.peak('edge') - idle:.0f}), 2 s after {rss_mb(s.edge.pid):.0f} MB; "
+            f"/healthz worst {max(watch.healthz) * 1000:.0f} ms ({watch.healthz_failed} failed); "
+            f"node links lost {s.links_lost()}; calls ended: {ended(results)}"
+        )
+
+
+async def hub_silent(folder: Path) -> None:
+    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1", "node-2"], ulimit=300) as s:
+        few = await hub_client(s, "silent", "--calls", "10", give_up=60)
+        print(f"hub-silent: 10 calls without a hello ended: {ended(few)}")
+        idle = rss_mb(s.edge.pid)
+        results, watch = await watched(
+            s.url, {"edge": s.edge.pid}, hub_client(s, "silent", "--calls", "320", give_up=60)
+        )
+        print(
+            f"hub-silent: 320 such calls under ulimit -n 300: Edge open files peak "
+            f"{max(watch.files)}; /healthz failed {watch.healthz_failed} of {len(watch.healthz)}, "
+            f"worst {max(watch.healthz) * 1000:.0f} ms; Edge RSS +{watch.peak('edge') - idle:.0f} "
+            f"MB; node links lost {s.links_lost()}; calls ended: {ended(results)}"
+        )
+
+
+async def hostage(folder: Path) -> None:
+    model = {"type": "fake", "completion_tokens": 200_000, "tokens_per_second": 5000}
+    nodes = {"node-1": [provider("p1", model, "mistral-7b"), provider("p2", model, "llama-8b")]}
+    for fallback in (True, False):
+        models: dict[str, dict[str, Any]] = {
+            "mistral": {"providers": {"p1": "mistral-7b"}},
+            "llama": {"providers": {"p2": "llama-8b"}},
+        }
+        if fallback:
+            models["mistral"]["fallbacks"] = ["llama"]
+        async with stack(folder, document(nodes, models), ["node-1"]) as s:
+            holders = [await _non_reading(s.url) for _ in range(8)]
+            try:
+                async with httpx.AsyncClient(base_url=s.started["metrics_url"]) as metrics:
+
+                    async def held() -> bool:
+                        text = (await metrics.get("/metrics")).text
+                        return 'iop_edge_in_flight{provider="p1"} 8.0' in text
+
+                    await benchkit.until(held, 60, 0.1)
+                async with httpx.AsyncClient(
+                    base_url=s.url, headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=60
+                ) as http:
+                    began = time.perf_counter()
+                    answer = await http.post(
+                        "/v1/chat/completions", json={**BODY, "model": "mistral", "max_tokens": 5}
+                    )
+                    took = time.perf_counter() - began
+                body = answer.json()
+                who = body.get("model") or body.get("error", {}).get("code")
+                print(
+                    f"hostage ({'with' if fallback else 'no'} fallback): 8 non-reading clients "
+                    f"hold mistral; a normal request: {answer.status_code} in {took:.2f}s "
+                    f"({who})"
+                )
+            finally:
+                for writer in holders:
+                    writer.close()
+
+
+async def _non_reading(url: str) -> asyncio.StreamWriter:
+    """A client (from 127.0.0.2) that asks `mistral` for a long stream and reads nothing."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind(("127.0.0.2", 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    _, writer = await asyncio.open_connection(sock=sock, limit=8 * 1024)
+    body = orjson.dumps({**BODY, "model": "mistral", "stream": True, "max_tokens": 200_000})
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
+    await writer.drain()
+    return writer
+
+
+async def big_answer(folder: Path) -> None:
+    upstream = await asyncio.create_subprocess_exec(
+        sys.executable, str(CHAOS / "hostileupstream.py"), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        port = (await benchkit.started_line(upstream, "the upstream"))["port"]
+        adapter = {"type": "openai", "base_url": f"http://127.0.0.1:{port}/v1"}
+        modes = ("length", "chunked")
+        nodes = {
+            "node-1": [
+                provider(f"p-{mode}", adapter, mode, health={"interval_ms": 0}) for mode in modes
+            ]
+        }
+        models = {mode: {"providers": {f"p-{mode}": mode}} for mode in modes}
+        async with stack(folder, document(nodes, models), ["node-1"]) as s:
+            node = s.nodes["node-1"].pid
+            for mode in modes:
+                await asyncio.sleep(2.0)  # what the previous one freed, given back
+                idle = {"edge": rss_mb(s.edge.pid), "node": rss_mb(node)}
+                async with httpx.AsyncClient(
+                    base_url=s.url, headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=300
+                ) as http:
+                    began = time.perf_counter()
+                    answer, watch = await watched(
+                        s.url,
+                        {"edge": s.edge.pid, "node": node},
+                        http.post("/v1/chat/completions", json={**BODY, "model": mode}),
+                    )
+                    took = time.perf_counter() - began
+                error = answer.json().get("error", {}) if answer.status_code != 200 else {}
+                print(
+                    f"big-answer ({mode}): 108 MB non-streamed: {answer.status_code} "
+                    f"{error.get('code', '')} in {took:.2f}s; Node RSS "
+                    f"+{watch.peak('node') - idle['node']:.0f} MB, Edge RSS "
+                    f"+{watch.peak('edge') - idle['edge']:.0f} MB; /healthz worst "
+                    f"{max(watch.healthz) * 1000:.0f} ms"
+                )
+    finally:
+        upstream.terminate()
+        await upstream.wait()
+
+
+async def log_flood(folder: Path) -> None:
+    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1", "node-2"]) as s:
+        for label, refusal in (("5 refusals of 20 MiB", 20 * 1024**2), ("message-sized", 0)):
+            before = s.log.stat().st_size
+            lines = len(s.log_lines())
+            idle = rss_mb(s.edge.pid)
+            results, watch = await watched(
+                s.url,
+                {"edge": s.edge.pid},
+                hub_client(
+                    s,
+                    "flood",
+                    "--node-id",
+                    "node-3",
+                    "--token",
+                    NODE_TOKENS["node-3"],
+                    "--refusal-bytes",
+                    str(refusal),
+                ),
+            )
+            await asyncio.sleep(1.0)
+            print(
+                f"log-flood ({label}, then 100,000 unknown providers' health): log "
+                f"+{(s.log.stat().st_size - before) / 1024:.0f} KiB in "
+                f"{len(s.log_lines()) - lines} lines; Edge RSS +{watch.peak('edge') - idle:.0f} "
+                f"MB; the attacker: {ended(results)}"
+            )
+
+
+async def wrong_tokens(folder: Path) -> None:
+    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1"]) as s:
+        lines = len(s.log_lines())
+        counts: dict[int, int] = {}
+        stop = time.monotonic() + 10
+
+        async def guesser(worker: int) -> None:
+            transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+            async with httpx.AsyncClient(base_url=s.url, transport=transport) as http:
+                attempt = 0
+                while time.monotonic() < stop:
+                    attempt += 1
+                    answer = await http.get(
+                        "/v1/models",
+                        headers={"authorization": f"Bearer sk-guess-{worker}-{attempt}"},
+                    )
+                    counts[answer.status_code] = counts.get(answer.status_code, 0) + 1
+
+        await asyncio.gather(*(guesser(worker) for worker in range(4)))
+        new = s.log_lines()[lines:]
+        about = [line for line in new if "authentication" in line]
+        leaked = any("sk-guess-" in line for line in new)
+        rates = {status: f"{count / 10:.0f}/s" for status, count in sorted(counts.items())}
+        print(
+            f"wrong-tokens: 4 connections for 10 s: {rates}; {len(about)} log lines about it; "
+            f"a key in the log: {leaked}"
+        )
+
+
+async def transfer_encoding(folder: Path) -> None:
+    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1"]) as s:
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json"
+            b"\r\nauthorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+            b"transfer-encoding: gzip\r\n\r\n\x1f\x8b\x08\x00not-really"
+        )
+        began = time.perf_counter()
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+            what = head.decode().strip()
+        except (TimeoutError, asyncio.IncompleteReadError):
+            what = "no answer"
+        writer.close()
+        print(
+            f"transfer-encoding: gzip without chunked: {what} in {time.perf_counter() - began:.3f}s"
+        )
+
+
+PARTS = {
+    "hub-oversized": hub_oversized,
+    "hub-silent": hub_silent,
+    "hostage": hostage,
+    "big-answer": big_answer,
+    "log-flood": log_flood,
+    "wrong-tokens": wrong_tokens,
+    "transfer-encoding": transfer_encoding,
+}
+
+
+async def main(only: list[str]) -> None:
+    for name, part in PARTS.items():
+        if only and name not in only:
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"iop-bench-{name}-") as folder:
+            await part(Path(folder))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=[], choices=list(PARTS))
+    uvloop.run(main(parser.parse_args().only))

@@ -1,0 +1,25 @@
+"""What a peer says in words is bounded before anyone logs, stores or shows it.
+
+A Node with a valid token is still a peer whose words are not ours: a config refusal, an error
+message, a provider's health detail may be any size (20 MiB of refusal text went into an Edge's
+log before this). Every such text is cut once, where it comes off the wire (`converting.py` and
+the Edge's session), to `MAX_TEXT_CHARS`, marked so a reader sees it was cut.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "bounded"]
+
+#: Most characters of a peer's sentence (an error message, a reason, a health detail) kept.
+MAX_TEXT_CHARS: Final = 1024
+#: Most characters of a peer's name for something (a node, provider or instance id) kept.
+MAX_ID_CHARS: Final = 128
+
+
+def bounded(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """`text`, cut to `limit` characters with a note of how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters cut)"
