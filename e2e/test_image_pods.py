@@ -11,13 +11,16 @@ base image (whose user is root) with the kubelet's own reason.
 from __future__ import annotations
 
 import json
+import re
 import sys
+import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
+import imagebuild
 from imagebuild import dockerfile_base, project_reference
 from kubelet.securitycontexts import CAPABILITIES, DEFAULT_CAPABILITIES
 
@@ -231,3 +234,44 @@ def test_entrypoint_and_cmd_run_when_the_pod_gives_neither(
     assert status["state"]["terminated"]["exitCode"] == 0
     output = kube_cluster.kubectl("logs", "defaults", "-n", namespace).stdout
     assert output.startswith("usage: iop"), output  # ENTRYPOINT ["iop"], CMD ["--help"]
+
+
+def test_the_project_is_a_small_layer_of_its_own_over_the_dependencies(
+    kube_cluster: KubeCluster,
+) -> None:
+    """The image's last layer holds the project and nothing else, the one below it the locked
+    dependencies without the project: a change under src/ rebuilds only the last (the Dockerfile's
+    final stage), and the layer of dependencies keeps its digest, so neither buildah nor the
+    kubelet's unpacking redo it. Every module is there with its bytecode (the root is read-only)."""
+    built = imagebuild.build()  # the session's build: up to date, a no-op
+    layout = Path(built.layout)
+
+    def blob(digest: str) -> Path:
+        return layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+    def files(digest: str) -> dict[str, int]:
+        with tarfile.open(blob(digest), "r:*") as tar:
+            return {member.name: member.size for member in tar if member.isfile()}
+
+    base = {layer["digest"] for layer in json.loads(blob(built.base_digest).read_text())["layers"]}
+    layers = json.loads(blob(built.digest).read_text())["layers"]
+    *_, dependencies, project = [files(x["digest"]) for x in layers if x["digest"] not in base]
+
+    site = re.compile(r"opt/iop/lib/python3\.\d+/site-packages/")
+    ours = re.compile(site.pattern + r"(iop/|iop_edge-[^/]+\.dist-info/)|opt/iop/bin/iop$")
+    assert sorted(name for name in project if not ours.match(name)) == []
+    assert sum(project.values()) < 5_000_000, sum(project.values())
+    modules = {
+        path.relative_to(REPO / "src").as_posix()
+        for path in (REPO / "src" / "iop").rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    in_layer = {site.sub("", name) for name in project}
+    assert modules <= in_layer
+    compiled = {
+        f"{name.rsplit('/', 1)[0]}/__pycache__/{name.rsplit('/', 1)[1][:-3]}.cpython-"
+        for name in modules
+    }
+    assert all(any(name.startswith(prefix) for name in in_layer) for prefix in compiled)
+    assert not [name for name in dependencies if ours.match(name)]
+    assert any(site.sub("", name) == "kubernetes/client/__init__.py" for name in dependencies)
