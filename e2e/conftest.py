@@ -1,10 +1,11 @@
 """End-to-end fixtures: a real, local Kubernetes control plane from e2e/cluster.
 
 `kube_cluster` (session scope) gives a running cluster: the one already running (per
-`e2e/cluster/status`) or one started for this session and stopped at its end. The binaries are
-built and the cluster is started once collection is done, before any test's timeout starts
-ticking, and only when a selected test uses the fixture. If that fails, every test that needs
-the cluster fails with the reason; none is skipped.
+`e2e/cluster/status`) or one started for this session and stopped at its end. Its pods run the
+project's image, built from the Dockerfile first if its inputs changed (e2e/cluster/imagebuild.py).
+The binaries are built and the cluster is started once collection is done, before any test's
+timeout starts ticking, and only when a selected test uses the fixture. If that fails, every test
+that needs the cluster fails with the reason; none is skipped.
 """
 
 from __future__ import annotations
@@ -202,6 +203,12 @@ def _status() -> tuple[int, dict[str, Any]]:
 
 def _open_session(config: pytest.Config) -> ClusterSession:
     session = ClusterSession()
+    # The image the pods run is built from the Dockerfile when its inputs changed, and loaded
+    # into the cluster if one runs already (`up` loads it into a cluster it starts).
+    code, output = _launch(config, "image")
+    if code != 0:
+        session.error = f"the project's image could not be built:\n{output}"
+        return session
     code, report = _status()
     if code != 0:
         code, output = _launch(config, "up")

@@ -110,6 +110,23 @@ def requests_counted(url: str) -> dict[tuple[str, ...], float]:
     return counted
 
 
+def assert_runs_from_the_image(pod: dict[str, Any]) -> None:
+    """Each container's process has the image's root (not the checkout's) and the chart's
+    security context: uid 10001, no capabilities, no_new_privs, a read-only root."""
+    for status in pod["status"]["containerStatuses"]:
+        assert status["imageID"].startswith("ghcr.io/iop-edge/iop-edge@sha256:"), status
+        pid = int(status["containerID"].removeprefix("iop://"))
+        root = Path(f"/proc/{pid}/root")
+        assert (root / "opt" / "iop" / "bin" / "iop").exists()
+        assert not (root / str(REPO).lstrip("/") / "pyproject.toml").exists()
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        process = {key: value.split() for key, _, value in (line.partition(":") for line in lines)}
+        assert process["Uid"][0] == process["Gid"][0] == "10001", pod["metadata"]["name"]
+        assert (process["CapEff"], process["NoNewPrivs"]) == (["0000000000000000"], ["1"])
+        mounts = (Path(f"/proc/{pid}/mountinfo").read_text()).splitlines()
+        assert "ro" in next(m for m in mounts if m.split()[4] == "/").split()[5].split(",")
+
+
 def secret_data(cluster: KubeCluster, namespace: str) -> dict[str, dict[str, str]]:
     return {
         s["metadata"]["name"]: s.get("data", {})
@@ -155,6 +172,10 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     assert "iop_edge_requests_total" in httpx.get(service_url, timeout=10).text
     openai = cluster.get("service", "iop-openai", "-n", namespace)["spec"]["clusterIP"]
     assert httpx.get(f"http://{openai}:8080/metrics", timeout=10).status_code == 404
+
+    # Every pod of the chart is a process of the image, as its security contexts say.
+    for pod in cluster.pods(namespace, "app.kubernetes.io/instance=" + RELEASE):
+        assert_runs_from_the_image(pod)
 
     tokens = secret_data(cluster, namespace)
     pods = pod_uids(cluster, namespace)

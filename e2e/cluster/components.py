@@ -3,8 +3,8 @@
 `write_configs` writes what the components read from the state directory (the Corefile, the
 audit policy, a kubeconfig per client); `command_lines` says how each component is started
 (etcd, the API server, the controller manager, the scheduler, kwok, CoreDNS, kube-proxy in the
-node namespace, the process kubelet); `spawn` starts one, in a session of its own, and records
-what `down` needs to recognise it. Standard library only.
+node namespace, the process kubelet with its node's image list); `spawn` starts one, in a
+session of its own, and records what `down` needs to recognise it. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import clusternet
+import imagebuild
 from certifying import kubeconfig
 from gobuilding import Build
 from layout import (
@@ -68,12 +69,12 @@ def corefile(state: State) -> str:
 
 
 def kubelet_python() -> Path:
-    """The virtualenv the kubelet runs in, and its pods too: the checkout's `.venv`, or
-    IOP_KUBELET_VENV (which the kubelet also reads, from the environment `up` passes on)."""
+    """The Python the kubelet runs on (it needs aiohttp): the checkout's `.venv`, or
+    IOP_KUBELET_VENV. Its pods run from the project's image, not from this virtualenv."""
     venv = Path(os.environ.get("IOP_KUBELET_VENV") or CHECKOUT / ".venv")
     python = venv / "bin" / "python"
-    if not os.access(python, os.X_OK) or not os.access(venv / "bin" / "iop", os.X_OK):
-        raise ClusterError(f"{venv} has no bin/python and bin/iop: run scripts/bootstrap first")
+    if not os.access(python, os.X_OK):
+        raise ClusterError(f"{venv} has no bin/python: run scripts/bootstrap first")
     return python
 
 
@@ -245,6 +246,8 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             f"--serving-key={pki / 'kubelet-serving.key'}",
             f"--serving-port={ports['kubelet']}",
             f"--state={root / 'kubelet'}",
+            f"--images={imagebuild.images_file(root)}",
+            f"--image-cache={imagebuild.rootfs_dir()}",
         ],
     }
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import hostpackages
 from layout import GO_MOD, GO_SUM, HERE, ClusterError, cache_root, file_lock, log
 
 # Bump when the way binaries are built changes (flags, ldflags, extra files): it is part of the
@@ -291,22 +292,10 @@ def build(*, force: bool = False) -> Build:
 
 def ensure_host_packages() -> None:
     """Install the Debian packages the cluster needs (as root, with apt-get) if missing."""
-    missing = sorted({pkg for command, pkg in DEBIAN_PACKAGES.items() if not shutil.which(command)})
-    if not missing:
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise ClusterError(f"install the Debian packages {', '.join(missing)} (apt-get, as root)")
-    log(f"installing Debian packages: {', '.join(missing)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # Another apt-get (another worktree's build) may hold dpkg's lock: wait for it.
-    wait = ["-o", "DPkg::Lock::Timeout=300"]
-    install = ["apt-get", *wait, "install", "-y", "--no-install-recommends", *missing]
-    result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:  # the package lists may be missing or stale
-        subprocess.run(["apt-get", *wait, "update"], env=env, capture_output=True, check=False)
-        result = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ClusterError(f"apt-get install {' '.join(missing)} failed:\n{result.stderr[-2000:]}")
+    try:
+        hostpackages.ensure_commands(DEBIAN_PACKAGES, log)
+    except hostpackages.PackageError as error:
+        raise ClusterError(str(error)) from None
 
 
 def ensure_built() -> Build:

@@ -12,6 +12,7 @@ Subcommands (the executables `build`, `up`, `down`, `status` beside this file ca
 
     build   build the binaries into the per-user cache unless they already match the pins
     up      start the cluster (building first if needed), print `export KUBECONFIG=...`
+    image   build the project's image if its inputs changed; load it into the running cluster
     down    stop exactly the processes `up` started and remove the state directory
     status  say what runs (`--json` for machines); exit 0 healthy, 1 degraded, 3 stopped
     pin     re-pin k8s.io/kubernetes and rewrite the staging `replace` block in go.mod
@@ -20,8 +21,10 @@ The parts, each a module beside this one (this one is the command line): `layout
 things are kept, what the parts are called, `ClusterError`), `gobuilding.py` (the pins and the
 Go build), `certifying.py` (certificates and kubeconfigs), `states.py` (what `up` recorded),
 `components.py` (the files the components read and their command lines, `spawn`),
-`supervising.py` (`up`, `down`, `status`: start in order, wait for health, stop), and
-`clusternet.py` (the network).
+`supervising.py` (`up`, `down`, `status`, `image`: start in order, wait for health, stop),
+`clusternet.py` (the network), `imagebuild.py` (the project's image, built from the Dockerfile
+and loaded into the node's image list; `scripts/build-image` is its command line) and
+`hostpackages.py` (the Debian packages these need on the host).
 
 Standard library only (plus the `openssl` and `ip` commands), so it runs on any python3 >=
 3.11; the kubelet it starts runs in the checkout's virtualenv (scripts/bootstrap makes it).
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gobuilding import build, pin_kubernetes
 from layout import PROGRAM, ClusterError, log
-from supervising import down, exports, status_report, up
+from supervising import down, exports, load_image, status_report, up
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=float(os.environ.get("IOP_CLUSTER_TIMEOUT", "90")),
         help="seconds to wait for every component to be healthy (default 90)",
     )
+    commands.add_parser(
+        "image", help="build the project's image if its inputs changed; load it if running"
+    )
     commands.add_parser("down", help="stop what `up` started and remove its state")
     status_parser = commands.add_parser("status", help="say what runs")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -70,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "up":
             state = up(args.timeout)
             sys.stdout.write(exports(state))
+        elif args.command == "image":
+            load_image()
         elif args.command == "down":
             stopped = down()
             log(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")

@@ -1,5 +1,6 @@
-"""`up`, `down` and `status`: start the components in order and wait until each is healthy,
-stop exactly what `up` started, and say what runs. Standard library only.
+"""`up`, `down`, `status` and `image`: start the components in order and wait until each is
+healthy, stop exactly what `up` started, say what runs, and build the project's image and load
+it into the cluster (imagebuild.py). Standard library only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import clusternet
+import imagebuild
 from certifying import kubeconfig, make_pki
 from components import child_env, command_lines, spawn, write_configs
 from gobuilding import Build, current_build, ensure_built
@@ -239,15 +241,37 @@ def exports(state: State) -> str:
     return f"export KUBECONFIG={state.kubeconfig}\nexport PATH={state.bin_dir}:$PATH\n"
 
 
+def ensure_image() -> imagebuild.Build:
+    """The project's image, built from the Dockerfile unless its inputs are unchanged."""
+    try:
+        built = imagebuild.build()
+        imagebuild.prepare(built)
+        return built
+    except imagebuild.ImageError as error:
+        raise ClusterError(f"the project's image could not be built: {error}") from None
+
+
+def load_image() -> None:
+    """`image`: build the project's image if its inputs changed; load it into the cluster if
+    one runs, so its next containers start from it."""
+    built = ensure_image()
+    root = state_dir()
+    if State.load(root) is not None:
+        imagebuild.load(root, built)
+        log(f"loaded {built.reference}@{built.digest[:19]} into {root}")
+
+
 def up(timeout: float) -> State:
     build_ = ensure_built()
+    image = ensure_image()
     root = state_dir()
     with file_lock(lock_path()):
         existing = State.load(root)
         if existing is not None:
             health = check(existing)
             if health.all_healthy and existing.bin_dir == build_.bin_dir:
-                log(f"already running: {root}")
+                imagebuild.load(root, image)
+                log(f"already running: {root} (image {image.reference}@{image.digest[:19]})")
                 return existing
             log("found a stopped or unhealthy cluster: cleaning it up first")
             stop_processes(existing)
@@ -261,7 +285,7 @@ def up(timeout: float) -> State:
             shutil.rmtree(root)
         for attempt in (1, 2):
             try:
-                return start(root, build_, timeout)
+                return start(root, build_, image, timeout)
             except PortTaken as error:
                 if attempt == 2:
                     raise ClusterError(str(error)) from None
@@ -274,11 +298,12 @@ class PortTaken(ClusterError):
     pass
 
 
-def start(root: Path, build_: Build, timeout: float) -> State:
+def start(root: Path, build_: Build, image: imagebuild.Build, timeout: float) -> State:
     began = time.monotonic()
     root.mkdir(mode=0o700, parents=True)
     (root / MARKER).write_text(f"made by {HERE / 'localcluster.py'}\n")
     (root / "logs").mkdir()
+    imagebuild.load(root, image)
     state = State(root=root, bin_dir=build_.bin_dir, ports={}, processes={})
     try:
         try:

@@ -7,20 +7,25 @@ replica); a normal Service resolves to its ClusterIP, which a pod and the host c
 from __future__ import annotations
 
 import json
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.waiting import wait_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from imagebuild import project_reference
+
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
 pytestmark = pytest.mark.e2e
 
-IMAGE = "ghcr.io/iop-edge/iop-edge:e2e"
+IMAGE = project_reference()  # what the cluster's node has: the Dockerfile's build
 
 RESOLVER = """
 import json, socket, sys, urllib.request

@@ -16,13 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from imagebuild import project_reference
+
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
 pytestmark = pytest.mark.e2e
 
 LAUNCHER = Path(__file__).resolve().parent / "localcluster.py"
-IMAGE = "ghcr.io/iop-edge/iop-edge:e2e"
+IMAGE = project_reference()  # what the cluster's node has: the Dockerfile's build
 
 
 def launch(state: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:

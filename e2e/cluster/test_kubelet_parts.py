@@ -1,7 +1,8 @@
 """The process kubelet's pure parts (e2e/cluster/kubelet), without a cluster.
 
-What the e2e tests cannot pin down cheaply: which image references run, $(VAR) expansion,
-resource quantities, and the atomic writer's swap of `..data`.
+What the e2e tests cannot pin down cheaply: $(VAR) expansion, resource quantities, the atomic
+writer's swap of `..data`, Services' link variables. Images and security contexts:
+test_kubelet_images.py.
 """
 
 from __future__ import annotations
@@ -15,38 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kubelet.downward import quantity, resource_value
-from kubelet.envs import Image, argv, expand, repository, service_links
+from kubelet.envs import expand, service_links
 from kubelet.volumes import write_atomically
-
-IMAGE = Image(name="ghcr.io/iop-edge/iop-edge", venv="/checkout/.venv")
-
-
-@pytest.mark.parametrize(
-    ("reference", "runs"),
-    [
-        pytest.param("ghcr.io/iop-edge/iop-edge:0.1.0", True, id="tag"),
-        pytest.param("ghcr.io/iop-edge/iop-edge", True, id="no-tag"),
-        pytest.param("ghcr.io/iop-edge/iop-edge@sha256:00ff", True, id="digest"),
-        pytest.param("ghcr.io/iop-edge/other:0.1.0", False, id="other-image"),
-        pytest.param("localhost:5000/iop-edge:1", False, id="registry-port"),
-        pytest.param("nginx:1.27", False, id="docker-hub"),
-    ],
-)
-def test_only_the_project_image_runs(reference: str, runs: bool) -> None:
-    assert IMAGE.runs(reference) is runs
-
-
-def test_repository_keeps_a_registry_port() -> None:
-    assert repository("localhost:5000/team/app:1") == "localhost:5000/team/app"
-
-
-def test_args_follow_the_iop_entrypoint_and_command_replaces_it() -> None:
-    env = {"PORT": "8000"}
-    assert argv({"args": ["fake-upstream", "--listen", "0.0.0.0:$(PORT)"]}, IMAGE, env) == [
-        "iop", "fake-upstream", "--listen", "0.0.0.0:8000",
-    ]  # fmt: skip
-    assert argv({"command": ["python", "-c", "pass"]}, IMAGE, env) == ["python", "-c", "pass"]
-    assert IMAGE.path.startswith("/checkout/.venv/bin:")
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +16,15 @@ import pytest
 
 from tests.waiting import wait_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from imagebuild import project_reference
+
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
 pytestmark = pytest.mark.e2e
 
-IMAGE = "ghcr.io/iop-edge/iop-edge:e2e"
+IMAGE = project_reference()  # what the cluster's node has: the Dockerfile's build
 MESSAGE = "denied by the e2e webhook"
 
 SERVER = """

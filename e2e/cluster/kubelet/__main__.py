@@ -1,7 +1,7 @@
 """`python -m kubelet` (with e2e/cluster on PYTHONPATH): started by `e2e/cluster/up`.
 
-The project's image and the checkout that runs it are set by --image / IOP_KUBELET_IMAGE and
---venv / IOP_KUBELET_VENV (see e2e/cluster/README.md).
+The images it runs are those of its image list (--images, written by e2e/cluster/imagebuild.py's
+`load`); their root file systems are unpacked under --image-cache (see e2e/cluster/README.md).
 """
 
 from __future__ import annotations
@@ -10,23 +10,12 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import os
 from pathlib import Path
 
 from .apiclient import Credentials
 from .contexts import Config
-from .envs import Image, repository
+from .images import NodeImages
 from .kubelet import serve
-
-DEFAULT_IMAGE = "ghcr.io/iop-edge/iop-edge"
-CHECKOUT = Path(__file__).resolve().parents[3]
-
-
-def image(name: str, venv: Path) -> Image:
-    """The image: `venv`'s `iop`, with the folders a container must see to run it."""
-    python_home = (venv / "bin" / "python").resolve().parent.parent
-    contents = tuple(sorted({str(venv), str(CHECKOUT), str(python_home)}))
-    return Image(name=name, venv=str(venv), contents=contents)
 
 
 def parse() -> Config:
@@ -50,10 +39,8 @@ def parse() -> Config:
     add("--serving-key", required=True)
     add("--serving-port", type=int, default=10250)
     add("--state", required=True, help="folder for pods' volumes, files and logs")
-    add("--image", default=os.environ.get("IOP_KUBELET_IMAGE", DEFAULT_IMAGE),
-        help=f"the image this node runs, any tag (default {DEFAULT_IMAGE})")  # fmt: skip
-    add("--venv", default=os.environ.get("IOP_KUBELET_VENV", str(CHECKOUT / ".venv")),
-        help="virtualenv whose bin/ holds `iop` (default: the checkout's .venv)")  # fmt: skip
+    add("--images", required=True, help="the node's image list (JSON, see images.py)")
+    add("--image-cache", required=True, help="folder of the images' unpacked root file systems")
     args = parser.parse_args()
     return Config(
         node_name=args.node_name,
@@ -71,7 +58,7 @@ def parse() -> Config:
         serving_key=args.serving_key,
         serving_port=args.serving_port,
         state=Path(args.state),
-        image=image(repository(args.image), Path(args.venv).absolute()),
+        images=NodeImages(Path(args.images), Path(args.image_cache)),
     )
 
 
@@ -79,11 +66,7 @@ def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = parse()
-    venv_iop = Path(config.image.venv) / "bin" / "iop"
-    if not os.access(venv_iop, os.X_OK):
-        raise SystemExit(f"kubelet: {venv_iop} is missing: run scripts/bootstrap in the checkout")
-    asyncio.run(serve(config))
+    asyncio.run(serve(parse()))
 
 
 if __name__ == "__main__":

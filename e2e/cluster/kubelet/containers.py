@@ -44,14 +44,21 @@ class Launch:
 
     netns: str
     hostname: str
+    #: The image's unpacked layers, bottom first (the overlay's lower layers, never written).
+    layers: list[str]
+    #: This container's writable layer (upper and work folders), new for every start.
+    layer: str
+    #: Where the container's root is mounted (in its own mount namespace only).
     root: str
     files: dict[str, str]
     mounts: list[dict[str, Any]]
     argv: list[str]
     env: dict[str, str]
     workdir: str
-    #: Host folders bound back in at their own path when a volume covers a parent of one.
-    keep: list[str] = field(default_factory=list)
+    user: dict[str, Any]
+    capabilities: list[int]
+    no_new_privs: bool
+    read_only_root: bool
 
 
 @dataclass
@@ -59,7 +66,7 @@ class Container:
     spec: Object
     log_dir: Path
     changed: Callable[[], None]
-    image: str = ""
+    image_id: str = ""
     state: Object = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: Object = field(default_factory=dict)
     restart_count: int = 0
@@ -86,7 +93,7 @@ class Container:
         entry: Object = {
             "name": self.name,
             "image": self.spec.get("image", ""),
-            "imageID": "",
+            "imageID": self.image_id,
             "state": self.state,
             "lastState": self.last_state,
             "ready": self.ready,
@@ -109,15 +116,26 @@ class Container:
         """Start the process, probe it, wait for it to end; returns its exit code."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         spec_file = self.log_dir / f"{self.restart_count}.launch.json"
-        spec_file.write_text(json.dumps({**launch.__dict__, "failure_exit_code": START_FAILED}))
-        with self.log_path().open("ab") as output:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-S", str(PODINIT), str(spec_file),
-                stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
-                start_new_session=True,
-            )  # fmt: skip
+        # runc's exec fifo: podinit holds the write end, closed by its exec of the command (or
+        # by its exit), so the container is reported running once the command runs.
+        exec_read, exec_write = os.pipe()
+        spec = {**launch.__dict__, "failure_exit_code": START_FAILED, "exec_fd": exec_write}
+        spec_file.write_text(json.dumps(spec))
+        try:
+            with self.log_path().open("ab") as output:
+                self.process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-S", str(PODINIT), str(spec_file),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
+                    start_new_session=True, pass_fds=(exec_write,),
+                )  # fmt: skip
+        finally:
+            os.close(exec_write)
         self.pid = self.process.pid
         self.container_id = f"iop://{self.pid}"
+        try:
+            await asyncio.to_thread(os.read, exec_read, 1)
+        finally:
+            os.close(exec_read)
         started_at = now()
         self.state = {"running": {"startedAt": started_at}}
         self._kill_reason = ""

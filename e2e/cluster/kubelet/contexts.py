@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from .apiclient import ApiClient, Credentials
-from .envs import Image
+from .images import NodeImages
 from .networking import PodNetwork
 from .volumes import Sources
 
@@ -41,7 +41,7 @@ class Config:
     serving_key: str
     serving_port: int
     state: Path
-    image: Image
+    images: NodeImages
 
     @property
     def pods_dir(self) -> Path:

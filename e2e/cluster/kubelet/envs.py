@@ -1,4 +1,10 @@
-"""A container's environment and argv, as a kubelet and the image's config would make them."""
+"""A container's environment and argv, as a kubelet and the image's config make them.
+
+The kubelet's part (the container's `env` and `envFrom`, the Services' Docker-link variables,
+KUBERNETES_SERVICE_*) is what `$(VAR)` references expand against, as in a kubelet; the runtime
+then puts it over the image's Env (HOSTNAME first, PATH and HOME if still unset), and combines
+the image's ENTRYPOINT/CMD with the container's command/args the Kubernetes way.
+"""
 
 from __future__ import annotations
 
@@ -8,42 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .downward import DownwardError, field_value, resource_value
+from .images import DEFAULT_PATH, ImageConfig
 from .volumes import configmap_values, secret_values
 
 Object = dict[str, Any]
 
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 
 class ConfigError(Exception):
     """The container cannot be configured (yet): CreateContainerConfigError."""
-
-
-@dataclass(frozen=True)
-class Image:
-    """The one image that can run here: its name and what its config would contain."""
-
-    name: str  # repository without tag, e.g. ghcr.io/iop-edge/iop-edge
-    venv: str  # the checkout's virtualenv, whose bin/ holds `iop` and `python`
-    entrypoint: tuple[str, ...] = ("iop",)
-    #: The host folders the image is made of (the virtualenv, the checkout its editable install
-    #: points into, the Python it was made from): a volume mounted over one of their parents (an
-    #: emptyDir at /tmp, for a checkout under /tmp) must not hide them from the container.
-    contents: tuple[str, ...] = ()
-
-    def runs(self, reference: str) -> bool:
-        return repository(reference) == self.name
-
-    @property
-    def path(self) -> str:
-        return f"{self.venv}/bin:{SYSTEM_PATH}"
-
-
-def repository(reference: str) -> str:
-    """An image reference without its tag and digest: registry/path/name."""
-    name = reference.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
 
 
 _REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
@@ -122,15 +100,13 @@ def service_links(services: Iterable[Object]) -> dict[str, str]:
     return env
 
 
-def environment(container: Object, image: Image, context: Context) -> dict[str, str]:
+def environment(container: Object, context: Context) -> dict[str, str]:
+    """The kubelet's variables for `container`: what `$(VAR)` expands against."""
     pod = context.pod
     host, port = context.api_host, context.api_port
     links = service_links(context.services) if pod["spec"].get("enableServiceLinks", True) else {}
     env: dict[str, str] = {
         **links,
-        "PATH": image.path,
-        "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"],
-        "HOME": "/root",
         "KUBERNETES_SERVICE_HOST": host,
         "KUBERNETES_SERVICE_PORT": str(port),
         "KUBERNETES_SERVICE_PORT_HTTPS": str(port),
@@ -179,8 +155,25 @@ def environment(container: Object, image: Image, context: Context) -> dict[str, 
     return env
 
 
-def argv(container: Object, image: Image, env: Mapping[str, str]) -> list[str]:
-    """The image's ENTRYPOINT is `iop`: `command` replaces it, `args` follow it."""
+def process_environment(
+    kubelet_env: Mapping[str, str], image: ImageConfig, hostname: str, home: str
+) -> dict[str, str]:
+    """The process's environment: HOSTNAME, the image's Env, then the kubelet's variables;
+    PATH and HOME as a runtime sets them when neither gave them."""
+    env = {"HOSTNAME": hostname, **dict(image.env), **kubelet_env}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("HOME", home)
+    return env
+
+
+def argv(container: Object, image: ImageConfig, env: Mapping[str, str]) -> list[str]:
+    """`command` replaces the image's ENTRYPOINT and drops its CMD; `args` replace CMD."""
     command = [expand(part, env) for part in container.get("command") or []]
     args = [expand(part, env) for part in container.get("args") or []]
-    return (command or list(image.entrypoint)) + args
+    if command:
+        result = command + args
+    else:
+        result = list(image.entrypoint) + (args or list(image.cmd))
+    if not result:
+        raise ConfigError("no command specified: the image has no ENTRYPOINT or CMD")
+    return result

@@ -1,24 +1,31 @@
-"""The first program of every container: enter the pod's namespaces, lay out its files, exec.
+"""The first program of every container: the runtime's part, then `exec` of the command.
 
 There is no container runtime here, so a container is a process that starts as this program and
 becomes the container's command by `exec` (same PID, which is what the kubelet tracks). Before
-that it does what a runtime would do for our purposes:
+that it does, with plain system calls, what runc does for our purposes:
 
-- joins the pod's network namespace (made by the kubelet), and gets its own mount and UTS
+- joins the pod's network namespace (made by the kubelet) and gets its own mount and UTS
   namespaces (the hostname is the pod's name);
-- builds a root for the container on a private tmpfs: every top-level entry of the host's root
-  is bind-mounted in (recursively: /proc, /dev, /sys, /usr, /tmp, the checkout, ...), so the
-  project's virtualenv and the system Python are there as on the host;
-- mounts each volume at its mountPath. A mountPath whose directories do not exist on the host
-  gets them without touching the host: at the top level they are made in the tmpfs, deeper
-  down the nearest existing directory is covered by an overlay whose upper layer is in the
-  tmpfs (so `/var/run/secrets/kubernetes.io/serviceaccount` exists in the pod and nowhere else);
-- binds the pod's own /etc/hosts, /etc/hostname and /etc/resolv.conf;
-- chroots into that root and execs the command with exactly the container's environment.
+- mounts the container's root: an overlay whose lower layers are the image's unpacked layers
+  (shared, never written) and whose upper layer is this container's own writable layer (on
+  disk, thrown away with the container, as a runtime's snapshot is);
+- mounts a fresh /proc, a read-only /sys, a /dev with the usual devices, /dev/pts and /dev/shm;
+- binds the pod's own /etc/hosts, /etc/hostname and /etc/resolv.conf, and each volume at its
+  mountPath (the mount points are made in the writable layer, following symlinks inside the
+  root only), read-only where the kubelet says so;
+- makes the working directory if the image lacks it, then remounts the root read-only when
+  `readOnlyRootFilesystem` says so;
+- `pivot_root`s into it and detaches the host's tree, so nothing of the host is reachable;
+- becomes the container's user: supplementary groups, group, capability bounding set (a
+  capability not kept is dropped), no_new_privs when asked, then the user id (which clears the
+  capabilities of a user that is not root);
+- execs the command with exactly the container's environment, in its working directory; the
+  exec closes the pipe the kubelet waits on (runc's exec fifo), so a container is reported
+  running only once its command runs.
 
 Everything it mounts lives in the container's mount namespace and disappears with its last
 process; the host's mount table never changes. Standard library only (ctypes for the syscalls
-Python 3.11 lacks), so it starts fast. Input: one JSON file (see `PodInit` in containers.py).
+Python 3.11 lacks), so it starts fast. Input: one JSON file (`Launch` in containers.py).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,11 +43,25 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
-MS_UNBINDABLE = 1 << 17
 MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+PR_SET_KEEPCAPS = 8
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+SYS_PIVOT_ROOT = 155  # x86_64
+CAPABILITY_VERSION_3 = 0x20080522
+
+# (name, major, minor) of the devices a runtime puts in every container's /dev.
+DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8),
+           ("urandom", 1, 9), ("tty", 5, 0))  # fmt: skip
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx", "core": "/proc/kcore"}  # fmt: skip
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -81,38 +103,29 @@ def enter_namespaces(netns: str, hostname: str) -> None:
 
 
 class Root:
-    """The container's root: a tmpfs holding binds of the host's top-level entries."""
+    """The container's root: the image's file system under this container's writable layer."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, layers: list[str], layer: Path) -> None:
         self.path = path
-        self.overlays = 0
         path.mkdir(parents=True, exist_ok=True)
-        mount("tmpfs", str(path), "tmpfs", 0, "mode=755")
-        # Unbindable: the recursive binds below (of /tmp, say, which holds this very folder)
-        # then skip it instead of copying it into itself.
-        mount(None, str(path), None, MS_UNBINDABLE)
-        for entry in os.scandir("/"):
-            target = path / entry.name
-            if entry.is_symlink():
-                os.symlink(os.readlink(entry.path), target)
-            elif entry.is_dir():
-                target.mkdir()
-                mount(entry.path, str(target), None, MS_BIND | MS_REC)
-            else:
-                target.touch()
-                mount(entry.path, str(target), None, MS_BIND)
-        # Overlays need upper layers on a bindable mount, so they get a tmpfs of their own.
-        (path / ".iop-overlays").mkdir()
-        mount("tmpfs", str(path / ".iop-overlays"), "tmpfs", 0, "mode=700")
+        (layer / "upper").mkdir(parents=True, exist_ok=True)
+        (layer / "work").mkdir(parents=True, exist_ok=True)
+        lower = ":".join(reversed(layers))  # overlayfs lists the top layer first
+        options = f"lowerdir={lower},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+        mount("overlay", str(path), "overlay", 0, options)
 
-    def resolve(self, container_path: str) -> tuple[Path, list[str]]:
-        """The deepest existing directory for `container_path` (symlinks followed inside this
-        root), and the components still missing below it."""
+    def inside(self, container_path: str, *, is_file: bool) -> Path:
+        """The host path of `container_path` in this root (symlinks followed inside the root
+        only), made, with its missing parents, if it does not exist."""
         parts = [part for part in container_path.split("/") if part]
         current = self.path
         hops = 0
         while parts:
             candidate = current / parts[0]
+            if parts[0] == "..":
+                current = current.parent if current != self.path else current
+                parts.pop(0)
+                continue
             if candidate.is_symlink():
                 hops += 1
                 if hops > 40:
@@ -122,88 +135,112 @@ class Root:
                 if link.startswith("/"):
                     current = self.path
                 continue
-            if parts[0] == "..":
-                if current != self.path:
-                    current = current.parent
-                parts.pop(0)
-                continue
             if not candidate.exists():
-                return current, parts
+                if len(parts) == 1 and is_file:
+                    candidate.touch()
+                else:
+                    candidate.mkdir()
             current = candidate
             parts.pop(0)
-        return current, []
+        return current
 
-    def make_path(self, container_path: str, *, is_file: bool) -> Path:
-        """A host path for `container_path` in this root, creating what is missing privately."""
-        existing, missing = self.resolve(container_path)
-        if not missing:
-            return existing
-        if existing != self.path:
-            # Under a host directory: cover it with an overlay whose changes stay in the tmpfs.
-            self.overlays += 1
-            work = self.path / ".iop-overlays" / str(self.overlays)
-            (work / "upper").mkdir(parents=True)
-            (work / "work").mkdir()
-            options = f"lowerdir={existing},upperdir={work / 'upper'},workdir={work / 'work'}"
-            mount("overlay", str(existing), "overlay", 0, options)
-        target = existing.joinpath(*missing)
-        if is_file:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.touch()
-        else:
-            target.mkdir(parents=True, exist_ok=True)
-        return target
+    def kernel_file_systems(self) -> None:
+        """/proc, /sys (read-only), /dev with its devices, /dev/pts and /dev/shm."""
+        proc = self.inside("/proc", is_file=False)
+        mount("proc", str(proc), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        sys_dir = str(self.inside("/sys", is_file=False))
+        try:
+            mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        except InitError:  # where a fresh sysfs is refused, the host's, read-only
+            mount("/sys", sys_dir, None, MS_BIND | MS_REC)
+            mount(None, sys_dir, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        dev = self.inside("/dev", is_file=False)
+        mount("tmpfs", str(dev), "tmpfs", MS_NOSUID, "mode=755,size=65536k")
+        for name, major, minor in DEVICES:
+            os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+            os.chmod(dev / name, 0o666)
+        for name, target in DEV_LINKS.items():
+            os.symlink(target, dev / name)
+        (dev / "pts").mkdir()
+        mount("devpts", str(dev / "pts"), "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620,gid=5")  # fmt: skip
+        (dev / "shm").mkdir()
+        mount("shm", str(dev / "shm"), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=1777,size=65536k")  # fmt: skip
 
     def bind_all(self, binds: list[tuple[str, str, bool]]) -> None:
-        """Bind (source, container path, read-only) entries. Every target is made first,
-        shallowest first, so a later overlay can never hide an earlier bind."""
-        targets = {}
-        for source, container_path, _ in sorted(binds, key=lambda b: b[1].count("/")):
-            is_file = not os.path.isdir(source)
-            targets[container_path] = self.make_path(container_path, is_file=is_file)
-        for source, container_path, read_only in binds:
-            target = str(targets[container_path])
+        """Bind (source, container path, read-only) entries, shallowest first, so a deeper
+        mount point is made inside the volume above it."""
+        for source, container_path, read_only in sorted(binds, key=lambda b: b[1].count("/")):
+            target = str(self.inside(container_path, is_file=not os.path.isdir(source)))
             mount(source, target, None, MS_BIND | MS_REC)
             if read_only:
                 mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
 
-    def keep_visible(self, folders: list[str], volume_targets: list[str]) -> None:
-        """Bind each of `folders` (the image's own: its virtualenv, the checkout, its Python)
-        back at its path when a volume was mounted over one of its parents: a container's
-        emptyDir at /tmp must not hide a checkout under /tmp. The folder is made inside the
-        volume (a writable one: an emptyDir)."""
-        for folder in folders:
-            covering = [
-                t for t in volume_targets if folder.startswith(t.rstrip("/") + "/") or folder == t
-            ]
-            if not covering:
-                continue
-            target = self.path / folder.lstrip("/")
-            try:
-                target.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise InitError(
-                    f"volume at {covering[0]} hides {folder}, which the image needs, and "
-                    f"{folder} cannot be made in it: {error.strerror}"
-                ) from None
-            mount(folder, str(target), None, MS_BIND | MS_REC)
+    def read_only(self) -> None:
+        mount(None, str(self.path), None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+
+    def pivot(self) -> None:
+        """Make this root the mount namespace's root and detach the host's tree under it."""
+        os.chdir(self.path)
+        _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+        _check(libc.umount2(b".", MNT_DETACH), "umount the host's root")
+        os.chdir("/")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]  # fmt: skip
+
+
+def become(user: dict[str, Any], keep: list[int], no_new_privs: bool, last_cap: int) -> None:
+    """Groups, group, bounding set, no_new_privs, user; a root user keeps only `keep`."""
+    os.setgroups(user["groups"])
+    os.setgid(user["gid"])
+    _check(libc.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0), "prctl(PR_SET_KEEPCAPS)")
+    for capability in range(last_cap + 1):
+        if capability not in keep:
+            _check(
+                libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0), f"drop capability {capability}"
+            )
+    if no_new_privs:
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    os.setuid(user["uid"])  # a user other than root loses every capability here
+    if user["uid"] == 0:
+        mask = [0, 0]
+        for capability in keep:
+            mask[capability // 32] |= 1 << (capability % 32)
+        header = _CapHeader(CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)(*(_CapData(m, m, 0) for m in mask))
+        _check(libc.capset(ctypes.byref(header), data), "capset")
 
 
 def run(spec: dict[str, Any]) -> None:
+    last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     enter_namespaces(spec["netns"], spec["hostname"])
-    root = Root(Path(spec["root"]))
+    root = Root(Path(spec["root"]), spec["layers"], Path(spec["layer"]))
+    root.kernel_file_systems()
     binds = [(source, path, False) for path, source in spec["files"].items()]
     binds += [(m["source"], m["target"], m["read_only"]) for m in spec["mounts"]]
     root.bind_all(binds)
-    root.keep_visible(spec.get("keep", []), [m["target"] for m in spec["mounts"]])
-    os.chroot(root.path)
     workdir = spec.get("workdir") or "/"
+    root.inside(workdir, is_file=False)
+    if spec["read_only_root"]:
+        root.read_only()
+    root.pivot()
+    become(spec["user"], spec["capabilities"], spec["no_new_privs"], last_cap)
     try:
         os.chdir(workdir)
     except OSError as error:
         raise InitError(f"workingDir {workdir}: {error.strerror}") from None
     argv: list[str] = spec["argv"]
     env: dict[str, str] = spec["env"]
+    if "exec_fd" in spec:  # closed by the exec: the kubelet then reports the container running
+        os.set_inheritable(spec["exec_fd"], False)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as error:
@@ -214,7 +251,7 @@ def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     try:
         run(spec)
-    except InitError as error:
+    except (InitError, OSError) as error:
         print(f"iop-kubelet: container start failed: {error}", file=sys.stderr, flush=True)
         sys.exit(spec.get("failure_exit_code", 128))
 

@@ -24,8 +24,10 @@ from typing import Any
 from .apiclient import ApiError
 from .containers import Container, Launch, now
 from .contexts import PodContext
-from .envs import ConfigError, Context, argv, environment
-from .volumes import PodVolumes, VolumeError
+from .envs import ConfigError, Context, argv, environment, process_environment
+from .images import Image, ImageError, image_file
+from .securitycontexts import SecurityError, identity, verify_run_as_non_root
+from .volumes import PodVolumes, VolumeError, read_only_kind
 
 Object = dict[str, Any]
 log = logging.getLogger("kubelet.pods")
@@ -181,25 +183,23 @@ class PodWorker:
 
     async def _run_container(self, container: Container, *, init: bool) -> bool:
         """Run one container per restartPolicy; True when an init container succeeded."""
-        image = self.kubelet.config.image
-        reference = container.spec.get("image", "")
-        if not image.runs(reference):
-            container.wait(
-                "ErrImageNeverPull",
-                f"image {reference!r} cannot run on this node: only {image.name} (any tag) runs "
-                f"here, as processes of {image.venv} (see e2e/cluster/README.md)",
-            )
-            await asyncio.Event().wait()
+        image = await self._image(container)
         policy = self.pod["spec"].get("restartPolicy", "Always")
         if init and policy == "Always":
             policy = "OnFailure"
         attempt = 0
         while True:
             try:
-                launch = self._launch(container)
-            except (ConfigError, VolumeError) as error:
+                verify_run_as_non_root(self.pod, container.spec, image.config.user)
+                layers = await self.kubelet.config.images.layers(image)
+                launch = self._launch(container, image, layers)
+            except (ConfigError, VolumeError, SecurityError) as error:
                 container.wait("CreateContainerConfigError", str(error))
                 await asyncio.sleep(1)
+                continue
+            except ImageError as error:
+                container.wait("CreateContainerError", f"unpacking {image.reference}: {error}")
+                await asyncio.sleep(5)
                 continue
             began = time.monotonic()
             code = await container.run_once(launch, str(self.address), self.kubelet.http)
@@ -209,7 +209,29 @@ class PodWorker:
             attempt = 0 if ran_for >= 60 else attempt + 1
             await container.back_off(ran_for, attempt - 1 if attempt else 0)
 
-    def _launch(self, container: Container) -> Launch:
+    async def _image(self, container: Container) -> Image:
+        """The container's image, from this node's image list; this node never pulls, so an
+        image it lacks waits as a kubelet's does under imagePullPolicy: Never."""
+        reference = container.spec.get("image", "")
+        images = self.kubelet.config.images
+        while True:
+            try:
+                image = images.find(reference)
+            except (ImageError, OSError, ValueError) as error:
+                container.wait("InvalidImageName", f"{reference}: {error}")
+            else:
+                if image is not None:
+                    container.image_id = image.image_id
+                    return image
+                have = ", ".join(images.names()) or "none"
+                container.wait(
+                    "ErrImageNeverPull",
+                    f"Container image {reference!r} is not present on this node, which never "
+                    f"pulls: it has {have} (e2e/cluster/README.md)",
+                )
+            await asyncio.sleep(2)
+
+    def _launch(self, container: Container, image: Image, layers: list[Path]) -> Launch:
         config = self.kubelet.config
         context = Context(
             pod=self.pod,
@@ -226,7 +248,14 @@ class PodWorker:
                 if namespace == self.pod["metadata"]["namespace"]
             ],
         )
-        env = environment(container.spec, config.image, context)
+        kubelet_env = environment(container.spec, context)
+
+        def read_etc(name: str) -> str | None:
+            path = image_file(layers, f"etc/{name}")
+            return path.read_text(errors="replace") if path is not None else None
+
+        who = identity(self.pod, container.spec, image.config.user, read_etc)
+        hostname = self.pod["spec"].get("hostname") or self.pod["metadata"]["name"]
         volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
         mounts = []
         for mount in container.spec.get("volumeMounts") or []:
@@ -243,19 +272,28 @@ class PodWorker:
                 {
                     "source": source,
                     "target": mount["mountPath"],
-                    "read_only": bool(mount.get("readOnly")),
+                    # ConfigMap, Secret, downward API and projected volumes are always mounted
+                    # read-only by a kubelet, whatever the volumeMount says.
+                    "read_only": bool(mount.get("readOnly")) or read_only_kind(volume),
                 }
             )
+        layer = self.dir / "layers" / container.name
+        shutil.rmtree(layer, ignore_errors=True)  # a new container gets a new writable layer
         return Launch(
             netns=self.kubelet.network.netns_path(self.uid),
-            hostname=self.pod["spec"].get("hostname") or self.pod["metadata"]["name"],
+            hostname=hostname,
+            layers=[str(layer) for layer in layers],
+            layer=str(layer),
             root=str(self.dir / "root" / container.name),
             files={f"/etc/{name}": str(self.dir / "etc" / name) for name in ETC_FILES},
             mounts=mounts,
-            argv=argv(container.spec, config.image, env),
-            env=env,
-            workdir=container.spec.get("workingDir", ""),
-            keep=list(config.image.contents),
+            argv=argv(container.spec, image.config, kubelet_env),
+            env=process_environment(kubelet_env, image.config, hostname, who.home),
+            workdir=container.spec.get("workingDir") or image.config.working_dir or "/",
+            user={"uid": who.uid, "gid": who.gid, "groups": list(who.groups)},
+            capabilities=list(who.capabilities),
+            no_new_privs=who.no_new_privs,
+            read_only_root=who.read_only_root,
         )
 
     def _write_etc_files(self) -> None:

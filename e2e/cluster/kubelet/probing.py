@@ -2,7 +2,8 @@
 
 Probes run from the host, which reaches every pod IP through the node namespace, as a kubelet
 probes from the node. An exec probe runs its command inside the container's namespaces and root
-(`nsenter --target PID`).
+(`nsenter --target PID`), as the container's user and with its environment, as a runtime's
+exec does.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -85,10 +87,11 @@ async def check(
             if pid is None:
                 return False, "container is not running"
             command = probe["exec"]["command"]
+            uid, gid, env = _process_of(pid)
             process = await asyncio.create_subprocess_exec(
                 "nsenter", f"--target={pid}", "--net", "--mount", "--uts", "--root", "--wd",
-                "--", *command,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                f"--setuid={uid}", f"--setgid={gid}", "--", *command,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
             )  # fmt: skip
             try:
                 out, _ = await asyncio.wait_for(process.communicate(), timeout)
@@ -102,6 +105,21 @@ async def check(
         return False, "probe has no handler"
     except (OSError, aiohttp.ClientError, TimeoutError, ValueError) as error:
         return False, f"probe failed: {type(error).__name__}: {error}"
+
+
+def _process_of(pid: int) -> tuple[int, int, dict[str, str]]:
+    """The user, group and environment of the container's process."""
+    ids = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Uid", "Gid"):
+            ids[key] = int(value.split()[0])
+    env = {}
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        name, sep, value = entry.decode(errors="replace").partition("=")
+        if sep:
+            env[name] = value
+    return ids["Uid"], ids["Gid"], env
 
 
 async def run_probe(

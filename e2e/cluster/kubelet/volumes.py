@@ -6,6 +6,11 @@ timestamped folder, `..data` is a symlink to it, and each key is a symlink throu
 an update writes a new folder and renames a new `..data` over the old one, so a reader sees the
 old set or the new one, never half of each. Keys mounted with subPath do not follow updates, as
 in Kubernetes.
+
+As in a kubelet, an emptyDir is made world-writable (0777), ConfigMap, Secret, downward API and
+projected volumes are mounted read-only, and a pod's `fsGroup` owns its volumes: their group is
+set to it, with group read (and write, for an emptyDir) and setgid folders, so a container that
+runs as a user other than root can use them.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -44,6 +50,27 @@ class Sources:
     secrets: dict[tuple[str, str], Object]
     request_token: Callable[[Object, str, int], Awaitable[Token]]
     allocatable: dict[str, str]
+
+
+#: Volume types a kubelet always mounts read-only.
+READ_ONLY_KINDS = ("configMap", "secret", "downwardAPI", "projected")
+
+
+def read_only_kind(volume: Object) -> bool:
+    return any(kind in volume for kind in READ_ONLY_KINDS)
+
+
+def set_ownership(folder: Path, gid: int, *, writable: bool) -> None:
+    """The kubelet's SetVolumeOwnership: group `gid`, group read (and write), setgid folders."""
+    mask = 0o660 if writable else 0o440
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chown(path, -1, gid)
+        mode = stat.S_IMODE(path.stat().st_mode) | mask
+        if path.is_dir():
+            mode |= stat.S_ISGID | 0o110
+        path.chmod(mode)
 
 
 def write_atomically(folder: Path, payload: Payload) -> bool:
@@ -154,19 +181,30 @@ class PodVolumes:
                     )
         return found
 
+    @property
+    def fs_group(self) -> int | None:
+        value = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
+        return None if value is None else int(value)
+
     async def sync(self) -> None:
         """Write every volume's current content; raises VolumeError naming what is missing."""
+        fs_group = self.fs_group
         for volume in self.pod["spec"].get("volumes") or []:
             name = volume["name"]
             folder = self.path(name)
             if "emptyDir" in volume:
-                folder.mkdir(parents=True, exist_ok=True)
+                if not folder.is_dir():
+                    folder.mkdir(parents=True)
+                    folder.chmod(0o777)
+                    if fs_group is not None:
+                        set_ownership(folder, fs_group, writable=True)
             elif "hostPath" in volume:
                 continue  # bound straight from the host, see host_path()
             elif "configMap" in volume or "secret" in volume or "downwardAPI" in volume:
                 payload = await self._payload(volume, volume.get("defaultMode", 0o644), name)
-                if payload is not None:
-                    write_atomically(folder, payload)
+                if payload is not None and write_atomically(folder, payload):
+                    if fs_group is not None:
+                        set_ownership(folder, fs_group, writable=False)
             elif "projected" in volume:
                 projected = volume["projected"]
                 mode = projected.get("defaultMode", 0o644)
@@ -174,7 +212,8 @@ class PodVolumes:
                 for index, source in enumerate(projected.get("sources") or []):
                     part = await self._payload(source, mode, f"{name}[{index}]")
                     payload.update(part or {})
-                write_atomically(folder, payload)
+                if write_atomically(folder, payload) and fs_group is not None:
+                    set_ownership(folder, fs_group, writable=False)
             else:
                 kinds = sorted(set(volume) - {"name"})
                 raise VolumeError(f"volume {name!r}: unsupported type {', '.join(kinds)}")
