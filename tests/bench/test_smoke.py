@@ -45,8 +45,10 @@ RUNS = {
         "apply",
     ),
     "peers": (
-        ["--paths", "direct", "iop", "iop-local", "--rounds", "1", "--seconds", "0.2"]
-        + ["--concurrency", "1", "--modes", "whole", "stream-16"],
+        [
+            *["--paths", "direct", "iop", "iop-local", "--rounds", "1", "--seconds", "0.2"],
+            *["--concurrency", "1", "--modes", "whole", "stream-16"],
+        ],
         "iop-local",
     ),
     "grpc_hops": (["--seconds", "0.2", "--rounds", "1", "--in-flight", "1"], "aio-options"),
