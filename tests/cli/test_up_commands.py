@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -18,6 +21,28 @@ from iop.processes import iop_command, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "configs" / "edge.yaml"
+
+
+@contextlib.asynccontextmanager
+async def iop_up(*args: str, **options: Any) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`iop up --json ARGS` in a session of its own: however the test ends (a timeout kills `iop
+    up` before it stopped its children), nothing it started outlives the test."""
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(),
+        "up",
+        "--json",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+        **options,
+    )
+    try:
+        yield process
+    finally:
+        await terminate(process)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
@@ -48,22 +73,13 @@ def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
 
 
 async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:
-    process = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        "up",
-        "--json",
-        "--config",
-        str(SAMPLE),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
+    async with iop_up("--config", str(SAMPLE)) as process:
         assert process.stdout is not None
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         assert line, f"iop up exited with {await process.wait()}"
         up = orjson.loads(line)
         async with openai.AsyncOpenAI(
-            base_url=up["base_url"], api_key=up["api_key"], max_retries=0
+            base_url=up["base_url"], api_key=up["api_key"], max_retries=0, timeout=30
         ) as client:
             assert [m.id for m in (await client.models.list()).data] == up["models"]
             for model in ("demo-echo", "llama-3.1-8b"):  # the fake adapter; the fake upstream
@@ -79,24 +95,12 @@ async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:
             except ProcessLookupError:
                 continue
             raise AssertionError(f"process {pid} outlived iop up")
-    finally:
-        await terminate(process)
 
 
 async def test_iop_up_applies_the_edited_config_on_sighup(tmp_path: Path) -> None:
     config = tmp_path / "edge.yaml"
     config.write_text(SAMPLE.read_text())
-    process = await asyncio.create_subprocess_exec(
-        *iop_command(),
-        "up",
-        "--json",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
+    async with iop_up("--config", str(config), stderr=asyncio.subprocess.PIPE) as process:
         assert process.stdout is not None and process.stderr is not None
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         assert line, f"iop up exited with {await process.wait()}"
@@ -118,5 +122,3 @@ async def test_iop_up_applies_the_edited_config_on_sighup(tmp_path: Path) -> Non
         assert after["config"]["nodes"] == before["config"]["nodes"]  # same tokens, same nodes
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 30) == 0
-    finally:
-        await terminate(process)

@@ -3,7 +3,7 @@
 - `guarded_task`, `stop_tasks`: background tasks that are named, owned and never die silently.
 - `AsyncService`: the `start()`/`stop()` or `async with` lifecycle of servers and agents.
 - `LogThrottle`: one log line per interval for events outsiders can cause at will.
-- `bind_listener`: a server's socket, bound before it starts.
+- `bind_listener`, `split_listener`: a server's socket, bound before it starts; `host:port`.
 - `asgiserving.AsgiServer`: an ASGI app served by uvicorn on such a socket (imported from its
   module, so that parts serving no HTTP never load uvicorn).
 
@@ -12,7 +12,14 @@ Nothing here knows about the wire, the Edge or the Node; everything above may im
 
 from .aiotasks import guarded_task, stop_tasks
 from .lifecycles import AsyncService
-from .listening import bind_listener
+from .listening import bind_listener, split_listener
 from .throttling import LogThrottle
 
-__all__ = ["AsyncService", "LogThrottle", "bind_listener", "guarded_task", "stop_tasks"]
+__all__ = [
+    "AsyncService",
+    "LogThrottle",
+    "bind_listener",
+    "guarded_task",
+    "split_listener",
+    "stop_tasks",
+]

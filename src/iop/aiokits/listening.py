@@ -1,10 +1,31 @@
-"""Listening sockets bound before a server starts, so a taken port fails the command at once."""
+"""Where a server listens: `host:port` checked, and its socket bound before the server starts,
+so a taken port fails the command at once."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import socket
 
-__all__ = ["bind_listener"]
+__all__ = ["bind_listener", "split_listener"]
+
+
+def split_listener(value: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:80`); raise ValueError naming what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError("must be host:port, for example 127.0.0.1:8080")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host):
+        raise ValueError(f"{host!r} is not a host name or IP address (IPv6 goes in brackets)")
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r} must be a number from 0 to 65535")
+    return host, int(port_text)
 
 
 def bind_listener(host: str, port: int, what: str) -> socket.socket:

@@ -2,46 +2,64 @@
 
 Entry points stay thin: they parse arguments, call the library and turn its results and errors
 into output and exit codes.
+
+A command's module is imported only when that command runs (or shows its own `--help`): each
+pulls in what its job needs (the Edge uvicorn and grpc, the operator kopf and the Kubernetes
+client), and none of that is paid by another, such as `iop fake-upstream`, of which tests and
+benchmarks start many, or `iop --version`. `iop --help` lists every command from `COMMANDS`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from iop import __version__
 
-from . import (
-    config_commands,
-    edge_commands,
-    fake_upstream_commands,
-    node_commands,
-    operator_commands,
-    up_commands,
-)
+__all__ = ["COMMANDS", "build_parser", "main"]
 
-__all__ = ["main"]
+#: command -> (its module in this package, its line in `iop --help`).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("config_commands", "check, compare and describe EdgeConfig files"),
+    "edge": ("edge_commands", "run the Edge"),
+    "up": ("up_commands", "run an Edge, its Nodes and a fake upstream locally from a config"),
+    "node": ("node_commands", "run a Node agent"),
+    "operator": ("operator_commands", "the EdgeConfig operator"),
+    "fake-upstream": (
+        "fake_upstream_commands",
+        "serve a fake OpenAI-compatible API (prints its address as one JSON line)",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The `iop` parser for `argv`: the arguments of the command it names (of every command when
+    `argv` is None); the others are listed by name and help line only."""
+    chosen = _command_of(argv)
     parser = argparse.ArgumentParser(
         prog="iop", description="IOP Edge: an OpenAI-compatible LLM gateway for Kubernetes."
     )
     parser.add_argument("--version", action="version", version=f"iop {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    config_commands.register(commands)
-    edge_commands.register(commands)
-    up_commands.register(commands)
-    node_commands.register(commands)
-    operator_commands.register(commands)
-    fake_upstream_commands.register(commands)
+    for name, (module, line) in COMMANDS.items():
+        command = commands.add_parser(name, help=line)
+        if argv is None or name == chosen:
+            importlib.import_module(f"{__name__}.{module}").register(command)
     return parser
+
+
+def _command_of(argv: Sequence[str] | None) -> str | None:
+    """The command `argv` names: its first word that is not an option (`iop` takes no option
+    with a value before the command)."""
+    return next((arg for arg in argv or () if not arg.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `iop` command; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(words).parse_args(words)
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:

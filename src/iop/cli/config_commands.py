@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from iop.edgeconfig import (
     ChangeReport,
@@ -26,10 +25,9 @@ EXIT_INVALID = 1
 EXIT_RESTART_REQUIRED = 2
 
 
-def register(commands: Any) -> None:
-    """Add this module\'s subcommands to the `iop` parser."""
-    config = commands.add_parser("config", help="check, compare and describe EdgeConfig files")
-    sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the `iop config` subcommands to its parser."""
+    sub = parser.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
 
     check = sub.add_parser("check", help="validate a config and explain what it sets up")
     check.add_argument("file", help="path of an edge.yaml")

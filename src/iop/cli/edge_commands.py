@@ -11,7 +11,6 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
 
 import orjson
 import uvloop
@@ -32,10 +31,9 @@ __all__ = ["register"]
 logger = logging.getLogger("iop.edge.run")
 
 
-def register(commands: Any) -> None:
-    """Add this module\'s subcommands to the `iop` parser."""
-    edge = commands.add_parser("edge", help="run the Edge")
-    sub = edge.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the `iop edge` subcommands to its parser."""
+    sub = parser.add_subparsers(dest="edge_command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
         help="serve the OpenAI API and the node hub from a config file",

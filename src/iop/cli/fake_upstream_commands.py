@@ -1,4 +1,7 @@
-"""`iop fake-upstream`: the fake OpenAI-compatible server, for tests, demos and benchmarks."""
+"""`iop fake-upstream`: the fake OpenAI-compatible server, for tests, demos and benchmarks.
+
+It imports neither the config model nor the wire: tests and benchmarks start many of these.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +11,23 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
 
 import orjson
 import uvloop
 
-from iop.edgeconfig import split_listener
-from iop.fakes import FakeUpstream, FakeUpstreamSettings, GpuSettings
-from iop.fakes.upstream import FAIL_MODES
+from iop.aiokits import split_listener
+from iop.fakes.simulating import GpuSettings
+from iop.fakes.upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
 
 __all__ = ["register"]
 
 
-def register(commands: Any) -> None:
-    """Add this module\'s subcommands to the `iop` parser."""
-    parser = commands.add_parser(
-        "fake-upstream",
-        help="serve a fake OpenAI-compatible API (prints its address as one JSON line)",
-        description="Serve /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings "
-        "with deterministic answers. Once listening it prints one JSON line on stdout: "
-        '{"listen": "HOST:PORT", "base_url": "http://HOST:PORT/v1", "pid": N}.',
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of `iop fake-upstream` to its parser."""
+    parser.description = (
+        "Serve /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings with "
+        "deterministic answers. Once listening it prints one JSON line on stdout: "
+        '{"listen": "HOST:PORT", "base_url": "http://HOST:PORT/v1", "pid": N}.'
     )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="host:port; port 0 picks one")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="time to the first token")

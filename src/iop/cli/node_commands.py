@@ -18,12 +18,10 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import uvloop
 
-from iop.aiokits import bind_listener
-from iop.edgeconfig import split_listener
+from iop.aiokits import bind_listener, split_listener
 from iop.node import HealthServer, NodeAgent
 from iop.wire import ClientTls, TlsError
 
@@ -32,10 +30,9 @@ from .settling import settle
 __all__ = ["register"]
 
 
-def register(commands: Any) -> None:
-    """Add this module\'s subcommands to the `iop` parser."""
-    node = commands.add_parser("node", help="run a Node agent")
-    sub = node.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the `iop node` subcommands to its parser."""
+    sub = parser.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
         help="connect to the Edge(s) and serve runs",

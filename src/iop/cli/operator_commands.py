@@ -8,7 +8,6 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import uvloop
 
@@ -19,10 +18,9 @@ from iop.operator.running import OperatorOptions, default_namespace, run_operato
 __all__ = ["register"]
 
 
-def register(commands: Any) -> None:
-    """Add this module's subcommands to the `iop` parser."""
-    operator = commands.add_parser("operator", help="the EdgeConfig operator")
-    sub = operator.add_subparsers(dest="operator_command", required=True, metavar="COMMAND")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the `iop operator` subcommands to its parser."""
+    sub = parser.add_subparsers(dest="operator_command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
         "run",

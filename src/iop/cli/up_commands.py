@@ -34,7 +34,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -57,14 +56,10 @@ LOCAL_PRINCIPAL = "local"
 READY_TIMEOUT_S = 30.0
 
 
-def register(commands: Any) -> None:
-    """Add this module\'s subcommands to the `iop` parser."""
-    up = commands.add_parser(
-        "up",
-        help="run an Edge, its Nodes and a fake upstream locally from a config",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(up: argparse.ArgumentParser) -> None:
+    """Add the arguments of `iop up` to its parser."""
+    up.description = __doc__
+    up.formatter_class = argparse.RawDescriptionHelpFormatter
     up.add_argument(
         "--config",
         type=Path,

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from iop.aiokits.listening import split_listener
+
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
     "APPLY_KEY",
@@ -136,24 +138,6 @@ Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
 ModelId = Annotated[str, Field(pattern=_MODEL_ID_PATTERN)]
 Sha256Hex = Annotated[str, Field(pattern=_SHA256_PATTERN)]
 EnvName = Annotated[str, Field(pattern=_ENV_NAME_PATTERN)]
-
-
-def split_listener(value: str) -> tuple[str, int]:
-    """Split `host:port` (IPv6 as `[::1]:80`); raise ValueError naming what is wrong."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError("must be host:port, for example 127.0.0.1:8080")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IPv6 address") from None
-    elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", host):
-        raise ValueError(f"{host!r} is not a host name or IP address (IPv6 goes in brackets)")
-    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"port {port_text!r} must be a number from 0 to 65535")
-    return host, int(port_text)
 
 
 def _check_listener(value: str) -> str:

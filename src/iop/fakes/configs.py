@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from iop.edgeconfig import token_sha256
-
 __all__ = ["KINDS", "sized_spec"]
 
 #: The four providers of each node: (suffix, port, served model name, model id).
@@ -26,6 +24,9 @@ KINDS: Final = (
 
 def sized_spec(nodes: int, *, admin_listen: str = "0.0.0.0:9090") -> dict[str, Any]:
     """An EdgeConfig spec (camelCase, as `kubectl apply` users write it) with `nodes` nodes."""
+    # Here, not at the top: `iop fake-upstream` imports this package and not the config model.
+    from iop.edgeconfig import token_sha256
+
     node_list: list[dict[str, Any]] = []
     models: dict[str, dict[str, str]] = {model: {} for _, _, _, model in KINDS}
     for n in range(nodes):
