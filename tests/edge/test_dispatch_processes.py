@@ -55,14 +55,14 @@ def setup(document_of: Any, tokens: dict[str, str], node_token: str, iop_process
 
 
 def fleet_document(
-    setup: Setup, upstreams: list[UpstreamProcess], policy: str, **extra: Any
+    setup: Setup, upstreams: list[UpstreamProcess], policy: str, capacity: int = 8, **extra: Any
 ) -> dict[str, Any]:
     providers = [
         {
             "id": f"gpu-{i}",
             "adapter": {"type": "openai", "base_url": upstream.base_url},
             "served_models": ["served"],
-            "capacity": 8,
+            "capacity": capacity,
             "health": {"interval_ms": 200},
             **extra,
         }
@@ -85,6 +85,7 @@ async def fleet(
     *,
     edges: int = 1,
     servers: int = 4,
+    capacity: int = 8,
     upstream_args: list[str] | None = None,
 ) -> AsyncIterator[Fleet]:
     """`servers` fake upstreams (simulated GPUs), one Node over them, `edges` Edge replicas."""
@@ -94,7 +95,7 @@ async def fleet(
             await stack.enter_async_context(spawn_fake_upstream(upstream_args or GPU))
             for _ in range(servers)
         ]
-        document = fleet_document(setup, upstreams, policy)
+        document = fleet_document(setup, upstreams, policy, capacity)
         (folder / "edge.yaml").write_text(yaml.safe_dump(document))
         started = [(await processes.edge(stack, folder / "edge.yaml"))[1] for _ in range(edges)]
         (folder / "node.token").write_text(setup.node_token)
@@ -155,7 +156,11 @@ def followed(seen: list[tuple[int, int]]) -> list[bool]:
 async def test_a_conversation_stays_on_one_server_across_two_edge_replicas(
     setup: Setup, tmp_path: Path
 ) -> None:
-    async with fleet(setup, tmp_path, "prefix_affinity", edges=2) as running:
+    # Capacity to spare: no home reaches its load bound, which would move a conversation on one
+    # replica only (bounded load is tested in tests/edge/test_choosing.py). With a capacity of
+    # 8 a home keeps at most 5 requests at once, and on a busy machine the turns of the eight
+    # conversations overlapped past that.
+    async with fleet(setup, tmp_path, "prefix_affinity", edges=2, capacity=64) as running:
         clients = [client(setup, url) for url in running.urls]
         try:
             conversations = await asyncio.gather(

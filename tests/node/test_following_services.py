@@ -76,11 +76,21 @@ async def following(node_token: str, tls: Any) -> AsyncIterator[Callable[[Servic
 
 
 async def welcomed_by(agent: NodeAgent, hubs: Sequence[NodeHub], until: Any) -> None:
+    """Until the Node is linked to exactly `hubs`, as both sides see it: the Node was welcomed by
+    each, and each lists the Node's providers as healthy (it dispatches to them)."""
     wanted = {address(hub) for hub in hubs}
 
     def welcomed() -> bool:
         links = agent.connections
-        return set(links) == wanted and all(link.connected.is_set() for link in links.values())
+        return (
+            set(links) == wanted
+            and all(link.connected.is_set() for link in links.values())
+            and all(
+                (providers := hub.connected_providers())
+                and all(p.healthy for p in providers.values())
+                for hub in hubs
+            )
+        )
 
     await until(welcomed)
 
