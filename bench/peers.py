@@ -363,7 +363,7 @@ class LocalHub:
     """The hub of `--serve-local`: every provider of the config runs in this process."""
 
     def __init__(self, config: Any) -> None:
-        from iop.node.adapters.openai_http import OpenAIAdapter
+        from iop.providers.adapters.openai_http import OpenAIAdapter
 
         self._adapters = {
             provider.id: OpenAIAdapter(provider.id, provider.adapter)

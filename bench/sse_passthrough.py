@@ -3,7 +3,7 @@
     uv run --frozen python -m bench.sse_passthrough [--tokens 256] [--repeat 5]
 
 The Node's `openai` adapter turns an upstream's SSE body into run events
-(`iop.node.adapters.openai_http._StreamDecoder`): one parsed JSON object per event (for an Edge
+(`iop.providers.adapters.openai_http._StreamDecoder`): one parsed JSON object per event (for an Edge
 that predates `RunChunk.sse`), or each read's whole events passed through as one chunk of bytes
 with only the read's last events parsed (`sse`). This script feeds the decoder the fake upstream's
 own events for a chat stream of `--tokens` tokens with the usage chunk (the bytes `iop
@@ -24,7 +24,7 @@ import timeit
 import orjson
 
 from iop.fakes.answers import parse_request, tokens
-from iop.node.adapters.openai_http import _StreamDecoder
+from iop.providers.adapters.openai_http import _StreamDecoder
 
 
 def stream_events(count: int) -> list[bytes]:

@@ -34,8 +34,8 @@ import uvloop
 
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data, token_sha256
-from iop.node import FakeAdapter, OpenAIAdapter
 from iop.processes import spawn_fake_upstream, spawn_node, terminate
+from iop.providers import FakeAdapter, OpenAIAdapter
 from iop.wire import RunDone, RunRequest
 
 TOKEN = "bench-node-token"

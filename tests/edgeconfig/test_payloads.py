@@ -15,7 +15,7 @@ import pytest
 from iop.edgeconfig import HealthPolicy, OpenAIAdapterSettings, load_data, node_payloads
 from iop.edgeconfig.payloads import ProviderPayload
 from iop.edgeconfig.trees import to_tree
-from iop.node import AdapterError, OpenAIAdapter, build_adapter
+from iop.providers import AdapterError, OpenAIAdapter, build_adapter
 
 
 def payload_of(build: Any, **health: Any) -> Any:

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from iop.edgeconfig import NodePayload, ProviderPayload
-from iop.node import PayloadArbiter, Router
+from iop.node import PayloadArbiter
+from iop.providers import Router
 
 
 def payload(capacity: int) -> NodePayload:

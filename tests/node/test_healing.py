@@ -15,7 +15,8 @@ import pytest
 
 from iop.edge.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, NodePayload
-from iop.node import Backoff, EdgeConnection, NodeAgent, NodeIdentity, Router
+from iop.node import Backoff, EdgeConnection, NodeAgent, NodeIdentity
+from iop.providers import Router
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 

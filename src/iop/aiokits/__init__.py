@@ -3,7 +3,8 @@
 - `guarded_task`, `stop_tasks`: background tasks that are named, owned and never die silently.
 - `AsyncService`: the `start()`/`stop()` or `async with` lifecycle of servers and agents.
 - `LogThrottle`: one log line per interval for events outsiders can cause at will.
-- `bind_listener`, `split_listener`: a server's socket, bound before it starts; `host:port`.
+- `bind_listener`, `split_listener`: a server's socket, bound before it starts; `host:port`;
+  `resolve_service`: the addresses a (headless Service's) name lists now.
 - `asgiserving.AsgiServer`: an ASGI app served by uvicorn on such a socket (imported from its
   module, so that parts serving no HTTP never load uvicorn).
 
@@ -12,14 +13,16 @@ Nothing here knows about the wire, the Edge or the Node; everything above may im
 
 from .aiotasks import guarded_task, stop_tasks
 from .lifecycles import AsyncService
-from .listening import bind_listener, split_listener
+from .listening import Resolve, bind_listener, resolve_service, split_listener
 from .throttling import LogThrottle
 
 __all__ = [
     "AsyncService",
     "LogThrottle",
+    "Resolve",
     "bind_listener",
     "guarded_task",
+    "resolve_service",
     "split_listener",
     "stop_tasks",
 ]

@@ -1,13 +1,16 @@
 """Where a server listens: `host:port` checked, and its socket bound before the server starts,
-so a taken port fails the command at once."""
+so a taken port fails the command at once; and the addresses a service name lists now (every
+ready pod of a headless Service)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
 import socket
+from collections.abc import Awaitable, Callable
 
-__all__ = ["bind_listener", "split_listener"]
+__all__ = ["Resolve", "bind_listener", "resolve_service", "split_listener"]
 
 
 def split_listener(value: str) -> tuple[str, int]:
@@ -39,3 +42,20 @@ def bind_listener(host: str, port: int, what: str) -> socket.socket:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port} for {what}: {exc}") from exc
     return sock
+
+
+#: `await resolve(host, port)`: the addresses (`ip:port`, `[ip6]:port`) a name lists now;
+#: raises OSError when the name does not resolve. The seam of the lookups of Nodes and Edges.
+Resolve = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def resolve_service(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to (the system's resolver: cluster DNS in a pod)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[str] = []
+    for family, _, _, _, sockaddr in infos:
+        ip = str(sockaddr[0])
+        address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+        if address not in found:
+            found.append(address)
+    return found

@@ -15,7 +15,7 @@ import sys
 import orjson
 import uvloop
 
-from iop.aiokits import guarded_task, stop_tasks
+from iop.aiokits import guarded_task, split_listener, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.admin import AdminAuthError
 from iop.edge.refreshreports import ConfigSource
@@ -51,9 +51,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--shutdown-grace", type=float, default=10.0, help="seconds running requests may finish"
     )
+    run.add_argument(
+        "--peers-service",
+        default=None,
+        type=_service,
+        metavar="NAME:PORT",
+        help="a headless Service listing every Edge replica (the hub Service): the nodes placed "
+        "on the Edge share their providers' capacity among the replicas it lists",
+    )
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
     reload_commands.register(sub)
+
+
+def _service(value: str) -> str:
+    try:
+        split_listener(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -75,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
             admin_listen=args.admin_listen or config.edge.admin.listen,
             metrics_listen=args.metrics_listen or config.edge.metrics.listen,
             config_path=args.config,
+            peers_service=args.peers_service,
         )
     except (AdminAuthError, TlsError) as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)

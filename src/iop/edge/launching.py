@@ -41,6 +41,7 @@ from .hublimits import HubLimits
 from .hubs import Hub, available_providers
 from .metering import Metrics, MetricsApp
 from .nodehub import NodeHub
+from .peering import PeerCount
 from .refreshing import Refresher
 from .serving import EdgeApp
 from .snapshots import PoolSnapshot
@@ -70,6 +71,7 @@ class EdgeServer(AsyncService):
         config_path: str | Path | None = None,
         ack_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        peers_service: str | None = None,
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
@@ -93,6 +95,8 @@ class EdgeServer(AsyncService):
         self._admin_server: HttpServer | None = None
         self.admin_port: int | None = None
         self._metrics_listen = metrics_listen or None
+        #: The Edge replicas, counted for the nodes placed on the Edge (`peering.py`).
+        self._peers = PeerCount(peers_service, self._replicas_changed) if peers_service else None
         self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
         authenticator = Authenticator(config.openai)
@@ -174,6 +178,8 @@ class EdgeServer(AsyncService):
         self._links_changed()
         self.dispatcher.watch_loads(self.hub.provider_loads())
         try:
+            if self._peers is not None:
+                await self._peers.start()
             sock = bind_listener(self.host, self.port, "the OpenAI API")
             self.port = sock.getsockname()[1]
             self._server = await self._serve_http(
@@ -237,6 +243,8 @@ class EdgeServer(AsyncService):
                         logger.exception("an HTTP server of the Edge failed while stopping")
         finally:
             try:
+                if self._peers is not None:
+                    await self._peers.stop()
                 if self._hub_started:
                     self._hub_started = False
                     await self.hub.stop(grace)
@@ -255,6 +263,13 @@ class EdgeServer(AsyncService):
         server = HttpServer(app, sock, limits=limits, name=name, what=what, grace=self._grace)
         await server.start()
         return server
+
+    def _replicas_changed(self, replicas: int) -> None:
+        """Share the capacity of the nodes placed on the Edge among `replicas` Edges: the
+        dispatcher's bounds and the local routers' at once (one turn of the loop)."""
+        self.dispatcher.swap(self.dispatcher.snapshot.with_edge_replicas(replicas))
+        if isinstance(self.hub, NodeHub):
+            self.hub.set_edge_replicas(replicas)
 
     def _links_changed(self) -> None:
         self.dispatcher.set_available(available_providers(self.hub.connected_providers()))

@@ -94,6 +94,7 @@ from .hublimits import (
     peer_address,
 )
 from .hubs import InstanceDrain, NodeStatus, ProviderLink, ProviderLoad
+from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 
 __all__ = ["HubSnapshot", "NodeHub"]
@@ -196,6 +197,8 @@ class NodeHub(AsyncService):
         self._listeners: list[Callable[[], None]] = []
         self._links: Mapping[str, ProviderLink] | None = None
         self._stopping = False
+        #: The nodes placed on this Edge (`nodes[].placement: edge`): run here, no session.
+        self._local = LocalNodes(self._changed)
         self._liveness_task: asyncio.Task[None] | None = None
         self._refusals = LogThrottle(logger, interval=60.0)
         #: What the hub refuses before a Node is authenticated (`hublimits.py`).
@@ -245,6 +248,7 @@ class NodeHub(AsyncService):
         await server.start()
         self._server = server
         self.port = port
+        self._apply_local(self._snapshot)
         self._liveness_task = guarded_task(self._keep_alive(), name="hub-liveness", logger=logger)
         security = "plaintext"
         if self._tls is not None:
@@ -265,7 +269,9 @@ class NodeHub(AsyncService):
         self._stopping = True
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
-        while any(s.runs for s in self._every_session()) and loop.time() < until:
+        while (
+            any(s.runs for s in self._every_session()) or self._local.runs
+        ) and loop.time() < until:
             await asyncio.sleep(0.02)
         for session in list(self._every_session()):
             session.close(statuses.REFUSED_STOPPING, "the Edge is stopping")
@@ -274,6 +280,7 @@ class NodeHub(AsyncService):
             self._liveness_task = None
         await self._server.stop(grace=0.5)
         self._server = None
+        await self._local.aclose()
 
     # -- what dispatch uses ----------------------------------------------------------------------
 
@@ -299,6 +306,7 @@ class NodeHub(AsyncService):
                             provider.id, node_id, health.healthy, health.detail, reason
                         )
                     found[provider.id] = link
+            found.update(self._local.links())
             links = self._links = MappingProxyType(found)
         return links
 
@@ -311,15 +319,18 @@ class NodeHub(AsyncService):
         sessions in use (an older instance's heartbeats count for nothing)."""
         return _LoadView(self)
 
-    def run(self, request: RunRequest) -> RunStream:
-        """The run's stream; the request goes to the node when the stream is entered/iterated."""
+    def run(self, request: RunRequest) -> RunStream | LocalRun:
+        """The run's stream; the request goes to the node when the stream is entered/iterated
+        (or to the router of a node placed on this Edge)."""
+        if not self._stopping and (local := self._local.run(request)) is not None:
+            return local
         return RunStream(request, self.stream_buffer_bytes, self._start_run)
 
     def nodes(self) -> Mapping[str, NodeStatus]:
         superseded: dict[str, list[InstanceDrain]] = {}
         for older in self._superseded:
             superseded.setdefault(older.node_id, []).append(older.instance_drain())
-        return {
+        return self._local.nodes() | {
             node_id: NodeStatus(
                 node_id,
                 s.alias,
@@ -361,6 +372,7 @@ class NodeHub(AsyncService):
         number = self._snapshot.generation + 1 if generation is None else generation
         snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
+        local = self._apply_local(snapshot) if self._server is not None else {}
         waits: dict[str, asyncio.Future[ConfigAck]] = {}
         loop = asyncio.get_running_loop()
         for node_id, session in self._sessions.items():
@@ -376,7 +388,7 @@ class NodeHub(AsyncService):
             session.writer_put(_refresh(session))
             waits[node_id] = future
         self._changed()
-        results: dict[str, ConfigAck | None] = dict.fromkeys(waits)
+        results: dict[str, ConfigAck | None] = {**local, **dict.fromkeys(waits)}
         if waits:
             await asyncio.wait(waits.values(), timeout=ack_timeout)
             for node_id, future in waits.items():
@@ -413,6 +425,7 @@ class NodeHub(AsyncService):
         beat = pb.Heartbeat(sent_at=time.time())
         now = asyncio.get_running_loop().time()
         stall_timeout = self._snapshot.config.openai.stream_stall_timeout_ms / 1000
+        self.streams_stalled += self._local.tick(now, stall_timeout)
         for session in list(self._every_session()):
             session.writer_put(beat)
             if session.paused:
@@ -440,6 +453,19 @@ class NodeHub(AsyncService):
                 callback()
             except Exception:
                 logger.exception("node hub listener %r failed", callback)
+
+    def _apply_local(self, snapshot: HubSnapshot) -> dict[str, ConfigAck]:
+        """Give the nodes placed on this Edge their payloads (their acks, at once)."""
+        placed = {node.id for node in snapshot.config.nodes if node.on_edge}
+        if not placed and not self._local.node_ids:
+            return {}
+        payloads = {n: p for n, p in snapshot.payloads.items() if n in placed}
+        return self._local.apply(payloads, snapshot.digests, snapshot.generation)
+
+    def set_edge_replicas(self, replicas: int) -> None:
+        """How many Edge replicas share the nodes placed on the Edge (their capacity)."""
+        if self._local.set_replicas(replicas):
+            self._changed()
 
     def _start_run(self, stream: RunStream) -> None:
         request = stream.request
@@ -658,6 +684,9 @@ class _LoadView(Mapping[str, ProviderLoad]):
 
     def __getitem__(self, provider_id: str) -> ProviderLoad:
         hub = self._hub
+        local = hub._local.loads.get(provider_id)
+        if local is not None:
+            return local
         node_id = hub._snapshot.provider_nodes.get(provider_id)
         session = hub._sessions.get(node_id) if node_id is not None else None
         if session is None:
@@ -665,11 +694,13 @@ class _LoadView(Mapping[str, ProviderLoad]):
         return session.loads[provider_id]
 
     def __iter__(self) -> Iterator[str]:
+        yield from list(self._hub._local.loads)
         for session in list(self._hub._sessions.values()):
             yield from session.loads
 
     def __len__(self) -> int:
-        return sum(len(session.loads) for session in self._hub._sessions.values())
+        sessions = self._hub._sessions.values()
+        return len(self._hub._local.loads) + sum(len(session.loads) for session in sessions)
 
 
 def _refresh(session: NodeSession) -> pb.NodeConfigRefreshRequest:

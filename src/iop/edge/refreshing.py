@@ -248,7 +248,7 @@ class Refresher:
                 previous_generation=current.generation,
                 **context,
             )
-        snapshot = PoolSnapshot.build(config, current.generation + 1)
+        snapshot = PoolSnapshot.build(config, current.generation + 1, current.edge_replicas)
         # The dispatcher's swap and the hub's (at the start of swap_config, before its first
         # await) happen in this same turn of the loop.
         self._dispatcher.swap(snapshot)

@@ -26,6 +26,7 @@ from iop.edgeconfig import (
     GenerationPolicy,
     RetrySection,
     config_hash,
+    edge_share,
 )
 
 __all__ = ["Candidate", "ModelRoute", "PoolSnapshot", "ProviderLimits"]
@@ -106,17 +107,26 @@ class PoolSnapshot:
     principal_weights: Mapping[str, int]
     #: Retries before the first byte and their budget (`openai.retries`).
     retries: RetrySection
+    #: The Edge replicas sharing the capacity of the nodes placed on the Edge (1: alone).
+    edge_replicas: int = 1
 
     @classmethod
-    def build(cls, config: EdgeConfig, generation: int = 1) -> PoolSnapshot:
-        """The snapshot of a validated config."""
+    def build(cls, config: EdgeConfig, generation: int = 1, edge_replicas: int = 1) -> PoolSnapshot:
+        """The snapshot of a validated config; a provider of a node placed on the Edge gets
+        this replica's share of its capacity (`edge_share`) among `edge_replicas`."""
         providers = {
             spec.id: ProviderLimits(
                 id=spec.id,
                 node_id=node.id,
                 enabled=spec.enabled,
-                capacity=spec.capacity,
-                long_context_slots=spec.long_context_slots,
+                capacity=(
+                    edge_share(spec.capacity, edge_replicas) if node.on_edge else spec.capacity
+                ),
+                long_context_slots=(
+                    edge_share(spec.long_context_slots, edge_replicas)
+                    if node.on_edge and spec.long_context_slots is not None
+                    else spec.long_context_slots
+                ),
                 priority=spec.priority,
                 max_queue=spec.max_queue,
                 queue_timeout_ms=spec.queue_timeout_ms,
@@ -168,7 +178,12 @@ class PoolSnapshot:
             ),
             principal_weights=MappingProxyType(dict(config.openai.principal_weights)),
             retries=config.openai.retries,
+            edge_replicas=edge_replicas,
         )
+
+    def with_edge_replicas(self, edge_replicas: int) -> PoolSnapshot:
+        """The same config and generation with the capacity shared among `edge_replicas`."""
+        return PoolSnapshot.build(self.config, self.generation, edge_replicas)
 
 
 def _fallback_order(direct: Mapping[str, list[str]], model_id: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ all build on it.
 from .classifying import classify
 from .configs import (
     ANONYMOUS_PRINCIPAL,
+    EDGE_PLACEMENT,
     EVERY_PRINCIPAL,
     A2ASection,
     AdminSection,
@@ -23,6 +24,7 @@ from .configs import (
     MetricsSection,
     ModelSpec,
     NodeLinkSection,
+    NodePlacement,
     NodeRuntime,
     NodeSpec,
     OpenAIAdapterSettings,
@@ -40,7 +42,7 @@ from .configs import (
 )
 from .errors import ConfigError, Problem
 from .loading import load_data, load_file, load_text, parse_yaml
-from .payloads import NodePayload, ProviderPayload, node_payload, node_payloads
+from .payloads import NodePayload, ProviderPayload, edge_share, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath
 from .secrets import is_secret_field
 from .tokens import TokenRef, require_token_hashes, token_refs, token_sha256, with_token_hashes
@@ -48,6 +50,7 @@ from .trees import config_hash
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
+    "EDGE_PLACEMENT",
     "EVERY_PRINCIPAL",
     "A2ASection",
     "AdminSection",
@@ -67,6 +70,7 @@ __all__ = [
     "ModelSpec",
     "NodeLinkSection",
     "NodePayload",
+    "NodePlacement",
     "NodeRuntime",
     "NodeSpec",
     "OpenAIAdapterSettings",
@@ -85,6 +89,7 @@ __all__ = [
     "camel_path",
     "classify",
     "config_hash",
+    "edge_share",
     "is_loopback_listener",
     "is_secret_field",
     "load_data",

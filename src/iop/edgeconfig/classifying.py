@@ -4,6 +4,7 @@ The rule for each field is the `x-iop-apply` marker on it in `configs.py` (the n
 the path wins); a path without one is restart-required for the Edge (fail safe). Lists of items
 with ids are compared by id, so reordering is no change; an item added or removed takes the
 marker of its list: a node is an Edge restart, a provider its node's restart, a model is live.
+A node's restart is the Edge's when the node is placed on the Edge (`placement: edge`).
 Lists of names are compared as sets, except those marked ordered (`models[].fallbacks`).
 """
 
@@ -50,12 +51,17 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> ChangeReport:
     nodes: set[str] = set()
     providers: set[str] = set()
     models: set[str] = set()
+    # A node placed on the Edge has no workload of its own: the Edge is its workload.
+    on_edge = {node.id for node in (*old.nodes, *new.nodes) if node.on_edge}
     for change in changes:
         if change.apply == LIVE:
             live.add(change.path)
         else:
+            node_id = change.node
             scope = (
-                f"node:{change.node}" if change.apply == RESTART_NODE and change.node else "edge"
+                f"node:{node_id}"
+                if change.apply == RESTART_NODE and node_id and node_id not in on_edge
+                else "edge"
             )
             restart.add(RestartPath(change.path, scope))
         for bucket, key in (

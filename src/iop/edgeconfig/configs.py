@@ -24,6 +24,7 @@ from iop.aiokits.listening import split_listener
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
     "APPLY_KEY",
+    "EDGE_PLACEMENT",
     "EVERY_PRINCIPAL",
     "A2ASection",
     "AdminSection",
@@ -40,6 +41,7 @@ __all__ = [
     "MetricsSection",
     "ModelSpec",
     "NodeLinkSection",
+    "NodePlacement",
     "NodeRuntime",
     "NodeSpec",
     "OpenAIAdapterSettings",
@@ -851,6 +853,9 @@ class GenerationPolicy(Spec):
 
 #: How a model picks among its best free providers (docs/edge.md, "Choosing among equals").
 DispatchPolicyName = Literal["round_robin", "least_load", "prefix_affinity"]
+#: Where a node's providers run: in a Node agent (`node`) or inside every Edge replica (`edge`).
+NodePlacement = Literal["node", "edge"]
+EDGE_PLACEMENT: Final = "edge"
 
 
 class DispatchSettings(Spec):
@@ -1133,11 +1138,22 @@ class NodeSpec(Spec):
     alias: Annotated[
         str | None, restart_edge("A human-readable name for the node, shown in status.")
     ] = None
+    placement: Annotated[
+        NodePlacement,
+        restart_edge(
+            "Where this node's providers run. node: in a Node agent that dials the Edges (a "
+            "GPU host, a cluster the Edge cannot reach, behind NAT). edge: inside every Edge "
+            "replica, with no Node process and no gRPC hop (the upstream must be reachable "
+            "from the Edge pods); each replica takes an equal share of each provider's "
+            "capacity (docs/edge.md, Edge-placed nodes). An edge node has no token."
+        ),
+    ] = "node"
     token_hash_sha256: Annotated[
         Sha256Hex | None,
         restart_edge(
             "SHA-256 (64 lowercase hex) of the token this node authenticates with; never the "
-            "token itself. Exactly one of token_hash_sha256 and token_secret."
+            "token itself. Exactly one of token_hash_sha256 and token_secret (none for "
+            "placement edge)."
         ),
     ] = None
     token_secret: Annotated[
@@ -1157,8 +1173,20 @@ class NodeSpec(Spec):
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        _one_token_source("a node", self.token_hash_sha256, self.token_secret)
+        if self.placement == EDGE_PLACEMENT:
+            if self.token_hash_sha256 is not None or self.token_secret is not None:
+                raise ValueError(
+                    "a node with placement edge runs inside the Edge and dials nothing: "
+                    "remove its token_hash_sha256 / token_secret"
+                )
+        else:
+            _one_token_source("a node", self.token_hash_sha256, self.token_secret)
         return self
+
+    @property
+    def on_edge(self) -> bool:
+        """Its providers run inside the Edge (`placement: edge`)."""
+        return self.placement == EDGE_PLACEMENT
 
 
 class EdgeConfig(Spec):

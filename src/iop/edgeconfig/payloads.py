@@ -22,7 +22,7 @@ from pydantic import BaseModel, field_validator
 from .configs import AdapterSettings, EdgeConfig, HealthPolicy, NodeSpec, ProviderSpec
 from .trees import to_tree
 
-__all__ = ["NodePayload", "ProviderPayload", "node_payload", "node_payloads"]
+__all__ = ["NodePayload", "ProviderPayload", "edge_share", "node_payload", "node_payloads"]
 
 _DEFAULT_HEALTH = HealthPolicy()
 
@@ -111,3 +111,12 @@ def node_payload(config: EdgeConfig, node_id: str) -> NodePayload | None:
 def node_payloads(config: EdgeConfig) -> dict[str, NodePayload]:
     """node id -> what that Node receives, for every node of `config`."""
     return {node.id: NodePayload.of(node) for node in config.nodes}
+
+
+def edge_share(value: int, replicas: int) -> int:
+    """A provider's `capacity` (or `long_context_slots`) for one of `replicas` Edges sharing a
+    node placed on the Edge: the floor of the equal share, at least 1 (0 stays 0), so together
+    they never pass `value` unless there are more replicas than `value`."""
+    if value <= 0:
+        return 0
+    return max(1, value // max(1, replicas))

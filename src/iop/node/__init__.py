@@ -1,32 +1,20 @@
 """The Node agent: dials Edges, runs requests through adapters, swaps registries with drain.
 
-`NodeAgent` is the whole agent (what `iop node run` starts); `Router` holds the adapter registry
-and enforces capacity across every Edge; `EdgeConnection` keeps one Edge's stream up; the
-adapters (`openai`, `fake`) are in `iop.node.adapters`.
+`NodeAgent` is the whole agent (what `iop node run` starts): one `iop.providers.Router` (the
+adapter registry, capacity across every Edge, health) shared by an `EdgeConnection` per Edge,
+which keeps that Edge's stream up.
 """
 
-from .adapters import Adapter, AdapterError, FakeAdapter, OpenAIAdapter, build_adapter
 from .agents import NodeAgent
 from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
 from .healthserving import HealthServer
-from .routing import DrainReport, Provision, Registry, Router, RunGate
 
 __all__ = [
-    "Adapter",
-    "AdapterError",
     "Backoff",
-    "DrainReport",
     "EdgeConnection",
-    "FakeAdapter",
     "HealthServer",
     "NodeAgent",
     "NodeIdentity",
-    "OpenAIAdapter",
     "PayloadArbiter",
-    "Provision",
-    "Registry",
-    "Router",
-    "RunGate",
-    "build_adapter",
 ]

@@ -30,12 +30,12 @@ from collections.abc import Sequence
 
 from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
 from iop.edgeconfig import split_listener
+from iop.providers import Router
 from iop.wire import DEFAULT_LIVENESS, ClientTls, Liveness
 
 from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
 from .resolving import Resolve, ResolvePacing, resolve_service
-from .routing import Router
 
 __all__ = ["NodeAgent"]
 

@@ -22,8 +22,7 @@ import logging
 from collections import Counter
 
 from iop.edgeconfig import NodePayload
-
-from .routing import Router
+from iop.providers import Router
 
 __all__ = ["PayloadArbiter"]
 

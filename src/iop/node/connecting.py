@@ -39,6 +39,7 @@ import grpc
 import grpc.aio
 
 from iop.aiokits import guarded_task, stop_tasks
+from iop.providers import FIRST_BYTE_TIMEOUT, Router, RunGate
 from iop.wire import (
     DEFAULT_LIVENESS,
     PROTOCOL_VERSION,
@@ -69,7 +70,6 @@ from iop.wire.nodestates import DRAINING
 from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
 
 from .arbitrating import PayloadArbiter
-from .routing import FIRST_BYTE_TIMEOUT, Router, RunGate
 
 __all__ = ["Backoff", "EdgeConnection", "LinkDown", "NodeIdentity"]
 

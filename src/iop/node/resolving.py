@@ -20,11 +20,10 @@ The agent also looks at once when a link drops or a dial fails, never more often
 
 from __future__ import annotations
 
-import asyncio
-import socket
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
+
+from iop.aiokits import Resolve, resolve_service
 
 __all__ = ["FAST_RESOLVE_FOR_S", "FAST_RESOLVE_S", "Resolve", "ResolvePacing", "resolve_service"]
 
@@ -32,22 +31,6 @@ __all__ = ["FAST_RESOLVE_FOR_S", "FAST_RESOLVE_S", "Resolve", "ResolvePacing", "
 FAST_RESOLVE_S: Final = 1.0
 #: Seconds the fast pace lasts after a lost link, at most.
 FAST_RESOLVE_FOR_S: Final = 60.0
-
-#: `await resolve(host, port)`: the addresses (`ip:port`, `[ip6]:port`) a name lists now;
-#: raises OSError when the name does not resolve. The Node's seam for its lookups.
-Resolve = Callable[[str, int], Awaitable[list[str]]]
-
-
-async def resolve_service(host: str, port: int) -> list[str]:
-    """The addresses `host` resolves to (the system's resolver: cluster DNS in a pod)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    found: list[str] = []
-    for family, _, _, _, sockaddr in infos:
-        ip = str(sockaddr[0])
-        address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
-        if address not in found:
-            found.append(address)
-    return found
 
 
 @dataclass(slots=True)

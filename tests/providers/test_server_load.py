@@ -12,8 +12,8 @@ import pytest
 
 from iop.edgeconfig import node_payloads
 from iop.fakes import FakeUpstream, FakeUpstreamSettings, GpuSettings
-from iop.node import Router
-from iop.node.probing import Prober, ProbeTarget, metrics_url, read_server_load
+from iop.providers import Router
+from iop.providers.probing import Prober, ProbeTarget, metrics_url, read_server_load
 from iop.wire.nodestates import ServerLoad
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

@@ -38,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -527,6 +527,41 @@ class Router:
         if self.draining or provision.retired:
             self._report_drain()
 
+    async def run_events(
+        self, request: RunRequest, provision: Provision
+    ) -> AsyncGenerator[RunEvent, None]:
+        """An admitted run's events, pulled one by one: the run ends after its terminal event
+        (`RunDone` or `RunFailed`), which counts toward its provider's health, and releases its
+        slot when the generator ends, however it ends: the caller must close it (`aclose`) if
+        it stops early, which aborts the adapter's work at once."""
+        adapter = provision.adapter
+        assert adapter is not None
+        try:
+            events = adapter.run(request)
+            try:
+                async for event in events:
+                    if isinstance(event, TERMINAL_EVENTS):
+                        self._judge_run(request, provision, event)
+                        yield event
+                        return
+                    yield event
+            finally:
+                await events.aclose()
+            failure = statuses.failure(
+                statuses.INTERNAL_ERROR, "the adapter ended without a result"
+            )
+        except Exception as exc:
+            logger.exception("run %s on %s failed", request.run_id, request.provider_id)
+            failure = statuses.failure(statuses.INTERNAL_ERROR, f"the adapter failed: {exc!r}")
+        finally:
+            self.release(request, provision)
+        yield failure
+
+    def judge_late(self, request: RunRequest, provision: Provision) -> None:
+        """Count a run its Edge cancelled for want of a first byte against its provider."""
+        late = "the Edge cancelled the run: no first byte within the model's deadline"
+        self._judge_run(request, provision, statuses.failure(statuses.UPSTREAM_TIMEOUT, late))
+
     async def execute(
         self,
         request: RunRequest,
@@ -542,38 +577,19 @@ class Router:
         event is pulled from the adapter only then. Cancellation (the Edge's Cancel, a lost
         connection) aborts the adapter's work at once and emits nothing more.
         """
-        adapter = provision.adapter
-        assert adapter is not None
-        terminal = False
+        events = self.run_events(request, provision)
         try:
-            events = adapter.run(request)
-            try:
-                async for event in events:
-                    emit(event)
-                    if isinstance(event, TERMINAL_EVENTS):
-                        terminal = True
-                        self._judge_run(request, provision, event)
-                        break
-                    if gate is not None and gate.paused:
-                        await gate.wait_open()
-                    if room is not None and (wait := room()) is not None:
-                        await wait
-            finally:
-                await events.aclose()
-            if not terminal:
-                emit(
-                    statuses.failure(statuses.INTERNAL_ERROR, "the adapter ended without a result")
-                )
+            async for event in events:
+                emit(event)
+                if isinstance(event, TERMINAL_EVENTS):
+                    return
+                if gate is not None and gate.paused:
+                    await gate.wait_open()
+                if room is not None and (wait := room()) is not None:
+                    await wait
         except asyncio.CancelledError as cancelled:
-            if not terminal and cancelled.args == (FIRST_BYTE_TIMEOUT,):
-                late = "the Edge cancelled the run: no first byte within the model's deadline"
-                self._judge_run(
-                    request, provision, statuses.failure(statuses.UPSTREAM_TIMEOUT, late)
-                )
+            if cancelled.args == (FIRST_BYTE_TIMEOUT,):
+                self.judge_late(request, provision)
             raise
-        except Exception as exc:
-            logger.exception("run %s on %s failed", request.run_id, request.provider_id)
-            if not terminal:
-                emit(statuses.failure(statuses.INTERNAL_ERROR, f"the adapter failed: {exc!r}"))
         finally:
-            self.release(request, provision)
+            await events.aclose()

@@ -15,7 +15,7 @@ import pytest
 
 from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings
 from iop.fakes import FakeUpstream, tokens
-from iop.node import FakeAdapter, OpenAIAdapter
+from iop.providers import FakeAdapter, OpenAIAdapter
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

@@ -13,8 +13,8 @@ import pytest
 
 from iop.edgeconfig import node_payloads
 from iop.fakes import FakeUpstream, FakeUpstreamSettings
-from iop.node import Router
-from iop.node.probing import Prober, ProbeTarget, probe_url
+from iop.providers import Router
+from iop.providers.probing import Prober, ProbeTarget, probe_url
 from iop.wire import ProviderHealth, RunEvent, RunFailed, RunRequest, nodestates
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from iop.edgeconfig import node_payloads
-from iop.node import Router
+from iop.providers import Router
 from iop.wire import DrainProgress, RunDone, RunEvent, RunFailed, RunRequest
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -61,7 +61,7 @@ def start(router: Router, *runs: RunRequest) -> list[asyncio.Task[None]]:
 async def test_a_swap_drain_counts_down_to_zero_as_its_last_run_ends(
     wire_config, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="iop.node.routing")
+    caplog.set_level(logging.INFO, logger="iop.providers.routing")
     router = Router(drain_timeout=30)
     router.apply(payload(wire_config, SLOW))
     old = router.registry.provisions["p1"]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iop.edgeconfig import HealthPolicy
-from iop.node.healthstates import HealthState
+from iop.providers.healthstates import HealthState
 from iop.wire import RunDone, RunFailed, nodestates, statuses
 
 POLICY = HealthPolicy(failure_threshold=3, success_threshold=2, request_failure_threshold=4)

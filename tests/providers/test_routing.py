@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from iop.edgeconfig import node_payloads
-from iop.node import Router
+from iop.providers import Router
 from iop.wire import RunDone, RunEvent, RunFailed, RunRequest, statuses
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
