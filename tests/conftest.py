@@ -197,6 +197,7 @@ def build_document(
     generation: Mapping[str, Mapping[str, Any]] | None = None,
     edge: Mapping[str, Any] | None = None,
     dispatch: Mapping[str, Mapping[str, Any]] | None = None,
+    placement: str = "node",
 ) -> dict[str, Any]:
     """The one config builder of the tests: a valid document with one node holding `providers`.
 
@@ -204,7 +205,8 @@ def build_document(
     ids, each serving its first served model (default: one model "m" over every provider).
     Listeners are on loopback port 0; the clients of `CLIENT_TOKENS` are known; the Node link
     is mutual TLS with `TEST_TLS`. `edge` adds to (or overrides) the `edge` section;
-    `generation` and `dispatch` give models their sections, by model id.
+    `generation` and `dispatch` give models their sections, by model id. `placement="edge"`
+    places the node on the Edge (no token: no Node process serves it).
     """
     models = models if models is not None else {"m": [p["id"] for p in providers]}
     served = {p["id"]: p["served_models"][0] for p in providers}
@@ -239,7 +241,15 @@ def build_document(
             for model_id, pids in models.items()
         ],
         "nodes": [
-            {"id": node_id, "token_hash_sha256": token_sha256(token), "providers": providers}
+            {
+                "id": node_id,
+                **(
+                    {"placement": "edge"}
+                    if placement == "edge"
+                    else {"token_hash_sha256": token_sha256(token)}
+                ),
+                "providers": providers,
+            }
         ],
     }
 

@@ -128,8 +128,9 @@ async def test_a_normal_request_is_served_while_eight_non_reading_clients_hold_a
                 writer.close()
 
 
+@pytest.mark.parametrize("placement", ["node", "edge"])
 async def test_a_stalled_stream_frees_its_slot_and_its_client_gets_its_bytes_then_an_error(
-    document_of, kit, start_edge, start_node, until
+    placement, document_of, kit, start_edge, start_node, until
 ) -> None:
     stall_s = 1.5
     # A model fast enough to fill every buffer in a moment (5,000 tokens a second); one that
@@ -139,9 +140,11 @@ async def test_a_stalled_stream_frees_its_slot_and_its_client_gets_its_bytes_the
         [{"id": "p1", "adapter": model, "served_models": ["served"], "capacity": 2}],
         openai={"stream_stall_timeout_ms": round(stall_s * 1000)},
         edge={"admin": {"listen": "127.0.0.1:0"}},
+        placement=placement,
     )
     edge = await start_edge(add_other_principal(document))
-    await start_node(edge.hub)
+    if placement == "node":
+        await start_node(edge.hub)
     await until(lambda: edge.dispatcher.available == {"p1"})
     holders: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     stopping = asyncio.Event()

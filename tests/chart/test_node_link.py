@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from iop.cli import build_parser
 from iop.edgeconfig.loading import load_data
+from tests.chart.conftest import CHART
 
 if TYPE_CHECKING:
     from tests.chart.conftest import ChartTools
@@ -180,3 +182,36 @@ def test_a_half_made_tls_setting_fails_with_what_is_missing(
     with pytest.raises(AssertionError) as failure:  # conftest's RenderFailed
         chart_tools.template(values=values)
     assert says in str(failure.value)
+
+
+def test_a_node_placed_on_the_edge_has_no_token_nor_workload_and_the_edges_count_each_other(
+    chart_tools: ChartTools,
+) -> None:
+    local = {
+        "id": "local-1",
+        "placement": "edge",
+        "providers": [
+            {
+                "id": "vllm-local",
+                "adapter": {"type": "openai", "baseUrl": "http://vllm.models:8000/v1"},
+                "servedModels": ["echo"],
+                "capacity": 64,
+            }
+        ],
+    }
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["edgeConfig"]["spec"]
+    values = {"edgeConfig": {"spec": {"nodes": [*defaults["nodes"], local]}}}
+    documents = chart_tools.documents(values=values)
+    (rendered,) = [d["spec"] for d in documents if d["kind"] == "EdgeConfig"]
+    node = {n.id: n for n in load_data(rendered).nodes}["local-1"]
+    assert node.on_edge and node.token_secret is None and node.token_hash_sha256 is None
+    assert "iop-iop-edge-node-local-1" not in by_kind(documents, "Deployment")
+    args = parsed_args(workload(documents, "iop-iop-edge-edge"))
+    (hub,) = [
+        s for s in by_kind(documents, "Service").values() if s["spec"].get("clusterIP") == "None"
+    ]
+    assert args.peers_service == f"{hub['metadata']['name']}:{hub['spec']['ports'][0]['port']}"
+
+    with pytest.raises(AssertionError) as failure:  # conftest's RenderFailed
+        chart_tools.template(values={**values, "nodes": [{"id": "node-1"}, {"id": "local-1"}]})
+    assert "nodes[1]: node local-1 is placed on the Edge" in str(failure.value)

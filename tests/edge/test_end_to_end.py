@@ -1,5 +1,9 @@
 """The product's request path with real processes: `iop edge run`, `iop node run` and
-`iop fake-upstream`, driven by the official `openai` client over real sockets."""
+`iop fake-upstream`, driven by the official `openai` client over real sockets.
+
+Every test runs twice: with the providers in a Node (`placement: node`, the Edge's runs cross
+the gRPC link) and placed on the Edge (`placement: edge`, no Node process: the Edge runs them
+itself); the client cannot tell the two apart."""
 
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ class Stack:
     metrics_url: str
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["node", "edge"])
+async def stack(request, tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
+    placement: str = request.param
     folder: Path = tmp_path_factory.mktemp("e2e")
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
@@ -68,7 +73,11 @@ async def stack(tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
             "nodes": [
                 {
                     "id": "node-1",
-                    "token_hash_sha256": token_sha256(NODE_TOKEN),
+                    **(
+                        {"placement": "edge"}
+                        if placement == "edge"
+                        else {"token_hash_sha256": token_sha256(NODE_TOKEN)}
+                    ),
                     "providers": [
                         {
                             "id": "up-a",
@@ -97,7 +106,8 @@ async def stack(tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
         (folder / "node.token").write_text(NODE_TOKEN)
 
         _, started = await iop_processes.edge(stack, folder / "edge.yaml")
-        await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
+        if placement == "node":
+            await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
         await iop_processes.wait_available(started["url"], ["builtin", "up-a", "up-b"])
         yield Stack(started["url"], upstream.base_url, started["metrics_url"])
 

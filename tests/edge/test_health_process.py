@@ -2,6 +2,7 @@
 model. One upstream is killed: its provider leaves dispatch (the Node's probes and its failing
 requests say so), traffic moves to the other, and `/readyz`, `/metrics` and the admin API's
 `GET /status` say why. The upstream comes back on its port: the provider returns to dispatch.
+The same holds with the node placed on the Edge (its probes run in the Edge).
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ def provider(pid: str, upstream: Upstream) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("placement", ["node", "edge"])
 async def test_traffic_leaves_a_dead_upstream_and_returns_when_it_is_back(
-    document_of, iop_processes, node_token, tokens, until, tmp_path: Path
+    placement, document_of, iop_processes, node_token, tokens, until, tmp_path: Path
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         up_a = await stack.enter_async_context(fake_upstream())
@@ -99,12 +101,14 @@ async def test_traffic_leaves_a_dead_upstream_and_returns_when_it_is_back(
         document = document_of(
             [provider("pa", up_a), provider("pb", up_b)],
             edge={"admin": {"listen": "127.0.0.1:0"}, "metrics": {"listen": "127.0.0.1:0"}},
+            placement=placement,
         )
         config = tmp_path / "edge.yaml"
         config.write_text(yaml.safe_dump(document))
         (tmp_path / "node.token").write_text(node_token)
         _, started = await iop_processes.edge(stack, config)
-        await iop_processes.node(stack, started["hub_port"], "node-1", tmp_path / "node.token")
+        if placement == "node":
+            await iop_processes.node(stack, started["hub_port"], "node-1", tmp_path / "node.token")
         await iop_processes.wait_available(started["url"], ["pa", "pb"])
         auth = {"authorization": f"Bearer {tokens['search-chat']}"}
         http = await stack.enter_async_context(

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
-from iop.aiokits import AsyncService, bind_listener
+from iop.aiokits import AsyncService, Resolve, bind_listener, resolve_service
 from iop.edgeconfig import EdgeConfig, split_listener
 
 from .admin import AdminApp, AdminAuth
@@ -72,6 +72,7 @@ class EdgeServer(AsyncService):
         ack_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         peers_service: str | None = None,
+        resolve: Resolve = resolve_service,
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
@@ -96,7 +97,11 @@ class EdgeServer(AsyncService):
         self.admin_port: int | None = None
         self._metrics_listen = metrics_listen or None
         #: The Edge replicas, counted for the nodes placed on the Edge (`peering.py`).
-        self._peers = PeerCount(peers_service, self._replicas_changed) if peers_service else None
+        self._peers = (
+            PeerCount(peers_service, self._replicas_changed, resolve=resolve)
+            if peers_service
+            else None
+        )
         self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
         authenticator = Authenticator(config.openai)

@@ -42,13 +42,13 @@ class PeerCount(AsyncService):
         service: str,
         on_change: Callable[[int], None],
         *,
-        interval: float = PEER_LOOKUP_S,
+        interval: float | None = None,
         resolve: Resolve = resolve_service,
     ) -> None:
         self._host, self._port = split_listener(service)
         self._service = service
         self._on_change = on_change
-        self._interval = interval
+        self._interval = PEER_LOOKUP_S if interval is None else interval
         self._resolve = resolve
         self._task: asyncio.Task[None] | None = None
         self._failures = LogThrottle(logger, interval=60.0)

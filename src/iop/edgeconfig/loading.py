@@ -303,6 +303,8 @@ def _translate(error: ErrorDetails) -> Problem:
             message = _hash_message(value)
         else:
             message += got
+    elif kind == "literal_error" and ctx.get("expected"):
+        message = f"must be {ctx['expected']}{got}"
     elif kind in _TYPE_WORDS:
         message = f"must be {_TYPE_WORDS[kind]}{got}"
     elif kind == "too_short":

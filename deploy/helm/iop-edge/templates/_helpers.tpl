@@ -234,7 +234,7 @@ anything into the Edge.
 {{- $nodes := list }}
 {{- range ($spec.nodes | default list) }}
 {{- $node := omit . "tokenSecret" }}
-{{- if not .tokenHashSha256 }}
+{{- if and (not .tokenHashSha256) (ne (.placement | default "node") "edge") }}
 {{- $_ := set $node "tokenSecret" (include "iop-edge.node-token-ref" (list $root .) | fromJson) }}
 {{- end }}
 {{- $nodes = append $nodes $node }}
