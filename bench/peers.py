@@ -11,12 +11,9 @@ Paths, all in front of the same `iop fake-upstream` process:
   a principal token, metrics on, full dispatch), as deployed;
 - `litellm`: LiteLLM's proxy with the equivalent config (two deployments of one model, a master
   key, no database), one process, as `litellm --config` starts it;
-- `iop-local`: a prototype of "Edge-local providers" (docs/benchmarks.md, the data path's
-  candidate 2): one Edge process (this script, `--serve-local`) whose hub runs the Node's
-  `openai` adapter in its own process instead of sending runs to a Node (`LocalHub`): the
-  Edge's HTTP, auth, dispatch and metering, and the adapter's HTTP client, without the gRPC hop,
-  the Node process and its parse. It is a measurement, not the product: no health probes, no
-  capacity arbitration across replicas;
+- `iop-local`: `iop edge run` alone, the same config with the node placed on the Edge
+  (`placement: edge`): the Edge runs the providers itself (adapters, capacity, probes), with no
+  Node process and no gRPC hop;
 - `vllm-router`: the vLLM project's router (Rust, on PyPI as `vllm-router`) in front of the same
   upstream as two workers, round-robin. It checks no client key and maps no model names (a
   request names the upstream's model), so it does less per request than the two gateways.
@@ -58,7 +55,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import socket
@@ -68,22 +64,18 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import orjson
 import uvloop
 import yaml
 
 from bench import benchkit
 from bench.benchkit import CLIENT_TOKEN, MAX_TOKENS
-from iop.edge.hubs import ProviderLink, ProviderLoad
 from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-from iop.wire import RunDone, RunEvent, RunFailed, RunRequest
 
 #: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
 #: `litellm-proxy-extras` releases that are not published); docs/benchmarks.md's figures used
@@ -244,7 +236,7 @@ async def vllm_router(
         await terminate(process)
 
 
-def iop_config(upstream_url: str) -> dict[str, object]:
+def iop_config(upstream_url: str, placement: str = "node") -> dict[str, object]:
     def provider(pid: str) -> dict[str, object]:
         return {
             "id": pid,
@@ -270,7 +262,11 @@ def iop_config(upstream_url: str) -> dict[str, object]:
         "nodes": [
             {
                 "id": "node-1",
-                "token_hash_sha256": token_sha256(NODE_TOKEN),
+                **(
+                    {"placement": "edge"}
+                    if placement == "edge"
+                    else {"token_hash_sha256": token_sha256(NODE_TOKEN)}
+                ),
                 "providers": [provider("p-a"), provider("p-b")],
             }
         ],
@@ -294,145 +290,27 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def iop_stack(
-    upstream_url: str, folder: Path, env: dict[str, str] | None = None
+    upstream_url: str, folder: Path, env: dict[str, str] | None = None, placement: str = "node"
 ) -> AsyncIterator[Target]:
+    """An Edge and a Node, or (`placement="edge"`) an Edge alone running the providers."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
+    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url, placement)))
     (folder / "token").write_text(NODE_TOKEN)
     with environment(env or {}):
         edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
     node: asyncio.subprocess.Process | None = None
     try:
-        with environment(env or {}):
-            node = await spawn_node(started["hub_port"], "node-1", folder / "token")
+        if placement == "node":
+            with environment(env or {}):
+                node = await spawn_node(started["hub_port"], "node-1", folder / "token")
         url = str(started["url"])
         await wait_http(f"{url}/readyz", b'"providers_available":["p-a","p-b"]', 60, edge)
-        yield Target(url, CLIENT_TOKEN, MODEL, {"edge": edge.pid, "node": node.pid})
+        pids = {"edge": edge.pid, "node": node.pid} if node else {"edge-local": edge.pid}
+        yield Target(url, CLIENT_TOKEN, MODEL, pids)
     finally:
         if node is not None:
             await terminate(node)
         await terminate(edge)
-
-
-class _LocalStream:
-    """One run on an adapter in this process, pulled event by event by the Edge's relay."""
-
-    def __init__(self, adapter: Any, request: RunRequest) -> None:
-        self._events = adapter.run(request)
-        self._ended = False
-        self._on_end: list[Callable[[], object]] = []
-
-    async def __aenter__(self) -> _LocalStream:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._events.aclose()  # a run left early closes its upstream request
-        self._end()
-
-    def __aiter__(self) -> _LocalStream:
-        return self
-
-    async def __anext__(self) -> RunEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event: RunEvent = await anext(self._events)
-        if isinstance(event, RunDone | RunFailed):
-            self._end()
-        return event
-
-    def _end(self) -> None:
-        if not self._ended:
-            self._ended = True
-            for callback in self._on_end:
-                callback()
-
-    def on_end(self, callback: Callable[[], object]) -> None:
-        if self._ended:
-            callback()
-        else:
-            self._on_end.append(callback)
-
-    def take_ready(self) -> list[RunEvent]:
-        return []  # nothing waits: each event is pulled from the upstream when asked for
-
-    def cancel(self, *, first_byte_timeout: bool = False) -> None:
-        self._ended = True
-
-
-class LocalHub:
-    """The hub of `--serve-local`: every provider of the config runs in this process."""
-
-    def __init__(self, config: Any) -> None:
-        from iop.providers.adapters.openai_http import OpenAIAdapter
-
-        self._adapters = {
-            provider.id: OpenAIAdapter(provider.id, provider.adapter)
-            for node in config.nodes
-            for provider in node.providers
-        }
-        self._links = {pid: ProviderLink(pid, "local", healthy=True) for pid in self._adapters}
-
-    def connected_providers(self) -> Mapping[str, ProviderLink]:
-        return self._links
-
-    def provider_loads(self) -> Mapping[str, ProviderLoad]:
-        return {}  # no Node reports any: least_load counts this Edge's own runs
-
-    def add_listener(self, callback: Callable[[], None]) -> None:
-        return None
-
-    def run(self, request: RunRequest) -> _LocalStream:
-        return _LocalStream(self._adapters[request.provider_id], request)
-
-    async def start(self) -> int:
-        return 0
-
-    async def swap_config(self, config: Any, **_: Any) -> Mapping[str, Any]:
-        return {}
-
-    def nodes(self) -> Mapping[str, Any]:
-        return {}
-
-    def payload_digests(self) -> Mapping[str, str]:
-        return {}
-
-    async def stop(self, grace: float = 0.0) -> None:
-        for adapter in self._adapters.values():
-            await adapter.aclose()
-
-
-async def serve_local(config_path: str) -> None:
-    from iop.edge import EdgeServer
-    from iop.edgeconfig import load_file
-
-    config = load_file(config_path)
-    gc.freeze()  # as `iop edge run` does once it serves
-    async with EdgeServer(config, hub=LocalHub(config)) as edge:
-        print(orjson.dumps({"url": edge.url}).decode(), flush=True)
-        await asyncio.Event().wait()
-
-
-@contextlib.asynccontextmanager
-async def iop_local(upstream_url: str, folder: Path) -> AsyncIterator[Target]:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url)))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.peers",
-        "--serve-local",
-        str(folder / "edge.yaml"),
-        stdout=asyncio.subprocess.PIPE,
-        cwd=benchkit.REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert process.stdout is not None
-        url = str(orjson.loads(await asyncio.wait_for(process.stdout.readline(), 120))["url"])
-        await wait_http(f"{url}/readyz", b'"providers_available":["p-a","p-b"]', 60, process)
-        yield Target(url, CLIENT_TOKEN, MODEL, {"edge-local": process.pid})
-    finally:
-        await terminate(process)
 
 
 # -- the closed-loop client ------------------------------------------------------------------------
@@ -602,7 +480,7 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
                 )
         if "iop-local" in args.paths:
             targets["iop-local"] = await stack.enter_async_context(
-                iop_local(upstream.base_url, folder / "iop-local")
+                iop_stack(upstream.base_url, folder / "iop-local", placement="edge")
             )
         if litellm is not None:
             targets["litellm"] = await stack.enter_async_context(
@@ -731,7 +609,7 @@ COLOURS = {
 LABELS = {
     "direct": "direct (fake upstream)",
     "iop": "IOP Edge + Node",
-    "iop-local": "IOP Edge, local provider (prototype)",
+    "iop-local": "IOP Edge, node placed on the Edge",
     "litellm": "LiteLLM proxy",
     "vllm-router": "vLLM router (Rust)",
 }
@@ -835,11 +713,7 @@ def main() -> None:
         "--cache", type=Path, default=benchkit.default_cache("peers"), help="peer installs"
     )
     parser.add_argument("--charts", type=Path, metavar="DIR", help="draw PNG charts into DIR")
-    parser.add_argument("--serve-local", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_local:
-        uvloop.run(serve_local(args.serve_local))
-        return
     load = os.getloadavg()
     print(
         f"# bench/peers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "

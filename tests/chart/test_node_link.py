@@ -200,13 +200,23 @@ def test_a_node_placed_on_the_edge_has_no_token_nor_workload_and_the_edges_count
         ],
     }
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["edgeConfig"]["spec"]
-    values = {"edgeConfig": {"spec": {"nodes": [*defaults["nodes"], local]}}}
+    key = {"env": "VLLM_KEY", "secretName": "vllm-key", "secretKey": "key"}
+    local["providers"][0]["adapter"]["apiKeyEnv"] = "VLLM_KEY"
+    values = {
+        "edgeConfig": {"spec": {"nodes": [*defaults["nodes"], local]}},
+        "edge": {"apiKeys": [key]},
+    }
     documents = chart_tools.documents(values=values)
     (rendered,) = [d["spec"] for d in documents if d["kind"] == "EdgeConfig"]
     node = {n.id: n for n in load_data(rendered).nodes}["local-1"]
     assert node.on_edge and node.token_secret is None and node.token_hash_sha256 is None
     assert "iop-iop-edge-node-local-1" not in by_kind(documents, "Deployment")
-    args = parsed_args(workload(documents, "iop-iop-edge-edge"))
+    edge = workload(documents, "iop-iop-edge-edge")
+    (container,) = edge["containers"]
+    assert container["env"] == [
+        {"name": "VLLM_KEY", "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "key"}}}
+    ]
+    args = parsed_args(edge)
     (hub,) = [
         s for s in by_kind(documents, "Service").values() if s["spec"].get("clusterIP") == "None"
     ]

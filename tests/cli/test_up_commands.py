@@ -16,7 +16,7 @@ import orjson
 import yaml
 
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
-from iop.edgeconfig import OpenAIAdapterSettings, load_file, token_sha256
+from iop.edgeconfig import OpenAIAdapterSettings, load_data, load_file, token_sha256
 from iop.processes import iop_command, terminate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +70,17 @@ def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
     refs = [t.token_ref for t in config.openai.principal_tokens]
     assert refs == [*(t.token_ref for t in original.openai.principal_tokens), LOCAL_TOKEN_REF]
     assert config.openai.principal_tokens[-1].token_hash_sha256 == (token_sha256(local.api_key))
+
+
+def test_a_node_placed_on_the_edge_gets_no_token_and_no_node() -> None:
+    document = load_file(SAMPLE).model_dump(mode="json", exclude_none=True)
+    placed = document["nodes"][0]
+    placed.pop("token_hash_sha256", None)
+    placed["placement"] = "edge"
+    local = local_config(load_data(document), "http://127.0.0.1:9999/v1", port=8123)
+    assert placed["id"] not in local.node_tokens
+    assert set(local.node_tokens) == {n["id"] for n in document["nodes"][1:]}
+    assert local.config.nodes[0].on_edge and local.config.nodes[0].token_hash_sha256 is None
 
 
 async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:

@@ -41,7 +41,7 @@ class Peers:
 
 
 def placed_document(document_of: Any, upstream: Any, capacity: int) -> dict[str, Any]:
-    return document_of(
+    document: dict[str, Any] = document_of(
         [
             {
                 "id": "p1",
@@ -54,6 +54,7 @@ def placed_document(document_of: Any, upstream: Any, capacity: int) -> dict[str,
         edge={"admin": {"listen": "127.0.0.1:0"}},
         placement="edge",
     )
+    return document
 
 
 async def peak_of(edge: Any, upstream: Any, tokens: dict[str, str], requests: int) -> int:

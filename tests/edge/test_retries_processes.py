@@ -85,10 +85,12 @@ async def pool(
     retries: Mapping[str, Any] | None = None,
     adapters: Mapping[str, Mapping[str, Any]] | None = None,
     health: Mapping[str, Mapping[str, Any]] | None = None,
+    placement: str = "node",
 ) -> AsyncIterator[Pool]:
     """Fake upstreams (name -> their flags), nodes (node id -> provider id -> upstream name, each
     provider serving `<upstream>-served`; `adapters` adds settings to a provider's adapter,
-    `health` sets its health policy), an Edge over them, and the nodes connected."""
+    `health` sets its health policy), an Edge over them, and the nodes connected (or, with
+    `placement="edge"`, placed on the Edge: no Node process)."""
     async with contextlib.AsyncExitStack() as stack:
         owners = {name: stack.enter_context(_nested(stack)) for name in upstreams}
         started = {
@@ -118,7 +120,11 @@ async def pool(
             "nodes": [
                 {
                     "id": node_id,
-                    "token_hash_sha256": token_sha256(f"{node_id}-token"),
+                    **(
+                        {"placement": "edge"}
+                        if placement == "edge"
+                        else {"token_hash_sha256": token_sha256(f"{node_id}-token")}
+                    ),
                     "providers": [
                         {
                             "id": provider_id,
@@ -140,7 +146,7 @@ async def pool(
         (folder / "edge.yaml").write_text(yaml.safe_dump(config))
         _, edge = await iop_processes.edge(stack, folder / "edge.yaml")
         processes = {}
-        for node_id in nodes:
+        for node_id in nodes if placement == "node" else ():
             (folder / f"{node_id}.token").write_text(f"{node_id}-token")
             processes[node_id] = await iop_processes.node(
                 stack, edge["hub_port"], node_id, folder / f"{node_id}.token"
@@ -187,9 +193,18 @@ TWO_PROVIDERS = {"node-1": {"p-good": "good", "p-flaky": "flaky"}}
 MODEL_M = [{"id": "m", "providers": {"p-good": "good-served", "p-flaky": "flaky-served"}}]
 
 
-@pytest.mark.parametrize("mode", ["status", "drop", "drop-mid-stream"])
+@pytest.mark.parametrize(
+    ("mode", "placement"),
+    [
+        ("status", "node"),
+        ("drop", "node"),
+        ("drop-mid-stream", "node"),
+        ("drop", "edge"),
+        ("drop-mid-stream", "edge"),
+    ],
+)
 async def test_one_provider_failing_30_percent_costs_clients_no_error(
-    tmp_path, iop_processes, tls, mode
+    tmp_path, iop_processes, tls, mode, placement
 ) -> None:
     flaky = ["--fail-rate", "0.3", "--fail-mode", mode, "--seed", "15"]
     async with pool(
@@ -199,6 +214,7 @@ async def test_one_provider_failing_30_percent_costs_clients_no_error(
         upstreams={"good": [], "flaky": flaky},
         nodes=TWO_PROVIDERS,
         models=MODEL_M,
+        placement=placement,
     ) as stack:
         async with stack.client() as client:
             whole = await answers(client, "m", 150, stream=False)
@@ -236,8 +252,9 @@ async def test_one_provider_failing_30_percent_costs_clients_no_error(
         pytest.param([{**MODEL_M[0], "first_byte_timeout_ms": 300}], {}, id="edge-model"),
     ],
 )
+@pytest.mark.parametrize("placement", ["node", "edge"])
 async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
-    tmp_path, iop_processes, tls, until, models, adapters
+    placement, tmp_path, iop_processes, tls, until, models, adapters
 ) -> None:
     async with pool(
         tmp_path,
@@ -247,6 +264,7 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
         nodes=TWO_PROVIDERS,
         models=models,
         adapters=adapters,
+        placement=placement,
     ) as stack:
         async with stack.client() as client:
             whole = await answers(client, "m", 10, stream=False, concurrency=2)
@@ -264,13 +282,14 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
         await until(all_cancelled, timeout=5)
 
 
+@pytest.mark.parametrize("placement", ["node", "edge"])
 async def test_a_provider_too_slow_for_the_first_byte_deadline_leaves_dispatch(
-    tmp_path, iop_processes, tls, until
+    placement, tmp_path, iop_processes, tls, until
 ) -> None:
     """The Edge's cancels for a late first byte count on the Node as the provider's upstream
     timeouts: after `request_failure_threshold` of them in a row it is out of dispatch (the
     upstream's probes still pass: it answers /v1/models at once), and requests stop paying the
-    deadline."""
+    deadline. The same holds for a node placed on the Edge."""
     async with pool(
         tmp_path,
         iop_processes,
@@ -279,6 +298,7 @@ async def test_a_provider_too_slow_for_the_first_byte_deadline_leaves_dispatch(
         nodes=TWO_PROVIDERS,
         models=[{**MODEL_M[0], "first_byte_timeout_ms": 200}],
         health={"p-flaky": {"request_failure_threshold": 3}},
+        placement=placement,
     ) as stack:
         async with stack.client() as client, httpx.AsyncClient(base_url=stack.url) as http:
 

@@ -61,9 +61,13 @@ def test_what_restarts_a_node_placed_on_the_edge_restarts_the_edge(build: Any) -
     (restart,) = report.restart_required_paths
     assert restart == RestartPath("nodes[node-1].providers[vllm-a].adapter.base_url", "edge")
     assert report.live_paths == ("nodes[node-1].providers[vllm-a].capacity",)
+
     # The same change on a node in a Node agent restarts only that node.
-    report = classify(load_data(build()), load_data(build(lambda d: new_url(d) or None)))
-    assert report.restart_scopes == ("edge",)  # placement itself moved: the Edge restarts
+    def new_url_in_a_node(data: dict[str, Any]) -> None:
+        data["nodes"][0]["providers"][0]["adapter"]["base_url"] = "http://10.0.0.9:8000/v1"
+
+    report = classify(load_data(build()), load_data(build(new_url_in_a_node)))
+    assert report.restart_scopes == ("node:node-1",)
 
 
 def test_moving_a_node_onto_the_edge_restarts_the_edge(build: Any) -> None:

@@ -8,7 +8,8 @@ for the local stack only (the file itself is never changed):
   adapters stay as they are;
 - every listener moves to loopback: the OpenAI API on `--port` (default: a free port), the node
   hub, the admin API and the metrics on free ports;
-- each node gets a fresh random token (its hash replaces the configured one), and a fresh client
+- each node gets a fresh random token (its hash replaces the configured one; a node placed on
+  the Edge has none and no Node process: the Edge runs it), and a fresh client
   API key is added to `openai.principal_tokens` as token_ref `local-up` (principal `local`).
 
 Everything else (models, capacities, priorities, queues, generation policies) is the config's.
@@ -115,9 +116,10 @@ def local_config(
     node_tokens: dict[str, str] = {}
     kept = keep.node_tokens if keep is not None else {}
     for node in document["nodes"]:
-        token = kept.get(node["id"]) or secrets.token_urlsafe(24)
-        node_tokens[node["id"]] = token
-        node["token_hash_sha256"] = token_sha256(token)
+        if node.get("placement") != "edge":  # a node placed on the Edge runs in it: no Node
+            token = kept.get(node["id"]) or secrets.token_urlsafe(24)
+            node_tokens[node["id"]] = token
+            node["token_hash_sha256"] = token_sha256(token)
         for provider in node["providers"]:
             if provider["adapter"]["type"] == "openai":
                 provider["adapter"] = {"type": "openai", "base_url": upstream_url}
