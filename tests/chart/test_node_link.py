@@ -187,13 +187,17 @@ def test_a_half_made_tls_setting_fails_with_what_is_missing(
 def test_a_node_placed_on_the_edge_has_no_token_nor_workload_and_the_edges_count_each_other(
     chart_tools: ChartTools,
 ) -> None:
-    local = {
+    local: dict[str, Any] = {
         "id": "local-1",
         "placement": "edge",
         "providers": [
             {
                 "id": "vllm-local",
-                "adapter": {"type": "openai", "baseUrl": "http://vllm.models:8000/v1"},
+                "adapter": {
+                    "type": "openai",
+                    "baseUrl": "http://vllm.models:8000/v1",
+                    "apiKeyEnv": "VLLM_KEY",
+                },
                 "servedModels": ["echo"],
                 "capacity": 64,
             }
@@ -201,7 +205,6 @@ def test_a_node_placed_on_the_edge_has_no_token_nor_workload_and_the_edges_count
     }
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["edgeConfig"]["spec"]
     key = {"env": "VLLM_KEY", "secretName": "vllm-key", "secretKey": "key"}
-    local["providers"][0]["adapter"]["apiKeyEnv"] = "VLLM_KEY"
     values = {
         "edgeConfig": {"spec": {"nodes": [*defaults["nodes"], local]}},
         "edge": {"apiKeys": [key]},
