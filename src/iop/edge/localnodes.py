@@ -209,9 +209,6 @@ class LocalNodes:
         #: Runs not ended yet.
         self.runs: set[LocalRun] = set()
 
-    def __contains__(self, provider_id: object) -> bool:
-        return provider_id in self._provider_nodes
-
     @property
     def node_ids(self) -> Iterable[str]:
         return self._routers.keys()

@@ -1,15 +1,16 @@
 """The `openai` adapter: any OpenAI-compatible HTTP server (vLLM, Ollama, llama.cpp, TGI, OpenAI).
 
-One `aiohttp.ClientSession` per adapter, opened on its first run, over a keep-alive pool of at
-most `max_connections` connections. aiohttp rather than httpx: on this path the client's own
-cost per request is most of the Node's, and httpx's (httpcore's pool, its layers of async
-iterators) capped Edge -> Node -> upstream at a few hundred requests per second on two cores,
-a tenth of what the Edge and the wire carry; aiohttp's C-parsed client costs a fraction of it.
+One `UpstreamClient` (`upstreams.py`) per adapter, opened on its first run, over a keep-alive
+pool of at most `max_connections` connections. On this path the HTTP client's own cost per
+request is a large part of the whole: httpx's capped Edge -> Node -> upstream at a few hundred
+requests per second on two cores, and aiohttp's, a fraction of that, was still a third of the
+CPU of a request through an Edge that runs its providers; the adapter's one kind of exchange
+needs neither's generality (docs/benchmarks.md has the figures).
 
 Streaming runs read the upstream's SSE as it arrives, split it into events in one pass over each
 read, and forward each event's `data` JSON object as a `RunChunk`. The Node always asks a
 streaming upstream for usage (`stream_options.include_usage`) so the Edge can meter; it forwards
-the usage-only chunk, marked, only when the client asked for it. aiohttp's errors are
+the usage-only chunk, marked, only when the client asked for it. The client's errors are
 translated here, once (`_failure`), into `RunFailed`s: connection refused, timeouts, a dropped
 connection and every upstream error status get a code and a message that names what happened.
 Cancelling a run closes its upstream connection at once (the upstream sees the client leave); a
@@ -27,7 +28,6 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any, Final
 
-import aiohttp
 import orjson
 
 from iop.edgeconfig import OpenAIAdapterSettings as OpenAISettings
@@ -45,6 +45,18 @@ from iop.wire import (
 from iop.wire.nodestates import ADAPTER_ERROR
 
 from .base import Upstream, client_wants_usage, usage_from
+from .upstreams import (
+    BadResponse,
+    ConnectFailed,
+    ConnectTimeout,
+    DeadlinePassed,
+    Disconnected,
+    PoolTimeout,
+    ReadTimeout,
+    Response,
+    UpstreamClient,
+    UpstreamError,
+)
 
 __all__ = ["OpenAIAdapter"]
 
@@ -77,20 +89,7 @@ class OpenAIAdapter:
                 self._headers["authorization"] = f"Bearer {key}"
             else:
                 self._problem = f"environment variable {settings.api_key_env} is not set"
-        self._urls = {kind: settings.base_url.rstrip("/") + path for kind, path in _PATHS.items()}
-        self._session: aiohttp.ClientSession | None = None
-        # The timeouts of every request; a run with a deadline adds `total` (see `run`).
-        self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            # `connect` bounds the wait for a free pooled connection (httpx's pool timeout);
-            # `sock_connect` the TCP connect itself; `sock_read` every wait for bytes.
-            connect=settings.request_timeout_s,
-            sock_connect=settings.connect_timeout_s,
-            sock_read=settings.request_timeout_s,
-        )
-        # Runs holding or waiting for a pooled connection: tells a wait for a free connection
-        # from a slow connect when aiohttp reports either as the same connection timeout.
-        self._in_use = 0
+        self._client: UpstreamClient | None = None
 
     @property
     def health(self) -> ProviderHealth:
@@ -106,23 +105,21 @@ class OpenAIAdapter:
 
     async def aclose(self) -> None:
         self.closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
-    def _open(self) -> aiohttp.ClientSession:
-        """The adapter's session; created in the running loop on the first run (aiohttp's
-        connector binds to the loop it is created in)."""
+    def _open(self) -> UpstreamClient:
+        """The adapter's client; made in the running loop on the first run."""
         settings = self.settings
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=settings.max_connections, keepalive_timeout=_KEEPALIVE_S
-            ),
-            headers=self._headers,
-            timeout=self._timeout,
-            # Cookies an upstream sets for one client's run must never ride along on another's.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
+        return UpstreamClient(
+            settings.base_url,
+            self._headers,
+            max_connections=settings.max_connections,
+            connect_timeout=settings.connect_timeout_s,
+            # Also how long a run may wait for a free connection of a full pool.
+            read_timeout=settings.request_timeout_s,
+            keepalive_s=_KEEPALIVE_S,
         )
 
     async def run(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:
@@ -141,33 +138,17 @@ class OpenAIAdapter:
                 yield prepared
                 return
             body, wants_usage = prepared
-        session = self._session
-        if session is None:
-            session = self._session = self._open()
+        if request.deadline is not None and request.deadline <= time.time():
+            yield statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
+            return
+        client = self._client
+        if client is None:
+            client = self._client = self._open()
         settings = self.settings
-        timeout = self._timeout
-        if request.deadline is not None:
-            remaining = request.deadline - time.time()
-            if remaining <= 0:
-                yield statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
-                return
-            # aiohttp's own `total` bounds the whole exchange, reads included, and never cancels
-            # the consumer of this generator: an asyncio.timeout() here would stay armed across
-            # each `yield` and could fire inside the caller's code instead.
-            timeout = aiohttp.ClientTimeout(
-                total=remaining,
-                connect=timeout.connect,
-                sock_read=timeout.sock_read,
-                sock_connect=timeout.sock_connect,
-            )
-        queued = self._in_use >= settings.max_connections
-        self._in_use += 1
-        response: aiohttp.ClientResponse | None = None
+        response: Response | None = None
         sent_chunk = False
         try:
-            response = await session.post(
-                self._urls[request.kind], data=body, allow_redirects=False, timeout=timeout
-            )
+            response = await client.post(_PATHS[request.kind], body, request.deadline)
             if response.status >= 400:
                 detail = await _read_at_most(response, _ERROR_BODY_BYTES) or b""
                 yield statuses.upstream_http_failure(response.status, detail)
@@ -189,19 +170,18 @@ class OpenAIAdapter:
             # Read to the end even after [DONE], which the end of the body follows at once:
             # only a response read to its end gives its connection back to the pool.
             decoder = _StreamDecoder(wants_usage, limit, request.sse_chunks)
-            while piece := await response.content.readany():
+            while piece := await response.read_some():
                 for chunk in decoder.feed(piece):
                     sent_chunk = True
                     yield chunk
             for event in decoder.end():
                 yield event
-        except (aiohttp.ClientError, TimeoutError, _Malformed, _TooLarge) as exc:
-            failed = _failure(exc, settings, queued, response is not None, limit)
+        except (UpstreamError, _Malformed, _TooLarge) as exc:
+            failed = _failure(exc, settings, limit)
             if sent_chunk and failed.retryable:  # the client has bytes: another try cannot help
                 failed = RunFailed(failed.code, failed.message, False, failed.status)
             yield failed
         finally:
-            self._in_use -= 1
             if response is not None:
                 # A response read to its end gave its connection back to the pool already;
                 # otherwise (cancelled, failed, cut short) this closes the connection at once.
@@ -227,7 +207,7 @@ def _asking_for_usage(body: bytes) -> tuple[bytes, bool] | RunFailed:
 
 
 def _reason(error: OSError) -> str:
-    """`Connection refused` rather than aiohttp's `Connect call failed ('10.0.0.1', 8000)`."""
+    """`Connection refused` rather than `Connect call failed ('10.0.0.1', 8000)`."""
     if isinstance(error, socket.gaierror) or not error.errno or error.errno < 0:
         return error.strerror or str(error)
     return os.strerror(error.errno)
@@ -249,7 +229,7 @@ def _too_large(limit: int) -> RunFailed:
     )
 
 
-async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+async def _read_at_most(response: Response, limit: int) -> bytes | None:
     """The body, or None once it passes `limit` bytes: nothing more is read (the connection is
     closed, not pooled), so memory is bounded by the limit whatever the upstream sends."""
     length = response.content_length
@@ -257,7 +237,7 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes |
         return None
     parts: list[bytes] = []
     size = 0
-    while piece := await response.content.readany():
+    while piece := await response.read_some():
         size += len(piece)
         if size > limit:
             return None
@@ -265,45 +245,35 @@ async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> bytes |
     return b"".join(parts)
 
 
-def _failure(
-    error: Exception, settings: OpenAISettings, queued: bool, answered: bool, limit: int
-) -> RunFailed:
-    """The one translation of what a run's exchange with the upstream raised into a `RunFailed`:
-    `queued` when the run waited for a connection of the pool, `answered` once the upstream's
-    status line arrived. The order matters: aiohttp's errors subclass each other."""
-    if isinstance(error, aiohttp.ConnectionTimeoutError):
-        if queued:
-            message = f"all {settings.max_connections} connections to the upstream are busy"
-            return statuses.failure(statuses.PROVIDER_BUSY, message)
+def _failure(error: Exception, settings: OpenAISettings, limit: int) -> RunFailed:
+    """The one translation of what a run's exchange with the upstream raised into a
+    `RunFailed`."""
+    if isinstance(error, PoolTimeout):
+        message = f"all {settings.max_connections} connections to the upstream are busy"
+        return statuses.failure(statuses.PROVIDER_BUSY, message)
+    if isinstance(error, ConnectTimeout):
         return statuses.failure(
             statuses.UPSTREAM_UNAVAILABLE,
             f"no connection to {settings.base_url} within {settings.connect_timeout_s:g}s",
         )
-    if isinstance(error, aiohttp.ServerTimeoutError):
-        return statuses.failure(
-            statuses.UPSTREAM_TIMEOUT,
-            f"the upstream sent nothing for {settings.request_timeout_s:g}s",
-        )
-    if isinstance(error, TimeoutError):  # after aiohttp's own timeouts, which are TimeoutErrors
-        return statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
-    if isinstance(error, aiohttp.ClientConnectorError):
+    if isinstance(error, ConnectFailed):
         return statuses.failure(
             statuses.UPSTREAM_UNAVAILABLE,
             f"cannot connect to {settings.base_url}: {_reason(error.os_error)}",
         )
-    if isinstance(
-        error,
-        aiohttp.ServerDisconnectedError
-        | aiohttp.ClientPayloadError
-        | aiohttp.ClientOSError
-        | aiohttp.ClientConnectionResetError,
-    ):
-        when = "mid-response" if answered else "before it answered"
+    if isinstance(error, ReadTimeout):
         return statuses.failure(
-            statuses.UPSTREAM_ERROR,
-            f"the upstream dropped the connection {when} ({error or type(error).__name__})",
+            statuses.UPSTREAM_TIMEOUT,
+            f"the upstream sent nothing for {settings.request_timeout_s:g}s",
         )
-    if isinstance(error, _Malformed):
+    if isinstance(error, DeadlinePassed):
+        return statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
+    if isinstance(error, Disconnected):
+        when = "mid-response" if error.answered else "before it answered"
+        return statuses.failure(
+            statuses.UPSTREAM_ERROR, f"the upstream dropped the connection {when} ({error})"
+        )
+    if isinstance(error, BadResponse | _Malformed):
         return statuses.failure(statuses.UPSTREAM_ERROR, str(error))
     if isinstance(error, _TooLarge):
         return _too_large(limit)

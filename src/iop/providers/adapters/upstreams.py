@@ -1,0 +1,466 @@
+"""A lean HTTP/1.1 client for one upstream: what the `openai` adapter sends a run with.
+
+The adapter sends one kind of request to one server: a POST of a JSON body to a path under
+its base URL, whose answer it reads as it arrives. aiohttp did that with a general client's
+work per request (a request and a response object, a payload registry, a task to write the
+body, a timer per read, cookie and redirect handling) that was a third of the CPU of a request
+through an Edge running its providers (docs/benchmarks.md, "Nodes placed on the Edge"). This
+client does only the adapter's exchange, on httptools (the parser uvicorn uses) and the event
+loop's transports:
+
+- keep-alive connections pooled up to `max_connections`, the most recently used first; one
+  idle longer than `keepalive_s` is closed instead of used, so the client, not the server,
+  ends an idle connection (a POST is never retried: it must not meet one the server is closing);
+- every wait is bounded: for a free connection of a full pool (`PoolTimeout`, after the read
+  timeout, as aiohttp's `connect` timeout was), for the TCP and TLS connect (`ConnectTimeout`,
+  `ConnectFailed` with the OS error), for each read (`ReadTimeout`) and for the run's deadline
+  over the whole exchange (`DeadlinePassed`); each is a timer on the loop, not a task;
+- a body delimited by Content-Length, chunked, or by the end of the connection; the upstream's
+  bytes wait in the connection, and past `_HIGH_WATER` of them it stops reading the socket
+  until the caller takes them (TCP carries the backpressure on to the server);
+- a connection that drops is `Disconnected` (saying whether the answer had begun), an answer
+  that is not HTTP/1.1 `BadResponse`; a response not read to its end closes its connection.
+
+No redirects, cookies, proxies or compression (it sends no Accept-Encoding): an OpenAI-compatible
+server needs none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections import deque
+from typing import Final, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = [
+    "BadResponse",
+    "ConnectFailed",
+    "ConnectTimeout",
+    "DeadlinePassed",
+    "Disconnected",
+    "PoolTimeout",
+    "ReadTimeout",
+    "Response",
+    "UpstreamClient",
+    "UpstreamError",
+]
+
+#: Bytes of an answer held for the caller before the socket is read no more.
+_HIGH_WATER: Final = 256 * 1024
+#: What a timer leaves in a waiter it expired.
+_EXPIRED: Final = "expired"
+
+
+class UpstreamError(Exception):
+    """What an exchange with the upstream raised (the adapter maps each kind once)."""
+
+
+class PoolTimeout(UpstreamError):
+    """Every connection of the pool stayed busy for as long as a request may wait."""
+
+
+class ConnectTimeout(UpstreamError):
+    """The TCP (and TLS) connect took longer than the connect timeout."""
+
+
+class ConnectFailed(UpstreamError):
+    """The connect failed: `os_error` says why (refused, unreachable, a name not found)."""
+
+    def __init__(self, os_error: OSError) -> None:
+        super().__init__(str(os_error))
+        self.os_error = os_error
+
+
+class ReadTimeout(UpstreamError):
+    """The upstream sent nothing for the read timeout."""
+
+
+class DeadlinePassed(UpstreamError):
+    """The run's deadline passed during the exchange."""
+
+
+class Disconnected(UpstreamError):
+    """The connection dropped; `answered`: after the status line had arrived."""
+
+    def __init__(self, message: str, *, answered: bool) -> None:
+        super().__init__(message)
+        self.answered = answered
+
+
+class BadResponse(UpstreamError):
+    """The upstream's answer is not HTTP/1.1 this client reads."""
+
+
+def _expire(waiter: asyncio.Future[object]) -> None:
+    if not waiter.done():
+        waiter.set_result(_EXPIRED)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection and the answer being read on it."""
+
+    def __init__(self, client: UpstreamClient) -> None:
+        self._client = client
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.length: int | None = None
+        self.answered = False
+        self.complete = False
+        self.keep_alive = False
+        self.chunked = False
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.paused = False
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future[object] | None = None
+
+    def begin(self) -> None:
+        """Ready for the next exchange (a pooled connection is reused)."""
+        self.status, self.length, self.answered, self.complete = 0, None, False, False
+        self.keep_alive, self.chunked = False, False
+        self.parts, self.size = [], 0
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio.Transport, so no isinstance).
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.fail(BadResponse("the upstream switched protocols"))
+        except httptools.HttpParserError as exc:
+            self.fail(BadResponse(f"the upstream's answer is not HTTP/1.1 ({exc})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.answered and not self.complete and self.length is None and not self.chunked:
+            self.complete = True  # a body delimited by the end of the connection
+            self._wake()
+        elif not self.complete or self.waiter is not None:
+            when = "mid-response" if self.answered else "before it answered"
+            reason = f": {exc}" if exc else ""
+            self.fail(Disconnected(f"the upstream closed the connection {when}{reason}",
+                                   answered=self.answered))
+        self._client._lost(self)
+
+    # -- httptools' callbacks --------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length":
+            self.length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            self.chunked = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        if self.status < 200:  # 1xx: informational, the answer follows
+            self.length, self.chunked = None, False
+            return
+        self.answered = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+        self.size += len(body)
+        if self.size > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self.answered:
+            return  # the end of a 1xx
+        self.complete = True
+        self.keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+    # -- the connection's side of an exchange ----------------------------------------------------
+
+    def take(self) -> bytes:
+        """The bytes of the answer that arrived and were not taken yet."""
+        parts = self.parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.parts, self.size = [], 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+        self.close()
+        self._wake()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Response:
+    """An answer being read: its status, its Content-Length (if any), its body in pieces."""
+
+    __slots__ = ("_client", "_connection", "_deadline", "_done", "content_length", "status")
+
+    def __init__(
+        self, client: UpstreamClient, connection: _Connection, deadline: float | None
+    ) -> None:
+        self._client = client
+        self._connection = connection
+        self._deadline = deadline
+        self._done = False
+        self.status = connection.status
+        self.content_length = connection.length
+
+    async def read_some(self) -> bytes:
+        """What arrived of the body since the last call, waiting for something; b"" at its end
+        (the connection then goes back to the pool)."""
+        connection = self._connection
+        while True:
+            if connection.parts:
+                return connection.take()
+            if connection.error is not None:
+                raise connection.error
+            if connection.complete:
+                self._finish()
+                return b""
+            await self._client._wait(connection, self._deadline)
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._client._release(self._connection)
+
+    def close(self) -> None:
+        """Done with the answer: a connection whose answer was not read to its end is closed
+        (whatever is left of it is never read)."""
+        if not self._done:
+            self._done = True
+            connection = self._connection
+            if connection.complete and not connection.parts and connection.error is None:
+                self._client._release(connection)
+            else:
+                self._client._discard(connection)
+
+
+class UpstreamClient:
+    """POSTs to one upstream over a pool of keep-alive HTTP/1.1 connections."""
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        *,
+        max_connections: int,
+        connect_timeout: float,
+        read_timeout: float,
+        keepalive_s: float,
+    ) -> None:
+        parts = urlsplit(base_url)
+        self._tls = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if self._tls else 80)
+        self._prefix = parts.path.rstrip("/")
+        default = parts.port is None
+        host = self._host if ":" not in self._host else f"[{self._host}]"
+        authority = host if default else f"{host}:{self._port}"
+        lines = [f"host: {authority}", *(f"{k}: {v}" for k, v in headers.items())]
+        self._head = ("\r\n".join(lines) + "\r\ncontent-length: ").encode("latin-1")
+        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self._tls else None
+        self._limit = max_connections
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._keepalive = keepalive_s
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+        #: Connects under way (they count toward the limit).
+        self._connecting = 0
+        self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
+        self.closed = False
+
+    async def post(self, path: str, body: bytes, deadline: float | None = None) -> Response:
+        """Send `body` to `path` (under the base URL's path) and wait for the status line;
+        `deadline` (Unix time) bounds the whole exchange, reads of the body included."""
+        loop = asyncio.get_running_loop()
+        due = None if deadline is None else loop.time() + (deadline - time.time())
+        connection = await self._acquire(due)
+        try:
+            connection.begin()
+            assert connection.transport is not None
+            request = b"POST %s HTTP/1.1\r\n%s%d\r\n\r\n" % (
+                (self._prefix + path).encode("latin-1"),
+                self._head,
+                len(body),
+            )
+            connection.transport.writelines((request, body))
+            while not connection.answered:
+                if connection.error is not None:
+                    raise connection.error
+                await self._wait(connection, due)
+        except BaseException:
+            self._discard(connection)
+            raise
+        return Response(self, connection, due)
+
+    async def aclose(self) -> None:
+        """Close every connection; waiters for one fail at once."""
+        self.closed = True
+        for connection in list(self._open):
+            connection.close()
+        self._idle.clear()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(PoolTimeout("the client is closed"))
+
+    # -- the pool --------------------------------------------------------------------------------
+
+    async def _acquire(self, due: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and loop.time() - connection.idle_since < self._keepalive:
+                return connection
+            self._discard(connection)
+        if len(self._open) + self._connecting < self._limit:
+            return await self._connect(due)
+        waiter: asyncio.Future[_Connection | None] = loop.create_future()
+        self._waiters.append(waiter)
+        limit, by_deadline = self._bound(loop.time() + self._read_timeout, due)
+        timer = loop.call_at(limit, _fail_waiter, waiter, by_deadline)
+        try:
+            handed = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                given = waiter.result()
+                if given is not None:
+                    self._release(given)
+                else:
+                    self._pass_on()
+            raise
+        finally:
+            timer.cancel()
+            if not waiter.done():
+                waiter.cancel()
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                pass
+        if handed is None:  # a connection closed: its place is this run's
+            return await self._connect(due)
+        return handed
+
+    def _bound(self, limit: float, due: float | None) -> tuple[float, bool]:
+        if due is not None and due <= limit:
+            return due, True
+        return limit, False
+
+    async def _connect(self, due: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        self._connecting += 1
+        limit, by_deadline = self._bound(loop.time() + self._connect_timeout, due)
+        try:
+            async with asyncio.timeout_at(limit):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._tls else None,
+                )
+        except TimeoutError:
+            self._pass_on()
+            if by_deadline:
+                raise DeadlinePassed("the run's deadline passed") from None
+            raise ConnectTimeout(f"no connection within {self._connect_timeout:g}s") from None
+        except OSError as exc:
+            self._pass_on()
+            raise ConnectFailed(exc) from None
+        except BaseException:
+            self._pass_on()
+            raise
+        finally:
+            self._connecting -= 1
+        self._open.add(connection)
+        return connection
+
+    def _release(self, connection: _Connection) -> None:
+        """An exchange ended with the answer read whole: the connection serves the next."""
+        if connection.closed or not connection.keep_alive or self.closed:
+            self._discard(connection)
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        connection.idle_since = asyncio.get_running_loop().time()
+        self._idle.append(connection)
+
+    def _discard(self, connection: _Connection) -> None:
+        """Close `connection` (its answer was cut short, failed or ended the connection)."""
+        connection.close()
+        if connection in self._open:
+            self._open.discard(connection)
+            self._pass_on()
+
+    def _lost(self, connection: _Connection) -> None:
+        """The transport closed (either side): its place in the pool is free."""
+        if connection in self._idle:
+            self._idle.remove(connection)
+        if connection in self._open:
+            self._open.discard(connection)
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """A place in the pool freed: the first waiter connects."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _wait(self, connection: _Connection, due: float | None) -> None:
+        """Until `connection` has news, bounded by the read timeout and the deadline."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[object] = loop.create_future()
+        connection.waiter = waiter
+        limit, by_deadline = self._bound(loop.time() + self._read_timeout, due)
+        timer = loop.call_at(limit, _expire, waiter)
+        try:
+            result = await waiter
+        finally:
+            timer.cancel()
+            connection.waiter = None
+        if result == _EXPIRED:
+            if by_deadline:
+                raise DeadlinePassed("the run's deadline passed")
+            raise ReadTimeout(f"nothing for {self._read_timeout:g}s")
+
+
+def _fail_waiter(waiter: asyncio.Future[_Connection | None], by_deadline: bool) -> None:
+    if not waiter.done():
+        error: UpstreamError = (
+            DeadlinePassed("the run's deadline passed")
+            if by_deadline
+            else PoolTimeout("every connection stayed busy")
+        )
+        waiter.set_exception(error)
