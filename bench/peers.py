@@ -35,8 +35,8 @@ and `stream-N@TPS` (N chunks paced at TPS tokens/s per stream through the fake u
 per-request hook: one upstream write per token, as a GPU server generates them; the router and
 IOP forward the hook untouched, and the direct path obeys it).
 
-`--variant NAME=VAR=VALUE[,VAR=VALUE...]` adds another IOP stack, `iop:NAME`, whose Edge and
-Node start with those environment variables: `PYTHONPATH=OTHER/src` runs another checkout's
+`--variant NAME=VAR=VALUE[,VAR=VALUE...]` adds another IOP stack, `iop:NAME` (and
+`iop-local:NAME` with `iop-local`), whose Edge and Node start with those environment variables: `PYTHONPATH=OTHER/src` runs another checkout's
 product (the figures before a change, in the same run, as bench/hostile.py does), and gRPC's own
 variables (`GRPC_POLL_STRATEGY`, `GRPC_EXPERIMENTS`) try its knobs. Every variant takes its turn
 in each round like the other paths.
@@ -442,13 +442,13 @@ Key = tuple[str, int, str]  # (mode, concurrency, path)
 
 
 def path_order(args: argparse.Namespace) -> list[str]:
-    """The paths of the run: the chosen ones, each IOP variant right after IOP."""
+    """The paths of the run: the chosen ones, each IOP variant right after its IOP path."""
     order: list[str] = []
     for path in PATHS:
         if path in args.paths:
             order.append(path)
-            if path == "iop":
-                order += [f"iop:{name}" for name, _ in args.variant]
+            if path in ("iop", "iop-local"):
+                order += [f"{path}:{name}" for name, _ in args.variant]
     return order
 
 
@@ -482,6 +482,10 @@ async def run(args: argparse.Namespace) -> dict[Key, Series]:
             targets["iop-local"] = await stack.enter_async_context(
                 iop_stack(upstream.base_url, folder / "iop-local", placement="edge")
             )
+            for name, env in args.variant:
+                targets[f"iop-local:{name}"] = await stack.enter_async_context(
+                    iop_stack(upstream.base_url, folder / f"iop-local-{name}", env, "edge")
+                )
         if litellm is not None:
             targets["litellm"] = await stack.enter_async_context(
                 litellm_proxy(litellm, upstream.base_url, folder)

@@ -325,3 +325,93 @@ def test_install_with_mutual_tls_on_the_node_link(
         wait_for(answered, timeout=60, interval=1, what="a chat completion over TLS")
     finally:
         cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", timeout=300, check=False)
+
+
+def test_a_node_placed_on_the_edge_shares_its_capacity_among_the_edge_replicas(
+    kube_cluster: KubeCluster, namespace: str, tmp_path: Path
+) -> None:
+    # No Node workload: the Edge replicas run the provider themselves, reach the in-cluster
+    # upstream through its Service, and count each other through the headless hub Service
+    # (CoreDNS), each taking its share of the provider's capacity; a scale-up shrinks it.
+    cluster = kube_cluster
+    upstream = 'http://{{ include "iop-edge.fullname" . }}-fake-upstream:8000/v1'
+    provider = {
+        "id": "vllm-a",
+        "adapter": {"type": "openai", "baseUrl": upstream},
+        "servedModels": ["meta-llama/Llama-3.1-8B-Instruct"],
+        "capacity": 8,
+    }
+    values = {
+        "fakeUpstream": {"enabled": True},
+        "nodes": [],
+        "edgeConfig": {
+            "spec": {
+                "edge": {"id": "edge-a"},
+                "openai": {"principalTokens": [{"tokenRef": "demo", "principalRef": "demo"}]},
+                "models": [
+                    {"id": "llama", "providers": {"vllm-a": "meta-llama/Llama-3.1-8B-Instruct"}}
+                ],
+                "nodes": [{"id": "in-edge", "placement": "edge", "providers": [provider]}],
+            }
+        },
+    }
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+
+    def shares(replicas: int, capacity: int) -> bool:
+        pods = [
+            p
+            for p in cluster.pods(namespace, "app.kubernetes.io/component=edge")
+            if not p["metadata"].get("deletionTimestamp") and p["status"].get("podIP")
+        ]
+        if len(pods) != replicas:
+            return False
+        for pod in pods:
+            try:
+                text = httpx.get(f"http://{pod['status']['podIP']}:9091/metrics", timeout=5).text
+            except httpx.HTTPError:
+                return False
+            if f"iop_edge_replicas {replicas}.0" not in text or (
+                f'iop_edge_provider_capacity{{provider="vllm-a"}} {capacity}.0' not in text
+            ):
+                return False
+        return True
+
+    try:
+        cluster.helm(
+            "install", RELEASE, str(CHART), "-n", namespace, "-f", str(path),
+            "--wait", "--timeout=240s", timeout=300,
+        )  # fmt: skip
+        wait_ready(cluster, namespace, 1, name="iop-iop-edge")
+        assert not cluster.pods(namespace, "app.kubernetes.io/component=node")
+        key = cluster.kubectl(
+            "get", "secret", "iop-iop-edge-api-keys", "-n", namespace,
+            "-o", "jsonpath={.data.demo}",
+        ).stdout  # fmt: skip
+        url = cluster.get("service", "iop-iop-edge-openai", "-n", namespace)["spec"]["clusterIP"]
+
+        def answered() -> bool:
+            try:
+                response = httpx.post(
+                    f"http://{url}:8080/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
+                    json={"model": "llama", "messages": [{"role": "user", "content": "Hello!"}]},
+                    timeout=30,
+                )
+            except httpx.ConnectError:  # kube-proxy not yet following the new Service
+                return False
+            return response.status_code == 200 and bool(
+                response.json()["choices"][0]["message"]["content"]
+            )
+
+        wait_for(answered, timeout=60, interval=1, what="a chat completion served by the Edge")
+        wait_for(lambda: shares(2, 4), timeout=60, interval=1, what="2 replicas, 4 runs each")
+
+        cluster.helm(
+            "upgrade", RELEASE, str(CHART), "-n", namespace, "-f", str(path),
+            "--set", "edge.replicas=3", "--wait", "--timeout=240s", timeout=300,
+        )  # fmt: skip
+        wait_for(lambda: shares(3, 2), timeout=90, interval=1, what="3 replicas, 2 runs each")
+        wait_for(answered, timeout=60, interval=1, what="a chat completion after the scale-up")
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", timeout=300, check=False)

@@ -96,11 +96,14 @@ async def test_capacity_holds_at_the_upstream_and_is_shared_among_the_edge_repli
     # Alone, the Edge runs up to the provider's whole capacity, and never more.
     assert await peak_of(edge, upstream, tokens, 10) == 4
 
-    # Scale-up: two replicas, each takes half.
+    # Scale-up: two replicas, each takes half (and says so on /metrics).
     peers.count = 2
     await until(lambda: edge.dispatcher.snapshot.edge_replicas == 2)
     assert edge.dispatcher.snapshot.providers["p1"].capacity == 2
     assert await peak_of(edge, upstream, tokens, 10) == 2
+    text = edge.metrics.render().decode()
+    assert 'iop_edge_provider_capacity{provider="p1"} 2.0' in text
+    assert "iop_edge_replicas 2.0" in text
 
     # More replicas than capacity: one run each (the documented overshoot).
     peers.count = 6

@@ -116,7 +116,23 @@ class _PoolCollector(Collector):
         )
         for provider_id in sorted(self._dispatcher.snapshot.providers):
             load.add_metric([provider_id], self._dispatcher.load(provider_id))
+        snapshot = self._dispatcher.snapshot
+        capacity = GaugeMetricFamily(
+            "iop_edge_provider_capacity",
+            "Most runs this Edge sends a provider at once: its capacity, or this replica's "
+            "share of it for a node placed on the Edge.",
+            labels=["provider"],
+        )
+        for provider_id, limits in sorted(snapshot.providers.items()):
+            capacity.add_metric([provider_id], limits.capacity)
+        replicas = GaugeMetricFamily(
+            "iop_edge_replicas",
+            "The Edge replicas this one counts (its peers Service) to share the capacity of "
+            "the nodes placed on the Edge; 1 without a peers Service.",
+        )
+        replicas.add_metric([], snapshot.edge_replicas)
         yield from (in_flight, long_in_flight, depth, by_principal, generation, decisions, load)
+        yield from (capacity, replicas)
 
 
 class _NodeCollector(Collector):
