@@ -36,9 +36,10 @@ per-request hook: one upstream write per token, as a GPU server generates them; 
 IOP forward the hook untouched, and the direct path obeys it).
 
 `--variant NAME=VAR=VALUE[,VAR=VALUE...]` adds another IOP stack, `iop:NAME` (and
-`iop-local:NAME` with `iop-local`), whose Edge and Node start with those environment variables: `PYTHONPATH=OTHER/src` runs another checkout's
-product (the figures before a change, in the same run, as bench/hostile.py does), and gRPC's own
-variables (`GRPC_POLL_STRATEGY`, `GRPC_EXPERIMENTS`) try its knobs. Every variant takes its turn
+`iop-local:NAME` with `iop-local`), whose Edge and Node start with those environment variables:
+`PYTHONPATH=OTHER/src` runs another checkout's product (the figures before a change, in the
+same run, as bench/hostile.py does), and gRPC's own variables (`GRPC_POLL_STRATEGY`,
+`GRPC_EXPERIMENTS`) try its knobs. Every variant takes its turn
 in each round like the other paths.
 
 It prints, per mode and concurrency: requests/s (median of the rounds and their range), p50 and
