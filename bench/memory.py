@@ -1,10 +1,13 @@
 """Benchmark: the Edge's memory per idle keep-alive connection and per open stream, and after.
 
     uv run --frozen python -m bench.memory [--connections 2000] [--streams 2000] [--cycles 3]
+        [--placement node|edge]
 
 Real processes: `iop fake-upstream` (streams paced by its per-request hook, so they stay open),
 `iop edge run` and `iop node run` (the `openai` adapter, pool and capacity large enough for every
-stream). RSS is read from /proc (VmRSS) once the Edge has served some requests, then:
+stream); with `--placement edge`, the Edge alone runs the provider (a node placed on the Edge:
+its streams' upstream connections are the Edge's). RSS is read from /proc (VmRSS) once the Edge
+has served some requests, then:
 
 - idle: N connections to the OpenAI listener, each with one answered `GET /healthz` and then
   left open (within uvicorn's keep-alive timeout of 5 s); RSS with all of them open;
@@ -44,7 +47,7 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def config(upstream_url: str, size: int) -> dict[str, object]:
+def config(upstream_url: str, size: int, placement: str) -> dict[str, object]:
     return {
         "edge": {"id": "edge-mem", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
         "openai": {
@@ -66,7 +69,11 @@ def config(upstream_url: str, size: int) -> dict[str, object]:
         "nodes": [
             {
                 "id": "node-1",
-                "token_hash_sha256": token_sha256(NODE_TOKEN),
+                **(
+                    {"placement": "edge"}
+                    if placement == "edge"
+                    else {"token_hash_sha256": token_sha256(NODE_TOKEN)}
+                ),
                 "providers": [
                     {
                         "id": "p",
@@ -144,8 +151,8 @@ async def cycle(
     for _, writer in streams:
         writer.close()
     await settle(3.0)
-    found["after_edge_kib"] = rss_kib(pids["edge"])
-    found["after_node_kib"] = rss_kib(pids["node"])
+    for name, pid in pids.items():
+        found[f"after_{name}_kib"] = rss_kib(pid)
     return found
 
 
@@ -154,14 +161,19 @@ async def main(args: argparse.Namespace) -> None:
     async with spawn_fake_upstream(startup_timeout=120) as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            (folder / "edge.yaml").write_text(yaml.safe_dump(config(upstream.base_url, size)))
+            document = config(upstream.base_url, size, args.placement)
+            (folder / "edge.yaml").write_text(yaml.safe_dump(document))
             (folder / "token").write_text(NODE_TOKEN)
             edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
-            node = await spawn_node(started["hub_port"], "node-1", folder / "token")
+            node = None
+            if args.placement == "node":
+                node = await spawn_node(started["hub_port"], "node-1", folder / "token")
             try:
                 host, _, port_text = str(started["url"]).removeprefix("http://").rpartition(":")
                 port = int(port_text)
-                pids = {"edge": edge.pid, "node": node.pid}
+                pids = {"edge": edge.pid}
+                if node is not None:
+                    pids["node"] = node.pid
                 for _ in range(600):
                     reader, writer = await asyncio.open_connection(host, port)
                     writer.write(f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
@@ -183,9 +195,8 @@ async def main(args: argparse.Namespace) -> None:
                     f"{os.getloadavg()[0]:.1f}; {args.connections} idle connections, "
                     f"{args.streams} open streams per cycle\n"
                 )
-                print(
-                    f"RSS after warm-up: Edge {start['edge']:,} KiB, Node {start['node']:,} KiB\n"
-                )
+                node_start = f"{start['node']:,} KiB" if "node" in start else "none"
+                print(f"RSS after warm-up: Edge {start['edge']:,} KiB, Node {node_start}\n")
                 print(
                     "| cycle | Edge KiB per idle connection | Edge KiB per open stream "
                     "| Node KiB per open stream | Edge RSS after, KiB | Node RSS after, KiB |"
@@ -195,12 +206,14 @@ async def main(args: argparse.Namespace) -> None:
                     found = await cycle(host, port, pids, args)
                     print(
                         f"| {number} | {found['idle_kib']:.1f} | {found['stream_edge_kib']:.1f} | "
-                        f"{found['stream_node_kib']:.1f} | {found['after_edge_kib']:,.0f} | "
-                        f"{found['after_node_kib']:,.0f} |",
+                        f"{found.get('stream_node_kib', float('nan')):.1f} | "
+                        f"{found['after_edge_kib']:,.0f} | "
+                        f"{found.get('after_node_kib', float('nan')):,.0f} |",
                         flush=True,
                     )
             finally:
-                await terminate(node)
+                if node is not None:
+                    await terminate(node)
                 await terminate(edge)
 
 
@@ -210,4 +223,10 @@ if __name__ == "__main__":
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--tokens-per-second", type=float, default=1.0)
+    parser.add_argument(
+        "--placement",
+        choices=("node", "edge"),
+        default="node",
+        help="the provider in a Node (default) or placed on the Edge",
+    )
     uvloop.run(main(parser.parse_args()))

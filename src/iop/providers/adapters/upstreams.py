@@ -232,6 +232,8 @@ class Response:
     async def read_some(self) -> bytes:
         """What arrived of the body since the last call, waiting for something; b"" at its end
         (the connection then goes back to the pool)."""
+        if self._done:
+            return b""  # its connection may serve another exchange by now
         connection = self._connection
         while True:
             if connection.parts:
