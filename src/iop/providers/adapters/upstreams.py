@@ -4,7 +4,7 @@ The adapter sends one kind of request to one server: a POST of a JSON body to a 
 its base URL, whose answer it reads as it arrives. aiohttp did that with a general client's
 work per request (a request and a response object, a payload registry, a task to write the
 body, a timer per read, cookie and redirect handling) that was a third of the CPU of a request
-through an Edge running its providers (docs/benchmarks.md, "Nodes placed on the Edge"). This
+through an Edge running its providers (docs/benchmarks.md, "Candidate 3: the HTTP layers"). This
 client does only the adapter's exchange, on httptools (the parser uvicorn uses) and the event
 loop's transports:
 
@@ -149,8 +149,11 @@ class _Connection(asyncio.Protocol):
         elif not self.complete or self.waiter is not None:
             when = "mid-response" if self.answered else "before it answered"
             reason = f": {exc}" if exc else ""
-            self.fail(Disconnected(f"the upstream closed the connection {when}{reason}",
-                                   answered=self.answered))
+            self.fail(
+                Disconnected(
+                    f"the upstream closed the connection {when}{reason}", answered=self.answered
+                )
+            )
         self._client._lost(self)
 
     # -- httptools' callbacks --------------------------------------------------------------------
