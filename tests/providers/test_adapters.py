@@ -454,6 +454,24 @@ async def test_a_stream_that_is_not_json_is_an_upstream_error(bad: bytes, sse: b
     assert "not JSON" in failed.message
 
 
+async def test_an_api_key_with_a_line_break_is_refused_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("IOP_TEST_BROKEN_KEY", "sk-1\r\nx-injected: yes")
+    settings = OpenAIAdapterSettings(
+        base_url="http://127.0.0.1:9/v1", api_key_env="IOP_TEST_BROKEN_KEY"
+    )
+    adapter = OpenAIAdapter("p1", settings)
+    try:
+        assert (
+            adapter.health.detail == "environment variable IOP_TEST_BROKEN_KEY holds a line break"
+        )
+        events = await collect(adapter, request(False))
+    finally:
+        await adapter.aclose()
+    assert isinstance(events[-1], RunFailed) and events[-1].code == statuses.PROVIDER_UNHEALTHY
+
+
 async def test_the_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IOP_TEST_UPSTREAM_KEY", "sk-upstream-secret")
     body = orjson.dumps({"choices": [{"index": 0, "message": {}, "finish_reason": "stop"}]})

@@ -85,7 +85,9 @@ class OpenAIAdapter:
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if settings.api_key_env is not None:
             key = os.environ.get(settings.api_key_env)
-            if key:
+            if key and ("\r" in key or "\n" in key):
+                self._problem = f"environment variable {settings.api_key_env} holds a line break"
+            elif key:
                 self._headers["authorization"] = f"Bearer {key}"
             else:
                 self._problem = f"environment variable {settings.api_key_env} is not set"
