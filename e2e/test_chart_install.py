@@ -270,6 +270,27 @@ def readme_tls_commands(namespace: str) -> str:
     return script.replace(".iop.svc", f".{namespace}.svc").replace(" -n iop ", f" -n {namespace} ")
 
 
+def demo_chat_answered(cluster: KubeCluster, namespace: str, model: str) -> bool:
+    """One chat completion of release `iop` (no fullnameOverride) with its `demo` key, through
+    its OpenAI Service: answered with content (False while kube-proxy does not follow the
+    Service yet)."""
+    key = cluster.kubectl(
+        "get", "secret", "iop-iop-edge-api-keys", "-n", namespace,
+        "-o", "jsonpath={.data.demo}",
+    ).stdout  # fmt: skip
+    url = cluster.get("service", "iop-iop-edge-openai", "-n", namespace)["spec"]["clusterIP"]
+    try:
+        response = httpx.post(
+            f"http://{url}:8080/v1/chat/completions",
+            headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
+            json={"model": model, "messages": [{"role": "user", "content": "Hello!"}]},
+            timeout=30,
+        )
+    except httpx.ConnectError:  # kube-proxy not yet following the new Service
+        return False
+    return response.status_code == 200 and bool(response.json()["choices"][0]["message"]["content"])
+
+
 def test_install_with_mutual_tls_on_the_node_link(
     kube_cluster: KubeCluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -298,31 +319,13 @@ def test_install_with_mutual_tls_on_the_node_link(
             "key_file": "/etc/iop/tls/tls.key",
             "client_ca_file": "/etc/iop/tls/ca.crt",
         }
-        key = cluster.kubectl(
-            "get", "secret", "iop-iop-edge-api-keys", "-n", namespace,
-            "-o", "jsonpath={.data.demo}",
-        ).stdout  # fmt: skip
-        url = cluster.get("service", "iop-iop-edge-openai", "-n", namespace)["spec"]["clusterIP"]
-
-        def answered() -> bool:
-            try:
-                response = httpx.post(
-                    f"http://{url}:8080/v1/chat/completions",
-                    headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
-                    json={
-                        "model": "demo-echo",
-                        "messages": [{"role": "user", "content": "Hello!"}],
-                    },
-                    timeout=30,
-                )
-            except httpx.ConnectError:  # kube-proxy not yet following the new Service
-                return False
-            return response.status_code == 200 and bool(
-                response.json()["choices"][0]["message"]["content"]
-            )
-
         # The Node may still be dialling when the EdgeConfig is Ready: wait for an answer.
-        wait_for(answered, timeout=60, interval=1, what="a chat completion over TLS")
+        wait_for(
+            lambda: demo_chat_answered(cluster, namespace, "demo-echo"),
+            timeout=60,
+            interval=1,
+            what="a chat completion over TLS",
+        )
     finally:
         cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", timeout=300, check=False)
 
@@ -384,25 +387,9 @@ def test_a_node_placed_on_the_edge_shares_its_capacity_among_the_edge_replicas(
         )  # fmt: skip
         wait_ready(cluster, namespace, 1, name="iop-iop-edge")
         assert not cluster.pods(namespace, "app.kubernetes.io/component=node")
-        key = cluster.kubectl(
-            "get", "secret", "iop-iop-edge-api-keys", "-n", namespace,
-            "-o", "jsonpath={.data.demo}",
-        ).stdout  # fmt: skip
-        url = cluster.get("service", "iop-iop-edge-openai", "-n", namespace)["spec"]["clusterIP"]
 
         def answered() -> bool:
-            try:
-                response = httpx.post(
-                    f"http://{url}:8080/v1/chat/completions",
-                    headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
-                    json={"model": "llama", "messages": [{"role": "user", "content": "Hello!"}]},
-                    timeout=30,
-                )
-            except httpx.ConnectError:  # kube-proxy not yet following the new Service
-                return False
-            return response.status_code == 200 and bool(
-                response.json()["choices"][0]["message"]["content"]
-            )
+            return demo_chat_answered(cluster, namespace, "llama")
 
         wait_for(answered, timeout=60, interval=1, what="a chat completion served by the Edge")
         wait_for(lambda: shares(2, 4), timeout=60, interval=1, what="2 replicas, 4 runs each")
