@@ -43,6 +43,11 @@ that reconnects (the same instance) replaces its previous connection.
 `run` never raises for a run it cannot place: the stream yields a `RunFailed` (retryable
 `node_unavailable` when the provider's node is not connected, `edge_stopping` while stopping).
 
+Nodes placed on the Edge (`nodes[].placement: edge`) have no session: the hub runs them in this
+process (`localnodes.py`) and lists them beside the connected ones everywhere above (their
+providers' links and loads, their status, their acks of a swap, given at once), so nothing
+above the hub tells the two apart; the same tick stops their runs whose client stalled.
+
 The config lives in one immutable snapshot (config, generation, node payloads, token hashes)
 replaced by one reference assignment; in-flight runs are not affected by a swap.
 """
