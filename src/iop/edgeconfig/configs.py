@@ -1145,7 +1145,7 @@ class NodeSpec(Spec):
             "GPU host, a cluster the Edge cannot reach, behind NAT). edge: inside every Edge "
             "replica, with no Node process and no gRPC hop (the upstream must be reachable "
             "from the Edge pods); each replica takes an equal share of each provider's "
-            "capacity (docs/edge.md, Edge-placed nodes). An edge node has no token."
+            "capacity (docs/edge.md, Nodes placed on the Edge). An edge node has no token."
         ),
     ] = "node"
     token_hash_sha256: Annotated[
