@@ -66,9 +66,9 @@ _PATHS: Final = {
     "embedding": "/embeddings",
 }
 _DONE: Final = b"[DONE]"
-#: Idle seconds before the pool closes a keep-alive connection itself: below the 5 s idle
-#: timeout of uvicorn (vLLM's server) and most others, so the Node, not the server, ends an idle
-#: connection, and a POST (which aiohttp never retries) rarely meets one the server is closing.
+#: Idle seconds after which the pool closes a keep-alive connection instead of using it: below
+#: the 5 s idle timeout of uvicorn (vLLM's server) and most others, so the client, not the
+#: server, ends an idle connection, and a POST (never retried) rarely meets one being closed.
 _KEEPALIVE_S: Final = 4.0
 #: Most bytes of an upstream's error body read (its message is what the Edge shows).
 _ERROR_BODY_BYTES: Final = 64 * 1024
