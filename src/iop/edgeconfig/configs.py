@@ -855,6 +855,7 @@ class GenerationPolicy(Spec):
 DispatchPolicyName = Literal["round_robin", "least_load", "prefix_affinity"]
 #: Where a node's providers run: in a Node agent (`node`) or inside every Edge replica (`edge`).
 NodePlacement = Literal["node", "edge"]
+#: The placement of a node whose providers every Edge replica runs itself.
 EDGE_PLACEMENT: Final = "edge"
 
 
