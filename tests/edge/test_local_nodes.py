@@ -171,3 +171,18 @@ async def test_an_adapter_change_restarts_the_edge_not_a_node(
     assert report["restart_required_paths"] == [
         {"path": "nodes[node-1].providers[p1].adapter.connect_timeout_s", "scope": "edge"}
     ]
+
+
+async def test_a_slot_the_dispatcher_hands_on_is_free_on_the_router_too(
+    document_of, start_edge, upstream, tokens, until
+) -> None:
+    """Requests queued for a provider at capacity take each freed slot at once: the router of
+    the placed node has released it when the dispatcher hands it on, so no try is refused
+    `provider_busy` and retried."""
+    edge = await start_edge(placed_document(document_of, upstream, capacity=1))
+    await until(lambda: edge.dispatcher.available == {"p1"})
+    assert await peak_of(edge, upstream, tokens, 6) == 1
+    text = edge.metrics.render().decode()
+    assert 'reason="provider_busy"' not in text, [
+        line for line in text.splitlines() if "provider_busy" in line
+    ]

@@ -128,6 +128,9 @@ class LocalRun:
             return await self.__anext__()
         if isinstance(event, TERMINAL_EVENTS):
             self._events = None
+            # The router's slot is free before the dispatcher's is (`_end` calls it), which
+            # may hand it on at once: a generator left suspended would hold it until collected.
+            await events.aclose()
             self._end()
         else:
             self.idle_since = asyncio.get_running_loop().time()
