@@ -378,8 +378,11 @@ def ensure_base(buildah: Buildah, base: str) -> str:
     (context / "Containerfile").write_text(
         STANDIN_CONTAINERFILE.format(label=STANDIN_LABEL, key=key)
     )
+    # --layers: buildah before 1.29 (bookworm's 1.28.2) refuses --force-rm without it (or
+    # --no-cache); with it, a failed step's working container goes too, as in the main build.
     buildah.stream(
-        ["bud", "--isolation=chroot", "--force-rm", "--pull=never", "-t", base, str(context)],
+        ["bud", "--isolation=chroot", "--layers", "--force-rm", "--pull=never", "-t", base,
+         str(context)],  # fmt: skip
         root / "logs" / f"standin-{key}.log",
         re.compile(r"^STEP|^COMMIT"),
     )
