@@ -380,9 +380,9 @@ def ensure_base(buildah: Buildah, base: str) -> str:
     )
     # --layers: buildah before 1.29 (bookworm's 1.28.2) refuses --force-rm without it (or
     # --no-cache); with it, a failed step's working container goes too, as in the main build.
+    standin = ["bud", "--isolation=chroot", "--layers", "--force-rm", "--pull=never", "-t", base]
     buildah.stream(
-        ["bud", "--isolation=chroot", "--layers", "--force-rm", "--pull=never", "-t", base,
-         str(context)],  # fmt: skip
+        [*standin, str(context)],
         root / "logs" / f"standin-{key}.log",
         re.compile(r"^STEP|^COMMIT"),
     )
