@@ -107,7 +107,7 @@ async def guess(port: int, calls: int) -> list[dict[str, Any]]:
         for index in range(calls):
             started = time.monotonic()
             call: Any = ch.stream_stream(METHOD)()
-            with contextlib.suppress(Exception):  # refused before the hello was read
+            with contextlib.suppress(Exception):  # refused when too many calls wait
                 await call.write(hello("node-1", f"guess-{index}"))
             code, details = await ended(call)
             results.append(

@@ -38,6 +38,9 @@ RSS_BOUND_MB = 50
 #: Room for a loaded two-core machine on top of a deadline: a bound on correctness, not speed.
 SLACK_S = 10.0
 HELLO_TIMEOUT_S = 2.0
+#: Wrong tokens one after another: the budget of 30, then enough refusals that a refusal the
+#: client cannot read shows (one in 10 to 50 of them did, before each was read first).
+GUESSES = 250
 
 
 @dataclass
@@ -201,17 +204,20 @@ async def test_guessing_node_tokens_is_throttled_and_logged_without_the_tokens(
 ) -> None:
     async with hub_stack(document_of, tmp_path) as stack:
         began = time.monotonic()
-        results = await stack.attack("guess", "--calls", "60")
+        results = await stack.attack("guess", "--calls", str(GUESSES))
         elapsed = time.monotonic() - began
         codes = [r["code"] for r in results]
-        # The budget (30 a minute) is heard; then the hub refuses before reading the hello
-        # (the client sees that, or its own write failing), but for one more each time the
-        # budget refills.
-        refused = codes.index("RESOURCE_EXHAUSTED")
-        assert set(codes[:refused]) == {"UNAUTHENTICATED"} and refused == 30, codes
+        # The budget (30 a minute) is heard; then the hub refuses unchecked, but for one more
+        # each time the budget refills. Every answer is one of the two documented codes: a
+        # refusal that ended the call before the client's hello was taken was reported by the
+        # grpc.aio client as its own INTERNAL ("Internal error from Core") now and then.
+        assert codes[:30] == ["UNAUTHENTICATED"] * 30, results[:31]
+        assert codes[30] == "RESOURCE_EXHAUSTED", results[30]
+        assert set(codes) == {"UNAUTHENTICATED", "RESOURCE_EXHAUSTED"}, [
+            r for r in results if r["code"] not in ("UNAUTHENTICATED", "RESOURCE_EXHAUSTED")
+        ]
         checked = codes.count("UNAUTHENTICATED")
         assert checked <= 30 + math.ceil(elapsed * 30 / 60), codes
-        assert set(codes[refused:]) <= {"RESOURCE_EXHAUSTED", "INTERNAL", "UNAUTHENTICATED"}
         assert any("too many failed authentications" in r["details"] for r in results)
         log = stack.log_text()
         assert "guess-" not in log  # never a token

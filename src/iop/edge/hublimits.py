@@ -18,7 +18,7 @@ hub's handler otherwise (`nodehub.py`):
   `max_unauthenticated` calls waiting for their hello to be checked, `max_unauthenticated_per_
   client` of them from one address, and few streams per connection (a Node opens one);
 - failed authentications per address: throttled (`authfailures.py`): an address that failed
-  `AUTH_FAILURES_PER_MINUTE` times within a minute is refused before its hello is read.
+  `AUTH_FAILURES_PER_MINUTE` times within a minute is refused before its token is checked.
 
 `HelloGate` counts the calls still waiting for their hello to be checked.
 """
@@ -43,7 +43,7 @@ __all__ = [
 
 #: The largest message the hub takes from anyone, a Node included (its welcome says so).
 NODE_MESSAGE_BYTES: Final = 1024 * 1024
-#: Failed node authentications one address may make a minute before it is refused unheard.
+#: Failed node authentications one address may make a minute before its tokens go unchecked.
 AUTH_FAILURES_PER_MINUTE: Final = 30
 #: Concurrent streams one connection may open (a Node opens one; a redial opens a connection).
 _STREAMS_PER_CONNECTION: Final = 2

@@ -31,8 +31,10 @@ which frees their slots.
 Before a node is authenticated (`hublimits.py`): its messages are bounded to
 `NODE_MESSAGE_BYTES` (the welcome tells it, and it splits what is larger), its hello must come
 within `edge.node_link.hello_timeout_ms`, the connections waiting for theirs are capped overall
-and per address, and an address that keeps failing authentication is refused unheard for a
-while (`authfailures.py`).
+and per address, and an address that keeps failing authentication is refused for a while
+without its token being checked (`authfailures.py`). Refusals wait for the call's first message (but
+those of a crowded gate or a stopping Edge): a grpc.aio client whose hello is still being
+written when its call ends reports its own INTERNAL instead of the refusal.
 
 One node id, two processes (a rolling update with surge): the instance that started last wins
 (`Hello.started_at`). A newer instance takes dispatch over at once; the older one's session only
@@ -488,20 +490,19 @@ class NodeHub(AsyncService):
             return
         session.send_run(stream)
 
-    async def _hello(
+    async def _first_message(
         self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
-    ) -> pb.Hello:
-        """The connection's hello, authenticated, read within the hello timeout."""
+    ) -> object:
+        """The call's first message (its hello, unchecked), read within the hello timeout."""
         timeout = self.limits.hello_timeout
         try:
-            first = await asyncio.wait_for(context.read(), timeout)
+            return await asyncio.wait_for(context.read(), timeout)
         except TimeoutError:
             raise _Refused(
                 statuses.REFUSED_NO_HELLO,
                 f"no hello within {timeout:g}s",
                 failure="hello_timeout",
             ) from None
-        return self._authenticate(first)
 
     def _authenticate(self, first: object) -> pb.Hello:
         if not isinstance(first, pb.NodeMessage) or not first.HasField("hello"):
@@ -539,12 +540,6 @@ class NodeHub(AsyncService):
         if self._stopping:
             await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
         source = source_of(peer_address(peer))
-        wait = self.auth_failures.retry_after(source)
-        if wait is not None:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"too many failed authentications from this address; retry in {ceil(wait)}s",
-            )
         crowded = self._gate.enter(source)
         if crowded is not None:
             self._refusals.warning("refused a node from %s: %s", peer, crowded)
@@ -554,9 +549,19 @@ class NodeHub(AsyncService):
             )
         try:
             try:
-                hello = await self._hello(context)
+                # Every refusal waits for the call's first message: ending a call while the
+                # client's write of its hello is in flight makes a grpc.aio client report its
+                # own INTERNAL instead of the refusal (its failed write overrides the status).
+                first = await self._first_message(context)
             finally:
                 self._gate.leave(source)
+            wait = self.auth_failures.retry_after(source)
+            if wait is not None:  # throttled: refused without looking at the token
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many failed authentications from this address; retry in {ceil(wait)}s",
+                )
+            hello = self._authenticate(first)
             previous = self._sessions.get(hello.node_id)
             if (
                 previous is not None
