@@ -236,10 +236,12 @@ class Buildah:
         began = time.monotonic()
         last: deque[str] = deque(maxlen=40)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        with log_file.open("w") as output:
-            process = subprocess.Popen(
+        with (
+            log_file.open("w") as output,
+            subprocess.Popen(
                 [*self.prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
+            ) as process,
+        ):
             assert process.stdout is not None
             try:
                 for line in process.stdout:
@@ -375,6 +377,15 @@ def ensure_base(buildah: Buildah, base: str) -> str:
             partial.unlink(missing_ok=True)
             raise ImageError(f"mmdebstrap failed:\n{result.stderr.strip()[-2000:]}")
         partial.rename(tarball)
+    import_standin(buildah, base, context, key)
+    log(f"stand-in {base} made in {time.monotonic() - began:.0f}s")
+    made = buildah.image_id(base)
+    assert made is not None
+    return made
+
+
+def import_standin(buildah: Buildah, base: str, context: Path, key: str) -> None:
+    """Import `context`/base.tar as the image `base`, labelled with the stand-in's `key`."""
     (context / "Containerfile").write_text(
         STANDIN_CONTAINERFILE.format(label=STANDIN_LABEL, key=key)
     )
@@ -383,13 +394,9 @@ def ensure_base(buildah: Buildah, base: str) -> str:
     standin = ["bud", "--isolation=chroot", "--layers", "--force-rm", "--pull=never", "-t", base]
     buildah.stream(
         [*standin, str(context)],
-        root / "logs" / f"standin-{key}.log",
+        buildah.root / "logs" / f"standin-{key}.log",
         re.compile(r"^STEP|^COMMIT"),
     )
-    log(f"stand-in {base} made in {time.monotonic() - began:.0f}s")
-    made = buildah.image_id(base)
-    assert made is not None
-    return made
 
 
 # --------------------------------------------------------------------------------------------
