@@ -3,9 +3,14 @@
 `kube_cluster` (session scope) gives a running cluster: the one already running (per
 `e2e/cluster/status`) or one started for this session and stopped at its end. Its pods run the
 project's image, built from the Dockerfile first if its inputs changed (e2e/cluster/imagebuild.py).
-The binaries are built and the cluster is started once collection is done, before any test's
-timeout starts ticking, and only when a selected test uses the fixture. If that fails, every test
-that needs the cluster fails with the reason; none is skipped.
+The cluster is started before the first test that uses the fixture, outside that test's timeout,
+and only when a selected test uses it. If that fails, every test that needs the cluster fails
+with the reason; none is skipped.
+
+In a parallel run (pytest-xdist) each worker that runs such a test gets a cluster of its own:
+a state directory of its own (`IOP_CLUSTER_STATE` with the run and the worker appended), hence
+its own network slot and ports, started for this run and stopped at the worker's end; the tests
+of one worker share it, one at a time.
 """
 
 from __future__ import annotations
@@ -167,11 +172,20 @@ SESSION = pytest.StashKey[ClusterSession]()
 def _launch(config: pytest.Config, command: str, *args: str) -> tuple[int, str]:
     """Run a launcher subcommand, showing its progress live; returns (code, last lines)."""
     capture = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # A worker's terminal reporter writes nowhere; its standard error is the run's.
+    reporter = None if worker else config.pluginmanager.getplugin("terminalreporter")
+    prefix = f"[{worker}] " if worker else ""
+
+    def show(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(f"{prefix}{line}", file=sys.stderr, flush=True)
+
     last: collections.deque[str] = collections.deque(maxlen=60)
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        if reporter is not None:
-            reporter.write_line(f"e2e cluster: {' '.join([f'cluster/{command}', *args])}")
+        show(f"e2e cluster: {' '.join([f'cluster/{command}', *args])}")
         with subprocess.Popen(
             [sys.executable, str(LAUNCHER), command, *args],
             stdout=subprocess.PIPE,
@@ -181,8 +195,7 @@ def _launch(config: pytest.Config, command: str, *args: str) -> tuple[int, str]:
             assert process.stdout is not None
             for line in process.stdout:
                 last.append(line.rstrip("\n"))
-                if reporter is not None:
-                    reporter.write_line(f"  {line.rstrip()}")
+                show(f"  {line.rstrip()}")
             code = process.wait()
     return code, "\n".join(last)
 
@@ -228,12 +241,22 @@ def _open_session(config: pytest.Config) -> ClusterSession:
     return session
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    config = session.config
-    if config.option.collectonly or SESSION in config.stash:
-        return
-    if any(FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None:  # a cluster of this worker's own, never one another run is using
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")[:8]
+        shared = os.environ.get("IOP_CLUSTER_STATE") or str(
+            Path(tempfile.gettempdir()) / f"iop-cluster-{os.getuid()}"
+        )
+        os.environ["IOP_CLUSTER_STATE"] = f"{shared}-{run}-{worker}"
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)  # outside pytest-timeout's timer
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    config = item.config
+    if FIXTURE in getattr(item, "fixturenames", ()) and SESSION not in config.stash:
         config.stash[SESSION] = _open_session(config)
+    yield
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
