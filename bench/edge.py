@@ -62,7 +62,7 @@ from bench.benchkit import (
     wait_available,
 )
 from iop.edge import EdgeServer
-from iop.edge.hubs import NodeStatus, ProviderLink, ProviderLoad
+from iop.edge.hub.protocol import NodeStatus, ProviderLink, ProviderLoad
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage

@@ -128,9 +128,9 @@ async def batches(one: Callable[[], Awaitable[None]], limiter: Any) -> list[list
 def admission_child(variant: str, redis_url: str) -> None:
     from iop.edge.authenticating import Principal
     from iop.edge.bodies import parse_request
-    from iop.edge.dispatching import Dispatcher
-    from iop.edge.enforcing import Limiter
-    from iop.edge.snapshots import PoolSnapshot
+    from iop.edge.limits.limiter import Limiter
+    from iop.edge.pool.dispatching import Dispatcher
+    from iop.edge.pool.snapshots import PoolSnapshot
     from iop.edgeconfig import load_data
 
     async def run() -> list[list[float]]:
@@ -156,10 +156,10 @@ def relay_child(variant: str, redis_url: str) -> None:
     """The request path in one process; `baseline` runs in the commit before the limits."""
     from iop.edge.authenticating import Principal
     from iop.edge.bodies import apply_policy, parse_request
-    from iop.edge.dispatching import Dispatcher
-    from iop.edge.metering import Metrics
-    from iop.edge.relaying import Relay
-    from iop.edge.snapshots import PoolSnapshot
+    from iop.edge.pool.dispatching import Dispatcher
+    from iop.edge.pool.metering import Metrics
+    from iop.edge.pool.relaying import Relay
+    from iop.edge.pool.snapshots import PoolSnapshot
     from iop.edgeconfig import load_data
 
     async def run() -> list[list[float]]:
@@ -170,7 +170,7 @@ def relay_child(variant: str, redis_url: str) -> None:
         relay = Relay(dispatcher, InstantHub(), metrics)
         limiter: Any = None
         if variant != "baseline":
-            from iop.edge.enforcing import Limiter
+            from iop.edge.limits.limiter import Limiter
 
             limiter = Limiter(dispatcher, edge_config, registry=metrics.registry)
             await limiter.start()

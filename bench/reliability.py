@@ -291,7 +291,7 @@ async def frozen_edge(folder: Path, rounds: int) -> None:
                 for _ in range(rounds):
                     await benchkit.until(lambda: _ready(http), 30)
                     streaming = asyncio.create_task(_one_stream(http))
-                    await benchkit.until(lambda: agent.router.running == 1, 30)
+                    await benchkit.until(lambda: agent.runner.running == 1, 30)
                     target = link.silences + 1
                     os.kill(edge.pid, signal.SIGSTOP)
                     frozen = time.monotonic()
@@ -299,7 +299,7 @@ async def frozen_edge(folder: Path, rounds: int) -> None:
                         await benchkit.until(functools.partial(_left, link, target), 30) - frozen
                     )
                     cancelled.append(
-                        await benchkit.until(lambda: agent.router.running == 0, 30) - frozen
+                        await benchkit.until(lambda: agent.runner.running == 0, 30) - frozen
                     )
                     os.kill(edge.pid, signal.SIGCONT)
                     streaming.cancel()

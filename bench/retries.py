@@ -166,10 +166,10 @@ def relay_child() -> None:
     """In a child process: time requests through `Relay` with the stub hub; print one line."""
     from iop.edge.authenticating import Principal
     from iop.edge.bodies import apply_policy, parse_request
-    from iop.edge.dispatching import Dispatcher
-    from iop.edge.metering import Metrics
-    from iop.edge.relaying import Relay
-    from iop.edge.snapshots import PoolSnapshot
+    from iop.edge.pool.dispatching import Dispatcher
+    from iop.edge.pool.metering import Metrics
+    from iop.edge.pool.relaying import Relay
+    from iop.edge.pool.snapshots import PoolSnapshot
     from iop.edgeconfig import load_data
 
     async def run() -> list[float]:

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from iop.edge.nodehub import NodeHub
+from iop.edge.hub.nodehub import NodeHub
 from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data, token_sha256
 from iop.processes import spawn_fake_upstream, spawn_node, terminate
 from iop.providers import FakeAdapter, OpenAIAdapter

@@ -39,7 +39,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, settings
 
 from iop.edge import EdgeServer
-from iop.edge.nodehub import NodeHub
+from iop.edge.hub.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data, token_sha256
 from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.node import NodeAgent

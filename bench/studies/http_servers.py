@@ -3,7 +3,7 @@
     uv run --frozen python -m bench.studies.http_servers [--rounds 3] [--seconds 3]
         [--concurrency 1 32 128]
 
-Both servers run the same `EdgeApp` (auth, validation, dispatch, metering, SSE) over the stub hub
+Both servers run the same `OpenAIApp` (auth, validation, dispatch, metering, SSE) over the stub hub
 of bench/edge.py (`InstantHub`: every run answered at once, in-process), so the difference is the
 HTTP server alone. uvicorn (httptools) runs as `iop edge run` does; granian runs in its embedded
 mode (one process, the application on the same asyncio loop, hyper/tokio doing the HTTP in
@@ -50,18 +50,18 @@ async def serve_granian(config_path: str) -> None:
     from granian.server.embed import Server
 
     from iop.edge.authenticating import Authenticator
-    from iop.edge.dispatching import Dispatcher
-    from iop.edge.hubs import available_providers
-    from iop.edge.metering import Metrics
-    from iop.edge.serving import EdgeApp
-    from iop.edge.snapshots import PoolSnapshot
+    from iop.edge.http.openaiapp import OpenAIApp
+    from iop.edge.hub.protocol import available_providers
+    from iop.edge.pool.dispatching import Dispatcher
+    from iop.edge.pool.metering import Metrics
+    from iop.edge.pool.snapshots import PoolSnapshot
     from iop.edgeconfig import load_file
 
     config = load_file(config_path)
     hub = InstantHub()
     dispatcher = Dispatcher(PoolSnapshot.build(config))
     dispatcher.set_available(available_providers(hub.connected_providers()))
-    app = EdgeApp(
+    app = OpenAIApp(
         dispatcher=dispatcher,
         hub=hub,
         authenticator=Authenticator(config.openai),

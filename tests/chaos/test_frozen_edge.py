@@ -62,7 +62,7 @@ async def test_a_frozen_edge_is_left_by_its_node_which_keeps_serving_the_other_e
 
         streaming = asyncio.create_task(stream())
         await asyncio.wait_for(began.wait(), 30)
-        assert agent.router.running == 1
+        assert agent.runner.running == 1
 
         async with kit.frozen(edge_process.pid):
             frozen_at = time.monotonic()
@@ -70,7 +70,7 @@ async def test_a_frozen_edge_is_left_by_its_node_which_keeps_serving_the_other_e
             detected_s = time.monotonic() - frozen_at
             assert detected_s < 2.0 + 0.5 + SLACK_S, f"detected after {detected_s:.1f}s"
             # Its run was cancelled: the capacity is free for the other Edge.
-            await until(lambda: agent.router.running == 0, timeout=10)
+            await until(lambda: agent.runner.running == 0, timeout=10)
             async with httpx.AsyncClient(base_url=other.url, headers=headers, timeout=30) as near:
                 answer = await near.post(
                     "/v1/chat/completions",

@@ -23,7 +23,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from iop.edge.admin import RefreshBody
+from iop.edge.http.adminapp import RefreshBody
 from iop.edgeconfig import EdgeConfig
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]

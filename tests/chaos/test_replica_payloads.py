@@ -32,25 +32,25 @@ async def test_replicas_that_disagree_never_flip_the_node(
     old, new = config_with(wire_config, 4), config_with(wire_config, 6)
     edge_a, edge_b = await start_hub(old), await start_hub(old)
     node = await start_node(edge_a, edge_b)
-    router = node.router
-    assert router.registry.digest == digest(old)
+    runner = node.runner
+    assert runner.registry.digest == digest(old)
     applied: list[str] = []
-    real_apply = router.apply
+    real_apply = runner.apply
 
     def apply(payload, known_digest=None):
         changed = real_apply(payload, known_digest)
         if changed:
-            applied.append(router.registry.digest)
+            applied.append(runner.registry.digest)
         return changed
 
-    router.apply = apply
+    runner.apply = apply
 
     # Replica A is refreshed first: the node holds the new payload as pending.
     acks = await edge_a.swap_config(new)
     (ack,) = acks.values()
     assert ack is not None and ack.ok and ack.pending
     assert ack.in_use_hash == digest(old)
-    assert router.registry.digest == digest(old)
+    assert runner.registry.digest == digest(old)
 
     # Back and forth between the two replicas' views: nothing flips.
     for config in (old, new, old, new):
@@ -61,4 +61,4 @@ async def test_replicas_that_disagree_never_flip_the_node(
     (ack,) = (await edge_b.swap_config(new)).values()
     assert ack is not None and ack.ok and not ack.pending
     assert applied == [digest(new)]
-    assert router.registry.provisions["p1"].payload.capacity == 6
+    assert runner.registry.provisions["p1"].payload.capacity == 6

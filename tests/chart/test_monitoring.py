@@ -200,10 +200,10 @@ def exported_metric_names() -> set[str]:
     type (a counter `x` is scraped as `x_total`, a histogram as `x_bucket`, `x_count`, `x_sum`),
     so a family counts before anything was observed. The limiter registers its own on the
     Edge's registry, as `EdgeServer` does."""
-    from iop.edge.dispatching import Dispatcher
-    from iop.edge.enforcing import Limiter
-    from iop.edge.metering import Metrics
-    from iop.edge.snapshots import PoolSnapshot
+    from iop.edge.limits.limiter import Limiter
+    from iop.edge.pool.dispatching import Dispatcher
+    from iop.edge.pool.metering import Metrics
+    from iop.edge.pool.snapshots import PoolSnapshot
     from iop.operator.metrics import OperatorMetrics
 
     config = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from iop.edge.hubs import Hub, NodeStatus, ProviderLink, ProviderLoad, RunEvents
+from iop.edge.hub.protocol import Hub, NodeStatus, ProviderLink, ProviderLoad, RunEvents
 from iop.edgeconfig import EdgeConfig
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck

@@ -8,7 +8,7 @@ import pytest
 
 from iop.edgeconfig import NodePayload, ProviderPayload
 from iop.node import PayloadArbiter
-from iop.providers import Router
+from iop.providers import Runner
 
 
 def payload(capacity: int) -> NodePayload:
@@ -25,9 +25,9 @@ def payload(capacity: int) -> NodePayload:
 
 @pytest.fixture
 async def arbiter() -> AsyncIterator[PayloadArbiter]:
-    router = Router(drain_timeout=1.0)
-    yield PayloadArbiter(router)
-    await router.aclose()
+    runner = Runner(drain_timeout=1.0)
+    yield PayloadArbiter(runner)
+    await runner.aclose()
 
 
 async def test_the_first_offer_applies_and_a_disagreeing_one_waits(arbiter) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from iop.edge.nodehub import NodeHub
+from iop.edge.hub.nodehub import NodeHub
 from iop.node import NodeAgent
 from iop.wire import RunDone, RunEvent, RunFailed, RunRequest, statuses
 from iop.wire.nodestates import DRAINING
@@ -128,11 +128,11 @@ async def test_an_edge_the_service_no_longer_lists_is_left_once_its_runs_are_don
     agent = await following(service, 0.1)
     await welcomed_by(agent, [leaving, staying], until)
     running = asyncio.create_task(events_of(leaving, request("a", 40)))  # 2 s
-    await until(lambda: agent.router.running == 1)
+    await until(lambda: agent.runner.running == 1)
 
     service.ready = [address(staying)]
     await until(lambda: leaving.connected_providers()["p1"].reason == DRAINING)
-    assert agent.router.running == 1  # the run goes on
+    assert agent.runner.running == 1  # the run goes on
     (late,) = await events_of(leaving, request("b", 1))
     assert isinstance(late, RunFailed)
     assert (late.code, late.retryable) == (statuses.PROVIDER_BUSY, True)

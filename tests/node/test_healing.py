@@ -1,7 +1,7 @@
 """A Node heals itself: any error in a session ends in a reconnect, and sessions leave nothing.
 
 Real node hub (gRPC on loopback) and real Node connections; the fault is injected into the
-Node's router, where a bug in an adapter built from a pushed config would surface.
+Node's runner, where a bug in an adapter built from a pushed config would surface.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from iop.edge.nodehub import NodeHub
+from iop.edge.hub.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, NodePayload
 from iop.node import Backoff, EdgeConnection, NodeAgent, NodeIdentity
-from iop.providers import Router
+from iop.providers import Runner
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -40,8 +40,8 @@ async def test_an_unexpected_error_is_logged_and_followed_by_a_reconnect(
     assert connection.welcomes == 1
 
     # The next config the Node applies blows up, once, the way a buggy adapter would.
-    router = agent.router
-    real_apply = router.apply
+    runner = agent.runner
+    real_apply = runner.apply
     faults: list[NodePayload] = []
 
     def apply_with_a_bug(payload: NodePayload, digest: str | None = None) -> bool:
@@ -50,7 +50,7 @@ async def test_an_unexpected_error_is_logged_and_followed_by_a_reconnect(
             raise InjectedBug("adapter constructor failed")
         return real_apply(payload, digest)
 
-    router.apply = apply_with_a_bug  # type: ignore[method-assign]
+    runner.apply = apply_with_a_bug  # type: ignore[method-assign]
     caplog.set_level(logging.ERROR, logger="iop.node.connecting")
     await hub.swap_config(wire_config([{"id": "p1", "adapter": {**FAKE, "completion_tokens": 3}}]))
 
@@ -63,8 +63,8 @@ async def test_an_unexpected_error_is_logged_and_followed_by_a_reconnect(
     logged = [r for r in caplog.records if r.exc_info and r.exc_info[0] is InjectedBug]
     assert logged, "the unexpected error was not logged with its traceback"
     # The reconnected session serves the config the Edge holds now.
-    assert router.registry.payload is not None
-    assert router.registry.payload.providers[0].adapter["completion_tokens"] == 3
+    assert runner.registry.payload is not None
+    assert runner.registry.payload.providers[0].adapter["completion_tokens"] == 3
 
 
 async def test_health_listeners_stay_flat_over_200_sessions(
@@ -74,7 +74,7 @@ async def test_health_listeners_stay_flat_over_200_sessions(
     tls: Any,
 ) -> None:
     hub = await start_hub(wire_config([{"id": "p1", "adapter": FAKE}]))
-    router = Router(drain_timeout=1.0)
+    runner = Runner(drain_timeout=1.0)
     credentials = tls.client().credentials()
     identity = NodeIdentity("node-1", node_token, instance_id="healing")
     try:
@@ -83,16 +83,16 @@ async def test_health_listeners_stay_flat_over_200_sessions(
             connection = EdgeConnection(
                 f"127.0.0.1:{hub.port}",
                 identity,
-                router,
+                runner,
                 backoff=Backoff(0.01, 0.05),
                 tls=tls.client(),
                 credentials=credentials,
             )
             task = asyncio.create_task(connection.run(), name="healing-connection")
             await asyncio.wait_for(connection.connected.wait(), 10)
-            assert router.health_listeners == 1
+            assert runner.health_listeners == 1
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            assert router.health_listeners == 0
+            assert runner.health_listeners == 0
     finally:
-        await router.aclose()
+        await runner.aclose()

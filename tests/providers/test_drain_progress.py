@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from iop.edgeconfig import node_payloads
-from iop.providers import Router
+from iop.providers import Runner
 from iop.wire import DrainProgress, RunDone, RunEvent, RunFailed, RunRequest
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -36,10 +36,10 @@ class Progress:
     """Every drain progress report, with what `count()` said when it came (by default the runs
     in flight on the node)."""
 
-    def __init__(self, router: Router, count: Callable[[], int] | None = None) -> None:
-        self.count = count or (lambda: router.running)
+    def __init__(self, runner: Runner, count: Callable[[], int] | None = None) -> None:
+        self.count = count or (lambda: runner.running)
         self.seen: list[tuple[DrainProgress, int]] = []
-        router.add_drain_listener(self._heard)
+        runner.add_drain_listener(self._heard)
 
     def _heard(self, progress: DrainProgress) -> None:
         self.seen.append((progress, self.count()))
@@ -48,33 +48,33 @@ class Progress:
         return [progress.total for progress, _ in self.seen]
 
 
-def start(router: Router, *runs: RunRequest) -> list[asyncio.Task[None]]:
+def start(runner: Runner, *runs: RunRequest) -> list[asyncio.Task[None]]:
     tasks = []
     for run in runs:
-        provision = router.admit(run)
+        provision = runner.admit(run)
         assert not isinstance(provision, RunFailed)
         events: list[RunEvent] = []
-        tasks.append(asyncio.create_task(router.execute(run, provision, events.append)))
+        tasks.append(asyncio.create_task(runner.execute(run, provision, events.append)))
     return tasks
 
 
 async def test_a_swap_drain_counts_down_to_zero_as_its_last_run_ends(
     wire_config, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="iop.providers.routing")
-    router = Router(drain_timeout=30)
-    router.apply(payload(wire_config, SLOW))
-    old = router.registry.provisions["p1"]
-    progress = Progress(router, lambda: old.active)
+    caplog.set_level(logging.INFO, logger="iop.providers.running")
+    runner = Runner(drain_timeout=30)
+    runner.apply(payload(wire_config, SLOW))
+    old = runner.registry.provisions["p1"]
+    progress = Progress(runner, lambda: old.active)
     # Admitted, the runs are the old adapter's (their slots and adapter are taken at admit),
     # whether or not their tasks have reached it yet.
-    runs = start(router, request("a", 2), request("b", 6), request("c", 10))
+    runs = start(runner, request("a", 2), request("b", 6), request("c", 10))
 
     # New adapter settings: the old adapter drains its three runs; a new run uses the new one.
-    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
-    new_run = start(router, request("d", 1))
+    runner.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
+    new_run = start(runner, request("d", 1))
     await asyncio.gather(*runs, *new_run)
-    await router.aclose()
+    await runner.aclose()
 
     assert progress.totals() == [3, 2, 1, 0]
     for report, old_runs in progress.seen:
@@ -92,14 +92,14 @@ async def test_a_swap_drain_counts_down_to_zero_as_its_last_run_ends(
 async def test_the_shutdown_drain_counts_every_run_and_only_reaches_zero_at_the_last(
     wire_config,
 ) -> None:
-    router = Router(drain_timeout=30)
-    router.apply(payload(wire_config, SLOW))
-    progress = Progress(router)
-    runs = start(router, request("a", 2), request("b", 8))
-    router.drain()
-    assert isinstance(router.admit(request("late", 1)), RunFailed)  # refused while draining
+    runner = Runner(drain_timeout=30)
+    runner.apply(payload(wire_config, SLOW))
+    progress = Progress(runner)
+    runs = start(runner, request("a", 2), request("b", 8))
+    runner.drain()
+    assert isinstance(runner.admit(request("late", 1)), RunFailed)  # refused while draining
     await asyncio.gather(*runs)
-    await router.aclose()
+    await runner.aclose()
 
     assert progress.totals() == [2, 1, 0]
     assert all(report.shutting_down and report.draining for report, _ in progress.seen)
@@ -108,13 +108,13 @@ async def test_the_shutdown_drain_counts_every_run_and_only_reaches_zero_at_the_
 
 
 async def test_a_swap_that_retires_an_idle_adapter_reports_no_drain(wire_config) -> None:
-    router = Router(drain_timeout=30)
-    router.apply(payload(wire_config, SLOW))
-    progress = Progress(router)
-    router.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
-    await router.aclose()
+    runner = Runner(drain_timeout=30)
+    runner.apply(payload(wire_config, SLOW))
+    progress = Progress(runner)
+    runner.apply(payload(wire_config, {**SLOW, "completion_tokens": 50}))
+    await runner.aclose()
     assert progress.seen == []
-    assert not router.drain_progress().draining
+    assert not runner.drain_progress().draining
 
 
 async def test_a_drained_node_returns_once_the_edge_has_read_its_last_run_and_closed(
@@ -123,7 +123,7 @@ async def test_a_drained_node_returns_once_the_edge_has_read_its_last_run_and_cl
     """The Node says goodbye instead of cutting its stream: `drain` returns once the Edge has
     read the end of every run and closed the stream (cut, the stream would lose what the Edge
     had received but not yet read)."""
-    caplog.set_level(logging.INFO, logger="iop.edge.nodehub")
+    caplog.set_level(logging.INFO, logger="iop.edge.hub.nodehub")
     hub = await start_hub(wire_config([{"id": "p1", "adapter": SLOW}]))
     agent = await start_node(hub)
     events: list[RunEvent] = []
@@ -134,7 +134,7 @@ async def test_a_drained_node_returns_once_the_edge_has_read_its_last_run_and_cl
                 events.append(event)
 
     consuming = asyncio.create_task(consume())
-    await until(lambda: agent.router.running == 1)
+    await until(lambda: agent.runner.running == 1)
 
     assert await agent.drain(30) is True
     # Back from the drain: the Edge has the run's end and has closed the node's session.

@@ -1,4 +1,4 @@
-"""Active health checks against a real fake upstream on loopback, and the router's verdicts:
+"""Active health checks against a real fake upstream on loopback, and the runner's verdicts:
 probes take a dead upstream out and bring it back, failing real runs take it out at once."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from iop.edgeconfig import node_payloads
 from iop.fakes import FakeUpstream, FakeUpstreamSettings
-from iop.providers import Router
+from iop.providers import Runner
 from iop.providers.probing import Prober, ProbeTarget, probe_url
 from iop.wire import ProviderHealth, RunEvent, RunFailed, RunRequest, nodestates
 
@@ -86,18 +86,18 @@ async def test_a_probe_of_a_server_that_never_answers_times_out(prober: Prober) 
     assert failure == f"no answer from GET http://127.0.0.1:{port}/v1/models within 0.2s"
 
 
-# -- the router's verdicts -----------------------------------------------------------------------
+# -- the runner's verdicts -----------------------------------------------------------------------
 
 FAST = {"interval_ms": 100, "timeout_ms": 500, "failure_threshold": 2, "success_threshold": 2}
 BODY = orjson.dumps({"model": "served", "messages": [{"role": "user", "content": "hi"}]})
 
 
 class Verdicts:
-    """What a router told its health listeners about p1, in order."""
+    """What a runner told its health listeners about p1, in order."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.seen: list[ProviderHealth] = []
-        router.add_health_listener(self._heard)
+        runner.add_health_listener(self._heard)
 
     def _heard(self, health: list[ProviderHealth]) -> None:
         self.seen += [h for h in health if h.provider_id == "p1"]
@@ -128,10 +128,10 @@ def openai_payload(wire_config: Callable[..., Any], base_url: str, **health: Any
 async def test_probes_take_a_dead_upstream_out_and_bring_it_back(wire_config, until) -> None:
     upstream = FakeUpstream()
     port = await upstream.start()
-    router = Router(drain_timeout=1)
-    verdicts = Verdicts(router)
+    runner = Runner(drain_timeout=1)
+    verdicts = Verdicts(runner)
     try:
-        router.apply(openai_payload(wire_config, upstream.base_url))
+        runner.apply(openai_payload(wire_config, upstream.base_url))
         assert verdicts.last.reason == nodestates.NOT_PROBED
         await until(lambda: verdicts.last.healthy)
         await upstream.stop()
@@ -142,10 +142,10 @@ async def test_probes_take_a_dead_upstream_out_and_bring_it_back(wire_config, un
         await upstream.start()
         await until(lambda: verdicts.last.healthy)
     finally:
-        await router.aclose()
+        await runner.aclose()
         await upstream.stop()
     assert verdicts.reasons() == ["not_probed", "healthy", "probe_failed", "healthy"]
-    assert router.prober.targets == {}
+    assert runner.prober.targets == {}
 
 
 async def test_failing_runs_take_a_provider_out_and_probes_bring_it_back(
@@ -155,42 +155,42 @@ async def test_failing_runs_take_a_provider_out_and_probes_bring_it_back(
     detection takes it out after the threshold, and passing probes bring it back."""
     settings = FakeUpstreamSettings(fail_rate=1.0, error_status=500)
     async with FakeUpstream(settings) as upstream:
-        router = Router(drain_timeout=1)
-        verdicts = Verdicts(router)
+        runner = Runner(drain_timeout=1)
+        verdicts = Verdicts(runner)
         payload = openai_payload(wire_config, upstream.base_url, request_failure_threshold=3)
         try:
-            router.apply(payload)
+            runner.apply(payload)
             await until(lambda: verdicts.last.healthy)
             outcomes: list[RunEvent] = []
             for index in range(3):
                 request = RunRequest(f"r{index}", "p1", "served", "chat", BODY, False)
-                provision = router.admit(request)
+                provision = runner.admit(request)
                 assert not isinstance(provision, RunFailed)
-                await router.execute(request, provision, outcomes.append)
+                await runner.execute(request, provision, outcomes.append)
             assert all(isinstance(o, RunFailed) and o.status == 500 for o in outcomes)
             assert verdicts.last.reason == nodestates.REQUEST_FAILURES  # at once, no probe
             assert verdicts.last.detail.startswith("3 request(s) in a row failed on the upstream")
             await until(lambda: verdicts.last.healthy)  # two passing probes
         finally:
-            await router.aclose()
+            await runner.aclose()
     assert verdicts.reasons() == ["not_probed", "healthy", "request_failures", "healthy"]
 
 
 async def test_a_pushed_policy_retunes_the_probes_and_fake_adapters_are_never_probed(
     wire_config,
 ) -> None:
-    router = Router(drain_timeout=1)
+    runner = Runner(drain_timeout=1)
     try:
-        router.apply(openai_payload(wire_config, "http://127.0.0.1:9/v1"))
-        assert router.prober.targets["p1"].interval == 0.1
-        router.apply(openai_payload(wire_config, "http://127.0.0.1:9/v1", interval_ms=300))
-        assert router.prober.targets["p1"].interval == 0.3
-        router.apply(openai_payload(wire_config, "http://127.0.0.1:9/v1", interval_ms=0))
-        assert router.prober.targets == {}
-        assert router.health() == [ProviderHealth("p1", True)]
+        runner.apply(openai_payload(wire_config, "http://127.0.0.1:9/v1"))
+        assert runner.prober.targets["p1"].interval == 0.1
+        runner.apply(openai_payload(wire_config, "http://127.0.0.1:9/v1", interval_ms=300))
+        assert runner.prober.targets["p1"].interval == 0.3
+        runner.apply(openai_payload(wire_config, "http://127.0.0.1:9/v1", interval_ms=0))
+        assert runner.prober.targets == {}
+        assert runner.health() == [ProviderHealth("p1", True)]
         fake = [{"id": "p1", "adapter": {"type": "fake"}, "health": FAST}]
-        router.apply(node_payloads(wire_config(fake))["node-1"])
-        assert router.prober.targets == {}
-        assert router.health() == [ProviderHealth("p1", True)]
+        runner.apply(node_payloads(wire_config(fake))["node-1"])
+        assert runner.prober.targets == {}
+        assert runner.health() == [ProviderHealth("p1", True)]
     finally:
-        await router.aclose()
+        await runner.aclose()

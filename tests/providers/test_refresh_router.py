@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from iop.edgeconfig import node_payloads
-from iop.providers import Router
+from iop.providers import Runner
 from iop.wire import RunDone, RunEvent, RunFailed, RunRequest
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -37,41 +37,41 @@ def payload(wire_config, **provider):
     ],
 )
 async def test_a_swap_that_keeps_the_adapter_keeps_counting_its_runs(wire_config, change) -> None:
-    router = Router(drain_timeout=30)
-    router.apply(payload(wire_config, capacity=2))
-    adapter = router.registry.provisions["p1"].adapter
+    runner = Runner(drain_timeout=30)
+    runner.apply(payload(wire_config, capacity=2))
+    adapter = runner.registry.provisions["p1"].adapter
     runs: list[asyncio.Task[None]] = []
     events: list[RunEvent] = []
     for run_id in ("a", "b"):
-        admitted = router.admit(request(run_id))
+        admitted = runner.admit(request(run_id))
         assert not isinstance(admitted, RunFailed)
-        runs.append(asyncio.create_task(router.execute(request(run_id), admitted, events.append)))
+        runs.append(asyncio.create_task(runner.execute(request(run_id), admitted, events.append)))
 
-    assert router.apply(payload(wire_config, **{"capacity": 2, **change}))
-    provision = router.registry.provisions["p1"]
+    assert runner.apply(payload(wire_config, **{"capacity": 2, **change}))
+    provision = runner.registry.provisions["p1"]
     assert provision.adapter is adapter  # not restarted
     assert provision.active == 2
     await asyncio.gather(*runs)
     assert [type(e) for e in events if isinstance(e, RunDone)] == [RunDone, RunDone]
-    assert provision.active == 0 and router.in_flight() == {}
+    assert provision.active == 0 and runner.in_flight() == {}
     # Nothing is left to drain: closing does not wait out the drain timeout.
-    await asyncio.wait_for(router.aclose(), 5)
-    assert router.drain_reports[-1].cut_runs == 0
+    await asyncio.wait_for(runner.aclose(), 5)
+    assert runner.drain_reports[-1].cut_runs == 0
 
 
 async def test_capacity_lowered_below_in_flight_refuses_new_runs_until_under(wire_config) -> None:
-    router = Router(drain_timeout=1)
-    router.apply(payload(wire_config, capacity=2))
-    held = [router.admit(request(run_id)) for run_id in ("a", "b")]
-    router.apply(payload(wire_config, capacity=1))
-    assert isinstance(router.admit(request("c")), RunFailed)
+    runner = Runner(drain_timeout=1)
+    runner.apply(payload(wire_config, capacity=2))
+    held = [runner.admit(request(run_id)) for run_id in ("a", "b")]
+    runner.apply(payload(wire_config, capacity=1))
+    assert isinstance(runner.admit(request("c")), RunFailed)
     for run_id, provision in zip(("a", "b"), held, strict=True):
         assert not isinstance(provision, RunFailed)
-        router.release(request(run_id), provision)
-        refused = router.admit(request("c"))
+        runner.release(request(run_id), provision)
+        refused = runner.admit(request("c"))
         if run_id == "a":
             assert isinstance(refused, RunFailed)  # 1 in flight, capacity 1
         else:
             assert not isinstance(refused, RunFailed)
-            router.release(request("c"), refused)
-    await router.aclose()
+            runner.release(request("c"), refused)
+    await runner.aclose()

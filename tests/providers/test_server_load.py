@@ -12,7 +12,7 @@ import pytest
 
 from iop.edgeconfig import node_payloads
 from iop.fakes import FakeUpstream, FakeUpstreamSettings, GpuSettings
-from iop.providers import Router
+from iop.providers import Runner
 from iop.providers.probing import Prober, ProbeTarget, metrics_url, read_server_load
 from iop.wire.nodestates import ServerLoad
 
@@ -64,7 +64,7 @@ async def gpu_upstream() -> AsyncIterator[FakeUpstream]:
         yield upstream
 
 
-async def test_the_router_reports_what_the_server_says(
+async def test_the_runner_reports_what_the_server_says(
     gpu_upstream: FakeUpstream, wire_config: Callable[..., Any], until
 ) -> None:
     engine = gpu_upstream.engine
@@ -77,16 +77,16 @@ async def test_the_router_reports_what_the_server_says(
         "adapter": {"type": "openai", "base_url": gpu_upstream.base_url},
         "health": {"interval_ms": 100},
     }
-    router = Router()
+    runner = Runner()
     try:
-        router.apply(node_payloads(wire_config([provider]))["node-1"])
-        await until(lambda: "p1" in router.server_loads())
-        load = router.server_loads()["p1"]
+        runner.apply(node_payloads(wire_config([provider]))["node-1"])
+        await until(lambda: "p1" in runner.server_loads())
+        load = runner.server_loads()["p1"]
         assert (load.running, load.waiting) == (1, 2)
         assert 0 < load.kv_cache_usage <= 1
         assert load.age_s < 5
     finally:
-        await router.aclose()
+        await runner.aclose()
 
 
 async def test_a_server_without_vllm_metrics_is_asked_once_a_minute(until) -> None:

@@ -4,7 +4,8 @@
 - `AsyncService`: the `start()`/`stop()` or `async with` lifecycle of servers and agents.
 - `LogThrottle`: one log line per interval for events outsiders can cause at will.
 - `bind_listener`, `split_listener`: a server's socket, bound before it starts; `host:port`;
-  `resolve_service`: the addresses a (headless Service's) name lists now.
+  `resolve_service`: the addresses a (headless Service's) name lists now; `open_file_room`:
+  the open files left for connections under the process's limit.
 - `asgiserving.AsgiServer`: an ASGI app served by uvicorn on such a socket (imported from its
   module, so that parts serving no HTTP never load uvicorn).
 
@@ -13,15 +14,26 @@ Nothing here knows about the wire, the Edge or the Node; everything above may im
 
 from .aiotasks import guarded_task, stop_tasks
 from .lifecycles import AsyncService
-from .listening import Resolve, bind_listener, resolve_service, split_listener
+from .listening import (
+    FD_RESERVE,
+    Resolve,
+    bind_listener,
+    open_file_limit,
+    open_file_room,
+    resolve_service,
+    split_listener,
+)
 from .throttling import LogThrottle
 
 __all__ = [
+    "FD_RESERVE",
     "AsyncService",
     "LogThrottle",
     "Resolve",
     "bind_listener",
     "guarded_task",
+    "open_file_limit",
+    "open_file_room",
     "resolve_service",
     "split_listener",
     "stop_tasks",

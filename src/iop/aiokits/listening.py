@@ -7,10 +7,20 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import re
+import resource
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Final
 
-__all__ = ["Resolve", "bind_listener", "resolve_service", "split_listener"]
+__all__ = [
+    "FD_RESERVE",
+    "Resolve",
+    "bind_listener",
+    "open_file_limit",
+    "open_file_room",
+    "resolve_service",
+    "split_listener",
+]
 
 
 def split_listener(value: str) -> tuple[str, int]:
@@ -59,3 +69,22 @@ async def resolve_service(host: str, port: int) -> list[str]:
         if address not in found:
             found.append(address)
     return found
+
+
+#: Open files a server keeps for everything but client and Node connections (listeners, logs,
+#: config reads, upstream sockets of the tests' in-process parts) when it fits its connection
+#: caps to the open-file limit.
+FD_RESERVE: Final = 256
+
+
+def open_file_limit() -> int:
+    """The process's soft open-file limit (ulimit -n)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def open_file_room(open_files: int | None = None) -> int:
+    """Open files left for connections under the soft open-file limit (`open_files`, read from
+    the process by default) once `FD_RESERVE` is kept."""
+    open_files = open_file_limit() if open_files is None else open_files
+    return max(1, open_files - FD_RESERVE)

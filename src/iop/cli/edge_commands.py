@@ -17,8 +17,8 @@ import uvloop
 
 from iop.aiokits import guarded_task, split_listener, stop_tasks
 from iop.edge import EdgeServer
-from iop.edge.admin import AdminAuthError
-from iop.edge.refreshreports import ConfigSource
+from iop.edge.http.adminapp import AdminAuthError
+from iop.edge.refresh.reports import ConfigSource
 from iop.edgeconfig import ConfigError, load_file, require_token_hashes
 from iop.wire import TlsError
 

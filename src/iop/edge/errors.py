@@ -1,7 +1,8 @@
 """The Edge's one exception hierarchy: everything a request can fail with, before HTTP.
 
-Dispatch, auth and request parsing raise these; `httperrors.py` is the one place that turns them
-into HTTP statuses and OpenAI error bodies, so no other module knows a status code.
+Dispatch, auth, request parsing and the three HTTP apps raise these; `http/responses.py` is the
+one place that turns them into HTTP statuses and error bodies, so no other module knows the
+status of an error.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "ModelNotFound",
     "NoProvider",
     "PayloadTooLarge",
+    "ProviderFailed",
     "QueueFull",
     "QueueTimeout",
     "RateLimited",
@@ -24,48 +26,54 @@ __all__ = [
     "TooManyConnections",
     "TooManyRequests",
     "Unauthorized",
-    "UpstreamError",
 ]
 
 
 class EdgeError(Exception):
-    """A request the Edge answers with an error; `message` is safe to show the client."""
+    """A request the Edge answers with an error; `message` is safe to show the client.
 
-    def __init__(self, message: str) -> None:
+    `code` names the error in the body where the answering API has a word of its own for it
+    (the admin API's `no_refresh`); by default the error's class decides it."""
+
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if code is not None:
+            self.code = code
 
 
 class BadRequest(EdgeError):
     """The request body is not JSON, or a field is missing or has the wrong type or value."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, param: str | None = None, *, code: str | None = None) -> None:
+        super().__init__(message, code=code)
         self.param = param
 
 
 class Unauthorized(EdgeError):
     """No bearer token where one is required, or a token the config does not know."""
 
-    def __init__(self, message: str, *, missing: bool) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, missing: bool, code: str | None = None) -> None:
+        super().__init__(message, code=code)
         self.missing = missing
 
 
 class RouteNotFound(EdgeError):
-    """No such path."""
+    """No such path (or nothing at it yet)."""
 
 
 class MethodNotAllowed(EdgeError):
     """A known path asked with the wrong method."""
 
-    def __init__(self, message: str, allowed: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, allowed: str, *, code: str | None = None) -> None:
+        super().__init__(message, code=code)
         self.allowed = allowed
 
 
 class PayloadTooLarge(EdgeError):
-    """The body is larger than `openai.max_request_bytes`."""
+    """The body is larger than the listener takes (`openai.max_request_bytes`)."""
 
 
 class ModelNotFound(EdgeError):
@@ -115,21 +123,19 @@ class TooManyRequests(EdgeError):
     `code` says which."""
 
     def __init__(self, message: str, code: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
 
 
-class UpstreamError(EdgeError):
+class ProviderFailed(EdgeError):
     """The Node or the provider behind it failed the run (`code` from the wire)."""
 
     def __init__(self, message: str, code: str, status: int | None) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code)
         self.status = status
 
 
-# -- refused before a request reaches the app: the HTTP server's limits (httplimits.py) ---------
+# -- refused before a request reaches the app: the HTTP server's caps (http/caps.py) ----------
 
 
 class HeadersTooLarge(EdgeError):

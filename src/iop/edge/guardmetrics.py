@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .clientguarding import ClientGuard
-from .hubs import Hub
-from .nodehub import NodeHub
+from .http.clientguard import ClientGuard
+from .hub.nodehub import NodeHub
+from .hub.protocol import Hub
 
 __all__ = ["GuardCollector"]
 

@@ -1,6 +1,6 @@
 """The Node agent: dials Edges, runs requests through adapters, swaps registries with drain.
 
-`NodeAgent` is the whole agent (what `iop node run` starts): one `iop.providers.Router` (the
+`NodeAgent` is the whole agent (what `iop node run` starts): one `iop.providers.Runner` (the
 adapter registry, capacity across every Edge, health) shared by an `EdgeConnection` per Edge,
 which keeps that Edge's stream up.
 """

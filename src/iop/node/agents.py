@@ -1,4 +1,4 @@
-"""The Node agent: one router shared by connections to every Edge replica.
+"""The Node agent: one runner shared by connections to every Edge replica.
 
 In production the Edge runs as several replicas behind a Service, and every replica must be able
 to dispatch to every Node. The agent keeps one `EdgeConnection` per Edge address: the addresses
@@ -7,7 +7,7 @@ Service), looked up again periodically, and at once when a link drops or a dial 
 replicas that come and go, or come back at a new pod IP, are followed within a second or so
 (`resolving.py` says when). An address the Service no longer lists is left without losing
 anything (`EdgeConnection.leave`: its runs finish first); one that never got a session is
-dropped at once. All connections share one `Router`, so a provider's capacity holds across all
+dropped at once. All connections share one `Runner`, so a provider's capacity holds across all
 Edges, and one `PayloadArbiter`, so replicas that disagree on the config mid-rollout never flip
 the Node between two.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
 from iop.edgeconfig import split_listener
-from iop.providers import Router
+from iop.providers import Runner
 from iop.wire import DEFAULT_LIVENESS, ClientTls, Liveness
 
 from .arbitrating import PayloadArbiter
@@ -71,8 +71,8 @@ class NodeAgent(AsyncService):
         self.identity = NodeIdentity(
             node_id, token, alias, instance_id=uuid.uuid4().hex[:12], started_at=time.time()
         )
-        self.router = Router(drain_timeout=drain_timeout)
-        self.arbiter = PayloadArbiter(self.router)
+        self.runner = Runner(drain_timeout=drain_timeout)
+        self.arbiter = PayloadArbiter(self.runner)
         self._edges = tuple(edges)
         self._services = tuple(services)
         self._backoff = (backoff_initial, backoff_max)
@@ -102,7 +102,7 @@ class NodeAgent(AsyncService):
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why): ready once an Edge has welcomed this Node, and not while it drains."""
-        if self.router.draining:
+        if self.runner.draining:
             return False, "draining: the node is leaving"
         welcomed = sum(1 for c in self.connections.values() if c.connected.is_set())
         if not welcomed:
@@ -112,18 +112,18 @@ class NodeAgent(AsyncService):
     async def drain(self, grace: float) -> bool:
         """Stop taking runs, tell every Edge, and wait up to `grace` seconds for the runs in
         flight to end; True when they all did. Call `stop()` after it."""
-        self.router.drain()
-        running = self.router.running
+        self.runner.drain()
+        running = self.runner.running
         logger.info("draining: %d run(s) in flight, up to %.0fs", running, grace)
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
         try:
-            await asyncio.wait_for(self.router.wait_idle(), grace)
+            await asyncio.wait_for(self.runner.wait_idle(), grace)
         except TimeoutError:
             logger.warning(
                 "drain grace of %.0fs over: %d run(s) still in flight are cut",
                 grace,
-                self.router.running,
+                self.runner.running,
             )
             return False
         # The runs' last events and the drain's end are queued for every Edge. Each link says
@@ -137,7 +137,7 @@ class NodeAgent(AsyncService):
         links = [*self._tasks.values(), *self._leaving.values()]
         if links:
             await asyncio.wait(links, timeout=max(until - loop.time(), LEAVE_TIMEOUT_S))
-        return True  # the router logged the end of the drain
+        return True  # the runner logged the end of the drain
 
     async def stop(self) -> None:
         """Drop every connection (their runs are cancelled), then close the adapters."""
@@ -147,7 +147,7 @@ class NodeAgent(AsyncService):
         await stop_tasks(tasks)
         self._tasks.clear()
         self._leaving.clear()
-        await self.router.aclose()
+        await self.runner.aclose()
 
     async def wait_connected(self, count: int | None = None) -> None:
         """Until `count` connections (default: all current) have been welcomed."""
@@ -165,7 +165,7 @@ class NodeAgent(AsyncService):
         connection = EdgeConnection(
             address,
             self.identity,
-            self.router,
+            self.runner,
             arbiter=self.arbiter,
             backoff=Backoff(*self._backoff),
             tls=self._tls,

@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 
 from iop.edgeconfig import NodePayload
-from iop.providers import Router
+from iop.providers import Runner
 
 __all__ = ["PayloadArbiter"]
 
@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 class PayloadArbiter:
     """Collects each connected Edge's payload and applies the one the rule picks."""
 
-    def __init__(self, router: Router) -> None:
-        self._router = router
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
         #: Edge address -> (payload, digest, order of the offer).
         self._offers: dict[str, tuple[NodePayload, str, int]] = {}
         self._order = 0
@@ -41,7 +41,7 @@ class PayloadArbiter:
     @property
     def in_use(self) -> str:
         """The digest of the payload in use ("" before any)."""
-        return self._router.registry.digest
+        return self._runner.registry.digest
 
     def offer(self, edge: str, payload: NodePayload, digest: str) -> bool:
         """Edge `edge` sends `payload`; True when it is in use after this call."""
@@ -78,4 +78,4 @@ class PayloadArbiter:
                 current[:12],
                 chosen[:12],
             )
-        self._router.apply(payload, chosen)
+        self._runner.apply(payload, chosen)

@@ -39,7 +39,7 @@ import grpc
 import grpc.aio
 
 from iop.aiokits import guarded_task, stop_tasks
-from iop.providers import FIRST_BYTE_TIMEOUT, Router, RunGate
+from iop.providers import FIRST_BYTE_TIMEOUT, RunGate, Runner
 from iop.wire import (
     DEFAULT_LIVENESS,
     PROTOCOL_VERSION,
@@ -160,7 +160,7 @@ class EdgeConnection:
         self,
         target: str,
         identity: NodeIdentity,
-        router: Router,
+        runner: Runner,
         *,
         arbiter: PayloadArbiter | None = None,
         backoff: Backoff | None = None,
@@ -171,8 +171,8 @@ class EdgeConnection:
     ) -> None:
         self.target = target
         self.identity = identity
-        self.router = router
-        self.arbiter = arbiter if arbiter is not None else PayloadArbiter(router)
+        self.runner = runner
+        self.arbiter = arbiter if arbiter is not None else PayloadArbiter(runner)
         self.backoff = backoff or Backoff()
         self.tls = tls
         # Read once (not at each dial, inside the event loop); the agent reads them for all.
@@ -214,7 +214,7 @@ class EdgeConnection:
             return
         self._leaving.set()
         logger.info("leaving edge %s: %d run(s) to finish first", self.target, len(self._runs))
-        self._on_health(self.router.health())
+        self._on_health(self.runner.health())
 
     async def run(self) -> None:
         """Connect, serve, and reconnect after every loss, until cancelled or `leave()`.
@@ -281,7 +281,7 @@ class EdgeConnection:
             token=self.identity.token,
             instance_id=self.identity.instance_id,
             started_at=self.identity.started_at,
-            health=[health_to_proto(h) for h in self.router.health()],
+            health=[health_to_proto(h) for h in self.runner.health()],
         )
         await call.write(pb.NodeMessage(hello=hello))
         first = await call.read()
@@ -319,8 +319,8 @@ class EdgeConnection:
                 self._writer = writer
                 # Health and drain progress reach the Edge through this session's writer: listen
                 # only while it lives, so connections that come and go leave no listener behind.
-                self.router.add_health_listener(self._on_health)
-                self.router.add_drain_listener(self._on_drain)
+                self.runner.add_health_listener(self._on_health)
+                self.runner.add_drain_listener(self._on_drain)
                 reader = guarded_task(
                     self._read(call, writer), name=f"node-reader-{self.target}", logger=logger
                 )
@@ -334,8 +334,8 @@ class EdgeConnection:
                 )
                 try:
                     _put_sized(writer, self._apply(welcome.config))
-                    self._on_health(self.router.health())
-                    progress = self.router.drain_progress()
+                    self._on_health(self.runner.health())
+                    progress = self.runner.drain_progress()
                     if progress.draining:
                         self._on_drain(progress)
                     self.edge_id = welcome.edge_id
@@ -360,8 +360,8 @@ class EdgeConnection:
                     if writer.error is not None:
                         raise writer.error
                 finally:
-                    self.router.remove_health_listener(self._on_health)
-                    self.router.remove_drain_listener(self._on_drain)
+                    self.runner.remove_health_listener(self._on_health)
+                    self.runner.remove_drain_listener(self._on_drain)
                     self.arbiter.withdraw(self.target)
                     self.connected.clear()
                     self._writer = None
@@ -439,7 +439,7 @@ class EdgeConnection:
         while True:
             on_time = await ticker.tick()
             try:
-                in_flight = self.router.in_flight()
+                in_flight = self.runner.in_flight()
                 mine = self._mine
                 _put_sized(
                     writer,
@@ -448,7 +448,7 @@ class EdgeConnection:
                         in_flight=in_flight,
                         server_load={
                             pid: server_load_to_proto(load)
-                            for pid, load in self.router.server_loads().items()
+                            for pid, load in self.runner.server_loads().items()
                         },
                         in_flight_elsewhere={
                             pid: n - mine.get(pid, 0)
@@ -478,7 +478,7 @@ class EdgeConnection:
             busy = statuses.failure(statuses.PROVIDER_BUSY, "the node is leaving this Edge")
             writer.put(event_to_proto(run_id, busy))
             return
-        admitted = self.router.admit(request)
+        admitted = self.runner.admit(request)
         if isinstance(admitted, RunFailed):
             writer.put(event_to_proto(run_id, admitted))
             return
@@ -508,7 +508,7 @@ class EdgeConnection:
 
         gate = RunGate() if request.stream else None
         task = guarded_task(
-            self.router.execute(request, admitted, emit, gate, room),
+            self.runner.execute(request, admitted, emit, gate, room),
             name=f"run-{run_id}",
             logger=logger,
         )

@@ -1,6 +1,6 @@
 """One provider's health as its Node judges it: probe results and real requests in, a verdict out.
 
-Pure state, no I/O: `probing.py` feeds it probe results, the router feeds it how real requests
+Pure state, no I/O: `probing.py` feeds it probe results, the runner feeds it how real requests
 ended, and whoever fed it reports the new `ProviderHealth` when a call returns True.
 
 The rules (`HealthPolicy` holds the numbers):

@@ -4,7 +4,7 @@ A probe is `GET` on the upstream (`base_url` + `/models` by default, which every
 OpenAI-compatible server answers, or the configured path on the upstream's host, such as
 vLLM's `/health`) with the adapter's own headers (its API key), bounded by the policy's timeout;
 an answer below 400 passes. Each probed provider has one task, named after it, that probes
-every `interval_ms` from one probe's start to the next; the router turns the results into
+every `interval_ms` from one probe's start to the next; the runner turns the results into
 verdicts (`healthstates.py`) and reports the changes to every Edge.
 
 Probes dial a new connection each time (`force_close`), apart from the adapter's pool: a pool

@@ -76,7 +76,7 @@ def grpc_options(*, max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
     """Channel and server options both sides use: message sizes, and HTTP/2 keepalive.
 
     The Edge's node hub receives at most `max_receive_bytes` (far less than a Node does: see
-    `iop.edge.hublimits`); a Node takes whatever its Edge sends.
+    `iop.edge.hub.caps`); a Node takes whatever its Edge sends.
 
     Keepalive is the transport's backstop behind the application's heartbeats (`liveness.py`):
     it closes a link whose peer stops acknowledging pings, so a half-dead connection does not

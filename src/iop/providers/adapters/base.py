@@ -2,7 +2,7 @@
 
 An adapter turns a `RunRequest` into the wire's events and owns whatever it talks through (an
 HTTP connection pool, a generator). It translates its own failures into a terminal `RunFailed`
-at this boundary; an exception escaping `run` is a bug, which the router reports as
+at this boundary; an exception escaping `run` is a bug, which the runner reports as
 `internal_error`.
 """
 

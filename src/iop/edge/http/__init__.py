@@ -1,0 +1,11 @@
+"""Requests in and out: the Edge's three HTTP apps, the server they run on and its caps.
+
+- `openaiapp`: the OpenAI API (`OpenAIApp`); `adminapp`: the admin API (refresh, config,
+  status); `metricsapp`: `GET /metrics` on a listener of its own;
+- `responses`: the one place an error becomes a status and a body, for all three; `asgi`: the
+  ASGI pieces they share;
+- `server`: the HTTP server (uvicorn with httptools) and `caps`: what it refuses before an app
+  sees a request; `clientguard`: what one client may do (requests at once, failed keys).
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,151 @@
+"""What one client may do on the OpenAI listener, bounded around the app (an ASGI wrapper).
+
+A client is its address (an IPv6 address by its /64) and, once its key is known, its
+principal_ref. Two things one client could otherwise do to everyone:
+
+- guess keys: every request to the API (`/v1/...`) whose key the Authenticator refuses (the
+  app then answers 401) counts a failed authentication of its address (by reason: missing,
+  malformed, invalid key), logged at a bounded rate with the address and the first 8 hex digits
+  of the key's SHA-256 (`authfailures.py`). An address that spent
+  `openai.auth_failures_per_minute` is answered 429 `too_many_auth_failures` with
+  `Retry-After` before its key is looked at, whatever the key, so further guesses tell it
+  nothing, until its budget refills.
+- take the capacity: completion requests in flight (waiting in a queue or running) are counted
+  per address and per principal; one beyond `openai.max_requests_per_client` gets 429
+  `too_many_requests_in_flight`. Anonymous requests count by address only (every client
+  without a key shares that principal). Connections per address are bounded by the HTTP
+  server itself (`httplimits.py`).
+
+Health and readiness probes pass untouched. The wrapper knows requests only from their scope
+(it looks the key up itself, a hash and a dict lookup, rather than watching for the app's 401:
+wrapping `send` would cost every event of every stream), so the app (`serving.py`) stays as it
+is, and any app of the listener is bounded alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from iop.edgeconfig import ANONYMOUS_PRINCIPAL
+
+from ..authenticating import Authenticator
+from ..authfailures import AuthFailures, source_of, token_hint
+from ..errors import EdgeError, TooManyRequests, Unauthorized
+from .asgi import Receive, Scope, Send, header
+from .responses import send_error
+
+__all__ = ["ClientGuard"]
+
+_PROBES: Final = frozenset({"/healthz", "/readyz"})
+_BEARER: Final = b"bearer "
+
+
+class ClientGuard:
+    """`app` behind per-client bounds; see the module docstring."""
+
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        authenticator: Authenticator,
+        auth_failures: AuthFailures,
+        *,
+        max_requests_per_client: int,
+    ) -> None:
+        self._app = app
+        self._authenticator = authenticator
+        self.auth_failures = auth_failures
+        self._max_requests = max_requests_per_client
+        self._by_source: dict[str, int] = {}
+        self._by_principal: dict[str, int] = {}
+        #: Requests refused for holding too many in flight, by what held them (address,
+        #: principal).
+        self.refused: dict[str, int] = {"address": 0, "principal": 0}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in _PROBES:
+            await self._app(scope, receive, send)
+            return
+        client = scope.get("client")
+        source = source_of(client[0]) if client else ""
+        wait = self.auth_failures.retry_after(source)
+        if wait is not None:
+            await send_error(
+                send,
+                TooManyRequests(
+                    "Too many failed authentications from your address; try again later.",
+                    "too_many_auth_failures",
+                    wait,
+                ),
+            )
+            return
+        if not scope["path"].startswith("/v1/"):
+            await self._app(scope, receive, send)  # no API route: the app says 404
+            return
+        principal = self._principal(scope, source)
+        if scope["method"] != "POST":
+            await self._app(scope, receive, send)
+            return
+        refusal = self._hold(source, principal)
+        if refusal is not None:
+            await send_error(send, refusal)
+            return
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self._release(source, principal)
+
+    def _principal(self, scope: Scope, source: str) -> str | None:
+        """The request's principal_ref when its key is known (anonymous: None); a key the
+        Authenticator refuses counts as a failure of `source` (the app answers it 401)."""
+        authorization = header(scope, b"authorization")
+        try:
+            principal = self._authenticator.authenticate(authorization).principal_ref
+        except Unauthorized:
+            self.auth_failures.failed(source, *_failure(authorization))
+            return None
+        return None if principal == ANONYMOUS_PRINCIPAL else principal
+
+    def _hold(self, source: str, principal: str | None) -> EdgeError | None:
+        limit = self._max_requests
+        if self._by_source.get(source, 0) >= limit:
+            self.refused["address"] += 1
+            return _too_many(f"Your address has {limit} requests in flight")
+        if principal is not None and self._by_principal.get(principal, 0) >= limit:
+            self.refused["principal"] += 1
+            return _too_many(f"Your principal has {limit} requests in flight")
+        self._by_source[source] = self._by_source.get(source, 0) + 1
+        if principal is not None:
+            self._by_principal[principal] = self._by_principal.get(principal, 0) + 1
+        return None
+
+    def _release(self, source: str, principal: str | None) -> None:
+        _decrement(self._by_source, source)
+        if principal is not None:
+            _decrement(self._by_principal, principal)
+
+
+def _too_many(what: str) -> TooManyRequests:
+    return TooManyRequests(
+        f"{what}, the most one client may hold (openai.max_requests_per_client); wait for "
+        "some to finish.",
+        "too_many_requests_in_flight",
+        1.0,
+    )
+
+
+def _failure(authorization: bytes | None) -> tuple[str, str]:
+    """Why a request's key failed (a metric label), and what the log may say of the key."""
+    if not authorization:
+        return "missing", ""
+    if authorization[:7].lower() != _BEARER:
+        return "malformed", f"token sha256 {token_hint(authorization)}..."
+    return "invalid", f"token sha256 {token_hint(authorization[7:].strip())}..."
+
+
+def _decrement(counts: dict[str, int], key: str) -> None:
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]

@@ -1,0 +1,11 @@
+"""The Nodes, remote or placed on the Edge: the node hub and what the request path needs of it.
+
+- `protocol`: the `Hub` Protocol and its values (links, loads, node status), all the rest of
+  the Edge sees;
+- `nodehub`: the gRPC server Nodes dial (`NodeHub`), `nodesessions`: one connected Node and one
+  run's stream, `caps`: what the hub refuses before a Node is authenticated;
+- `localnodes`: the nodes placed on the Edge, run in this process; `peering`: how many Edge
+  replicas share their capacity.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,131 @@
+"""What the node hub refuses before a Node is authenticated, and how it bounds the rest.
+
+The hub's port faces the network (Nodes may dial it from outside the cluster), so whoever can
+reach it can spend the Edge's memory, descriptors and time before any token is checked. The
+bounds here come before the hello's token is read, in grpc-core where it offers one and in the
+hub's handler otherwise (`nodehub.py`):
+
+- message size: gRPC has one receive limit per server, checked on each message's length prefix
+  before the message is buffered. It is `NODE_MESSAGE_BYTES` (1 MiB) for everyone, not the
+  256 MiB a batch of whole answers once needed: the Edge tells each Node the bound in its
+  welcome, and the Node splits its batches, and answers too large for one message, to fit. A
+  250 MiB first message is refused at its first bytes, before the Edge holds any of it.
+- time: TLS and HTTP/2 must be set up within `hello_timeout` (grpc's handshake timeout), the
+  hello must arrive within it once the call is open, and a connection with no call open is
+  closed after as long;
+- count: at most `max_connections` connections (grpc's connection quota: one beyond is closed
+  at once), lowered to fit the open-file limit beside the OpenAI listener's; at most
+  `max_unauthenticated` calls waiting for their hello to be checked, `max_unauthenticated_per_
+  client` of them from one address, and few streams per connection (a Node opens one);
+- failed authentications per address: throttled (`authfailures.py`): an address that failed
+  `AUTH_FAILURES_PER_MINUTE` times within a minute is refused before its token is checked.
+
+`HelloGate` counts the calls still waiting for their hello to be checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final
+
+from iop.aiokits import open_file_room
+from iop.edgeconfig import NodeLinkSection
+from iop.wire import grpc_options
+
+__all__ = [
+    "AUTH_FAILURES_PER_MINUTE",
+    "NODE_MESSAGE_BYTES",
+    "HelloGate",
+    "HubCaps",
+    "peer_address",
+]
+
+#: The largest message the hub takes from anyone, a Node included (its welcome says so).
+NODE_MESSAGE_BYTES: Final = 1024 * 1024
+#: Failed node authentications one address may make a minute before its tokens go unchecked.
+AUTH_FAILURES_PER_MINUTE: Final = 30
+#: Concurrent streams one connection may open (a Node opens one; a redial opens a connection).
+_STREAMS_PER_CONNECTION: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class HubCaps:
+    """The hub's bounds; `HubCaps.of(config.edge.node_link).fitted()` for an Edge."""
+
+    hello_timeout: float = 5.0
+    max_connections: int = 1024
+    max_unauthenticated: int = 64
+    max_unauthenticated_per_client: int = 8
+
+    @classmethod
+    def of(cls, section: NodeLinkSection) -> HubCaps:
+        return cls(
+            hello_timeout=section.hello_timeout_ms / 1000,
+            max_connections=section.max_connections,
+            max_unauthenticated=section.max_unauthenticated_connections,
+            max_unauthenticated_per_client=section.max_unauthenticated_per_client,
+        )
+
+    def fitted(self, open_files: int | None = None) -> HubCaps:
+        """These limits with `max_connections` lowered to at most half the open files left for
+        connections (the OpenAI listener leaves this many for the hub when it fits its own)."""
+        room = max(16, open_file_room(open_files) // 2)
+        if self.max_connections <= room:
+            return self
+        return replace(self, max_connections=room)
+
+    def server_options(self) -> list[tuple[str, int]]:
+        """grpc.aio server options enforcing what grpc-core can: message size, handshake time,
+        connections, idle connections, streams per connection."""
+        timeout_ms = round(self.hello_timeout * 1000)
+        return [
+            *grpc_options(max_receive_bytes=NODE_MESSAGE_BYTES),
+            ("grpc.server_handshake_timeout_ms", timeout_ms),
+            ("grpc.max_connection_idle_ms", timeout_ms),
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
+            ("grpc.max_concurrent_streams", _STREAMS_PER_CONNECTION),
+        ]
+
+
+def peer_address(peer: str) -> str:
+    """The address of a grpc peer string (`ipv4:10.0.0.1:5000`, `ipv6:[::1]:5000`)."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return peer
+
+
+class HelloGate:
+    """The calls that have not had their hello checked yet, overall and per client address."""
+
+    def __init__(self, limits: HubCaps) -> None:
+        self._limits = limits
+        self._by_source: dict[str, int] = {}
+        self.pending = 0
+        #: Calls refused because too many were waiting already.
+        self.refused = 0
+
+    def enter(self, source: str) -> str | None:
+        """Count a call from `source` in; None, or why it is refused (it is not counted then)."""
+        limits = self._limits
+        if self.pending >= limits.max_unauthenticated:
+            self.refused += 1
+            return f"{self.pending} connections are waiting for their hello to be checked"
+        mine = self._by_source.get(source, 0)
+        if mine >= limits.max_unauthenticated_per_client:
+            self.refused += 1
+            return f"{mine} connections from {source} are waiting for their hello to be checked"
+        self.pending += 1
+        self._by_source[source] = mine + 1
+        return None
+
+    def leave(self, source: str) -> None:
+        """The call from `source` had its hello checked (or ended)."""
+        self.pending -= 1
+        left = self._by_source[source] - 1
+        if left:
+            self._by_source[source] = left
+        else:
+            del self._by_source[source]

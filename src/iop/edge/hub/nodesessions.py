@@ -1,0 +1,630 @@
+"""One connected Node as the Edge sees it, and the stream of one run on it.
+
+A `NodeSession` lives as long as its Node's `Connect` stream: it owns that stream's single
+writer, the runs in flight on it, the providers' health the Node reported and the config
+generation it acknowledged, and when it last heard from the Node (the hub's liveness loop ends a
+session that fell silent past the heartbeat deadline, and fails runs the Node never accepted). A
+`RunStream` is what `NodeHub.run` hands the dispatch layer: an async iterator of the run's events
+and an async context manager whose early exit cancels the run on the Node at once. When the
+session ends, every run still in flight on it fails at once with `node_disconnected`, so nothing
+hangs on a Node that went away.
+
+A run's events wait in its `RunStream` until the client's connection takes them. That buffer is
+bounded: past `buffer_limit` bytes the Edge asks the Node to pause the run (backpressure through
+the wire to the upstream), and resumes it once the client has read half of it. The run's end
+arrives as soon as the Node has it, whether or not the client has read everything, so the
+dispatch slot is given back then (`on_end`), not when a slow client is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import grpc
+
+from iop.aiokits import LogThrottle
+from iop.edgeconfig import NodePayload
+from iop.wire import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    TERMINAL_EVENTS,
+    CoalescingWriter,
+    DrainProgress,
+    ProviderHealth,
+    RunChunk,
+    RunEvent,
+    RunFailed,
+    RunRequest,
+    statuses,
+)
+from iop.wire import runtime_pb2 as pb
+from iop.wire.converting import (
+    ack_from_proto,
+    drain_from_proto,
+    event_from_proto,
+    health_from_proto,
+    request_to_proto,
+    server_load_from_proto,
+)
+from iop.wire.nodestates import DRAINING, NOT_PROBED, ConfigAck
+
+from .protocol import InstanceDrain, ProviderLoad
+
+__all__ = ["EdgeItem", "FlowSignal", "NodeSession", "RunStream"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSignal:
+    """Pause (or resume) one run on its Node: its client reads slower than it produces."""
+
+    run_id: str
+    pause: bool
+
+
+#: What the Edge sends a Node: runs, cancellations, config pushes, heartbeats, flow signals.
+EdgeItem = pb.RunRequest | pb.Cancel | pb.NodeConfigRefreshRequest | pb.Heartbeat | FlowSignal
+
+
+def edge_message(batch: Sequence[EdgeItem]) -> pb.EdgeMessage:
+    message = pb.EdgeMessage()
+    for item in batch:
+        if isinstance(item, pb.RunRequest):
+            message.runs.append(item)
+        elif isinstance(item, pb.Cancel):
+            message.cancels.append(item)
+        elif isinstance(item, FlowSignal):
+            (message.pause_runs if item.pause else message.resume_runs).append(item.run_id)
+        elif isinstance(item, pb.Heartbeat):
+            message.heartbeat.CopyFrom(item)
+        else:
+            message.refresh.CopyFrom(item)
+    return message
+
+
+class RunStream:
+    """The events of one run, in order, ending with exactly one `RunDone` or `RunFailed`.
+
+    `async with hub.run(request) as stream: async for event in stream: ...`. Leaving the block
+    before the terminal event (the client went away, an error) sends Cancel to the Node at once
+    and frees the run on the Edge; the Node then aborts the upstream request. Iterating without
+    the `async with` also works, but then only `aclose()` cancels early.
+    """
+
+    __slots__ = (
+        "_buffered",
+        "_ended",
+        "_events",
+        "_finished",
+        "_limit",
+        "_on_end",
+        "_paused",
+        "_pieces",
+        "_pieces_size",
+        "_saw_chunk",
+        "_session",
+        "_start_on",
+        "_started",
+        "_waiter",
+        "paused_at",
+        "request",
+    )
+
+    def __init__(
+        self, request: RunRequest, buffer_limit: int, start: Callable[[RunStream], None]
+    ) -> None:
+        """`start(stream)` sends the run to its Node (the hub's choice of session), or fails it;
+        it is called once, when the run is first awaited."""
+        self.request = request
+        self._start_on = start
+        self._session: NodeSession | None = None
+        self._events: deque[RunEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._started = False
+        self._finished = False
+        self._saw_chunk = False
+        # Flow control of streamed runs: bytes of chunks waiting for the consumer.
+        self._limit = buffer_limit if request.stream else 0
+        self._buffered = 0
+        self._paused = False
+        #: Loop time since when the run has been paused for its client (None: not paused).
+        self.paused_at: float | None = None
+        self._ended = False
+        self._on_end: list[Callable[[], object]] = []
+        # Pieces of a chunk too large for one wire message, until its last piece arrives.
+        self._pieces: list[bytes] = []
+        self._pieces_size = 0
+
+    async def __aenter__(self) -> RunStream:
+        self._start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+    def __aiter__(self) -> RunStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        if not self._started:
+            self._start()
+        while not self._events:
+            if self._finished:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._consume()
+
+    def take_ready(self) -> list[RunEvent]:
+        """The events that arrived and were not consumed yet, without waiting (up to and with
+        the terminal one): what the caller can write out in one go."""
+        taken: list[RunEvent] = []
+        while self._events and not self._finished:
+            taken.append(self._consume())
+        return taken
+
+    def _consume(self) -> RunEvent:
+        """Hand the oldest event to the consumer. Both ways out (`__anext__`, `take_ready`) go
+        through here, so whatever consuming an event must update is updated once, here."""
+        event = self._events.popleft()
+        if isinstance(event, TERMINAL_EVENTS):
+            self._finished = True
+        elif self._limit and type(event) is RunChunk:
+            self._buffered -= len(event.data)
+            if self._paused and self._buffered <= self._limit // 2:
+                self._paused = False
+                self.paused_at = None
+                session = self._session
+                if session is not None:
+                    session.paused.pop(self.request.run_id, None)
+                    session.writer_put(FlowSignal(self.request.run_id, pause=False))
+        return event
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    def on_end(self, callback: Callable[[], object]) -> None:
+        """Call `callback()` once the run has ended (its last event arrived, or it was cancelled
+        or failed), even while the consumer has not read everything; at once if it has."""
+        if self._ended:
+            callback()
+        else:
+            self._on_end.append(callback)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of chunks that arrived and wait for the consumer."""
+        return self._buffered
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def node_id(self) -> str | None:
+        """The node the run went to (None when it never left the Edge)."""
+        return None if self._session is None else self._session.node_id
+
+    def cancel(self, *, first_byte_timeout: bool = False) -> None:
+        """Stop the run now unless it has ended: Cancel goes to the Node, nothing more arrives.
+        `first_byte_timeout`: the Node counts the run as its provider's upstream timeout."""
+        if not self._started:
+            self._started = True
+            self._finished = True
+            return
+        session = self._session
+        if session is not None and session.forget(self.request.run_id) is self:
+            session.writer_put(
+                pb.Cancel(run_id=self.request.run_id, first_byte_timeout=first_byte_timeout)
+            )
+        self._session = None
+        self._pieces, self._pieces_size = [], 0
+        self._finished = True
+        self._end()
+        self._wake()
+
+    def _start(self) -> None:
+        self._started = True
+        self._start_on(self)
+
+    def attach(self, session: NodeSession) -> None:
+        self._session = session
+
+    def piece(self, data: bytes) -> None:
+        """A piece of a chunk too large for one wire message: kept until its last piece, within
+        the run's `max_response_bytes` (past it the run fails as `response_too_large`)."""
+        self._pieces_size += len(data)
+        if self._pieces_size > self._max_response_bytes:
+            self._refuse_too_large(self._pieces_size)
+            return
+        self._pieces.append(data)
+
+    @property
+    def _max_response_bytes(self) -> int:
+        return self.request.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
+
+    def _refuse_too_large(self, size: int) -> None:
+        """The Node sent more than the run allows: cancel it there, fail it here."""
+        self._pieces, self._pieces_size = [], 0
+        session = self._session
+        if session is not None and session.forget(self.request.run_id) is self:
+            session.writer_put(pb.Cancel(run_id=self.request.run_id))
+        self.fail(
+            statuses.RESPONSE_TOO_LARGE,
+            f"the provider's answer passed {size} bytes, more than the limit of "
+            f"{self._max_response_bytes} (openai.max_response_bytes); ask for a stream",
+        )
+
+    def stall(self, seconds: float) -> None:
+        """The client took too little for `seconds` while the run was paused: cancel the run on
+        its Node (its slot is free at once); the client still gets what is held for it, then
+        the `stream_stalled` error."""
+        session = self._session
+        if session is None or self._ended:
+            return
+        if session.forget(self.request.run_id) is self:
+            session.writer_put(pb.Cancel(run_id=self.request.run_id))
+        self.fail(
+            statuses.STREAM_STALLED,
+            f"the client read too little of this stream for {seconds:g}s "
+            "(openai.stream_stall_timeout_ms): it was stopped to free its provider",
+        )
+
+    def deliver(self, event: RunEvent) -> None:
+        """Queue an event for the consumer (called by the session's reader)."""
+        if type(event) is RunChunk:
+            if self._pieces:
+                self._pieces.append(event.data)
+                event = RunChunk(b"".join(self._pieces), event.usage_only, event.sse)
+                self._pieces, self._pieces_size = [], 0
+            if len(event.data) > self._max_response_bytes:
+                self._refuse_too_large(len(event.data))
+                return
+            self._saw_chunk = True
+            if self._limit:
+                self._buffered += len(event.data)
+                if not self._paused and self._buffered > self._limit:
+                    session = self._session
+                    if session is not None:
+                        self._paused = True
+                        self.paused_at = asyncio.get_running_loop().time()
+                        session.paused[self.request.run_id] = self
+                        session.writer_put(FlowSignal(self.request.run_id, pause=True))
+        elif isinstance(event, TERMINAL_EVENTS):
+            self._session = None
+            self._events.append(event)
+            self._end()
+            self._wake()
+            return
+        self._events.append(event)
+        self._wake()
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                logger.exception("an end callback of run %s failed", self.request.run_id)
+
+    def fail(self, code: str, message: str) -> None:
+        """End the run with a failure; retryable only while nothing reached the client."""
+        failed = statuses.failure(code, message)
+        if failed.code == statuses.NODE_DISCONNECTED:
+            failed = RunFailed(failed.code, failed.message, not self._saw_chunk, None)
+        self.deliver(failed)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class NodeSession:
+    """A connected, authenticated Node: its stream's writer, its runs, its health and acks."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        alias: str,
+        instance_id: str,
+        started_at: float,
+        peer: str,
+        payload: NodePayload,
+        generation: int,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.node_id = node_id
+        self.alias = alias
+        self.instance_id = instance_id
+        #: When the node process started (its own clock): the newest instance of a node id wins.
+        self.started_at = started_at
+        self.peer = peer
+        self._loop = asyncio.get_running_loop()
+        #: Loop time of the last message of any kind from the Node.
+        self.last_heard = self._loop.time()
+        #: Runs sent and neither accepted nor answered yet: run id -> loop time sent (in order).
+        self.unaccepted: dict[str, float] = {}
+        #: Set once a newer instance of the node took over: this session only finishes its runs.
+        self.superseded_by: str | None = None
+        self.payload = payload
+        self.connected_at = time.time()
+        self.runs: dict[str, RunStream] = {}
+        self.health: dict[str, ProviderHealth] = {}
+        #: What the Node last said about its drains (a swap's, or its shutdown).
+        self.drain = DrainProgress()
+        self.ready = False
+        self.welcome_generation = generation
+        #: The last payload sent (on welcome or by a refresh): its digest and generation.
+        self.payload_digest = payload.digest
+        self.payload_generation = generation
+        self.applied_generation = 0
+        self.applied_hash = ""
+        self.last_heartbeat: float | None = None
+        self.node_in_flight: dict[str, int] = {}
+        #: provider id -> its load as the last heartbeat said (what least_load reads).
+        self.loads: dict[str, ProviderLoad] = {}
+        self.acks: dict[int, asyncio.Future[ConfigAck]] = {}
+        self.writer: CoalescingWriter[EdgeItem] | None = None
+        self.closing: asyncio.Future[tuple[grpc.StatusCode, str]] = self._loop.create_future()
+        self._on_change = on_change
+        #: Streamed runs paused for a slow client, by run id (the hub ends those stalled too long).
+        self.paused: dict[str, RunStream] = {}
+        #: The Node's repeated log lines, throttled per kind (and provider).
+        self._logs: dict[str, LogThrottle] = {}
+        self._known = (payload, frozenset(provider.id for provider in payload.providers))
+
+    @property
+    def rank(self) -> tuple[float, str]:
+        """Which of two instances of one node id wins: the one that started last."""
+        return (self.started_at, self.instance_id)
+
+    def instance_drain(self) -> InstanceDrain:
+        """This session as an older instance finishing its runs (see `InstanceDrain`)."""
+        drain = self.drain
+        if not drain.draining:
+            left: dict[str, int] = {}
+            for stream in self.runs.values():
+                provider_id = stream.request.provider_id
+                left[provider_id] = left.get(provider_id, 0) + 1
+            drain = DrainProgress(False, left)
+        return InstanceDrain(self.instance_id, len(self.runs), drain)
+
+    def writer_put(self, item: EdgeItem) -> bool:
+        writer = self.writer
+        return writer is not None and writer.put(item)
+
+    def send_run(self, stream: RunStream) -> None:
+        run_id = stream.request.run_id
+        if run_id in self.runs:
+            stream.fail(statuses.INTERNAL_ERROR, f"run id {run_id!r} is already in flight")
+            return
+        self.runs[run_id] = stream
+        stream.attach(self)
+        if not self.writer_put(request_to_proto(stream.request)):
+            self.runs.pop(run_id, None)
+            stream.fail(statuses.NODE_DISCONNECTED, f"node {self.node_id} is disconnecting")
+            return
+        self.unaccepted[run_id] = self._loop.time()
+
+    def forget(self, run_id: str) -> RunStream | None:
+        """Take a run off this session (cancelled on the Edge's side); returns its stream."""
+        stream = self.runs.pop(run_id, None)
+        if self.unaccepted:
+            self.unaccepted.pop(run_id, None)
+        if self.paused:
+            self.paused.pop(run_id, None)
+        if self.superseded_by is not None and not self.runs:
+            self.close(statuses.SUPERSEDED, f"superseded by instance {self.superseded_by}")
+        return stream
+
+    def supersede(self, instance_id: str) -> None:
+        """A newer instance of this node took over: finish the runs in flight, then end."""
+        self.superseded_by = instance_id
+        if not self.runs:
+            self.close(statuses.SUPERSEDED, f"superseded by instance {instance_id}")
+
+    def expire_unaccepted(self, now: float, timeout: float) -> int:
+        """Fail the runs the Node neither accepted nor answered within `timeout`; how many."""
+        expired = []
+        for run_id, sent in self.unaccepted.items():
+            if now - sent <= timeout:
+                break  # sent in order: every later one is younger
+            expired.append(run_id)
+        for run_id in expired:
+            stream = self.forget(run_id)
+            if stream is not None:
+                self.writer_put(pb.Cancel(run_id=run_id))
+                stream.fail(
+                    statuses.NOT_ACCEPTED,
+                    f"node {self.node_id} did not accept the run within {timeout:g}s",
+                )
+        return len(expired)
+
+    def receive(self, message: pb.NodeMessage) -> None:
+        """Apply one message from the Node: events to their runs, health, acks, heartbeat."""
+        self.last_heard = self._loop.time()
+        runs = self.runs
+        unaccepted = self.unaccepted
+        if unaccepted:
+            for run_id in message.accepted_runs:
+                unaccepted.pop(run_id, None)
+        for item in message.events:
+            stream = runs.get(item.run_id)
+            if stream is None:
+                continue  # cancelled on this side already
+            if unaccepted:
+                unaccepted.pop(item.run_id, None)
+            event = event_from_proto(item)
+            if type(event) is RunChunk and item.chunk.more:
+                stream.piece(event.data)
+                continue
+            if isinstance(event, TERMINAL_EVENTS):
+                self.forget(item.run_id)
+            stream.deliver(event)
+        changed = self.receive_health(message.health) if message.health else False
+        if message.HasField("drain"):
+            self._drained(drain_from_proto(message.drain))
+        for ack in message.acks:
+            changed = self._acknowledged(ack_from_proto(ack)) or changed
+        if message.HasField("heartbeat"):
+            now = self.last_heartbeat = time.monotonic()
+            heartbeat = message.heartbeat
+            known = self._known_providers()
+            in_flight = self.node_in_flight = {
+                pid: runs for pid, runs in heartbeat.in_flight.items() if pid in known
+            }
+            servers = heartbeat.server_load
+            elsewhere = heartbeat.in_flight_elsewhere
+            self.loads = {
+                provider.id: ProviderLoad(
+                    in_flight.get(provider.id, 0),
+                    server_load_from_proto(servers[provider.id])
+                    if provider.id in servers
+                    else None,
+                    now,
+                    elsewhere.get(provider.id, 0),
+                )
+                for provider in self.payload.providers
+            }
+        if changed and self.ready:
+            self._on_change()
+
+    def receive_health(self, reports: Iterable[pb.ProviderHealth]) -> bool:
+        """Apply the Node's health reports (its hello's, or a message's); True when one changed.
+
+        A report for a provider this Node's payload does not hold is refused: nothing stores
+        it, and one (throttled) line says how many came and which, whatever their number.
+        """
+        changed = False
+        known = self._known_providers()
+        unknown: list[str] = []
+        for report in reports:
+            health = health_from_proto(report)
+            provider_id = health.provider_id
+            if provider_id not in known:
+                unknown.append(provider_id)
+                continue
+            before = self.health.get(provider_id)
+            if before == health:
+                continue
+            self.health[provider_id] = health
+            changed = True
+            if not health.healthy:
+                # Not probed yet (every provider's first word) and draining (a node leaving
+                # on purpose) are no cause for a warning.
+                planned = health.reason in (NOT_PROBED, DRAINING)
+                self._log(f"down:{provider_id}").log(
+                    logging.INFO if planned else logging.WARNING,
+                    "node %s: provider %s unhealthy (%s): %s",
+                    self.node_id,
+                    provider_id,
+                    health.reason or "unspecified",
+                    health.detail,
+                )
+            elif before is not None and not before.healthy:
+                self._log(f"up:{provider_id}").info(
+                    "node %s: provider %s healthy again", self.node_id, provider_id
+                )
+        if unknown:
+            shown = ", ".join(repr(pid) for pid in unknown[:5])
+            self._log("unknown").warning(
+                "node %s reported the health of %d provider(s) its config does not hold "
+                "(ignored): %s%s",
+                self.node_id,
+                len(unknown),
+                shown,
+                ", ..." if len(unknown) > 5 else "",
+            )
+        return changed
+
+    def _known_providers(self) -> frozenset[str]:
+        """The provider ids of the payload last sent to the Node."""
+        payload, known = self._known
+        if payload is not self.payload:
+            payload = self.payload
+            known = frozenset(provider.id for provider in payload.providers)
+            self._known = (payload, known)
+        return known
+
+    def _log(self, kind: str) -> LogThrottle:
+        """The throttle of one kind of this Node's lines (at most one line a minute each)."""
+        throttle = self._logs.get(kind)
+        if throttle is None:
+            throttle = self._logs[kind] = LogThrottle(logger)
+        return throttle
+
+    def _drained(self, progress: DrainProgress) -> None:
+        known = self._known_providers()
+        if any(pid not in known for pid in progress.runs_left):
+            runs_left = {pid: n for pid, n in progress.runs_left.items() if pid in known}
+            progress = DrainProgress(progress.shutting_down, runs_left)
+        before, self.drain = self.drain, progress
+        if progress.draining and not before.draining:
+            what = "to exit" if progress.shutting_down else "replaced adapters"
+            self._log("drain").info(
+                "node %s is draining (%s): %d run(s) left", self.node_id, what, progress.total
+            )
+        elif before.draining and not progress.draining:
+            self._log("drained").info("node %s: drain done", self.node_id)
+
+    def _acknowledged(self, ack: ConfigAck) -> bool:
+        future = self.acks.pop(ack.generation, None)
+        if future is not None and not future.done():
+            future.set_result(ack)
+        if not ack.ok:
+            self._log("refused").error(
+                "node %s refused config generation %d: %s", self.node_id, ack.generation, ack.error
+            )
+            return False
+        if ack.generation >= self.applied_generation:
+            self.applied_generation = ack.generation
+            self.applied_hash = ack.config_hash
+        if not self.ready and ack.generation >= self.welcome_generation:
+            self.ready = True
+            return True
+        return False
+
+    def close(self, code: grpc.StatusCode, reason: str) -> None:
+        """Ask the session to end (its handler returns with the gRPC status `code`)."""
+        if not self.closing.done():
+            self.closing.set_result((code, reason))
+
+    def expire_stalled(self, now: float, timeout: float) -> int:
+        """Stop the streams paused for their client longer than `timeout`; how many."""
+        stalled = [
+            stream
+            for stream in self.paused.values()
+            if stream.paused_at is not None and now - stream.paused_at > timeout
+        ]
+        for stream in stalled:
+            stream.stall(timeout)
+        return len(stalled)
+
+    def fail_runs(self, code: str, message: str) -> None:
+        runs, self.runs = self.runs, {}
+        self.unaccepted.clear()
+        self.paused.clear()
+        for stream in runs.values():
+            stream.fail(code, message)
+        for future in self.acks.values():
+            future.cancel()
+        self.acks.clear()

@@ -1,0 +1,420 @@
+"""Enforcing `openai.limits[]` at admission: before a request takes a slot or a queue place,
+may it start?
+
+`Limiter.admit()` picks the limits that hold a request (`limiting.py`), asks the store whether
+each has room (in this process, or in the shared Redis of `openai.limit_store`:
+`redislimits.py`) and either refuses (`RateLimited`: 429 `rate_limit_exceeded`, the limit named
+in the message, `Retry-After` and `retry-after-ms`, or `x-should-retry: false` for a request
+that can never pass) or returns a `Grant`: the `x-ratelimit-*` headers of the answer (OpenAI's:
+`limit`, `remaining` and `reset` for requests and tokens per minute), and `finish()`, which the
+request calls when its answer ends, with the tokens the upstream reported, to correct the
+estimate it took and give its place back.
+
+The rules come from the dispatcher's snapshot, so a refresh changes them at once (the counters,
+keyed by each entry's selector, carry over). A request no limit holds costs one dict lookup.
+
+When the shared store fails (down, or slower than `timeout_ms`), admissions count in this
+process for a second before the store is tried again: each replica then holds every limit on
+its own, which is what a single Edge does anyway. `iop_edge_limit_store_fallbacks_total` and
+`GET /status` show it; the log says it once a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iop.aiokits import LogThrottle
+from iop.edgeconfig import EdgeConfig
+
+from ..authenticating import Principal
+from ..bodies import ParsedRequest, estimate_tokens
+from ..errors import RateLimited
+from ..pool.dispatching import Dispatcher
+from .rediscounters import LimitStoreError, RedisCounters
+from .rules import (
+    Check,
+    LocalCounters,
+    Quota,
+    Refusal,
+    RuleSet,
+    ScopeUse,
+    Verdict,
+    budget_period,
+    judge,
+)
+
+__all__ = ["NO_GRANT", "Grant", "Limiter", "duration", "quota_headers"]
+
+logger = logging.getLogger(__name__)
+
+#: After a failure of the shared store, admissions count in process for this long.
+STORE_BACKOFF_S: Final = 1.0
+
+Clock = Callable[[], float]
+
+
+class Grant:
+    """A request's admission: the headers of its answer and what it took, given back at the end."""
+
+    __slots__ = ("_checks", "_done", "_limiter", "_shared", "_started", "_taken", "headers")
+
+    def __init__(
+        self,
+        limiter: Limiter | None,
+        checks: tuple[Check, ...],
+        taken: int,
+        started: float,
+        shared: bool,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        self._limiter = limiter
+        self._checks = checks
+        self._taken = taken
+        self._started = started
+        self._shared = shared
+        self._done = False
+        self.headers = headers
+
+    def finish(self, spent: int | None, answered: bool) -> None:
+        """The answer ended: `spent` tokens as the upstream reported them (None: no usage came,
+        so the estimate stands for an answered request and is given back for one that was not)."""
+        if self._done or self._limiter is None:
+            return
+        self._done = True
+        if spent is None:
+            spent = self._taken if answered else 0
+        self._limiter._settle(self._checks, self._taken, spent, self._started, self._shared)
+
+
+#: The grant of a request that no limit holds.
+NO_GRANT: Final = Grant(None, (), 0, 0.0, False, [])
+
+
+class Limiter:
+    """The limits of the current config, their counters, and their metrics."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        config: EdgeConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self._local = LocalCounters()
+        self._config: EdgeConfig | None = None
+        self._rules = RuleSet(config.openai)
+        section = config.openai.limit_store
+        self.store: RedisCounters | None = None
+        if section.url:
+            replica = f"{config.edge.id}-{os.getpid()}-{os.urandom(4).hex()}"
+            self.store = RedisCounters(section, replica)
+        self._store_down_until = 0.0
+        self._store_errors = LogThrottle(logger)
+        self._seen: dict[str, tuple[str, str, int, int, int]] = {}  # budgets, as last seen
+        self._limited = Counter(
+            "iop_edge_limited_requests",
+            "Requests refused by a limit of openai.limits, by principal, the limit "
+            "(requests_per_minute, tokens_per_minute, max_concurrent, budget) and the entry "
+            "that refused (its selector: principal|token_ref|model).",
+            ["principal_ref", "limit", "selector"],
+            registry=registry,
+        )
+        self._fallbacks = Counter(
+            "iop_edge_limit_store_fallbacks",
+            "Admissions counted in this Edge's process because the shared limit store failed "
+            "or was backing off after a failure.",
+            registry=registry,
+        )
+        if registry is not None:
+            registry.register(_BudgetCollector(self))
+
+    async def start(self) -> None:
+        if self.store is not None:
+            await self.store.start()
+
+    async def stop(self) -> None:
+        if self.store is not None:
+            await self.store.stop()
+
+    def rules(self) -> RuleSet:
+        """The rules of the config dispatch runs on now (rebuilt after a refresh)."""
+        config = self._dispatcher.snapshot.config
+        if config is not self._config:
+            if self._config is not None:
+                self._rules = RuleSet(config.openai)
+                self._local.forget({rule.key for rule in self._rules.rules})
+            self._config = config
+        return self._rules
+
+    async def admit(self, principal: Principal, model: str, request: ParsedRequest) -> Grant:
+        """Admit the request or raise `RateLimited`; `model`: the catalog id asked for."""
+        rules = self.rules()
+        if not rules:
+            return NO_GRANT
+        checks = rules.select(principal.principal_ref, principal.token_ref, model)
+        if not checks:
+            return NO_GRANT
+        estimate = (
+            estimate_tokens(request) if any(check.rule.counts_tokens for check in checks) else 0
+        )
+        now = self._clock()
+        verdict: Verdict | None = None
+        shared = False
+        store = self.store
+        if store is not None:
+            if time.monotonic() >= self._store_down_until:
+                try:
+                    admitted, seen = await store.admit(checks, estimate, now)
+                except LimitStoreError as exc:
+                    self._store_failed(exc)
+                else:
+                    verdict = judge(checks, seen, estimate, now, admitted)
+                    shared = True
+                    self._remember_budgets(checks, [state.budget_spent for state in seen], now)
+            if not shared:
+                self._fallbacks.inc()
+        if verdict is None:
+            verdict = self._local.admit(checks, estimate, now)
+        refusal = verdict.refusal
+        if refusal is not None:
+            self._limited.labels(
+                principal.principal_ref, refusal.limit, refusal.check.rule.key
+            ).inc()
+            raise rate_limited(refusal, principal.principal_ref, now)
+        return Grant(self, checks, estimate, now, shared, quota_headers(verdict.quota))
+
+    def _settle(
+        self, checks: tuple[Check, ...], taken: int, spent: int, started: float, shared: bool
+    ) -> None:
+        now = self._clock()
+        if shared and self.store is not None:
+            self.store.settle(checks, taken, spent, started, now)
+        else:
+            self._local.settle(checks, taken, spent, started, now)
+        if spent != taken and any(check.rule.budget is not None for check in checks):
+            for check in checks:
+                seen = self._seen.get(check.scope)
+                if seen is not None:
+                    principal, key, tokens, used, ends = seen
+                    self._seen[check.scope] = (principal, key, tokens, used + spent - taken, ends)
+
+    def _store_failed(self, exc: LimitStoreError) -> None:
+        self._store_down_until = time.monotonic() + STORE_BACKOFF_S
+        store = self.store
+        self._store_errors.warning(
+            "the limit store %s failed (%s): limits count in this Edge's process until it "
+            "answers again",
+            store.url if store is not None else "",
+            exc,
+        )
+
+    def _remember_budgets(self, checks: tuple[Check, ...], spent: list[int], now: float) -> None:
+        """What the shared store said of each budget (the in-process ones are read at once)."""
+        for index, check in enumerate(checks):
+            budget = check.rule.budget
+            if budget is None:
+                continue
+            used = spent[index]
+            _, ends = budget_period(budget, now)
+            self._seen[check.scope] = (
+                check.principal_ref,
+                check.rule.key,
+                budget.tokens,
+                used,
+                ends,
+            )
+
+    def budgets_seen(self) -> Iterator[tuple[str, str, int]]:
+        """(principal, selector, tokens left) of every budget that counted a request, as this
+        Edge last saw it: from the shared store's answers, or this process's counters."""
+        now = self._clock()
+        for check, principal in self.rules().scopes():
+            budget = check.rule.budget
+            if budget is None or check.scope in self._seen or not self._local.knows(check.scope):
+                continue
+            yield (
+                principal,
+                check.rule.key,
+                max(0, budget.tokens - self._local.budget_spent(check, now)),
+            )
+        for principal, key, tokens, used, ends in self._seen.values():
+            yield principal, key, max(0, tokens - used) if now < ends else tokens
+
+    async def status(self) -> dict[str, Any]:
+        """Each limit's current use per principal (`GET /status` of the admin API)."""
+        rules = self.rules()
+        scopes = rules.scopes()
+        now = self._clock()
+        checks = tuple(check for check, _ in scopes)
+        store = self.store
+        source = "local"
+        uses: list[ScopeUse]
+        if store is not None and checks:
+            try:
+                uses = await store.use(checks, now)
+                source = "shared"
+            except LimitStoreError as exc:
+                self._store_failed(exc)
+                uses = [self._local.use(check, now) for check in checks]
+        else:
+            uses = [self._local.use(check, now) for check in checks]
+        entries = []
+        for (check, principal), use in zip(scopes, uses, strict=True):
+            rule = check.rule
+            limits: dict[str, Any] = {
+                name: getattr(rule, name)
+                for name in ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+                if getattr(rule, name) is not None
+            }
+            current: dict[str, Any] = {}
+            if use.requests_available is not None:
+                current["requests_available"] = math.floor(use.requests_available)
+            if use.tokens_available is not None:
+                current["tokens_available"] = math.floor(use.tokens_available)
+            if rule.max_concurrent is not None:
+                current["in_progress"] = use.in_progress
+            if rule.budget is not None:
+                limits["budget"] = rule.budget.model_dump()
+                current["budget_used"] = use.budget_used
+                current["budget_resets_at"] = _iso(use.budget_resets_at)
+            entries.append(
+                {
+                    "selector": rule.key,
+                    "principal_ref": principal,
+                    "token_ref": rule.token_ref,
+                    "model": rule.model,
+                    "limits": limits,
+                    "use": current,
+                }
+            )
+        return {
+            "store": store.url if store is not None else "local",
+            "counted": source,
+            "store_connected": store.connected if store is not None else None,
+            "entries": entries,
+        }
+
+
+class _BudgetCollector(Collector):
+    def __init__(self, limiter: Limiter) -> None:
+        self._limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        remaining = GaugeMetricFamily(
+            "iop_edge_limit_budget_remaining_tokens",
+            "Tokens left in a principal's budget period (openai.limits[].budget), as this Edge "
+            "last saw it, by principal and the entry's selector.",
+            labels=["principal_ref", "selector"],
+        )
+        for principal, key, left in sorted(self._limiter.budgets_seen()):
+            remaining.add_metric([principal, key], left)
+        yield remaining
+
+
+# -- how a verdict is said in HTTP -------------------------------------------------------------
+
+_WHAT: Final = {
+    "requests_per_minute": "requests per minute",
+    "tokens_per_minute": "tokens per minute",
+    "max_concurrent": "requests at once",
+    "budget": "token budget",
+}
+
+
+def rate_limited(refusal: Refusal, principal: str, now: float) -> RateLimited:
+    """The 429 for `refusal`: its message names the limit, its headers say when to retry."""
+    rule = refusal.check.rule
+    path = f"{rule.path()}.{refusal.limit}"
+    what = _WHAT[refusal.limit]
+    if refusal.limit == "budget" and rule.budget is not None:
+        what = f"{'daily' if rule.budget.period == 'day' else 'monthly'} token budget"
+    headers: list[tuple[bytes, bytes]] = []
+    wait = refusal.retry_after_s
+    if wait is None:
+        message = (
+            f"Request too large for principal {principal} on {what} ({path}): Limit "
+            f"{refusal.value}, Requested {refusal.requested}. It can never pass: the input "
+            "or output tokens must be reduced in order to run successfully."
+        )
+        headers.append((b"x-should-retry", b"false"))
+    else:
+        if refusal.limit == "max_concurrent":
+            message = (
+                f"Too many requests at once for principal {principal} ({path}): Limit "
+                f"{refusal.value}, In progress {refusal.used}. Please try again when one of "
+                "them ends."
+            )
+        elif refusal.limit == "budget":
+            message = (
+                f"Token budget used up for principal {principal} ({path}, {what}): Limit "
+                f"{refusal.value}, Used {refusal.used}, Requested {refusal.requested}. It resets "
+                f"at {_iso(refusal.resets_at)}."
+            )
+        else:
+            message = (
+                f"Rate limit reached for principal {principal} on {what} ({path}): Limit "
+                f"{refusal.value}, Used {refusal.used}, Requested {refusal.requested}. Please "
+                f"try again in {duration(wait)}."
+            )
+        headers += [
+            (b"retry-after", str(max(1, math.ceil(wait))).encode()),
+            (b"retry-after-ms", str(max(1, math.ceil(wait * 1000))).encode()),
+        ]
+    if refusal.limit in ("requests_per_minute", "tokens_per_minute"):
+        kind = "requests" if refusal.limit == "requests_per_minute" else "tokens"
+        used = min(refusal.used, refusal.value)
+        headers += _headers(kind, refusal.value, refusal.value - used, used * 60 / refusal.value)
+    kind = "requests" if refusal.limit in ("requests_per_minute", "max_concurrent") else "tokens"
+    return RateLimited(message, kind, headers)
+
+
+def quota_headers(quota: Quota) -> list[tuple[bytes, bytes]]:
+    """OpenAI's `x-ratelimit-*` headers for what is left after a request."""
+    headers: list[tuple[bytes, bytes]] = []
+    if quota.requests is not None:
+        headers += _headers("requests", *quota.requests)
+    if quota.tokens is not None:
+        headers += _headers("tokens", *quota.tokens)
+    return headers
+
+
+def _headers(kind: str, limit: int, remaining: int, reset_s: float) -> list[tuple[bytes, bytes]]:
+    suffix = kind.encode()
+    return [
+        (b"x-ratelimit-limit-" + suffix, str(limit).encode()),
+        (b"x-ratelimit-remaining-" + suffix, str(remaining).encode()),
+        (b"x-ratelimit-reset-" + suffix, duration(reset_s).encode()),
+    ]
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI's headers write it (Go's): `20ms`, `1s`, `1.5s`, `6m0s`, `1h2m3s`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms" if seconds > 0 else "0s"
+    millis = math.ceil(seconds * 1000)
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def _iso(moment: float | None) -> str | None:
+    if moment is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))

@@ -1,0 +1,411 @@
+"""The counters of `openai.limits[]` in a Redis every Edge replica shares (`openai.limit_store`).
+
+Why a shared store and not a share of each limit per replica (docs/benchmarks.md, "Limits",
+has the figures): a Kubernetes Service balances connections, not requests, so a client with one
+keep-alive connection meets one replica, and a per-replica share would hold it to 1/N of its
+limit; and a budget counted in a process would start again at every rollout. One round trip
+per admission, measured, is small against what a completion costs.
+
+One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of `limiting.py`
+(the same refill arithmetic, the same order of checks, all-or-nothing): it reads each check's
+counters, takes what the request needs from all of them when every one has room, and returns
+what it saw, so the Edge words a refusal and the `x-ratelimit-*` headers exactly as the
+in-process counters would. The Edge passes its own clock (`now`), so a test may move time and
+the replicas, NTP-synchronised, agree on it within milliseconds.
+
+Keys (under `key_prefix`): `:b:<scope>` a hash of the two buckets' levels and stamps (expiring
+once the buckets would be full again), `:c:<scope>` a hash of requests in progress per replica,
+`:g:<scope>:<period start>` the tokens spent in a budget period (expiring a day after it ends),
+and `:alive:<replica>`, which each replica refreshes every few seconds: the counts in progress of
+a replica whose key has expired (it died without giving them back) are dropped by the next
+admission that reads them. Standalone Redis (or anything that presents one): the script builds
+key names, which Redis Cluster does not allow.
+
+Ending a request (`settle`: the token correction and the place given back) is not on any
+request's path: settlements queue, and the next admission takes them along in its own write (one
+round trip for both), or after 2 ms one task sends whatever queued in one pipeline.
+
+Every Redis failure is translated here, once, into `LimitStoreError`; the limiter then counts
+in its own process for a while (`enforcing.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from iop.aiokits import LogThrottle, guarded_task, stop_tasks
+from iop.edgeconfig import LimitStoreSection
+
+from .redisclient import RedisClient, RedisError, ReplyError
+from .rules import Check, Observed, ScopeUse, budget_period
+
+__all__ = ["LimitStoreError", "RedisCounters"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between a replica's heartbeats, and how long its key lives without one.
+HEARTBEAT_S: Final = 5.0
+ALIVE_TTL_S: Final = 15
+
+#: How long request ends wait for an admission to carry them before they go on their own.
+SETTLE_DELAY_S: Final = 0.002
+
+_NONE: Final = "-1"
+
+_SCRIPT: Final = """
+local now = tonumber(ARGV[1])
+local estimate = tonumber(ARGV[2])
+local replica = ARGV[3]
+local prefix = ARGV[4]
+local take = ARGV[5] == '1'
+local n = tonumber(ARGV[6])
+
+-- as limiting._refill: a changed limit moves the level by the difference
+local function refill(level, stamp, was, limit)
+  if not level then return limit end
+  local l = tonumber(level) + (limit - tonumber(was or limit))
+  l = l + math.max(0, now - tonumber(stamp)) * limit / 60
+  if l > limit then l = limit end
+  return l
+end
+
+local function in_progress(key)
+  local fields = redis.call('HGETALL', key)
+  local total = 0
+  for i = 1, #fields, 2 do
+    local r = fields[i]
+    if r == replica or redis.call('EXISTS', prefix .. ':alive:' .. r) == 1 then
+      total = total + tonumber(fields[i + 1])
+    else
+      redis.call('HDEL', key, r)
+    end
+  end
+  return total
+end
+
+local seen = {}
+local ok = true
+for i = 0, n - 1 do
+  local a = 7 + i * 7
+  local scope = ARGV[a]
+  local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local budget, start = tonumber(ARGV[a + 4]), ARGV[a + 5]
+  local b = redis.call('HMGET', prefix .. ':b:' .. scope, 'r', 'ra', 'rl', 't', 'ta', 'tl')
+  local r, t, c, g = -1, -1, 0, 0
+  if rpm > 0 then
+    r = refill(b[1], b[2], b[3], rpm)
+    if r < 1 then ok = false end
+  end
+  if tpm > 0 then
+    t = refill(b[4], b[5], b[6], tpm)
+    if estimate > tpm or t < math.max(estimate, 1) then ok = false end
+  end
+  if conc > 0 then
+    c = in_progress(prefix .. ':c:' .. scope)
+    if c >= conc then ok = false end
+  end
+  if budget > 0 then
+    g = tonumber(redis.call('GET', prefix .. ':g:' .. scope .. ':' .. start) or '0')
+    if estimate > budget or g + estimate > budget or g >= budget then ok = false end
+  end
+  seen[i + 1] = {r, t, c, g}
+end
+
+if ok and take then
+  for i = 0, n - 1 do
+    local a = 7 + i * 7
+    local scope = ARGV[a]
+    local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    local budget, start, ends = tonumber(ARGV[a + 4]), ARGV[a + 5], tonumber(ARGV[a + 6])
+    local s = seen[i + 1]
+    local bkey = prefix .. ':b:' .. scope
+    local ttl = 0
+    if rpm > 0 then
+      s[1] = s[1] - 1
+      redis.call('HSET', bkey, 'r', tostring(s[1]), 'ra', tostring(now), 'rl', rpm)
+      ttl = math.max(ttl, (rpm - s[1]) * 60 / rpm)
+    end
+    if tpm > 0 then
+      s[2] = s[2] - estimate
+      redis.call('HSET', bkey, 't', tostring(s[2]), 'ta', tostring(now), 'tl', tpm)
+      ttl = math.max(ttl, (tpm - s[2]) * 60 / tpm)
+    end
+    if ttl > 0 then redis.call('EXPIRE', bkey, math.ceil(ttl) + 1) end
+    if conc > 0 then
+      local ckey = prefix .. ':c:' .. scope
+      redis.call('HINCRBY', ckey, replica, 1)
+      redis.call('EXPIRE', ckey, 86400)
+      -- alive from its first count on, before its first heartbeat lands (ALIVE_TTL_S)
+      redis.call('SET', prefix .. ':alive:' .. replica, '1', 'EX', 15)
+      s[3] = s[3] + 1
+    end
+    if budget > 0 then
+      local gkey = prefix .. ':g:' .. scope .. ':' .. start
+      s[4] = redis.call('INCRBY', gkey, estimate)
+      redis.call('EXPIREAT', gkey, ends + 86400)
+    end
+  end
+end
+
+local out = {ok and 1 or 0}
+for i = 1, n do
+  local s = seen[i]
+  out[#out + 1] = tostring(s[1])
+  out[#out + 1] = tostring(s[2])
+  out[#out + 1] = s[3]
+  out[#out + 1] = s[4]
+end
+return out
+"""
+
+_SETTLE: Final = """
+local now = tonumber(ARGV[1])
+local replica = ARGV[2]
+local prefix = ARGV[3]
+local n = tonumber(ARGV[4])
+for i = 0, n - 1 do
+  local a = 5 + i * 6
+  local scope = ARGV[a]
+  local tpm, conc, budget = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local start, delta = ARGV[a + 4], tonumber(ARGV[a + 5])
+  if tpm > 0 and delta ~= 0 then
+    local bkey = prefix .. ':b:' .. scope
+    local b = redis.call('HMGET', bkey, 't', 'ta', 'tl')
+    local level = tpm
+    if b[1] then
+      level = tonumber(b[1]) + (tpm - tonumber(b[3] or tpm))
+      level = level + math.max(0, now - tonumber(b[2])) * tpm / 60
+      if level > tpm then level = tpm end
+    end
+    level = level - delta
+    redis.call('HSET', bkey, 't', tostring(level), 'ta', tostring(now), 'tl', tpm)
+    redis.call('EXPIRE', bkey, math.ceil(math.max(60, (tpm - level) * 60 / tpm)) + 1)
+  end
+  if conc > 0 then
+    local ckey = prefix .. ':c:' .. scope
+    if tonumber(redis.call('HGET', ckey, replica) or '0') > 0 then
+      redis.call('HINCRBY', ckey, replica, -1)
+    end
+  end
+  if budget > 0 and delta ~= 0 then
+    local gkey = prefix .. ':g:' .. scope .. ':' .. start
+    if redis.call('EXISTS', gkey) == 1 and redis.call('INCRBY', gkey, delta) < 0 then
+      redis.call('SET', gkey, '0', 'KEEPTTL')
+    end
+  end
+end
+return n
+"""
+
+
+class LimitStoreError(Exception):
+    """The shared store could not answer (unreachable, too slow, refused)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Settlement:
+    checks: tuple[Check, ...]
+    taken: int
+    spent: int
+    started: float
+    now: float
+
+
+class RedisCounters:
+    """The counters of every scope, in Redis; `start()` connects, `stop()` closes."""
+
+    def __init__(self, section: LimitStoreSection, replica_id: str) -> None:
+        password = os.environ.get(section.password_env) if section.password_env else None
+        self._redis = RedisClient(
+            section.url,
+            username=section.username,
+            password=password,
+            timeout=section.timeout_ms / 1000,
+        )
+        self._url = section.url
+        self._prefix = section.key_prefix
+        self._replica = replica_id
+        self._admit = self._redis.script(_SCRIPT)
+        self._settle = self._redis.script(_SETTLE)
+        self._pending: list[_Settlement] = []
+        self._wake = asyncio.Event()
+        self._sending = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._errors = LogThrottle(logger)
+        self.connected = False
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    async def start(self) -> None:
+        self._tasks = [
+            guarded_task(self._beat(), name="edge-limits-heartbeat", logger=logger),
+            guarded_task(self._flush(), name="edge-limits-settle", logger=logger),
+        ]
+
+    async def stop(self) -> None:
+        # The tasks end on their own: redis-py may swallow a cancellation in the middle of a
+        # command, which would leave a cancelled task running; cancelling is the last resort.
+        self._stopping.set()
+        self._wake.set()
+        tasks, self._tasks = self._tasks, []
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=ALIVE_TTL_S)
+            await stop_tasks(late)
+        await self._send_pending()
+        with contextlib.suppress(RedisError):
+            await self._redis.call("DEL", f"{self._prefix}:alive:{self._replica}")
+        await self._redis.close()
+
+    async def admit(
+        self, checks: Sequence[Check], estimate: int, now: float, *, take: bool = True
+    ) -> tuple[bool, list[Observed]]:
+        """Take what the request needs from every check, or nothing; what each one holds."""
+        args: list[Any] = [now, estimate, self._replica, self._prefix, 1 if take else 0]
+        args.append(len(checks))
+        for check in checks:
+            rule = check.rule
+            start, end = budget_period(rule.budget, now) if rule.budget else (0, 0)
+            args += [
+                check.scope,
+                rule.requests_per_minute or _NONE,
+                rule.tokens_per_minute or _NONE,
+                rule.max_concurrent or _NONE,
+                rule.budget.tokens if rule.budget else _NONE,
+                start,
+                end,
+            ]
+        # Request ends waiting to be sent go in the same write (one round trip for both).
+        ended = self._take_pending()
+        commands = [*self._settle_commands(ended), self._redis.evalsha_command(self._admit, args)]
+        try:
+            reply = (await self._pipeline(commands))[-1]
+        except (RedisError, LimitStoreError) as exc:
+            self._pending[:0] = ended  # tried again with the next admission or by the flusher
+            raise LimitStoreError(str(exc)) from exc
+        if isinstance(reply, ReplyError):
+            raise LimitStoreError(f"refused: {reply}")
+        states = []
+        for index, check in enumerate(checks):
+            requests, tokens, in_progress, spent = reply[1 + index * 4 : 5 + index * 4]
+            rule = check.rule
+            states.append(
+                Observed(
+                    requests=float(requests) if rule.requests_per_minute else None,
+                    tokens=float(tokens) if rule.tokens_per_minute else None,
+                    in_progress=int(in_progress),
+                    budget_spent=int(spent),
+                )
+            )
+        return reply[0] == 1, states
+
+    def settle(
+        self, checks: tuple[Check, ...], taken: int, spent: int, started: float, now: float
+    ) -> None:
+        """Queue a request's end (its token correction, its place given back)."""
+        self._pending.append(_Settlement(checks, taken, spent, started, now))
+        self._wake.set()
+
+    async def use(self, checks: Sequence[Check], now: float) -> list[ScopeUse]:
+        _, states = await self.admit(checks, 0, now, take=False)
+        result = []
+        for check, state in zip(checks, states, strict=True):
+            budget = check.rule.budget
+            resets = budget_period(budget, now)[1] if budget is not None else None
+            result.append(
+                ScopeUse(
+                    requests_available=state.requests,
+                    tokens_available=state.tokens,
+                    in_progress=state.in_progress,
+                    budget_used=state.budget_spent if budget is not None else None,
+                    budget_resets_at=resets,
+                )
+            )
+        return result
+
+    # -- background ----------------------------------------------------------------------------
+
+    async def _beat(self) -> None:
+        """Say this replica is alive (its counts in progress hold while it is)."""
+        key = f"{self._prefix}:alive:{self._replica}"
+        while not self._stopping.is_set():
+            try:
+                await self._redis.call("SET", key, "1", "EX", ALIVE_TTL_S)
+            except RedisError as exc:
+                self.connected = False
+                self._errors.warning("the limit store %s is unreachable: %r", self._url, exc)
+            else:
+                self.connected = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), HEARTBEAT_S)
+
+    async def drain(self) -> None:
+        """Until every request end queued so far is counted in Redis (or failed to be)."""
+        await self._send_pending()
+
+    async def _flush(self) -> None:
+        while not self._stopping.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            # A moment for the next admission to take them along in its own write.
+            await asyncio.sleep(SETTLE_DELAY_S)
+            await self._send_pending()
+
+    async def _send_pending(self) -> None:
+        async with self._sending:
+            batch = self._take_pending()
+            if not batch:
+                return
+            try:
+                await self._send(batch)
+            except LimitStoreError as exc:
+                self._errors.warning(
+                    "%d request ends could not be counted in the limit store: %s", len(batch), exc
+                )
+
+    def _take_pending(self) -> list[_Settlement]:
+        batch, self._pending = self._pending, []
+        return batch
+
+    def _settle_commands(self, batch: list[_Settlement]) -> list[tuple[Any, ...]]:
+        commands = []
+        for item in batch:
+            args: list[Any] = [item.now, self._replica, self._prefix, len(item.checks)]
+            for check in item.checks:
+                rule = check.rule
+                start = budget_period(rule.budget, item.started)[0] if rule.budget else 0
+                args += [
+                    check.scope,
+                    rule.tokens_per_minute or _NONE,
+                    rule.max_concurrent or _NONE,
+                    rule.budget.tokens if rule.budget else _NONE,
+                    start,
+                    item.spent - item.taken,
+                ]
+            commands.append(self._redis.evalsha_command(self._settle, args))
+        return commands
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The replies, after loading the scripts again if Redis lost them (a restart)."""
+        replies = await self._redis.pipeline(commands)
+        if any(isinstance(r, ReplyError) and str(r).startswith("NOSCRIPT") for r in replies):
+            await self._redis.load_scripts()
+            replies = await self._redis.pipeline(commands)
+        return replies
+
+    async def _send(self, batch: list[_Settlement]) -> None:
+        try:
+            replies = await self._pipeline(self._settle_commands(batch))
+        except RedisError as exc:
+            raise LimitStoreError(str(exc)) from exc
+        failed = [reply for reply in replies if isinstance(reply, ReplyError)]
+        if failed:
+            raise LimitStoreError(f"{len(failed)} refused: {failed[0]}")

@@ -1,0 +1,10 @@
+"""Where a request runs: the pool's snapshot, dispatch, and one request's trip.
+
+- `snapshots`: the pool as one immutable value (models, candidates, limits), swapped whole;
+- `dispatching`: the `Dispatcher` (candidates, capacity, the fair queue) and `choosing`
+  (among equals: round robin, least load, prefix affinity, with `prefixes`);
+- `relaying`: one request's run, its retries (`retrying`) and fallbacks; `metering`: usage and
+  the pool's metrics.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,278 @@
+"""Choosing among equals: which of a model's best free candidates takes a request.
+
+The dispatcher (`dispatching.py`) filters candidates and ranks them by priority exactly as the
+specification says; this module only picks among the providers of the lowest priority that have
+a free slot, by the model's `dispatch.policy` (docs/edge.md, "Choosing among equals"):
+
+- `round_robin` (the default, the specification's tie rule): the least recently chosen. The
+  dispatcher does it inline; nothing here is on its path.
+- `least_load`: the lowest load for its capacity. A provider's load is what is running or
+  waiting there: this Edge's own runs on it (counted here, always current), plus the runs its
+  Node has from other Edges (its heartbeats say), plus the requests at the model server that
+  are not the Node's at all (other clients: the server's running and waiting requests, which the
+  Node's probe reads from its `/metrics` under vLLM's names, less the Node's own runs then).
+  Reports older than `LOAD_REPORT_TTL_S` count for nothing. Only this Edge's own count changes
+  between reports, so a report that lags never hides or invents this Edge's own runs (a single
+  Edge's choices are exact). Equal loads: the lower KV-cache use, then the least recently
+  chosen.
+- `prefix_affinity`: the request goes to its prefix's home. A prompt is a chain of hashes
+  (`PrefixKey`, made by `prefixes.py`); the Edge remembers, per model, where each of a request's
+  points went last, and a request goes where its deepest known point went (the conversation's
+  previous turn). A prefix it never saw goes by rendezvous hashing of its anchor (the system
+  prompt and first user message) over the group's provider ids: so every Edge replica, with no
+  coordination and no memory, sends a conversation to the same provider. Bounded load: the home
+  keeps the request while its load with the request is at most `ceil(load_factor x max(L + 1,
+  C / 2) x c / C)`, L the group's load, c the home's capacity, C the group's: its fair share of
+  the load, stretched by `load_factor` (consistent hashing with bounded loads, Mirrokni et al.).
+  The group counts as at least half busy: below that no provider is a hot spot, and a prefix
+  that moves costs its whole prefill on the new server, so a home fills to load_factor x half
+  its capacity before its prefixes move. Past the bound, or when the home has no free slot, the
+  least loaded free candidate takes the request (ties: rendezvous order, alike on every
+  replica) and becomes the prefix's new home.
+
+"The group" is the candidates of that lowest priority that are available for the request (on a
+connected healthy node, not avoided by a retry, able to take it if it is long), free or not.
+
+Every choice is counted by (model, policy, reason): `round_robin`, `least_load`, `affinity`
+(the home took it), `overflow` (the home was past its bound or full), or `freed_slot` (a waiting
+request got the slot that freed first: work conservation decides, not the policy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from ..hub.protocol import ProviderLoad
+from .snapshots import Candidate, ModelRoute
+
+__all__ = [
+    "AFFINITY",
+    "DISPATCH_REASONS",
+    "FREED_SLOT",
+    "LEAST_LOAD",
+    "LOAD_REPORT_TTL_S",
+    "OVERFLOW",
+    "PREFIX_AFFINITY",
+    "PREFIX_HOMES_PER_MODEL",
+    "ROUND_ROBIN",
+    "Chooser",
+    "PrefixKey",
+    "SlotCounts",
+    "rendezvous_order",
+]
+
+#: The specification's tie rule, the default policy; also the reason of its choices.
+ROUND_ROBIN: Final = "round_robin"
+#: The least loaded for its capacity; also the reason of a choice by load alone.
+LEAST_LOAD: Final = "least_load"
+#: The policy that sends a prompt's prefix back to where it went.
+PREFIX_AFFINITY: Final = "prefix_affinity"
+#: prefix_affinity sent the request to its prefix's home.
+AFFINITY: Final = "affinity"
+#: The prefix's home was past its bound or full: the least loaded free candidate took it.
+OVERFLOW: Final = "overflow"
+#: A waiting request took the slot that freed first (any policy).
+FREED_SLOT: Final = "freed_slot"
+#: Every reason of `iop_edge_dispatch_total`, in the order status pages list them.
+DISPATCH_REASONS: Final = (ROUND_ROBIN, LEAST_LOAD, AFFINITY, OVERFLOW, FREED_SLOT)
+
+#: Seconds a Node's load report counts for (a few heartbeats; a probe interval of the bench's).
+LOAD_REPORT_TTL_S: Final = 3.0
+#: The least share of the group's capacity its load counts as, for prefix_affinity's bound.
+_BUSY_SHARE: Final = 0.5
+#: Prefix points remembered per model (least recently used forgotten first): about 16 MB of
+#: table at most, a few turns of some tens of thousands of conversations.
+PREFIX_HOMES_PER_MODEL: Final = 131_072
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKey:
+    """A prompt as its prefix points, for `prefix_affinity`.
+
+    `points` are hashes of the prompt's leading parts, each covering more of it than the one
+    before (a chat prompt: one per message, from the conversation's first user message on; a text
+    prompt: one per full block). `anchor` is the first of them: what identifies the conversation
+    when no point is known. `prefixes.py` has how they are made.
+    """
+
+    points: tuple[bytes, ...]
+
+    @property
+    def anchor(self) -> bytes:
+        return self.points[0]
+
+
+class SlotCounts(Protocol):
+    """The dispatcher's counters of one provider, as a policy reads them."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def last_used(self) -> int: ...
+
+
+def rendezvous_order(anchor: bytes, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """`candidates` by rendezvous (highest random weight) hashing of `anchor`: the first is the
+    anchor's home, the same on every replica; a provider that leaves moves only its own keys."""
+    return sorted(
+        candidates,
+        key=lambda c: hashlib.blake2b(anchor + c.provider.id.encode(), digest_size=8).digest(),
+        reverse=True,
+    )
+
+
+class _Homes:
+    """One model's memory of where prefix points went, least recently used forgotten first."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self) -> None:
+        self._table: OrderedDict[bytes, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def find(self, key: PrefixKey) -> str | None:
+        """Where the deepest known point of `key` went."""
+        table = self._table
+        for point in reversed(key.points):
+            provider_id = table.get(point)
+            if provider_id is not None:
+                return provider_id
+        return None
+
+    def remember(self, key: PrefixKey, provider_id: str) -> None:
+        table = self._table
+        for point in key.points:
+            table[point] = provider_id
+            table.move_to_end(point)
+        while len(table) > PREFIX_HOMES_PER_MODEL:
+            table.popitem(last=False)
+
+
+class Chooser:
+    """The policies' state: load reports, prefix homes per model, and the count of choices."""
+
+    def __init__(self) -> None:
+        self.loads: Mapping[str, ProviderLoad] = {}
+        self._homes: dict[str, _Homes] = {}
+        #: (model, policy, reason) -> choices made.
+        self.decisions: dict[tuple[str, str, str], int] = {}
+
+    def count(self, model_id: str, policy: str, reason: str) -> None:
+        key = (model_id, policy, reason)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+
+    def load(self, provider_id: str, own: int, now: float | None = None) -> int:
+        """The provider's load: this Edge's runs, other Edges' and other clients' (fresh)."""
+        report = self.loads.get(provider_id)
+        if report is None:
+            return own
+        if (time.monotonic() if now is None else now) - report.reported_at > LOAD_REPORT_TTL_S:
+            return own
+        load = own + report.elsewhere
+        server = report.server
+        if server is not None and server.age_s <= LOAD_REPORT_TTL_S:
+            load += server.not_ours
+        return load
+
+    def kv_usage(self, provider_id: str, now: float) -> float:
+        report = self.loads.get(provider_id)
+        if report is None or report.server is None or now - report.reported_at > LOAD_REPORT_TTL_S:
+            return 0.0
+        return report.server.kv_cache_usage
+
+    def prefix_homes(self, model_id: str) -> int:
+        """Prefix points remembered for `model_id`."""
+        homes = self._homes.get(model_id)
+        return len(homes) if homes is not None else 0
+
+    def keep_only(self, route_policies: Mapping[str, str]) -> None:
+        """Forget the prefix homes of models gone or no longer on prefix_affinity (a swap)."""
+        for model_id in [m for m in self._homes if route_policies.get(m) != PREFIX_AFFINITY]:
+            del self._homes[model_id]
+
+    def choose(
+        self,
+        route: ModelRoute,
+        group: Sequence[Candidate],
+        free: Sequence[Candidate],
+        prefix: PrefixKey | None,
+        slots: Mapping[str, SlotCounts],
+    ) -> Candidate:
+        """The candidate of `free` (not empty, a subset of `group`) that takes the request."""
+        policy = route.dispatch.policy
+        now = time.monotonic()
+        if policy == PREFIX_AFFINITY and prefix is not None:
+            chosen, reason = self._by_prefix(route, group, free, prefix, slots, now)
+            self.remember(route.id, prefix, chosen.provider.id)
+        else:
+            chosen, reason = self._least_loaded(free, slots, now), LEAST_LOAD
+        self.count(route.id, policy, reason)
+        return chosen
+
+    def remember(self, model_id: str, prefix: PrefixKey, provider_id: str) -> None:
+        """The request of `prefix` went to `provider_id`: its points' home from now on."""
+        homes = self._homes.get(model_id)
+        if homes is None:
+            homes = self._homes[model_id] = _Homes()
+        homes.remember(prefix, provider_id)
+
+    def _least_loaded(
+        self, free: Sequence[Candidate], slots: Mapping[str, SlotCounts], now: float
+    ) -> Candidate:
+        best = free[0]
+        best_key: tuple[float, float, int] | None = None
+        for candidate in free:
+            limits = candidate.provider
+            counts = slots[limits.id]
+            key = (
+                self.load(limits.id, counts.in_flight, now) / limits.capacity,
+                self.kv_usage(limits.id, now),
+                counts.last_used,
+            )
+            if best_key is None or key < best_key:
+                best, best_key = candidate, key
+        return best
+
+    def _by_prefix(
+        self,
+        route: ModelRoute,
+        group: Sequence[Candidate],
+        free: Sequence[Candidate],
+        prefix: PrefixKey,
+        slots: Mapping[str, SlotCounts],
+        now: float,
+    ) -> tuple[Candidate, str]:
+        loads = {
+            c.provider.id: self.load(c.provider.id, slots[c.provider.id].in_flight, now)
+            for c in group
+        }
+        order = rendezvous_order(prefix.anchor, group)
+        home: Candidate | None = None
+        homes = self._homes.get(route.id)
+        known = homes.find(prefix) if homes is not None else None
+        if known is not None:
+            home = next((c for c in group if c.provider.id == known), None)
+        if home is None:
+            home = order[0]
+        if home in free:
+            total_capacity = sum(c.provider.capacity for c in group)
+            busy = max(sum(loads.values()) + 1, total_capacity * _BUSY_SHARE)
+            limits = home.provider
+            bound = math.ceil(route.dispatch.load_factor * busy * limits.capacity / total_capacity)
+            if loads[limits.id] + 1 <= bound:
+                return home, AFFINITY
+        rank = {c.provider.id: index for index, c in enumerate(order)}
+        chosen = min(
+            free,
+            key=lambda c: (loads[c.provider.id] / c.provider.capacity, rank[c.provider.id]),
+        )
+        return chosen, OVERFLOW

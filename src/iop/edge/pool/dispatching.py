@@ -1,0 +1,668 @@
+"""Dispatch: which provider runs a request now, and which request a freed slot serves next.
+
+The rules (docs/edge.md explains them for operators), as implemented:
+
+- Candidates of a request are the model's enabled providers (from the snapshot) that are on a
+  connected node and healthy (`set_available`), with in-flight < capacity. A long-context request
+  also needs a long slot: `long_context_slots` None means no separate limit, n means fewer than n
+  long requests in flight, 0 means never. A long request holds a long slot *and* a capacity slot.
+- The lowest `priority` wins; among equal priorities the model's `dispatch.policy` chooses
+  (`choosing.py`): by default the least recently chosen provider goes next, which is round-robin
+  that stays fair when some providers are momentarily full; `least_load` and `prefix_affinity`
+  choose among the same free candidates by load or by the prompt's prefix.
+- No candidate free: the request waits in its model's queue. The queue holds at most the sum of
+  `max_queue` over the model's enabled providers (full: `QueueFull`, a 429) and a request waits
+  at most the largest `queue_timeout_ms` among them (then `QueueTimeout`, a 503).
+- Fair share: within a model's queue, principals are admitted in weighted fair order
+  (`openai.principal_weights`, start-time fair queuing: each waiting request gets a virtual start
+  tag, max(the model's virtual time, its principal's last finish tag), and its principal's finish
+  tag moves on by 1/weight; the lowest tag goes first). So a principal that floods the queue
+  cannot starve one that sends now and then, and each principal's own requests keep their order.
+- Work conservation: a slot freed on a provider goes at once to the waiting request that
+  provider can serve first: the fair head of each of its models' queues, the oldest of those
+  across models. Any other change (a swap, a node or health change, the end of a busy cool-down)
+  re-evaluates every waiting request, in that order.
+- A `provider_busy` refusal from the Node (its capacity is shared with other Edges) releases the
+  slot and cools the provider down for `BUSY_COOLDOWN_S`, during which it is no candidate; the
+  request then tries again with its original deadline and never counts against the queue bound.
+- A retry after a failure (`relaying.py`) names the providers it `avoid`s (those it tried): they
+  are no candidates for it while another candidate of the model is available (on a connected,
+  healthy node), free or not; with none, they are candidates again. A retry that must wait takes
+  whichever slot frees first, a tried provider's too: a freed slot is never left idle.
+- `swap(snapshot)` is one reference assignment. Leases keep the snapshot they started on; slot
+  counters are per provider id and survive swaps, so capacity lowered below the in-flight count
+  only holds new admissions back; no run is ever cut short.
+
+Everything runs on one event loop and nothing here awaits except a waiting request, so the state
+needs no lock. A dispatch that finds a free candidate costs O(candidates of the model).
+Every choice is counted by (model, policy, reason) in `decisions()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from iop.edgeconfig import ANONYMOUS_PRINCIPAL
+
+from ..errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
+from ..hub.protocol import ProviderLoad
+from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
+from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
+
+__all__ = ["BUSY_COOLDOWN_S", "RETRY_AFTER_S", "Dispatcher", "Lease"]
+
+#: How long a provider that refused a run as busy is left out of dispatch.
+BUSY_COOLDOWN_S: Final = 0.05
+#: How early an event loop's timer may fire against time.monotonic() (a clock tick, and then some).
+_TIMER_SLACK_S: Final = 0.005
+#: The Retry-After the Edge suggests with a 429 (queue full) or a 503 (queue timeout).
+RETRY_AFTER_S: Final = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """A slot held on one provider for one run; give it back with `Dispatcher.release`."""
+
+    provider_id: str
+    node_id: str
+    served_model: str
+    long: bool
+    route: ModelRoute
+    snapshot: PoolSnapshot
+    #: Loop time by which the request must have a slot (kept across busy retries).
+    deadline: float
+    #: Seconds the request waited in the queue for this lease.
+    waited_s: float = 0.0
+    released: bool = field(default=False, repr=False)
+
+
+class _Slots:
+    """The mutable counters of one provider, keyed by provider id across snapshots."""
+
+    __slots__ = ("cool_until", "in_flight", "last_used", "long_in_flight")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.long_in_flight = 0
+        self.last_used = 0  # dispatch stamp of the last run given to this provider
+        self.cool_until = 0.0  # time.monotonic() until which a busy provider sits out
+
+
+class _Waiter:
+    __slots__ = (
+        "avoid",
+        "deadline",
+        "enqueued_at",
+        "future",
+        "long",
+        "model_id",
+        "prefix",
+        "principal",
+        "seq",
+        "tag",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        model_id: str,
+        long: bool,
+        principal: str,
+        deadline: float,
+        future: asyncio.Future[Lease],
+        avoid: frozenset[str],
+        prefix: PrefixKey | None,
+    ) -> None:
+        self.seq = seq
+        self.model_id = model_id
+        self.long = long
+        self.principal = principal
+        self.deadline = deadline
+        self.future = future
+        self.avoid = avoid
+        self.prefix = prefix
+        self.enqueued_at = time.perf_counter()
+        self.timer: asyncio.TimerHandle | None = None
+        #: The virtual start tag of fair queuing (see the module docstring).
+        self.tag = 0.0
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return (self.tag, self.seq)
+
+
+class _FairQueue:
+    """The waiters of one (model, long) queue: FIFO per principal, principals in tag order."""
+
+    __slots__ = ("by_principal", "size")
+
+    def __init__(self) -> None:
+        self.by_principal: dict[str, OrderedDict[int, _Waiter]] = {}
+        self.size = 0
+
+    def push(self, waiter: _Waiter) -> None:
+        fifo = self.by_principal.get(waiter.principal)
+        if fifo is None:
+            fifo = self.by_principal[waiter.principal] = OrderedDict()
+        fifo[waiter.seq] = waiter
+        self.size += 1
+
+    def remove(self, waiter: _Waiter) -> bool:
+        fifo = self.by_principal.get(waiter.principal)
+        if fifo is None or fifo.pop(waiter.seq, None) is None:
+            return False
+        if not fifo:
+            del self.by_principal[waiter.principal]
+        self.size -= 1
+        return True
+
+    def head(self) -> _Waiter | None:
+        """The waiter to serve first: the lowest tag among each principal's oldest."""
+        best: _Waiter | None = None
+        for fifo in self.by_principal.values():
+            first = next(iter(fifo.values()))
+            if best is None or first.order < best.order:
+                best = first
+        return best
+
+    def in_order(self) -> list[_Waiter]:
+        return sorted(
+            (waiter for fifo in self.by_principal.values() for waiter in fifo.values()),
+            key=lambda waiter: waiter.order,
+        )
+
+
+def _has_room(limits: ProviderLimits, slots: _Slots, long: bool) -> bool:
+    """The provider can take the request now: a free slot (and a long one for a long request),
+    and not cooling down after a busy refusal."""
+    if slots.in_flight >= limits.capacity:
+        return False
+    if (
+        long
+        and limits.long_context_slots is not None
+        and slots.long_in_flight >= limits.long_context_slots
+    ):
+        return False
+    return not (slots.cool_until and slots.cool_until > time.monotonic())
+
+
+class Dispatcher:
+    """The provider pool's live state over an immutable snapshot."""
+
+    def __init__(self, snapshot: PoolSnapshot) -> None:
+        self._snapshot = snapshot
+        self._slots: dict[str, _Slots] = {}
+        self._available: frozenset[str] = frozenset()
+        # Waiting requests by (model, long), in fair order.
+        self._queues: dict[tuple[str, bool], _FairQueue] = {}
+        self._waiting: dict[str, int] = {}
+        # Fair queuing's clocks, per model while it has waiters: its virtual time, and each
+        # principal's last finish tag (both forgotten when the model's queue empties).
+        self._virtual: dict[str, float] = {}
+        self._finish: dict[str, dict[str, float]] = {}
+        self._waiting_total = 0
+        self._seq = 0
+        self._stamp = 0
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._chooser = Chooser()
+        self._add_slots(snapshot)
+
+    # -- the snapshot and the set of available providers ---------------------------------------
+
+    @property
+    def snapshot(self) -> PoolSnapshot:
+        return self._snapshot
+
+    def swap(self, snapshot: PoolSnapshot) -> None:
+        """Dispatch on `snapshot` from now on; waiting requests are re-evaluated at once."""
+        self._add_slots(snapshot)
+        self._snapshot = snapshot
+        for provider_id in [
+            pid
+            for pid, slots in self._slots.items()
+            if pid not in snapshot.providers and slots.in_flight == 0
+        ]:
+            del self._slots[provider_id]
+        self._chooser.keep_only(
+            {model_id: route.dispatch.policy for model_id, route in snapshot.models.items()}
+        )
+        self._reevaluate()
+
+    def set_available(self, provider_ids: Iterable[str]) -> None:
+        """The providers of connected nodes that are healthy now (the hub's view)."""
+        available = frozenset(provider_ids)
+        if available != self._available:
+            self._available = available
+            self._reevaluate()
+
+    @property
+    def available(self) -> frozenset[str]:
+        return self._available
+
+    def watch_loads(self, loads: Mapping[str, ProviderLoad]) -> None:
+        """Read providers' reported loads from `loads` (the hub's live view) from now on."""
+        self._chooser.loads = loads
+
+    # -- acquiring and releasing slots ----------------------------------------------------------
+
+    def try_acquire(
+        self, model_id: str, long: bool, prefix: PrefixKey | None = None
+    ) -> Lease | None:
+        """A lease on the best free candidate now, or None when every candidate is busy."""
+        route = self._route(model_id, long)
+        candidate = self._select(route, long, prefix=prefix)
+        if candidate is None:
+            return None
+        loop_time = asyncio.get_running_loop().time()
+        return self._take(route, candidate, long, loop_time + route.queue_timeout_s, 0.0)
+
+    async def acquire(
+        self,
+        model_id: str,
+        long: bool,
+        *,
+        deadline: float | None = None,
+        principal: str = ANONYMOUS_PRINCIPAL,
+        avoid: frozenset[str] = frozenset(),
+        prefix: PrefixKey | None = None,
+    ) -> Lease:
+        """A lease on the best free candidate, waiting in the model's queue if none is free.
+
+        `deadline` (loop time) marks a retry: the request keeps its original deadline and does
+        not count against the queue bound again. `principal` (a principal_ref) places a waiting
+        request in the queue's fair order. `avoid`: providers this request tried already (see
+        the module docstring). `prefix`: the prompt's prefix points, for `prefix_affinity`.
+        """
+        route = self._route(model_id, long)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if avoid and not self._others_available(route, long, avoid):
+            avoid = frozenset()
+        candidate = self._select(route, long, avoid, prefix)
+        if candidate is not None:
+            return self._take(
+                route,
+                candidate,
+                long,
+                now + route.queue_timeout_s if deadline is None else deadline,
+            )
+        if deadline is None:
+            if self._waiting.get(model_id, 0) >= route.queue_bound:
+                raise QueueFull(
+                    f"Too many requests are waiting for model `{model_id}` "
+                    f"(queue bound {route.queue_bound}); retry later.",
+                    RETRY_AFTER_S,
+                )
+            deadline = now + route.queue_timeout_s
+        elif deadline <= now:
+            raise self._timeout(model_id)
+        self._seq += 1
+        waiter = _Waiter(
+            self._seq, model_id, long, principal, deadline, loop.create_future(), avoid, prefix
+        )
+        self._enqueue(waiter)
+        waiter.timer = loop.call_at(deadline, self._expire, waiter)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+
+    def release(self, lease: Lease) -> None:
+        """Give the slot back (idempotent); the oldest request that can use it gets it."""
+        slots = self._give_back(lease)
+        if slots is None:
+            return
+        slots.cool_until = 0.0  # one of our runs ended there: the Node has room again
+        if self._waiting_total:
+            self._serve_freed(lease.provider_id)
+
+    def refuse(self, lease: Lease) -> None:
+        """The Node refused the run as busy: give the slot back and cool the provider down."""
+        slots = self._give_back(lease)
+        if slots is None:
+            return
+        slots.cool_until = time.monotonic() + BUSY_COOLDOWN_S
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(BUSY_COOLDOWN_S, self._cooled_down, lease.provider_id)
+        self._timers.add(timer)
+
+    def _give_back(self, lease: Lease) -> _Slots | None:
+        """Free the lease's slots once; None when it was already given back."""
+        if lease.released:
+            return None
+        lease.released = True
+        slots = self._slots[lease.provider_id]
+        slots.in_flight -= 1
+        if lease.long:
+            slots.long_in_flight -= 1
+        return slots
+
+    def close(self) -> None:
+        """Cancel pending timers; waiting requests keep their own deadlines."""
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+    def available_for(self, model_id: str, long: bool, avoid: frozenset[str] = frozenset()) -> bool:
+        """True when a candidate of the model not in `avoid` (and able to take the request)
+        is on a connected, healthy node now, free or busy."""
+        route = self._snapshot.models.get(model_id)
+        return route is not None and self._others_available(route, long, avoid)
+
+    def serves(self, model_id: str, long: bool) -> bool:
+        """True when the model is in the catalog with an enabled provider for the request."""
+        route = self._snapshot.models.get(model_id)
+        return route is not None and bool(route.candidates) and (route.takes_long or not long)
+
+    # -- views for metrics and tests ----------------------------------------------------------
+
+    def in_flight(self, provider_id: str) -> int:
+        slots = self._slots.get(provider_id)
+        return slots.in_flight if slots is not None else 0
+
+    def long_in_flight(self, provider_id: str) -> int:
+        slots = self._slots.get(provider_id)
+        return slots.long_in_flight if slots is not None else 0
+
+    def in_flight_counts(self) -> Mapping[str, tuple[int, int]]:
+        """provider id -> (in flight, long in flight), for every provider the Edge knows."""
+        return {pid: (s.in_flight, s.long_in_flight) for pid, s in self._slots.items()}
+
+    def queue_depth(self, model_id: str) -> int:
+        return self._waiting.get(model_id, 0)
+
+    def queue_depths(self) -> Mapping[str, int]:
+        """model id -> requests waiting, for every model of the catalog."""
+        return {model_id: self._waiting.get(model_id, 0) for model_id in self._snapshot.models}
+
+    def queue_depths_by_principal(self) -> Mapping[tuple[str, str], int]:
+        """(model id, principal_ref) -> requests waiting, for the pairs that have any."""
+        depths: dict[tuple[str, str], int] = {}
+        for (model_id, _), queue in self._queues.items():
+            for principal, fifo in queue.by_principal.items():
+                key = (model_id, principal)
+                depths[key] = depths.get(key, 0) + len(fifo)
+        return depths
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting_total
+
+    def decisions(self) -> Mapping[tuple[str, str, str], int]:
+        """(model, policy, reason) -> choices made since start (`choosing.py` has the reasons)."""
+        return self._chooser.decisions
+
+    def load(self, provider_id: str) -> int:
+        """The provider's load as `least_load` reads it (`choosing.py`)."""
+        return self._chooser.load(provider_id, self.in_flight(provider_id))
+
+    def reported_load(self, provider_id: str) -> ProviderLoad | None:
+        """What the provider's Node last reported of its load."""
+        return self._chooser.loads.get(provider_id)
+
+    def prefix_homes(self, model_id: str) -> int:
+        """Prefix points `prefix_affinity` remembers for the model."""
+        return self._chooser.prefix_homes(model_id)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _add_slots(self, snapshot: PoolSnapshot) -> None:
+        for provider_id in snapshot.providers:
+            if provider_id not in self._slots:
+                self._slots[provider_id] = _Slots()
+
+    def _route(self, model_id: str, long: bool) -> ModelRoute:
+        route = self._snapshot.models.get(model_id)
+        if route is None:
+            raise ModelNotFound(model_id)
+        if not route.candidates:
+            raise NoProvider(f"No enabled provider serves model `{model_id}` now.")
+        if long and not route.takes_long:
+            raise NoProvider(
+                f"No enabled provider of model `{model_id}` takes long-context requests "
+                f"(estimated input tokens >= {self._snapshot.long_context_threshold_tokens})."
+            )
+        return route
+
+    def _others_available(self, route: ModelRoute, long: bool, avoid: frozenset[str]) -> bool:
+        available = self._available
+        for candidate in route.candidates:
+            limits = candidate.provider
+            if (
+                limits.id in available
+                and limits.id not in avoid
+                and (not long or limits.takes_long)
+            ):
+                return True
+        return False
+
+    def _select(
+        self,
+        route: ModelRoute,
+        long: bool,
+        avoid: frozenset[str] = frozenset(),
+        prefix: PrefixKey | None = None,
+    ) -> Candidate | None:
+        """The candidate that takes the request now (counted as chosen), or None."""
+        if route.dispatch.policy != ROUND_ROBIN:
+            return self._choose(route, long, avoid, prefix)
+        available = self._available
+        all_slots = self._slots
+        best: Candidate | None = None
+        best_used = 0
+        best_priority = 0
+        for candidate in route.candidates:
+            limits = candidate.provider
+            if best is not None and limits.priority != best_priority:
+                break  # candidates are sorted by priority: a free one was found above
+            if limits.id not in available or (avoid and limits.id in avoid):
+                continue
+            slots = all_slots[limits.id]
+            if not _has_room(limits, slots, long):
+                continue
+            if best is None or slots.last_used < best_used:
+                best, best_used, best_priority = candidate, slots.last_used, limits.priority
+        if best is not None:
+            self._chooser.count(route.id, ROUND_ROBIN, ROUND_ROBIN)
+        return best
+
+    def _choose(
+        self, route: ModelRoute, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+    ) -> Candidate | None:
+        """`_select` for the policies of `choosing.py`: the same filter and priority, then the
+        policy picks among the free candidates of the best priority."""
+        available = self._available
+        all_slots = self._slots
+        group: list[Candidate] = []
+        free: list[Candidate] = []
+        priority: int | None = None
+        for candidate in route.candidates:
+            limits = candidate.provider
+            if limits.priority != priority:
+                if free:
+                    break  # candidates are sorted by priority: this level has a free one
+                group = []
+                priority = limits.priority
+            if limits.id not in available or (avoid and limits.id in avoid):
+                continue
+            if long and not limits.takes_long:
+                continue
+            group.append(candidate)
+            if _has_room(limits, all_slots[limits.id], long):
+                free.append(candidate)
+        if not free:
+            return None
+        return self._chooser.choose(route, group, free, prefix, all_slots)
+
+    def _take(
+        self,
+        route: ModelRoute,
+        candidate: Candidate,
+        long: bool,
+        deadline: float,
+        waited_s: float = 0.0,
+    ) -> Lease:
+        limits = candidate.provider
+        slots = self._slots[limits.id]
+        slots.in_flight += 1
+        if long:
+            slots.long_in_flight += 1
+        self._stamp += 1
+        slots.last_used = self._stamp
+        return Lease(
+            provider_id=limits.id,
+            node_id=limits.node_id,
+            served_model=candidate.served_model,
+            long=long,
+            route=route,
+            snapshot=self._snapshot,
+            deadline=deadline,
+            waited_s=waited_s,
+        )
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        model_id = waiter.model_id
+        finish = self._finish.setdefault(model_id, {})
+        start = max(self._virtual.get(model_id, 0.0), finish.get(waiter.principal, 0.0))
+        weight = self._snapshot.principal_weights.get(waiter.principal, 1)
+        finish[waiter.principal] = start + 1.0 / weight
+        waiter.tag = start
+        key = (model_id, waiter.long)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _FairQueue()
+        queue.push(waiter)
+        self._waiting[model_id] = self._waiting.get(model_id, 0) + 1
+        self._waiting_total += 1
+
+    def _dequeue(self, waiter: _Waiter) -> bool:
+        """Take `waiter` out of its queue; False when it was not queued any more."""
+        model_id = waiter.model_id
+        key = (model_id, waiter.long)
+        queue = self._queues.get(key)
+        if queue is None or not queue.remove(waiter):
+            return False
+        if not queue.size:
+            del self._queues[key]
+        remaining = self._waiting[model_id] - 1
+        if remaining:
+            self._waiting[model_id] = remaining
+        else:
+            del self._waiting[model_id]
+            # Idle: the clocks start again from zero for the next backlog.
+            self._virtual.pop(model_id, None)
+            self._finish.pop(model_id, None)
+        self._waiting_total -= 1
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        return True
+
+    def _grant(self, waiter: _Waiter, route: ModelRoute, candidate: Candidate) -> None:
+        model_id = waiter.model_id
+        if waiter.tag > self._virtual.get(model_id, 0.0):
+            self._virtual[model_id] = waiter.tag
+        self._dequeue(waiter)
+        if waiter.future.done():
+            return  # cancelled; its task has not resumed yet to abandon it
+        waited = time.perf_counter() - waiter.enqueued_at
+        waiter.future.set_result(self._take(route, candidate, waiter.long, waiter.deadline, waited))
+
+    def _fail(self, waiter: _Waiter, error: Exception) -> None:
+        self._dequeue(waiter)
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if not waiter.future.done():
+            self._fail(waiter, self._timeout(waiter.model_id))
+
+    def _timeout(self, model_id: str) -> QueueTimeout:
+        return QueueTimeout(
+            f"No provider of model `{model_id}` became free within the queue timeout; retry later.",
+            RETRY_AFTER_S,
+        )
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """The waiting request was cancelled (its client left): leave no slot or entry behind."""
+        self._dequeue(waiter)
+        future = waiter.future
+        if future.done() and not future.cancelled():
+            if future.exception() is None:
+                self.release(future.result())  # granted just before the cancellation landed
+
+    def _serve_freed(self, provider_id: str) -> None:
+        """Give free slots of `provider_id` to the oldest waiting requests it can serve."""
+        snapshot = self._snapshot
+        limits = snapshot.providers.get(provider_id)
+        if limits is None or not limits.enabled or provider_id not in self._available:
+            return
+        pairs = snapshot.routes_by_provider.get(provider_id, ())
+        slots = self._slots[provider_id]
+        while self._waiting_total and slots.in_flight < limits.capacity:
+            if slots.cool_until and slots.cool_until > time.monotonic():
+                return
+            long_ok = (
+                limits.long_context_slots is None
+                or slots.long_in_flight < limits.long_context_slots
+            )
+            oldest: _Waiter | None = None
+            chosen: tuple[ModelRoute, Candidate] | None = None
+            for pair in pairs:
+                for long in (False, True) if long_ok else (False,):
+                    queue = self._queues.get((pair[0].id, long))
+                    head = queue.head() if queue is not None else None
+                    if head is not None and (oldest is None or head.seq < oldest.seq):
+                        oldest, chosen = head, pair
+            if oldest is None or chosen is None:
+                return
+            route = chosen[0]
+            if not oldest.future.done():
+                policy = route.dispatch.policy
+                self._chooser.count(route.id, policy, FREED_SLOT)
+                if oldest.prefix is not None and policy == PREFIX_AFFINITY:
+                    self._chooser.remember(route.id, oldest.prefix, provider_id)
+            self._grant(oldest, *chosen)
+
+    def _reevaluate(self) -> None:
+        """Try every waiting request again (after a swap or a health change): the queues in the
+        order of their oldest waiter, each queue in its fair order."""
+        if not self._waiting_total:
+            return
+        queues = sorted(
+            (queue.in_order() for queue in self._queues.values()),
+            key=lambda waiters: min(waiter.seq for waiter in waiters),
+        )
+        for waiter in (waiter for waiters in queues for waiter in waiters):
+            if waiter.future.done():
+                continue  # cancelled: its task takes it out of the queue when it resumes
+            try:
+                route = self._route(waiter.model_id, waiter.long)
+            except (ModelNotFound, NoProvider) as error:
+                self._fail(waiter, error)  # the new config no longer serves this request
+                continue
+            avoid = waiter.avoid
+            if avoid and not self._others_available(route, waiter.long, avoid):
+                avoid = frozenset()
+            candidate = self._select(route, waiter.long, avoid, waiter.prefix)
+            if candidate is not None:
+                self._grant(waiter, route, candidate)
+
+    def _cooled_down(self, provider_id: str) -> None:
+        now = asyncio.get_running_loop().time()
+        self._timers = {timer for timer in self._timers if timer.when() > now}
+        # The timer ends the cool-down it was armed for: the loop's clock (uvloop's is libuv's,
+        # in milliseconds) may fire it a hair before time.monotonic() gets there, and requests
+        # re-evaluated then would find the provider still cooling and wait for an event that
+        # may never come (nothing in flight to free a slot) until their queue timeout.
+        slots = self._slots.get(provider_id)
+        if slots is not None and slots.cool_until - time.monotonic() < _TIMER_SLACK_S:
+            slots.cool_until = 0.0
+        if self._waiting_total:
+            self._reevaluate()

@@ -1,0 +1,343 @@
+"""Usage metering and the Edge's Prometheus metrics, in a registry owned by one app.
+
+Counted per request: requests by outcome, and prompt, completion and total tokens by
+`principal_ref`, `token_ref`, `model` and `provider`; retries before the first byte by requested
+model and reason (the wire's failure code), retries the budget refused, and fallbacks to another
+model. Observed: the time a request waited for a slot and the time to its first token. Read at
+scrape time from the dispatcher (nothing on the hot path): requests waiting per model, runs in
+flight per provider (and long-context runs), each provider's load as `least_load` reads it, and
+every dispatch choice by model, policy and reason (`iop_edge_dispatch_total`; the reasons are in
+`choosing.py`). Read at scrape time from the node hub: each
+provider's health (a 0/1 gauge, and the reason of an unhealthy one as a label of a series that
+exists only while it is unhealthy, so the reasons need no enumeration and a healthy provider
+costs one series) and each node's drain (whether it drains, and the runs each provider has left).
+
+Each `Metrics` owns its `CollectorRegistry`: no module globals, so every app (and every test)
+has its own. Label children are cached, since `labels()` costs more than the increment. Raw
+bearer tokens never reach a label: the principal is a `Principal` already.
+
+The metrics name every principal and token ref with their counts, so they are served by
+`MetricsApp` (`http/metricsapp.py`) on a listener of their own (`edge.metrics.listen`), never
+on the public OpenAI one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from ..authenticating import Principal
+from ..hub.protocol import Hub, provider_health
+from .dispatching import Dispatcher
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+#: The Content-Type of the Prometheus text exposition served at /metrics.
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+_USAGE_LABELS: Final = ("principal_ref", "token_ref", "model", "provider")
+#: Queue waits and first tokens: from well under a millisecond to a long queue timeout.
+_LATENCY_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+class _PoolCollector(Collector):
+    """Gauges read from the dispatcher when Prometheus scrapes."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "iop_edge_in_flight", "Runs in flight per provider, on this Edge.", labels=["provider"]
+        )
+        long_in_flight = GaugeMetricFamily(
+            "iop_edge_long_in_flight",
+            "Long-context runs in flight per provider, on this Edge.",
+            labels=["provider"],
+        )
+        for provider_id, (runs, long_runs) in sorted(self._dispatcher.in_flight_counts().items()):
+            in_flight.add_metric([provider_id], runs)
+            long_in_flight.add_metric([provider_id], long_runs)
+        depth = GaugeMetricFamily(
+            "iop_edge_queue_depth", "Requests waiting for a free provider.", labels=["model"]
+        )
+        for model_id, waiting in sorted(self._dispatcher.queue_depths().items()):
+            depth.add_metric([model_id], waiting)
+        by_principal = GaugeMetricFamily(
+            "iop_edge_queue_depth_by_principal",
+            "Requests waiting for a free provider, per model and principal (fair share).",
+            labels=["model", "principal_ref"],
+        )
+        for (model_id, principal), waiting in sorted(
+            self._dispatcher.queue_depths_by_principal().items()
+        ):
+            by_principal.add_metric([model_id, principal], waiting)
+        generation = GaugeMetricFamily(
+            "iop_edge_config_generation", "Config snapshots swapped in since the Edge started."
+        )
+        generation.add_metric([], self._dispatcher.snapshot.generation)
+        decisions = CounterMetricFamily(
+            "iop_edge_dispatch",
+            "Dispatch choices among a model's best free providers, by model, policy "
+            "(models[].dispatch.policy) and reason: round_robin, least_load, affinity (the "
+            "prompt's prefix went home), overflow (its home was past its bound or full), "
+            "freed_slot (a waiting request took the slot that freed first).",
+            labels=["model", "policy", "reason"],
+        )
+        for (model_id, policy, reason), count in sorted(self._dispatcher.decisions().items()):
+            decisions.add_metric([model_id, policy, reason], count)
+        load = GaugeMetricFamily(
+            "iop_edge_provider_load",
+            "A provider's load as least_load reads it: this Edge's runs on it, plus its Node's "
+            "runs from other Edges, plus its server's requests from other clients.",
+            labels=["provider"],
+        )
+        for provider_id in sorted(self._dispatcher.snapshot.providers):
+            load.add_metric([provider_id], self._dispatcher.load(provider_id))
+        snapshot = self._dispatcher.snapshot
+        capacity = GaugeMetricFamily(
+            "iop_edge_provider_capacity",
+            "Most runs this Edge sends a provider at once: its capacity, or this replica's "
+            "share of it for a node placed on the Edge.",
+            labels=["provider"],
+        )
+        for provider_id, limits in sorted(snapshot.providers.items()):
+            capacity.add_metric([provider_id], limits.capacity)
+        replicas = GaugeMetricFamily(
+            "iop_edge_replicas",
+            "The Edge replicas this one counts (its peers Service) to share the capacity of "
+            "the nodes placed on the Edge; 1 without a peers Service.",
+        )
+        replicas.add_metric([], snapshot.edge_replicas)
+        yield from (in_flight, long_in_flight, depth, by_principal, generation, decisions, load)
+        yield from (capacity, replicas)
+
+
+class _NodeCollector(Collector):
+    """Provider health and node drains, read from the hub when Prometheus scrapes."""
+
+    def __init__(self, dispatcher: Dispatcher, hub: Hub) -> None:
+        self._dispatcher = dispatcher
+        self._hub = hub
+
+    def collect(self) -> Iterator[Metric]:
+        providers = self._dispatcher.snapshot.providers
+        healthy = GaugeMetricFamily(
+            "iop_edge_provider_healthy",
+            "1 when the provider's node is connected and reports it healthy, else 0.",
+            labels=["provider", "node"],
+        )
+        reasons = GaugeMetricFamily(
+            "iop_edge_provider_unhealthy_reason",
+            "1 for an unhealthy provider, labelled with why (probe_failed, request_failures, "
+            "draining, adapter_error, not_probed, node_disconnected, ...); absent when healthy.",
+            labels=["provider", "node", "reason"],
+        )
+        nodes_of = {pid: limits.node_id for pid, limits in providers.items()}
+        for pid, link in provider_health(nodes_of, self._hub.connected_providers()).items():
+            healthy.add_metric([pid, link.node_id], 1.0 if link.healthy else 0.0)
+            if not link.healthy:
+                reasons.add_metric([pid, link.node_id, link.reason], 1.0)
+        draining = GaugeMetricFamily(
+            "iop_edge_node_draining",
+            "1 while a connected node drains (a swap's replaced adapters, its shutdown, or an "
+            "older process of it finishing its runs), else 0.",
+            labels=["node"],
+        )
+        runs_left = GaugeMetricFamily(
+            "iop_edge_node_draining_runs",
+            "Runs a draining node still has to finish, per provider (0 once they all ended).",
+            labels=["node", "provider"],
+        )
+        for node_id, status in sorted(self._hub.nodes().items()):
+            draining.add_metric([node_id], 1.0 if status.draining else 0.0)
+            if status.draining:
+                left = status.draining_runs()
+                mine = {pid for pid, node in nodes_of.items() if node == node_id}
+                for pid in sorted(mine | left.keys()):
+                    runs_left.add_metric([node_id, pid], left.get(pid, 0))
+        yield from (healthy, reasons, draining, runs_left)
+
+
+class Metrics:
+    """The Edge's metrics; `render()` is the /metrics body. Without a `hub` (an app tested
+    alone) there are no provider health or node drain metrics."""
+
+    def __init__(self, dispatcher: Dispatcher, hub: Hub | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "iop_edge_requests",
+            "Requests answered, by outcome (HTTP status).",
+            [*_USAGE_LABELS, "status"],
+            registry=self.registry,
+        )
+        self._prompt = Counter(
+            "iop_edge_prompt_tokens",
+            "Prompt tokens, as the provider reported them.",
+            _USAGE_LABELS,
+            registry=self.registry,
+        )
+        self._completion = Counter(
+            "iop_edge_completion_tokens",
+            "Completion tokens, as the provider reported them.",
+            _USAGE_LABELS,
+            registry=self.registry,
+        )
+        self._total = Counter(
+            "iop_edge_total_tokens",
+            "Total tokens, as the provider reported them.",
+            _USAGE_LABELS,
+            registry=self.registry,
+        )
+        self._queue_wait = Histogram(
+            "iop_edge_queue_wait_seconds",
+            "Time a dispatched request waited for a free provider.",
+            ["model", "principal_ref"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._first_token = Histogram(
+            "iop_edge_time_to_first_token_seconds",
+            "Time from a request's arrival to its first response bytes (first chunk or body).",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._duration = Histogram(
+            "iop_edge_request_duration_seconds",
+            "Time from a completion request's arrival to the end of its answer, any outcome.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._refreshes = Counter(
+            "iop_edge_refreshes",
+            "Refreshes (admin API, SIGHUP) by mode and outcome: applied, valid, "
+            "restart_required, invalid.",
+            ["mode", "outcome"],
+            registry=self.registry,
+        )
+        self._retries = Counter(
+            "iop_edge_retries",
+            "Tries after a failure before the first byte (or a provider_busy refusal), by the "
+            "model the client asked for and the failure's code.",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self._retries_refused = Counter(
+            "iop_edge_retries_refused",
+            "Retries the retry budget refused (the failure was the answer), by the model the "
+            "client asked for and the failure's code.",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self._fallbacks = Counter(
+            "iop_edge_fallbacks",
+            "Requests handed to a fallback model, by the model asked for, the fallback, and "
+            "why: unavailable (no provider of the model in dispatch) or failed (its providers "
+            "failed before the first byte).",
+            ["model", "fallback", "reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_PoolCollector(dispatcher))
+        if hub is not None:
+            self.registry.register(_NodeCollector(dispatcher, hub))
+        self._request_children: dict[tuple[str, ...], Counter] = {}
+        self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
+        self._wait_children: dict[tuple[str, str], Histogram] = {}
+        self._first_children: dict[str, Histogram] = {}
+        self._duration_children: dict[str, Histogram] = {}
+
+    def count_request(
+        self, principal: Principal | None, model: str, provider: str, status: int
+    ) -> None:
+        """One answered request; empty labels for what was not known (auth failed, no model)."""
+        key = (
+            principal.principal_ref if principal else "",
+            principal.token_ref if principal else "",
+            model,
+            provider,
+            str(status),
+        )
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self._requests.labels(*key)
+        child.inc()
+
+    def count_usage(
+        self,
+        principal: Principal,
+        model: str,
+        provider: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        total_tokens: int,
+    ) -> None:
+        key = (principal.principal_ref, principal.token_ref, model, provider)
+        children = self._usage_children.get(key)
+        if children is None:
+            children = self._usage_children[key] = (
+                self._prompt.labels(*key),
+                self._completion.labels(*key),
+                self._total.labels(*key),
+            )
+        children[0].inc(prompt_tokens)
+        children[1].inc(completion_tokens)
+        children[2].inc(total_tokens)
+
+    def observe_queue_wait(self, model: str, principal_ref: str, seconds: float) -> None:
+        key = (model, principal_ref)
+        child = self._wait_children.get(key)
+        if child is None:
+            child = self._wait_children[key] = self._queue_wait.labels(*key)
+        child.observe(seconds)
+
+    def observe_first_token(self, model: str, seconds: float) -> None:
+        child = self._first_children.get(model)
+        if child is None:
+            child = self._first_children[model] = self._first_token.labels(model)
+        child.observe(seconds)
+
+    def observe_duration(self, model: str, seconds: float) -> None:
+        child = self._duration_children.get(model)
+        if child is None:
+            child = self._duration_children[model] = self._duration.labels(model)
+        child.observe(seconds)
+
+    def count_refresh(self, mode: str, outcome: str) -> None:
+        """One refresh report: the dashboard's view of what the operator's applies did here."""
+        self._refreshes.labels(mode, outcome).inc()
+
+    def count_retry(self, model: str, reason: str) -> None:
+        self._retries.labels(model, reason).inc()
+
+    def count_retry_refused(self, model: str, reason: str) -> None:
+        self._retries_refused.labels(model, reason).inc()
+
+    def count_fallback(self, model: str, fallback: str, reason: str) -> None:
+        self._fallbacks.labels(model, fallback, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

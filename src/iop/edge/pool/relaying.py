@@ -1,0 +1,473 @@
+"""One request's trip through the pool and a Node: lease a slot, run, meter, give the slot back.
+
+`Relay.open()` returns a `RelayedRun`, an async context manager that yields the run's events.
+Entering it leases a slot (waiting in the queue if needs be), starts the run on the provider's
+Node and waits for the first event, so that a failure before anything reached the client can
+still be retried (docs/edge.md, "Retries and fallbacks"):
+
+- `provider_busy` (the Node's capacity is shared with other Edges): the slot goes back, the
+  provider cools down briefly, and the request tries another candidate or waits, with its
+  original queue deadline; it never fails the request by itself and costs no retry budget.
+- other failures worth another try (`retrying.should_retry`: upstream unreachable, 5xx,
+  dropped connection, timeout, node lost...): the request tries again, at most
+  `openai.retries.max_per_request` times, before its deadline and within its model's retry
+  budget; otherwise that failure is the answer. A retry goes to a provider of the model the
+  request has not tried while one is available; when every available one has failed, to the
+  model's next fallback; with no fallback left, to the tried providers again.
+- a try with no first event within its model's `first_byte_timeout_ms` (a stream's first chunk,
+  a whole answer otherwise) is cancelled on its Node and fails as `upstream_timeout`: retried
+  as above, or the answer.
+- a model none of whose providers is in dispatch (unavailable, not merely busy) hands the request
+  to its first fallback that has one, before any try.
+- a model whose providers are all busy (their slots held by other requests) hands the request
+  to a fallback with a free slot, within the retry budget; with none free, the request waits for
+  its own model and its fallbacks at once, until its own model's queue deadline, and the first
+  slot of any of them serves it (`_first_lease`).
+
+The model that answers is the one whose provider served: usage and the request's metrics count
+for it, and the body's `model` is the name that provider serves.
+
+The slot goes back as soon as the run has ended on its Node, even while a slow client still
+reads the end of its answer from the Edge's buffer: the provider is free then. Leaving the
+context (normally, by an error or by cancellation when the client disconnects) closes the run,
+which cancels it on the Node at once, and releases the slot if it was still held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final, Self
+
+from iop.wire import TERMINAL_EVENTS, RunEvent, RunFailed, RunRequest, RunUsage
+from iop.wire import statuses as wire_statuses
+
+from ..authenticating import Principal
+from ..bodies import ParsedRequest, apply_policy
+from ..errors import ModelNotFound, NoProvider, QueueTimeout
+from ..hub.protocol import NodeRuns, RunEvents
+from .choosing import PREFIX_AFFINITY, PrefixKey
+from .dispatching import Dispatcher, Lease
+from .metering import Metrics
+from .prefixes import prefix_key
+from .retrying import RetryBudget, RetryBudgets, should_retry
+from .snapshots import ModelRoute
+
+__all__ = ["Relay", "RelayedRun"]
+
+
+class Relay:
+    """Runs parsed requests through the dispatcher and the node hub."""
+
+    def __init__(self, dispatcher: Dispatcher, hub: NodeRuns, metrics: Metrics) -> None:
+        self._dispatcher = dispatcher
+        self._hub = hub
+        self._metrics = metrics
+        self._budgets = RetryBudgets()
+        self._run_ids = itertools.count(1)
+        self._run_prefix = os.urandom(4).hex()
+
+    def open(self, request: ParsedRequest, long: bool, principal: Principal) -> RelayedRun:
+        return RelayedRun(self, request, long, principal)
+
+    def _run_id(self) -> str:
+        return f"{self._run_prefix}-{next(self._run_ids):x}"
+
+
+#: No provider tried yet.
+_NONE: Final[frozenset[str]] = frozenset()
+#: A request's prefix points before they are needed (most requests never need them).
+_UNKNOWN: Final = PrefixKey(())
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """What one request has tried so far."""
+
+    #: The model asked for, then its fallbacks in the order they are tried.
+    chain: tuple[str, ...]
+    #: The position in `chain` of the model tried now.
+    position: int = 0
+    #: The providers that failed this request.
+    tried: frozenset[str] = frozenset()
+    #: Retries after failures so far (busy refusals not counted).
+    retries: int = 0
+    #: The failure the current try follows: the answer if that try finds no slot in time.
+    failure: RunFailed | None = None
+
+
+class RelayedRun:
+    """The events of one request's run, from its first event on."""
+
+    def __init__(
+        self, relay: Relay, request: ParsedRequest, long: bool, principal: Principal
+    ) -> None:
+        self._relay = relay
+        self._request = request
+        self._long = long
+        self._principal = principal
+        self._model = request.model
+        self._lease: Lease | None = None
+        self._stream: RunEvents | None = None
+        self._events: AsyncIterator[RunEvent] | None = None
+        self._first: RunEvent | None = None
+        self._prefix_key: PrefixKey | None = _UNKNOWN
+        #: Tokens the upstream reported for the answer (prompt + completion), once it has.
+        self.spent: int | None = None
+
+    @property
+    def provider_id(self) -> str:
+        return self._lease.provider_id if self._lease is not None else ""
+
+    @property
+    def model_id(self) -> str:
+        """The catalog id of the model that answers (a fallback's, when one took over)."""
+        return self._model
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._lease
+
+    async def __aenter__(self) -> Self:
+        relay = self._relay
+        dispatcher = relay._dispatcher
+        snapshot = dispatcher.snapshot
+        asked = self._request.model
+        route = snapshot.models.get(asked)
+        budget = relay._budgets.count_request(snapshot, asked)
+        # Made at the first failure or fallback: most requests never need it.
+        attempts: _Attempts | None = None
+        if route is not None and route.fallbacks:
+            attempts = _Attempts((asked, *route.fallbacks))
+            self._fall_back_if_unavailable(attempts)
+        deadline: float | None = None
+        while True:
+            try:
+                if deadline is None and attempts is not None:
+                    lease = await self._first_lease(attempts, budget)
+                else:
+                    lease = await dispatcher.acquire(
+                        self._model,
+                        self._long,
+                        deadline=deadline,
+                        principal=self._principal.principal_ref,
+                        avoid=attempts.tried if attempts is not None else _NONE,
+                        prefix=self._prefix(dispatcher.snapshot.models.get(self._model)),
+                    )
+            except (QueueTimeout, NoProvider, ModelNotFound):
+                if attempts is None or attempts.failure is None:
+                    raise
+                self._first = attempts.failure  # the retry found no slot in time
+                return self
+            if deadline is None:
+                relay._metrics.observe_queue_wait(
+                    self._model, self._principal.principal_ref, lease.waited_s
+                )
+            deadline = lease.deadline
+            self._lease = lease
+            try:
+                first = await self._start(lease)
+            except BaseException:
+                dispatcher.release(lease)
+                self._lease = None
+                raise
+            if isinstance(first, RunFailed):
+                if attempts is None:
+                    attempts = _Attempts((asked,))
+                if self._try_again(first, lease, attempts, budget, deadline):
+                    await self._close_stream(None, None, None)
+                    dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
+                    self._lease = None
+                    continue
+            self._first = first
+            stream = self._stream
+            if stream is None:  # the try timed out before its first byte: its run is over
+                dispatcher.release(lease)
+            else:
+                stream.on_end(functools.partial(dispatcher.release, lease))
+            return self
+
+    def _prefix(self, route: ModelRoute | None) -> PrefixKey | None:
+        """The prompt's prefix points when the model dispatches by them (made once)."""
+        if route is None or route.dispatch.policy != PREFIX_AFFINITY:
+            return None
+        if self._prefix_key is _UNKNOWN:
+            self._prefix_key = prefix_key(self._request)
+        return self._prefix_key
+
+    def _try_again(
+        self,
+        failed: RunFailed,
+        lease: Lease,
+        attempts: _Attempts,
+        budget: RetryBudget,
+        deadline: float,
+    ) -> bool:
+        """Whether the request tries again after `failed`, its try's first event (so nothing
+        reached the client); the request moves to a fallback model when the next try goes
+        there."""
+        metrics = self._relay._metrics
+        asked = attempts.chain[0]
+        if failed.code == wire_statuses.PROVIDER_BUSY:
+            metrics.count_retry(asked, failed.code)
+            return True
+        if not should_retry(failed):
+            return False
+        dispatcher = self._relay._dispatcher
+        settings = dispatcher.snapshot.retries
+        attempts.tried |= {lease.provider_id}
+        if (
+            attempts.retries >= settings.max_per_request
+            or asyncio.get_running_loop().time() >= deadline
+        ):
+            return False
+        if not budget.try_retry(settings):
+            metrics.count_retry_refused(asked, failed.code)
+            return False
+        attempts.retries += 1
+        attempts.failure = failed
+        metrics.count_retry(asked, failed.code)
+        if not dispatcher.available_for(self._model, self._long, attempts.tried):
+            fallback = self._reachable(attempts.chain, attempts.position + 1)
+            if fallback is not None:
+                attempts.position = fallback
+                self._move_to(attempts.chain[fallback], "failed")
+        return True
+
+    async def _first_lease(self, attempts: _Attempts, budget: RetryBudget) -> Lease:
+        """The first slot of a request whose model has fallbacks.
+
+        Its own model's when one is free. When every provider of it is busy (held by other
+        requests), a free slot of a fallback model in dispatch, if the retry budget has room
+        (a spill is paid like a retry, so a flood of one model cannot swamp its fallbacks);
+        otherwise the request waits in its own model's queue and in those of its fallbacks at
+        once, with its own model's deadline, and takes whichever slot comes first (a
+        fallback's again within the budget; the other places in line are given up).
+        """
+        dispatcher = self._relay._dispatcher
+        principal = self._principal.principal_ref
+        lease = dispatcher.try_acquire(self._model, self._long)
+        if lease is not None:
+            return lease
+        if not self._all_held(self._model):
+            # A provider with room sits out a moment (a busy refusal, a failure): its slot is
+            # free again in 50 ms, and a failure's retry has rules of its own.
+            return await dispatcher.acquire(self._model, self._long, principal=principal)
+        chain = attempts.chain
+        fallbacks = [
+            model
+            for model in chain[attempts.position + 1 :]
+            if dispatcher.available_for(model, self._long)
+        ]
+        settings = dispatcher.snapshot.retries
+        for model in fallbacks:
+            try:
+                lease = dispatcher.try_acquire(model, self._long)
+            except (NoProvider, ModelNotFound):
+                continue
+            if lease is None:
+                continue
+            if not budget.try_retry(settings):
+                dispatcher.release(lease)
+                return await dispatcher.acquire(self._model, self._long, principal=principal)
+            self._spill(attempts, model)
+            return lease
+        if not fallbacks:
+            return await dispatcher.acquire(self._model, self._long, principal=principal)
+        route = dispatcher.snapshot.models[self._model]
+        deadline = asyncio.get_running_loop().time() + route.queue_timeout_s
+        racers = {
+            asyncio.ensure_future(
+                dispatcher.acquire(self._model, self._long, principal=principal)
+            ): self._model
+        }
+        for model in fallbacks:
+            waiting = dispatcher.acquire(model, self._long, deadline=deadline, principal=principal)
+            racers[asyncio.ensure_future(waiting)] = model
+        try:
+            while True:
+                done, _ = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+                won: Lease | None = None
+                for racer in [racer for racer in racers if racer in done]:  # chain order
+                    model = racers.pop(racer)
+                    error = racer.exception()
+                    if error is not None:
+                        if model == self._model:
+                            raise error  # its own queue is full, or its deadline passed
+                        continue
+                    lease = racer.result()
+                    if won is None and (model == self._model or budget.try_retry(settings)):
+                        won = lease
+                        if model != self._model:
+                            self._spill(attempts, model)
+                    else:
+                        dispatcher.release(lease)
+                if won is not None:
+                    return won
+        finally:
+            for racer in racers:
+                racer.cancel()
+            for racer, _ in zip(
+                racers, await asyncio.gather(*racers, return_exceptions=True), strict=True
+            ):
+                if not racer.cancelled() and racer.exception() is None:
+                    dispatcher.release(racer.result())  # granted as another one won
+
+    def _all_held(self, model_id: str) -> bool:
+        """Every provider of the model in dispatch has its slots taken by other runs."""
+        dispatcher = self._relay._dispatcher
+        route = dispatcher.snapshot.models.get(model_id)
+        if route is None:
+            return False
+        available = dispatcher.available
+        return not any(
+            candidate.provider.id in available
+            and dispatcher.in_flight(candidate.provider.id) < candidate.provider.capacity
+            for candidate in route.candidates
+        )
+
+    def _spill(self, attempts: _Attempts, model: str) -> None:
+        """The request's own model is busy: a slot of fallback `model` serves it."""
+        attempts.position = attempts.chain.index(model)
+        self._move_to(model, "busy")
+
+    def _fall_back_if_unavailable(self, attempts: _Attempts) -> None:
+        """Before the first try: a model with no provider in dispatch hands the request to the
+        first fallback that has one (or, with none, that has an enabled one to wait for)."""
+        chain = attempts.chain
+        position = self._reachable(chain, 0)
+        if position is None:
+            dispatcher = self._relay._dispatcher
+            position = next(
+                (i for i, model in enumerate(chain) if dispatcher.serves(model, self._long)), 0
+            )
+        if position:
+            attempts.position = position
+            self._move_to(chain[position], "unavailable")
+
+    def _reachable(self, chain: tuple[str, ...], start: int) -> int | None:
+        """The position in `chain`, from `start`, of the first model with a provider in
+        dispatch that can take this request."""
+        dispatcher = self._relay._dispatcher
+        for position in range(start, len(chain)):
+            if dispatcher.available_for(chain[position], self._long):
+                return position
+        return None
+
+    def _move_to(self, model_id: str, reason: str) -> None:
+        """Hand the request to fallback model `model_id`: its policy, its metrics."""
+        self._relay._metrics.count_fallback(self._request.model, model_id, reason)
+        self._model = model_id
+        route = self._relay._dispatcher.snapshot.models.get(model_id)
+        if route is not None:
+            apply_policy(self._request, route.generation)
+
+    async def _start(self, lease: Lease) -> RunEvent:
+        request = self._request
+        stream = self._relay._hub.run(
+            RunRequest(
+                run_id=self._relay._run_id(),
+                provider_id=lease.provider_id,
+                served_model=lease.served_model,
+                kind=request.kind,
+                body=request.encode(lease.served_model),
+                stream=request.stream,
+                long_context=self._long,
+                max_response_bytes=lease.snapshot.config.openai.max_response_bytes,
+                sse_chunks=request.stream,
+            )
+        )
+        await stream.__aenter__()
+        self._stream = stream
+        events = stream.__aiter__()
+        self._events = events
+        route = self._relay._dispatcher.snapshot.models.get(self._model)
+        limit = route.first_byte_timeout_s if route is not None else None
+        try:
+            if limit is None:
+                return await anext(events)
+            try:
+                async with asyncio.timeout(limit):
+                    return await anext(events)
+            except TimeoutError:
+                pass
+        except BaseException as exc:
+            await self._close_stream(type(exc), exc, exc.__traceback__)
+            raise
+        # No first byte in time: the run is cancelled on its Node, which counts it against the
+        # provider's health, and this try failed.
+        stream.cancel(first_byte_timeout=True)
+        await self._close_stream(None, None, None)
+        return wire_statuses.failure(
+            wire_statuses.UPSTREAM_TIMEOUT,
+            f"no first byte from provider {lease.provider_id!r} within "
+            f"{limit * 1000:g} ms (models[{self._model}].first_byte_timeout_ms)",
+        )
+
+    async def _close_stream(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stream, self._stream, self._events = self._stream, None, None
+        if stream is not None:
+            await stream.__aexit__(exc_type, exc, tb)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._close_stream(exc_type, exc, tb)
+        finally:
+            if self._lease is not None:
+                self._relay._dispatcher.release(self._lease)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        event = self._first
+        if event is not None:
+            self._first = None
+        else:
+            if self._events is None:
+                raise StopAsyncIteration
+            event = await anext(self._events)
+        if isinstance(event, RunUsage):
+            self._meter(event)
+        return event
+
+    def take_ready(self) -> list[RunEvent]:
+        """The events that already arrived, without waiting (see `RunEvents.take_ready`)."""
+        taken: list[RunEvent] = []
+        if self._first is not None:
+            taken.append(self._first)
+            self._first = None
+        if self._stream is not None and not (taken and isinstance(taken[0], TERMINAL_EVENTS)):
+            taken.extend(self._stream.take_ready())
+        for event in taken:
+            if isinstance(event, RunUsage):
+                self._meter(event)
+        return taken
+
+    def _meter(self, usage: RunUsage) -> None:
+        lease = self._lease
+        assert lease is not None
+        self.spent = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+        self._relay._metrics.count_usage(
+            self._principal,
+            self._model,
+            lease.provider_id,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+        )

@@ -1,0 +1,7 @@
+"""A live refresh: load, validate, classify, then swap the snapshot and push to the Nodes.
+
+- `refresher`: the `Refresher`, the config in use and the last reports;
+- `reports`: a refresh's report and its parts; `configfiles`: which files a refresh may read.
+"""
+
+__all__: list[str] = []

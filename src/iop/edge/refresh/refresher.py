@@ -1,0 +1,433 @@
+"""Live config refresh: load, validate and classify a candidate config, then apply it copy-on-write.
+
+Every way in goes through `Refresher.refresh` (the admin API's `POST /refresh`, SIGHUP in `iop
+edge run`, `iop edge reload`), so they all validate, classify, log and report the same way:
+
+1. Load the candidate (a document, YAML text or a file) with `iop.edgeconfig`: a candidate with
+   any problem is `invalid`, with every problem and its path, and changes nothing. A file is
+   read only when `configfiles.ConfigFiles` allows it (the Edge's own file or one in
+   `edge.admin.config_dir`, regular, bounded); otherwise `refresh` raises `ConfigFileRefused`.
+   A file that is not an EdgeConfig at all gets one problem saying so, never its content.
+2. Classify it against the config in use. A dry run stops here and reports. An apply with any
+   restart-required path is refused (`restart_required`, naming each path and its scope) and
+   changes nothing, unless the caller says it restarts that path's node itself (`restarting`,
+   `node:<id>` scopes only: the operator rolls that node's workload); then the apply goes on and
+   those nodes are not pushed to, so they keep their running adapters until they restart and
+   take the new payload on welcome.
+3. Apply: build the next `PoolSnapshot` (catalog, limits, long-context threshold) and swap it
+   into the dispatcher, and the node hub's snapshot (node store and payloads) with it, in the
+   same turn of the event loop: no request ever sees one without the other. Runs in flight keep
+   the snapshot they started on; waiting requests are re-evaluated against the new pool at once;
+   slot counters survive the swap, so capacity lowered below the in-flight count only holds new
+   admissions back.
+4. Push: only nodes whose node-specific payload changed get a `NodeConfigRefreshRequest`; the
+   apply waits for their acks (bounded by `ack_timeout`) and reports each node as acked, failed
+   with the reason, or not connected (a node that connects later gets the current payload on
+   welcome). A no-change apply swaps the snapshot and pushes nothing.
+
+Applies run one at a time (an asyncio lock around classify-swap-push); dry runs never wait for
+one. The config in use is the dispatcher's snapshot: there is no second copy to drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sized
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from iop.edgeconfig import (
+    ChangeReport,
+    ConfigError,
+    EdgeConfig,
+    Problem,
+    classify,
+    config_hash,
+    load_data,
+    load_text,
+    node_payload,
+    parse_yaml,
+    require_token_hashes,
+)
+from iop.wire.nodestates import ConfigAck
+
+from ..hub.protocol import ConfigPush
+from ..pool.dispatching import Dispatcher
+from ..pool.snapshots import PoolSnapshot
+from .configfiles import ConfigFileRefused, ConfigFiles
+from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
+
+__all__ = ["ConfigFileRefused", "ConfigPush", "Refresher"]
+
+logger = logging.getLogger(__name__)
+
+#: How many paths a log line names before it says "and N more".
+_LOGGED_PATHS = 12
+
+
+class Refresher:
+    """Dry runs and applies candidate configs; see the module docstring."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        hub: ConfigPush | None = None,
+        config_path: str | Path | None = None,
+        config_dir: str | Path | None = None,
+        ack_timeout: float = 10.0,
+        on_report: Callable[[RefreshReport], None] | None = None,
+    ) -> None:
+        self._dispatcher = dispatcher
+        #: Called with every report (the Edge counts them in its metrics).
+        self._on_report = on_report
+        self._hub = hub
+        #: The file the Edge was started from: what SIGHUP and a body without a config re-read.
+        self.config_path = Path(config_path) if config_path is not None else None
+        #: The files a refresh may read.
+        self.files = ConfigFiles(
+            self.config_path, Path(config_dir) if config_dir is not None else None
+        )
+        self.ack_timeout = ack_timeout
+        self._lock = asyncio.Lock()
+        self._last: RefreshReport | None = None
+        self._last_apply: RefreshReport | None = None
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher whose snapshot this refresher swaps."""
+        return self._dispatcher
+
+    @property
+    def current(self) -> PoolSnapshot:
+        """The config in use, with its hash and generation."""
+        return self._dispatcher.snapshot
+
+    def status(self) -> dict[str, Any]:
+        """The config in use and, for every node of it, whether it runs that config's payload.
+
+        What a caller that applied a config (the operator) reads to learn which nodes are
+        current: connected, welcomed, and acknowledging the payload the config in use gives them.
+        """
+        current = self.current
+        connected = self._hub.nodes() if self._hub is not None else {}
+        digests = self._hub.payload_digests() if self._hub is not None else {}
+        nodes: list[dict[str, Any]] = []
+        for node in sorted(current.config.nodes, key=lambda n: n.id):
+            status = connected.get(node.id)
+            expected = digests.get(node.id, "")
+            applied = status.applied_hash if status is not None else ""
+            nodes.append(
+                {
+                    "node_id": node.id,
+                    "connected": status is not None,
+                    "ready": status is not None and status.ready,
+                    "current": status is not None and status.ready and applied == expected,
+                    "expected_hash": expected,
+                    "applied_hash": applied,
+                    "applied_generation": status.applied_generation if status is not None else 0,
+                }
+            )
+        return {
+            "config_hash": current.config_hash,
+            "generation": current.generation,
+            "nodes": nodes,
+        }
+
+    def last(self, mode: Mode | None = None) -> RefreshReport | None:
+        """The most recent report (of `mode`, when given)."""
+        return self._last_apply if mode == "apply" else self._last
+
+    async def dry_run(self, candidate: ConfigSource, *, requested_by: str = "") -> RefreshReport:
+        return await self.refresh("dry_run", candidate, requested_by=requested_by)
+
+    async def apply(self, candidate: ConfigSource, *, requested_by: str = "") -> RefreshReport:
+        return await self.refresh("apply", candidate, requested_by=requested_by)
+
+    async def refresh(
+        self,
+        mode: Mode,
+        candidate: ConfigSource,
+        *,
+        requested_by: str = "",
+        restarting: Collection[str] = (),
+    ) -> RefreshReport:
+        """Load, validate and classify `candidate`; apply it too when `mode` is "apply".
+
+        `restarting`: `node:<id>` scopes the caller restarts itself; their restart-required
+        paths do not refuse the apply, and those nodes get no push.
+        Raises `ConfigFileRefused` for a file a refresh may not read (nothing is reported).
+        """
+        clock = time.perf_counter()
+        context: dict[str, Any] = {
+            "mode": mode,
+            "requested_by": requested_by,
+            "source": candidate.describe(),
+            "started_at": round(time.time(), 3),
+            "restarting": tuple(sorted(set(restarting))),
+        }
+        try:
+            config = await _load(candidate, self.files)
+        except ConfigError as error:
+            report = self._invalid(error, context)
+        else:
+            if mode == "dry_run":
+                report = self._judge(config, context)
+            else:
+                async with self._lock:
+                    report = await self._apply(config, context)
+        report = _timed(report, clock)
+        self._last = report
+        if mode == "apply":
+            self._last_apply = report
+        _log(report)
+        if self._on_report is not None:
+            self._on_report(report)
+        return report
+
+    # -- the three outcomes ----------------------------------------------------------------------
+
+    def _invalid(self, error: ConfigError, context: dict[str, Any]) -> RefreshReport:
+        current = self.current
+        count = len(error.problems)
+        return RefreshReport(
+            outcome="invalid",
+            applied=False,
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
+            config_hash=None,
+            generation=current.generation,
+            problems=error.problems,
+            message=f"invalid: {count} problem{'s' if count != 1 else ''}; nothing changed",
+            **context,
+        )
+
+    def _judge(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
+        """A dry run: what an apply would do."""
+        current = self.current
+        change = classify(current.config, config)
+        outcome: Outcome
+        if _blocking(change, context["restarting"]):
+            outcome, message = "restart_required", _restart_message(change, refused=False)
+        elif not change.changed:
+            outcome, message = "valid", "no change; an apply would push nothing"
+        else:
+            outcome = "valid"
+            message = (
+                f"{_count(change.live_paths, 'live path')} would apply; "
+                f"{_count(change.nodes_to_push, 'node')} would get a push"
+            )
+        return RefreshReport(
+            change=change,
+            outcome=outcome,
+            applied=False,
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
+            config_hash=config_hash(config),
+            generation=current.generation,
+            message=message,
+            **context,
+        )
+
+    async def _apply(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
+        current = self.current
+        change = classify(current.config, config)
+        held = _held_nodes(change, context["restarting"])
+        if _blocking(change, context["restarting"]):
+            return RefreshReport(
+                change=change,
+                outcome="restart_required",
+                applied=False,
+                config_hash=config_hash(config),
+                generation=current.generation,
+                message=_restart_message(change, refused=True),
+                previous_config_hash=current.config_hash,
+                previous_generation=current.generation,
+                **context,
+            )
+        snapshot = PoolSnapshot.build(config, current.generation + 1, current.edge_replicas)
+        # The dispatcher's swap and the hub's (at the start of swap_config, before its first
+        # await) happen in this same turn of the loop.
+        self._dispatcher.swap(snapshot)
+        pushes: tuple[NodePush, ...] = ()
+        if self._hub is not None:
+            acks = await self._hub.swap_config(
+                config, generation=snapshot.generation, ack_timeout=self.ack_timeout, hold=held
+            )
+            pushes = self._pushes(config, change, acks, snapshot.generation, held)
+        return RefreshReport(
+            change=change,
+            outcome="applied",
+            applied=True,
+            config_hash=snapshot.config_hash,
+            generation=snapshot.generation,
+            pushes=pushes,
+            message=_applied_message(change, pushes, snapshot.generation),
+            previous_config_hash=current.config_hash,
+            previous_generation=current.generation,
+            **context,
+        )
+
+    def _pushes(
+        self,
+        config: EdgeConfig,
+        change: ChangeReport,
+        acks: Mapping[str, ConfigAck | None],
+        generation: int,
+        held: Collection[str] = (),
+    ) -> tuple[NodePush, ...]:
+        """Each targeted node's result: the nodes whose payload changed, and any the hub found
+        behind (a node that had not acknowledged an earlier push gets the current one too)."""
+        assert self._hub is not None
+        connected = self._hub.nodes()
+        results: list[NodePush] = []
+        for node_id in sorted(set(change.nodes_to_push) | set(acks)):
+            status = connected.get(node_id)
+            ack = acks.get(node_id)
+            if ack is not None and ack.ok:
+                reason = ""
+                if ack.pending:
+                    # The node serves several Edges that disagree for now (docs/reliability.md).
+                    reason = (
+                        "received; the node switches once every Edge it is connected to sends "
+                        f"this payload (it runs {ack.in_use_hash[:12]} meanwhile)"
+                    )
+                results.append(NodePush(node_id, "acked", reason, generation, ack.config_hash))
+                continue
+            payload = node_payload(config, node_id)  # the rarer outcomes name the digest too
+            digest = payload.digest if payload is not None else ""
+            if node_id in held and node_id not in acks:
+                reason = "held for its restart; it receives this payload when it connects again"
+                push = NodePush(node_id, "held", reason, generation, digest)
+            elif ack is not None:
+                push = NodePush(node_id, "failed", ack.error or "refused", generation, digest)
+            elif node_id in acks and status is None:
+                reason = "disconnected before acknowledging"
+                push = NodePush(node_id, "failed", reason, generation, digest)
+            elif node_id in acks:
+                reason = f"no acknowledgement within {self.ack_timeout:g}s"
+                push = NodePush(node_id, "failed", reason, generation, digest)
+            elif status is not None and status.ready and status.applied_hash == digest:
+                reason = "had this payload already (it connected during the apply)"
+                push = NodePush(node_id, "acked", reason, status.applied_generation, digest)
+            else:
+                reason = "not connected; it receives the current payload when it connects"
+                push = NodePush(node_id, "not_connected", reason, generation, digest)
+            results.append(push)
+        return tuple(results)
+
+
+def _blocking(change: ChangeReport, restarting: Collection[str]) -> bool:
+    """Whether a restart-required path of `change` is not in a scope the caller restarts."""
+    return any(path.scope not in restarting for path in change.restart_required_paths)
+
+
+def _held_nodes(change: ChangeReport, restarting: Collection[str]) -> frozenset[str]:
+    """The nodes of the `node:<id>` scopes the caller restarts: they get no push."""
+    return frozenset(
+        path.scope.removeprefix("node:")
+        for path in change.restart_required_paths
+        if path.scope in restarting and path.scope.startswith("node:")
+    )
+
+
+async def _load(candidate: ConfigSource, files: ConfigFiles) -> EdgeConfig:
+    """The candidate as a valid config the Edge can run, or `ConfigError`; reading and parsing
+    run off the event loop. A file is read through `files` (or `ConfigFileRefused`).
+
+    A config model passed in is validated again (as a document): one built with `model_copy`
+    never went through the checks between values.
+    """
+    if candidate.path is not None:
+        text = await asyncio.to_thread(files.read, candidate.path)
+        config = await asyncio.to_thread(_load_file_text, text)
+    elif candidate.text is not None:
+        config = await asyncio.to_thread(load_text, candidate.text)
+    else:
+        data = candidate.data
+        if isinstance(data, EdgeConfig):
+            data = data.model_dump(mode="json")
+        config = await asyncio.to_thread(load_data, data)
+    require_token_hashes(config)
+    return config
+
+
+def _load_file_text(text: str) -> EdgeConfig:
+    """A file's config; a file that is not an EdgeConfig document at all (no `edge` section)
+    gets one problem that says so, without echoing any of its lines or values."""
+    document = parse_yaml(text)
+    if not isinstance(document, Mapping) or "edge" not in document:
+        raise ConfigError([Problem("", "the file is not an EdgeConfig document (no edge section)")])
+    return load_data(document)
+
+
+def _timed(report: RefreshReport, clock: float) -> RefreshReport:
+    return replace(report, duration_ms=round((time.perf_counter() - clock) * 1000, 3))
+
+
+def _count(items: Sized, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+
+
+def _paths(paths: list[str]) -> str:
+    shown = ", ".join(paths[:_LOGGED_PATHS])
+    more = len(paths) - _LOGGED_PATHS
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _restart_message(change: ChangeReport, *, refused: bool) -> str:
+    paths = [p.path for p in change.restart_required_paths]
+    head = f"{_count(paths, 'restart-required path')} ({_paths(paths)})"
+    if refused:
+        return f"refused: {head}; nothing changed"
+    return f"{head}; an apply would be refused"
+
+
+def _applied_message(change: ChangeReport, pushes: tuple[NodePush, ...], generation: int) -> str:
+    if not change.changed:
+        return f"no change; generation {generation} swapped in, nothing pushed"
+    tally = {
+        status: sum(push.status == status for push in pushes)
+        for status in ("acked", "failed", "not_connected", "held")
+    }
+    sent = len(pushes) - tally["held"]
+    pushed = (
+        f"pushed to {sent} node{'' if sent == 1 else 's'}: {tally['acked']} acked, "
+        f"{tally['failed']} failed, {tally['not_connected']} not connected"
+        if sent
+        else "nothing to push"
+    )
+    if tally["held"]:
+        pushed += f"; {tally['held']} held for restart"
+    restarts = len(change.restart_required_paths)
+    live = _count(change.live_paths, "live path")
+    if restarts:
+        live += f", {_count(change.restart_required_paths, 'path')} for the caller's restarts"
+    return f"applied generation {generation}: {live}; {pushed}"
+
+
+def _log(report: RefreshReport) -> None:
+    """Who, what and which hashes; never a config value (only paths and hashes)."""
+    paths = [*report.change.live_paths, *(p.path for p in report.change.restart_required_paths)]
+    paths += [p.path for p in report.problems]
+    failed = [f"{p.node_id} ({p.status}: {p.reason})" for p in report.pushes if p.status != "acked"]
+    level = logging.INFO
+    if report.mode == "apply" and (not report.applied or failed):
+        level = logging.WARNING
+    logger.log(
+        level,
+        "refresh %s by %s from %s: %s; hash %s -> %s; generation %d -> %d; paths: %s%s",
+        report.mode,
+        report.requested_by or "(unknown)",
+        report.source,
+        report.message,
+        report.previous_config_hash[:12],
+        (report.config_hash or "-")[:12],
+        report.previous_generation,
+        report.generation,
+        _paths(paths) or "(none)",
+        f"; not acked: {', '.join(failed)}" if failed else "",
+    )

@@ -1,0 +1,281 @@
+"""The pool's invariants under any sequence of requests, retries that avoid the providers they
+tried, releases, cancellations, swaps and node changes, under every dispatch policy (each model
+draws its own, and a swap may change it) with prompts of a few prefixes and load reports from the
+Nodes (a hypothesis state machine over a real event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from iop.edge.errors import EdgeError
+from iop.edge.hub.protocol import ProviderLoad
+from iop.edge.pool.choosing import PrefixKey
+from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.snapshots import PoolSnapshot
+from iop.edgeconfig import EdgeConfig
+from iop.wire.nodestates import ServerLoad
+
+PROVIDERS = ("a", "b", "c")
+MODELS = {"x": ["a", "b"], "y": ["b", "c"], "z": ["c"]}
+POLICIES = ("round_robin", "least_load", "prefix_affinity")
+#: Prompts of three conversations, a few turns each (None: a request without a prefix).
+PREFIXES = [None] + [
+    PrefixKey(tuple(f"{conversation}-{turn}".encode() for turn in range(turns)))
+    for conversation in "pqr"
+    for turns in (1, 2, 3)
+]
+PROVIDER_SETTINGS = st.fixed_dictionaries(
+    {
+        pid: st.tuples(
+            st.integers(1, 3),
+            st.sampled_from([None, 1]),
+            # Mostly one priority, mostly enabled: a policy chooses only among equals, and a
+            # chooser that takes a full provider is found in the default number of examples.
+            st.sampled_from([0, 0, 0, 1, 2]),
+            st.sampled_from([True, True, True, False]),
+        )
+        for pid in PROVIDERS
+    }
+)
+DISPATCH_SETTINGS = st.fixed_dictionaries(
+    {
+        model: st.tuples(st.sampled_from(POLICIES), st.sampled_from([1.0, 1.25, 3.0]))
+        for model in MODELS
+    }
+)
+
+
+class PoolMachine(RuleBasedStateMachine):
+    # The conftest helpers, set by the test (a state machine is built without arguments).
+    config_of: Callable[..., EdgeConfig]
+    provider: Callable[..., dict[str, Any]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.generation = 1
+        self.leases: list[Lease] = []
+        #: Leases ever given (each must be one counted dispatch choice).
+        self.given = 0
+        self.waiting: list[asyncio.Task[Lease]] = []
+        self.over_capacity: list[str] = []
+
+    def config(
+        self,
+        settings: dict[str, tuple[int, int | None, int, bool]],
+        dispatch: dict[str, tuple[str, float]],
+    ):
+        providers = [
+            self.provider(
+                pid,
+                capacity=capacity,
+                long_context_slots=long_slots,
+                priority=priority,
+                enabled=enabled,
+                max_queue=3,
+                queue_timeout_ms=600_000,
+            )
+            for pid, (capacity, long_slots, priority, enabled) in settings.items()
+        ]
+        # Keep every model valid: its first provider always takes long requests when enabled.
+        policies = {
+            model: {"policy": policy, "load_factor": factor}
+            for model, (policy, factor) in dispatch.items()
+        }
+        return self.config_of(providers, MODELS, dispatch=policies)
+
+    @initialize(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
+    def start(self, settings, dispatch) -> None:
+        self.dispatcher = Dispatcher(PoolSnapshot.build(self.config(settings, dispatch)))
+        self.dispatcher.set_available(PROVIDERS)
+        self.loads: dict[str, ProviderLoad] = {}
+        self.dispatcher.watch_loads(self.loads)
+
+    def settle(self) -> None:
+        async def spin() -> None:
+            for _ in range(4):
+                await asyncio.sleep(0)
+
+        self.loop.run_until_complete(spin())
+        for task in [t for t in self.waiting if t.done()]:
+            self.waiting.remove(task)
+            if not task.cancelled() and task.exception() is None:
+                self.admitted(task.result())
+
+    def admitted(self, lease: Lease) -> None:
+        limits = self.dispatcher.snapshot.providers.get(lease.provider_id)
+        if limits is not None and self.dispatcher.in_flight(lease.provider_id) > limits.capacity:
+            self.over_capacity.append(lease.provider_id)
+        self.leases.append(lease)
+        self.given += 1
+
+    @rule(
+        model=st.sampled_from(sorted(MODELS)),
+        long=st.booleans(),
+        prefix=st.sampled_from(PREFIXES),
+    )
+    def request(self, model: str, long: bool, prefix: PrefixKey | None) -> None:
+        async def try_now() -> None:
+            try:
+                lease = self.dispatcher.try_acquire(model, long, prefix)
+            except EdgeError:
+                return
+            if lease is not None:
+                self.admitted(lease)
+            else:
+                task = asyncio.ensure_future(self.dispatcher.acquire(model, long, prefix=prefix))
+                self.waiting.append(task)
+
+        self.loop.run_until_complete(try_now())
+        self.settle()
+
+    @rule(
+        model=st.sampled_from(sorted(MODELS)),
+        long=st.booleans(),
+        avoid=st.frozensets(st.sampled_from(PROVIDERS), min_size=1, max_size=2),
+        prefix=st.sampled_from(PREFIXES),
+    )
+    def retry(
+        self, model: str, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+    ) -> None:
+        async def acquire() -> None:
+            deadline = asyncio.get_running_loop().time() + 600
+            task = asyncio.ensure_future(
+                self.dispatcher.acquire(model, long, deadline=deadline, avoid=avoid, prefix=prefix)
+            )
+            self.waiting.append(task)
+
+        self.loop.run_until_complete(acquire())
+        self.settle()
+
+    @precondition(lambda self: self.leases)
+    @rule(index=st.integers(0, 100))
+    def release(self, index: int) -> None:
+        lease = self.leases.pop(index % len(self.leases))
+        self.dispatcher.release(lease)
+        self.settle()
+
+    @precondition(lambda self: self.waiting)
+    @rule(index=st.integers(0, 100))
+    def client_leaves(self, index: int) -> None:
+        self.waiting[index % len(self.waiting)].cancel()
+        self.settle()
+
+    @rule(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
+    def swap(self, settings, dispatch) -> None:
+        self.generation += 1
+        self.dispatcher.swap(PoolSnapshot.build(self.config(settings, dispatch), self.generation))
+        self.settle()
+
+    @rule(
+        provider=st.sampled_from(PROVIDERS),
+        node_in_flight=st.integers(0, 6),
+        elsewhere=st.integers(0, 6),
+        server=st.none()
+        | st.tuples(
+            st.integers(0, 6), st.integers(0, 6), st.floats(0, 1), st.just(0.0), st.integers(0, 6)
+        ),
+    )
+    def node_reports_load(
+        self,
+        provider: str,
+        node_in_flight: int,
+        elsewhere: int,
+        server: tuple[int, int, float, float, int] | None,
+    ) -> None:
+        """A heartbeat: other Edges' runs and the server's own queue, which may say anything."""
+        report = ServerLoad(*server) if server is not None else None
+        self.loads[provider] = ProviderLoad(node_in_flight, report, time.monotonic(), elsewhere)
+
+    @rule(up=st.sets(st.sampled_from(PROVIDERS)))
+    def nodes_change(self, up: set[str]) -> None:
+        self.dispatcher.set_available(up)
+        self.settle()
+
+    @invariant()
+    def slots_match_leases(self) -> None:
+        if not hasattr(self, "dispatcher"):
+            return
+        for pid in PROVIDERS:
+            mine = [lease for lease in self.leases if lease.provider_id == pid]
+            assert self.dispatcher.in_flight(pid) == len(mine)
+            assert self.dispatcher.long_in_flight(pid) == sum(lease.long for lease in mine)
+
+    @invariant()
+    def admissions_respect_capacity(self) -> None:
+        assert not self.over_capacity
+
+    @invariant()
+    def every_lease_is_one_counted_choice(self) -> None:
+        if hasattr(self, "dispatcher"):
+            assert sum(self.dispatcher.decisions().values()) == self.given
+
+    @invariant()
+    def queue_depth_matches_waiting_requests(self) -> None:
+        if hasattr(self, "dispatcher"):
+            assert self.dispatcher.waiting == len(self.waiting)
+
+    @invariant()
+    def no_request_waits_while_a_candidate_is_free(self) -> None:
+        if not hasattr(self, "dispatcher"):
+            return
+        snapshot = self.dispatcher.snapshot
+        available = self.dispatcher.available
+        for (model, long), queue in self.dispatcher._queues.items():
+            assert queue
+            candidates = [
+                c.provider for c in snapshot.models[model].candidates if c.provider.id in available
+            ]
+            for waiter in queue.in_order():
+                # A retry takes none of the providers it tried while another one is available.
+                untried = [
+                    p for p in candidates if p.id not in waiter.avoid and (not long or p.takes_long)
+                ]
+                for limits in untried if waiter.avoid and untried else candidates:
+                    full = self.dispatcher.in_flight(limits.id) >= limits.capacity
+                    long_full = (
+                        long
+                        and limits.long_context_slots is not None
+                        and self.dispatcher.long_in_flight(limits.id) >= limits.long_context_slots
+                    )
+                    assert full or long_full, (model, long, limits, waiter.avoid)
+
+    def teardown(self) -> None:
+        for task in self.waiting:
+            task.cancel()
+        if self.waiting:
+            self.loop.run_until_complete(asyncio.gather(*self.waiting, return_exceptions=True))
+        if hasattr(self, "dispatcher"):
+            self.dispatcher.close()
+        self.loop.close()
+
+
+def test_pool_invariants(config_of, provider) -> None:
+    class Machine(PoolMachine):
+        pass
+
+    Machine.config_of = staticmethod(config_of)
+    Machine.provider = staticmethod(provider)
+    run_state_machine_as_test(
+        Machine,
+        settings=settings(
+            max_examples=150,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
