@@ -98,7 +98,7 @@ def test_wheel_and_sdist_hold_every_module(tmp_path: Path) -> None:
     result = build(context, tmp_path / "dist")
     assert result.returncode == 0, result.stderr
     expected = package_files(context / "src")
-    assert any(name.endswith("edge/serving.py") for name in expected)
+    assert any(name.endswith("edge/http/openaiapp.py") for name in expected)
 
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:

@@ -7,6 +7,7 @@ the lines above its assignment, or its package docstring names it.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -89,3 +90,91 @@ def test_every_exported_name_imports_and_is_documented(name: str) -> None:
         if defining_module(module, public) is None:
             undocumented.append(public)
     assert undocumented == [], f"{name}: exported without documentation: {undocumented}"
+
+
+def _imports(folder: str) -> list[tuple[str, str, ast.ImportFrom]]:
+    """(importing module, absolute target, node) for every `from ... import` of a module of
+    `iop` in `folder` (src, tests, bench, e2e) of the repository."""
+    repo = Path(iop.__file__).resolve().parents[2]
+    names = set(modules())
+    found = []
+    for path in (repo / folder).rglob("*.py"):
+        parts = path.relative_to(repo / folder).with_suffix("").parts
+        here = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = here if parts[-1] == "__init__" else here.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target in names:
+                found.append((here, target, node))
+    return found
+
+
+def _owner(module: str) -> str:
+    """The package a module belongs to (a package owns itself)."""
+    if hasattr(importlib.import_module(module), "__path__"):
+        return module
+    return module.rpartition(".")[0]
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _users_outside() -> set[tuple[str, str]]:
+    """(package, name) for every name imported from a package of `iop`, or from one of its
+    modules, by code outside that package: the product's other packages, tests, benchmarks."""
+    found: set[tuple[str, str]] = set()
+    for folder in ("src", "tests", "bench", "e2e"):
+        for here, target, node in _imports(folder):
+            owner = _owner(target)
+            if folder == "src" and _inside(here, owner):
+                continue
+            found.update((owner, alias.name) for alias in node.names)
+    return found
+
+
+def test_every_exported_name_has_a_user_outside_its_package() -> None:
+    users = _users_outside()
+    unused = [
+        f"{name}.{public}"
+        for name in packages()
+        for public in importlib.import_module(name).__all__
+        if (name, public) not in users
+    ]
+    assert unused == []
+
+
+@pytest.mark.parametrize("name", [m for m in modules() if m not in packages()])
+def test_only_packages_declare_a_surface(name: str) -> None:
+    """Modules are private to their package: what others use, its `__init__` exports."""
+    assert not hasattr(importlib.import_module(name), "__all__")
+
+
+#: Modules imported by name across packages on purpose: uvicorn loads only where HTTP is served;
+#: the generated stubs are their own surface.
+_MODULES_IMPORTED_DIRECTLY = {
+    "iop.aiokits.asgiserving",
+    "iop.wire.runtime_pb2",
+    "iop.wire.runtime_pb2_grpc",
+}
+
+
+def test_the_product_imports_another_package_through_its_surface() -> None:
+    """Inside `src/`, a name from another package comes from that package, never one of its
+    modules: the package's `__init__` is the one place its surface is kept."""
+    names = set(modules())
+    through_modules = [
+        f"{here}: from {target} import ..."
+        for here, target, node in _imports("src")
+        if target not in _MODULES_IMPORTED_DIRECTLY
+        and _owner(target) != target
+        and not _inside(here, _owner(target))
+        and not all(f"{target}.{alias.name}" in names for alias in node.names)
+    ]
+    assert through_modules == []

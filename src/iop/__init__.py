@@ -1,6 +1,7 @@
 """IOP Edge: an OpenAI-compatible LLM inference gateway for Kubernetes."""
 
-__all__ = ["__version__"]
+__all__ = []
+
 
 #: The version of the distribution (`iop --version`).
 __version__ = "0.1.0"

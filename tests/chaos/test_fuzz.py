@@ -320,7 +320,7 @@ def test_admin_refresh_bodies(stack) -> None:
         assert response.status_code < 500, f"{response.status_code}: {response.text[:500]}"
         document = response.json()
         if response.status_code in (400, 401, 404, 405, 413):
-            assert set(document["error"]) == {"code", "message"}
+            assert set(document["error"]) == {"code", "message", "param", "type"}
         else:
             assert document["outcome"] in ("applied", "valid", "restart_required", "invalid")
 

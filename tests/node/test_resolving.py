@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from iop.node.resolving import ResolvePacing, resolve_service
+from iop.aiokits import resolve_service
+from iop.node.resolving import ResolvePacing
 
 INTERVAL = 30.0
 

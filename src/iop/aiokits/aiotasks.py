@@ -12,8 +12,6 @@ import logging
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["guarded_task", "stop_tasks"]
-
 T = TypeVar("T")
 
 

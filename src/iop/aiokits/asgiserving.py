@@ -25,8 +25,6 @@ import uvicorn
 from .aiotasks import guarded_task
 from .lifecycles import AsyncService
 
-__all__ = ["AsgiServer"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Self
 
-__all__ = ["AsyncService"]
-
 
 class AsyncService:
     """`async with service:` calls `start()` on entry and `stop()` on exit."""

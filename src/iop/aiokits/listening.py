@@ -12,16 +12,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-__all__ = [
-    "FD_RESERVE",
-    "Resolve",
-    "bind_listener",
-    "open_file_limit",
-    "open_file_room",
-    "resolve_service",
-    "split_listener",
-]
-
 
 def split_listener(value: str) -> tuple[str, int]:
     """Split `host:port` (IPv6 as `[::1]:80`); raise ValueError naming what is wrong."""

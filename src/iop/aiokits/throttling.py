@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import time
 
-__all__ = ["LogThrottle"]
-
 
 class LogThrottle:
     """At most one line per `interval` seconds through `logger`; the rest are counted."""

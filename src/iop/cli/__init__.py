@@ -20,6 +20,7 @@ from iop import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
+
 #: command -> (its module in this package, its line in `iop --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("config_commands", "check, compare and describe EdgeConfig files"),

@@ -18,8 +18,6 @@ from iop.edgeconfig import (
 
 from .problems import print_problems
 
-__all__ = ["register"]
-
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_RESTART_REQUIRED = 2

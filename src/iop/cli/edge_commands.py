@@ -17,16 +17,14 @@ import uvloop
 
 from iop.aiokits import guarded_task, split_listener, stop_tasks
 from iop.edge import EdgeServer
-from iop.edge.http.adminapp import AdminAuthError
-from iop.edge.refresh.reports import ConfigSource
+from iop.edge.http import AdminAuthError
+from iop.edge.refresh import ConfigSource
 from iop.edgeconfig import ConfigError, load_file, require_token_hashes
 from iop.wire import TlsError
 
 from . import reload_commands
 from .problems import print_problems
 from .settling import settle
-
-__all__ = ["register"]
 
 logger = logging.getLogger("iop.edge.run")
 

@@ -16,10 +16,7 @@ import orjson
 import uvloop
 
 from iop.aiokits import split_listener
-from iop.fakes.simulating import GpuSettings
-from iop.fakes.upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
-
-__all__ = ["register"]
+from iop.fakes import FAIL_MODES, FakeUpstream, FakeUpstreamSettings, GpuSettings
 
 
 def register(parser: argparse.ArgumentParser) -> None:

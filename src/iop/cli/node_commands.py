@@ -27,8 +27,6 @@ from iop.wire import ClientTls, TlsError
 
 from .settling import settle
 
-__all__ = ["register"]
-
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the `iop node` subcommands to its parser."""

@@ -11,11 +11,7 @@ from pathlib import Path
 
 import uvloop
 
-from iop.operator.crds import crd_yaml
-from iop.operator.errors import OperatorError
-from iop.operator.running import OperatorOptions, default_namespace, run_operator
-
-__all__ = ["register"]
+from iop.operator import OperatorError, OperatorOptions, crd_yaml, default_namespace, run_operator
 
 
 def register(parser: argparse.ArgumentParser) -> None:

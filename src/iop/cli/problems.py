@@ -6,8 +6,6 @@ import sys
 
 from iop.edgeconfig import ConfigError
 
-__all__ = ["print_problems"]
-
 
 def print_problems(label: str, error: ConfigError) -> None:
     """`LABEL: N problems` on stderr, then each problem (`path: message`) indented below it."""

@@ -17,8 +17,6 @@ from typing import Any
 import httpx
 import orjson
 
-__all__ = ["register"]
-
 EXIT_APPLIED = 0
 EXIT_INVALID = 1
 EXIT_RESTART_REQUIRED = 2

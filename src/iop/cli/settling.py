@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["settle"]
-
 
 def settle() -> None:
     """Collect what start-up left behind, then freeze everything still alive."""

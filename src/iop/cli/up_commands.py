@@ -47,8 +47,6 @@ from iop.processes import owned, spawn_edge, spawn_fake_upstream, spawn_node
 
 from .problems import print_problems
 
-__all__ = ["LocalStack", "local_config", "register"]
-
 logger = logging.getLogger("iop.up")
 
 DEFAULT_CONFIG = Path("configs/edge.yaml")

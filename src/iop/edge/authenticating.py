@@ -17,8 +17,6 @@ from iop.edgeconfig import ANONYMOUS_PRINCIPAL, OpenAISection, token_sha256
 
 from .errors import Unauthorized
 
-__all__ = ["ANONYMOUS", "Authenticator", "Principal"]
-
 
 @dataclass(frozen=True, slots=True)
 class Principal:

@@ -28,8 +28,6 @@ from typing import Final
 from iop.aiokits import LogThrottle
 from iop.edgeconfig import token_sha256
 
-__all__ = ["AuthFailures", "source_of", "token_hint"]
-
 #: Sources remembered at most (each a few dozen bytes).
 _MAX_SOURCES: Final = 10_000
 

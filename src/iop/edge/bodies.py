@@ -34,18 +34,6 @@ from iop.wire import RunKind
 
 from .errors import BadRequest
 
-__all__ = [
-    "BYTES_PER_TOKEN",
-    "ChatCompletionBody",
-    "CompletionBody",
-    "EmbeddingBody",
-    "ParsedRequest",
-    "apply_policy",
-    "estimate_tokens",
-    "is_long",
-    "parse_request",
-]
-
 #: The cheap token estimate's ratio: UTF-8 bytes of input text per token.
 BYTES_PER_TOKEN: Final = 4
 

@@ -7,27 +7,6 @@ status of an error.
 
 from __future__ import annotations
 
-__all__ = [
-    "BadRequest",
-    "EdgeError",
-    "HeaderTimeout",
-    "HeadersTooLarge",
-    "InternalError",
-    "MalformedRequest",
-    "MethodNotAllowed",
-    "ModelNotFound",
-    "NoProvider",
-    "PayloadTooLarge",
-    "ProviderFailed",
-    "QueueFull",
-    "QueueTimeout",
-    "RateLimited",
-    "RouteNotFound",
-    "TooManyConnections",
-    "TooManyRequests",
-    "Unauthorized",
-]
-
 
 class EdgeError(Exception):
     """A request the Edge answers with an error; `message` is safe to show the client.
@@ -109,7 +88,7 @@ class RateLimited(EdgeError):
 
     `kind` is OpenAI's error type for it (`requests` or `tokens`); `headers` say when to try
     again (`Retry-After`, `retry-after-ms`, or `x-should-retry: false` when it never passes)
-    and the `x-ratelimit-*` state, as `enforcing.py` words them.
+    and the `x-ratelimit-*` state, as `limits/limiter.py` words them.
     """
 
     def __init__(self, message: str, kind: str, headers: list[tuple[bytes, bytes]]) -> None:

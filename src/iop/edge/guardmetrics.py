@@ -1,10 +1,10 @@
 """The metrics of what the Edge turns away to protect itself, read at scrape time.
 
-Failed authentications by listener and reason, attempts refused unheard because their address
-failed too often, requests refused for holding too many in flight, hub connections refused while
-too many waited for their hello, and streams stopped because their client read too little. The
-counts live in the parts that count them (`clientguarding.py`, `nodehub.py`, `authfailures.py`):
-nothing here runs on the request path.
+Failed authentications by listener and reason, attempts refused unheard because their address failed
+too often, requests refused for holding too many in flight, hub connections refused while too many
+waited for their hello, and streams stopped because their client read too little. The counts live in
+the parts that count them (`http/clientguard.py`, `hub/nodehub.py`, `authfailures.py`): nothing here
+runs on the request path.
 """
 
 from __future__ import annotations
@@ -14,11 +14,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .http.clientguard import ClientGuard
-from .hub.nodehub import NodeHub
-from .hub.protocol import Hub
-
-__all__ = ["GuardCollector"]
+from .http import ClientGuard
+from .hub import Hub, NodeHub
 
 
 class GuardCollector(Collector):

@@ -1,8 +1,8 @@
 """One Edge: the node hub, the provider pool and the OpenAI HTTP API, under one lifecycle.
 
 `EdgeServer` owns every part and starts and stops them in order: the hub first (Nodes may dial in
-while the HTTP side comes up), then the HTTP server on the OpenAI listener (`uvicornserving.py`,
-with the limits of `openai.*`: `httplimits.py`); on stop, the HTTP side stops taking requests and
+while the HTTP side comes up), then the HTTP server on the OpenAI listener (`http/server.py`,
+with the limits of `openai.*`: `http/caps.py`); on stop, the HTTP side stops taking requests and
 lets the running ones finish, then the hub closes the Nodes' connections. Signals are the
 caller's business (`iop edge run` maps SIGTERM/SIGINT to `stop()`).
 
@@ -10,9 +10,9 @@ Prometheus metrics name every principal and token ref, so they are not on the pu
 with `metrics_listen` (`iop edge run` passes `edge.metrics.listen`) a small app serves
 `GET /metrics` there.
 
-`refresher` is the live-refresh seam (`refreshing.py`): it swaps the next pool snapshot into the
-dispatcher and the config into the hub, and pushes node payloads. With `admin_listen`, a second
-uvicorn server serves the admin API (`admin.py`) there; `iop edge run` passes the config's
+`refresher` is the live-refresh seam (`refresh/refresher.py`): it swaps the next pool snapshot into
+the dispatcher and the config into the hub, and pushes node payloads. With `admin_listen`, a second
+uvicorn server serves the admin API (`http/adminapp.py`) there; `iop edge run` passes the config's
 `edge.admin.listen`, while an Edge embedded in-process (tests, benchmarks) serves none by default.
 The admin server starts last and stops first, so no apply runs while the Edge comes or goes.
 """
@@ -26,29 +26,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
-from iop.aiokits import AsyncService, Resolve, bind_listener, resolve_service
-from iop.edgeconfig import EdgeConfig, split_listener
+from iop.aiokits import AsyncService, Resolve, bind_listener, resolve_service, split_listener
+from iop.edgeconfig import EdgeConfig
 
 from .authenticating import Authenticator
 from .authfailures import AuthFailures
 from .guardmetrics import GuardCollector
-from .http.adminapp import AdminApp, AdminAuth
-from .http.caps import HttpCaps
-from .http.clientguard import ClientGuard
-from .http.metricsapp import MetricsApp
-from .http.openaiapp import OpenAIApp
-from .http.server import HttpServer
-from .hub.caps import HubCaps
-from .hub.nodehub import NodeHub
-from .hub.peering import PeerCount
-from .hub.protocol import Hub, available_providers
-from .limits.limiter import Limiter
-from .pool.dispatching import Dispatcher
-from .pool.metering import Metrics
-from .pool.snapshots import PoolSnapshot
-from .refresh.refresher import Refresher
-
-__all__ = ["EdgeServer"]
+from .http import AdminApp, AdminAuth, ClientGuard, HttpCaps, HttpServer, MetricsApp, OpenAIApp
+from .hub import Hub, HubCaps, NodeHub, PeerCount, available_providers
+from .limits import Limiter
+from .pool import Dispatcher, Metrics, PoolSnapshot
+from .refresh import Refresher
 
 logger = logging.getLogger(__name__)
 

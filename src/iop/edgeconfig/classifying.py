@@ -29,8 +29,6 @@ from .payloads import NodePayload
 from .reports import ChangeReport, RestartPath
 from .trees import item_key
 
-__all__ = ["classify"]
-
 
 @dataclass(frozen=True, slots=True)
 class _Change:

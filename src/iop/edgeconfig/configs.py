@@ -19,45 +19,7 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from iop.aiokits.listening import split_listener
-
-__all__ = [
-    "ANONYMOUS_PRINCIPAL",
-    "APPLY_KEY",
-    "EDGE_PLACEMENT",
-    "EVERY_PRINCIPAL",
-    "A2ASection",
-    "AdminSection",
-    "BootstrapSection",
-    "ControlPlaneSection",
-    "DispatchPolicyName",
-    "DispatchSettings",
-    "EdgeConfig",
-    "EdgeSection",
-    "FakeAdapterSettings",
-    "GenerationPolicy",
-    "HealthPolicy",
-    "LimitStoreSection",
-    "MetricsSection",
-    "ModelSpec",
-    "NodeLinkSection",
-    "NodePlacement",
-    "NodeRuntime",
-    "NodeSpec",
-    "OpenAIAdapterSettings",
-    "OpenAISection",
-    "PrincipalLimit",
-    "PrincipalToken",
-    "ProviderSpec",
-    "RetrySection",
-    "SecretKeyRef",
-    "Spec",
-    "TlsSection",
-    "TokenBudget",
-    "camel_path",
-    "is_loopback_listener",
-    "split_listener",
-]
+from iop.aiokits import split_listener
 
 #: The JSON-schema key each field's apply marker (live / restart:edge / restart:node) sits under.
 APPLY_KEY: Final = "x-iop-apply"
@@ -985,6 +947,7 @@ class FakeAdapterSettings(Spec):
     ] = 16
 
 
+#: A provider's adapter settings, told apart by their `type`.
 AdapterSettings = Annotated[
     OpenAIAdapterSettings | FakeAdapterSettings, Field(discriminator="type")
 ]

@@ -14,8 +14,6 @@ from pydantic_core import PydanticUndefined
 
 from .configs import _SUFFIX, APPLY_KEY, EdgeConfig
 
-__all__ = ["field_table"]
-
 _APPLY_WORDS = {"live": "live", "restart:edge": "restart (Edge)", "restart:node": "restart (node)"}
 
 

@@ -11,8 +11,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ConfigError", "Problem", "render_value"]
-
 _MAX_VALUE_CHARS = 80
 
 

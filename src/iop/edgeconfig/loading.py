@@ -32,16 +32,6 @@ from .errors import ConfigError, Problem, render_value
 from .secrets import is_secret_field
 from .validating import check_document, close_match_hint
 
-__all__ = [
-    "MAX_ALIAS_EXPANSION",
-    "MAX_CONFIG_BYTES",
-    "MAX_DEPTH",
-    "load_data",
-    "load_file",
-    "load_text",
-    "parse_yaml",
-]
-
 #: Largest config text parsed: far above any real config (a CRD spec is capped near 1.5 MB).
 MAX_CONFIG_BYTES: Final = 8 * 1024 * 1024
 #: Nodes that YAML aliases may add to a document beyond those written out. Anchors that reuse

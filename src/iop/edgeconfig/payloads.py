@@ -22,8 +22,6 @@ from pydantic import BaseModel, field_validator
 from .configs import AdapterSettings, EdgeConfig, HealthPolicy, NodeSpec, ProviderSpec
 from .trees import to_tree
 
-__all__ = ["NodePayload", "ProviderPayload", "edge_share", "node_payload", "node_payloads"]
-
 _DEFAULT_HEALTH = HealthPolicy()
 
 

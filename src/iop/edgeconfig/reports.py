@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ChangeReport", "RestartPath"]
-
 
 @dataclass(frozen=True, slots=True)
 class RestartPath:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["RAW_SECRET_KEYS", "RAW_SECRET_VALUE", "is_secret_field", "normalized_key"]
-
 #: Keys that would hold a raw secret (compared after `normalized_key`): refused at load.
 RAW_SECRET_KEYS: Final = frozenset(
     {"token", "apikey", "password", "secret", "bearertoken", "rawtoken"}

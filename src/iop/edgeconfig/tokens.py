@@ -19,14 +19,6 @@ from typing import Literal, TypeVar
 from .configs import AdminSection, EdgeConfig, NodeSpec, PrincipalToken, SecretKeyRef
 from .errors import ConfigError, Problem
 
-__all__ = [
-    "TokenRef",
-    "require_token_hashes",
-    "token_refs",
-    "token_sha256",
-    "with_token_hashes",
-]
-
 
 def token_sha256(token: str | bytes) -> str:
     """The SHA-256 of `token` (text as UTF-8), in lowercase hex: what `token_hash_sha256` holds."""

@@ -19,8 +19,6 @@ from pydantic.fields import FieldInfo
 
 from .configs import is_ordered
 
-__all__ = ["ID_FIELDS", "config_hash", "item_key", "to_tree"]
-
 #: The field that identifies an item of a list, tried in order.
 ID_FIELDS = ("id", "token_ref")
 

@@ -13,17 +13,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .configs import (
-    ANONYMOUS_PRINCIPAL,
-    EVERY_PRINCIPAL,
-    camel_name,
-    is_loopback_listener,
-    split_listener,
-)
+from iop.aiokits import split_listener
+
+from .configs import ANONYMOUS_PRINCIPAL, EVERY_PRINCIPAL, camel_name, is_loopback_listener
 from .errors import Problem, render_value
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
-
-__all__ = ["check_document", "close_match_hint"]
 
 # Keys ending like a secret's name, or values starting like one (a superset of the walk's rules).
 _SUSPICIOUS = (b'token":', b'key":', b'password":', b'secret":', b'"sk-', b'"bearer')

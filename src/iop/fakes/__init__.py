@@ -14,33 +14,26 @@
 
 from .answers import (
     EMBEDDING_DIMENSIONS,
-    WORDS,
-    Completion,
     OpenAIError,
     embedding_response,
     embedding_vector,
-    error_body,
     parse_request,
     tokens,
 )
 from .configs import sized_spec
 from .simulating import GpuEngine, GpuSettings
-from .upstream import FailMode, FakeUpstream, FakeUpstreamSettings, UpstreamStats
+from .upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
 
 __all__ = [
     "EMBEDDING_DIMENSIONS",
-    "WORDS",
-    "Completion",
-    "FailMode",
+    "FAIL_MODES",
     "FakeUpstream",
     "FakeUpstreamSettings",
     "GpuEngine",
     "GpuSettings",
     "OpenAIError",
-    "UpstreamStats",
     "embedding_response",
     "embedding_vector",
-    "error_body",
     "parse_request",
     "sized_spec",
     "tokens",

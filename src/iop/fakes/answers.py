@@ -22,18 +22,6 @@ from typing import Any, Final, Literal
 
 import orjson
 
-__all__ = [
-    "EMBEDDING_DIMENSIONS",
-    "WORDS",
-    "Completion",
-    "OpenAIError",
-    "embedding_response",
-    "embedding_vector",
-    "error_body",
-    "parse_request",
-    "tokens",
-]
-
 #: The words of every fake answer, in order, one per token, cycled.
 WORDS: Final = (
     "The quick brown fox jumps over the lazy dog while a patient gateway streams every token "

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["KINDS", "sized_spec"]
-
 #: The four providers of each node: (suffix, port, served model name, model id).
 KINDS: Final = (
     ("vllm", 8000, "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),

@@ -26,7 +26,7 @@ latency: whether a server holds a prompt's prefix in its KV cache, and how full 
 
 The engine is pure state and `step()` is a function of what was submitted and the seed: the same
 submissions between the same steps give the same steps, durations and tokens, so the tests drive
-it with no clock at all. `serving.py` runs it in real time (one task per server: a step, then
+it with no clock at all. `upstream.py` runs it in real time (one task per server: a step, then
 sleep its duration, then deliver its tokens) and serves vLLM's metric names on `/metrics`
 (`metrics_text`).
 """
@@ -39,17 +39,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
-
-__all__ = [
-    "BYTES_PER_TOKEN",
-    "GpuEngine",
-    "GpuSettings",
-    "SimRequest",
-    "Step",
-    "render_answer",
-    "render_chat",
-    "token_count",
-]
 
 #: Bytes of UTF-8 text a token, in the simulation (the Edge's own estimate: docs/edge.md).
 BYTES_PER_TOKEN: Final = 4

@@ -51,13 +51,12 @@ from .answers import (
 )
 from .simulating import GpuEngine, GpuSettings, render_answer, render_chat
 
-__all__ = ["FailMode", "FakeUpstream", "FakeUpstreamSettings", "UpstreamStats"]
-
 logger = logging.getLogger(__name__)
 
 #: How an injected failure shows: an error status, a connection dropped before the response,
 #: or one dropped in the middle of a stream.
 FailMode: TypeAlias = Literal["status", "drop", "drop-mid-stream"]
+#: Every `FailMode`, for a command line's choices.
 FAIL_MODES: Final = ("status", "drop", "drop-mid-stream")
 
 _CHAT: Final = b"/v1/chat/completions"

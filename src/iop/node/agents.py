@@ -28,16 +28,21 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
-from iop.edgeconfig import split_listener
+from iop.aiokits import (
+    AsyncService,
+    LogThrottle,
+    Resolve,
+    guarded_task,
+    resolve_service,
+    split_listener,
+    stop_tasks,
+)
 from iop.providers import Runner
 from iop.wire import DEFAULT_LIVENESS, ClientTls, Liveness
 
 from .arbitrating import PayloadArbiter
 from .connecting import Backoff, EdgeConnection, NodeIdentity
-from .resolving import Resolve, ResolvePacing, resolve_service
-
-__all__ = ["NodeAgent"]
+from .resolving import ResolvePacing
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,6 @@ from collections import Counter
 from iop.edgeconfig import NodePayload
 from iop.providers import Runner
 
-__all__ = ["PayloadArbiter"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -42,6 +42,7 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.providers import FIRST_BYTE_TIMEOUT, RunGate, Runner
 from iop.wire import (
     DEFAULT_LIVENESS,
+    DRAINING,
     PROTOCOL_VERSION,
     ClientTls,
     CoalescingWriter,
@@ -52,26 +53,21 @@ from iop.wire import (
     RunEvent,
     RunFailed,
     Ticker,
-    grpc_options,
-    statuses,
-)
-from iop.wire import runtime_pb2 as pb
-from iop.wire.converting import (
     chunk_to_pieces,
     drain_to_proto,
     event_to_proto,
+    grpc_options,
     health_to_proto,
     liveness_from_proto,
     payload_from_proto,
     request_from_proto,
     server_load_to_proto,
+    statuses,
 )
-from iop.wire.nodestates import DRAINING
+from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
 
 from .arbitrating import PayloadArbiter
-
-__all__ = ["Backoff", "EdgeConnection", "LinkDown", "NodeIdentity"]
 
 logger = logging.getLogger(__name__)
 

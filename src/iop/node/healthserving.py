@@ -20,8 +20,6 @@ import orjson
 
 from iop.aiokits.asgiserving import AsgiServer
 
-__all__ = ["HealthServer"]
-
 logger = logging.getLogger(__name__)
 
 #: `() -> (ready, reason)`: the Node's readiness as `/readyz` reports it.

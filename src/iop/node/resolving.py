@@ -23,10 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from iop.aiokits import Resolve, resolve_service
-
-__all__ = ["FAST_RESOLVE_FOR_S", "FAST_RESOLVE_S", "Resolve", "ResolvePacing", "resolve_service"]
-
 #: Seconds between two lookups while the Node misses an Edge (see the module docstring).
 FAST_RESOLVE_S: Final = 1.0
 #: Seconds the fast pace lasts after a lost link, at most.

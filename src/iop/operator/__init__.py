@@ -9,7 +9,16 @@ The operator talks to the Edge only over its admin HTTP API and imports nothing 
 """
 
 from .crds import crd_yaml, edgeconfig_crd
+from .errors import OperatorError
 from .reconciling import PassTimings
-from .running import OperatorOptions, run_operator
+from .running import OperatorOptions, default_namespace, run_operator
 
-__all__ = ["OperatorOptions", "PassTimings", "crd_yaml", "edgeconfig_crd", "run_operator"]
+__all__ = [
+    "OperatorError",
+    "OperatorOptions",
+    "PassTimings",
+    "crd_yaml",
+    "default_namespace",
+    "edgeconfig_crd",
+    "run_operator",
+]

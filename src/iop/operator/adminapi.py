@@ -20,8 +20,6 @@ from iop.aiokits import AsyncService
 from .discovering import EdgeReplica
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
 
-__all__ = ["ApplyReport", "EdgeAdmin", "NodePushResult", "NodeState", "ReplicaStatus", "apply_body"]
-
 #: How long one replica may take to apply: its own wait for node acks is 10 s.
 _APPLY_TIMEOUT_S: Final = 30.0
 _STATUS_TIMEOUT_S: Final = 5.0

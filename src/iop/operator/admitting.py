@@ -21,11 +21,9 @@ import aiohttp.web
 import kopf
 import orjson
 
-from iop.edgeconfig import split_listener
+from iop.aiokits import split_listener
 
 from .certifying import SelfSignedCertificate
-
-__all__ = ["MAX_BODY", "AdmissionServer"]
 
 logger = logging.getLogger(__name__)
 

@@ -32,14 +32,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from .errors import KubeConflict, KubeNotFound
 from .kubeapi import KubeApi, resource_path
 
-__all__ = [
-    "SelfSignedCertificate",
-    "ca_bundle_current",
-    "owner_reference",
-    "patch_ca_bundle",
-    "shared_certificate",
-]
-
 logger = logging.getLogger(__name__)
 
 

@@ -8,28 +8,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = [
-    "ADMIN_TOKEN_KEY",
-    "COMPONENT_EDGE",
-    "COMPONENT_LABEL",
-    "COMPONENT_NODE",
-    "CONFIG_HASH_ANNOTATION",
-    "CONFIG_KEY",
-    "EDGECONFIG_LABEL",
-    "GROUP",
-    "KIND",
-    "NODE_ID_LABEL",
-    "PLURAL",
-    "SINGULAR",
-    "VERSION",
-    "admin_secret_name",
-    "edge_configmap_name",
-    "edge_selector",
-    "node_selector",
-    "nodes_selector",
-    "state_configmap_name",
-]
-
 #: The API group of the EdgeConfig resource.
 GROUP: Final = "iop.dev"
 #: Its one served and stored version.

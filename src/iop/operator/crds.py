@@ -38,8 +38,6 @@ from iop.edgeconfig import EdgeConfig
 from . import conventions
 from .statuses import EdgeConfigStatus
 
-__all__ = ["crd_yaml", "edgeconfig_crd", "spec_schema", "status_schema"]
-
 #: Keys of the pydantic JSON schema that a CRD schema either forbids or does not need.
 _DROPPED: Final = frozenset({"title", "default", "x-iop-apply", "discriminator", "$defs"})
 #: The key that identifies items of each keyed list (every other list of objects uses `id`).

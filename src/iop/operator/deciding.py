@@ -23,21 +23,6 @@ from .liveapplying import NodeResult, ReplicaOutcome, node_results
 from .reporting import Finding, PendingRestart, RolloutRecord
 from .rolling import Workload
 
-__all__ = [
-    "SERVING_WAIT_S",
-    "Event",
-    "NextPass",
-    "Observation",
-    "Plan",
-    "Verdict",
-    "judge",
-    "live_targets",
-    "plan",
-    "settled_outcomes",
-    "stamps_due",
-    "with_restarts",
-]
-
 #: After a config comes into effect (the first apply, a restart done), how long `Ready` waits for
 #: the in-cluster Nodes to be connected to every Edge replica again: Ready means serving.
 SERVING_WAIT_S: Final = 60.0

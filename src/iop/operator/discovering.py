@@ -15,8 +15,6 @@ from typing import Any, Protocol
 from . import conventions
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["EdgeReplica", "FixedReplicas", "PodReplicas", "ReplicaFinder"]
-
 
 @dataclass(frozen=True, slots=True)
 class EdgeReplica:

@@ -28,16 +28,6 @@ from iop.edgeconfig import ConfigError, EdgeConfig, config_hash, load_data
 
 from . import conventions
 
-__all__ = [
-    "AppliedState",
-    "Owner",
-    "RestartRecord",
-    "decode_state",
-    "edge_configmap",
-    "render_config",
-    "state_configmap",
-]
-
 logger = logging.getLogger(__name__)
 
 _STATE_KEY: Final = "config.json.gz"

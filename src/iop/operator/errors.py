@@ -7,18 +7,6 @@ decides on these alone what is retried, what is reported, and what is the spec's
 
 from __future__ import annotations
 
-__all__ = [
-    "AdminApiError",
-    "AdminRefused",
-    "AdminUnreachable",
-    "KubeApiError",
-    "KubeConflict",
-    "KubeForbidden",
-    "KubeNotFound",
-    "KubeUnavailable",
-    "OperatorError",
-]
-
 
 class OperatorError(Exception):
     """Anything the operator itself raises."""

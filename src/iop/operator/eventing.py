@@ -22,8 +22,6 @@ from .errors import KubeApiError
 from .kubeapi import KubeApi, resource_path
 from .reporting import now
 
-__all__ = ["EventPoster", "EventType"]
-
 logger = logging.getLogger(__name__)
 
 #: An Event's type, as Kubernetes spells it.

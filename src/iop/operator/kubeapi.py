@@ -37,8 +37,6 @@ from .errors import (
     KubeUnavailable,
 )
 
-__all__ = ["FIELD_MANAGER", "KubeApi", "KubeSettings", "resource_path"]
-
 logger = logging.getLogger(__name__)
 
 #: Who the operator is in `managedFields` (followed by `/NAME` when it serves one EdgeConfig, so

@@ -25,8 +25,6 @@ from typing import Any, Final
 from .errors import KubeApiError, KubeConflict, KubeNotFound
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["LeaderElection"]
-
 logger = logging.getLogger(__name__)
 
 _API: Final = "coordination.k8s.io/v1"

@@ -19,8 +19,6 @@ from .adminapi import ApplyReport, EdgeAdmin, NodeState, ReplicaStatus
 from .discovering import EdgeReplica
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
 
-__all__ = ["NodeResult", "ReplicaOutcome", "apply_on_replicas", "node_results", "read_replicas"]
-
 #: Applied: runs the desired config; Failed, Unreachable: named in Degraded; Replaced: its pod
 #: template is being rolled away (not asked); AwaitingRestart: it needs a restart the operator
 #: already waits for (an Edge outside the cluster, restarted by hand).

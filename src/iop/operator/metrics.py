@@ -24,9 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from iop.edgeconfig import split_listener
-
-__all__ = ["EdgeConfigHealth", "MetricsServer", "OperatorMetrics"]
+from iop.aiokits import split_listener
 
 logger = logging.getLogger(__name__)
 

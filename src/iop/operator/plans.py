@@ -24,8 +24,6 @@ from iop.edgeconfig import (
     is_loopback_listener,
 )
 
-__all__ = ["MAX_LINE", "MAX_TOTAL", "admission_message", "plan_warnings"]
-
 #: Longest warning line: the API server may truncate warnings beyond 256 characters, and
 #: terminals wrap far sooner.
 MAX_LINE: Final = 120

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from iop.aiokits import split_listener
 from iop.edgeconfig import (
     ChangeReport,
     ConfigError,
@@ -39,7 +40,6 @@ from iop.edgeconfig import (
     is_loopback_listener,
     load_data,
     load_text,
-    split_listener,
     with_token_hashes,
 )
 
@@ -77,8 +77,6 @@ from .statuses import EdgeConfigStatus, LastChange
 from .statuswriting import StatusWriter
 from .tokensecrets import SecretCache, TokenRead, read_tokens
 from .watching import NamedObject, NamedWatches, WatchEventType, WatchListener
-
-__all__ = ["PassResult", "PassTimings", "Reconciler"]
 
 logger = logging.getLogger(__name__)
 

@@ -41,19 +41,6 @@ from .statuses import (
     RolloutEntry,
 )
 
-__all__ = [
-    "MAX_ITEMS",
-    "Finding",
-    "PendingRestart",
-    "RolloutRecord",
-    "build_conditions",
-    "build_status",
-    "change_summary",
-    "now",
-    "reconciling_status",
-    "same_status",
-]
-
 #: The most entries any list in the status holds.
 MAX_ITEMS: Final = 100
 #: The longest condition message; the API server accepts 32 KiB, people read far less.

@@ -19,8 +19,6 @@ from typing import Any, Literal
 from . import conventions
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["RolloutState", "Workload", "edge_workloads", "node_workloads", "stamp"]
-
 RolloutPhase = Literal["Progressing", "Complete", "Stalled"]
 
 

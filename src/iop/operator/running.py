@@ -30,8 +30,7 @@ from typing import Any, Final
 
 import kopf
 
-from iop.aiokits import guarded_task, stop_tasks
-from iop.edgeconfig import split_listener
+from iop.aiokits import guarded_task, split_listener, stop_tasks
 
 from . import conventions
 from .adminapi import EdgeAdmin
@@ -53,14 +52,6 @@ from .reconciling import PassTimings, Reconciler
 from .watching import NamedObject, NamedWatches
 from .webhooks import WEBHOOK_ID, register_webhook
 from .workers import Workers
-
-__all__ = [
-    "MINIMUM_KUBERNETES",
-    "OperatorOptions",
-    "build_registry",
-    "require_server_version",
-    "run_operator",
-]
 
 #: The oldest Kubernetes the operator runs on (major, minor): its webhook's matchConditions
 #: (GA in 1.30) keep each release's webhook to its own EdgeConfig.

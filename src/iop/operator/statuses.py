@@ -14,23 +14,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-__all__ = [
-    "CONDITION_TYPES",
-    "Condition",
-    "ConditionStatus",
-    "ConditionType",
-    "EdgeConfigStatus",
-    "LastChange",
-    "NodeEntry",
-    "NodeEntryState",
-    "ProblemEntry",
-    "ReplicaEntry",
-    "ReplicaEntryState",
-    "RestartPathEntry",
-    "RolloutEntry",
-    "RolloutEntryState",
-]
-
 #: The conditions an EdgeConfig's status carries.
 ConditionType = Literal[
     "Ready", "Reconciling", "Stalled", "Valid", "Applied", "Progressing", "Degraded"

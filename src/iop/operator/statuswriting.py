@@ -18,8 +18,6 @@ from .kubeapi import KubeApi, resource_path
 from .reporting import same_status
 from .statuses import EdgeConfigStatus
 
-__all__ = ["StatusWriter"]
-
 
 class StatusWriter:
     """Patches one EdgeConfig's status; remembers what it wrote."""

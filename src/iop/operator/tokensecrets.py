@@ -29,8 +29,6 @@ from .documents import Owner
 from .errors import KubeConflict, KubeNotFound
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["SecretCache", "TokenRead", "admin_token_ref", "read_tokens"]
-
 #: Bytes of randomness in a generated token (URL-safe base64: 43 characters).
 _TOKEN_BYTES: Final = 32
 

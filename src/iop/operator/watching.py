@@ -25,8 +25,6 @@ from iop.aiokits import guarded_task, stop_tasks
 from .errors import KubeApiError
 from .kubeapi import KubeApi, resource_path
 
-__all__ = ["NamedObject", "NamedWatches", "WatchListener"]
-
 logger = logging.getLogger(__name__)
 
 _BACKOFF_FIRST_S: Final = 1.0

@@ -37,8 +37,6 @@ from .plans import admission_message, plan_warnings
 from .tokensecrets import SecretCache, read_tokens
 from .workers import Workers
 
-__all__ = ["WEBHOOK_ID", "register_webhook"]
-
 logger = logging.getLogger(__name__)
 
 #: The handler id, which is also the URL path the webhook configuration points at (/validate).

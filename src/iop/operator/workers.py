@@ -28,8 +28,6 @@ from iop.aiokits import guarded_task, stop_tasks
 from .metrics import EdgeConfigHealth
 from .reconciling import PassResult, Reconciler
 
-__all__ = ["Worker", "Workers"]
-
 logger = logging.getLogger(__name__)
 
 _BACKOFF_FIRST_S: Final = 1.0

@@ -7,8 +7,6 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["free_port"]
-
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 

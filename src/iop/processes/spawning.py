@@ -19,17 +19,6 @@ from typing import Any
 
 import orjson
 
-__all__ = [
-    "UpstreamProcess",
-    "iop_command",
-    "owned",
-    "spawn_edge",
-    "spawn_fake_upstream",
-    "spawn_iop",
-    "spawn_node",
-    "terminate",
-]
-
 
 def iop_command() -> list[str]:
     """How to start the `iop` command of this installation (the script beside the interpreter).

@@ -12,18 +12,15 @@ A Node agent (`iop.node`) puts a `Runner` behind its gRPC links to every Edge; a
 (`nodes[].placement: edge`), with no Node and no gRPC hop between them.
 """
 
-from .adapters import Adapter, AdapterError, FakeAdapter, OpenAIAdapter, build_adapter
-from .running import FIRST_BYTE_TIMEOUT, DrainReport, Provision, Registry, RunGate, Runner
+from .adapters import AdapterError, FakeAdapter, OpenAIAdapter, build_adapter
+from .running import FIRST_BYTE_TIMEOUT, Provision, RunGate, Runner
 
 __all__ = [
     "FIRST_BYTE_TIMEOUT",
-    "Adapter",
     "AdapterError",
-    "DrainReport",
     "FakeAdapter",
     "OpenAIAdapter",
     "Provision",
-    "Registry",
     "RunGate",
     "Runner",
     "build_adapter",

@@ -22,10 +22,15 @@ The rules (`HealthPolicy` holds the numbers):
 from __future__ import annotations
 
 from iop.edgeconfig import HealthPolicy
-from iop.wire import ProviderHealth, RunDone, RunFailed, statuses
-from iop.wire.nodestates import NOT_PROBED, PROBE_FAILED, REQUEST_FAILURES
-
-__all__ = ["HealthState"]
+from iop.wire import (
+    NOT_PROBED,
+    PROBE_FAILED,
+    REQUEST_FAILURES,
+    ProviderHealth,
+    RunDone,
+    RunFailed,
+    statuses,
+)
 
 #: Failures of a real run that say the upstream is in trouble: 5xx, connection refused or reset,
 #: a malformed answer, a timeout.

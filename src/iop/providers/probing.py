@@ -36,11 +36,9 @@ import aiohttp
 
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import HealthPolicy
-from iop.wire.nodestates import ServerLoad
+from iop.wire import ServerLoad
 
 from .adapters import Upstream
-
-__all__ = ["ProbeTarget", "Prober", "metrics_url", "probe_url", "read_server_load"]
 
 logger = logging.getLogger(__name__)
 

@@ -47,6 +47,8 @@ import orjson
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import NodePayload, ProviderPayload
 from iop.wire import (
+    ADAPTER_ERROR,
+    DRAINING,
     TERMINAL_EVENTS,
     DrainProgress,
     ProviderHealth,
@@ -54,26 +56,13 @@ from iop.wire import (
     RunEvent,
     RunFailed,
     RunRequest,
+    ServerLoad,
     statuses,
 )
-from iop.wire.nodestates import ADAPTER_ERROR, DRAINING, ServerLoad
 
 from .adapters import Adapter, AdapterError, build_adapter
 from .healthstates import HealthState
 from .probing import Prober, ProbeTarget
-
-__all__ = [
-    "DRAIN_LOG_INTERVAL_S",
-    "FIRST_BYTE_TIMEOUT",
-    "AdapterRuns",
-    "DrainListener",
-    "DrainReport",
-    "HealthListener",
-    "Provision",
-    "Registry",
-    "RunGate",
-    "Runner",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,38 @@ the heartbeat deadline both sides judge a peer by, and `tls.py` the credentials 
 from typing import Final
 
 from . import nodestates, statuses
+from .converting import (
+    ack_from_proto,
+    chunk_to_pieces,
+    drain_from_proto,
+    drain_to_proto,
+    event_from_proto,
+    event_to_proto,
+    health_from_proto,
+    health_to_proto,
+    liveness_from_proto,
+    liveness_to_proto,
+    payload_from_proto,
+    payload_to_proto,
+    request_from_proto,
+    request_to_proto,
+    server_load_from_proto,
+    server_load_to_proto,
+)
 from .liveness import DEFAULT_LIVENESS, Liveness, Ticker
-from .nodestates import DrainProgress
+from .nodestates import (
+    ADAPTER_ERROR,
+    DRAINING,
+    NODE_DISCONNECTED,
+    NOT_PROBED,
+    NOT_REPORTED,
+    PROBE_FAILED,
+    REQUEST_FAILURES,
+    UNSPECIFIED,
+    ConfigAck,
+    DrainProgress,
+    ServerLoad,
+)
 from .runs import (
     DEFAULT_MAX_RESPONSE_BYTES,
     TERMINAL_EVENTS,
@@ -35,16 +65,27 @@ from .runs import (
     RunRequest,
     RunUsage,
 )
+from .texts import MAX_ID_CHARS, bounded
 from .tls import ClientTls, ServerTls, TlsError
 from .writing import CoalescingWriter
 
 __all__ = [
+    "ADAPTER_ERROR",
     "DEFAULT_LIVENESS",
     "DEFAULT_MAX_RESPONSE_BYTES",
+    "DRAINING",
+    "MAX_ID_CHARS",
+    "NODE_DISCONNECTED",
+    "NOT_PROBED",
+    "NOT_REPORTED",
+    "PROBE_FAILED",
     "PROTOCOL_VERSION",
+    "REQUEST_FAILURES",
     "TERMINAL_EVENTS",
+    "UNSPECIFIED",
     "ClientTls",
     "CoalescingWriter",
+    "ConfigAck",
     "DrainProgress",
     "Liveness",
     "ProviderHealth",
@@ -55,13 +96,32 @@ __all__ = [
     "RunKind",
     "RunRequest",
     "RunUsage",
+    "ServerLoad",
     "ServerTls",
     "Ticker",
     "TlsError",
+    "ack_from_proto",
+    "bounded",
+    "chunk_to_pieces",
+    "drain_from_proto",
+    "drain_to_proto",
+    "event_from_proto",
+    "event_to_proto",
     "grpc_options",
+    "health_from_proto",
+    "health_to_proto",
+    "liveness_from_proto",
+    "liveness_to_proto",
     "nodestates",
+    "payload_from_proto",
+    "payload_to_proto",
+    "request_from_proto",
+    "request_to_proto",
+    "server_load_from_proto",
+    "server_load_to_proto",
     "statuses",
 ]
+
 
 #: The version of runtime.proto's semantics; an Edge refuses a Node that speaks another.
 #: 2: heartbeats both ways with a deadline, accepted runs, per-run pause, instance precedence.

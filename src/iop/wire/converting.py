@@ -29,25 +29,6 @@ from .runs import (
 )
 from .texts import MAX_ID_CHARS, bounded
 
-__all__ = [
-    "ack_from_proto",
-    "chunk_to_pieces",
-    "drain_from_proto",
-    "drain_to_proto",
-    "event_from_proto",
-    "event_to_proto",
-    "health_from_proto",
-    "health_to_proto",
-    "liveness_from_proto",
-    "liveness_to_proto",
-    "payload_from_proto",
-    "payload_to_proto",
-    "request_from_proto",
-    "request_to_proto",
-    "server_load_from_proto",
-    "server_load_to_proto",
-]
-
 _KIND_TO_PROTO: Final[dict[str, pb.RunKind.ValueType]] = {
     "chat": pb.RUN_KIND_CHAT,
     "completion": pb.RUN_KIND_COMPLETION,

@@ -18,8 +18,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["DEFAULT_LIVENESS", "Liveness", "Ticker"]
-
 
 @dataclass(frozen=True, slots=True)
 class Liveness:

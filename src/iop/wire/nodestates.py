@@ -13,21 +13,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-__all__ = [
-    "ADAPTER_ERROR",
-    "DRAINING",
-    "HEALTH_REASONS",
-    "NODE_DISCONNECTED",
-    "NOT_PROBED",
-    "NOT_REPORTED",
-    "PROBE_FAILED",
-    "REQUEST_FAILURES",
-    "UNSPECIFIED",
-    "ConfigAck",
-    "DrainProgress",
-    "ServerLoad",
-]
-
 # -- why a provider is unhealthy (ProviderHealth.reason) ----------------------------------------
 
 #: The Node's probes of the upstream failed `failure_threshold` times in a row.

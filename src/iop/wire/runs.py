@@ -10,19 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
-__all__ = [
-    "DEFAULT_MAX_RESPONSE_BYTES",
-    "TERMINAL_EVENTS",
-    "ProviderHealth",
-    "RunChunk",
-    "RunDone",
-    "RunEvent",
-    "RunFailed",
-    "RunKind",
-    "RunRequest",
-    "RunUsage",
-]
-
 #: The largest answer a Node reads for a run that names no bound of its own (the default of the
 #: Edge's `openai.max_response_bytes`, and what a Node applies for an Edge that predates it).
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024

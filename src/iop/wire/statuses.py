@@ -15,31 +15,6 @@ import orjson
 
 from .runs import RunFailed
 
-__all__ = [
-    "BAD_REQUEST",
-    "CANCELLED",
-    "EDGE_STOPPING",
-    "INTERNAL_ERROR",
-    "NODE_DISCONNECTED",
-    "NODE_UNAVAILABLE",
-    "NOT_ACCEPTED",
-    "PROVIDER_BUSY",
-    "PROVIDER_UNHEALTHY",
-    "RESPONSE_TOO_LARGE",
-    "STREAM_STALLED",
-    "UNKNOWN_PROVIDER",
-    "UPSTREAM_AUTH",
-    "UPSTREAM_ERROR",
-    "UPSTREAM_RATE_LIMITED",
-    "UPSTREAM_TIMEOUT",
-    "UPSTREAM_UNAVAILABLE",
-    "ConnectionRefusal",
-    "describe_connection_error",
-    "failure",
-    "http_status",
-    "upstream_http_failure",
-]
-
 # -- run error codes (RunFailed.code) -----------------------------------------------------------
 
 #: The provider is at capacity on its Node (counted across every Edge), or its Node is draining

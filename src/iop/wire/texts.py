@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_ID_CHARS", "MAX_TEXT_CHARS", "bounded"]
-
 #: Most characters of a peer's sentence (an error message, a reason, a health detail) kept.
 MAX_TEXT_CHARS: Final = 1024
 #: Most characters of a peer's name for something (a node, provider or instance id) kept.

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["ClientTls", "ServerTls", "TlsError"]
-
 
 class TlsError(ValueError):
     """A certificate, key or CA file cannot be read."""

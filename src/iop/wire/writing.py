@@ -30,8 +30,6 @@ from typing import Final, Generic, Self, TypeVar
 
 from iop.aiokits import guarded_task, stop_tasks
 
-__all__ = ["ITEM_OVERHEAD", "CoalescingWriter"]
-
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)

@@ -8,4 +8,20 @@
   sees a request; `clientguard`: what one client may do (requests at once, failed keys).
 """
 
-__all__: list[str] = []
+from .adminapp import AdminApp, AdminAuth, AdminAuthError
+from .caps import HttpCaps
+from .clientguard import ClientGuard
+from .metricsapp import MetricsApp
+from .openaiapp import OpenAIApp
+from .server import HttpServer
+
+__all__ = [
+    "AdminApp",
+    "AdminAuth",
+    "AdminAuthError",
+    "ClientGuard",
+    "HttpCaps",
+    "HttpServer",
+    "MetricsApp",
+    "OpenAIApp",
+]

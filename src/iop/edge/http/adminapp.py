@@ -71,15 +71,12 @@ from ..errors import (
     RouteNotFound,
     Unauthorized,
 )
-from ..hub.protocol import Hub, NodeStatus, ProviderLink, provider_health
-from ..limits.limiter import Limiter
-from ..pool.dispatching import Dispatcher
-from ..refresh.refresher import ConfigFileRefused, Refresher
-from ..refresh.reports import ConfigSource
+from ..hub import Hub, NodeStatus, ProviderLink, provider_health
+from ..limits import Limiter
+from ..pool import Dispatcher
+from ..refresh import ConfigFileRefused, ConfigSource, Refresher
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .responses import report_status, send_error
-
-__all__ = ["AdminApp", "AdminAuth", "AdminAuthError", "RefreshBody", "redacted"]
 
 logger = logging.getLogger(__name__)
 

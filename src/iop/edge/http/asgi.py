@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-__all__ = ["Message", "Receive", "Scope", "Send", "header", "lifespan", "send_body"]
-
 #: The ASGI connection scope.
 Scope = MutableMapping[str, Any]
 #: One ASGI event, received or sent.
@@ -52,7 +50,7 @@ async def send_body(
 
 
 async def lifespan(receive: Receive, send: Send) -> None:
-    """Accept the lifespan protocol; the process (launching.py) owns the Edge's lifecycle."""
+    """Accept the lifespan protocol; the process (server.py) owns the Edge's lifecycle."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":

@@ -3,7 +3,7 @@
 Anyone who can open a TCP connection to the OpenAI listener can send bytes before any auth:
 a request head of any size, a head that never ends, thousands of connections that send nothing.
 The limits here bound each of those, independently of the HTTP server that enforces them
-(uvicorn with httptools today: `uvicornserving.py`), so swapping the server keeps them:
+(uvicorn with httptools today: `http/server.py`), so swapping the server keeps them:
 
 - the request head (request line and headers) is bounded in bytes, per header and in count,
   and refused with 431 as soon as the bytes received pass the bound, before a parser that
@@ -20,7 +20,7 @@ The limits here bound each of those, independently of the HTTP server that enfor
   and a closed connection, and each kind of refusal is logged at most once a minute (with a
   count), so unauthenticated garbage cannot flood the log.
 
-Every refusal body is OpenAI's error shape (`httperrors.py`).
+Every refusal body is OpenAI's error shape (`http/responses.py`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from iop.edgeconfig import OpenAISection
 
 from ..errors import HeadersTooLarge, HeaderTimeout, MalformedRequest, TooManyConnections
 from .responses import raw_response
-
-__all__ = ["HttpCaps", "Refusals"]
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ principal_ref. Two things one client could otherwise do to everyone:
   per address and per principal; one beyond `openai.max_requests_per_client` gets 429
   `too_many_requests_in_flight`. Anonymous requests count by address only (every client
   without a key shares that principal). Connections per address are bounded by the HTTP
-  server itself (`httplimits.py`).
+  server itself (`http/caps.py`).
 
-Health and readiness probes pass untouched. The wrapper knows requests only from their scope
-(it looks the key up itself, a hash and a dict lookup, rather than watching for the app's 401:
-wrapping `send` would cost every event of every stream), so the app (`serving.py`) stays as it
-is, and any app of the listener is bounded alike.
+Health and readiness probes pass untouched. The wrapper knows requests only from their scope (it
+looks the key up itself, a hash and a dict lookup, rather than watching for the app's 401: wrapping
+`send` would cost every event of every stream), so the app (`http/openaiapp.py`) stays as it is, and
+any app of the listener is bounded alike.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from ..authfailures import AuthFailures, source_of, token_hint
 from ..errors import EdgeError, TooManyRequests, Unauthorized
 from .asgi import Receive, Scope, Send, header
 from .responses import send_error
-
-__all__ = ["ClientGuard"]
 
 _PROBES: Final = frozenset({"/healthz", "/readyz"})
 _BEARER: Final = b"bearer "

@@ -7,11 +7,9 @@ never on the public OpenAI one: the metrics name every principal and token ref.
 from __future__ import annotations
 
 from ..errors import MethodNotAllowed, RouteNotFound
-from ..pool.metering import CONTENT_TYPE, Metrics
+from ..pool import CONTENT_TYPE, Metrics
 from .asgi import Receive, Scope, Send, lifespan, send_body
 from .responses import send_error
-
-__all__ = ["MetricsApp"]
 
 
 class MetricsApp:

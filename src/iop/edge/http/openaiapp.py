@@ -12,12 +12,12 @@ token ref, which this public listener tells nobody.
 A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
 before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
 lookup -> generation policy and context class -> `Relay` (slot, run, events). Every failure is an
-`EdgeError` rendered by `httperrors.py`. Once the body is read, a watcher waits for the client to
-disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
-frees its slot at once. A bug (any other exception) is answered with an OpenAI-shaped 500 when
-the answer has not begun, and logged with its traceback at most once a minute: a request that
-triggers it can be sent in a loop. A raw ASGI app is used because it measured faster than
-aiohttp.web on this path (docs/benchmarks.md), and a framework would add a layer per request.
+`EdgeError` rendered by `http/responses.py`. Once the body is read, a watcher waits for the client
+to disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
+frees its slot at once. A bug (any other exception) is answered with an OpenAI-shaped 500 when the
+answer has not begun, and logged with its traceback at most once a minute: a request that triggers
+it can be sent in a loop. A raw ASGI app is used because it measured faster than aiohttp.web on this
+path (docs/benchmarks.md), and a framework would add a layer per request.
 """
 
 from __future__ import annotations
@@ -45,16 +45,11 @@ from ..errors import (
     ProviderFailed,
     RouteNotFound,
 )
-from ..hub.protocol import NodeRuns, provider_health
-from ..limits.limiter import NO_GRANT, Limiter
-from ..pool.dispatching import Dispatcher
-from ..pool.metering import Metrics
-from ..pool.relaying import Relay, RelayedRun
-from ..pool.snapshots import PoolSnapshot
+from ..hub import NodeRuns, provider_health
+from ..limits import NO_GRANT, Limiter
+from ..pool import Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
 from .asgi import Receive, Scope, Send, header, lifespan, send_body
 from .responses import error_event, provider_failed, send_error
-
-__all__ = ["OpenAIApp"]
 
 logger = logging.getLogger(__name__)
 

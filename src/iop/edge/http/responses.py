@@ -38,18 +38,8 @@ from ..errors import (
     TooManyRequests,
     Unauthorized,
 )
-from ..refresh.reports import RefreshReport
+from ..refresh import RefreshReport
 from .asgi import Send
-
-__all__ = [
-    "ErrorResponse",
-    "error_event",
-    "error_response",
-    "provider_failed",
-    "raw_response",
-    "report_status",
-    "send_error",
-]
 
 Headers = list[tuple[bytes, bytes]]
 

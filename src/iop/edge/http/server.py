@@ -1,4 +1,4 @@
-"""The Edge's HTTP server: uvicorn with httptools, and the limits of `httplimits.py` enforced in it.
+"""The Edge's HTTP server: uvicorn with httptools, and the limits of `http/caps.py` enforced in it.
 
 This module is the seam between the Edge and its HTTP server: `HttpServer` serves one raw ASGI
 app on one socket. uvicorn's httptools protocol bounds nothing before a request reaches the app
@@ -49,8 +49,6 @@ from ..authfailures import source_of
 from .asgi import Message
 from .caps import HttpCaps, Refusals
 
-__all__ = ["HttpServer"]
-
 logger = logging.getLogger(__name__)
 
 #: How long, and how many of, a refused connection's further bytes are read and dropped before
@@ -65,7 +63,7 @@ class _HeadRefused(Exception):
 
 
 class _LimitedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of `httplimits.py`; see the module docstring.
+    """uvicorn's httptools protocol with the limits of `http/caps.py`; see the module docstring.
 
     `refusals` is set on a subclass per server (`HttpServer` makes it).
     """

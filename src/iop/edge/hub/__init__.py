@@ -8,4 +8,32 @@
   replicas share their capacity.
 """
 
-__all__: list[str] = []
+from .caps import HubCaps
+from .nodehub import NodeHub
+from .peering import PeerCount
+from .protocol import (
+    ConfigPush,
+    Hub,
+    NodeRuns,
+    NodeStatus,
+    ProviderLink,
+    ProviderLoad,
+    RunEvents,
+    available_providers,
+    provider_health,
+)
+
+__all__ = [
+    "ConfigPush",
+    "Hub",
+    "HubCaps",
+    "NodeHub",
+    "NodeRuns",
+    "NodeStatus",
+    "PeerCount",
+    "ProviderLink",
+    "ProviderLoad",
+    "RunEvents",
+    "available_providers",
+    "provider_health",
+]

@@ -3,7 +3,7 @@
 The hub's port faces the network (Nodes may dial it from outside the cluster), so whoever can
 reach it can spend the Edge's memory, descriptors and time before any token is checked. The
 bounds here come before the hello's token is read, in grpc-core where it offers one and in the
-hub's handler otherwise (`nodehub.py`):
+hub's handler otherwise (`hub/nodehub.py`):
 
 - message size: gRPC has one receive limit per server, checked on each message's length prefix
   before the message is buffered. It is `NODE_MESSAGE_BYTES` (1 MiB) for everyone, not the
@@ -31,14 +31,6 @@ from typing import Final
 from iop.aiokits import open_file_room
 from iop.edgeconfig import NodeLinkSection
 from iop.wire import grpc_options
-
-__all__ = [
-    "AUTH_FAILURES_PER_MINUTE",
-    "NODE_MESSAGE_BYTES",
-    "HelloGate",
-    "HubCaps",
-    "peer_address",
-]
 
 #: The largest message the hub takes from anyone, a Node included (its welcome says so).
 NODE_MESSAGE_BYTES: Final = 1024 * 1024

@@ -32,12 +32,18 @@ from types import TracebackType
 from iop.aiokits import guarded_task
 from iop.edgeconfig import NodePayload, ProviderPayload, edge_share
 from iop.providers import Provision, Runner
-from iop.wire import TERMINAL_EVENTS, ProviderHealth, RunEvent, RunFailed, RunRequest, statuses
-from iop.wire.nodestates import UNSPECIFIED, ConfigAck
+from iop.wire import (
+    TERMINAL_EVENTS,
+    UNSPECIFIED,
+    ConfigAck,
+    ProviderHealth,
+    RunEvent,
+    RunFailed,
+    RunRequest,
+    statuses,
+)
 
 from .protocol import NodeStatus, ProviderLink, ProviderLoad
-
-__all__ = ["LOCAL_PEER", "LocalNodes", "LocalRun"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ LOCAL_PEER = "edge-local"
 
 
 class LocalRun:
-    """One run on a node placed on this Edge: the `RunEvents` of `hubs.py`, pulled from the
+    """One run on a node placed on this Edge: the `RunEvents` of `hub/protocol.py`, pulled from the
     runner as the consumer asks for them."""
 
     __slots__ = (

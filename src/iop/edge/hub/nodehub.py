@@ -28,7 +28,7 @@ accepted nor answered within the first-event timeout. The same tick stops stream
 client that read too little for `openai.stream_stall_timeout_ms` (live: read from the snapshot),
 which frees their slots.
 
-Before a node is authenticated (`hublimits.py`): its messages are bounded to
+Before a node is authenticated (`hub/caps.py`): its messages are bounded to
 `NODE_MESSAGE_BYTES` (the welcome tells it, and it splits what is larger), its hello must come
 within `edge.node_link.hello_timeout_ms`, the connections waiting for theirs are capped overall
 and per address, and an address that keeps failing authentication is refused for a while
@@ -78,19 +78,23 @@ from iop.edgeconfig import (
     token_sha256,
 )
 from iop.wire import (
+    MAX_ID_CHARS,
+    NOT_REPORTED,
     PROTOCOL_VERSION,
+    UNSPECIFIED,
     CoalescingWriter,
+    ConfigAck,
     Liveness,
     RunRequest,
     ServerTls,
     Ticker,
+    bounded,
+    liveness_to_proto,
+    payload_to_proto,
     statuses,
 )
 from iop.wire import runtime_pb2 as pb
-from iop.wire.converting import liveness_to_proto, payload_to_proto
-from iop.wire.nodestates import NOT_REPORTED, UNSPECIFIED, ConfigAck
 from iop.wire.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
-from iop.wire.texts import MAX_ID_CHARS, bounded
 
 from ..authfailures import AuthFailures, source_of
 from .caps import (
@@ -103,8 +107,6 @@ from .caps import (
 from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 from .protocol import InstanceDrain, NodeStatus, ProviderLink, ProviderLoad
-
-__all__ = ["HubSnapshot", "NodeHub"]
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +210,7 @@ class NodeHub(AsyncService):
         self._local = LocalNodes(self._changed)
         self._liveness_task: asyncio.Task[None] | None = None
         self._refusals = LogThrottle(logger, interval=60.0)
-        #: What the hub refuses before a Node is authenticated (`hublimits.py`).
+        #: What the hub refuses before a Node is authenticated (`hub/caps.py`).
         self.limits = HubCaps.of(link).fitted()
         self._gate = HelloGate(self.limits)
         #: Failed node authentications per address, throttled.

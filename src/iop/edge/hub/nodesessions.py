@@ -32,30 +32,28 @@ from iop.aiokits import LogThrottle
 from iop.edgeconfig import NodePayload
 from iop.wire import (
     DEFAULT_MAX_RESPONSE_BYTES,
+    DRAINING,
+    NOT_PROBED,
     TERMINAL_EVENTS,
     CoalescingWriter,
+    ConfigAck,
     DrainProgress,
     ProviderHealth,
     RunChunk,
     RunEvent,
     RunFailed,
     RunRequest,
-    statuses,
-)
-from iop.wire import runtime_pb2 as pb
-from iop.wire.converting import (
     ack_from_proto,
     drain_from_proto,
     event_from_proto,
     health_from_proto,
     request_to_proto,
     server_load_from_proto,
+    statuses,
 )
-from iop.wire.nodestates import DRAINING, NOT_PROBED, ConfigAck
+from iop.wire import runtime_pb2 as pb
 
 from .protocol import InstanceDrain, ProviderLoad
-
-__all__ = ["EdgeItem", "FlowSignal", "NodeSession", "RunStream"]
 
 logger = logging.getLogger(__name__)
 

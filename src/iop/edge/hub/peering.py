@@ -26,8 +26,6 @@ from iop.aiokits import (
     stop_tasks,
 )
 
-__all__ = ["PEER_LOOKUP_S", "PeerCount"]
-
 logger = logging.getLogger(__name__)
 
 #: Seconds between two lookups of the Edge replicas.

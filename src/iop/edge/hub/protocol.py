@@ -14,21 +14,7 @@ from types import TracebackType
 from typing import Protocol
 
 from iop.edgeconfig import EdgeConfig
-from iop.wire import DrainProgress, RunEvent, RunRequest
-from iop.wire.nodestates import NODE_DISCONNECTED, ConfigAck, ServerLoad
-
-__all__ = [
-    "ConfigPush",
-    "Hub",
-    "InstanceDrain",
-    "NodeRuns",
-    "NodeStatus",
-    "ProviderLink",
-    "ProviderLoad",
-    "RunEvents",
-    "available_providers",
-    "provider_health",
-]
+from iop.wire import NODE_DISCONNECTED, ConfigAck, DrainProgress, RunEvent, RunRequest, ServerLoad
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,4 +5,6 @@
 - `rediscounters`: the same counters in Redis, for a fleet; `redisclient`: a lean Redis client.
 """
 
-__all__: list[str] = []
+from .limiter import NO_GRANT, Limiter
+
+__all__ = ["NO_GRANT", "Limiter"]

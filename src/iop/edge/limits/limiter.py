@@ -1,14 +1,14 @@
 """Enforcing `openai.limits[]` at admission: before a request takes a slot or a queue place,
 may it start?
 
-`Limiter.admit()` picks the limits that hold a request (`limiting.py`), asks the store whether
+`Limiter.admit()` picks the limits that hold a request (`limits/rules.py`), asks the store whether
 each has room (in this process, or in the shared Redis of `openai.limit_store`:
-`redislimits.py`) and either refuses (`RateLimited`: 429 `rate_limit_exceeded`, the limit named
-in the message, `Retry-After` and `retry-after-ms`, or `x-should-retry: false` for a request
+`limits/rediscounters.py`) and either refuses (`RateLimited`: 429 `rate_limit_exceeded`, the limit
+named in the message, `Retry-After` and `retry-after-ms`, or `x-should-retry: false` for a request
 that can never pass) or returns a `Grant`: the `x-ratelimit-*` headers of the answer (OpenAI's:
 `limit`, `remaining` and `reset` for requests and tokens per minute), and `finish()`, which the
-request calls when its answer ends, with the tokens the upstream reported, to correct the
-estimate it took and give its place back.
+request calls when its answer ends, with the tokens the upstream reported, to correct the estimate
+it took and give its place back.
 
 The rules come from the dispatcher's snapshot, so a refresh changes them at once (the counters,
 keyed by each entry's selector, carry over). A request no limit holds costs one dict lookup.
@@ -38,7 +38,7 @@ from iop.edgeconfig import EdgeConfig
 from ..authenticating import Principal
 from ..bodies import ParsedRequest, estimate_tokens
 from ..errors import RateLimited
-from ..pool.dispatching import Dispatcher
+from ..pool import Dispatcher
 from .rediscounters import LimitStoreError, RedisCounters
 from .rules import (
     Check,
@@ -51,8 +51,6 @@ from .rules import (
     budget_period,
     judge,
 )
-
-__all__ = ["NO_GRANT", "Grant", "Limiter", "duration", "quota_headers"]
 
 logger = logging.getLogger(__name__)
 

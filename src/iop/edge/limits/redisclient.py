@@ -24,8 +24,6 @@ from urllib.parse import urlsplit
 
 import hiredis
 
-__all__ = ["RedisClient", "RedisError", "ReplyError"]
-
 Arg = str | bytes | int | float
 
 

@@ -6,7 +6,7 @@ keep-alive connection meets one replica, and a per-replica share would hold it t
 limit; and a budget counted in a process would start again at every rollout. One round trip
 per admission, measured, is small against what a completion costs.
 
-One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of `limiting.py`
+One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of `limits/rules.py`
 (the same refill arithmetic, the same order of checks, all-or-nothing): it reads each check's
 counters, takes what the request needs from all of them when every one has room, and returns
 what it saw, so the Edge words a refusal and the `x-ratelimit-*` headers exactly as the
@@ -26,7 +26,7 @@ request's path: settlements queue, and the next admission takes them along in it
 round trip for both), or after 2 ms one task sends whatever queued in one pipeline.
 
 Every Redis failure is translated here, once, into `LimitStoreError`; the limiter then counts
-in its own process for a while (`enforcing.py`).
+in its own process for a while (`limits/limiter.py`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ from iop.edgeconfig import LimitStoreSection
 
 from .redisclient import RedisClient, RedisError, ReplyError
 from .rules import Check, Observed, ScopeUse, budget_period
-
-__all__ = ["LimitStoreError", "RedisCounters"]
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The rules of `openai.limits[]`: which limits hold a request, and whether it may start now.
 
-Pure: no I/O and no clock of its own (every call takes `now`, Unix seconds), so the same rules
-run in one process (`LocalCounters`) and, as a Lua script, in a Redis the replicas share
-(`redislimits.py`), and a test can move time at will. docs/edge.md ("Limits") explains them for
-operators:
+Pure: no I/O and no clock of its own (every call takes `now`, Unix seconds), so the same rules run
+in one process (`LocalCounters`) and, as a Lua script, in a Redis the replicas share
+(`limits/rediscounters.py`), and a test can move time at will. docs/edge.md ("Limits") explains them
+for operators:
 
 - Every entry of `openai.limits[]` that selects a request holds it: its principal (or `*`, each
   principal on counters of its own), its token_ref when the entry names one, its model (the
@@ -34,21 +34,6 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from iop.edgeconfig import EVERY_PRINCIPAL, OpenAISection, PrincipalLimit, TokenBudget
-
-__all__ = [
-    "LIMIT_NAMES",
-    "Check",
-    "LocalCounters",
-    "Observed",
-    "Quota",
-    "Refusal",
-    "Rule",
-    "RuleSet",
-    "ScopeUse",
-    "Verdict",
-    "budget_period",
-    "judge",
-]
 
 LimitName = Literal["requests_per_minute", "tokens_per_minute", "max_concurrent", "budget"]
 #: Every limit an entry may set, in the order a refusal is looked for.

@@ -7,4 +7,9 @@
   the pool's metrics.
 """
 
-__all__: list[str] = []
+from .dispatching import Dispatcher
+from .metering import CONTENT_TYPE, Metrics
+from .relaying import Relay, RelayedRun
+from .snapshots import PoolSnapshot
+
+__all__ = ["CONTENT_TYPE", "Dispatcher", "Metrics", "PoolSnapshot", "Relay", "RelayedRun"]

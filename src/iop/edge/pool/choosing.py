@@ -48,24 +48,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from ..hub.protocol import ProviderLoad
+from ..hub import ProviderLoad
 from .snapshots import Candidate, ModelRoute
-
-__all__ = [
-    "AFFINITY",
-    "DISPATCH_REASONS",
-    "FREED_SLOT",
-    "LEAST_LOAD",
-    "LOAD_REPORT_TTL_S",
-    "OVERFLOW",
-    "PREFIX_AFFINITY",
-    "PREFIX_HOMES_PER_MODEL",
-    "ROUND_ROBIN",
-    "Chooser",
-    "PrefixKey",
-    "SlotCounts",
-    "rendezvous_order",
-]
 
 #: The specification's tie rule, the default policy; also the reason of its choices.
 ROUND_ROBIN: Final = "round_robin"

@@ -50,11 +50,9 @@ from typing import Final
 from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
 from ..errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
-from ..hub.protocol import ProviderLoad
+from ..hub import ProviderLoad
 from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
 from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
-
-__all__ = ["BUSY_COOLDOWN_S", "RETRY_AFTER_S", "Dispatcher", "Lease"]
 
 #: How long a provider that refused a run as busy is left out of dispatch.
 BUSY_COOLDOWN_S: Final = 0.05

@@ -32,10 +32,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from ..authenticating import Principal
-from ..hub.protocol import Hub, provider_health
+from ..hub import Hub, provider_health
 from .dispatching import Dispatcher
-
-__all__ = ["CONTENT_TYPE", "Metrics"]
 
 #: The Content-Type of the Prometheus text exposition served at /metrics.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST

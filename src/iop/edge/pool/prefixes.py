@@ -30,8 +30,6 @@ import orjson
 from ..bodies import ChatCompletionBody, CompletionBody, ParsedRequest
 from .choosing import PrefixKey
 
-__all__ = ["BLOCK_BYTES", "MAX_POINTS", "prefix_key"]
-
 #: Bytes of a text prompt per part (about 64 tokens at the Edge's 4 bytes a token).
 BLOCK_BYTES: Final = 256
 #: Most points a key keeps: its anchor and the deepest others.

@@ -50,15 +50,13 @@ from iop.wire import statuses as wire_statuses
 from ..authenticating import Principal
 from ..bodies import ParsedRequest, apply_policy
 from ..errors import ModelNotFound, NoProvider, QueueTimeout
-from ..hub.protocol import NodeRuns, RunEvents
+from ..hub import NodeRuns, RunEvents
 from .choosing import PREFIX_AFFINITY, PrefixKey
 from .dispatching import Dispatcher, Lease
 from .metering import Metrics
 from .prefixes import prefix_key
 from .retrying import RetryBudget, RetryBudgets, should_retry
 from .snapshots import ModelRoute
-
-__all__ = ["Relay", "RelayedRun"]
 
 
 class Relay:

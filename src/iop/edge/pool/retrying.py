@@ -31,8 +31,6 @@ from iop.wire import statuses as wire_statuses
 
 from .snapshots import PoolSnapshot
 
-__all__ = ["RetryBudget", "RetryBudgets", "should_retry"]
-
 #: Failures retried before the first byte although the wire does not mark them retryable: another
 #: provider may well answer what this one's upstream failed at (a 5xx, a dropped connection, no
 #: answer in time).

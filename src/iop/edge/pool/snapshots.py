@@ -29,8 +29,6 @@ from iop.edgeconfig import (
     edge_share,
 )
 
-__all__ = ["Candidate", "ModelRoute", "PoolSnapshot", "ProviderLimits"]
-
 
 @dataclass(frozen=True, slots=True)
 class ProviderLimits:

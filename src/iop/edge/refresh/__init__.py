@@ -4,4 +4,8 @@
 - `reports`: a refresh's report and its parts; `configfiles`: which files a refresh may read.
 """
 
-__all__: list[str] = []
+from .configfiles import ConfigFileRefused
+from .refresher import Refresher
+from .reports import ConfigSource, RefreshReport
+
+__all__ = ["ConfigFileRefused", "ConfigSource", "RefreshReport", "Refresher"]

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["MAX_FILE_BYTES", "ConfigFileRefused", "ConfigFiles"]
-
 #: Largest config file read (the config loader refuses larger text anyway).
 MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 

@@ -52,15 +52,12 @@ from iop.edgeconfig import (
     parse_yaml,
     require_token_hashes,
 )
-from iop.wire.nodestates import ConfigAck
+from iop.wire import ConfigAck
 
-from ..hub.protocol import ConfigPush
-from ..pool.dispatching import Dispatcher
-from ..pool.snapshots import PoolSnapshot
-from .configfiles import ConfigFileRefused, ConfigFiles
+from ..hub import ConfigPush
+from ..pool import Dispatcher, PoolSnapshot
+from .configfiles import ConfigFiles
 from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
-
-__all__ = ["ConfigFileRefused", "ConfigPush", "Refresher"]
 
 logger = logging.getLogger(__name__)
 

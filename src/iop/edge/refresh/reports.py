@@ -13,8 +13,6 @@ from typing import Any, Literal
 
 from iop.edgeconfig import ChangeReport, EdgeConfig, Problem
 
-__all__ = ["ConfigSource", "Mode", "NodePush", "Outcome", "PushStatus", "RefreshReport"]
-
 #: dry_run: judge the candidate and change nothing; apply: swap it in and push it.
 Mode = Literal["dry_run", "apply"]
 #: applied: swapped in; valid: a dry run that could apply live; restart_required: some path

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter, ValidationError
 
-from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, ProviderPayload
-from iop.edgeconfig.configs import AdapterSettings
+from iop.edgeconfig import (
+    AdapterSettings,
+    FakeAdapterSettings,
+    OpenAIAdapterSettings,
+    ProviderPayload,
+)
 
-from .base import Adapter, Upstream, client_wants_usage, usage_from
+from .base import Adapter, Upstream
 from .fake import FakeAdapter
 from .openai_http import OpenAIAdapter
 
-__all__ = [
-    "Adapter",
-    "AdapterError",
-    "FakeAdapter",
-    "OpenAIAdapter",
-    "Upstream",
-    "build_adapter",
-    "client_wants_usage",
-    "usage_from",
-]
+__all__ = ["Adapter", "AdapterError", "FakeAdapter", "OpenAIAdapter", "Upstream", "build_adapter"]
+
 
 _SETTINGS: TypeAdapter[OpenAIAdapterSettings | FakeAdapterSettings] = TypeAdapter(AdapterSettings)
 

@@ -14,8 +14,6 @@ from typing import Any, Protocol
 
 from iop.wire import ProviderHealth, RunEvent, RunRequest
 
-__all__ = ["Adapter", "Upstream", "client_wants_usage", "usage_from"]
-
 
 @dataclass(frozen=True, slots=True)
 class Upstream:

@@ -12,13 +12,19 @@ import time
 from collections.abc import AsyncGenerator
 
 from iop.edgeconfig import FakeAdapterSettings as FakeSettings
-from iop.fakes.answers import OpenAIError, embedding_response, parse_request, tokens
-from iop.wire import ProviderHealth, RunChunk, RunDone, RunEvent, RunRequest, RunUsage, statuses
-from iop.wire.nodestates import ADAPTER_ERROR
+from iop.fakes import OpenAIError, embedding_response, parse_request, tokens
+from iop.wire import (
+    ADAPTER_ERROR,
+    ProviderHealth,
+    RunChunk,
+    RunDone,
+    RunEvent,
+    RunRequest,
+    RunUsage,
+    statuses,
+)
 
 from .base import Upstream
-
-__all__ = ["FakeAdapter"]
 
 
 class FakeAdapter:

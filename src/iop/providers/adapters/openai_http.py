@@ -32,6 +32,7 @@ import orjson
 
 from iop.edgeconfig import OpenAIAdapterSettings as OpenAISettings
 from iop.wire import (
+    ADAPTER_ERROR,
     DEFAULT_MAX_RESPONSE_BYTES,
     ProviderHealth,
     RunChunk,
@@ -42,7 +43,6 @@ from iop.wire import (
     RunUsage,
     statuses,
 )
-from iop.wire.nodestates import ADAPTER_ERROR
 
 from .base import Upstream, client_wants_usage, usage_from
 from .upstreams import (
@@ -57,8 +57,6 @@ from .upstreams import (
     UpstreamClient,
     UpstreamError,
 )
-
-__all__ = ["OpenAIAdapter"]
 
 _PATHS: Final = {
     "chat": "/chat/completions",

@@ -36,19 +36,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = [
-    "BadResponse",
-    "ConnectFailed",
-    "ConnectTimeout",
-    "DeadlinePassed",
-    "Disconnected",
-    "PoolTimeout",
-    "ReadTimeout",
-    "Response",
-    "UpstreamClient",
-    "UpstreamError",
-]
-
 #: Bytes of an answer held for the caller before the socket is read no more.
 _HIGH_WATER: Final = 256 * 1024
 #: What a timer leaves in a waiter it expired.
