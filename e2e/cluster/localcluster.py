@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A real, local Kubernetes cluster for the end-to-end tests, with pods that really run.
 
 `kind` needs a container engine and this project's machines have none, so the control plane is
@@ -39,13 +38,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gobuilding import build, pin_kubernetes
-from layout import PROGRAM, ClusterError, log
-from supervising import down, exports, load_image, status_report, up
+from .gobuilding import build, pin_kubernetes
+from .layout import PROGRAM, ClusterError, log
+from .supervising import down, exports, load_image, status_report, up
 
 
 def main(argv: Sequence[str] | None = None) -> int:

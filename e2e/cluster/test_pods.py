@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,10 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from e2e.cluster.imagebuild import project_reference
 from tests.waiting import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from imagebuild import project_reference
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster

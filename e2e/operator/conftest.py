@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -31,6 +30,7 @@ import httpx
 import openai
 import pytest
 
+from e2e.tools import healthcheck
 from iop.edgeconfig import token_sha256
 from iop.processes import free_port, iop_command, spawn_edge, spawn_node, terminate
 from tests.waiting import wait_available, wait_for
@@ -132,20 +132,15 @@ def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
 # -- what kstatus and Argo CD make of an EdgeConfig -----------------------------------------------
 
 
-def _health() -> Any:
-    sys.path.insert(0, str(REPO / "e2e" / "tools"))
-    return importlib.import_module("healthcheck")
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
-    _health().collection_finished(session)
+    healthcheck.collection_finished(session)
 
 
 @pytest.fixture(scope="session")
 def health_readers(pytestconfig: pytest.Config) -> Any:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`); fails, never skips,
     when they cannot be built."""
-    return _health().readers_for(pytestconfig)
+    return healthcheck.readers_for(pytestconfig)
 
 
 # -- the cluster side ----------------------------------------------------------------------------

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """kubeconform, built from its pinned Go module, and the schemas it validates the chart against.
 
 `helm lint` checks a chart's form; it does not know whether a rendered Deployment has a field
@@ -36,15 +35,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+# The cluster's Go toolchain and pins; its cache, lock and errors.
+from e2e.cluster import gobuilding, layout
+
+from . import gotools
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 CLUSTER_DIR = REPO / "e2e" / "cluster"
-sys.path.insert(0, str(CLUSTER_DIR))
-sys.path.insert(0, str(HERE))
-
-import gobuilding  # noqa: E402  (the cluster's Go toolchain and pins)
-import gotools  # noqa: E402  (builds the pinned Go tools beside this file)
-import layout  # noqa: E402  (the cluster's cache, lock and errors)
 
 KUBECONFORM_DIR = HERE / "kubeconform"
 KUBECONFORM_PACKAGE = "github.com/yannh/kubeconform/cmd/kubeconform"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the GitOps tools make of an object's status, asked of the tools' own code.
 
 - kstatus: `sigs.k8s.io/cli-utils`' library (what Flux's health checks, Helm 4's `--wait` and
@@ -26,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import gotools
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE))
-
-import gotools  # noqa: E402  (builds the pinned Go tools beside this file)
 
 KSTATUS = gotools.GoTool("kstatus", package=".", module="sigs.k8s.io/cli-utils")
 ARGOCD_HEALTH = REPO / "deploy" / "argocd" / "edgeconfig-health.lua"
