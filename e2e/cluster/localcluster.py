@@ -7,7 +7,8 @@ fake Node whose Pods reach Running without running), CoreDNS, kube-proxy and a p
 (kubelet/, a Node whose pods run as processes of the project's image in network namespaces of
 their own, wired as clusternet.py says), with kubectl and helm for the tests.
 
-Subcommands (the executables `build`, `up`, `down`, `status` beside this file call them):
+Subcommands (`python3 -m e2e.cluster.localcluster COMMAND` from the checkout's root; the
+executables `build`, `up`, `down`, `status` beside this file call them from any folder):
 
     build   build the binaries into the per-user cache unless they already match the pins
     up      start the cluster (building first if needed), print `export KUBECONFIG=...`
@@ -18,7 +19,7 @@ Subcommands (the executables `build`, `up`, `down`, `status` beside this file ca
 
 The parts, each a module beside this one (this one is the command line): `layout.py` (where
 things are kept, what the parts are called, `ClusterError`), `gobuilding.py` (the pins and the
-Go build), `certifying.py` (certificates and kubeconfigs), `states.py` (what `up` recorded),
+Go build), `certificates.py` (certificates and kubeconfigs), `states.py` (what `up` recorded),
 `components.py` (the files the components read and their command lines, `spawn`),
 `supervising.py` (`up`, `down`, `status`, `image`: start in order, wait for health, stop),
 `clusternet.py` (the network), `imagebuild.py` (the project's image, built from the Dockerfile

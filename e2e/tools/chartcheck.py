@@ -18,9 +18,11 @@ kubeconform gets a module folder of its own (`kubeconform/go.mod` beside this fi
 cached by gotools.py (the cluster's binary cache, keyed by a hash of its go.mod and go.sum).
 Standard library only, like the cluster's launcher.
 
-    chartcheck.py build                  build kubeconform unless it is up to date; print its path
-    chartcheck.py schemas DIR [CRD...]   write the schemas into DIR
-    chartcheck.py validate [FILE...]     kubeconform -strict with those schemas (stdin: `-`)
+    python3 -m e2e.tools.chartcheck build                 build kubeconform unless up to date;
+                                                          print its path
+    python3 -m e2e.tools.chartcheck schemas DIR [CRD...]  write the schemas into DIR
+    python3 -m e2e.tools.chartcheck validate [FILE...]    kubeconform -strict with those schemas
+                                                          (stdin: `-`)
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@
 
 Standard library only at import (lupa is imported when a Lua check runs), like chartcheck.py.
 
-    healthcheck.py build          build kstatus unless it is up to date; print its path
-    healthcheck.py [FILE...]      both verdicts for each object of `kubectl get -o json` (stdin: -)
+    python3 -m e2e.tools.healthcheck build     build kstatus unless it is up to date; print its path
+    uv run python -m e2e.tools.healthcheck [FILE...]
+                                               both verdicts for each object of `kubectl get -o
+                                               json` (stdin: -)
 """
 
 from __future__ import annotations
