@@ -25,9 +25,12 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import gotools
+
+if TYPE_CHECKING:
+    import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -193,7 +196,7 @@ FIXTURE = "health_readers"
 _STASH = "iop_health_readers"
 
 
-def collection_finished(session: Any) -> None:
+def collection_finished(session: pytest.Session) -> None:
     """For a conftest's `pytest_collection_finish`: when a selected test needs the readers,
     build them once, with pytest's output capture off so a cold build's progress shows (outside
     any test's timeout); a failure is kept for every such test to fail with. Nothing is skipped."""
@@ -204,20 +207,20 @@ def collection_finished(session: Any) -> None:
         setattr(config, _STASH, _prepare(config))
 
 
-def readers_for(config: Any) -> HealthReaders:
+def readers_for(config: pytest.Config) -> HealthReaders:
     """For the conftests' `health_readers` fixture: the readers, or the test fails with why
     there are none (tests/gitops, e2e/operator)."""
     if not hasattr(config, _STASH):
         setattr(config, _STASH, _prepare(config))
-    prepared = getattr(config, _STASH)
+    prepared: HealthReaders | str = getattr(config, _STASH)
     if isinstance(prepared, str):
         import pytest
 
         pytest.fail(prepared, pytrace=False)
-    return prepared  # type: ignore[no-any-return]
+    return prepared
 
 
-def _prepare(config: Any) -> HealthReaders | str:
+def _prepare(config: pytest.Config) -> HealthReaders | str:
     capture = config.pluginmanager.getplugin("capturemanager")
     try:
         if capture is None:

@@ -10,7 +10,6 @@ skipped.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +23,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def health_readers(pytestconfig: pytest.Config) -> Any:
+def health_readers(pytestconfig: pytest.Config) -> healthcheck.HealthReaders:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`)."""
     return healthcheck.readers_for(pytestconfig)
