@@ -191,7 +191,9 @@ while True:
 
 
 def demo_pod(command: list[str], *, restart: str = "Always") -> dict[str, Any]:
-    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    def field(path: str) -> dict[str, Any]:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
     return {
         "apiVersion": "v1",
         "kind": "Pod",

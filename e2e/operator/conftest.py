@@ -122,10 +122,12 @@ def edgeconfig(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
+    """The provider `provider_id` of `spec` (the spec's own dict: a change edits the spec)."""
     for node in spec["nodes"]:
         for item in node["providers"]:
             if item["id"] == provider_id:
-                return item  # type: ignore[no-any-return]
+                found: dict[str, Any] = item
+                return found
     raise KeyError(provider_id)
 
 
@@ -137,7 +139,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def health_readers(pytestconfig: pytest.Config) -> Any:
+def health_readers(pytestconfig: pytest.Config) -> healthcheck.HealthReaders:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`); fails, never skips,
     when they cannot be built."""
     return healthcheck.readers_for(pytestconfig)
@@ -318,7 +320,8 @@ class EdgeConfigs:
     namespace: str
 
     def get(self, name: str) -> dict[str, Any]:
-        return self.cluster.get("ec", name, "-n", self.namespace)  # type: ignore[no-any-return]
+        found: dict[str, Any] = self.cluster.get("ec", name, "-n", self.namespace)
+        return found
 
     def apply(self, name: str, spec: dict[str, Any], *args: str) -> str:
         return self.cluster.apply(edgeconfig(name, spec), "-n", self.namespace, *args)
@@ -485,11 +488,13 @@ class Workloads:
         self.cluster.helm(*args, timeout=180)
 
     def deployment(self, name: str) -> dict[str, Any]:
-        return self.cluster.get("deployment", name, "-n", self.namespace)  # type: ignore[no-any-return]
+        found: dict[str, Any] = self.cluster.get("deployment", name, "-n", self.namespace)
+        return found
 
     def stamp(self, name: str) -> str:
         template = self.deployment(name)["spec"]["template"]["metadata"]
-        return (template.get("annotations") or {}).get("iop.dev/config-hash", "")
+        stamped: str = (template.get("annotations") or {}).get("iop.dev/config-hash", "")
+        return stamped
 
     def revisions(self) -> dict[str, int]:
         """Deployment name -> how many pod templates it has had (its ReplicaSets)."""
@@ -510,7 +515,7 @@ class Workloads:
         deployment = self.deployment(name)
         status = deployment.get("status", {})
         wanted = deployment["spec"]["replicas"]
-        return (
+        return bool(
             status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
             and status.get("updatedReplicas", 0) == wanted
             and status.get("replicas", 0) == wanted
