@@ -1,11 +1,14 @@
 """The repository's shape: the product is the `iop` package under src/, and only that.
 
 Nothing of the product imports from the repository root: `operator` there is the standard
-library's, and `edge`, `wire`, `node`, `cli` are not importable as top-level packages.
+library's, and `edge`, `wire`, `node`, `cli` are not importable as top-level packages. The tests,
+the end-to-end tests and the benchmarks import each other as packages from the root (`e2e.cluster`,
+`tests.waiting`, `bench`), never by editing `sys.path`.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +47,52 @@ def test_the_package_is_imported_from_src_without_links() -> None:
     assert [Path(p) for p in iop.operator.__path__] == [PACKAGE / "operator"]
     links = [path for path in REPO.rglob("*") if path.is_symlink() and ".venv" not in path.parts]
     assert links == []
+
+
+def sys_path_edits(tree: ast.AST) -> list[int]:
+    """The lines of `tree` that change `sys.path`: a call of its list methods, or an
+    assignment to it or to a slice of it."""
+
+    def is_sys_path(node: ast.AST) -> bool:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if is_sys_path(node.func.value) and node.func.attr != "index":
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(is_sys_path(target) for target in targets):
+                lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("source", "edits"),
+    [
+        pytest.param("import sys\nsys.path.insert(0, 'x')", [2], id="insert"),
+        pytest.param("import sys\nsys.path[0:0] = ['x']", [2], id="slice"),
+        pytest.param("import sys\nsys.path += ['x']", [2], id="augmented"),
+        pytest.param("import sys\nprint(sys.path.index('x'), sys.path[0])", [], id="reading"),
+    ],
+)
+def test_sys_path_edits_are_found(source: str, edits: list[int]) -> None:
+    assert sys_path_edits(ast.parse(source)) == edits
+
+
+def test_nothing_edits_sys_path() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for folder in ("src", "tests", "e2e", "bench")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for line in sys_path_edits(ast.parse(path.read_text(), str(path)))
+    ]
+    assert found == []
