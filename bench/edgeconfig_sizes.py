@@ -36,11 +36,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from e2e.cluster.layout import LAUNCHER, python_command, python_env
 from iop.fakes import sized_spec
 from iop.processes import iop_command, spawn_edge, terminate
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "e2e" / "cluster" / "localcluster.py"
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 TOKEN = "bench-admin-token"
 
@@ -48,7 +48,10 @@ TOKEN = "bench-admin-token"
 class Cluster:
     def __init__(self) -> None:
         status = subprocess.run(
-            [sys.executable, str(LAUNCHER), "status", "--json"], capture_output=True, text=True
+            python_command(LAUNCHER, "status", "--json"),
+            env=python_env(),
+            capture_output=True,
+            text=True,
         )
         if status.returncode != 0:
             sys.exit("no healthy cluster: run e2e/cluster/up first")

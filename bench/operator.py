@@ -44,13 +44,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from e2e.cluster.layout import LAUNCHER, python_command, python_env
 from iop.edgeconfig import token_sha256
 from iop.operator import OperatorOptions, PassTimings, run_operator
 from iop.operator.kubeapi import KubeApi, resource_path
 from iop.processes import spawn_edge, spawn_node, terminate
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "e2e" / "cluster" / "localcluster.py"
 CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 CHART = REPO / "deploy" / "helm" / "iop-edge"
 NAME = "bench"
@@ -58,7 +58,10 @@ NAME = "bench"
 
 def cluster_env() -> dict[str, str]:
     status = subprocess.run(
-        [sys.executable, str(LAUNCHER), "status", "--json"], capture_output=True, text=True
+        python_command(LAUNCHER, "status", "--json"),
+        env=python_env(),
+        capture_output=True,
+        text=True,
     )
     if status.returncode != 0:
         sys.exit("no healthy cluster: run e2e/cluster/up first")

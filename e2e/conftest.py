@@ -31,12 +31,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from e2e.cluster.layout import LAUNCHER, python_command, python_env
 from tests.waiting import wait_for
 
 T = TypeVar("T")
 
-CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"
-LAUNCHER = CLUSTER_DIR / "localcluster.py"
 FIXTURE = "kube_cluster"
 
 
@@ -187,7 +186,8 @@ def _launch(config: pytest.Config, command: str, *args: str) -> tuple[int, str]:
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         show(f"e2e cluster: {' '.join([f'cluster/{command}', *args])}")
         with subprocess.Popen(
-            [sys.executable, str(LAUNCHER), command, *args],
+            python_command(LAUNCHER, command, *args),
+            env=python_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -202,7 +202,8 @@ def _launch(config: pytest.Config, command: str, *args: str) -> tuple[int, str]:
 
 def _status() -> tuple[int, dict[str, Any]]:
     result = subprocess.run(
-        [sys.executable, str(LAUNCHER), "status", "--json"],
+        python_command(LAUNCHER, "status", "--json"),
+        env=python_env(),
         capture_output=True,
         text=True,
         check=False,

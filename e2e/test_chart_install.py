@@ -92,8 +92,8 @@ def chat(cluster: KubeCluster, namespace: str, model: str = "llama-3.1-8b") -> d
 
     response = wait_for(answer, timeout=15, what=f"an answer (not a refused connection) at {url}")
     assert response.status_code == 200, response.text
-    answer: dict[str, Any] = response.json()
-    return answer
+    body: dict[str, Any] = response.json()
+    return body
 
 
 def requests_counted(url: str) -> dict[tuple[str, ...], float]:

@@ -15,22 +15,21 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import clusternet
-import imagebuild
-from certifying import kubeconfig
-from gobuilding import Build
-from layout import (
+from . import clusternet, imagebuild
+from .certificates import kubeconfig
+from .gobuilding import Build
+from .layout import (
     CHECKOUT,
     CLUSTER_DOMAIN,
-    HERE,
     KUBELET_NODE,
     KWOK_NODE_ANNOTATION,
     KWOK_POD_CIDR,
     LOOPBACK,
     PROGRAM,
     ClusterError,
+    python_command,
 )
-from states import Started, State, process_start_time, tail
+from .states import Started, State, process_start_time, tail
 
 # The API server's audit policy: the calls of workloads' ServiceAccounts, as metadata (verb,
 # resource, name, the answer's code), once each, when answered; nothing of the control plane's
@@ -224,9 +223,7 @@ def command_lines(state: State, build_: Build) -> dict[str, list[str]]:
             "--nodeport-addresses=primary",
         ],
         "kubelet": [
-            str(kubelet_python()),
-            "-m",
-            "kubelet",
+            *python_command("e2e.cluster.kubelet", python=str(kubelet_python())),
             f"--node-name={KUBELET_NODE}",
             f"--node-ip={net.host_ip}",
             f"--pod-cidr={net.pod_cidr}",
@@ -260,7 +257,8 @@ def child_env(state: State) -> dict[str, str]:
     no_proxy = ",".join(filter(None, [*local, os.environ.get("NO_PROXY", "")]))
     env["NO_PROXY"] = env["no_proxy"] = no_proxy
     env["KWOK_WORKDIR"] = str(state.root / "kwok")
-    env["PYTHONPATH"] = str(HERE)
+    # Where the kubelet's `python -P -m e2e.cluster.kubelet` finds its package.
+    env["PYTHONPATH"] = str(CHECKOUT)
     return env
 
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import hostpackages
-from layout import GO_MOD, GO_SUM, HERE, ClusterError, cache_root, file_lock, log
+from . import hostpackages
+from .layout import GO_MOD, GO_SUM, HERE, ClusterError, cache_root, file_lock, log
 
 # Bump when the way binaries are built changes (flags, ldflags, extra files): it is part of the
 # cache key, so every checkout rebuilds instead of trusting binaries made by an older recipe.

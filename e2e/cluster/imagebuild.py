@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build the project's image from the Dockerfile, unchanged, and load it into a local cluster.
 
 The image the chart names (`ghcr.io/iop-edge/iop-edge:<version>`) is what the local cluster's
@@ -49,13 +48,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import hostpackages
+from .kubelet.images import ImageError as UnpackError
+from .kubelet.images import NodeImages, file_lock, normalize, unpack
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import hostpackages  # noqa: E402
-from kubelet.images import ImageError as UnpackError  # noqa: E402
-from kubelet.images import NodeImages, file_lock, normalize, unpack  # noqa: E402
-
 CHECKOUT = HERE.parent.parent
 DOCKERFILE = CHECKOUT / "Dockerfile"
 IGNORE_FILE = CHECKOUT / ".dockerignore"

@@ -3,8 +3,9 @@
 The per-user cache of built binaries (`cache_root`), this cluster's state directory
 (`state_dir`, `IOP_CLUSTER_STATE`) and the lock that serialises `up` and `down`; the components
 in their start order, the addresses and names they share (the kwok Node, the kubelet's Node, the
-cluster domain); `ClusterError` and `log`, the one way every part reports to the user. Standard
-library only.
+cluster domain); `ClusterError` and `log`, the one way every part reports to the user; how a
+module of this checkout is started as a program of its own (`python_command`, `python_env`).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import fcntl
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -26,6 +27,10 @@ GO_SUM = HERE / "go.sum"
 
 
 CHECKOUT = HERE.parent.parent
+
+
+#: The command line's module (the executables `build`, `up`, `down`, `status` run it).
+LAUNCHER = "e2e.cluster.localcluster"
 
 
 # Start order; `down` stops in reverse.
@@ -111,3 +116,16 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def python_command(module: str, *args: str, python: str = sys.executable) -> list[str]:
+    """`python -P -m module args`: a module of this checkout as a program, run with
+    `python_env`. -P keeps the current folder off the path, so another checkout's `e2e` there
+    is never the one imported."""
+    return [python, "-P", "-m", module, *args]
+
+
+def python_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """`env` with this checkout first on PYTHONPATH, where `python_command` finds its module."""
+    rest = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(CHECKOUT), rest]))}

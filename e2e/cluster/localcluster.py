@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A real, local Kubernetes cluster for the end-to-end tests, with pods that really run.
 
 `kind` needs a container engine and this project's machines have none, so the control plane is
@@ -8,7 +7,8 @@ fake Node whose Pods reach Running without running), CoreDNS, kube-proxy and a p
 (kubelet/, a Node whose pods run as processes of the project's image in network namespaces of
 their own, wired as clusternet.py says), with kubectl and helm for the tests.
 
-Subcommands (the executables `build`, `up`, `down`, `status` beside this file call them):
+Subcommands (`python3 -m e2e.cluster.localcluster COMMAND` from the checkout's root; the
+executables `build`, `up`, `down`, `status` beside this file call them from any folder):
 
     build   build the binaries into the per-user cache unless they already match the pins
     up      start the cluster (building first if needed), print `export KUBECONFIG=...`
@@ -19,7 +19,7 @@ Subcommands (the executables `build`, `up`, `down`, `status` beside this file ca
 
 The parts, each a module beside this one (this one is the command line): `layout.py` (where
 things are kept, what the parts are called, `ClusterError`), `gobuilding.py` (the pins and the
-Go build), `certifying.py` (certificates and kubeconfigs), `states.py` (what `up` recorded),
+Go build), `certificates.py` (certificates and kubeconfigs), `states.py` (what `up` recorded),
 `components.py` (the files the components read and their command lines, `spawn`),
 `supervising.py` (`up`, `down`, `status`, `image`: start in order, wait for health, stop),
 `clusternet.py` (the network), `imagebuild.py` (the project's image, built from the Dockerfile
@@ -39,13 +39,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gobuilding import build, pin_kubernetes
-from layout import PROGRAM, ClusterError, log
-from supervising import down, exports, load_image, status_report, up
+from .gobuilding import build, pin_kubernetes
+from .layout import PROGRAM, ClusterError, log
+from .supervising import down, exports, load_image, status_report, up
 
 
 def main(argv: Sequence[str] | None = None) -> int:

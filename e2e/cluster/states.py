@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusternet import Network
-from layout import LOOPBACK
+from .clusternet import Network
+from .layout import LOOPBACK
 
 
 def free_ports(count: int, address: str = LOOPBACK) -> list[int]:

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import clusternet
-import imagebuild
-from certifying import kubeconfig, make_pki
-from components import child_env, command_lines, spawn, write_configs
-from gobuilding import Build, current_build, ensure_built
-from layout import (
+from . import clusternet, imagebuild
+from .certificates import kubeconfig, make_pki
+from .components import child_env, command_lines, spawn, write_configs
+from .gobuilding import Build, current_build, ensure_built
+from .layout import (
     COMPONENTS,
     HERE,
     KUBELET_NODE,
@@ -40,7 +39,7 @@ from layout import (
     log,
     state_dir,
 )
-from states import State, free_ports, tail
+from .states import State, free_ports, tail
 
 
 def no_proxy_opener(context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:

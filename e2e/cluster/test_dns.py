@@ -7,18 +7,14 @@ replica); a normal Service resolves to its ClusterIP, which a pod and the host c
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from e2e.cluster.imagebuild import project_reference
 from tests.waiting import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from imagebuild import project_reference
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster

@@ -9,29 +9,27 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from imagebuild import project_reference
+from e2e.cluster.imagebuild import project_reference
+from e2e.cluster.layout import LAUNCHER, python_command, python_env
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
 
 pytestmark = pytest.mark.e2e
 
-LAUNCHER = Path(__file__).resolve().parent / "localcluster.py"
 IMAGE = project_reference()  # what the cluster's node has: the Dockerfile's build
 
 
 def launch(state: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "IOP_CLUSTER_STATE": str(state)}
+    env = python_env({**os.environ, "IOP_CLUSTER_STATE": str(state)})
     return subprocess.run(
-        [sys.executable, str(LAUNCHER), *args],
+        python_command(LAUNCHER, *args),
         env=env,
         capture_output=True,
         text=True,
@@ -103,6 +101,10 @@ def test_down_of_a_second_cluster_leaves_nothing_and_spares_the_first(
     assert f"10.250.{network['slot']}.0/24" not in routes
     # The session's cluster is untouched.
     status = subprocess.run(
-        [sys.executable, str(LAUNCHER), "status"], capture_output=True, text=True, check=False
+        python_command(LAUNCHER, "status"),
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert status.returncode == 0, status.stdout

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from e2e.cluster import imagebuild
+from e2e.cluster.imagebuild import dockerfile_base, project_reference
+from e2e.cluster.kubelet.securitycontexts import CAPABILITIES, DEFAULT_CAPABILITIES
 from tests.waiting import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import imagebuild
-from imagebuild import dockerfile_base, project_reference
-from kubelet.securitycontexts import CAPABILITIES, DEFAULT_CAPABILITIES
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster

@@ -7,14 +7,11 @@ machine builds from nothing; here each runs on a storage of its own, on a few by
 from __future__ import annotations
 
 import io
-import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import hostpackages
-from imagebuild import DEBIAN_PACKAGES, STANDIN_LABEL, Buildah, import_standin
+from e2e.cluster import hostpackages
+from e2e.cluster.imagebuild import DEBIAN_PACKAGES, STANDIN_LABEL, Buildah, import_standin
 
 
 def test_a_stand_in_base_is_imported_with_its_label(tmp_path: Path) -> None:

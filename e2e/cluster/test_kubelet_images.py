@@ -14,17 +14,14 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from kubelet.envs import ConfigError, argv, process_environment
-from kubelet.images import (
+from e2e.cluster.kubelet.envs import ConfigError, argv, process_environment
+from e2e.cluster.kubelet.images import (
     ImageConfig,
     ImageError,
     NodeImages,
@@ -33,7 +30,7 @@ from kubelet.images import (
     normalize,
     unpack,
 )
-from kubelet.securitycontexts import (
+from e2e.cluster.kubelet.securitycontexts import (
     CAPABILITIES,
     DEFAULT_CAPABILITIES,
     SecurityError,
@@ -41,7 +38,7 @@ from kubelet.securitycontexts import (
     identity,
     verify_run_as_non_root,
 )
-from kubelet.volumes import set_ownership
+from e2e.cluster.kubelet.volumes import set_ownership
 
 PROJECT = "ghcr.io/iop-edge/iop-edge:0.1.0"
 IMAGE = ImageConfig(

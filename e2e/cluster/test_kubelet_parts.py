@@ -8,16 +8,13 @@ test_kubelet_images.py.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from kubelet.downward import quantity, resource_value
-from kubelet.envs import expand, service_links
-from kubelet.volumes import write_atomically
+from e2e.cluster.kubelet.downward import quantity, resource_value
+from e2e.cluster.kubelet.envs import expand, service_links
+from e2e.cluster.kubelet.volumes import write_atomically
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,10 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from e2e.cluster.imagebuild import project_reference
 from tests.waiting import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from imagebuild import project_reference
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster
@@ -194,7 +191,9 @@ while True:
 
 
 def demo_pod(command: list[str], *, restart: str = "Always") -> dict[str, Any]:
-    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    def field(path: str) -> dict[str, Any]:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from e2e.cluster.imagebuild import project_reference
 from tests.waiting import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from imagebuild import project_reference
 
 if TYPE_CHECKING:
     from e2e.conftest import KubeCluster

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -31,6 +30,7 @@ import httpx
 import openai
 import pytest
 
+from e2e.tools import healthcheck
 from iop.edgeconfig import token_sha256
 from iop.processes import free_port, iop_command, spawn_edge, spawn_node, terminate
 from tests.waiting import wait_available, wait_for
@@ -122,30 +122,27 @@ def edgeconfig(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
+    """The provider `provider_id` of `spec` (the spec's own dict: a change edits the spec)."""
     for node in spec["nodes"]:
         for item in node["providers"]:
             if item["id"] == provider_id:
-                return item  # type: ignore[no-any-return]
+                found: dict[str, Any] = item
+                return found
     raise KeyError(provider_id)
 
 
 # -- what kstatus and Argo CD make of an EdgeConfig -----------------------------------------------
 
 
-def _health() -> Any:
-    sys.path.insert(0, str(REPO / "e2e" / "tools"))
-    return importlib.import_module("healthcheck")
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
-    _health().collection_finished(session)
+    healthcheck.collection_finished(session)
 
 
 @pytest.fixture(scope="session")
-def health_readers(pytestconfig: pytest.Config) -> Any:
+def health_readers(pytestconfig: pytest.Config) -> healthcheck.HealthReaders:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`); fails, never skips,
     when they cannot be built."""
-    return _health().readers_for(pytestconfig)
+    return healthcheck.readers_for(pytestconfig)
 
 
 # -- the cluster side ----------------------------------------------------------------------------
@@ -323,7 +320,8 @@ class EdgeConfigs:
     namespace: str
 
     def get(self, name: str) -> dict[str, Any]:
-        return self.cluster.get("ec", name, "-n", self.namespace)  # type: ignore[no-any-return]
+        found: dict[str, Any] = self.cluster.get("ec", name, "-n", self.namespace)
+        return found
 
     def apply(self, name: str, spec: dict[str, Any], *args: str) -> str:
         return self.cluster.apply(edgeconfig(name, spec), "-n", self.namespace, *args)
@@ -490,11 +488,13 @@ class Workloads:
         self.cluster.helm(*args, timeout=180)
 
     def deployment(self, name: str) -> dict[str, Any]:
-        return self.cluster.get("deployment", name, "-n", self.namespace)  # type: ignore[no-any-return]
+        found: dict[str, Any] = self.cluster.get("deployment", name, "-n", self.namespace)
+        return found
 
     def stamp(self, name: str) -> str:
         template = self.deployment(name)["spec"]["template"]["metadata"]
-        return (template.get("annotations") or {}).get("iop.dev/config-hash", "")
+        stamped: str = (template.get("annotations") or {}).get("iop.dev/config-hash", "")
+        return stamped
 
     def revisions(self) -> dict[str, int]:
         """Deployment name -> how many pod templates it has had (its ReplicaSets)."""
@@ -515,7 +515,7 @@ class Workloads:
         deployment = self.deployment(name)
         status = deployment.get("status", {})
         wanted = deployment["spec"]["replicas"]
-        return (
+        return bool(
             status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
             and status.get("updatedReplicas", 0) == wanted
             and status.get("replicas", 0) == wanted

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from e2e.operator.conftest import EdgeConfigs
+from e2e.tools.healthcheck import HealthReaders, Reading
 from iop.edgeconfig import config_hash, load_data
 from tests.waiting import wait_for
 
@@ -49,13 +51,13 @@ def invalid(spec: dict[str, Any]) -> dict[str, Any]:
 class Health:
     """Reads one EdgeConfig with kstatus and the Argo CD check, and checks every reading."""
 
-    edgeconfigs: Any
-    readers: Any
+    edgeconfigs: EdgeConfigs
+    readers: HealthReaders
     name: str = "demo"
     #: (generation, kstatus status, kstatus message) of every reading, in order.
     seen: list[tuple[int, str, str]] = field(default_factory=list)
 
-    def read(self) -> tuple[dict[str, Any], Any]:
+    def read(self) -> tuple[dict[str, Any], Reading]:
         obj = self.edgeconfigs.get(self.name)
         reading = self.readers.read_one(obj)
         generation = obj["metadata"]["generation"]
@@ -72,14 +74,14 @@ class Health:
         return obj, reading
 
     def until(
-        self, wanted: Callable[[dict[str, Any], Any], bool], what: str, timeout: float = 60
-    ) -> tuple[dict[str, Any], Any]:
-        def holds() -> tuple[dict[str, Any], Any] | None:
+        self, wanted: Callable[[dict[str, Any], Reading], bool], what: str, timeout: float = 60
+    ) -> tuple[dict[str, Any], Reading]:
+        def holds() -> tuple[dict[str, Any], Reading] | None:
             obj, reading = self.read()
             return (obj, reading) if wanted(obj, reading) else None
 
         try:
-            found: tuple[dict[str, Any], Any] = wait_for(
+            found: tuple[dict[str, Any], Reading] = wait_for(
                 holds, timeout=timeout, what=f"{what} on ec/{self.name}", interval=0.1
             )
         except BaseException:
@@ -87,14 +89,14 @@ class Health:
             raise
         return found
 
-    def until_kstatus(self, status: str, timeout: float = 60) -> tuple[dict[str, Any], Any]:
+    def until_kstatus(self, status: str, timeout: float = 60) -> tuple[dict[str, Any], Reading]:
         return self.until(
             lambda _, reading: reading.kstatus.status == status, f"kstatus {status}", timeout
         )
 
 
 @pytest.fixture
-def health(edgeconfigs: Any, health_readers: Any) -> Health:
+def health(edgeconfigs: EdgeConfigs, health_readers: HealthReaders) -> Health:
     return Health(edgeconfigs, health_readers)
 
 
@@ -172,7 +174,7 @@ async def ready_with_workloads(host_stack, spec, start_operator, edgeconfigs, wo
     return stack
 
 
-def reconciling_on(generation: int) -> Callable[[dict[str, Any], Any], bool]:
+def reconciling_on(generation: int) -> Callable[[dict[str, Any], Reading], bool]:
     """The operator has observed `generation` and says it works towards it."""
 
     def holds(obj: dict[str, Any], _: Any) -> bool:

@@ -18,20 +18,23 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 import json
 import os
 import secrets
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 import pytest
 
-from e2e.operator.conftest import Workloads
+from e2e.operator.conftest import Workloads, provider
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -59,14 +62,15 @@ class PodStack(Workloads):
     api_key: str = ""
     generation: int = 1
 
-    def kubectl(self, *args: str, **kw: Any) -> Any:
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, "-n", self.namespace, **kw)
 
     def get(self, *args: str) -> Any:
         return self.cluster.get(*args, "-n", self.namespace)
 
     def ec(self) -> dict[str, Any]:
-        return self.get("ec", NAME)  # type: ignore[no-any-return]
+        found: dict[str, Any] = self.get("ec", NAME)
+        return found
 
     def pods(self, component: str) -> list[dict[str, Any]]:
         listed = self.get("pods", "-l", f"app.kubernetes.io/component={component}")["items"]
@@ -144,7 +148,7 @@ class PodStack(Workloads):
             status = found.get("status", {})
             conditions = {c["type"]: c for c in status.get("conditions", [])}
             got = conditions.get("Ready", {})
-            return (
+            return bool(
                 status.get("observedGeneration") == generation
                 and got.get("status") == "True"
                 and got.get("observedGeneration") == generation
@@ -155,12 +159,13 @@ class PodStack(Workloads):
         return found
 
 
-def http_client(**options: Any) -> httpx.AsyncClient:
+def http_client(**options: Any) -> httpx2.AsyncClient:
     """A client of the Edge's ClusterIP that dials again when a connection is refused or not
     answered (nothing was sent yet): until kube-proxy follows a rolled Service's endpoints, a
-    connection may go to a pod that is gone."""
-    transport = httpx.AsyncHTTPTransport(retries=5)
-    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30, connect=2), **options)
+    connection may go to a pod that is gone. httpx2's, the library of the openai client it is
+    given to (which takes httpx's only through a compatibility path)."""
+    transport = httpx2.AsyncHTTPTransport(retries=5)
+    return httpx2.AsyncClient(transport=transport, timeout=httpx2.Timeout(30, connect=2), **options)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +187,8 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
         stack.spec = stack.wait_ready(1, timeout=240)["spec"]
         stack.api_key = stack.secret(f"{NAME}-api-keys", TOKEN_REF)
         for name in (EDGE, NODE_1, NODE_2):
-            wait_for(lambda n=name: stack.rolled_out(n), timeout=120, what=f"{name} to roll out")
+            rolled_out = functools.partial(stack.rolled_out, name)
+            wait_for(rolled_out, timeout=120, what=f"{name} to roll out")
         wait_for(
             lambda: stack.ec()["status"].get("nodesAcked") == "2/2",
             timeout=120,
@@ -270,14 +276,6 @@ async def node_2_rolled_under_load(
             what="node-2's rollout to complete",
         )
     return old, outcomes
-
-
-def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
-    for node in spec["nodes"]:
-        for item in node["providers"]:
-            if item["id"] == provider_id:
-                return item  # type: ignore[no-any-return]
-    raise KeyError(provider_id)
 
 
 async def test_created_ready_and_serving_every_model(pods: PodStack) -> None:

@@ -8,16 +8,20 @@ stand on kwok's node, where nothing runs: this is about who writes what, read fr
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from e2e.operator.conftest import CHART, ON_KWOK
 from tests.waiting import wait_for
+
+if TYPE_CHECKING:
+    from e2e.conftest import KubeCluster
 
 # Two chart installs and four operator pods before the first look.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
@@ -35,7 +39,7 @@ def values(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def namespace(kube_cluster: Any, edgeconfig_crd: None) -> Iterator[str]:
+def namespace(kube_cluster: KubeCluster, edgeconfig_crd: None) -> Iterator[str]:
     namespace = f"e2e-releases-{secrets.token_hex(3)}"
     kube_cluster.kubectl("create", "namespace", namespace)
     try:
@@ -63,12 +67,12 @@ def managers(obj: dict[str, Any], subresource: str | None = None) -> set[str]:
     }
 
 
-def operator_pods(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+def operator_pods(cluster: KubeCluster, namespace: str, name: str) -> list[dict[str, Any]]:
     selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=operator"
-    return cluster.pods(namespace, selector)  # type: ignore[no-any-return]
+    return cluster.pods(namespace, selector)
 
 
-def admissions(cluster: Any, namespace: str, name: str) -> float:
+def admissions(cluster: KubeCluster, namespace: str, name: str) -> float:
     """Admission reviews all of `name`'s operator replicas have answered (their /metrics)."""
     total = 0.0
     for pod in operator_pods(cluster, namespace, name):
@@ -79,7 +83,9 @@ def admissions(cluster: Any, namespace: str, name: str) -> float:
     return total
 
 
-def test_each_operator_writes_only_its_own_edgeconfig(kube_cluster: Any, namespace: str) -> None:
+def test_each_operator_writes_only_its_own_edgeconfig(
+    kube_cluster: KubeCluster, namespace: str
+) -> None:
     def observed(name: str) -> bool:
         ec = kube_cluster.get("ec", name, "-n", namespace)
         # The Edges stand on kwok and never answer: the operator writes their config but applies
@@ -89,13 +95,14 @@ def test_each_operator_writes_only_its_own_edgeconfig(kube_cluster: Any, namespa
         )
         return ec.get("status", {}).get("observedGeneration") == 1 and made.returncode == 0
 
+    def two_operator_pods_with_ips(name: str) -> bool:
+        found = operator_pods(kube_cluster, namespace, name)
+        return len(found) == 2 and all(p["status"].get("podIP") for p in found)
+
     for name in RELEASES:
-        wait_for(lambda n=name: observed(n), timeout=180, what=f"ec/{name} observed")
+        wait_for(functools.partial(observed, name), timeout=180, what=f"ec/{name} observed")
         wait_for(
-            lambda n=name: (
-                all(p["status"].get("podIP") for p in operator_pods(kube_cluster, namespace, n))
-                and len(operator_pods(kube_cluster, namespace, n)) == 2
-            ),
+            functools.partial(two_operator_pods_with_ips, name),
             timeout=120,
             what=f"{name}'s two operator pods",
         )

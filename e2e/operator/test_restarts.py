@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -18,12 +18,15 @@ import pytest
 from iop.edgeconfig import config_hash, load_data
 from tests.waiting import wait_for
 
+if TYPE_CHECKING:
+    from e2e.operator.conftest import HostStack
+
 pytestmark = pytest.mark.e2e
 
 EDGE, NODE_1, NODE_2 = "demo-edge", "demo-node-node-1", "demo-node-node-2"
 
 
-async def tokens_of(stack: Any, model: str) -> int:
+async def tokens_of(stack: HostStack, model: str) -> int:
     async with stack.client() as client:
         reply = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """kubeconform, built from its pinned Go module, and the schemas it validates the chart against.
 
 `helm lint` checks a chart's form; it does not know whether a rendered Deployment has a field
@@ -19,9 +18,11 @@ kubeconform gets a module folder of its own (`kubeconform/go.mod` beside this fi
 cached by gotools.py (the cluster's binary cache, keyed by a hash of its go.mod and go.sum).
 Standard library only, like the cluster's launcher.
 
-    chartcheck.py build                  build kubeconform unless it is up to date; print its path
-    chartcheck.py schemas DIR [CRD...]   write the schemas into DIR
-    chartcheck.py validate [FILE...]     kubeconform -strict with those schemas (stdin: `-`)
+    python3 -m e2e.tools.chartcheck build                 build kubeconform unless up to date;
+                                                          print its path
+    python3 -m e2e.tools.chartcheck schemas DIR [CRD...]  write the schemas into DIR
+    python3 -m e2e.tools.chartcheck validate [FILE...]    kubeconform -strict with those schemas
+                                                          (stdin: `-`)
 """
 
 from __future__ import annotations
@@ -36,15 +37,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+# The cluster's Go toolchain and pins; its cache, lock and errors.
+from e2e.cluster import gobuilding, layout
+
+from . import gotools
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 CLUSTER_DIR = REPO / "e2e" / "cluster"
-sys.path.insert(0, str(CLUSTER_DIR))
-sys.path.insert(0, str(HERE))
-
-import gobuilding  # noqa: E402  (the cluster's Go toolchain and pins)
-import gotools  # noqa: E402  (builds the pinned Go tools beside this file)
-import layout  # noqa: E402  (the cluster's cache, lock and errors)
 
 KUBECONFORM_DIR = HERE / "kubeconform"
 KUBECONFORM_PACKAGE = "github.com/yannh/kubeconform/cmd/kubeconform"

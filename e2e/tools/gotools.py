@@ -20,12 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-CLUSTER_DIR = HERE.parent / "cluster"
-sys.path.insert(0, str(CLUSTER_DIR))
+# The cluster's Go toolchain and pins; its cache, lock and errors.
+from e2e.cluster import gobuilding, layout
 
-import gobuilding  # noqa: E402  (the cluster's Go toolchain and pins)
-import layout  # noqa: E402  (the cluster's cache, lock and errors)
+HERE = Path(__file__).resolve().parent
 
 
 class ToolError(Exception):

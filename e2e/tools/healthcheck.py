@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the GitOps tools make of an object's status, asked of the tools' own code.
 
 - kstatus: `sigs.k8s.io/cli-utils`' library (what Flux's health checks, Helm 4's `--wait` and
@@ -11,8 +10,10 @@
 
 Standard library only at import (lupa is imported when a Lua check runs), like chartcheck.py.
 
-    healthcheck.py build          build kstatus unless it is up to date; print its path
-    healthcheck.py [FILE...]      both verdicts for each object of `kubectl get -o json` (stdin: -)
+    python3 -m e2e.tools.healthcheck build     build kstatus unless it is up to date; print its path
+    uv run python -m e2e.tools.healthcheck [FILE...]
+                                               both verdicts for each object of `kubectl get -o
+                                               json` (stdin: -)
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from . import gotools
+
+if TYPE_CHECKING:
+    import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE))
-
-import gotools  # noqa: E402  (builds the pinned Go tools beside this file)
 
 KSTATUS = gotools.GoTool("kstatus", package=".", module="sigs.k8s.io/cli-utils")
 ARGOCD_HEALTH = REPO / "deploy" / "argocd" / "edgeconfig-health.lua"
@@ -193,7 +196,7 @@ FIXTURE = "health_readers"
 _STASH = "iop_health_readers"
 
 
-def collection_finished(session: Any) -> None:
+def collection_finished(session: pytest.Session) -> None:
     """For a conftest's `pytest_collection_finish`: when a selected test needs the readers,
     build them once, with pytest's output capture off so a cold build's progress shows (outside
     any test's timeout); a failure is kept for every such test to fail with. Nothing is skipped."""
@@ -204,20 +207,20 @@ def collection_finished(session: Any) -> None:
         setattr(config, _STASH, _prepare(config))
 
 
-def readers_for(config: Any) -> HealthReaders:
+def readers_for(config: pytest.Config) -> HealthReaders:
     """For the conftests' `health_readers` fixture: the readers, or the test fails with why
     there are none (tests/gitops, e2e/operator)."""
     if not hasattr(config, _STASH):
         setattr(config, _STASH, _prepare(config))
-    prepared = getattr(config, _STASH)
+    prepared: HealthReaders | str = getattr(config, _STASH)
     if isinstance(prepared, str):
         import pytest
 
         pytest.fail(prepared, pytrace=False)
-    return prepared  # type: ignore[no-any-return]
+    return prepared
 
 
-def _prepare(config: Any) -> HealthReaders | str:
+def _prepare(config: pytest.Config) -> HealthReaders | str:
     capture = config.pluginmanager.getplugin("capturemanager")
     try:
         if capture is None:

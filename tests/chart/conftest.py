@@ -9,35 +9,24 @@ every test that needs the tools fails with the reason. Nothing is skipped.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from e2e.cluster import gobuilding
+from e2e.tools import chartcheck
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "iop-edge"
 FIXTURE = "chart_tools"
 KUBE_VERSION = "1.37.2"
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    """A standard-library script of e2e/ as a module (e2e/ is not a package)."""
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 class RenderFailed(AssertionError):
@@ -51,7 +40,6 @@ class ChartTools:
     helm: Path
     kubeconform: Path
     schemas: Path
-    chartcheck: ModuleType
 
     def template(
         self,
@@ -96,7 +84,7 @@ class ChartTools:
                 str(self.kubeconform),
                 "-strict",
                 "-summary",
-                f"-schema-location={self.chartcheck.location(self.schemas)}",
+                f"-schema-location={chartcheck.location(self.schemas)}",
                 "-",
             ],
             input=manifests,
@@ -132,13 +120,11 @@ def _prepare(config: pytest.Config) -> _Session:
     disabled = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     try:
         with disabled:
-            cluster = _load("gobuilding", REPO / "e2e" / "cluster" / "gobuilding.py")
-            chartcheck = _load("chartcheck", REPO / "e2e" / "tools" / "chartcheck.py")
-            helm = Path(cluster.ensure_built().bin_dir) / "helm"
+            helm = gobuilding.ensure_built().binary("helm")
             kubeconform = chartcheck.build_kubeconform()
             assert session.workdir is not None
             schemas = chartcheck.write_schemas(Path(session.workdir.name) / "schemas")
-        session.tools = ChartTools(helm, kubeconform, schemas, chartcheck)
+        session.tools = ChartTools(helm, kubeconform, schemas)
     except Exception as error:  # reported by every test that needs the tools
         session.error = f"helm/kubeconform could not be prepared: {type(error).__name__}: {error}"
     return session

@@ -9,26 +9,20 @@ skipped.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from e2e.tools import healthcheck
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _health() -> Any:
-    sys.path.insert(0, str(REPO / "e2e" / "tools"))
-    return importlib.import_module("healthcheck")
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
-    _health().collection_finished(session)
+    healthcheck.collection_finished(session)
 
 
 @pytest.fixture(scope="session")
-def health_readers(pytestconfig: pytest.Config) -> Any:
+def health_readers(pytestconfig: pytest.Config) -> healthcheck.HealthReaders:
     """kstatus and the Argo CD health check (`healthcheck.HealthReaders`)."""
-    return _health().readers_for(pytestconfig)
+    return healthcheck.readers_for(pytestconfig)

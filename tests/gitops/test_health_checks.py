@@ -16,13 +16,14 @@ import copy
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from e2e.tools.healthcheck import ArgoHealth, HealthError, HealthReaders
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = REPO / "deploy" / "argocd" / "edgeconfig-health.lua"
@@ -384,7 +385,7 @@ STATES = [
 
 
 @pytest.mark.parametrize("state", STATES)
-def test_kstatus_and_the_argocd_check_agree(health_readers: Any, state: State) -> None:
+def test_kstatus_and_the_argocd_check_agree(health_readers: HealthReaders, state: State) -> None:
     reading = health_readers.read_one(state.obj)
 
     assert (reading.kstatus.status, reading.argocd.status) == (state.kstatus, state.argocd)
@@ -393,14 +394,14 @@ def test_kstatus_and_the_argocd_check_agree(health_readers: Any, state: State) -
         assert reading.kstatus.message == reading.argocd.message == state.message
 
 
-def test_ready_means_the_ready_conditions_message_to_argocd(health_readers: Any) -> None:
+def test_ready_means_the_ready_conditions_message_to_argocd(health_readers: HealthReaders) -> None:
     reading = health_readers.read_one(edgeconfig(2, status(2, conditions(2))))
 
     assert reading.kstatus.message == "Resource is Ready"
     assert reading.argocd.message == f"config {HASH_1[:12]} is in effect"
 
 
-def test_a_generation_not_yet_observed_says_which(health_readers: Any) -> None:
+def test_a_generation_not_yet_observed_says_which(health_readers: HealthReaders) -> None:
     reading = health_readers.read_one(edgeconfig(3, status(2, conditions(2))))
 
     assert reading.kstatus.message == (
@@ -413,7 +414,7 @@ def test_a_generation_not_yet_observed_says_which(health_readers: Any) -> None:
 
 @pytest.mark.parametrize("stalled_first", [True, False], ids=["stalled-first", "reconciling-first"])
 def test_reconciling_and_stalled_both_true_the_first_in_the_list_wins_for_both(
-    health_readers: Any, stalled_first: bool
+    health_readers: HealthReaders, stalled_first: bool
 ) -> None:
     """The operator never writes both (Reconciling is False once Stalled); were it to, kstatus
     takes the first it meets, and the Lua does the same so the two still agree."""
@@ -445,7 +446,7 @@ DIVERGENT = [
 
 @pytest.mark.parametrize("obj", DIVERGENT)
 def test_where_kstatus_calls_current_what_the_operator_never_leaves_the_lua_holds_progressing(
-    health_readers: Any, obj: dict[str, Any]
+    health_readers: HealthReaders, obj: dict[str, Any]
 ) -> None:
     """kstatus calls an object without conditions or observedGeneration Current, and reads
     no condition's own observedGeneration. The operator never leaves an EdgeConfig so: the CRD
@@ -457,7 +458,7 @@ def test_where_kstatus_calls_current_what_the_operator_never_leaves_the_lua_hold
     assert (reading.kstatus.status, reading.argocd.status) == ("Current", "Progressing")
 
 
-def test_kstatus_is_the_pinned_library(health_readers: Any) -> None:
+def test_kstatus_is_the_pinned_library(health_readers: HealthReaders) -> None:
     pinned = re.search(
         r"^\s*sigs\.k8s\.io/cli-utils (v\S+)$",
         (REPO / "e2e" / "tools" / "kstatus" / "go.mod").read_text(),
@@ -476,7 +477,7 @@ def test_kstatus_is_the_pinned_library(health_readers: Any) -> None:
 
 
 def test_kstatus_reads_lists_missing_objects_and_says_what_it_cannot_read(
-    health_readers: Any,
+    health_readers: HealthReaders,
 ) -> None:
     ready = edgeconfig(2, status(2, conditions(2)))
     listed = {"apiVersion": "v1", "kind": "List", "items": [ready]}
@@ -530,16 +531,15 @@ SANDBOXED = [
 
 @pytest.mark.parametrize(("source", "complaint"), SANDBOXED)
 def test_the_lua_runs_with_only_what_argocd_gives_a_health_check(
-    health_readers: Any, tmp_path: Path, source: str, complaint: str
+    health_readers: HealthReaders, tmp_path: Path, source: str, complaint: str
 ) -> None:
     """Argo CD opens the base, table and a safe os library for a check from argocd-cm: a script
     that leans on more fails there, so it fails here too."""
     script = tmp_path / "check.lua"
     script.write_text(source)
-    check = type(health_readers.argocd)(script)
+    check = ArgoHealth(script)
 
-    errors = sys.modules[type(health_readers).__module__].HealthError
-    with pytest.raises(errors, match=re.escape(complaint)):
+    with pytest.raises(HealthError, match=re.escape(complaint)):
         check(edgeconfig(1, None))
 
     script.write_text('local t = {}\ntable.insert(t, os.time())\nreturn {status = "Healthy"}')

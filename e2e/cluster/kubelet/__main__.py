@@ -1,4 +1,4 @@
-"""`python -m kubelet` (with e2e/cluster on PYTHONPATH): started by `e2e/cluster/up`.
+"""`python -P -m e2e.cluster.kubelet` (the checkout on PYTHONPATH): started by `e2e/cluster/up`.
 
 The images it runs are those of its image list (--images, written by e2e/cluster/imagebuild.py's
 `load`); their root file systems are unpacked under --image-cache (see e2e/cluster/README.md).

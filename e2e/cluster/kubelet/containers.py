@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from .probing import check, run_probe
+from .probes import check, run_probe
 
 Object = dict[str, Any]
 log = logging.getLogger("kubelet.containers")

@@ -9,8 +9,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from clusternet import Network
-from layout import KUBELET_NODE, PROGRAM, ClusterError
+from .clusternet import Network
+from .layout import KUBELET_NODE, PROGRAM, ClusterError
 
 
 def openssl(*args: str, cwd: Path) -> None:

@@ -1,0 +1,2 @@
+"""The operator against the local cluster: its CRD, webhook, workloads, live and restart edits,
+releases and health, as kstatus and Argo CD read it."""
