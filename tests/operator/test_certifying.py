@@ -8,7 +8,11 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from iop.operator.certifying import SelfSignedCertificate, owner_reference, shared_certificate
+from iop.operator.webhook.certificates import (
+    SelfSignedCertificate,
+    owner_reference,
+    shared_certificate,
+)
 
 from .fakeapi import FakeApi, fake_api
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from iop.edgeconfig import EdgeConfig, config_hash, load_data
-from iop.operator.adminapi import ApplyReport, NodeState, ReplicaStatus
 from iop.operator.deciding import (
     SERVING_WAIT_S,
     Observation,
@@ -20,10 +19,16 @@ from iop.operator.deciding import (
     stamps_due,
     with_restarts,
 )
-from iop.operator.discovering import EdgeReplica
 from iop.operator.documents import AppliedState, RestartRecord
-from iop.operator.liveapplying import ReplicaOutcome
-from iop.operator.rolling import RolloutState, Workload
+from iop.operator.values import (
+    ApplyReport,
+    EdgeReplica,
+    NodeState,
+    ReplicaOutcome,
+    ReplicaStatus,
+    RolloutState,
+    Workload,
+)
 
 from .conftest import operator_document
 

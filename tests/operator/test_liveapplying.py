@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from iop.operator.adminapi import (
+from iop.operator.adminapi import _node_state
+from iop.operator.status.reporting import _node
+from iop.operator.values import (
     ApplyReport,
+    EdgeReplica,
     NodePushResult,
     NodeState,
+    ReplicaOutcome,
     ReplicaStatus,
-    _node_state,
+    node_results,
 )
-from iop.operator.discovering import EdgeReplica
-from iop.operator.liveapplying import ReplicaOutcome, node_results
-from iop.operator.reporting import _node
 
 
 def outcome(name: str, nodes: dict[str, tuple[bool, bool]], pushes=()) -> ReplicaOutcome:

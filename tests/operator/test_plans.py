@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from iop.edgeconfig import ConfigError, classify, config_hash, load_data
-from iop.operator.plans import MAX_LINE, MAX_TOTAL, admission_message, plan_warnings
+from iop.operator.webhook.plans import MAX_LINE, MAX_TOTAL, admission_message, plan_warnings
 
 
 def plan(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -7,17 +7,14 @@ from typing import Any
 
 from iop.edgeconfig import Problem
 from iop.operator.crds import status_schema
-from iop.operator.liveapplying import NodeResult
-from iop.operator.reporting import (
+from iop.operator.status.model import Condition, EdgeConfigStatus
+from iop.operator.status.reporting import (
     MAX_ITEMS,
-    Finding,
-    PendingRestart,
-    RolloutRecord,
     build_conditions,
     build_status,
     reconciling_status,
 )
-from iop.operator.statuses import Condition, EdgeConfigStatus
+from iop.operator.values import Finding, NodeResult, PendingRestart, RolloutRecord
 
 H = "a" * 64
 
@@ -196,7 +193,7 @@ def test_every_field_the_writer_sets_is_in_the_crd_schema() -> None:
         pending=[PendingRestart("node:n1", "rolling out")],
     )
     from iop.edgeconfig import ChangeReport
-    from iop.operator.reporting import change_summary
+    from iop.operator.status.reporting import change_summary
 
     status = build_status(finding, {}, change_summary(ChangeReport(), 4, H, H), "T").document()
     missing = _document_keys(status) - _schema_keys(status_schema())

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from iop.operator.rolling import Workload, rollout_state
+from iop.operator.values import Workload, rollout_state
 
 
 def deployment(

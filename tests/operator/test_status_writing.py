@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from iop.operator.documents import Owner
-from iop.operator.statuses import EdgeConfigStatus, NodeEntry
-from iop.operator.statuswriting import StatusWriter
+from iop.operator.status.model import EdgeConfigStatus, NodeEntry
+from iop.operator.status.writing import StatusWriter
 
 from .fakeapi import FakeApi, fake_api
 

@@ -9,7 +9,6 @@ failed and why.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
@@ -17,58 +16,13 @@ import orjson
 
 from iop.aiokits import AsyncService
 
-from .discovering import EdgeReplica
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
+from .values import ApplyReport, EdgeReplica, NodePushResult, NodeState, ReplicaStatus
 
 #: How long one replica may take to apply: its own wait for node acks is 10 s.
 _APPLY_TIMEOUT_S: Final = 30.0
 _STATUS_TIMEOUT_S: Final = 5.0
 _CONNECT_TIMEOUT_S: Final = 3.0
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """One node as one replica sees it (`GET /status`)."""
-
-    node_id: str
-    connected: bool
-    current: bool
-    #: Runs its draining processes still finish (a SIGTERM drain, or an older process a newer
-    #: one superseded in a rollout): what a node rollout's status shows counting down.
-    draining_runs: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStatus:
-    """What one replica runs, and which of its nodes run that config's payload."""
-
-    config_hash: str
-    #: The replica's counter of the configs it has run (the Edge's snapshot generation: 1 at
-    #: start, one more per apply that changed something); not a Kubernetes generation.
-    snapshot: int
-    nodes: tuple[NodeState, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class NodePushResult:
-    """One node's push in an apply: acked, failed, not_connected or held (for its restart)."""
-
-    node_id: str
-    status: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyReport:
-    """The part of a replica's refresh report the operator acts on."""
-
-    config_hash: str
-    generation: int
-    changed: bool
-    pushes: tuple[NodePushResult, ...]
-    #: The replica's own time for the apply, node acks included.
-    duration_ms: float
-    message: str
 
 
 def apply_body(document: Mapping[str, Any], restarting: Sequence[str]) -> bytes:

@@ -36,7 +36,7 @@ import yaml
 from iop.edgeconfig import EdgeConfig
 
 from . import conventions
-from .statuses import EdgeConfigStatus
+from .status import EdgeConfigStatus
 
 #: Keys of the pydantic JSON schema that a CRD schema either forbids or does not need.
 _DROPPED: Final = frozenset({"title", "default", "x-iop-apply", "discriminator", "$defs"})
@@ -212,7 +212,7 @@ def _with_default(description: str, node: dict[str, Any]) -> str:
 
 
 def status_schema() -> dict[str, Any]:
-    """The schema of `.status`, from the status model the operator writes (`statuses.py`).
+    """The schema of `.status`, from the status model the operator writes (`status/model.py`).
 
     The status defaults to `{observedGeneration: 0}`: an EdgeConfig the operator has not looked
     at yet then reads as not observed (kstatus: InProgress), not as Current for want of a status.

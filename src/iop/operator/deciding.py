@@ -16,12 +16,18 @@ from typing import Final, Literal
 from iop.edgeconfig import ChangeReport, EdgeConfig, classify
 
 from . import conventions
-from .discovering import EdgeReplica
 from .documents import AppliedState, RestartRecord
-from .eventing import EventType
-from .liveapplying import NodeResult, ReplicaOutcome, node_results
-from .reporting import Finding, PendingRestart, RolloutRecord
-from .rolling import Workload
+from .values import (
+    EdgeReplica,
+    EventType,
+    Finding,
+    NodeResult,
+    PendingRestart,
+    ReplicaOutcome,
+    RolloutRecord,
+    Workload,
+    node_results,
+)
 
 #: After a config comes into effect (the first apply, a restart done), how long `Ready` waits for
 #: the in-cluster Nodes to be connected to every Edge replica again: Ready means serving.

@@ -9,26 +9,11 @@ names admin URLs instead: for an Edge that runs outside the cluster (tests, benc
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import conventions
 from .kubeapi import KubeApi, resource_path
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeReplica:
-    """One Edge replica as the operator talks to it."""
-
-    #: The pod's name (or the URL, for a fixed replica): how status and events name it.
-    name: str
-    uid: str
-    admin_url: str
-    #: Ready by its readiness probe (fixed replicas always are).
-    ready: bool
-    #: The `iop.dev/config-hash` stamp of the pod template it was created from ("" for none);
-    #: None for a replica outside any workload the operator rolls.
-    stamp: str | None
+from .values import EdgeReplica
 
 
 class ReplicaFinder(Protocol):

@@ -11,47 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import replace
 
-from .adminapi import ApplyReport, EdgeAdmin, NodeState, ReplicaStatus
-from .discovering import EdgeReplica
+from .adminapi import EdgeAdmin
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
-
-#: Applied: runs the desired config; Failed, Unreachable: named in Degraded; Replaced: its pod
-#: template is being rolled away (not asked); AwaitingRestart: it needs a restart the operator
-#: already waits for (an Edge outside the cluster, restarted by hand).
-ReplicaState = Literal["Applied", "Failed", "Unreachable", "Replaced", "AwaitingRestart"]
-NodeResultState = Literal["Acked", "Failed", "NotConnected", "Restarting"]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaOutcome:
-    """One replica after an apply (or a look)."""
-
-    replica: EdgeReplica
-    state: ReplicaState
-    reason: str = ""
-    status: ReplicaStatus | None = None
-    report: ApplyReport | None = None
-    #: Restarts the replica said it needs (it refused the apply with 409).
-    restart_scopes: tuple[str, ...] = ()
-    #: Wall time of this replica's calls, in milliseconds.
-    elapsed_ms: float = 0.0
-
-    @property
-    def config_hash(self) -> str:
-        return self.status.config_hash if self.status is not None else ""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeResult:
-    node_id: str
-    state: NodeResultState
-    reason: str = ""
-    #: Runs the node's draining processes still finish, the most any replica reports.
-    draining_runs: int = 0
+from .values import EdgeReplica, ReplicaOutcome, ReplicaStatus
 
 
 async def read_replicas(
@@ -115,61 +80,3 @@ def _failed(replica: EdgeReplica, error: AdminApiError, clock: float) -> Replica
 
 def _since(clock: float) -> float:
     return round((time.perf_counter() - clock) * 1000, 3)
-
-
-def node_results(
-    node_ids: Collection[str],
-    outcomes: Sequence[ReplicaOutcome],
-    restarting: Collection[str] = (),
-) -> list[NodeResult]:
-    """Each node across every replica that answered: Acked when it runs the desired payload on
-    all of them; Restarting while its workload rolls for a restart scope; Failed when a push
-    failed or it lags on a replica it is connected to; NotConnected when connected to none."""
-    # Only replicas that run the desired config say whether a node runs its payload.
-    answered = [o for o in outcomes if o.status is not None and o.state == "Applied"]
-    if not answered:
-        reason = "no Edge replica runs the desired config yet"
-        return [NodeResult(node_id, "NotConnected", reason) for node_id in sorted(node_ids)]
-    failures: dict[str, str] = {}
-    for outcome in answered:
-        for push in outcome.report.pushes if outcome.report is not None else ():
-            if push.status == "failed":
-                failures.setdefault(push.node_id, f"{outcome.replica.name}: {push.reason}")
-    results: list[NodeResult] = []
-    for node_id in sorted(node_ids):
-        views = [
-            (outcome.replica.name, node)
-            for outcome in answered
-            if outcome.status is not None
-            for node in outcome.status.nodes
-            if node.node_id == node_id
-        ]
-        draining = max((node.draining_runs for _, node in views), default=0)
-        results.append(
-            replace(_node_result(node_id, views, restarting, failures), draining_runs=draining)
-        )
-    return results
-
-
-def _node_result(
-    node_id: str,
-    views: Sequence[tuple[str, NodeState]],
-    restarting: Collection[str],
-    failures: Mapping[str, str],
-) -> NodeResult:
-    """One node's state from each answering replica's view of it."""
-    lagging = [name for name, node in views if node.connected and not node.current]
-    absent = [name for name, node in views if not node.connected]
-    if views and all(node.current for _, node in views):
-        return NodeResult(node_id, "Acked")
-    if node_id in restarting:
-        return NodeResult(node_id, "Restarting", "its workload restarts to take it")
-    if node_id in failures:
-        return NodeResult(node_id, "Failed", failures[node_id])
-    if lagging:
-        return NodeResult(
-            node_id, "Failed", f"not running the current payload on {', '.join(lagging)}"
-        )
-    if len(absent) == len(views):
-        return NodeResult(node_id, "NotConnected", "connected to no Edge replica")
-    return NodeResult(node_id, "NotConnected", f"not connected to {', '.join(absent)}")

@@ -16,7 +16,7 @@ nothing, and an operator killed at any point converges on restart without rollin
    a replica that names a restart the change lacked gets it.
 5. **Decide again** (`deciding.judge`) on what the acts returned: commit the change as applied,
    which restarts are done, the status, when to look again.
-6. **Report**: the record, the status (`reporting.py`) and Events.
+6. **Report**: the record, the status (`status/reporting.py`) and Events.
 
 The objects it writes and the Secrets it reads are watched by name (`watching.py`): one deleted
 or edited by someone else wakes a pass, which puts it back.
@@ -57,25 +57,26 @@ from .deciding import (
     stamps_due,
     with_restarts,
 )
-from .discovering import EdgeReplica, ReplicaFinder
+from .discovering import ReplicaFinder
 from .documents import AppliedState, Owner, decode_state, edge_configmap, render_config
 from .documents import state_configmap as record_configmap
 from .errors import KubeApiError, KubeNotFound
-from .eventing import EventPoster, EventType
 from .kubeapi import KubeApi, resource_path
-from .liveapplying import ReplicaOutcome, apply_on_replicas
+from .liveapplying import apply_on_replicas
 from .metrics import EdgeConfigHealth, OperatorMetrics
-from .reporting import (
-    Finding,
+from .rolling import edge_workloads, node_workloads, stamp
+from .status import (
+    EdgeConfigStatus,
+    EventPoster,
+    LastChange,
+    StatusWriter,
     build_status,
     change_summary,
     now,
     reconciling_status,
 )
-from .rolling import edge_workloads, node_workloads, stamp
-from .statuses import EdgeConfigStatus, LastChange
-from .statuswriting import StatusWriter
 from .tokensecrets import SecretCache, TokenRead, read_tokens
+from .values import EdgeReplica, EventType, Finding, ReplicaOutcome
 from .watching import NamedObject, NamedWatches, WatchEventType, WatchListener
 
 logger = logging.getLogger(__name__)

@@ -34,23 +34,24 @@ from iop.aiokits import guarded_task, split_listener, stop_tasks
 
 from . import conventions
 from .adminapi import EdgeAdmin
-from .admitting import AdmissionServer
-from .certifying import (
-    SelfSignedCertificate,
-    ca_bundle_current,
-    owner_reference,
-    patch_ca_bundle,
-    shared_certificate,
-)
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
 from .errors import KubeApiError, KubeNotFound, OperatorError
-from .eventing import EventPoster
 from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings, resource_path
 from .leading import LeaderElection
 from .metrics import MetricsServer, OperatorMetrics
 from .reconciling import PassTimings, Reconciler
+from .status import EventPoster
 from .watching import NamedObject, NamedWatches
-from .webhooks import WEBHOOK_ID, register_webhook
+from .webhook import (
+    WEBHOOK_ID,
+    AdmissionServer,
+    SelfSignedCertificate,
+    ca_bundle_current,
+    owner_reference,
+    patch_ca_bundle,
+    register_webhook,
+    shared_certificate,
+)
 from .workers import Workers
 
 #: The oldest Kubernetes the operator runs on (major, minor): its webhook's matchConditions

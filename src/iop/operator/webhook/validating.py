@@ -28,14 +28,14 @@ from iop.edgeconfig import (
     with_token_hashes,
 )
 
-from . import conventions
-from .documents import Owner, decode_state
-from .errors import KubeApiError, KubeNotFound
-from .kubeapi import KubeApi, resource_path
-from .metrics import OperatorMetrics
+from .. import conventions
+from ..documents import Owner, decode_state
+from ..errors import KubeApiError, KubeNotFound
+from ..kubeapi import KubeApi, resource_path
+from ..metrics import OperatorMetrics
+from ..tokensecrets import SecretCache, read_tokens
+from ..workers import Workers
 from .plans import admission_message, plan_warnings
-from .tokensecrets import SecretCache, read_tokens
-from .workers import Workers
 
 logger = logging.getLogger(__name__)
 

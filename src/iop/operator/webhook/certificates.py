@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import KubeConflict, KubeNotFound
-from .kubeapi import KubeApi, resource_path
+from ..errors import KubeConflict, KubeNotFound
+from ..kubeapi import KubeApi, resource_path
 
 logger = logging.getLogger(__name__)
 

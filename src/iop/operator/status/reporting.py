@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from iop.edgeconfig import ChangeReport, Problem, camel_path
 
-from .liveapplying import NodeResult, ReplicaOutcome
-from .statuses import (
+from ..values import Finding, NodeResult, ReplicaOutcome, RolloutRecord
+from .model import (
     Condition,
     ConditionStatus,
     ConditionType,
@@ -52,61 +51,6 @@ _Wanted = tuple[ConditionType, ConditionStatus, str, str]
 def now() -> str:
     """The current time as Kubernetes writes it in conditions and Events (RFC 3339, UTC)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutRecord:
-    scope: str
-    workload: str
-    config_hash: str
-    state: Literal["Progressing", "Complete", "Stalled", "Missing"]
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class PendingRestart:
-    scope: str
-    reason: str
-
-
-@dataclass(slots=True)
-class Finding:
-    """Everything one pass learned, from which status and conditions are built."""
-
-    generation: int
-    valid: bool = True
-    problems: Sequence[Problem] = ()
-    desired_hash: str = ""
-    applied_hash: str = ""
-    #: The desired config is committed, in effect on every ready replica, restarts done.
-    applied: bool = False
-    #: Why it is not applied yet (CamelCase reason, sentence), when it is not.
-    waiting: tuple[str, str] = ("", "")
-    #: The rollouts and restarts still under way.
-    progressing: bool = False
-    #: Failures, each naming who and why.
-    degraded: list[str] = field(default_factory=list)
-    degraded_reason: str = ""
-    #: (reason, message) when nothing will change without someone acting.
-    stalled: tuple[str, str] | None = None
-    #: (reason, message) while the config is in effect but in-cluster Nodes are not back yet
-    #: (WaitingForNodes), or when they did not come back in time (NodesMissing).
-    serving: tuple[str, str] | None = None
-    replicas: Sequence[ReplicaOutcome] = ()
-    nodes: Sequence[NodeResult] = ()
-    node_total: int = 0
-    rollouts: Sequence[RolloutRecord] = ()
-    pending: Sequence[PendingRestart] = ()
-
-    @property
-    def ready(self) -> bool:
-        return (
-            self.valid
-            and self.applied
-            and not self.degraded
-            and not self.progressing
-            and not (self.serving and self.serving[0] == "WaitingForNodes")
-        )
 
 
 def change_summary(

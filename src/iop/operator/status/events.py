@@ -12,20 +12,19 @@ import asyncio
 import logging
 import secrets
 import socket
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from iop.aiokits import AsyncService, guarded_task, stop_tasks
 
-from . import conventions
-from .documents import Owner
-from .errors import KubeApiError
-from .kubeapi import KubeApi, resource_path
+from .. import conventions
+from ..documents import Owner
+from ..errors import KubeApiError
+from ..kubeapi import KubeApi, resource_path
+from ..values import EventType
 from .reporting import now
 
 logger = logging.getLogger(__name__)
 
-#: An Event's type, as Kubernetes spells it.
-EventType = Literal["Normal", "Warning"]
 #: The API server refuses Event messages over 1 KiB.
 _MAX_MESSAGE: Final = 1000
 #: Events waiting to be sent beyond this are dropped (logged): the API server is not keeping up.

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import conventions
-from .documents import Owner
-from .kubeapi import KubeApi, resource_path
+from .. import conventions
+from ..documents import Owner
+from ..kubeapi import KubeApi, resource_path
+from .model import EdgeConfigStatus
 from .reporting import same_status
-from .statuses import EdgeConfigStatus
 
 
 class StatusWriter:

@@ -4,7 +4,7 @@ kopf's own `WebhookServer` keeps aiohttp's default body limit of 1 MiB, and an A
 of an UPDATE carries the object twice (`object` and `oldObject`): an EdgeConfig of a few hundred
 nodes would be refused with 413 before kopf saw it, and with `failurePolicy: Ignore` admitted
 unchecked. This server takes bodies up to `MAX_BODY` (two copies of the largest object etcd
-stores, with room to spare), with the operator's own certificate (`certifying.py`), and hands
+stores, with room to spare), with the operator's own certificate (`certificates.py`), and hands
 each review to kopf, which runs the `kopf.on.validate` handlers.
 """
 
@@ -23,7 +23,7 @@ import orjson
 
 from iop.aiokits import split_listener
 
-from .certifying import SelfSignedCertificate
+from .certificates import SelfSignedCertificate
 
 logger = logging.getLogger(__name__)
 
