@@ -14,7 +14,7 @@ from iop.operator.webhook.certificates import (
     shared_certificate,
 )
 
-from .fakeapi import FakeApi, fake_api
+from ..fakeapi import FakeApi, fake_api
 
 
 def test_a_service_name_longer_than_a_common_name_allows_still_makes_a_certificate(

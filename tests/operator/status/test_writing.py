@@ -10,7 +10,7 @@ from iop.operator.documents import Owner
 from iop.operator.status.model import EdgeConfigStatus, NodeEntry
 from iop.operator.status.writing import StatusWriter
 
-from .fakeapi import FakeApi, fake_api
+from ..fakeapi import FakeApi, fake_api
 
 OWNER = Owner("demo", "ns", "uid-1")
 PATH = "/apis/iop.dev/v1alpha1/namespaces/ns/edgeconfigs/demo"
