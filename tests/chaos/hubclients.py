@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import sys
 import time
@@ -62,19 +63,32 @@ async def ended(call: Any) -> tuple[str, str]:
         return "OPEN", f"still open after {GIVE_UP_S:g}s"
 
 
-async def oversized(port: int, calls: int, size: int) -> list[dict[str, Any]]:
+def oversized(port: int, calls: int, size: int) -> list[dict[str, Any]]:
+    """With grpc's synchronous client, one thread a call: grpc.aio reports its own INTERNAL
+    when the server ends a call while the client's write is still in flight (grpc/grpc#36066),
+    which a 250 MiB write always is, so only the synchronous client reads what the server
+    answered."""
     data = b"\0" * size
 
-    async def one(index: int) -> dict[str, Any]:
-        async with channel(port, index) as ch:
+    def one(index: int) -> dict[str, Any]:
+        options = [
+            ("grpc.max_send_message_length", -1),
+            ("grpc.use_local_subchannel_pool", 1),
+            ("iop.test.channel", index),
+        ]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as ch:
             started = time.monotonic()
-            call: Any = ch.stream_stream(METHOD)()
-            with contextlib.suppress(Exception):  # refused at the message's length
-                await call.write(data)
-            code, details = await ended(call)
+            try:
+                connect: Any = ch.stream_stream(METHOD)
+                for _ in connect(iter([data]), timeout=GIVE_UP_S):
+                    pass
+                code, details = "OK", ""
+            except grpc.RpcError as error:
+                code, details = error.code().name, error.details() or ""
             return {"code": code, "details": details[:200], "s": time.monotonic() - started}
 
-    return list(await asyncio.gather(*(one(i) for i in range(calls))))
+    with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+        return list(pool.map(one, range(calls)))
 
 
 async def silent(port: int, calls: int) -> list[dict[str, Any]]:
@@ -164,7 +178,7 @@ async def main() -> None:
     args = parser.parse_args()
     GIVE_UP_S = args.give_up
     if args.attack == "oversized":
-        results = await oversized(args.port, args.calls, args.size)
+        results = await asyncio.to_thread(oversized, args.port, args.calls, args.size)
     elif args.attack == "silent":
         results = await silent(args.port, args.calls)
     elif args.attack == "guess":

@@ -167,13 +167,16 @@ async def test_oversized_first_messages_are_refused_before_the_edge_holds_them(
     document_of, tmp_path: Path
 ) -> None:
     async with hub_stack(document_of, tmp_path) as stack:
+        # A message just over the bound reaches the hub at once: grpc-core refuses it at its
+        # length prefix (a synchronous client reads that; see hubclients.py).
+        results = await stack.attack("oversized", "--calls", "1", "--size", str(2 * 1024**2))
+        assert [r["code"] for r in results] == ["RESOURCE_EXHAUSTED"], results
         idle = stack.rss_mb()
         results = await stack.attack("oversized", "--calls", "4", "--size", str(250 * 1024**2))
-        # grpc-core refuses each at its length prefix; the client sees that, or the hub's
-        # refusal of the call that brought no hello (the two race), or core's own word for it.
+        # The same, or, for a client slow to send even the prefix of a 250 MiB message (a loaded
+        # machine), the hub's refusal of a call that brought no hello in time.
         codes = {r["code"] for r in results}
-        assert codes <= {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "INTERNAL"}, results
-        assert "RESOURCE_EXHAUSTED" in codes, results
+        assert codes <= {"RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"}, results
         grown = max(stack.samples["rss"]) - idle
         assert grown < RSS_BOUND_MB, f"Edge grew {grown:.0f} MB over {idle:.0f} MB idle"
         links_kept(stack)

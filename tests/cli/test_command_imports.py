@@ -39,8 +39,9 @@ def imported_by(*argv: str) -> set[str]:
         (["fake-upstream", "--help"], set()),
         (["config", "--help"], {"pydantic"}),
         (["node", "run", "--help"], {"grpc", "pydantic", "aiohttp", "uvicorn"}),
+        (["edge", "reload", "--help"], {"httpx"}),
     ],
-    ids=["version", "help", "fake-upstream", "config", "node"],
+    ids=["version", "help", "fake-upstream", "config", "node", "edge-reload"],
 )
 def test_a_command_imports_only_what_its_job_needs(argv: list[str], expected: set[str]) -> None:
     assert imported_by(*argv) == expected

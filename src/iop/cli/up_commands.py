@@ -143,103 +143,143 @@ def _run(args: argparse.Namespace) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@dataclass
+class _Running:
+    """The processes `iop up` started, and where they answer."""
+
+    local: LocalStack
+    upstream_url: str
+    config_path: Path
+    url: str
+    admin_url: str
+    metrics_url: str
+    #: A name for each process (`edge`, `node node-1`, ...) and its pid.
+    pids: dict[str, int]
+    #: The children whose end ends the stack (the fake upstream is owned by its context).
+    children: list[asyncio.subprocess.Process]
+
+
 async def _up(config: EdgeConfig, args: argparse.Namespace, folder: Path) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with contextlib.AsyncExitStack() as stack:
-        upstream = await stack.enter_async_context(spawn_fake_upstream())
-        local = local_config(config, upstream.base_url, args.port)
-        config_path = folder / "edge.yaml"
-        config_path.write_text(yaml.safe_dump(local.config.model_dump(mode="json")))
-
-        try:
-            edge_process, started = await spawn_edge(
-                config_path, log_level=args.log_level, startup_timeout=READY_TIMEOUT_S
-            )
-        except (RuntimeError, TimeoutError) as error:
-            print(f"iop up: the Edge did not start: {error!r}", file=sys.stderr)
+        running = await _start(stack, config, args, folder)
+        if running is None:
             return 1
-        edge = await stack.enter_async_context(owned(edge_process))
-        url: str = started["url"]
-        admin_url: str = started["admin_url"]
-        metrics_url: str = started["metrics_url"]
-
-        processes = {"fake-upstream": upstream.pid, "edge": edge.pid}
-        children = [edge]
-        for node_id, token in local.node_tokens.items():
-            token_file = folder / f"{node_id}.token"
-            token_file.write_text(token)
-            token_file.chmod(0o600)
-            node_process = await spawn_node(
-                started["hub_port"], node_id, token_file, log_level=args.log_level
-            )
-            node = await stack.enter_async_context(owned(node_process))
-            processes[f"node {node_id}"] = node.pid
-            children.append(node)
-
-        wanted = {p.id for n in local.config.nodes for p in n.providers if p.enabled}
-        missing = await _wait_ready(url, wanted)
+        wanted = {p.id for n in running.local.config.nodes for p in n.providers if p.enabled}
+        missing = await _wait_ready(running.url, wanted)
         if missing:
             print(
                 f"iop up: still not available after {READY_TIMEOUT_S:.0f}s: "
                 f"{', '.join(sorted(missing))}",
                 file=sys.stderr,
             )
-        models = [model.id for model in local.config.models]
-        if args.json:
-            print(
-                orjson.dumps(
-                    {
-                        "url": url,
-                        "base_url": f"{url}/v1",
-                        "api_key": local.api_key,
-                        "models": models,
-                        "admin_url": admin_url,
-                        "metrics_url": metrics_url,
-                        "pids": processes,
-                    }
-                ).decode(),
-                flush=True,
-            )
-        else:
-            print(
-                _banner(url, local.api_key, models, processes, args.config, metrics_url),
-                flush=True,
-            )
-            print(
-                f"Admin:   {admin_url}/config    Edit {args.config}, then "
-                f"`kill -HUP {os.getpid()}` to apply it live.",
-                flush=True,
-            )
-
-        reloads: set[asyncio.Task[None]] = set()
-
-        def hangup() -> None:
-            reload = _reload(
-                args.config, local, upstream.base_url, args.port, config_path, admin_url
-            )
-            task = guarded_task(reload, name="iop-up-reload", logger=logger)
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        loop.add_signal_handler(signal.SIGHUP, hangup)
-
-        # Stop on a signal, or as soon as any child dies (the stack would be half there).
-        watchers = [
-            guarded_task(_exited(child, stop), name=f"iop-up-watch-{child.pid}", logger=logger)
-            for child in children
-        ]
-        try:
-            await stop.wait()
-        finally:
-            loop.remove_signal_handler(signal.SIGHUP)
-            await stop_tasks([*watchers, *reloads])
-        died = [child for child in children if child.returncode is not None]
-        for child in died:
-            print(f"iop up: process {child.pid} exited with {child.returncode}", file=sys.stderr)
+        _announce(running, args)
+        died = await _serve(running, args, stop)
     return 1 if died else 0
+
+
+async def _start(
+    stack: contextlib.AsyncExitStack, config: EdgeConfig, args: argparse.Namespace, folder: Path
+) -> _Running | None:
+    """The fake upstream, the Edge and one Node per node, owned by `stack`; None (said on
+    stderr) when the Edge did not start."""
+    upstream = await stack.enter_async_context(spawn_fake_upstream())
+    local = local_config(config, upstream.base_url, args.port)
+    config_path = folder / "edge.yaml"
+    config_path.write_text(yaml.safe_dump(local.config.model_dump(mode="json")))
+    try:
+        edge_process, started = await spawn_edge(
+            config_path, log_level=args.log_level, startup_timeout=READY_TIMEOUT_S
+        )
+    except (RuntimeError, TimeoutError) as error:
+        print(f"iop up: the Edge did not start: {error!r}", file=sys.stderr)
+        return None
+    edge = await stack.enter_async_context(owned(edge_process))
+    running = _Running(
+        local=local,
+        upstream_url=upstream.base_url,
+        config_path=config_path,
+        url=started["url"],
+        admin_url=started["admin_url"],
+        metrics_url=started["metrics_url"],
+        pids={"fake-upstream": upstream.pid, "edge": edge.pid},
+        children=[edge],
+    )
+    for node_id, token in local.node_tokens.items():
+        token_file = folder / f"{node_id}.token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        node_process = await spawn_node(
+            started["hub_port"], node_id, token_file, log_level=args.log_level
+        )
+        node = await stack.enter_async_context(owned(node_process))
+        running.pids[f"node {node_id}"] = node.pid
+        running.children.append(node)
+    return running
+
+
+def _announce(running: _Running, args: argparse.Namespace) -> None:
+    """What to type: the URL and API key, as JSON with `--json`, else the banner."""
+    models = [model.id for model in running.local.config.models]
+    if args.json:
+        document = {
+            "url": running.url,
+            "base_url": f"{running.url}/v1",
+            "api_key": running.local.api_key,
+            "models": models,
+            "admin_url": running.admin_url,
+            "metrics_url": running.metrics_url,
+            "pids": running.pids,
+        }
+        print(orjson.dumps(document).decode(), flush=True)
+        return
+    banner = _banner(
+        running.url, running.local.api_key, models, running.pids, args.config, running.metrics_url
+    )
+    print(banner, flush=True)
+    print(
+        f"Admin:   {running.admin_url}/config    Edit {args.config}, then "
+        f"`kill -HUP {os.getpid()}` to apply it live.",
+        flush=True,
+    )
+
+
+async def _serve(running: _Running, args: argparse.Namespace, stop: asyncio.Event) -> bool:
+    """Until a signal, or a child's death (the stack would be half there), applying the config
+    file again on SIGHUP; whether a child died."""
+    loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task[None]] = set()
+
+    def hangup() -> None:
+        reload = _reload(
+            args.config,
+            running.local,
+            running.upstream_url,
+            args.port,
+            running.config_path,
+            running.admin_url,
+        )
+        task = guarded_task(reload, name="iop-up-reload", logger=logger)
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, hangup)
+    watchers = [
+        guarded_task(_exited(child, stop), name=f"iop-up-watch-{child.pid}", logger=logger)
+        for child in running.children
+    ]
+    try:
+        await stop.wait()
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)
+        await stop_tasks([*watchers, *reloads])
+    died = [child for child in running.children if child.returncode is not None]
+    for child in died:
+        print(f"iop up: process {child.pid} exited with {child.returncode}", file=sys.stderr)
+    return bool(died)
 
 
 async def _reload(

@@ -52,6 +52,7 @@ from iop.wire import (
     RunChunk,
     RunEvent,
     RunFailed,
+    StreamPump,
     Ticker,
     chunk_to_pieces,
     drain_to_proto,
@@ -310,59 +311,66 @@ class EdgeConnection:
             async def send(batch: Sequence[_Outgoing]) -> None:
                 await call.write(_message(batch))
 
-            name = f"node-writer-{self.target}"
-            async with CoalescingWriter(send, name=name, max_bytes=max_bytes) as writer:
-                self._writer = writer
-                # Health and drain progress reach the Edge through this session's writer: listen
-                # only while it lives, so connections that come and go leave no listener behind.
-                self.runner.add_health_listener(self._on_health)
-                self.runner.add_drain_listener(self._on_drain)
-                reader = guarded_task(
-                    self._read(call, writer), name=f"node-reader-{self.target}", logger=logger
-                )
-                keeper = guarded_task(
-                    self._keep_alive(writer, liveness),
-                    name=f"node-keepalive-{self.target}",
-                    logger=logger,
-                )
-                leaving = guarded_task(
-                    self._leaving.wait(), name=f"node-leaving-{self.target}", logger=logger
-                )
-                try:
-                    _put_sized(writer, self._apply(welcome.config))
-                    self._on_health(self.runner.health())
-                    progress = self.runner.drain_progress()
-                    if progress.draining:
-                        self._on_drain(progress)
-                    self.edge_id = welcome.edge_id
-                    self.welcomes += 1
-                    self.backoff.reset()
-                    self.connected.set()
-                    logger.info("connected to edge %s at %s", welcome.edge_id, self.target)
-                    ends: list[asyncio.Future[Any]] = [reader, keeper, writer.task, leaving]
-                    await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-                    if leaving.done() and not (reader.done() or writer.task.done()):
-                        await self._goodbye(call, writer, reader, keeper)
-                        return
-                    if keeper.done() and not keeper.cancelled():
-                        self.silences += 1
-                        raise _StreamEnded(
-                            f"the Edge sent nothing for {liveness.heartbeat_timeout:g}s"
-                        )
-                    if reader.done():
-                        ended = reader.result()
-                        if ended is not None:
-                            raise ended
-                    if writer.error is not None:
-                        raise writer.error
-                finally:
-                    self.runner.remove_health_listener(self._on_health)
-                    self.runner.remove_drain_listener(self._on_drain)
-                    self.arbiter.withdraw(self.target)
-                    self.connected.clear()
-                    self._writer = None
-                    await stop_tasks([reader, keeper, leaving, *self._runs.values()])
-                    call.cancel()  # nothing left to cut after a goodbye: the call is over
+            async def read(writer: CoalescingWriter[_Outgoing]) -> Exception | None:
+                return await self._read(call, writer)
+
+            pump = StreamPump(send, read, side="node", peer=self.target, max_bytes=max_bytes)
+            async with pump:
+                await self._serve_link(call, pump, welcome, liveness)
+
+    async def _serve_link(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage],
+        pump: StreamPump[_Outgoing, Exception | None],
+        welcome: pb.Welcome,
+        liveness: Liveness,
+    ) -> None:
+        """The link once welcomed: until the Edge or the stream ends it, the keep-alive finds
+        the Edge silent, or this Node leaves (a goodbye); raises how it ended, but a goodbye."""
+        writer, reader = pump.writer, pump.reader
+        self._writer = writer
+        # Health and drain progress reach the Edge through this session's writer: listen only
+        # while it lives, so connections that come and go leave no listener behind.
+        self.runner.add_health_listener(self._on_health)
+        self.runner.add_drain_listener(self._on_drain)
+        keeper = guarded_task(
+            self._keep_alive(writer, liveness), name=f"node-keepalive-{self.target}", logger=logger
+        )
+        leaving = guarded_task(
+            self._leaving.wait(), name=f"node-leaving-{self.target}", logger=logger
+        )
+        try:
+            _put_sized(writer, self._apply(welcome.config))
+            self._on_health(self.runner.health())
+            progress = self.runner.drain_progress()
+            if progress.draining:
+                self._on_drain(progress)
+            self.edge_id = welcome.edge_id
+            self.welcomes += 1
+            self.backoff.reset()
+            self.connected.set()
+            logger.info("connected to edge %s at %s", welcome.edge_id, self.target)
+            await pump.wait(keeper, leaving)
+            if leaving.done() and not (reader.done() or writer.task.done()):
+                await self._goodbye(call, writer, reader, keeper)
+                return
+            if keeper.done() and not keeper.cancelled():
+                self.silences += 1
+                raise _StreamEnded(f"the Edge sent nothing for {liveness.heartbeat_timeout:g}s")
+            if reader.done():
+                ended = reader.result()
+                if ended is not None:
+                    raise ended
+            if writer.error is not None:
+                raise writer.error
+        finally:
+            self.runner.remove_health_listener(self._on_health)
+            self.runner.remove_drain_listener(self._on_drain)
+            self.arbiter.withdraw(self.target)
+            self.connected.clear()
+            self._writer = None
+            await stop_tasks([reader, keeper, leaving, *self._runs.values()])
+            call.cancel()  # nothing left to cut after a goodbye: the call is over
 
     async def _goodbye(
         self,

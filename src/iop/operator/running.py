@@ -17,6 +17,7 @@ Secret), and the one holding the Lease reconciles (`leading.py`); kopf itself ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -229,88 +230,103 @@ async def run_operator(
     manager = f"{FIELD_MANAGER}/{options.edgeconfig}" if options.edgeconfig else FIELD_MANAGER
     api = await KubeApi.connect(options.kubeconfig, field_manager=manager)
     tasks: list[asyncio.Task[None]] = []
-    election: LeaderElection | None = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Undone last to first: the stack's background tasks, then the API client, go last.
+        stack.push_async_callback(api.stop)
+        stack.push_async_callback(stop_tasks, tasks)
         await require_server_version(api)
-        if options.leader_election:
-            election = LeaderElection(api, options.namespace, options.leader_election, _identity())
-            tasks.append(guarded_task(election.run(), name="leader-election", logger=logger))
-            tasks.append(
-                guarded_task(_release_on(stop, election), name="lease-release", logger=logger)
-            )
+        election = _elect(options, api, stop, tasks)
         leading = election.leading if election is not None else None
-        async with EdgeAdmin() as admin, EventPoster(api) as events:
-            finder: ReplicaFinder = (
-                FixedReplicas(options.edge_admin_urls)
-                if options.edge_admin_urls
-                else PodReplicas(api)
-            )
-            workers: Workers
-            metrics = OperatorMetrics(
-                queue_depth=lambda: workers.pending,
-                leading=lambda: leading is None or leading.is_set(),
-                health=lambda: workers.health(),
-            )
+        admin = await stack.enter_async_context(EdgeAdmin())
+        events = await stack.enter_async_context(EventPoster(api))
+        workers: Workers
+        metrics = OperatorMetrics(
+            queue_depth=lambda: workers.pending,
+            leading=lambda: leading is None or leading.is_set(),
+            health=lambda: workers.health(),
+        )
+        finder: ReplicaFinder = (
+            FixedReplicas(options.edge_admin_urls) if options.edge_admin_urls else PodReplicas(api)
+        )
 
-            def make(namespace: str, name: str) -> Reconciler:
-                return Reconciler(
-                    namespace,
-                    name,
-                    api=api,
-                    admin=admin,
-                    finder=finder,
-                    events=events,
-                    metrics=metrics,
-                    on_pass=on_pass,
-                )
-
-            workers = Workers(make, leading)
-            watching = asyncio.Event()
-            webhook = _Webhook(api, options)
-            server = await webhook.server() if options.webhook_listen is not None else None
-            if server is not None and options.webhook_configuration:
-                tasks.append(webhook.keep_ca_bundle())
-            registry = build_registry(
-                workers,
-                api,
-                webhook=server is not None,
+        def make(namespace: str, name: str) -> Reconciler:
+            return Reconciler(
+                namespace,
+                name,
+                api=api,
+                admin=admin,
+                finder=finder,
+                events=events,
                 metrics=metrics,
-                edgeconfig=options.edgeconfig,
+                on_pass=on_pass,
             )
-            liveness = None
-            if options.liveness_listen is not None:
-                host, port = split_listener(options.liveness_listen)
-                liveness = f"http://{host}:{port}/healthz"
-            metrics_server = None
-            if options.metrics_listen is not None:
-                metrics_server = MetricsServer(
-                    options.metrics_listen,
-                    metrics,
-                    lambda: {"watching": watching.is_set(), "webhook": webhook.serving},
-                )
-                await metrics_server.start()
-            tasks.append(guarded_task(_flag(watching, ready), name="ready", logger=logger))
-            tasks.append(guarded_task(_signals_stop(watching, stop), name="signals", logger=logger))
-            try:
-                await kopf.operator(
-                    registry=registry,
-                    settings=build_settings(options, server),
-                    namespaces=[options.namespace],
-                    standalone=True,
-                    liveness_endpoint=liveness,
-                    stop_flag=stop,
-                    ready_flag=watching,
-                )
-            finally:
-                if election is not None:
-                    await election.release()
-                await workers.stop()
-                await webhook.stop()
-                if metrics_server is not None:
-                    await metrics_server.stop()
-    finally:
-        await stop_tasks(tasks)
-        await api.stop()
+
+        workers = Workers(make, leading)
+        watching = asyncio.Event()
+        webhook = _Webhook(api, options)
+        server = await webhook.server() if options.webhook_listen is not None else None
+        if server is not None and options.webhook_configuration:
+            tasks.append(webhook.keep_ca_bundle())
+        registry = build_registry(
+            workers, api, webhook=server is not None, metrics=metrics, edgeconfig=options.edgeconfig
+        )
+        metrics_server = await _metrics_server(options, metrics, watching, webhook)
+        # On the way out, first: the Lease given up, the workers, the webhook, the metrics.
+        if metrics_server is not None:
+            stack.push_async_callback(metrics_server.stop)
+        stack.push_async_callback(webhook.stop)
+        stack.push_async_callback(workers.stop)
+        if election is not None:
+            stack.push_async_callback(election.release)
+        tasks.append(guarded_task(_flag(watching, ready), name="ready", logger=logger))
+        tasks.append(guarded_task(_signals_stop(watching, stop), name="signals", logger=logger))
+        await kopf.operator(
+            registry=registry,
+            settings=build_settings(options, server),
+            namespaces=[options.namespace],
+            standalone=True,
+            liveness_endpoint=_liveness_endpoint(options),
+            stop_flag=stop,
+            ready_flag=watching,
+        )
+
+
+def _elect(
+    options: OperatorOptions, api: KubeApi, stop: asyncio.Event, tasks: list[asyncio.Task[None]]
+) -> LeaderElection | None:
+    """With leader election: the election, its tasks added to `tasks`; else None."""
+    if not options.leader_election:
+        return None
+    election = LeaderElection(api, options.namespace, options.leader_election, _identity())
+    tasks.append(guarded_task(election.run(), name="leader-election", logger=logger))
+    tasks.append(guarded_task(_release_on(stop, election), name="lease-release", logger=logger))
+    return election
+
+
+def _liveness_endpoint(options: OperatorOptions) -> str | None:
+    """kopf's liveness endpoint on `--liveness-listen`, when given."""
+    if options.liveness_listen is None:
+        return None
+    host, port = split_listener(options.liveness_listen)
+    return f"http://{host}:{port}/healthz"
+
+
+async def _metrics_server(
+    options: OperatorOptions,
+    metrics: OperatorMetrics,
+    watching: asyncio.Event,
+    webhook: _Webhook,
+) -> MetricsServer | None:
+    """`/metrics` and readiness on `--metrics-listen`, started, when given."""
+    if options.metrics_listen is None:
+        return None
+    server = MetricsServer(
+        options.metrics_listen,
+        metrics,
+        lambda: {"watching": watching.is_set(), "webhook": webhook.serving},
+    )
+    await server.start()
+    return server
 
 
 async def _release_on(stop: asyncio.Event, election: LeaderElection) -> None:

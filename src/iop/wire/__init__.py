@@ -53,6 +53,7 @@ from .nodestates import (
     DrainProgress,
     ServerLoad,
 )
+from .pumping import StreamPump
 from .runs import (
     DEFAULT_MAX_RESPONSE_BYTES,
     TERMINAL_EVENTS,
@@ -98,6 +99,7 @@ __all__ = [
     "RunUsage",
     "ServerLoad",
     "ServerTls",
+    "StreamPump",
     "Ticker",
     "TlsError",
     "ack_from_proto",

@@ -87,6 +87,7 @@ from iop.wire import (
     Liveness,
     RunRequest,
     ServerTls,
+    StreamPump,
     Ticker,
     bounded,
     liveness_to_proto,
@@ -538,7 +539,25 @@ class NodeHub(AsyncService):
     async def _serve(
         self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
     ) -> None:
+        """One Node's stream: admitted (or refused), then served until either side ends it."""
         peer = context.peer()
+        hello = await self._admit(context, peer)
+        payload = self._snapshot.payloads[hello.node_id]
+        session = self._open(hello, peer, payload)
+        code: grpc.StatusCode | None = None
+        reason = "the node went away"
+        try:
+            code, reason = await self._pump(context, session, payload)
+        finally:
+            self._close(session, reason)
+        if code is not None:
+            context.set_code(code)
+            context.set_details(reason)
+
+    async def _admit(
+        self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage], peer: str
+    ) -> pb.Hello:
+        """The call's hello, authenticated; a refusal aborts the call with its status."""
         if self._stopping:
             await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
         source = source_of(peer_address(peer))
@@ -581,9 +600,12 @@ class NodeHub(AsyncService):
             else:
                 self._refusals.warning("refused a node from %s: %s", peer, refused.why)
             await context.abort(refused.code, refused.details)
+        return hello
+
+    def _open(self, hello: pb.Hello, peer: str, payload: NodePayload) -> NodeSession:
+        """The session of an admitted Node, in place of the one it replaces or supersedes."""
         snapshot = self._snapshot
         node_id = hello.node_id
-        payload = snapshot.payloads[node_id]
         session = NodeSession(
             node_id=node_id,
             alias=bounded(hello.alias, MAX_ID_CHARS),
@@ -595,6 +617,7 @@ class NodeHub(AsyncService):
             on_change=self._changed,
         )
         session.receive_health(hello.health)
+        previous = self._sessions.get(node_id)
         if previous is not None:
             if previous.instance_id == hello.instance_id:
                 previous.close(statuses.REPLACED, "replaced by a newer connection of this process")
@@ -613,6 +636,18 @@ class NodeHub(AsyncService):
         if previous is not None and previous.ready:
             self._changed()  # its providers wait for the new session to be ready
         logger.info("node %s connected from %s (instance %s)", node_id, peer, hello.instance_id)
+        return session
+
+    async def _pump(
+        self,
+        context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage],
+        session: NodeSession,
+        payload: NodePayload,
+    ) -> tuple[grpc.StatusCode | None, str]:
+        """Welcome the Node, then serve its stream until it ends: the status to end it with
+        (None: the Node ended it) and why."""
+        snapshot = self._snapshot
+        node_id = session.node_id
         welcome = pb.Welcome(
             protocol_version=PROTOCOL_VERSION,
             edge_id=snapshot.config.edge.id,
@@ -620,50 +655,43 @@ class NodeHub(AsyncService):
             liveness=liveness_to_proto(self.liveness),
             max_message_bytes=NODE_MESSAGE_BYTES,
         )
-        code: grpc.StatusCode | None = None
-        reason = "the node went away"
-        reader: asyncio.Task[None] | None = None
-        try:
-            await context.write(pb.EdgeMessage(welcome=welcome))
+        await context.write(pb.EdgeMessage(welcome=welcome))
 
-            async def send(batch: Sequence[EdgeItem]) -> None:
-                await context.write(edge_message(batch))
+        async def send(batch: Sequence[EdgeItem]) -> None:
+            await context.write(edge_message(batch))
 
-            writer: CoalescingWriter[EdgeItem] = CoalescingWriter(
-                send, name=f"hub-writer-{node_id}"
-            )
-            async with writer:
-                session.writer = writer
+        async def read(_: CoalescingWriter[EdgeItem]) -> None:
+            await self._read(context, session)
+
+        async with StreamPump(send, read, side="hub", peer=node_id) as pump:
+            session.writer = pump.writer
+            try:
                 if session.payload is not payload:  # a swap pushed while the welcome was written
-                    writer.put(_refresh(session))
-                reader = guarded_task(
-                    self._read(context, session), name=f"hub-reader-{node_id}", logger=logger
-                )
-                ends: list[asyncio.Future[Any]] = [reader, writer.task, session.closing]
-                await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-                if session.closing.done():
-                    code, reason = session.closing.result()
-                elif reader.done() and not reader.cancelled() and reader.exception() is None:
-                    reason = "the node ended its stream"
-        finally:
-            session.writer = None
-            if reader is not None:
-                await stop_tasks([reader])
-            was_ready = session.ready
-            session.ready = False
-            if self._sessions.get(node_id) is session:
-                del self._sessions[node_id]
-            else:
-                was_ready = False  # superseded or replaced: dispatch moved on already
-            self._superseded.discard(session)
-            code_name = statuses.EDGE_STOPPING if self._stopping else statuses.NODE_DISCONNECTED
-            session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
-            logger.info("node %s disconnected: %s", node_id, reason)
-            if was_ready:
-                self._changed()
-        if code is not None:
-            context.set_code(code)
-            context.set_details(reason)
+                    pump.writer.put(_refresh(session))
+                await pump.wait(session.closing)
+            finally:
+                session.writer = None
+            if session.closing.done():
+                return session.closing.result()
+            if pump.read_to_its_end:
+                return None, "the node ended its stream"
+            return None, "the node went away"
+
+    def _close(self, session: NodeSession, reason: str) -> None:
+        """A session that ended: out of dispatch, its runs failed."""
+        node_id = session.node_id
+        was_ready = session.ready
+        session.ready = False
+        if self._sessions.get(node_id) is session:
+            del self._sessions[node_id]
+        else:
+            was_ready = False  # superseded or replaced: dispatch moved on already
+        self._superseded.discard(session)
+        code_name = statuses.EDGE_STOPPING if self._stopping else statuses.NODE_DISCONNECTED
+        session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
+        logger.info("node %s disconnected: %s", node_id, reason)
+        if was_ready:
+            self._changed()
 
     async def _read(
         self,

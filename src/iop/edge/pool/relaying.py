@@ -63,17 +63,19 @@ class Relay:
     """Runs parsed requests through the dispatcher and the node hub."""
 
     def __init__(self, dispatcher: Dispatcher, hub: NodeRuns, metrics: Metrics) -> None:
-        self._dispatcher = dispatcher
-        self._hub = hub
-        self._metrics = metrics
-        self._budgets = RetryBudgets()
+        self.dispatcher = dispatcher
+        self.hub = hub
+        self.metrics = metrics
+        #: Each model's retry budget, shared by its requests.
+        self.budgets = RetryBudgets()
         self._run_ids = itertools.count(1)
         self._run_prefix = os.urandom(4).hex()
 
     def open(self, request: ParsedRequest, long: bool, principal: Principal) -> RelayedRun:
         return RelayedRun(self, request, long, principal)
 
-    def _run_id(self) -> str:
+    def next_run_id(self) -> str:
+        """A run id unique to this Edge process."""
         return f"{self._run_prefix}-{next(self._run_ids):x}"
 
 
@@ -105,7 +107,11 @@ class RelayedRun:
     def __init__(
         self, relay: Relay, request: ParsedRequest, long: bool, principal: Principal
     ) -> None:
-        self._relay = relay
+        self._dispatcher = relay.dispatcher
+        self._hub = relay.hub
+        self._metrics = relay.metrics
+        self._budgets = relay.budgets
+        self._next_run_id = relay.next_run_id
         self._request = request
         self._long = long
         self._principal = principal
@@ -132,12 +138,10 @@ class RelayedRun:
         return self._lease
 
     async def __aenter__(self) -> Self:
-        relay = self._relay
-        dispatcher = relay._dispatcher
-        snapshot = dispatcher.snapshot
+        snapshot = self._dispatcher.snapshot
         asked = self._request.model
         route = snapshot.models.get(asked)
-        budget = relay._budgets.count_request(snapshot, asked)
+        budget = self._budgets.count_request(snapshot, asked)
         # Made at the first failure or fallback: most requests never need it.
         attempts: _Attempts | None = None
         if route is not None and route.fallbacks:
@@ -145,50 +149,70 @@ class RelayedRun:
             self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
         while True:
-            try:
-                if deadline is None and attempts is not None:
-                    lease = await self._first_lease(attempts, budget)
-                else:
-                    lease = await dispatcher.acquire(
-                        self._model,
-                        self._long,
-                        deadline=deadline,
-                        principal=self._principal.principal_ref,
-                        avoid=attempts.tried if attempts is not None else _NONE,
-                        prefix=self._prefix(dispatcher.snapshot.models.get(self._model)),
-                    )
-            except (QueueTimeout, NoProvider, ModelNotFound):
-                if attempts is None or attempts.failure is None:
-                    raise
-                self._first = attempts.failure  # the retry found no slot in time
+            lease = await self._next_lease(attempts, budget, deadline)
+            if lease is None:  # the retry found no slot in time: the failure it follows answers
+                assert attempts is not None
+                self._first = attempts.failure
                 return self
-            if deadline is None:
-                relay._metrics.observe_queue_wait(
-                    self._model, self._principal.principal_ref, lease.waited_s
-                )
             deadline = lease.deadline
-            self._lease = lease
-            try:
-                first = await self._start(lease)
-            except BaseException:
-                dispatcher.release(lease)
-                self._lease = None
-                raise
+            first = await self._try(lease)
             if isinstance(first, RunFailed):
                 if attempts is None:
                     attempts = _Attempts((asked,))
                 if self._try_again(first, lease, attempts, budget, deadline):
                     await self._close_stream(None, None, None)
-                    dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
+                    self._dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
                     self._lease = None
                     continue
-            self._first = first
-            stream = self._stream
-            if stream is None:  # the try timed out before its first byte: its run is over
-                dispatcher.release(lease)
-            else:
-                stream.on_end(functools.partial(dispatcher.release, lease))
+            self._settle(lease, first)
             return self
+
+    async def _next_lease(
+        self, attempts: _Attempts | None, budget: RetryBudget, deadline: float | None
+    ) -> Lease | None:
+        """The slot of the next try: the first try's (with fallbacks, `_first_lease`), or a
+        retry's within the first try's deadline; None when a retry finds none in time."""
+        dispatcher = self._dispatcher
+        try:
+            if deadline is None and attempts is not None:
+                lease = await self._first_lease(attempts, budget)
+            else:
+                lease = await dispatcher.acquire(
+                    self._model,
+                    self._long,
+                    deadline=deadline,
+                    principal=self._principal.principal_ref,
+                    avoid=attempts.tried if attempts is not None else _NONE,
+                    prefix=self._prefix(dispatcher.snapshot.models.get(self._model)),
+                )
+        except (QueueTimeout, NoProvider, ModelNotFound):
+            if attempts is None or attempts.failure is None:
+                raise
+            return None
+        if deadline is None:
+            self._metrics.observe_queue_wait(
+                self._model, self._principal.principal_ref, lease.waited_s
+            )
+        return lease
+
+    async def _try(self, lease: Lease) -> RunEvent:
+        """Start a run on `lease`: its first event (the slot goes back if starting fails)."""
+        self._lease = lease
+        try:
+            return await self._start(lease)
+        except BaseException:
+            self._dispatcher.release(lease)
+            self._lease = None
+            raise
+
+    def _settle(self, lease: Lease, first: RunEvent) -> None:
+        """The try that answers: its slot is given back when its run ends."""
+        self._first = first
+        stream = self._stream
+        if stream is None:  # the try timed out before its first byte: its run is over
+            self._dispatcher.release(lease)
+        else:
+            stream.on_end(functools.partial(self._dispatcher.release, lease))
 
     def _prefix(self, route: ModelRoute | None) -> PrefixKey | None:
         """The prompt's prefix points when the model dispatches by them (made once)."""
@@ -209,14 +233,14 @@ class RelayedRun:
         """Whether the request tries again after `failed`, its try's first event (so nothing
         reached the client); the request moves to a fallback model when the next try goes
         there."""
-        metrics = self._relay._metrics
+        metrics = self._metrics
         asked = attempts.chain[0]
         if failed.code == wire_statuses.PROVIDER_BUSY:
             metrics.count_retry(asked, failed.code)
             return True
         if not should_retry(failed):
             return False
-        dispatcher = self._relay._dispatcher
+        dispatcher = self._dispatcher
         settings = dispatcher.snapshot.retries
         attempts.tried |= {lease.provider_id}
         if (
@@ -244,48 +268,60 @@ class RelayedRun:
         requests), a free slot of a fallback model in dispatch, if the retry budget has room
         (a spill is paid like a retry, so a flood of one model cannot swamp its fallbacks);
         otherwise the request waits in its own model's queue and in those of its fallbacks at
-        once, with its own model's deadline, and takes whichever slot comes first (a
-        fallback's again within the budget; the other places in line are given up).
+        once (`_race`).
         """
-        dispatcher = self._relay._dispatcher
-        principal = self._principal.principal_ref
+        dispatcher = self._dispatcher
         lease = dispatcher.try_acquire(self._model, self._long)
         if lease is not None:
             return lease
-        if not self._all_held(self._model):
-            # A provider with room sits out a moment (a busy refusal, a failure): its slot is
-            # free again in 50 ms, and a failure's retry has rules of its own.
-            return await dispatcher.acquire(self._model, self._long, principal=principal)
-        chain = attempts.chain
         fallbacks = [
             model
-            for model in chain[attempts.position + 1 :]
+            for model in attempts.chain[attempts.position + 1 :]
             if dispatcher.available_for(model, self._long)
         ]
-        settings = dispatcher.snapshot.retries
+        # A provider with room sits out a moment (a busy refusal, a failure): its slot is free
+        # again in 50 ms, and a failure's retry has rules of its own.
+        if not fallbacks or not self._all_held(self._model):
+            return await self._own_queue()
+        free = self._free_fallback(fallbacks)
+        if free is None:
+            return await self._race(fallbacks, attempts, budget)
+        model, lease = free
+        if not budget.try_retry(dispatcher.snapshot.retries):
+            dispatcher.release(lease)
+            return await self._own_queue()
+        self._spill(attempts, model)
+        return lease
+
+    async def _own_queue(self, deadline: float | None = None) -> Lease:
+        return await self._dispatcher.acquire(
+            self._model, self._long, deadline=deadline, principal=self._principal.principal_ref
+        )
+
+    def _free_fallback(self, fallbacks: list[str]) -> tuple[str, Lease] | None:
+        """The first fallback model with a free slot, and the slot."""
         for model in fallbacks:
             try:
-                lease = dispatcher.try_acquire(model, self._long)
+                lease = self._dispatcher.try_acquire(model, self._long)
             except (NoProvider, ModelNotFound):
                 continue
-            if lease is None:
-                continue
-            if not budget.try_retry(settings):
-                dispatcher.release(lease)
-                return await dispatcher.acquire(self._model, self._long, principal=principal)
-            self._spill(attempts, model)
-            return lease
-        if not fallbacks:
-            return await dispatcher.acquire(self._model, self._long, principal=principal)
+            if lease is not None:
+                return model, lease
+        return None
+
+    async def _race(self, fallbacks: list[str], attempts: _Attempts, budget: RetryBudget) -> Lease:
+        """Wait in the queues of the request's own model and of its fallbacks at once, with its
+        own model's deadline, and take whichever slot comes first (a fallback's within the
+        retry budget); the other places in line are given up."""
+        dispatcher = self._dispatcher
+        settings = dispatcher.snapshot.retries
         route = dispatcher.snapshot.models[self._model]
         deadline = asyncio.get_running_loop().time() + route.queue_timeout_s
-        racers = {
-            asyncio.ensure_future(
-                dispatcher.acquire(self._model, self._long, principal=principal)
-            ): self._model
-        }
+        racers = {asyncio.ensure_future(self._own_queue()): self._model}
         for model in fallbacks:
-            waiting = dispatcher.acquire(model, self._long, deadline=deadline, principal=principal)
+            waiting = dispatcher.acquire(
+                model, self._long, deadline=deadline, principal=self._principal.principal_ref
+            )
             racers[asyncio.ensure_future(waiting)] = model
         try:
             while True:
@@ -318,7 +354,7 @@ class RelayedRun:
 
     def _all_held(self, model_id: str) -> bool:
         """Every provider of the model in dispatch has its slots taken by other runs."""
-        dispatcher = self._relay._dispatcher
+        dispatcher = self._dispatcher
         route = dispatcher.snapshot.models.get(model_id)
         if route is None:
             return False
@@ -340,7 +376,7 @@ class RelayedRun:
         chain = attempts.chain
         position = self._reachable(chain, 0)
         if position is None:
-            dispatcher = self._relay._dispatcher
+            dispatcher = self._dispatcher
             position = next(
                 (i for i, model in enumerate(chain) if dispatcher.serves(model, self._long)), 0
             )
@@ -351,7 +387,7 @@ class RelayedRun:
     def _reachable(self, chain: tuple[str, ...], start: int) -> int | None:
         """The position in `chain`, from `start`, of the first model with a provider in
         dispatch that can take this request."""
-        dispatcher = self._relay._dispatcher
+        dispatcher = self._dispatcher
         for position in range(start, len(chain)):
             if dispatcher.available_for(chain[position], self._long):
                 return position
@@ -359,17 +395,17 @@ class RelayedRun:
 
     def _move_to(self, model_id: str, reason: str) -> None:
         """Hand the request to fallback model `model_id`: its policy, its metrics."""
-        self._relay._metrics.count_fallback(self._request.model, model_id, reason)
+        self._metrics.count_fallback(self._request.model, model_id, reason)
         self._model = model_id
-        route = self._relay._dispatcher.snapshot.models.get(model_id)
+        route = self._dispatcher.snapshot.models.get(model_id)
         if route is not None:
             apply_policy(self._request, route.generation)
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
-        stream = self._relay._hub.run(
+        stream = self._hub.run(
             RunRequest(
-                run_id=self._relay._run_id(),
+                run_id=self._next_run_id(),
                 provider_id=lease.provider_id,
                 served_model=lease.served_model,
                 kind=request.kind,
@@ -384,7 +420,7 @@ class RelayedRun:
         self._stream = stream
         events = stream.__aiter__()
         self._events = events
-        route = self._relay._dispatcher.snapshot.models.get(self._model)
+        route = self._dispatcher.snapshot.models.get(self._model)
         limit = route.first_byte_timeout_s if route is not None else None
         try:
             if limit is None:
@@ -427,7 +463,7 @@ class RelayedRun:
             await self._close_stream(exc_type, exc, tb)
         finally:
             if self._lease is not None:
-                self._relay._dispatcher.release(self._lease)
+                self._dispatcher.release(self._lease)
 
     def __aiter__(self) -> Self:
         return self
@@ -461,7 +497,7 @@ class RelayedRun:
         lease = self._lease
         assert lease is not None
         self.spent = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
-        self._relay._metrics.count_usage(
+        self._metrics.count_usage(
             self._principal,
             self._model,
             lease.provider_id,
