@@ -265,7 +265,7 @@ def _change(request: ParsedRequest, key: str, value: Any) -> None:
 
 
 def estimate_tokens(request: ParsedRequest) -> int:
-    """The cheap input-token estimate (see the module docstring)."""
+    """The cheap input-token estimate (docs/edge.md, "Dispatch": long context)."""
     body = request.body
     size = 0
     tokens = 0

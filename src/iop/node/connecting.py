@@ -189,8 +189,8 @@ class EdgeConnection:
         return self._leaving.is_set()
 
     def leave(self) -> None:
-        """Leave this Edge for good, losing nothing: see the module docstring. `run()` returns
-        once the Edge closed the stream, or at once if no session is up."""
+        """Leave this Edge for good, losing nothing (docs/reliability.md, "Node drain"). `run()`
+        returns once the Edge closed the stream, or at once if no session is up."""
         if self._leaving.is_set():
             return
         self._leaving.set()

@@ -63,7 +63,7 @@ def spec_schema() -> dict[str, Any]:
 
 
 def _convert(node: dict[str, Any], defs: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-    """One JSON-schema node -> its structural OpenAPI form (see the module docstring)."""
+    """One JSON-schema node -> its structural OpenAPI form (docs/operator.md, "The CRD")."""
     node = _resolved(node, defs)
     if "anyOf" in node:
         branches = [b for b in node["anyOf"] if b.get("type") != "null"]

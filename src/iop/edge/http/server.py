@@ -45,7 +45,8 @@ class _HeadRefused(Exception):
 
 
 class _LimitedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of `http/caps.py`; see the module docstring.
+    """uvicorn's httptools protocol with the limits of `http/caps.py` (docs/reliability.md, "The
+    HTTP listeners", says what each does).
 
     `refusals` is set on a subclass per server (`HttpServer` makes it).
     """

@@ -138,7 +138,7 @@ class _Servicer(NodeRuntimeServicer):
 
 
 class NodeHub(AsyncService):
-    """The Edge's side of the runtime wire; see the module docstring for the interface."""
+    """The Edge's side of the runtime wire: the `Hub` of `hub/protocol.py`, and its lifecycle."""
 
     def __init__(self, config: EdgeConfig, *, listen: str | None = None) -> None:
         self._snapshot = HubSnapshot.of(config, generation=1)

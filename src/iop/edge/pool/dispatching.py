@@ -100,7 +100,7 @@ class _Waiter:
         self.prefix = prefix
         self.enqueued_at = time.perf_counter()
         self.timer: asyncio.TimerHandle | None = None
-        #: The virtual start tag of fair queuing (see the module docstring).
+        #: The virtual start tag of fair queuing (docs/edge.md, "Dispatch": fair share).
         self.tag = 0.0
 
     @property
@@ -247,8 +247,9 @@ class Dispatcher:
 
         `deadline` (loop time) marks a retry: the request keeps its original deadline and does
         not count against the queue bound again. `principal` (a principal_ref) places a waiting
-        request in the queue's fair order. `avoid`: providers this request tried already (see
-        the module docstring). `prefix`: the prompt's prefix points, for `prefix_affinity`.
+        request in the queue's fair order. `avoid`: providers this request tried already, no
+        candidates while another of the model is available (free or not), candidates again when
+        none is. `prefix`: the prompt's prefix points, for `prefix_affinity`.
         """
         route = self._route(model_id, long)
         loop = asyncio.get_running_loop()
