@@ -1,9 +1,9 @@
 """A lean Redis client for the limit store: one pipelined connection, hiredis's parser.
 
-redis-py's asyncio client, measured on the admission path, spent several times the Edge's whole
-CPU per request on one EVALSHA (its pool, per-command locks, response callbacks; docs/benchmarks.md,
-"Limits per principal"). The store needs a handful of commands (AUTH, SELECT, EVALSHA, SCRIPT
-LOAD, SET): they are written as RESP arrays on one connection, each waiting on a future that the
+Why not redis-py's asyncio client: on the admission path its connection pool, per-command locks
+and response callbacks cost far more than the round trip (docs/benchmarks.md, "Limits per
+principal", has the figures). The store needs a handful of commands (AUTH, SELECT, EVALSHA,
+SCRIPT LOAD, SET): written as RESP arrays on one connection, each waits on a future that the
 replies, in order, resolve first in, first out, so concurrent admissions share the connection
 and its round trips; `hiredis.Reader` parses the replies. Every failure is a `RedisError` of
 this module; the connection is dropped on any but an error reply, and the next call dials again.
