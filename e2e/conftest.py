@@ -4,13 +4,11 @@
 `e2e/cluster/status`) or one started for this session and stopped at its end. Its pods run the
 project's image, built from the Dockerfile first if its inputs changed (e2e/cluster/imagebuild.py).
 The cluster is started before the first test that uses the fixture, outside that test's timeout,
-and only when a selected test uses it. If that fails, every test that needs the cluster fails
-with the reason; none is skipped.
-
-In a parallel run (pytest-xdist) each worker that runs such a test gets a cluster of its own:
-a state directory of its own (`IOP_CLUSTER_STATE` with the run and the worker appended), hence
-its own network slot and ports, started for this run and stopped at the worker's end; the tests
-of one worker share it, one at a time.
+and only when a selected test uses it; if that fails, every test that needs it fails with the
+reason (none is skipped). In a parallel run (pytest-xdist) each worker that runs such a test gets
+a cluster of its own: a state directory of its own (`IOP_CLUSTER_STATE` with the run and the
+worker appended), hence its own network slot and ports, started for this run and stopped at the
+worker's end; the tests of one worker share it, one at a time.
 """
 
 from __future__ import annotations

@@ -178,3 +178,26 @@ def test_the_product_imports_another_package_through_its_surface() -> None:
         and not all(f"{target}.{alias.name}" in names for alias in node.names)
     ]
     assert through_modules == []
+
+
+def _children(package: types.ModuleType) -> set[str]:
+    return {
+        info.name
+        for info in pkgutil.iter_modules(package.__path__)
+        if info.name != "__main__" and not info.name.endswith(("_pb2", "_pb2_grpc"))
+    }
+
+
+@pytest.mark.parametrize("name", packages())
+def test_every_package_docstring_names_exactly_its_modules(name: str) -> None:
+    """A package's docstring is its map: every module and sub-package in it is named (in
+    backticks), and no file it names (`x.py`, `x/`) is missing."""
+    package = importlib.import_module(name)
+    doc = package.__doc__ or ""
+    quoted = set(re.findall(r"`([\w./]+)`", doc))
+    children = _children(package)
+    mentioned = {q.split(".")[0].rstrip("/") for q in quoted}
+    missing = sorted(children - mentioned)
+    files = {q.removesuffix(".py").rstrip("/") for q in quoted if q.endswith((".py", "/"))}
+    stale = sorted(f for f in files if "/" not in f and f not in children)
+    assert (missing, stale) == ([], []), f"{name}: not named {missing}; named but absent {stale}"

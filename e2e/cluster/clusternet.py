@@ -1,24 +1,12 @@
 """The pod network of one local cluster: a node namespace with a bridge, linked to the host.
 
-Several clusters run side by side on one machine (each engineer's worktree has its own state
-directory), so everything host-wide is derived from the state directory or allocated under a
-machine-wide lock, and `down` of one cluster touches only what carries its id:
-
-    host netns               node netns iop-<id>-node        pod netns iop-<id>-<uid8>
-    iop<id> 10.251.N.1/30 <-veth-> eth0 10.251.N.2/30
-                                   br0  10.250.N.1/24 <-veth-> eth0 10.250.N.x/24 (one per pod)
-    routes to 10.250.N.0/24 and 10.252.N.0/24 via 10.251.N.2; ip_forward=1 in the node netns only
-
-- `<id>`: 8 hex digits of a hash of the state directory's path.
-- `N`: 0..249, starting from the id and skipping any N whose ranges the host already routes
-  (another cluster, or anything else), chosen under /tmp/iop-cluster-net.lock.
-- 10.250.N.0/24: pod IPs (the Node's podCIDR); 10.251.N.0/30: the host link, whose host end is
-  where the API server, CoreDNS and the kubelet listen; 10.252.N.0/24: Service ClusterIPs,
-  which kube-proxy (running in the node namespace) translates.
-
-The host's own sysctls, firewall and routes to anything else are never changed. The node
-namespace keeps the bridge, kube-proxy's nftables table and IP forwarding away from the host
-and from other clusters. Standard library only, like localcluster.py.
+Several clusters run side by side on one machine (each worktree has its own state directory),
+so everything host-wide is derived from the state directory (`<id>`, 8 hex digits of a hash of
+its path) or allocated under a machine-wide lock (`N`, the slot of its 10.250-10.252.N ranges),
+and `down` of one cluster touches only what carries its id. The bridge, kube-proxy's nftables
+table and IP forwarding live in the node namespace `iop-<id>-node`, each pod in a namespace of
+its own; the host's sysctls, firewall and other routes are never changed. Standard library only,
+like localcluster.py. e2e/cluster/README.md, "The network", draws it and says why.
 """
 
 from __future__ import annotations

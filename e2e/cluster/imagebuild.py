@@ -1,31 +1,14 @@
 """Build the project's image from the Dockerfile, unchanged, and load it into a local cluster.
 
 The image the chart names (`ghcr.io/iop-edge/iop-edge:<version>`) is what the local cluster's
-process kubelet runs, so the tests prove the image itself: its entrypoint, its user, its
-read-only root. There is no container engine here, so `buildah bud --isolation chroot --layers`
-builds it (no daemon, no user namespaces) with the overlay storage driver, into a storage of its
-own under the cache folder (never /var/lib/containers).
-
-The base (`FROM python:3.11-slim-bookworm`) is pulled when a registry answers. Where none does,
-a stand-in is made from Debian's packages with `mmdebstrap` (the suite and the Python version
-read from the Dockerfile's FROM line), imported `FROM scratch` and tagged with the official
-name, so the Dockerfile builds unchanged. What the stand-in differs in: Python is Debian's
-(`/usr/local/bin/python` links to it), its EXTERNALLY-MANAGED marker is removed so pip behaves as
-in the official image, and `/etc/uv/uv.toml` says `native-tls = true`, so that uv, like pip,
-trusts the CA bundle at /etc/ssl/certs. During the build the machine's CA bundle is mounted
-there (a path both bases have, so nothing of it stays in a layer): a machine behind a
-TLS-intercepting proxy reaches PyPI with the proxy's CA.
-
-Cached by content: the key hashes the Dockerfile, .dockerignore, every file the build context
-lets in (what the Dockerfile can COPY) and the base's image ID. A key already built is a no-op.
-Each build is exported to one OCI image layout shared by all checkouts (blobs stored once), and
-`load` writes the cluster's node image list (`<state>/images.json`: reference -> manifest
-digest), which the kubelet reads at every container start: the image a cluster runs is the one
-its own checkout built, even when other checkouts build theirs at the same time.
-
-Standard library only (plus the `buildah` and `mmdebstrap` commands, installed from Debian's
-packages when missing), like localcluster.py's parts; supervising.py calls `build` and `load`
-from `up`. `scripts/build-image` is the command line.
+process kubelet runs, so the tests prove the image itself. There is no container engine here:
+`buildah bud --isolation chroot --layers` builds it, on a storage of its own under the cache
+folder, from the official base when a registry answers, else from a stand-in made with
+`mmdebstrap`. A build is cached by the hash of its inputs, exported to one OCI image layout
+shared by all checkouts, and `load` writes the cluster's image list (`<state>/images.json`).
+Standard library only (plus `buildah` and `mmdebstrap`, installed from Debian's packages when
+missing). `scripts/build-image` is its command line; e2e/cluster/README.md, "The image", says
+how and why.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """A real, local Kubernetes cluster for the end-to-end tests, with pods that really run.
 
-`kind` needs a container engine and this project's machines have none, so the control plane is
-built from pinned Go modules (go.mod/go.sum beside this file, CoreDNS from coredns/go.mod) and
-run as plain processes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (a
-fake Node whose Pods reach Running without running), CoreDNS, kube-proxy and a process kubelet
-(kubelet/, a Node whose pods run as processes of the project's image in network namespaces of
-their own, wired as clusternet.py says), with kubectl and helm for the tests.
-
-Subcommands (`python3 -m e2e.cluster.localcluster COMMAND` from the checkout's root; the
-executables `build`, `up`, `down`, `status` beside this file call them from any folder):
-
-    build   build the binaries into the per-user cache unless they already match the pins
-    up      start the cluster (building first if needed), print `export KUBECONFIG=...`
-    image   build the project's image if its inputs changed; load it into the running cluster
-    down    stop exactly the processes `up` started and remove the state directory
-    status  say what runs (`--json` for machines); exit 0 healthy, 1 degraded, 3 stopped
-    pin     re-pin k8s.io/kubernetes and rewrite the staging `replace` block in go.mod
-
-The parts, each a module beside this one (this one is the command line): `layout.py` (where
-things are kept, what the parts are called, `ClusterError`), `gobuilding.py` (the pins and the
-Go build), `certificates.py` (certificates and kubeconfigs), `states.py` (what `up` recorded),
-`components.py` (the files the components read and their command lines, `spawn`),
-`supervising.py` (`up`, `down`, `status`, `image`: start in order, wait for health, stop),
-`clusternet.py` (the network), `imagebuild.py` (the project's image, built from the Dockerfile
-and loaded into the node's image list; `scripts/build-image` is its command line) and
-`hostpackages.py` (the Debian packages these need on the host).
-
-Standard library only (plus the `openssl` and `ip` commands), so it runs on any python3 >=
-3.11; the kubelet it starts runs in the checkout's virtualenv (scripts/bootstrap makes it).
-etcd, the controller manager and the scheduler bind 127.0.0.1; the API server, CoreDNS and the
-kubelet bind the host's end of this cluster's link to its node namespace (clusternet.py).
+The command line (`python3 -m e2e.cluster.localcluster build | up | image | down | status |
+pin` from the checkout's root; the executables `build`, `up`, `down`, `status` beside this file
+call it from any folder). The control plane is built from pinned Go modules and run as plain
+processes, with a process kubelet (`kubelet/`) whose pods run the project's image
+(`imagebuild.py`) on the cluster's network (`clusternet.py`); the other parts are modules beside
+this one (`layout.py`, `gobuilding.py`, `certificates.py`, `states.py`, `components.py`,
+`supervising.py`, `hostpackages.py`). Standard library only (plus the `openssl` and `ip`
+commands), so any python3 >= 3.11 runs it. e2e/cluster/README.md ("Files", "Commands", "What
+`up` runs") says what each does and why.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """kubeconform, built from its pinned Go module, and the schemas it validates the chart against.
 
-`helm lint` checks a chart's form; it does not know whether a rendered Deployment has a field
-Kubernetes has never heard of, or whether the EdgeConfig the chart renders fits the CRD. kubeconform
-does, given JSON schemas. It normally downloads them from the web; this machine reaches no web, and
-downloaded schemas would not be the versions we run anyway, so they are made here from sources
-that are pinned and fetched only through the Go module proxy:
+The schemas are made here, never downloaded: the built-in kinds from the OpenAPI document of the
+`k8s.io/kubernetes` release e2e/cluster pins, the EdgeConfig from `deploy/crds/`, the
+ServiceMonitor from the Prometheus Operator's CRD (its module at PROMETHEUS_OPERATOR); each is
+"strict", so a misspelt field in a template fails. gotools.py builds and caches kubeconform
+(`kubeconform/go.mod`). Standard library only. e2e/tools/README.md ("kubeconform") says why.
 
-- built-in kinds: the OpenAPI document `api/openapi-spec/swagger.json` of the very
-  `k8s.io/kubernetes` release that e2e/cluster builds the API server from (its go.mod pin);
-- the EdgeConfig: `deploy/crds/edgeconfigs.iop.dev.yaml` (and any other CRD file given);
-- the ServiceMonitor: the Prometheus Operator's own CRD, from its module at PROMETHEUS_OPERATOR.
-
-Every schema is written "strict": an object with `properties` refuses keys it does not list (as
-the API server's field validation does), so a misspelt field in a template fails here.
-
-kubeconform gets a module folder of its own (`kubeconform/go.mod` beside this file), built and
-cached by gotools.py (the cluster's binary cache, keyed by a hash of its go.mod and go.sum).
-Standard library only, like the cluster's launcher.
-
-    python3 -m e2e.tools.chartcheck build                 build kubeconform unless up to date;
-                                                          print its path
+    python3 -m e2e.tools.chartcheck build                 build kubeconform; print its path
     python3 -m e2e.tools.chartcheck schemas DIR [CRD...]  write the schemas into DIR
-    python3 -m e2e.tools.chartcheck validate [FILE...]    kubeconform -strict with those schemas
-                                                          (stdin: `-`)
+    python3 -m e2e.tools.chartcheck validate [FILE...]    kubeconform -strict (stdin: `-`)
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """What the GitOps tools make of an object's status, asked of the tools' own code.
 
-- kstatus: `sigs.k8s.io/cli-utils`' library (what Flux's health checks, Helm 4's `--wait` and
-  kstatus-based CI run), called by the small command in `kstatus/` (its own Go module, pinned in
-  `kstatus/go.mod`), built and cached by gotools.py;
-- Argo CD: the Lua health check `deploy/argocd/edgeconfig-health.lua`, run in Lua 5.1 (the
-  language of gopher-lua, Argo CD's interpreter) with only what Argo CD gives a health check
-  from argocd-cm: the global `obj`, the base and table libraries and a safe `os`. It needs
-  `lupa`, a dev dependency: run this from the checkout's virtualenv (`uv run`).
+- kstatus: `sigs.k8s.io/cli-utils`' library (Flux's health checks, Helm 4's `--wait`), called by
+  the small command in `kstatus/` (its own Go module), built and cached by gotools.py;
+- Argo CD: the Lua health check `deploy/argocd/edgeconfig-health.lua`, run in Lua 5.1 with only
+  what Argo CD gives a health check, through `lupa` (a dev dependency: run this with `uv run`).
+Standard library only at import, like chartcheck.py. e2e/tools/README.md ("kstatus") says more.
 
-Standard library only at import (lupa is imported when a Lua check runs), like chartcheck.py.
-
-    python3 -m e2e.tools.healthcheck build     build kstatus unless it is up to date; print its path
+    python3 -m e2e.tools.healthcheck build     build kstatus unless up to date; print its path
     uv run python -m e2e.tools.healthcheck [FILE...]
-                                               both verdicts for each object of `kubectl get -o
-                                               json` (stdin: -)
+                                               both verdicts for each object (stdin: -)
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The images this node has, and their layers, each unpacked once per digest.
 
-The node never pulls: no registry is reachable from these machines. `e2e/cluster/imagebuild.py`
-builds the project's image, exports it to an OCI image layout and writes the cluster's image
-list (`<state>/images.json`: the layout's folder and, per reference, a manifest digest in it),
-as `kind load` gives a kind node an image. The list is read again whenever it changed, so an
-image rebuilt while the cluster runs is what the next container starts from.
-
-An image's config (Entrypoint, Cmd, Env, WorkingDir, User) comes from the layout. Its layers are
-unpacked as containerd's overlay snapshotter does: each layer into a folder of its own, named by
-its digest, with numeric owners and modes, and the OCI whiteouts turned into overlayfs ones (a
-`.wh.<name>` entry becomes a 0/0 character device, `.wh..wh..opq` the `trusted.overlay.opaque`
-attribute of its folder). A container's root is then an overlay of those folders (podinit.py),
-so a layer shared by two images (the base under every build of the project) is unpacked once,
-and a rebuild unpacks only the layers it changed. A folder is written under a temporary name and
-renamed when complete, under a file lock, so kubelets of two clusters never unpack the same
-layer twice nor see half of one; it is never written to afterwards.
-Standard library only (imagebuild.py imports it).
+The node never pulls (no registry is reachable from these machines): `e2e/cluster/imagebuild.py`
+writes the cluster's image list (`<state>/images.json`: an OCI image layout and, per reference, a
+manifest digest in it), read again whenever it changed. An image's config comes from the
+layout; its layers are unpacked as containerd's overlay snapshotter does, each into a folder
+named by its digest, OCI whiteouts turned into overlayfs ones, written aside and renamed under a
+file lock, never written to afterwards; a container's root is an overlay of them (podinit.py).
+Standard library only (imagebuild.py imports it). e2e/cluster/README.md ("The process kubelet",
+"The image") says why.
 """
 
 from __future__ import annotations

@@ -2,30 +2,12 @@
 
 There is no container runtime here, so a container is a process that starts as this program and
 becomes the container's command by `exec` (same PID, which is what the kubelet tracks). Before
-that it does, with plain system calls, what runc does for our purposes:
-
-- joins the pod's network namespace (made by the kubelet) and gets its own mount and UTS
-  namespaces (the hostname is the pod's name);
-- mounts the container's root: an overlay whose lower layers are the image's unpacked layers
-  (shared, never written) and whose upper layer is this container's own writable layer (on
-  disk, thrown away with the container, as a runtime's snapshot is);
-- mounts a fresh /proc, a read-only /sys, a /dev with the usual devices, /dev/pts and /dev/shm;
-- binds the pod's own /etc/hosts, /etc/hostname and /etc/resolv.conf, and each volume at its
-  mountPath (the mount points are made in the writable layer, following symlinks inside the
-  root only), read-only where the kubelet says so;
-- makes the working directory if the image lacks it, then remounts the root read-only when
-  `readOnlyRootFilesystem` says so;
-- `pivot_root`s into it and detaches the host's tree, so nothing of the host is reachable;
-- becomes the container's user: supplementary groups, group, capability bounding set (a
-  capability not kept is dropped), no_new_privs when asked, then the user id (which clears the
-  capabilities of a user that is not root);
-- execs the command with exactly the container's environment, in its working directory; the
-  exec closes the pipe the kubelet waits on (runc's exec fifo), so a container is reported
-  running only once its command runs.
-
-Everything it mounts lives in the container's mount namespace and disappears with its last
-process; the host's mount table never changes. Standard library only (ctypes for the syscalls
-Python 3.11 lacks), so it starts fast. Input: one JSON file (`Launch` in containers.py).
+that it does, with plain system calls, what runc does for our purposes: the pod's network
+namespace joined, mount and UTS namespaces of its own, an overlay root of the image's layers and
+a writable layer, /proc, /sys, /dev, the pod's /etc files and volumes, `pivot_root`, then the
+container's user, groups, capabilities and no_new_privs. Input: one JSON file (`Launch` in
+containers.py). e2e/cluster/README.md ("The process kubelet": "A container's root and mounts",
+"Security context") has each step and why.
 """
 
 from __future__ import annotations

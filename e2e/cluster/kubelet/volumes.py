@@ -2,15 +2,11 @@
 
 Each volume is a folder under the pod's directory, bind-mounted at its mountPath by podinit.py.
 Payload volumes are written the way the kubelet's atomic writer does: the files live in a
-timestamped folder, `..data` is a symlink to it, and each key is a symlink through `..data`;
-an update writes a new folder and renames a new `..data` over the old one, so a reader sees the
-old set or the new one, never half of each. Keys mounted with subPath do not follow updates, as
-in Kubernetes.
-
-As in a kubelet, an emptyDir is made world-writable (0777), ConfigMap, Secret, downward API and
-projected volumes are mounted read-only, and a pod's `fsGroup` owns its volumes: their group is
-set to it, with group read (and write, for an emptyDir) and setgid folders, so a container that
-runs as a user other than root can use them.
+timestamped folder, `..data` is a symlink to it, and each key is a symlink through `..data`; an
+update writes a new folder and renames a new `..data` over the old one, so a reader sees the old
+set or the new one, never half of each (keys mounted with subPath do not follow updates). As in
+a kubelet, an emptyDir is world-writable, the others read-only, and a pod's `fsGroup` owns its
+volumes (group read, and write for an emptyDir, setgid folders). e2e/cluster/README.md says more.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Small asyncio building blocks every long-lived part of the product uses (after kopf's aiokits).
 
-- `guarded_task`, `stop_tasks`: background tasks that are named, owned and never die silently.
-- `AsyncService`: the `start()`/`stop()` or `async with` lifecycle of servers and agents.
-- `LogThrottle`: one log line per interval for events outsiders can cause at will.
-- `bind_listener`, `split_listener`: a server's socket, bound before it starts; `host:port`;
-  `resolve_service`: the addresses a (headless Service's) name lists now; `open_file_room`:
-  the open files left for connections under the process's limit.
-- `asgiserving.AsgiServer`: an ASGI app served by uvicorn on such a socket (imported from its
-  module, so that parts serving no HTTP never load uvicorn).
-
+- `aiotasks`: `guarded_task`, `stop_tasks`: background tasks named, owned, never dying silently;
+  `lifecycles`: `AsyncService`, the `start()` and `stop()` (or `async with`) lifecycle of servers;
+- `throttling`: `LogThrottle`, one log line per interval for what outsiders can cause at will;
+- `listening`: `bind_listener` (a server's socket, bound before it starts), `split_listener`
+  (`host:port`), `resolve_service` (the addresses a headless Service's name lists now),
+  `open_file_room` (the open files left for connections under the process's limit);
+- `asgiserving`: `AsgiServer`, an ASGI app on uvicorn on such a socket (imported from its module,
+  so that parts serving no HTTP never load uvicorn).
 Nothing here knows about the wire, the Edge or the Node; everything above may import it.
 """
 

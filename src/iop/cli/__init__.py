@@ -1,12 +1,15 @@
-"""The `iop` command line: one console script, a subcommand per job.
+"""The `iop` command line: one console script, a subcommand per job, each thin (arguments in,
+the library called, its results and errors turned into output and exit codes).
 
-Entry points stay thin: they parse arguments, call the library and turn its results and errors
-into output and exit codes.
+- a module per command: `config_commands`, `edge_commands` (`edge_running`: `iop edge run`;
+  `reload_commands`: `iop edge reload`), `node_commands`, `operator_commands`,
+  `fake_upstream_commands`, `up_commands`;
+- `problems`: a config that does not load, shown alike by every command; `settling`: what a
+  long-running process does once it has started; `__main__`: `python -m iop.cli`.
 
-A command's module is imported only when that command runs (or shows its own `--help`): each
-pulls in what its job needs (the Edge uvicorn and grpc, the operator kopf and the Kubernetes
-client), and none of that is paid by another, such as `iop fake-upstream`, of which tests and
-benchmarks start many, or `iop --version`. `iop --help` lists every command from `COMMANDS`.
+A command's module is imported only when that command runs (or shows its `--help`), so what one
+job pulls in (uvicorn and grpc, kopf and the Kubernetes client) costs no other, such as `iop
+fake-upstream` or `iop --version`. `iop --help` lists every command from `COMMANDS`.
 """
 
 from __future__ import annotations

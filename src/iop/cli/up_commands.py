@@ -2,22 +2,10 @@
 
 It starts a fake OpenAI-compatible upstream, an Edge and one Node per node of the config, as
 real processes, and prints the URL, an API key and examples to paste. The config is rewritten
-for the local stack only (the file itself is never changed):
-
-- every `openai` adapter points at the local fake upstream (and needs no API key); `fake`
-  adapters stay as they are;
-- every listener moves to loopback: the OpenAI API on `--port` (default: a free port), the node
-  hub, the admin API and the metrics on free ports;
-- each node gets a fresh random token (its hash replaces the configured one; a node placed on
-  the Edge has none and no Node process: the Edge runs it), and a fresh client
-  API key is added to `openai.principal_tokens` as token_ref `local-up` (principal `local`).
-
-Everything else (models, capacities, priorities, queues, generation policies) is the config's.
-
-The Edge's admin API is up too (its URL is printed). Edit the config file and send `iop up` a
-SIGHUP: it rewrites the file for the local stack again, with the same tokens, and has the Edge
-apply it live through the admin API; it prints the outcome (a restart-required change is refused
-and named: restart `iop up` for it).
+for the local stack only (the file is never changed): `openai` adapters point at the fake
+upstream, listeners move to loopback, each node gets a fresh token and a client key `local-up`
+is added. A SIGHUP rewrites the edited file the same way and has the Edge apply it live through
+its admin API. docs/edge.md, "Running it locally: `iop up`", has the details.
 """
 
 from __future__ import annotations

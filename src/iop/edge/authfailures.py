@@ -1,20 +1,12 @@
 """Failed authentications per source: counted by reason, throttled, and logged at a bounded rate.
 
-Guessing a client key or a node token must cost the guesser, show in the log and never flood
-it. Each source address (an IPv6 address by its /64: one host holds a whole prefix) has a
-budget of failures, a token bucket of `per_minute` that refills over a minute. A source that
-has spent it is throttled: whatever it sends next is turned away before any token is checked
-(so a throttled guesser cannot even tell a right guess from a wrong one) until the bucket
-refills enough for one more try; the caller says when (`Retry-After`). A source that stops
-failing gets its budget back; one that succeeds is not rewarded (a right token is no reason to
-allow more wrong ones).
-
-The log names the source, why it failed and the first 8 hex digits of the SHA-256 of the token
-it sent (enough to tell an operator which stale key a misconfigured client uses, and nothing
-about the token itself), at most one line per `log_interval` for failures and one per
-`log_interval` for sources that start being throttled, each with a count of what it left out.
-The table of sources is bounded (`max_sources`, least recently failed forgotten first), so a
-guesser rotating addresses costs memory only up to that bound.
+Each source address (an IPv6 address by its /64) has a budget of failures, a token bucket of
+`per_minute` that refills over a minute. A source that has spent it is throttled: whatever it
+sends next is turned away before any token is checked, until the bucket refills enough for one
+more try (the caller says when: `Retry-After`). The log names the source, the reason and the
+first 8 hex digits of the token's SHA-256, at most once per `log_interval` (with a count); the
+table of sources is bounded (`max_sources`). The OpenAI listener and the node hub each have one.
+docs/reliability.md, "Hostile peers" ("Guessing credentials"), says why.
 """
 
 from __future__ import annotations

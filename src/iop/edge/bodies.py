@@ -1,23 +1,12 @@
 """OpenAI request bodies: validated with pydantic, passed on as the client sent them.
 
-The models check only the fields the Edge reads or that a client most often gets wrong (types,
-bounds, required fields); every other field passes through untouched, as OpenAI-compatible
-servers expect (`extra="ignore"` on the model, while the raw document is what is forwarded).
-Types are strict: `"max_tokens": "12"` is an error, as it is at OpenAI.
-
-The Edge then changes the document in exactly three ways: `model` becomes the name the chosen
-provider serves, and the model's generation policy applies (`max_tokens` capped or defaulted,
-`temperature` and `top_p` defaulted when the request names none). A request handed to a fallback
-model gets that model's policy over what the client sent, not over the first model's. An
-embeddings request generates nothing: only its `model` changes.
-
-Context class: the estimated input tokens are the UTF-8 bytes of the message contents (text
-parts of multi-part contents) or of the prompt (an embeddings request's input), divided by 4 and
-rounded up; a prompt given as
-token ids counts one token per id. A request whose estimate reaches
-`openai.long_context_threshold_tokens` is long. Since the contents are part of the body, a body
-shorter than 4 x threshold bytes is short without looking at the contents (text prompts only:
-token ids are denser than that in JSON).
+The models check only the fields the Edge reads or that a client most often gets wrong, with
+strict types; every other field passes through untouched (`extra="ignore"` on the model, while
+the raw document is what is forwarded). The Edge then changes the document in exactly three ways:
+`model` becomes the name the chosen provider serves, and the model's generation policy applies
+(`max_tokens` capped or defaulted, `temperature` and `top_p` defaulted); an embeddings request
+gets only its `model`. The context class comes from an estimate of the input tokens (UTF-8 bytes
+/ 4). docs/edge.md ("The API", "Dispatch") gives the rules.
 """
 
 from __future__ import annotations
@@ -276,7 +265,7 @@ def _change(request: ParsedRequest, key: str, value: Any) -> None:
 
 
 def estimate_tokens(request: ParsedRequest) -> int:
-    """The cheap input-token estimate (see the module docstring)."""
+    """The cheap input-token estimate (docs/edge.md, "Dispatch": long context)."""
     body = request.body
     size = 0
     tokens = 0

@@ -1,20 +1,12 @@
 """One Edge: the node hub, the provider pool and the OpenAI HTTP API, under one lifecycle.
 
-`EdgeServer` owns every part and starts and stops them in order: the hub first (Nodes may dial in
-while the HTTP side comes up), then the HTTP server on the OpenAI listener (`http/server.py`,
-with the limits of `openai.*`: `http/caps.py`); on stop, the HTTP side stops taking requests and
-lets the running ones finish, then the hub closes the Nodes' connections. Signals are the
-caller's business (`iop edge run` maps SIGTERM/SIGINT to `stop()`).
-
-Prometheus metrics name every principal and token ref, so they are not on the public listener:
-with `metrics_listen` (`iop edge run` passes `edge.metrics.listen`) a small app serves
-`GET /metrics` there.
-
-`refresher` is the live-refresh seam (`refresh/refresher.py`): it swaps the next pool snapshot into
-the dispatcher and the config into the hub, and pushes node payloads. With `admin_listen`, a second
-uvicorn server serves the admin API (`http/adminapp.py`) there; `iop edge run` passes the config's
-`edge.admin.listen`, while an Edge embedded in-process (tests, benchmarks) serves none by default.
-The admin server starts last and stops first, so no apply runs while the Edge comes or goes.
+`EdgeServer` owns every part and starts and stops them in order: the hub first, then the HTTP
+server on the OpenAI listener (`http/server.py`, with the caps of `openai.*`: `http/caps.py`),
+the metrics (`metrics_listen`) and the admin API (`admin_listen`: `iop edge run` passes
+`edge.admin.listen`; an Edge embedded in tests or benchmarks serves none by default), which
+stops first. `refresher` is the live-refresh seam (`refresh/refresher.py`). Signals are the
+caller's business (`iop edge run` maps SIGTERM and SIGINT to `stop()`). docs/architecture.md,
+"The Edge", says why the order is so.
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """The EdgeConfig: its model, loading with complete validation, hashing and change classification.
 
+- `configs`: the pydantic model (edge.yaml, the CRD spec, `kubectl explain`); `loading`: text,
+  a file or a document to an `EdgeConfig`, or a `ConfigError` (`errors`) with every problem;
+- `validating`: the checks between values; `secrets`: what counts as a secret; `tokens`: tokens
+  named by a Kubernetes Secret; `payloads`: what one Node receives;
+- `trees`: the id-keyed tree and its hash; `classifying`: every change live or restart-required,
+  as a report (`reports`); `documenting`: the field reference of docs/config.md.
+
 This package is pure: it imports nothing from the servers. The Edge, the Node and the operator
 all build on it.
 """

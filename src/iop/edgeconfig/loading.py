@@ -2,14 +2,11 @@
 
 This is the only way in: whatever the input, the caller gets a complete, valid, immutable config
 or every problem with its path. Pydantic's errors are translated here, once, into sentences
-that name the path, what is expected and what was found.
-
-Config text can come from outside (the admin API's `config_yaml`), so parsing is bounded: the
-text by `MAX_CONFIG_BYTES`, YAML aliases by how much they may expand the document
-(`MAX_ALIAS_EXPANSION` nodes beyond the text's own, so a "billion laughs" document is refused
-before anything walks the tree it would make), and nesting by `MAX_DEPTH`: libyaml's composer
-recurses in C, where a deep enough document overflows the stack and kills the process, so the
-depth is measured on the parser's (iterative) event stream first.
+that name the path, what is expected and what was found. Config text can come from outside (the
+admin API's `config_yaml`), so parsing is bounded: the text by `MAX_CONFIG_BYTES`, YAML aliases
+by `MAX_ALIAS_EXPANSION` nodes beyond the text's own ("billion laughs"), and nesting by
+`MAX_DEPTH`, measured on the parser's (iterative) event stream before libyaml's composer, which
+recurses in C, could overflow the stack (docs/reliability.md, "Summary").
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Deterministic stand-ins for tests, demos and benchmarks.
 
-- `answers`: OpenAI answers, shared by the Node's `fake` adapter and the fake upstream; both send
-  the same bytes for the same request, so a test can predict every one of them.
+- `answers`: OpenAI answers, shared by the `fake` adapter and the fake upstream; both send the
+  same bytes for the same request, so a test can predict every one of them.
 - `configs`: synthetic EdgeConfigs of a given size (nodes of four providers).
 - `upstream`: `FakeUpstream`, the fake OpenAI-compatible server (`iop fake-upstream`) that stands
-  in for GPU servers: those answers at a configurable latency and speed, and failures on request
-  (an error status with an OpenAI error body, a connection dropped before or during an answer).
-  It also answers `/v1/embeddings`.
+  in for GPU servers: those answers (embeddings too) at a configurable latency and speed, and
+  failures on request (an error status, a connection dropped before or during an answer).
 - `simulating`: `GpuEngine`, a simulated GPU model server behind the fake upstream's completions
-  when given `GpuSettings` (`iop fake-upstream --gpu`): a prefix cache, prefill, a batch that
-  slows decoding, a waiting queue, vLLM's metric names.
+  when given `GpuSettings` (`iop fake-upstream --gpu`; docs/architecture.md, "The fakes").
 """
 
 from .answers import (

@@ -1,6 +1,6 @@
 """Deterministic OpenAI answers: response, chunk and error objects for a request.
 
-Shared by the Node's `fake` adapter and the fake upstream (`iop fake-upstream`), so both send the
+Shared by the `fake` adapter and the fake upstream (`iop fake-upstream`), so both send the
 same bytes and a test can predict every one of them. Pure functions of the request and settings:
 the text is a fixed cycle of words, one word per token; the natural answer is `completion_tokens`
 long and a smaller `max_tokens` (or `max_completion_tokens`) cuts it short with finish_reason

@@ -1,34 +1,12 @@
 """A simulated GPU model server: the timings of continuous batching with a prefix cache.
 
-The fake upstream answers in constant time, which cannot show what decides an LLM fleet's
-latency: whether a server holds a prompt's prefix in its KV cache, and how full its batch is.
-`GpuEngine` models the mechanics that matter, the way vLLM's scheduler works, and nothing else:
-
-- Tokens are estimated from text: 4 bytes of UTF-8 a token (`BYTES_PER_TOKEN`, the Edge's own
-  estimate), so a prompt of B bytes is ceil(B / 4) tokens. A chat prompt is rendered with a fixed
-  template (`render_chat`), and an answer is stored with the same template, so a conversation's
-  next turn begins with exactly the bytes of the turn before and its answer, as with a real chat
-  template.
-- The KV cache holds `kv_tokens` tokens in blocks of `block_tokens`. A full block of a prompt is
-  named by the hash of its bytes and of every block before it (a prefix chain, as vLLM's
-  automatic prefix caching), and stays cached after its request ends until its space is needed:
-  then the least recently used unreferenced block goes first. A request's cache hit is the
-  longest run of its leading blocks found in the cache.
-- A request is admitted from the waiting queue (first come, first served) while fewer than
-  `max_batch` run and the cache has room for its prompt and answer; otherwise it waits
-  (`vllm:num_requests_waiting`).
-- Each engine step spends `max_step_tokens` of work: one token for every running request past
-  its prefill, the rest on prefill chunks of the others in admission order (chunked prefill).
-  It lasts `step_ms + step_ms_per_seq x running + prefill tokens / prefill_tokens_per_s`, times
-  1 +- `jitter` (drawn from a `random.Random(seed)`): prefill costs only the tokens not in the
-  cache, and decoding slows as the batch grows. A request's first token comes at the end of the
-  step that finishes its prefill; every later step gives it one more.
-
-The engine is pure state and `step()` is a function of what was submitted and the seed: the same
-submissions between the same steps give the same steps, durations and tokens, so the tests drive
-it with no clock at all. `upstream.py` runs it in real time (one task per server: a step, then
-sleep its duration, then deliver its tokens) and serves vLLM's metric names on `/metrics`
-(`metrics_text`).
+`GpuEngine` models what decides an LLM fleet's latency, the way vLLM's scheduler works, and
+nothing else: tokens estimated from text (`BYTES_PER_TOKEN`), chats rendered by one template
+(`render_chat`), a KV cache of hashed prefix blocks evicted least recently used, a batch of at
+most `max_batch` admitted first come first served, and engine steps of chunked prefill and
+decoding whose duration grows with the batch. It is pure state: `step()` is a function of what
+was submitted and the seed, so tests drive it with no clock; `upstream.py` runs it in real time
+and serves vLLM's metric names (`metrics_text`). docs/architecture.md, "The fakes", has the model.
 """
 
 from __future__ import annotations

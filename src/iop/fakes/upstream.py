@@ -1,25 +1,12 @@
 """The fake OpenAI-compatible upstream (`iop fake-upstream`): a small HTTP/1.1 server on asyncio and
 httptools.
 
-It is the upstream of the tests and the baseline of the benchmarks, so it must be faithful
-(OpenAI's paths, bodies, SSE framing and error bodies) and cheap: a raw asyncio protocol with
-httptools' parser costs a fraction of a framework's per-request work, and it gives full control
-over the failures it injects (an error status, a connection dropped before the response or in
-the middle of a stream). It counts what it saw, including clients that went away mid-response,
-at `GET /fake/stats`, so a test can check that a cancellation really reached it;
-`POST /fake/reset` starts the counts (and a simulated GPU server's cache) afresh while it is
-idle, so a benchmark can run its cells on the same processes.
-
-Test hooks: a request body may carry `"fake_upstream": {"fail": "status" | "drop" |
-"drop-mid-stream", "status": 500, "latency_ms": 100, "tokens_per_second": 5}` to change how
-that one request is answered.
-
-With `gpu` settings (`iop fake-upstream --gpu ...`, opt-in) completions are timed by a simulated
-GPU server instead (`simulating.py`: a KV/prefix cache, prefill of what is not cached, decoding
-that slows as the batch grows, a bounded batch and a waiting queue), one engine per process, and
-`GET /metrics` serves its gauges and counters under vLLM's names. Latency and speed settings do
-not apply then; injected failures still do. A chat answer's usage tells the prompt's cached
-tokens (`prompt_tokens_details.cached_tokens`), as vLLM's does.
+The upstream of the tests and the baseline of the benchmarks: faithful (OpenAI's paths, bodies,
+SSE framing and error bodies), cheap, and failing on request (a body's `"fake_upstream"` hooks).
+`GET /fake/stats` counts what it saw (clients gone mid-response too), `POST /fake/reset` starts
+afresh; with `gpu` settings its completions are timed by a simulated GPU server
+(`simulating.py`) and `GET /metrics` speaks vLLM's names. docs/architecture.md, "The fakes",
+says how and why.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The Node agent: one runner shared by connections to every Edge replica.
 
-In production the Edge runs as several replicas behind a Service, and every replica must be able
-to dispatch to every Node. The agent keeps one `EdgeConnection` per Edge address: the addresses
-given (`edges`), plus every address a service name resolves to (`services`, for a headless
-Service), looked up again periodically, and at once when a link drops or a dial fails, so
-replicas that come and go, or come back at a new pod IP, are followed within a second or so
-(`resolving.py` says when). An address the Service no longer lists is left without losing
-anything (`EdgeConnection.leave`: its runs finish first); one that never got a session is
-dropped at once. All connections share one `Runner`, so a provider's capacity holds across all
-Edges, and one `PayloadArbiter`, so replicas that disagree on the config mid-rollout never flip
-the Node between two.
-
-`drain(grace)` is how a Node leaves (SIGTERM in `iop node run`): every Edge hears at once that
-its providers are draining and stops dispatching here, runs that still arrive are refused with
-the retryable `provider_busy`, and the runs in flight get up to `grace` seconds to finish. Then
-every link says goodbye (it ends its half of the stream after its last message and waits for the
-Edge to close the stream), so no Edge loses the end of a run that finished here; `stop()` closes
-what is left.
+Every Edge replica must be able to dispatch to every Node, so the agent keeps one
+`EdgeConnection` per Edge address: the addresses given (`edges`), plus every address a service
+name resolves to (`services`, a headless Service), looked up again as `resolving.py` says. An
+address no longer listed is left without losing anything (`EdgeConnection.leave`). All
+connections share one `Runner` (capacity holds across all Edges) and one `PayloadArbiter`
+(replicas that disagree never flip the Node). `drain(grace)` is how a Node leaves (SIGTERM).
+docs/reliability.md ("Following the Edge replicas", "Node drain") says how and why.
 """
 
 from __future__ import annotations

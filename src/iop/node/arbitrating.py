@@ -1,19 +1,13 @@
 """Which config payload a Node runs when several Edge replicas each sent one.
 
-Every Edge replica pushes the Node's payload on its own. Mid-rollout they disagree: the operator
-refreshes one replica, then the next, and a replica that restarts welcomes the Node with its
-config. A Node that applied whichever payload came last would flip between the two at every
-push or reconnect. The rule:
-
-- A payload is known by its content hash (`NodePayload.digest`); generations are counters of one
-  Edge each and say nothing across replicas, so they never decide.
-- The Node switches to a payload only when every Edge it is connected to offers that same one.
-  Until then it keeps the payload in use, and acknowledges the new one as *pending*.
-- When no connected Edge offers the payload in use any more (those Edges went away), the Node
-  takes the payload most of them offer (ties: the one offered last), since keeping a payload no
-  Edge stands for would serve nobody's config.
-
-So replicas that disagree never flip the Node, and it converges as soon as they agree.
+Mid-rollout the Edge replicas disagree, and a Node that applied whichever payload came last
+would flip between two at every push or reconnect. So a payload is known by its content hash
+(`NodePayload.digest`; generations are one Edge's counters), the Node switches only when every
+Edge it is connected to offers the same one (until then it keeps its payload and acknowledges
+the new one as *pending*), and when no connected Edge offers the payload in use any more it
+takes the one most of them offer (ties: the one offered last), since a payload no Edge stands
+for would serve nobody's config. docs/reliability.md, "Payload consistency across Edge
+replicas", says so for operators.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """One Node-Edge connection, kept up: dial, hello, serve runs, and redial with backoff on loss.
 
-The Node dials (it may sit behind NAT). Per connection there is one bidirectional stream, one
-reader, one `CoalescingWriter` and one keep-alive task; runs share them. Every run is a task
-owned by the connection that received it: a Cancel from the Edge or the loss of the connection
-cancels the task, which aborts the upstream request at once.
-
-Liveness: the keep-alive task sends a heartbeat every interval and ends the session when the
-Edge sent nothing for the heartbeat timeout (values from the welcome; `DEFAULT_LIVENESS` until
-then; a handshake gets at most 10 s), so a frozen Edge is left and redialed instead of holding
-the Node's runs forever. Every run the Node admits is listed in `accepted_runs`, with its first
-event or at the latest the next heartbeat (no message of its own): that is the first sign of
-life the Edge's per-run deadline waits for. The Edge's pause and resume reach the run's
-`RunGate`, and a run also waits when the connection's writer holds too much, so no buffer here
-grows with a slow client or a slow link.
-
-Leaving: `leave()` ends a link on purpose without losing a message (a Node that drained before it
-exits, an Edge address its Service no longer lists). The link refuses new runs as retryable
-(`provider_busy`) and reports its providers draining, lets its runs finish, writes what it holds,
-ends its half of the stream and waits for the Edge to close the stream. The Edge reads every
-message sent before that end first. Cutting the stream instead (a cancel, a closed channel)
-makes grpc drop whatever the Edge had received but not yet read: when the Edge's event loop is
-busy at that moment, the last chunks and the end of runs that had finished here, and the Edge
-fails those runs as `node_disconnected`.
+Per connection: one bidirectional stream, one reader, one `CoalescingWriter` and one keep-alive
+task, shared by its runs, each a task the connection owns (a Cancel or the connection's loss
+cancels it, aborting the upstream request). The keep-alive task sends heartbeats and leaves an
+Edge silent past the deadline; admitted runs are listed in `accepted_runs`; the Edge's pause
+reaches a run's `RunGate`. `leave()` ends a link on purpose without losing a message: it ends its
+half of the stream and waits for the Edge to close it. docs/reliability.md ("Liveness of the
+Node links", "Node drain") says why; docs/architecture.md, "The Node", has the rest.
 """
 
 from __future__ import annotations
@@ -205,8 +190,8 @@ class EdgeConnection:
         return self._leaving.is_set()
 
     def leave(self) -> None:
-        """Leave this Edge for good, losing nothing: see the module docstring. `run()` returns
-        once the Edge closed the stream, or at once if no session is up."""
+        """Leave this Edge for good, losing nothing (docs/reliability.md, "Node drain"). `run()`
+        returns once the Edge closed the stream, or at once if no session is up."""
         if self._leaving.is_set():
             return
         self._leaving.set()

@@ -1,21 +1,13 @@
 """Where the Edge replicas are: the addresses a service name lists, and when to look again.
 
-A Node given `--edge-service NAME:PORT` (a headless Service) keeps one connection per address the
-name resolves to. A headless Service lists only the *ready* Edge pods, by pod IP, so the answer
-changes whenever a replica starts, stops, or is replaced by a pod at a new IP (a restart of the
-Edge, a `helm upgrade`): the Node must look again soon after such a change, or it keeps dialing
-an address where no Edge listens until its next periodic look.
-
-`ResolvePacing` decides when (pure, so a unit test drives it with numbers):
-
-- every `interval` (30 s) while every address listed has welcomed this Node;
-- every `fast` second while no Edge has welcomed it (at start no replica may be ready yet);
-- after a link that had been welcomed drops (`lost`), every `fast` second until the Node is
-  welcomed again by as many Edges as before the loss and by every address listed, for at most
-  `fast_for` seconds (a replica that is gone for good, a scale-down, ends the fast pace there).
-
-The agent also looks at once when a link drops or a dial fails, never more often than every
-`fast` seconds (`spacing`): the lookup is cheap, but every failed redial of a dead address asks.
+A headless Service lists only the *ready* Edge pods, by pod IP, so its answer changes whenever a
+replica starts, stops or is replaced at a new IP; the Node must look again soon after, or it
+keeps dialing an address where no Edge listens. `ResolvePacing` decides when (pure, so a unit
+test drives it with numbers): every `interval` while every address listed has welcomed the Node,
+every `fast` second while none has, or after a link is `lost` until as many Edges as before and
+every address listed welcome it (for at most `fast_for`); the agent also looks at once when a
+link drops or a dial fails, at most every `fast` seconds (`spacing`). docs/reliability.md,
+"Following the Edge replicas", has the figures and why.
 """
 
 from __future__ import annotations

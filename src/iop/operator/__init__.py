@@ -1,11 +1,15 @@
 """The kopf operator for the EdgeConfig custom resource (`iop operator ...`, docs/operator.md).
 
-It lives at `src/iop/operator/`, so it is only ever imported as `iop.operator`: nothing puts
-`src/iop/` on `sys.path`, and the standard library's `operator` stays the one `import operator`
-finds (tests/test_layout.py pins this).
-
-The operator talks to the Edge only over its admin HTTP API and imports nothing of `iop.edge`
-(import-linter holds it to that); the config model (`iop.edgeconfig`) is the one thing they share.
+- `running`: `iop operator run`; `workers`: a task per EdgeConfig; `leading`: the Lease; `metrics`;
+- a pass: `reconciling` (observe, act, report) and `deciding` (pure, on the `values` a pass
+  observes), with `tokensecrets`, `watching`, `documents`, `rolling`, `liveapplying` and
+  `discovering`;
+- `webhook/`: the validating webhook, its plan, its HTTPS server and certificate;
+- `status/`: the status model, a pass's findings as status, what is written, Events;
+- `adminapi`, `kubeapi`: the clients of the Edge's admin API and of Kubernetes; `errors`;
+  `crds`: the CRD from the model; `conventions`: the names the chart shares.
+It talks to the Edge only over that admin API and imports nothing of `iop.edge`; the config model
+(`iop.edgeconfig`) is all they share. docs/architecture.md, "Layers", says why it is `iop.operator`.
 """
 
 from .crds import crd_yaml, edgeconfig_crd

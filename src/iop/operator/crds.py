@@ -1,28 +1,11 @@
 """The EdgeConfig CustomResourceDefinition, generated from the config model.
 
 The model in `iop.edgeconfig` is the one source of truth: this module turns its JSON schema
-(camelCase, the Kubernetes spelling) into a *structural* OpenAPI v3 schema the API server
-accepts, so `kubectl explain edgeconfig.spec.nodes.providers.capacity` prints the field's own
-description, which ends with whether a change is live or needs a restart. `iop operator crd`
-prints it; `deploy/crds/edgeconfigs.iop.dev.yaml` is that output, and a test fails when the
-committed file is stale.
-
-What the conversion does, and why:
-
-- `$ref`s are inlined and `anyOf: [X, null]` becomes `X` with `nullable: true` (structural
-  schemas allow neither references nor type unions).
-- The adapter's discriminated union becomes one object with the union of both kinds' fields,
-  `type` as an enum, and a CEL rule for the field a kind requires (structural schemas cannot
-  branch on a value).
-- Lists of items with an id are `x-kubernetes-list-type: map` keyed by that id, so the API
-  server refuses duplicates and server-side apply merges items by id.
-- Defaults are *not* put in the schema: the API server would write them into every stored
-  object (growing it, and hiding what the user set); the model fills them in, and each
-  description says its default so `kubectl explain` still shows it.
-- CEL only for cheap invariants within one object (`longContextSlots <= capacity`, an openai
-  adapter needs `baseUrl`); everything that relates objects to each other (provider references,
-  unique provider ids across nodes, secrets) stays in the operator and its webhook, which report
-  every problem with its path.
+(camelCase) into a structural OpenAPI v3 schema the API server accepts (references inlined,
+nullables, the adapter's union as one object with a CEL rule, lists keyed by id, no defaults),
+so `kubectl explain` prints each field's own description. `iop operator crd` prints it;
+`deploy/crds/edgeconfigs.iop.dev.yaml` is that output, and a test fails when it is stale.
+docs/operator.md, "The CRD, generated from the model", says why each conversion is so.
 """
 
 from __future__ import annotations
@@ -80,7 +63,7 @@ def spec_schema() -> dict[str, Any]:
 
 
 def _convert(node: dict[str, Any], defs: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-    """One JSON-schema node -> its structural OpenAPI form (see the module docstring)."""
+    """One JSON-schema node -> its structural OpenAPI form (docs/operator.md, "The CRD")."""
     node = _resolved(node, defs)
     if "anyOf" in node:
         branches = [b for b in node["anyOf"] if b.get("type") != "null"]

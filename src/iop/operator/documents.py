@@ -1,16 +1,13 @@
 """The objects the operator writes for an EdgeConfig, and the record of what it last applied.
 
-- The Edge ConfigMap (`NAME-edge`, key `edge.yaml`): the config rendered as compact JSON (JSON is
-  YAML, and the Edge parses a JSON document with the standard library's C parser), snake_case,
+- The Edge ConfigMap (`NAME-edge`, key `edge.yaml`): the config as compact JSON, snake_case,
   only the keys the spec set. A pod that starts reads it and is current at once.
 - The applied record (`NAME-edge-applied`): the config *last applied* (the base the next change
-  is classified against; a refused or failed change never becomes it), gzip-compressed (a
-  config compresses about tenfold, so this record is never what limits a config's size), its
-  hash and generation, and the stamps the operator wrote on workloads. It is a ConfigMap of its
-  own, not an annotation: annotations on the EdgeConfig would re-trigger every watcher (and
-  count against 256 KiB), and the Edge ConfigMap is mounted into pods.
+  is classified against), gzip-compressed, its hash and generation, and the stamps the operator
+  wrote on workloads.
 
-Both are owned by the EdgeConfig (garbage-collected with it) and written with server-side apply.
+Both are owned by the EdgeConfig and written with server-side apply. docs/operator.md, "What the
+operator writes", says why they are so.
 """
 
 from __future__ import annotations

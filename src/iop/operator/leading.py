@@ -2,15 +2,10 @@
 
 Two replicas run (the chart's default), so a lost node costs seconds, not the minutes a single
 replica takes to be rescheduled. Both watch and both serve the webhook; only the holder of the
-Lease reconciles (`workers.py` waits for `leading`). The rules are client-go's
-`leaderelection`: the holder renews every `retry_s`; another replica takes the Lease once it
-has seen the same record, unrenewed, for `lease_s` by its own clock (no trust in the holder's
-clock); a holder that could not renew for `renew_deadline_s` steps down; a holder that stops
-releases the Lease, so the standby takes over at its next try instead of after the lease.
-Writes are optimistic (the record's resourceVersion), so two replicas never both win.
-
-Why not kopf's peering: its replicas of equal priority all pause (it is made for a dev operator
-beside a production one), and it needs a cluster-wide CRD of its own.
+Lease reconciles (`workers.py` waits for `leading`). The rules are client-go's `leaderelection`
+(renew every `retry_s`, take over a record unrenewed for `lease_s` by one's own clock, step down
+past `renew_deadline_s`, release on stop), with optimistic writes on the resourceVersion.
+docs/operator.md, "Several replicas, one active", says why, and why not kopf's peering.
 """
 
 from __future__ import annotations

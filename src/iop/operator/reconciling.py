@@ -1,25 +1,13 @@
 """One reconcile pass of one EdgeConfig: observe, decide, act, report.
 
 A pass is level-based: it reads what is and does what is missing, so running it again changes
-nothing, and an operator killed at any point converges on restart without rolling anything twice.
-
-1. **Validate** the spec with the config model (every check of `iop config check`). Invalid:
-   `Valid=False`, `Stalled=True` with every problem and an Event; nothing else is touched.
-2. **Observe**: say the generation is seen (`Reconciling=True`, `Ready=Unknown`); read the token
-   Secrets the spec names (creating the ones to generate) and hash them into the desired config;
-   the record of what was last applied (`documents.AppliedState`); the workloads; the replicas.
-3. **Decide** (`deciding.plan`): the change against the config *last applied* (never the last
-   seen: a refused change does not become the base), and the restarts it needs.
-4. **Act**: write the Edge ConfigMap (pods that start from now on are current at once); stamp
-   the workloads of each restart (`rolling.py`); apply live on every ready replica of the
-   current pod template (`liveapplying.py`), telling it which node restarts the operator makes;
-   a replica that names a restart the change lacked gets it.
-5. **Decide again** (`deciding.judge`) on what the acts returned: commit the change as applied,
-   which restarts are done, the status, when to look again.
-6. **Report**: the record, the status (`status/reporting.py`) and Events.
-
-The objects it writes and the Secrets it reads are watched by name (`watching.py`): one deleted
-or edited by someone else wakes a pass, which puts it back.
+nothing, and an operator killed at any point converges on restart without rolling anything twice. It
+validates the spec; observes (the generation seen, the token Secrets, the applied record
+`documents.AppliedState`, the workloads, the replicas); decides (`deciding.plan`, against the config
+*last applied*); acts (the Edge ConfigMap, the restarts' stamps: `rolling.py`, the live apply:
+`liveapplying.py`); decides again on what the acts returned (`deciding.judge`); and reports (the
+record, the status: `status/reporting.py`, Events). What it writes and reads is watched by name
+(`watching.py`). docs/operator.md, "What happens to a change", has each step and why.
 """
 
 from __future__ import annotations

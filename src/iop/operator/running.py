@@ -2,16 +2,11 @@
 
 kopf does what it is best at: list-and-watch (EdgeConfigs, and the Deployments and Pods
 labelled `iop.dev/edgeconfig`, which wake the EdgeConfig's worker), the admission webhook
-server, the liveness endpoint. The operator's own work runs in `workers.py` and
-`reconciling.py`. kopf is configured so that it writes nothing on the EdgeConfig: no diff-base
-annotation, no progress record, no finalizer (there are no change handlers, timers or daemons),
-and no Events of its own (the operator posts its decisions itself).
-
-One operator per EdgeConfig: with `--edgeconfig NAME` (what the chart passes) every watch asks
-the API server for that EdgeConfig's objects only (a field selector on the EdgeConfig, a label
-selector on its workloads and pods), so two releases in one namespace never see each other's
-objects. Several replicas: all watch and serve the webhook (with one certificate, kept in a
-Secret), and the one holding the Lease reconciles (`leading.py`); kopf itself runs standalone.
+server, the liveness endpoint; the operator's own work runs in `workers.py` and
+`reconciling.py`. kopf is configured to write nothing on the EdgeConfig. With `--edgeconfig
+NAME` every watch asks for that EdgeConfig's objects only; among several replicas the holder of
+the Lease reconciles (`leading.py`). docs/operator.md ("One operator per EdgeConfig", "Several
+replicas, one active", "Running the operator") says why.
 """
 
 from __future__ import annotations

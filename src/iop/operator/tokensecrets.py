@@ -1,17 +1,12 @@
 """The tokens an EdgeConfig names by Secret: read, created when the spec says to, and hashed.
 
-A spec may name a node's, a client's or the admin API's token by a Secret
-(`token_secret: {name, key, generate}`) instead of by its SHA-256, so nothing that renders the
-EdgeConfig (Helm, Argo CD, Flux) draws a token or carries a hash: renders stay pure. The
-operator reads each named Secret; one marked `generate` that does not exist (or lacks the key)
-it creates with a random token, labelled and owned by the EdgeConfig, and never changes again —
-deleting it is how a token is rotated. The hashes go into the Edge's config
-(`iop.edgeconfig.with_token_hashes`); raw tokens stay in memory only (the admin token, to call
-the Edges) and are never logged.
-
-Secrets are read by name (RBAC: `get` on those names; `create`, which RBAC cannot limit by
-name, only for the ones to generate) and cached until their watch (`watching.py`) says they
-changed.
+A spec may name a node's, a client's or the admin API's token by a Secret (`token_secret: {name,
+key, generate}`) instead of by its SHA-256, so renders stay pure. The operator reads each named
+Secret, creates the ones marked `generate` that are missing (a random token, owned by the
+EdgeConfig, never changed again: deleting it rotates the token), and puts the hashes into the
+Edge's config (`iop.edgeconfig.with_token_hashes`); raw tokens stay in memory only and are never
+logged. Secrets are read by name and cached until their watch (`watching.py`) says they changed.
+docs/operator.md, "Tokens in Secrets: renders stay pure", says why.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Watches of single objects, by name: what the operator owns or reads for an EdgeConfig.
 
-The operator is level-based for what it owns: the Edge ConfigMap, the applied record and the
-token Secrets it generated come back within seconds when someone deletes or edits them, and a
-Secret it reads (an admin or node token) is read again the moment it changes. kopf watches the
-EdgeConfigs and the workloads; these objects are watched here instead, one watch per object with
-a `metadata.name` field selector, because that is what RBAC can grant by `resourceNames` — a
-label-selected watch of Secrets would need the right to read every Secret of the namespace.
-
-Each watch lists its object (to learn the resourceVersion), reports what it found, then follows
-it; it starts over on a 410 Gone or a dropped stream, and backs off (1 s doubling to 30 s) while
-the API refuses.
+The Edge ConfigMap, the applied record and the token Secrets it generated come back within
+seconds when someone deletes or edits them, and a Secret it reads is read again the moment it
+changes. One watch per object, with a `metadata.name` field selector (what RBAC can grant by
+`resourceNames`); each lists its object, reports it, then follows it, starting over on a 410 Gone
+or a dropped stream and backing off (1 s doubling to 30 s) while the API refuses.
+docs/operator.md, "Level-based for what it owns", says why.
 """
 
 from __future__ import annotations

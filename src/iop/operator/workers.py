@@ -2,16 +2,10 @@
 
 kopf delivers watch events; the handlers only hand the newest body to the EdgeConfig's worker
 and wake it (Deployment and Pod events of its workloads wake it too). The worker runs one
-reconcile pass at a time, always on the newest body it has: events that arrive during a pass
-coalesce, so a generation that arrives mid-apply is applied right after it, and generations in
-between are skipped, never applied out of order. A pass that failed is retried with
-exponential back-off (1 s doubling to 60 s); a new generation cuts the back-off short.
-
-Why not kopf's change handlers (`@kopf.on.update` and friends): they keep a copy of the spec
-as the diff base (an annotation by default, capped at 256 KiB, or the status, where it doubles
-the object's size), and a handler waiting out its retry delay holds newer generations back. A
-`@kopf.daemon` would fit, but adds a finalizer to every EdgeConfig, which blocks its deletion
-whenever the operator is not running. A plain task per object needs neither.
+reconcile pass at a time, always on the newest body it has, so generations in between are
+skipped, never applied out of order; a failed pass is retried with exponential back-off (1 s
+doubling to 60 s), which a new generation cuts short. docs/operator.md, "What happens to a
+change", says why not kopf's change handlers or a `@kopf.daemon`.
 """
 
 from __future__ import annotations

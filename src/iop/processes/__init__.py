@@ -1,8 +1,11 @@
 """Starting `iop` commands as child processes: the one place `iop up`, tests and benchmarks use.
 
 `iop fake-upstream` and `iop edge run` print one JSON line on stdout once they listen; this
-package reads it, so callers can start them on port 0 and learn where they listen. `free_port`
-picks a port for a process that takes its port from a command line or a config instead.
+package reads it, so callers can start them on port 0 and learn where they listen.
+
+- `spawning`: the fake upstream, an Edge and a Node as child processes;
+- `ports`: `free_port`, a port for a process that takes its port from a command line or a
+  config instead.
 """
 
 from .ports import free_port

@@ -1,11 +1,10 @@
-"""What runs a request on a model server, wherever it runs: in a Node agent or in the Edge itself.
+"""What runs a request on a model server, wherever the node runs: in a Node agent or in the Edge.
 
-`Runner` (`running.py`) holds the adapter registry built from a node's payload, admits runs
-against each provider's capacity, runs them (`Runner.execute` pushes a run's events to a
-Node's stream; `Runner.run_events` yields them to a caller in the same process), swaps
-registries with drain and judges each provider's health (`healthstates.py`) from its probes
-(`probing.py`) and from how its real runs end. The adapters (`openai`, `fake`) are in
-`iop.providers.adapters`.
+- `running`: `Runner`, the adapter registry built from a node's payload: capacity, runs
+  (`Runner.execute` pushes a run's events to a Node's stream, `Runner.run_events` yields them to
+  a caller in the same process), swaps with drain, each provider's health;
+- `healthstates`: a provider's verdict from its probes (`probing`) and how its real runs end;
+- `adapters`: how a run reaches a provider (`openai`, `fake`).
 
 A Node agent (`iop.node`) puts a `Runner` behind its gRPC links to every Edge; an Edge
 (`iop.edge.hub.localnodes`) runs one in its own process for a node placed on the Edge

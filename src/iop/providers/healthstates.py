@@ -1,22 +1,12 @@
-"""One provider's health as its Node judges it: probe results and real requests in, a verdict out.
+"""One provider's health as its runner judges it: probe results and real requests in, a verdict out.
 
-Pure state, no I/O: `probing.py` feeds it probe results, the runner feeds it how real requests
-ended, and whoever fed it reports the new `ProviderHealth` when a call returns True.
-
-The rules (`HealthPolicy` holds the numbers):
-
-- A probed provider starts unhealthy (`not_probed`): its first passing probe brings it in, and a
-  first failing one says why it stays out. A Node that starts beside a model server still
-  loading (minutes, for a large model) sends it nothing meanwhile.
-- Healthy: `failure_threshold` failing probes in a row take it out (`probe_failed`), and so do
-  `request_failure_threshold` real requests in a row that failed on the upstream
-  (`request_failures`: outlier detection, which reacts to a server that dies under traffic
-  before the next probe does).
-- Unhealthy: `success_threshold` passing probes in a row bring it back, whatever took it out. So
-  a provider taken out by its requests stays out for at least that many probe intervals, even
-  when its probes never failed (it answers a GET but not a completion).
-- A provider that is not probed (its adapter has no upstream, or `interval_ms` is 0) is healthy,
-  and its requests take it out of nothing: with no probe, nothing could bring it back.
+Pure state, no I/O: `probing.py` feeds it probe results, the runner (in a Node, or in the Edge
+for a node placed there) feeds it how real requests ended, and whoever fed it reports the new
+`ProviderHealth` when a call returns True. `HealthPolicy` holds the numbers: a probed provider
+starts out (`not_probed`); `failure_threshold` failed probes or `request_failure_threshold`
+failed requests in a row take it out (`probe_failed`, `request_failures`); `success_threshold`
+passing probes bring it back, whatever took it out; a provider with no probe is healthy.
+docs/edge.md, "Health", gives the rules and why.
 """
 
 from __future__ import annotations

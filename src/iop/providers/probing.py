@@ -1,25 +1,11 @@
-"""Active health checks: the Node probes each provider's upstream, one task per provider.
+"""Active health checks: each provider's upstream probed by a task of its own, and its load read.
 
-A probe is `GET` on the upstream (`base_url` + `/models` by default, which every
-OpenAI-compatible server answers, or the configured path on the upstream's host, such as
-vLLM's `/health`) with the adapter's own headers (its API key), bounded by the policy's timeout;
-an answer below 400 passes. Each probed provider has one task, named after it, that probes
-every `interval_ms` from one probe's start to the next; the runner turns the results into
-verdicts (`healthstates.py`) and reports the changes to every Edge.
-
-Probes dial a new connection each time (`force_close`), apart from the adapter's pool: a pool
-full of long completions must not make a probe wait for a connection and fail, and a probe
-should see what a new request would (a refused connection), not a kept-alive socket. Only
-adapters with an upstream are probed (the `fake` adapter answers in-process).
-
-Load: after a passing probe, the same task reads `GET /metrics` on the upstream's host and
-takes what a vLLM server says of its load there (`vllm:num_requests_running`,
-`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` of older
-releases; summed, or for the cache the most, over the label sets); the Node reports it to every
-Edge with its heartbeats, for the `least_load` and `prefix_affinity` policies. A server whose
-`/metrics` fails or has none of those names (not vLLM) is asked again only after
-`_METRICS_RETRY_S`, so a server without them costs one request a minute. A failing read never
-counts against the provider's health.
+A probe is `GET` on the upstream (`base_url` + `/models`, or the configured path on its host)
+with the adapter's headers, on a new connection each time (`force_close`), bounded by the
+policy's timeout; an answer below 400 passes. After a passing probe the same task reads a vLLM
+server's load from its `/metrics` (asked again only after `_METRICS_RETRY_S` when it has none).
+The runner, in a Node or in the Edge, turns the results into verdicts (`healthstates.py`) and
+reports the changes. docs/edge.md, "Health" and "Choosing among equals", says why.
 """
 
 from __future__ import annotations

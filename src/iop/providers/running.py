@@ -1,34 +1,12 @@
-"""The Node's runner: the adapter registry in use, capacity across every Edge, swap with drain.
+"""The runner of one node's providers: the adapter registry, capacity, swap with drain, health.
 
-A registry is an immutable map of provider id -> `Provision` (the provider's payload and its
-adapter), built from a config payload. `Runner.apply` builds the next registry and swaps one
-reference: new runs use the new registry at once. An adapter whose settings did not change is
-carried over (its connection pool stays warm); every other old adapter is closed only after the
-runs still using it have finished, bounded by the drain timeout, and the drain is reported.
-
-Capacity is a limit on the provider, not on one Edge: the in-flight counters live here, per
-provider id, shared by the connections to every Edge and kept across swaps. A run beyond
-`capacity` (or beyond `long_context_slots` for a long-context run) is refused at once with the
-retryable `provider_busy`, which the Edge reads as "try another candidate or wait".
-
-Draining (SIGTERM): `drain()` reports every provider unhealthy ("draining"), so the Edges stop
-dispatching here, refuses any run that still arrives with `provider_busy`, and `wait_idle`
-returns once the runs in flight have ended.
-
-Drain progress: while a swap drains the adapters it replaced, or the Node drains to exit, the
-runner reports the runs each provider still has to finish (`DrainProgress`) to its drain
-listeners (every Edge connection) when the drain starts and whenever one of those runs ends, so
-an Edge sees zero exactly when the last run ends; the log says how far along it is at most once
-a second, and when it is done.
-
-Health: each provider's `HealthState` (`healthstates.py`) is judged by the probes of its
-upstream (`probing.py`, one task per probed provider, owned here) and by how its real runs end
-(outlier detection); it is carried over a swap with the adapter, and every change of verdict
-goes to the health listeners at once.
-
-A run's `RunGate` is how the Edge's flow control reaches the upstream: while the Edge has a run
-paused (its client reads slower than the run produces) the run stops pulling events from its
-adapter, which stops reading the upstream's response, and TCP carries the backpressure on.
+A `Runner` runs in a Node agent (`iop.node`, shared by its links to every Edge) or in the Edge,
+for a node placed there (`iop.edge.hub.localnodes`). `apply` swaps in the registry built from a
+payload (unchanged adapters carried over, replaced ones closed once their runs end);
+`execute` pushes a run's events to a Node's stream and `run_events` yields them in-process; a
+run beyond a provider's capacity is refused as the retryable `provider_busy`; `drain` reports
+every provider draining; each provider's health comes from `probing.py` and `healthstates.py`.
+docs/architecture.md, "The providers", says how and why.
 """
 
 from __future__ import annotations
@@ -192,7 +170,8 @@ class RunGate:
 
 
 class Runner:
-    """Admits, runs and counts runs; swaps registries. One per Node process, shared by all Edges."""
+    """Admits, runs and counts runs; swaps registries. One per Node process, shared by all its
+    Edges, or one per node placed on an Edge, in each Edge replica."""
 
     def __init__(self, *, drain_timeout: float = 60.0) -> None:
         self._registry = Registry.empty()
@@ -324,7 +303,7 @@ class Runner:
 
     def _loaded(self, provider_id: str, load: ServerLoad) -> None:
         """What a provider's server said of its load (probing.py), for the heartbeats, with the
-        requests at the server that were not this Node's runs then (other clients)."""
+        requests at the server that were not this runner's runs then (other clients)."""
         ours = self._in_flight.get(provider_id, 0)
         load = replace(load, not_ours=max(0, load.running + load.waiting - ours))
         self._server_loads[provider_id] = (load, time.monotonic())

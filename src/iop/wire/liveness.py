@@ -1,15 +1,10 @@
 """Liveness on the Node-Edge link: heartbeats both ways, and a deadline for a silent peer.
 
-A frozen peer (SIGSTOP, a hung host, a stuck event loop) keeps its TCP connection open and its
-kernel keeps acknowledging segments, so neither TCP nor a pending read ever says it is gone.
-Only what the peer's *application* sends can: each side sends a heartbeat every
-`heartbeat_interval` and counts a peer it heard nothing from (no message of any kind) for
-`heartbeat_timeout` as dead. The Edge's values (`edge.node_link`) travel in the welcome, so both
-directions use the same ones.
-
-The judge is fair to the peer when the judging side itself stalls: if its own ticker wakes up
-late by more than a tick, the messages the peer sent meanwhile may still sit unread in the
-socket, so that tick judges nobody and the readers catch up first.
+A frozen peer keeps its TCP connection open, so only what its *application* sends can say it is
+alive: each side sends a heartbeat every `heartbeat_interval` and counts a peer it heard nothing
+from for `heartbeat_timeout` as dead; the Edge's values (`edge.node_link`) travel in the
+welcome. A side whose own ticker woke late by more than a tick judges nobody on that tick: the
+peer's messages may still sit unread. docs/reliability.md, "Liveness of the Node links", says why.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What a peer says in words is bounded before anyone logs, stores or shows it.
 
 A Node with a valid token is still a peer whose words are not ours: a config refusal, an error
-message, a provider's health detail may be any size (20 MiB of refusal text went into an Edge's
-log before this). Every such text is cut once, where it comes off the wire (`converting.py` and
-the Edge's session), to `MAX_TEXT_CHARS`, marked so a reader sees it was cut.
+message, a provider's health detail may be any size (docs/reliability.md, "Hostile peers", has
+what once reached an Edge's log). Every such text is cut once, where it comes off the wire
+(`converting.py` and the Edge's session), to `MAX_TEXT_CHARS`, marked so a reader sees it was cut.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The single writer of one stream direction, which coalesces without adding latency.
 
-A grpc.aio message costs far more CPU on each side than the bytes in it (docs/benchmarks.md),
-so each direction of a Node-Edge stream has exactly one writer task. Producers `put` items and never
-wait. When the writer is idle an item goes out at once, alone; while a write is in flight,
-whatever producers put queues up, and the next write sends all of it as one message. Under light
-load that is one message per item with no delay; under heavy load the batches grow by themselves
-and the per-message cost is shared.
-
-A writer with `max_bytes` also bounds each batch in bytes, from the size each `put` declares
-(plus `ITEM_OVERHEAD`): the Edge refuses a Node's message past its receive limit, so a Node's
-writer cuts a batch before it grows past it. Producers declare what they know for free (the
-length of a chunk's data) and leave out what is small.
-
-`put` never waits, so a producer that could outrun the stream (a run reading its upstream faster
-than the peer takes the stream's messages) bounds the queue itself: `wait_for_room(limit)`
-returns once fewer than `limit` items wait. `wait_flushed()` returns once everything put so far
-has been written. `finish()` takes no more items, writes what is queued and then stops, without
-ever cutting a write short: a side that is about to end its half of the stream (a Node leaving an
-Edge) sends its last words whole, and only then says it is done writing.
+Each direction of a Node-Edge stream has exactly one writer task, since a grpc.aio message costs
+far more CPU on each side than the bytes in it (docs/benchmarks.md, "Where the tail comes
+from"). Producers `put` items and never wait: an item goes out at once when the writer is idle,
+and what queues during a write goes in the next one, as one message, so light load pays no delay
+and heavy load shares the per-message cost. With `max_bytes` a batch is bounded in bytes too
+(the size each `put` declares, plus `ITEM_OVERHEAD`): the Edge refuses a Node's message past its
+receive limit. `wait_for_room(limit)` bounds the queue for a producer that could outrun the
+stream, `wait_flushed()` waits for what was put, and `finish()` writes the rest, then stops.
 """
 
 from __future__ import annotations

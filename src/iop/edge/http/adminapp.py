@@ -1,44 +1,12 @@
 """The admin HTTP API: live refresh and the config in use, an operator-local surface.
 
 Served on `edge.admin.listen` (loopback by default) by a second uvicorn server of the Edge
-process, as a raw ASGI app like the OpenAI API. Routes:
-
-- `POST /refresh` with `{"mode": "dry_run" | "apply"}` and at most one of `config` (the config
-  as an object), `config_yaml` (YAML or JSON text) or `path` (a file the Edge reads: only its
-  own config file or one in `edge.admin.config_dir`, and only a regular file; anything else is a
-  400 that names the path's problem, never the file's content); with none of them the Edge
-  re-reads the file it was started from. Answers the refresh report: 200 (dry
-  run, or applied), 409 (apply refused: restart-required paths; nothing changed), 422 (invalid
-  candidate, with every problem and its path; nothing changed). `restarting: ["node:<id>"]`
-  says the caller restarts those nodes itself (the operator rolls their workloads): their
-  restart-required paths do not refuse the apply, and they get no push.
-- `GET /config`: the config in use, its hash and generation, with secrets redacted (token
-  hashes, and the credentials in URLs: userinfo and every query value).
-- `GET /status`: the config hash and generation in use, and for every node whether it runs the
-  payload of that config (what the operator reads after an apply or a node's restart).
-- `GET /refresh/last` (`?mode=apply`: the last apply): the last report; 404 before any.
-- `GET /status`: the config hash and generation in use, and for every node of the config
-  whether it is connected, which config it applied, whether it drains and how many runs each
-  provider has left (older processes of it that a newer one superseded included), and each of
-  its providers' health with the reason code and the sentence behind it (URL credentials
-  redacted) and its load (this Edge's runs on it, what its Node and its server last reported:
-  runs from other Edges, other clients' requests; and the load `least_load` reads). Without a
-  hub (an admin API tested alone) it lists the nodes as not connected. `dispatch` has each
-  model's policy and its choices by reason (and the prefix points `prefix_affinity`
-  remembers). `limits`: each entry of `openai.limits[]` per principal, with its current use
-  (requests and tokens left in the minute's buckets, requests in progress, budget spent and
-  when it resets), read from the shared store when there is one.
-- `GET /healthz`.
-
-Other answers: 400 for a malformed body, 401 without or with a wrong bearer token (when auth is
-configured), 404, 405, 413, each in OpenAI's error shape with the admin API's own `code`
-(`http/responses.py` renders them, as it does the OpenAI API's).
-
-Auth: a bearer token is accepted when its SHA-256 matches `edge.admin.token_hash_sha256` or the
-hash of `edge.admin.token_file`'s content (read once, at start), compared in constant time. With
-neither configured the API is open, which `AdminAuth.load` allows on loopback only: off loopback
-the Edge refuses to start. Tokens are never stored or logged; the log names the peer address and
-which configured credential matched.
+process, as a raw ASGI app like the OpenAI API: `POST /refresh` (the `Refresher`'s report),
+`GET /config` (secrets redacted), `GET /status` (each node, its providers' health and load,
+dispatch, limits), `GET /refresh/last` and `GET /healthz`; errors in OpenAI's shape with the
+admin API's own `code` (`responses.py`). `AdminAuth` checks a bearer token's SHA-256 against
+`edge.admin.token_hash_sha256` or `token_file`'s, in constant time; with neither the API is open,
+on loopback only. docs/refresh.md, "The admin API", documents every route and answer.
 """
 
 from __future__ import annotations

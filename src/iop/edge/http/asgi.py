@@ -1,7 +1,10 @@
-"""The few ASGI pieces the Edge's two raw apps (the OpenAI API and the admin API) share.
+"""The few ASGI pieces the Edge's raw apps share: scope types, headers, one-shot bodies, lifespan.
 
-Both are plain ASGI callables on uvicorn rather than framework apps: the OpenAI API measured
-faster that way (docs/benchmarks.md). These helpers keep the protocol details in one place.
+The OpenAI API, the admin API and the metrics app (`openaiapp.py`, `adminapp.py`,
+`metricsapp.py`) use them, and so do `clientguard.py` (which wraps the OpenAI app),
+`responses.py` (which renders every error) and `server.py` (an HTTP/1.0 stream). All three apps
+are plain ASGI callables on uvicorn rather than framework apps: the OpenAI API measured faster
+that way (docs/benchmarks.md). These helpers keep the protocol details in one place.
 """
 
 from __future__ import annotations

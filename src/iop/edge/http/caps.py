@@ -1,26 +1,12 @@
 """What the Edge's HTTP listeners refuse before a request reaches an app, and how they say it.
 
-Anyone who can open a TCP connection to the OpenAI listener can send bytes before any auth:
-a request head of any size, a head that never ends, thousands of connections that send nothing.
-The limits here bound each of those, independently of the HTTP server that enforces them
-(uvicorn with httptools today: `http/server.py`), so swapping the server keeps them:
-
-- the request head (request line and headers) is bounded in bytes, per header and in count,
-  and refused with 431 as soon as the bytes received pass the bound, before a parser that
-  grows a header value piece by piece (quadratically, in httptools) is fed more of it;
-- a client has `header_timeout` to send a request's head: then 408 and the connection closes
-  (a connection that sent nothing is just closed), so slow-loris and idle connections end;
-- at most `max_connections` connections at once (lowered to fit the process's open-file limit,
-  next to the node hub's), and at most `max_connections_per_client` from one client address:
-  one beyond either gets 503 with `Retry-After` and is closed, so real requests are never
-  starved of file descriptors, and one client cannot take them all;
-- a client that reads nothing of its answer for `send_timeout` while the Edge has more to send
-  is cut, which cancels its run and frees its slot;
-- malformed framing, and a `Transfer-Encoding` other than chunked, get an OpenAI-shaped 400
-  and a closed connection, and each kind of refusal is logged at most once a minute (with a
-  count), so unauthenticated garbage cannot flood the log.
-
-Every refusal body is OpenAI's error shape (`http/responses.py`).
+Anyone who can open a TCP connection to the OpenAI listener can send bytes before any auth.
+`HttpCaps` bounds the request head (bytes, one header, the count: 431), the time to send it
+(408), the connections (overall, fitted to the open-file limit beside the node hub's, and per
+client address: 503) and a client that reads nothing (`send_timeout`); `Refusals` words each
+refusal in OpenAI's error shape (`http/responses.py`) and logs each kind at most once a minute.
+They hold whichever HTTP server enforces them (uvicorn with httptools today: `http/server.py`).
+docs/reliability.md, "The HTTP listeners", says what each bound does and why.
 """
 
 from __future__ import annotations

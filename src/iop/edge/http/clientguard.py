@@ -1,25 +1,12 @@
 """What one client may do on the OpenAI listener, bounded around the app (an ASGI wrapper).
 
 A client is its address (an IPv6 address by its /64) and, once its key is known, its
-principal_ref. Two things one client could otherwise do to everyone:
-
-- guess keys: every request to the API (`/v1/...`) whose key the Authenticator refuses (the
-  app then answers 401) counts a failed authentication of its address (by reason: missing,
-  malformed, invalid key), logged at a bounded rate with the address and the first 8 hex digits
-  of the key's SHA-256 (`authfailures.py`). An address that spent
-  `openai.auth_failures_per_minute` is answered 429 `too_many_auth_failures` with
-  `Retry-After` before its key is looked at, whatever the key, so further guesses tell it
-  nothing, until its budget refills.
-- take the capacity: completion requests in flight (waiting in a queue or running) are counted
-  per address and per principal; one beyond `openai.max_requests_per_client` gets 429
-  `too_many_requests_in_flight`. Anonymous requests count by address only (every client
-  without a key shares that principal). Connections per address are bounded by the HTTP
-  server itself (`http/caps.py`).
-
-Health and readiness probes pass untouched. The wrapper knows requests only from their scope (it
-looks the key up itself, a hash and a dict lookup, rather than watching for the app's 401: wrapping
-`send` would cost every event of every stream), so the app (`http/openaiapp.py`) stays as it is, and
-any app of the listener is bounded alike.
+principal_ref. `ClientGuard` answers 429 `too_many_auth_failures` to an address that spent
+`openai.auth_failures_per_minute` failed keys (before its key is looked at: `authfailures.py`),
+and 429 `too_many_requests_in_flight` past `openai.max_requests_per_client` completion requests
+in flight per address or per principal (anonymous ones by address only). Connections per
+address are bounded by the HTTP server itself (`http/caps.py`). docs/reliability.md, "Hostile
+peers" ("Guessing credentials", "Capacity held by clients that read nothing"), says why.
 """
 
 from __future__ import annotations

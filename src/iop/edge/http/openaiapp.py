@@ -1,23 +1,13 @@
 """The OpenAI-compatible HTTP API, as a raw ASGI app (served by uvicorn with httptools).
 
-Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/chat/completions` and
-`POST /v1/completions` (JSON or SSE, exactly as OpenAI sends them), `POST /v1/embeddings` (JSON,
-through the pool like a completion), `GET /healthz` and
-`GET /readyz` (200 once the config is loaded and the node hub listens; its body also lists the
-providers dispatch can use now, and each provider's health as a reason code: the sentence
-behind it may name internal addresses, so it is only on the admin API's `GET /status`).
-Metrics are on a listener of their own (`metricsapp.MetricsApp`): they name every principal and
-token ref, which this public listener tells nobody.
-
-A completion request goes: auth (header only) -> body, refused with 413 from its Content-Length
-before it is read, or as soon as it grows past the limit -> JSON and field validation -> model
-lookup -> generation policy and context class -> `Relay` (slot, run, events). Every failure is an
-`EdgeError` rendered by `http/responses.py`. Once the body is read, a watcher waits for the client
-to disconnect; if it does, the request's task is cancelled, which cancels the run on its Node and
-frees its slot at once. A bug (any other exception) is answered with an OpenAI-shaped 500 when the
-answer has not begun, and logged with its traceback at most once a minute: a request that triggers
-it can be sent in a loop. A raw ASGI app is used because it measured faster than aiohttp.web on this
-path (docs/benchmarks.md), and a framework would add a layer per request.
+`OpenAIApp` serves `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+`/healthz` and `/readyz` (docs/edge.md, "The API"). A completion goes: auth -> body (413 past
+the limit, from its Content-Length or as it grows) -> JSON and field validation -> model lookup
+-> generation policy and context class -> the limits (`Limiter`) -> `Relay` (slot, run,
+events); every failure is an `EdgeError` rendered by `http/responses.py`. A client that
+disconnects cancels the request's task, hence its run and its slot. A raw ASGI app because it
+measured faster than aiohttp.web on this path (docs/benchmarks.md), and a framework would add a
+layer per request.
 """
 
 from __future__ import annotations

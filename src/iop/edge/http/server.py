@@ -1,30 +1,12 @@
 """The Edge's HTTP server: uvicorn with httptools, and the limits of `http/caps.py` enforced in it.
 
 This module is the seam between the Edge and its HTTP server: `HttpServer` serves one raw ASGI
-app on one socket. uvicorn's httptools protocol bounds nothing before a request reaches the app
-(header size and count, the time to send a head, connections), answers malformed framing with a
-plain-text 400 and a WARNING per request, and frames an answer without a length as chunked even
-for an HTTP/1.0 client. `_LimitedProtocol` is that protocol with those fixed:
-
-- bytes received while a request's head is incomplete are counted before the parser sees them,
-  and past `max_header_bytes` the connection gets 431 (the parser never accumulates more);
-  `on_url`/`on_header` count exactly and check each header and the number of headers;
-- a timer from the connection's start, and from each request's first byte, closes a connection
-  whose head is not complete in `header_timeout` (408 when it sent something);
-- a connection beyond `max_connections`, or beyond `max_connections_per_client` from one
-  address, gets 503 and is closed;
-- while the transport's buffer is full, a timer checks every `send_timeout` whether the client
-  took any of it; a client that took nothing in that time is cut (the app sees a disconnect),
-  while one that reads slowly is not;
-- malformed framing, and a `Transfer-Encoding` other than chunked, get the OpenAI-shaped 400
-  of `httplimits.Refusals`, logged throttled;
-- every refusal is a lingering close: the answer, then the write side shut (FIN), then what the
-  client still sends is read and dropped for a moment before the socket closes; closing at
-  once with its bytes unread would reset the connection and could destroy the answer;
-- an HTTP/1.0 answer without a length (a stream) is sent as is and ends with the connection.
-
-A different server (granian, say) would enforce the same `HttpCaps` its own way; nothing else
-in the Edge knows which server runs.
+app on one socket. `_LimitedProtocol` is uvicorn's httptools protocol with what it lacks: the
+head bounded in bytes, headers and time, connections capped overall and per address, a send
+timeout, OpenAI-shaped refusals of malformed framing (`caps.Refusals`, throttled in the log),
+lingering closes, and an HTTP/1.0 stream ended by the connection's end. A different server
+(granian, say) would enforce the same `HttpCaps` its own way; nothing else in the Edge knows
+which server runs. docs/reliability.md, "The HTTP listeners", says what each bound does and why.
 """
 
 from __future__ import annotations
@@ -63,7 +45,8 @@ class _HeadRefused(Exception):
 
 
 class _LimitedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of `http/caps.py`; see the module docstring.
+    """uvicorn's httptools protocol with the limits of `http/caps.py` (docs/reliability.md, "The
+    HTTP listeners", says what each does).
 
     `refusals` is set on a subclass per server (`HttpServer` makes it).
     """

@@ -1,26 +1,13 @@
 """What the node hub refuses before a Node is authenticated, and how it bounds the rest.
 
 The hub's port faces the network (Nodes may dial it from outside the cluster), so whoever can
-reach it can spend the Edge's memory, descriptors and time before any token is checked. The
-bounds here come before the hello's token is read, in grpc-core where it offers one and in the
-hub's handler otherwise (`hub/nodehub.py`):
-
-- message size: gRPC has one receive limit per server, checked on each message's length prefix
-  before the message is buffered. It is `NODE_MESSAGE_BYTES` (1 MiB) for everyone, not the
-  256 MiB a batch of whole answers once needed: the Edge tells each Node the bound in its
-  welcome, and the Node splits its batches, and answers too large for one message, to fit. A
-  250 MiB first message is refused at its first bytes, before the Edge holds any of it.
-- time: TLS and HTTP/2 must be set up within `hello_timeout` (grpc's handshake timeout), the
-  hello must arrive within it once the call is open, and a connection with no call open is
-  closed after as long;
-- count: at most `max_connections` connections (grpc's connection quota: one beyond is closed
-  at once), lowered to fit the open-file limit beside the OpenAI listener's; at most
-  `max_unauthenticated` calls waiting for their hello to be checked, `max_unauthenticated_per_
-  client` of them from one address, and few streams per connection (a Node opens one);
-- failed authentications per address: throttled (`authfailures.py`): an address that failed
-  `AUTH_FAILURES_PER_MINUTE` times within a minute is refused before its token is checked.
-
-`HelloGate` counts the calls still waiting for their hello to be checked.
+reach it could spend the Edge's memory, descriptors and time before any token is checked.
+`HubCaps` bounds that, in grpc-core where it offers a bound and in the hub's handler otherwise:
+every message at `NODE_MESSAGE_BYTES` (the welcome tells Nodes, which split what is larger), the
+handshake and the hello within `hello_timeout`, connections fitted to the open-file limit, calls
+waiting for their hello overall and per address (`HelloGate` counts them), streams per
+connection; an address that keeps failing authentication is throttled (`AUTH_FAILURES_PER_MINUTE`,
+`authfailures.py`). docs/reliability.md, "Hostile peers", says why each bound is so.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Nodes placed on the Edge (`nodes[].placement: edge`): their providers run in this process.
 
-For an upstream the Edge can reach itself (the common in-cluster case), a Node process and its
-gRPC link add a hop, a process and a parse to every request for nothing. A node placed on the
-Edge runs the Node's own machinery (`iop.providers.Runner`: the adapters, capacity, probes and
-outlier detection, drain on swap) inside every Edge replica, and the hub hands its runs to the
-runner directly: the request path (`relaying.py`) sees the same `RunEvents` as from a Node.
-
-Capacity: each Edge replica has its own runner, so a provider's `capacity` is divided among the
-replicas (`edge_share`): with `replicas` Edges each admits `max(1, capacity // replicas)` runs
-(and as much of `long_context_slots`), so together they never pass the provider's capacity
-unless there are more replicas than capacity. The replica count is what the Edge learns of its
-peers (`iop edge run --peers-service`, the headless hub Service every Node resolves too);
-when it changes, `set_replicas` re-applies every payload with the new share (a live swap: runs
-in flight keep their slots, and a lower share admits nothing new until they end).
-
-Flow control needs no signal here: a run's next event is pulled from the upstream only when its
-client has taken the previous ones, so TCP carries the backpressure to the model server. A
-client that takes nothing for `openai.stream_stall_timeout_ms` while its run waits on it has
-the run stopped (its slot freed), as the hub does for a run paused on a Node: `expire_stalled`,
-called from the hub's tick.
+Each such node runs the Node's own machinery (an `iop.providers.Runner`: adapters, capacity,
+probes and outlier detection, drain on swap) inside every Edge replica, and the hub hands its
+runs to the runner directly: the request path (`relaying.py`) sees the same `RunEvents`
+(`LocalRun`) as from a Node. Each replica takes its share of a provider's capacity
+(`edge_share`); `set_replicas` re-applies every payload when the count of peers changes. A run
+pulls its next event only when its client took the last; `expire_stalled`, called from the
+hub's tick, stops one whose client stalls. docs/edge.md, "Nodes placed on the Edge", says why.
 """
 
 from __future__ import annotations

@@ -1,57 +1,13 @@
 """The node hub: the Edge's gRPC server that Nodes dial, and the one call dispatch uses to run.
 
-Interface for the rest of the Edge (dispatch, HTTP API):
+`NodeHub` is the `Hub` of `hub/protocol.py`: the request path calls `connected_providers`,
+`add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
+the Edge: `localnodes.py`), the refresher `swap_config`, `nodes` and `payload_digests`. Its tick
+sends heartbeats, ends silent sessions, fails runs never accepted and stops stalled streams.
 
-    hub = NodeHub(config)                    # or: async with NodeHub(config) as hub
-    port = await hub.start()                 # binds config.edge.listen (port 0 allowed)
-    hub.connected_providers()                # provider id -> ProviderLink(provider_id, node_id,
-                                             #   healthy, detail), providers of connected nodes
-    hub.add_listener(callback)               # callback() when nodes connect or disconnect or a
-                                             #   provider's health changes
-    hub.provider_loads()                     # provider id -> ProviderLoad (heartbeats), live
-    async with hub.run(request) as stream:   # RunRequest -> RunStream
-        async for event in stream: ...       # RunChunk, RunUsage, then RunDone or RunFailed
-    await hub.swap_config(config)            # push changed node payloads, collect the acks
-    await hub.stop(grace)
-
-A node counts as connected once it has authenticated and acknowledged the config it was sent on
-welcome; from then on runs for its providers go to it. Authentication compares the SHA-256 of
-the node's token with `nodes[].token_hash_sha256` in constant time; the token itself is never
-logged, and an unknown node id gets the same answer as a wrong token. When a node's stream ends,
-its in-flight runs fail at once with `node_disconnected` (retryable while nothing reached the
-client).
-
-Liveness (`edge.node_link`): every heartbeat interval the hub sends each node a heartbeat, ends
-the session of a node it heard nothing from for the heartbeat timeout (a frozen process keeps
-its TCP connection open, so only this tells), and fails as retryable the runs a node neither
-accepted nor answered within the first-event timeout. The same tick stops streams paused for a
-client that read too little for `openai.stream_stall_timeout_ms` (live: read from the snapshot),
-which frees their slots.
-
-Before a node is authenticated (`hub/caps.py`): its messages are bounded to
-`NODE_MESSAGE_BYTES` (the welcome tells it, and it splits what is larger), its hello must come
-within `edge.node_link.hello_timeout_ms`, the connections waiting for theirs are capped overall
-and per address, and an address that keeps failing authentication is refused for a while
-without its token being checked (`authfailures.py`). Refusals wait for the call's first message (but
-those of a crowded gate or a stopping Edge): a grpc.aio client whose hello is still being
-written when its call ends reports its own INTERNAL instead of the refusal.
-
-One node id, two processes (a rolling update with surge): the instance that started last wins
-(`Hello.started_at`). A newer instance takes dispatch over at once; the older one's session only
-finishes the runs it has and then ends with ALREADY_EXISTS, and the older instance is refused
-with ALREADY_EXISTS while the newer one is connected, so the two never take turns. A process
-that reconnects (the same instance) replaces its previous connection.
-
-`run` never raises for a run it cannot place: the stream yields a `RunFailed` (retryable
-`node_unavailable` when the provider's node is not connected, `edge_stopping` while stopping).
-
-Nodes placed on the Edge (`nodes[].placement: edge`) have no session: the hub runs them in this
-process (`localnodes.py`) and lists them beside the connected ones everywhere above (their
-providers' links and loads, their status, their acks of a swap, given at once), so nothing
-above the hub tells the two apart; the same tick stops their runs whose client stalled.
-
-The config lives in one immutable snapshot (config, generation, node payloads, token hashes)
-replaced by one reference assignment; in-flight runs are not affected by a swap.
+docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
+the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
+clients", and "Hostile peers" for what is refused before a node is authenticated (`caps.py`).
 """
 
 from __future__ import annotations
@@ -183,7 +139,7 @@ class _Servicer(NodeRuntimeServicer):
 
 
 class NodeHub(AsyncService):
-    """The Edge's side of the runtime wire; see the module docstring for the interface."""
+    """The Edge's side of the runtime wire: the `Hub` of `hub/protocol.py`, and its lifecycle."""
 
     def __init__(self, config: EdgeConfig, *, listen: str | None = None) -> None:
         self._snapshot = HubSnapshot.of(config, generation=1)

@@ -1,19 +1,13 @@
 """One connected Node as the Edge sees it, and the stream of one run on it.
 
-A `NodeSession` lives as long as its Node's `Connect` stream: it owns that stream's single
-writer, the runs in flight on it, the providers' health the Node reported and the config
-generation it acknowledged, and when it last heard from the Node (the hub's liveness loop ends a
-session that fell silent past the heartbeat deadline, and fails runs the Node never accepted). A
-`RunStream` is what `NodeHub.run` hands the dispatch layer: an async iterator of the run's events
-and an async context manager whose early exit cancels the run on the Node at once. When the
-session ends, every run still in flight on it fails at once with `node_disconnected`, so nothing
-hangs on a Node that went away.
-
-A run's events wait in its `RunStream` until the client's connection takes them. That buffer is
-bounded: past `buffer_limit` bytes the Edge asks the Node to pause the run (backpressure through
-the wire to the upstream), and resumes it once the client has read half of it. The run's end
-arrives as soon as the Node has it, whether or not the client has read everything, so the
-dispatch slot is given back then (`on_end`), not when a slow client is done.
+A `NodeSession` lives as long as its Node's `Connect` stream: it owns the stream's single writer,
+the runs in flight on it, the health the Node reported, the config it acknowledged and when it
+last heard from the Node; when it ends, every run still on it fails at once with
+`node_disconnected`. A `RunStream` is what `NodeHub.run` hands the request path: the run's
+events, and an early exit that cancels the run on the Node. Its buffer is bounded: past
+`buffer_limit` bytes the Node is asked to pause the run, and to resume once the client has read
+half; the run's end frees the slot (`on_end`) even before a slow client has read everything.
+docs/reliability.md ("Liveness of the Node links", "Slow stream clients") says why.
 """
 
 from __future__ import annotations

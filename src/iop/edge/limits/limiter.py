@@ -1,22 +1,14 @@
 """Enforcing `openai.limits[]` at admission: before a request takes a slot or a queue place,
 may it start?
 
-`Limiter.admit()` picks the limits that hold a request (`limits/rules.py`), asks the store whether
-each has room (in this process, or in the shared Redis of `openai.limit_store`:
-`limits/rediscounters.py`) and either refuses (`RateLimited`: 429 `rate_limit_exceeded`, the limit
-named in the message, `Retry-After` and `retry-after-ms`, or `x-should-retry: false` for a request
-that can never pass) or returns a `Grant`: the `x-ratelimit-*` headers of the answer (OpenAI's:
-`limit`, `remaining` and `reset` for requests and tokens per minute), and `finish()`, which the
-request calls when its answer ends, with the tokens the upstream reported, to correct the estimate
-it took and give its place back.
-
-The rules come from the dispatcher's snapshot, so a refresh changes them at once (the counters,
-keyed by each entry's selector, carry over). A request no limit holds costs one dict lookup.
-
-When the shared store fails (down, or slower than `timeout_ms`), admissions count in this
-process for a second before the store is tried again: each replica then holds every limit on
-its own, which is what a single Edge does anyway. `iop_edge_limit_store_fallbacks_total` and
-`GET /status` show it; the log says it once a minute.
+`Limiter.admit()` picks the limits that hold a request (`limits/rules.py`), asks the store (this
+process's counters, or the shared Redis of `openai.limit_store`: `limits/rediscounters.py`) and
+either refuses (`RateLimited`: 429 `rate_limit_exceeded`) or returns a `Grant`: the answer's
+`x-ratelimit-*` headers, and `finish()`, which corrects the estimate to the reported usage and
+gives the place back. The rules come from the dispatcher's snapshot, so a refresh changes them at
+once; a request no limit holds costs one dict lookup. When the shared store fails, admissions
+count in this process for a second before it is tried again. docs/edge.md, "Limits per
+principal", has the answers, the headers and the fallback.
 """
 
 from __future__ import annotations

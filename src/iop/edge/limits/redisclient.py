@@ -1,15 +1,12 @@
 """A lean Redis client for the limit store: one pipelined connection, hiredis's parser.
 
-Why not redis-py's asyncio client: measured on the admission path (docs/benchmarks.md, "Limits
-per principal"), it spent several times the Edge's whole CPU per request on one EVALSHA (its
-connection pool, per-command locks and response callbacks). The store needs four commands
-(AUTH, SELECT, EVALSHA, SCRIPT LOAD, SET), so this client is small: commands are written as
-RESP arrays on one connection, each waiting on a future, and Redis answers in order, so the
-replies resolve the futures first in, first out; concurrent admissions share the connection
-and its round trips instead of taking a connection each. `hiredis.Reader` parses the replies.
-
-Every failure (refused, reset, a timeout, an error reply) is a `RedisError` of this module;
-the connection is dropped on any failure but an error reply, and the next call dials again.
+Why not redis-py's asyncio client: on the admission path its connection pool, per-command locks
+and response callbacks cost far more than the round trip (docs/benchmarks.md, "Limits per
+principal", has the figures). The store needs a handful of commands (AUTH, SELECT, EVALSHA,
+SCRIPT LOAD, SET): written as RESP arrays on one connection, each waits on a future that the
+replies, in order, resolve first in, first out, so concurrent admissions share the connection
+and its round trips; `hiredis.Reader` parses the replies. Every failure is a `RedisError` of
+this module; the connection is dropped on any but an error reply, and the next call dials again.
 """
 
 from __future__ import annotations

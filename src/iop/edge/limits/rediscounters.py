@@ -1,32 +1,13 @@
 """The counters of `openai.limits[]` in a Redis every Edge replica shares (`openai.limit_store`).
 
-Why a shared store and not a share of each limit per replica (docs/benchmarks.md, "Limits",
-has the figures): a Kubernetes Service balances connections, not requests, so a client with one
-keep-alive connection meets one replica, and a per-replica share would hold it to 1/N of its
-limit; and a budget counted in a process would start again at every rollout. One round trip
-per admission, measured, is small against what a completion costs.
-
-One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of `limits/rules.py`
-(the same refill arithmetic, the same order of checks, all-or-nothing): it reads each check's
-counters, takes what the request needs from all of them when every one has room, and returns
-what it saw, so the Edge words a refusal and the `x-ratelimit-*` headers exactly as the
-in-process counters would. The Edge passes its own clock (`now`), so a test may move time and
-the replicas, NTP-synchronised, agree on it within milliseconds.
-
-Keys (under `key_prefix`): `:b:<scope>` a hash of the two buckets' levels and stamps (expiring
-once the buckets would be full again), `:c:<scope>` a hash of requests in progress per replica,
-`:g:<scope>:<period start>` the tokens spent in a budget period (expiring a day after it ends),
-and `:alive:<replica>`, which each replica refreshes every few seconds: the counts in progress of
-a replica whose key has expired (it died without giving them back) are dropped by the next
-admission that reads them. Standalone Redis (or anything that presents one): the script builds
-key names, which Redis Cluster does not allow.
-
-Ending a request (`settle`: the token correction and the place given back) is not on any
-request's path: settlements queue, and the next admission takes them along in its own write (one
-round trip for both), or after 2 ms one task sends whatever queued in one pipeline.
-
-Every Redis failure is translated here, once, into `LimitStoreError`; the limiter then counts
-in its own process for a while (`limits/limiter.py`).
+One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of
+`limits/rules.py` (the same refill arithmetic, the same order of checks, all or nothing), and
+returns what it saw, so refusals and headers read as the in-process counters' would. A
+request's end (`settle`) rides along with the next admission's write, or goes within 2 ms in one
+pipeline; a replica's counts in progress expire with its `:alive:` key. Every Redis failure
+becomes `LimitStoreError` here, once; the limiter then counts in its own process for a while.
+docs/edge.md, "Limits per principal" ("Across Edge replicas", "Inside the store"), says why a
+shared store, and how its keys are kept; docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
@@ -64,7 +45,7 @@ local prefix = ARGV[4]
 local take = ARGV[5] == '1'
 local n = tonumber(ARGV[6])
 
--- as limiting._refill: a changed limit moves the level by the difference
+-- as rules._refill: a changed limit moves the level by the difference
 local function refill(level, stamp, was, limit)
   if not level then return limit end
   local l = tonumber(level) + (limit - tonumber(was or limit))

@@ -2,26 +2,11 @@
 
 Pure: no I/O and no clock of its own (every call takes `now`, Unix seconds), so the same rules run
 in one process (`LocalCounters`) and, as a Lua script, in a Redis the replicas share
-(`limits/rediscounters.py`), and a test can move time at will. docs/edge.md ("Limits") explains them
-for operators:
-
-- Every entry of `openai.limits[]` that selects a request holds it: its principal (or `*`, each
-  principal on counters of its own), its token_ref when the entry names one, its model (the
-  one asked for) when the entry names one. Each entry counts on its own.
-- `requests_per_minute` and `tokens_per_minute` are token buckets, as OpenAI's limits are: a
-  bucket holds at most the limit and refills continuously at limit/60 per second. A request
-  takes 1 from the requests bucket, and its estimated prompt tokens from the tokens bucket (it
-  needs that many there, and the bucket not in debt); when its answer ends the take is
-  corrected to the usage the upstream reported (prompt + completion), which may put the
-  bucket in debt: later requests wait until it refills. A request whose estimate alone is over
-  the limit can never pass and is told so.
-- `max_concurrent`: requests in progress (waiting for a slot, or running) at once.
-- `budget`: tokens per period (a day, or a month from its first day, starting at `reset_at`
-  UTC), taken and corrected like the tokens per minute; the count starts again at the next
-  period.
-- A request is admitted only when every limit that holds it has room; then it takes from all of
-  them at once, and from none when one refuses. The refusal names the limit whose room comes
-  back last, and when.
+(`limits/rediscounters.py`), and a test can move time at will. Every entry that selects a
+request holds it, on counters of its own: `requests_per_minute` and `tokens_per_minute` as token
+buckets (the tokens taken at the estimate, corrected to the usage), `max_concurrent` requests in
+progress, a `budget` of tokens per period; a request takes from all of them or from none.
+docs/edge.md, "Limits per principal", explains them for operators.
 """
 
 from __future__ import annotations

@@ -2,40 +2,11 @@
 
 The dispatcher (`dispatching.py`) filters candidates and ranks them by priority exactly as the
 specification says; this module only picks among the providers of the lowest priority that have
-a free slot, by the model's `dispatch.policy` (docs/edge.md, "Choosing among equals"):
-
-- `round_robin` (the default, the specification's tie rule): the least recently chosen. The
-  dispatcher does it inline; nothing here is on its path.
-- `least_load`: the lowest load for its capacity. A provider's load is what is running or
-  waiting there: this Edge's own runs on it (counted here, always current), plus the runs its
-  Node has from other Edges (its heartbeats say), plus the requests at the model server that
-  are not the Node's at all (other clients: the server's running and waiting requests, which the
-  Node's probe reads from its `/metrics` under vLLM's names, less the Node's own runs then).
-  Reports older than `LOAD_REPORT_TTL_S` count for nothing. Only this Edge's own count changes
-  between reports, so a report that lags never hides or invents this Edge's own runs (a single
-  Edge's choices are exact). Equal loads: the lower KV-cache use, then the least recently
-  chosen.
-- `prefix_affinity`: the request goes to its prefix's home. A prompt is a chain of hashes
-  (`PrefixKey`, made by `prefixes.py`); the Edge remembers, per model, where each of a request's
-  points went last, and a request goes where its deepest known point went (the conversation's
-  previous turn). A prefix it never saw goes by rendezvous hashing of its anchor (the system
-  prompt and first user message) over the group's provider ids: so every Edge replica, with no
-  coordination and no memory, sends a conversation to the same provider. Bounded load: the home
-  keeps the request while its load with the request is at most `ceil(load_factor x max(L + 1,
-  C / 2) x c / C)`, L the group's load, c the home's capacity, C the group's: its fair share of
-  the load, stretched by `load_factor` (consistent hashing with bounded loads, Mirrokni et al.).
-  The group counts as at least half busy: below that no provider is a hot spot, and a prefix
-  that moves costs its whole prefill on the new server, so a home fills to load_factor x half
-  its capacity before its prefixes move. Past the bound, or when the home has no free slot, the
-  least loaded free candidate takes the request (ties: rendezvous order, alike on every
-  replica) and becomes the prefix's new home.
-
-"The group" is the candidates of that lowest priority that are available for the request (on a
-connected healthy node, not avoided by a retry, able to take it if it is long), free or not.
-
-Every choice is counted by (model, policy, reason): `round_robin`, `least_load`, `affinity`
-(the home took it), `overflow` (the home was past its bound or full), or `freed_slot` (a waiting
-request got the slot that freed first: work conservation decides, not the policy).
+a free slot, by the model's `dispatch.policy`: `least_load` (the lowest load for its capacity:
+this Edge's runs, plus what Nodes and model servers report) or `prefix_affinity` (the home of
+the prompt's prefix, from `prefixes.py`, within a bounded load). The default, `round_robin`, the
+dispatcher does inline: nothing here is on its path. docs/edge.md, "Choosing among equals", has
+each policy's rules and the reasons every choice is counted by.
 """
 
 from __future__ import annotations

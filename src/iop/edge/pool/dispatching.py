@@ -1,41 +1,14 @@
 """Dispatch: which provider runs a request now, and which request a freed slot serves next.
 
-The rules (docs/edge.md explains them for operators), as implemented:
-
-- Candidates of a request are the model's enabled providers (from the snapshot) that are on a
-  connected node and healthy (`set_available`), with in-flight < capacity. A long-context request
-  also needs a long slot: `long_context_slots` None means no separate limit, n means fewer than n
-  long requests in flight, 0 means never. A long request holds a long slot *and* a capacity slot.
-- The lowest `priority` wins; among equal priorities the model's `dispatch.policy` chooses
-  (`choosing.py`): by default the least recently chosen provider goes next, which is round-robin
-  that stays fair when some providers are momentarily full; `least_load` and `prefix_affinity`
-  choose among the same free candidates by load or by the prompt's prefix.
-- No candidate free: the request waits in its model's queue. The queue holds at most the sum of
-  `max_queue` over the model's enabled providers (full: `QueueFull`, a 429) and a request waits
-  at most the largest `queue_timeout_ms` among them (then `QueueTimeout`, a 503).
-- Fair share: within a model's queue, principals are admitted in weighted fair order
-  (`openai.principal_weights`, start-time fair queuing: each waiting request gets a virtual start
-  tag, max(the model's virtual time, its principal's last finish tag), and its principal's finish
-  tag moves on by 1/weight; the lowest tag goes first). So a principal that floods the queue
-  cannot starve one that sends now and then, and each principal's own requests keep their order.
-- Work conservation: a slot freed on a provider goes at once to the waiting request that
-  provider can serve first: the fair head of each of its models' queues, the oldest of those
-  across models. Any other change (a swap, a node or health change, the end of a busy cool-down)
-  re-evaluates every waiting request, in that order.
-- A `provider_busy` refusal from the Node (its capacity is shared with other Edges) releases the
-  slot and cools the provider down for `BUSY_COOLDOWN_S`, during which it is no candidate; the
-  request then tries again with its original deadline and never counts against the queue bound.
-- A retry after a failure (`relaying.py`) names the providers it `avoid`s (those it tried): they
-  are no candidates for it while another candidate of the model is available (on a connected,
-  healthy node), free or not; with none, they are candidates again. A retry that must wait takes
-  whichever slot frees first, a tried provider's too: a freed slot is never left idle.
-- `swap(snapshot)` is one reference assignment. Leases keep the snapshot they started on; slot
-  counters are per provider id and survive swaps, so capacity lowered below the in-flight count
-  only holds new admissions back; no run is ever cut short.
+`Dispatcher` keeps the rules docs/edge.md, "Dispatch", gives operators: candidates, capacity and
+long slots, the lowest priority, then the model's policy among equals (`choosing.py`); a bounded
+queue per model, fair between principals by weight; a freed slot given at once to the waiting
+request its provider can serve first; `provider_busy` cool-downs (`BUSY_COOLDOWN_S`); the
+providers a retry `avoid`s (`relaying.py`); `swap(snapshot)`, one reference assignment, under
+which leases keep their snapshot and slot counters (per provider id) carry over.
 
 Everything runs on one event loop and nothing here awaits except a waiting request, so the state
 needs no lock. A dispatch that finds a free candidate costs O(candidates of the model).
-Every choice is counted by (model, policy, reason) in `decisions()`.
 """
 
 from __future__ import annotations
@@ -127,7 +100,7 @@ class _Waiter:
         self.prefix = prefix
         self.enqueued_at = time.perf_counter()
         self.timer: asyncio.TimerHandle | None = None
-        #: The virtual start tag of fair queuing (see the module docstring).
+        #: The virtual start tag of fair queuing (docs/edge.md, "Dispatch": fair share).
         self.tag = 0.0
 
     @property
@@ -274,8 +247,9 @@ class Dispatcher:
 
         `deadline` (loop time) marks a retry: the request keeps its original deadline and does
         not count against the queue bound again. `principal` (a principal_ref) places a waiting
-        request in the queue's fair order. `avoid`: providers this request tried already (see
-        the module docstring). `prefix`: the prompt's prefix points, for `prefix_affinity`.
+        request in the queue's fair order. `avoid`: providers this request tried already, no
+        candidates while another of the model is available (free or not), candidates again when
+        none is. `prefix`: the prompt's prefix points, for `prefix_affinity`.
         """
         route = self._route(model_id, long)
         loop = asyncio.get_running_loop()

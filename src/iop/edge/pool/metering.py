@@ -1,24 +1,12 @@
 """Usage metering and the Edge's Prometheus metrics, in a registry owned by one app.
 
-Counted per request: requests by outcome, and prompt, completion and total tokens by
-`principal_ref`, `token_ref`, `model` and `provider`; retries before the first byte by requested
-model and reason (the wire's failure code), retries the budget refused, and fallbacks to another
-model. Observed: the time a request waited for a slot and the time to its first token. Read at
-scrape time from the dispatcher (nothing on the hot path): requests waiting per model, runs in
-flight per provider (and long-context runs), each provider's load as `least_load` reads it, and
-every dispatch choice by model, policy and reason (`iop_edge_dispatch_total`; the reasons are in
-`choosing.py`). Read at scrape time from the node hub: each
-provider's health (a 0/1 gauge, and the reason of an unhealthy one as a label of a series that
-exists only while it is unhealthy, so the reasons need no enumeration and a healthy provider
-costs one series) and each node's drain (whether it drains, and the runs each provider has left).
-
-Each `Metrics` owns its `CollectorRegistry`: no module globals, so every app (and every test)
-has its own. Label children are cached, since `labels()` costs more than the increment. Raw
-bearer tokens never reach a label: the principal is a `Principal` already.
-
-The metrics name every principal and token ref with their counts, so they are served by
-`MetricsApp` (`http/metricsapp.py`) on a listener of their own (`edge.metrics.listen`), never
-on the public OpenAI one.
+`Metrics` counts per request (outcomes, tokens by `principal_ref`, `token_ref`, `model` and
+`provider`, retries, refused retries, fallbacks; queue waits and time to first token) and reads
+the rest at scrape time from the dispatcher and the node hub, so nothing of it is on the hot
+path. Raw bearer tokens never reach a label: the principal is a `Principal` already. The metrics
+name every principal and token ref, so `MetricsApp` (`http/metricsapp.py`) serves them on a
+listener of their own (`edge.metrics.listen`), never on the public one. docs/edge.md, "Auth and
+metering", lists every metric and says how they are kept.
 """
 
 from __future__ import annotations

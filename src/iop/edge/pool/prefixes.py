@@ -1,23 +1,12 @@
 """A request's prompt as prefix points: what `prefix_affinity` remembers and hashes.
 
-A model server keeps the KV cache of the prompts it served, by prefix: a request whose prompt
-begins like an earlier one (the same system prompt, the earlier turns of its conversation) skips
-the prefill of that part if it goes to the same server. So the Edge hashes the prompt's leading
-parts into a chain, each hash covering the one before it and one more part:
-
-- a chat prompt: one part per message (its role and content; a content of parts as its JSON),
-  and one point per message from the first `user` message on. A conversation's later turns
-  repeat its earlier messages unchanged, so they carry every point of the turns before them,
-  and the first point (the anchor: system prompt and first user message) is the same in every
-  turn: it names the conversation. Points before it (a system prompt many conversations share)
-  are not points: they would send every conversation with that system prompt to one server.
-- a text prompt (`/v1/completions`): parts of `BLOCK_BYTES` bytes, a point per full part (the
-  whole prompt when it is shorter); its first part is its anchor. A list of prompts counts by
-  its first; token ids as their decimal text.
-
-At most `MAX_POINTS` points are kept: the anchor and the deepest others. BLAKE2b, keyed by
-nothing: every Edge replica computes the same points for the same prompt. Embeddings have no KV
-cache to go back to: they get no key (the policy picks the least loaded).
+The Edge hashes the prompt's leading parts into a chain, each hash covering the one before it
+and one more part: a chat prompt one point per message from the first `user` message on (the
+first point, the anchor, names the conversation: its system prompt and first user message); a
+text prompt a point per full `BLOCK_BYTES` part. At most `MAX_POINTS` points are kept: the anchor
+and the deepest others. BLAKE2b, keyed by nothing, so every Edge replica computes the same points
+for the same prompt. Embeddings get no key (the policy picks the least loaded). docs/edge.md,
+"Choosing among equals", says why a conversation's points are so.
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """One request's trip through the pool and a Node: lease a slot, run, meter, give the slot back.
 
 `Relay.open()` returns a `RelayedRun`, an async context manager that yields the run's events.
-Entering it leases a slot (waiting in the queue if needs be), starts the run on the provider's
-Node and waits for the first event, so that a failure before anything reached the client can
-still be retried (docs/edge.md, "Retries and fallbacks"):
-
-- `provider_busy` (the Node's capacity is shared with other Edges): the slot goes back, the
-  provider cools down briefly, and the request tries another candidate or waits, with its
-  original queue deadline; it never fails the request by itself and costs no retry budget.
-- other failures worth another try (`retrying.should_retry`: upstream unreachable, 5xx,
-  dropped connection, timeout, node lost...): the request tries again, at most
-  `openai.retries.max_per_request` times, before its deadline and within its model's retry
-  budget; otherwise that failure is the answer. A retry goes to a provider of the model the
-  request has not tried while one is available; when every available one has failed, to the
-  model's next fallback; with no fallback left, to the tried providers again.
-- a try with no first event within its model's `first_byte_timeout_ms` (a stream's first chunk,
-  a whole answer otherwise) is cancelled on its Node and fails as `upstream_timeout`: retried
-  as above, or the answer.
-- a model none of whose providers is in dispatch (unavailable, not merely busy) hands the request
-  to its first fallback that has one, before any try.
-- a model whose providers are all busy (their slots held by other requests) hands the request
-  to a fallback with a free slot, within the retry budget; with none free, the request waits for
-  its own model and its fallbacks at once, until its own model's queue deadline, and the first
-  slot of any of them serves it (`_first_lease`).
-
-The model that answers is the one whose provider served: usage and the request's metrics count
-for it, and the body's `model` is the name that provider serves.
-
-The slot goes back as soon as the run has ended on its Node, even while a slow client still
-reads the end of its answer from the Edge's buffer: the provider is free then. Leaving the
-context (normally, by an error or by cancellation when the client disconnects) closes the run,
-which cancels it on the Node at once, and releases the slot if it was still held.
+Entering it leases a slot (waiting in the queue if needs be), starts the run and waits for its
+first event, so that a failure before anything reached the client can still be retried (on a
+provider not tried yet, then the model's fallbacks, within `retrying.py`'s budget); a model
+whose providers are all busy takes a fallback's free slot, or the first of any (`_first_lease`).
+docs/edge.md, "Retries and fallbacks", has the rules. The slot goes back as soon as the run has
+ended on its Node, even while a slow client still reads; leaving the context (also by
+cancellation, when the client disconnects) cancels the run on its Node and releases the slot.
 """
 
 from __future__ import annotations

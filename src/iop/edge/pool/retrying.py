@@ -1,22 +1,12 @@
 """Which failures the Edge retries before a request's first byte, and the budget that bounds it.
 
-A failure is retried only while nothing of the answer reached the client (after that, a stream
-ends with an error event, and nothing is retried): `relaying.py` sees it as the run's first
-event. Retried are the failures another provider may not have: the wire's retryable ones
-(upstream unreachable, node gone, run never accepted, 429...) and, before the first byte, an
-upstream's 5xx, a connection it dropped and a timeout (`should_retry`). Not retried: what the
-request itself caused (4xx), credentials the provider refused (a config problem another try
-cannot fix) and an Edge that is stopping.
-
-Retries add load exactly when a pool is struggling, so they are budgeted as in Envoy's and
-Finagle's retry budgets: per requested model, on each Edge, retries over a sliding window stay
-below `budget_percent` of the requests of that window, or `budget_min_per_second` x the window
-when that is more (so a quiet model can still retry). When a whole pool fails, the pool sees at
-most (1 + budget) x the requests, never each request (1 + max_per_request) times.
-
-The window is a ring of `_BUCKETS` counters, so each count and check costs O(1) and the window
-slides in steps of a tenth of its length. Only `provider_busy` escapes the budget: the Node
-refused the run before any upstream saw it, and the request waits for a slot as it would have.
+A failure is retried only while nothing of the answer reached the client: `relaying.py` sees it
+as the run's first event. Retried (`should_retry`): the wire's retryable failures and, before
+the first byte, an upstream's 5xx, a dropped connection and a timeout; not retried: 4xx,
+credentials the provider refused, an Edge that is stopping. Retries are budgeted per requested
+model on each Edge, as in Envoy's and Finagle's retry budgets, over a sliding window: a ring of
+`_BUCKETS` counters, so each count and check is O(1); `provider_busy` escapes the budget.
+docs/edge.md, "Retries and fallbacks", gives the rules and why.
 """
 
 from __future__ import annotations

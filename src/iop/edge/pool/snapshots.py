@@ -3,14 +3,9 @@
 A refresh builds a new `PoolSnapshot` and the dispatcher swaps one reference to it, so the hot
 path reads plain immutable data without locks, and every run keeps the snapshot it started on.
 The counters that do change (slots in use, waiting requests) live in the dispatcher, keyed by
-provider id, and outlive any one snapshot.
-
-Queueing rules derived here (for operators: docs/edge.md):
-- a model's waiting queue holds at most the sum of `max_queue` over its *enabled* providers;
-- a request waits at most the largest `queue_timeout_ms` among those providers (a request may
-  be served by any of them, so it waits as long as the most patient one allows);
-- a model's fallbacks are tried depth first: each fallback, then its own fallbacks, each model
-  once (validation refuses cycles, so the order is finite either way).
+provider id, and outlive any one snapshot. The queueing rules derived here (a model's queue
+bound and wait from its enabled providers, its fallbacks depth first, each model once) are
+docs/edge.md's, "Dispatch" and "Retries and fallbacks".
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """Live config refresh: load, validate and classify a candidate config, then apply it copy-on-write.
 
 Every way in goes through `Refresher.refresh` (the admin API's `POST /refresh`, SIGHUP in `iop
-edge run`, `iop edge reload`), so they all validate, classify, log and report the same way:
-
-1. Load the candidate (a document, YAML text or a file) with `iop.edgeconfig`: a candidate with
-   any problem is `invalid`, with every problem and its path, and changes nothing. A file is
-   read only when `configfiles.ConfigFiles` allows it (the Edge's own file or one in
-   `edge.admin.config_dir`, regular, bounded); otherwise `refresh` raises `ConfigFileRefused`.
-   A file that is not an EdgeConfig at all gets one problem saying so, never its content.
-2. Classify it against the config in use. A dry run stops here and reports. An apply with any
-   restart-required path is refused (`restart_required`, naming each path and its scope) and
-   changes nothing, unless the caller says it restarts that path's node itself (`restarting`,
-   `node:<id>` scopes only: the operator rolls that node's workload); then the apply goes on and
-   those nodes are not pushed to, so they keep their running adapters until they restart and
-   take the new payload on welcome.
-3. Apply: build the next `PoolSnapshot` (catalog, limits, long-context threshold) and swap it
-   into the dispatcher, and the node hub's snapshot (node store and payloads) with it, in the
-   same turn of the event loop: no request ever sees one without the other. Runs in flight keep
-   the snapshot they started on; waiting requests are re-evaluated against the new pool at once;
-   slot counters survive the swap, so capacity lowered below the in-flight count only holds new
-   admissions back.
-4. Push: only nodes whose node-specific payload changed get a `NodeConfigRefreshRequest`; the
-   apply waits for their acks (bounded by `ack_timeout`) and reports each node as acked, failed
-   with the reason, or not connected (a node that connects later gets the current payload on
-   welcome). A no-change apply swaps the snapshot and pushes nothing.
-
-Applies run one at a time (an asyncio lock around classify-swap-push); dry runs never wait for
-one. The config in use is the dispatcher's snapshot: there is no second copy to drift.
+edge run`, `iop edge reload`), so they all validate, classify, log and report the same way: load
+the candidate (a file only as `configfiles.ConfigFiles` allows, else `ConfigFileRefused`),
+classify it against the config in use (a dry run stops there; an apply with a restart-required
+path is refused unless the caller restarts that node itself: `restarting`), swap the next
+`PoolSnapshot` into the dispatcher and the hub's snapshot in the same turn of the loop, push
+changed payloads and collect the acks. Applies run one at a time; dry runs never wait for one.
+docs/refresh.md, "What an apply does", has each step and why.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """What one reconcile pass found, as the EdgeConfig's status (`statuses.EdgeConfigStatus`).
 
-Conditions (docs/operator.md, "Status"), each with reason (CamelCase), message,
-observedGeneration and lastTransitionTime, which moves only when the condition's status does:
-
-- `Ready`: the summary. True when the spec is valid, its config is in effect on every ready
-  Edge replica with every restart done, nothing failed, and the Nodes that run in the cluster
-  are back on every replica after the config came into effect (bounded wait). Unknown from the
-  moment a new generation is seen until the pass decides.
-- `Reconciling` (kstatus, abnormal-true): True while the operator works towards Ready — a new
-  generation, an apply, a rollout, a failure it retries, Nodes it waits for.
-- `Stalled` (kstatus, abnormal-true): True when nothing will change without someone acting: an
-  invalid spec, or a rollout past its progress deadline.
-- `Valid`, `Applied`, `Progressing`, `Degraded`: the product's own detail.
-
-So kstatus (Flux, Helm 4's `--wait`) reads InProgress, Current or Failed, and `kubectl wait
---for=condition=Ready` never returns on an older generation's Ready (`status.observedGeneration`
-is written first). Lists in the status are bounded (`MAX_ITEMS`); counts say what was left out.
+Conditions, each with reason (CamelCase), message, observedGeneration and lastTransitionTime
+(which moves only when the condition's status does): `Ready` (the summary, `Unknown` from the
+moment a new generation is seen), `Reconciling` and `Stalled` (kstatus, abnormal-true), and the
+product's own `Valid`, `Applied`, `Progressing`, `Degraded`. `status.observedGeneration` is
+written first, so `kubectl wait --for=condition=Ready` never returns on an older generation's
+Ready. Lists are bounded (`MAX_ITEMS`); counts say what was left out. docs/operator.md,
+"Status", says when each condition is True and what kstatus and Argo CD make of it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Adapters: how a Node runs requests on a provider. `build_adapter` picks one by `type`."""
+"""Adapters: how a runner, in a Node or in the Edge, runs requests on a provider.
+
+`build_adapter` picks one by `type`:
+
+- `base`: the seam, the `Adapter` protocol and the `Upstream` a probe dials;
+- `openai_http`: `OpenAIAdapter` (`type: openai`), any OpenAI-compatible HTTP server, over
+  `upstreams`, a lean HTTP/1.1 client;
+- `fake`: `FakeAdapter` (`type: fake`), a deterministic generator in the runner's process.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The adapter seam: what the Node needs from anything that can run an OpenAI request.
+"""The adapter seam: what a runner (in a Node or in the Edge) needs to run an OpenAI request.
 
 An adapter turns a `RunRequest` into the wire's events and owns whatever it talks through (an
 HTTP connection pool, a generator). It translates its own failures into a terminal `RunFailed`

@@ -1,4 +1,4 @@
-"""The `fake` adapter: a deterministic generator inside the Node, for demos, tests and benchmarks.
+"""The `fake` adapter: a deterministic in-process generator, for demos, tests and benchmarks.
 
 It answers exactly what the fake upstream would (the same module builds the bytes), paced by
 `latency_ms` (time to the first token) and `tokens_per_second`, without any network; embeddings

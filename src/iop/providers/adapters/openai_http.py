@@ -1,22 +1,11 @@
 """The `openai` adapter: any OpenAI-compatible HTTP server (vLLM, Ollama, llama.cpp, TGI, OpenAI).
 
-One `UpstreamClient` (`upstreams.py`) per adapter, opened on its first run, over a keep-alive
-pool of at most `max_connections` connections. On this path the HTTP client's own cost per
-request is a large part of the whole: httpx's capped Edge -> Node -> upstream at a few hundred
-requests per second on two cores, and aiohttp's, a fraction of that, was still a third of the
-CPU of a request through an Edge that runs its providers; the adapter's one kind of exchange
-needs neither's generality (docs/benchmarks.md has the figures).
-
-Streaming runs read the upstream's SSE as it arrives, split it into events in one pass over each
-read, and forward each event's `data` JSON object as a `RunChunk`. The Node always asks a
-streaming upstream for usage (`stream_options.include_usage`) so the Edge can meter; it forwards
-the usage-only chunk, marked, only when the client asked for it. The client's errors are
-translated here, once (`_failure`), into `RunFailed`s: connection refused, timeouts, a dropped
-connection and every upstream error status get a code and a message that names what happened.
-Cancelling a run closes its upstream connection at once (the upstream sees the client leave); a
-run that read its response to the end gives the connection back to the pool. The API key is read
-from the environment variable the config names, at build time; the key itself never travels or
-gets logged.
+One `UpstreamClient` (`upstreams.py`) per adapter. A stream's reads are passed on whole, as
+`RunChunk(sse=True)`, when the Edge asks for `sse_chunks` and each read is plain `data:` lines;
+otherwise each event is parsed and sent as its JSON object (`_StreamDecoder`). Usage is always
+asked of a streaming upstream, and the usage-only chunk forwarded only when the client asked.
+The client's errors become `RunFailed`s here, once (`_failure`). docs/architecture.md ("The data
+path of one request", "The providers") says why it is so.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """A lean HTTP/1.1 client for one upstream: what the `openai` adapter sends a run with.
 
-The adapter sends one kind of request to one server: a POST of a JSON body to a path under
-its base URL, whose answer it reads as it arrives. aiohttp did that with a general client's
-work per request (a request and a response object, a payload registry, a task to write the
-body, a timer per read, cookie and redirect handling) that was a third of the CPU of a request
-through an Edge running its providers (docs/benchmarks.md, "Candidate 3: the HTTP layers"). This
-client does only the adapter's exchange, on httptools (the parser uvicorn uses) and the event
-loop's transports:
-
-- keep-alive connections pooled up to `max_connections`, the most recently used first; one
-  idle longer than `keepalive_s` is closed instead of used, so the client, not the server,
-  ends an idle connection (a POST is never retried: it must not meet one the server is closing);
-- every wait is bounded: for a free connection of a full pool (`PoolTimeout`, after the read
-  timeout, as aiohttp's `connect` timeout was), for the TCP and TLS connect (`ConnectTimeout`,
-  `ConnectFailed` with the OS error), for each read (`ReadTimeout`) and for the run's deadline
-  over the whole exchange (`DeadlinePassed`); each is a timer on the loop, not a task;
-- a body delimited by Content-Length, chunked, or by the end of the connection; the upstream's
-  bytes wait in the connection, and past `_HIGH_WATER` of them it stops reading the socket
-  until the caller takes them (TCP carries the backpressure on to the server);
-- a connection that drops is `Disconnected` (saying whether the answer had begun), an answer
-  that is not HTTP/1.1 `BadResponse`; a response not read to its end closes its connection.
-
-No redirects, cookies, proxies or compression (it sends no Accept-Encoding): an OpenAI-compatible
-server needs none of them.
+It does only the adapter's exchange, a POST of a JSON body to a path under its base URL whose
+answer is read as it arrives, on httptools and the event loop's transports: a keep-alive pool
+(`max_connections`, idle ones closed past `keepalive_s`), every wait bounded by a timer
+(`PoolTimeout`, `ConnectTimeout`, `ConnectFailed`, `ReadTimeout`, `DeadlinePassed`), bodies by
+length, chunked or to the connection's end, reads paused past `_HIGH_WATER` bytes, drops as
+`Disconnected` and garbage as `BadResponse`. docs/architecture.md, "The HTTP client", has the
+rules; docs/benchmarks.md, "Candidate 3: the HTTP layers", why it replaced aiohttp's client.
 """
 
 from __future__ import annotations
