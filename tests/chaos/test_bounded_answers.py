@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from iop.processes import spawn_edge, spawn_node, terminate
+from testkit import node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -68,7 +69,7 @@ async def stack(document_of: Any, tmp_path: Path) -> AsyncIterator[tuple[int, in
             edge={"tls": None},
         )
         (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
-        (tmp_path / "node.token").write_text("node-1-secret-token")
+        (tmp_path / "node.token").write_text(node_token_of("node-1"))
         edge, started = await spawn_edge(tmp_path / "edge.yaml")
         exits.push_async_callback(terminate, edge)
         node = await spawn_node(started["hub_port"], "node-1", tmp_path / "node.token")

@@ -21,6 +21,7 @@ import yaml
 
 from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
+from testkit import node_token_of
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -77,7 +78,7 @@ async def test_a_normal_request_is_served_while_eight_non_reading_clients_hold_a
     document["models"][0]["fallbacks"] = ["llama"]
     add_other_principal(document)
     (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
-    (tmp_path / "node.token").write_text("node-1-secret-token")
+    (tmp_path / "node.token").write_text(node_token_of("node-1"))
     async with contextlib.AsyncExitStack() as stack:
         edge, started = await spawn_edge(tmp_path / "edge.yaml")
         stack.push_async_callback(terminate, edge)

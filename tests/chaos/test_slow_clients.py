@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from iop.processes import spawn_fake_upstream
+from testkit import node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -85,7 +86,7 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
             edge={"admin": {"listen": "127.0.0.1:0"}},
         )
         (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
-        (tmp_path / "node.token").write_text("node-1-secret-token")
+        (tmp_path / "node.token").write_text(node_token_of("node-1"))
         edge_process, started = await iop_processes.edge(stack, tmp_path / "edge.yaml")
         node = await iop_processes.node(
             stack, started["hub_port"], "node-1", tmp_path / "node.token"
