@@ -46,50 +46,18 @@ import uvloop
 import yaml
 
 from bench import benchkit
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
-
-CLIENT_TOKEN = "sk-bench-refresh"
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 
 def document(nodes: int) -> dict[str, Any]:
+    fake = {"type": "fake", "latency_ms": 2, "completion_tokens": 8}
     ids = [f"{index:02d}" for index in range(1, nodes + 1)]
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "bench",
-                }
-            ],
-        },
-        "models": [
-            {
-                "id": "m",
-                "providers": {f"p{i}": "served" for i in ids},
-                "generation": {"max_tokens": 8},
-            }
-        ],
-        "nodes": [
-            {
-                "id": f"node-{i}",
-                "token_hash_sha256": token_sha256(f"token-{i}"),
-                "providers": [
-                    {
-                        "id": f"p{i}",
-                        "adapter": {"type": "fake", "latency_ms": 2, "completion_tokens": 8},
-                        "served_models": ["served"],
-                        "capacity": 8,
-                        "max_queue": 256,
-                    }
-                ],
-            }
-            for i in ids
-        ],
-    }
+    return edge_document(
+        {f"node-{i}": [provider(f"p{i}", fake, max_queue=256)] for i in ids},
+        model_settings={"m": {"generation": {"max_tokens": 8}}},
+        admin=True,
+    )
 
 
 # -- the load -------------------------------------------------------------------------------------
@@ -226,7 +194,7 @@ async def stack(folder: Path, nodes: int) -> AsyncIterator[tuple[dict[str, Any],
         started["edge_pid"], started["node_pids"] = edge.pid, []
         for node in base["nodes"]:
             token = folder / f"{node['id']}.token"
-            token.write_text(f"token-{node['id'].removeprefix('node-')}")
+            token.write_text(node_token_of(node["id"]))
             process = await spawn_node(started["hub_port"], node["id"], token)
             exits.push_async_callback(terminate, process)
             started["node_pids"].append(process.pid)

@@ -32,7 +32,7 @@ import httpx
 import orjson
 import pytest
 
-from testkit import node_token_of, provider
+from testkit import CLIENT_TOKEN, node_token_of, provider
 
 NODE_TOKENS = {node_id: node_token_of(node_id) for node_id in ("node-1", "node-2")}
 
@@ -102,7 +102,7 @@ async def open_stream(
     *,
     receive_buffer: int | None = None,
     model: str = "m",
-    key: str = "sk-chat-secret",
+    key: str = CLIENT_TOKEN,
     source: str | None = None,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A raw client that sends one streaming request and reads nothing until told to (from

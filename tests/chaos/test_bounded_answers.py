@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from iop.processes import spawn_edge, spawn_node, terminate
-from testkit import node_token_of
+from testkit import CLIENT_TOKEN, node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -89,7 +89,7 @@ async def test_an_answer_past_the_bound_is_refused_with_memory_bounded_and_one_u
 ) -> None:
     async with stack(document_of, tmp_path) as (edge_pid, node_pid, url):
         client = openai.AsyncOpenAI(
-            base_url=url + "/v1", api_key="sk-chat-secret", max_retries=0, timeout=120
+            base_url=url + "/v1", api_key=CLIENT_TOKEN, max_retries=0, timeout=120
         )
         messages: Any = [{"role": "user", "content": "hi"}]
         async with client:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from iop.edge.admin import RefreshBody
 from iop.edgeconfig import EdgeConfig
-from testkit import node_token_of
+from testkit import CLIENT_TOKEN, node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
@@ -250,7 +250,7 @@ def assert_healthy(stack: dict[str, Any]) -> None:
         answer = http.post(
             "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]},
-            headers={"authorization": "Bearer sk-chat-secret"},
+            headers={"authorization": f"Bearer {CLIENT_TOKEN}"},
         )
         assert answer.status_code == 200, answer.text
 
@@ -270,7 +270,7 @@ _FUZZ = settings(
 def test_openai_request_bodies(stack) -> None:
     within = budget()
     client = httpx.Client(
-        base_url=stack["url"], timeout=30, headers={"authorization": "Bearer sk-chat-secret"}
+        base_url=stack["url"], timeout=30, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}
     )
 
     @_FUZZ
