@@ -121,14 +121,6 @@ def edgeconfig(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
-    for node in spec["nodes"]:
-        for item in node["providers"]:
-            if item["id"] == provider_id:
-                return item  # type: ignore[no-any-return]
-    raise KeyError(provider_id)
-
-
 # -- what kstatus and Argo CD make of an EdgeConfig -----------------------------------------------
 
 

@@ -15,20 +15,14 @@ from typing import TYPE_CHECKING, Any
 import openai
 import pytest
 
+from testkit import find_provider
+
 if TYPE_CHECKING:
     from e2e.operator.conftest import HostStack
 
 pytestmark = pytest.mark.e2e
 
 LONG = "lorem ipsum " * 600  # about 1,800 tokens by the Edge's estimate: long at 1,000
-
-
-def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
-    for node in spec["nodes"]:
-        for item in node["providers"]:
-            if item["id"] == provider_id:
-                return item  # type: ignore[no-any-return]
-    raise KeyError(provider_id)
 
 
 async def served(stack: HostStack, model: str = "m", content: str = "hi") -> str:
@@ -72,15 +66,15 @@ Observe = Callable[["HostStack"], Awaitable[object]]
 
 
 def edit_priority(spec: Spec) -> None:
-    provider(spec, "pa")["priority"] = 20
+    find_provider(spec, "pa")["priority"] = 20
 
 
 def edit_capacity(spec: Spec) -> None:
-    provider(spec, "pd")["capacity"] = 2
+    find_provider(spec, "pd")["capacity"] = 2
 
 
 def edit_enabled(spec: Spec) -> None:
-    provider(spec, "pa")["enabled"] = False
+    find_provider(spec, "pa")["enabled"] = False
 
 
 def edit_models(spec: Spec) -> None:
@@ -237,8 +231,8 @@ async def test_a_load_runs_through_every_live_apply_without_a_failed_request(
         generation = 1
         edits = [edit_priority, edit_capacity, edit_enabled, edit_models, edit_generation]
         edits.append(edit_threshold)
-        edits.append(lambda s: provider(s, "pc").update(capacity=6))  # pushed to node-2
-        edits.append(lambda s: provider(s, "pc").update(capacity=4, maxQueue=32))
+        edits.append(lambda s: find_provider(s, "pc").update(capacity=6))  # pushed to node-2
+        edits.append(lambda s: find_provider(s, "pc").update(capacity=4, maxQueue=32))
         for edit in edits:
             edit(spec)
             generation += 1
