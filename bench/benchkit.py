@@ -137,7 +137,8 @@ MAX_TOKENS = 8  # 8 content chunks per stream
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive connection; `request()` sends one request and waits for its response."""
+    """One keep-alive connection; `request()` (or `exchange()`, which takes any status) sends one
+    request and waits for its response."""
 
     def __init__(self) -> None:
         import httptools  # here: the pinned tools' environments import this module without it
@@ -145,7 +146,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[None] | None = None
-        self.first_body = 0.0
+        self.sent = self.first_body = self.received = 0.0
         self.tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -167,19 +168,26 @@ class Connection(asyncio.Protocol):
         if self.done is not None and not self.done.done():
             self.done.set_exception(ConnectionError("the server closed the connection"))
 
-    async def request(self, payload: bytes) -> tuple[float, float]:
-        """(latency, time to the first body byte), in milliseconds."""
+    async def exchange(self, payload: bytes) -> int:
+        """Send one request and wait for its whole response; its HTTP status (`sent`, `first_body`
+        and `received` tell when)."""
         assert self.transport is not None
         self.done = asyncio.get_running_loop().create_future()
         self.first_body = 0.0
-        start = time.perf_counter()
+        self.sent = time.perf_counter()
         self.transport.write(payload)
         await self.done
-        end = time.perf_counter()
-        status = self.parser.get_status_code()
+        self.received = time.perf_counter()
+        status: int = self.parser.get_status_code()
+        return status
+
+    async def request(self, payload: bytes) -> tuple[float, float]:
+        """(latency, time to the first body byte), in milliseconds, of a response that must be a
+        200."""
+        status = await self.exchange(payload)
         if status != 200:
             raise RuntimeError(f"HTTP {status}: {self.tail[:300]!r}")
-        return (end - start) * 1000, (self.first_body - start) * 1000
+        return (self.received - self.sent) * 1000, (self.first_body - self.sent) * 1000
 
 
 def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:

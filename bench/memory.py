@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import uvloop
 import yaml
 
+from bench import benchkit
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
 
@@ -62,21 +62,10 @@ def config(upstream_url: str, size: int, placement: Placement) -> dict[str, Any]
 
 
 def completion(host: str, stream: bool, tokens_per_second: float | None = None) -> bytes:
-    document: dict[str, object] = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "Say something about gateways."}],
-        "max_tokens": 8,
-        "stream": stream,
-    }
-    if tokens_per_second:
-        # the fake upstream's per-request hook, which the Edge and the Node pass through
-        document["fake_upstream"] = {"tokens_per_second": tokens_per_second}
-    body = orjson.dumps(document)
-    return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-        f"Authorization: Bearer {CLIENT_TOKEN}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    """A chat completion of 8 tokens; with `tokens_per_second`, the fake upstream's per-request
+    hook (which the Edge and the Node pass through) paces it."""
+    body = benchkit.body("m", stream, pace=tokens_per_second or None)
+    return benchkit.http_request(host, "/v1/chat/completions", body, CLIENT_TOKEN)
 
 
 async def read_until(reader: asyncio.StreamReader, marker: bytes) -> None:

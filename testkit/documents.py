@@ -17,18 +17,6 @@ from typing import Any, Literal, NamedTuple
 
 from iop.edgeconfig import token_sha256
 
-__all__ = [
-    "CLIENTS",
-    "CLIENT_TOKEN",
-    "Client",
-    "Document",
-    "Placement",
-    "edge_document",
-    "find_provider",
-    "node_token_of",
-    "provider",
-]
-
 #: An EdgeConfig document: what a config file holds, as plain data.
 Document = dict[str, Any]
 #: Where a document's nodes run: in Node processes that dial the Edge (each with its token), or
