@@ -102,15 +102,15 @@ def edge_document(
     if models is None:
         models = {"m": [p["id"] for p in everyone]}
     tokens = {node_id: node_token_of(node_id) for node_id in nodes} | dict(node_tokens or {})
-    here = {"listen": _LOOPBACK} if listeners else {}
-    edge_section: dict[str, Any] = {"id": edge_id, **here}
+    listen = {"listen": _LOOPBACK} if listeners else {}
+    edge_section: dict[str, Any] = {"id": edge_id, **listen}
     if admin:
         edge_section["admin"] = {"listen": _LOOPBACK}
     if metrics:
         edge_section["metrics"] = {"listen": _LOOPBACK}
     if tls is not None:
         edge_section["tls"] = dict(tls)
-    openai_section: dict[str, Any] = dict(here)
+    openai_section: dict[str, Any] = dict(listen)
     if clients:
         openai_section["principal_tokens"] = [
             {
