@@ -3,16 +3,17 @@
 - the load generator: `measure` keeps one HTTP/1.1 keep-alive `Connection` per worker, parsed by
   httptools so that the client costs as little CPU as possible, and returns a `Cell` (requests/s,
   latencies, times to the first body byte); `http_request`, `body` and `pct` go with it;
-- the config: `edge_config` (the Edge, node-1 with p-http and p-fake, the principal token
-  CLIENT_TOKEN), `split_url`, `wait_available` (until /readyz lists the providers);
+- the config: `edge_config` (the Edge, node-1 with p-http and p-fake, built with testkit's
+  builder: a client sends testkit's CLIENT_TOKEN), `split_url`, `wait_available` (until /readyz
+  lists the providers);
 - the pinned tools: `ensure_venv` builds a virtual environment of pinned packages (and a checkout)
   under `default_cache`, never touching the project's;
 - processes: `cpu_seconds` (from /proc), `started_line` (the JSON line an `iop` process prints
   once it listens), `until`; `module_command` runs a benchmark module as a child process.
 
 Importing it needs the standard library only, since it also runs inside the pinned tools' own
-environments (the studies' `--inner` and `--serve` runs): httptools and `iop` are imported by the
-functions that use them.
+environments (the studies' `--inner` and `--serve` runs): httptools, `iop` and `testkit` are
+imported by the functions that use them.
 """
 
 from __future__ import annotations
@@ -132,13 +133,12 @@ async def until(condition: Callable[[], Any], timeout: float, interval: float = 
         await asyncio.sleep(interval)
 
 
-CLIENT_TOKEN = "sk-bench-client"
-NODE_TOKEN = "bench-node-token"
 MAX_TOKENS = 8  # 8 content chunks per stream
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive connection; `request()` sends one request and waits for its response."""
+    """One keep-alive connection; `request()` (or `exchange()`, which takes any status) sends one
+    request and waits for its response."""
 
     def __init__(self) -> None:
         import httptools  # here: the pinned tools' environments import this module without it
@@ -146,7 +146,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[None] | None = None
-        self.first_body = 0.0
+        self.sent = self.first_body = self.received = 0.0
         self.tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,19 +168,26 @@ class Connection(asyncio.Protocol):
         if self.done is not None and not self.done.done():
             self.done.set_exception(ConnectionError("the server closed the connection"))
 
-    async def request(self, payload: bytes) -> tuple[float, float]:
-        """(latency, time to the first body byte), in milliseconds."""
+    async def exchange(self, payload: bytes) -> int:
+        """Send one request and wait for its whole response; its HTTP status (`sent`, `first_body`
+        and `received` tell when)."""
         assert self.transport is not None
         self.done = asyncio.get_running_loop().create_future()
         self.first_body = 0.0
-        start = time.perf_counter()
+        self.sent = time.perf_counter()
         self.transport.write(payload)
         await self.done
-        end = time.perf_counter()
-        status = self.parser.get_status_code()
+        self.received = time.perf_counter()
+        status: int = self.parser.get_status_code()
+        return status
+
+    async def request(self, payload: bytes) -> tuple[float, float]:
+        """(latency, time to the first body byte), in milliseconds, of a response that must be a
+        200."""
+        status = await self.exchange(payload)
         if status != 200:
             raise RuntimeError(f"HTTP {status}: {self.tail[:300]!r}")
-        return (end - start) * 1000, (self.first_body - start) * 1000
+        return (self.received - self.sent) * 1000, (self.first_body - self.sent) * 1000
 
 
 def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:
@@ -241,56 +248,24 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
 
 
-def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict[str, object]:
-    """The benchmarks' Edge config: model `openai` on p-http (the `openai` adapter against
-    `upstream_url`) and `node-fake` on p-fake (the built-in generator), both on node-1, the
-    principal token CLIENT_TOKEN; `probe_interval_ms` sets how often the Node probes p-http's
-    upstream (None: the default)."""
-    from iop.edgeconfig import token_sha256  # here: see Connection
+def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict[str, Any]:
+    """The benchmarks' Edge config (testkit's builder): model `openai` on p-http (the `openai`
+    adapter against `upstream_url`) and `node-fake` on p-fake (the built-in generator), both on
+    node-1, and the admin listener on loopback (never the default 9090 another Edge may hold);
+    `probe_interval_ms` sets how often the Node probes p-http's upstream (None: the default)."""
+    from testkit import edge_document, provider  # here: see Connection
 
-    def provider(pid: str, adapter: dict[str, object]) -> dict[str, object]:
-        settings: dict[str, object] = {
-            "id": pid,
-            "adapter": adapter,
-            "served_models": ["served"],
-            "capacity": 1024,
-            "max_queue": 1024,
-        }
-        if probe_interval_ms is not None and adapter["type"] == "openai":
-            settings["health"] = {"interval_ms": probe_interval_ms}
-        return settings
-
-    return {
-        "edge": {
-            "id": "edge-bench",
-            "listen": "127.0.0.1:0",
-            "admin": {"listen": "127.0.0.1:0"},  # never the default 9090 another Edge may hold
-        },
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "bench",
-                }
-            ],
-        },
-        "models": [
-            {"id": "openai", "providers": {"p-http": "served"}},
-            {"id": "node-fake", "providers": {"p-fake": "served"}},
-        ],
-        "nodes": [
-            {
-                "id": "node-1",
-                "token_hash_sha256": token_sha256(NODE_TOKEN),
-                "providers": [
-                    provider("p-http", {"type": "openai", "base_url": upstream_url}),
-                    provider("p-fake", {"type": "fake", "completion_tokens": MAX_TOKENS}),
-                ],
-            }
-        ],
-    }
+    health: dict[str, Any] = {}
+    if probe_interval_ms is not None:
+        health["health"] = {"interval_ms": probe_interval_ms}
+    http = {"type": "openai", "base_url": upstream_url}
+    fake = {"type": "fake", "completion_tokens": MAX_TOKENS}
+    providers = [
+        provider("p-http", http, capacity=1024, max_queue=1024, **health),
+        provider("p-fake", fake, capacity=1024, max_queue=1024),
+    ]
+    models = {"openai": ["p-http"], "node-fake": ["p-fake"]}
+    return edge_document({"node-1": providers}, models, admin=True)
 
 
 def split_url(url: object) -> tuple[str, int]:

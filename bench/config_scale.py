@@ -25,37 +25,37 @@ from typing import Any
 import yaml
 
 from iop.edgeconfig import classify, load_data, load_text
+from testkit import edge_document, provider
 
 
 def document(nodes: int) -> dict[str, Any]:
-    node_list: list[dict[str, Any]] = []
-    for n in range(nodes):
-        providers = [
-            {
-                "id": f"p-{n}-{p}",
-                "adapter": {"type": "openai", "base_url": f"http://10.0.{n % 250}.{p}:8000/v1"},
-                "served_models": [f"model-{(n * 4 + p) % (nodes // 2)}"],
-                "capacity": 8,
-                "long_context_slots": 2,
-                "priority": p,
-                "max_queue": 64,
-                "queue_timeout_ms": 30000,
-            }
+    node_list = {
+        f"node-{n}": [
+            provider(
+                f"p-{n}-{p}",
+                {"type": "openai", "base_url": f"http://10.0.{n % 250}.{p}:8000/v1"},
+                served=f"model-{(n * 4 + p) % (nodes // 2)}",
+                long_context_slots=2,
+                priority=p,
+                max_queue=64,
+                queue_timeout_ms=30000,
+            )
             for p in range(4)
         ]
-        node_list.append(
-            {"id": f"node-{n}", "token_hash_sha256": f"{n:064x}", "providers": providers}
-        )
-    served_by: dict[str, dict[str, str]] = {}
-    for node in node_list:
-        for provider in node["providers"]:
-            name = provider["served_models"][0]
-            served_by.setdefault(name, {})[provider["id"]] = name
-    models = [
-        {"id": name, "providers": providers, "generation": {"max_tokens": 4096}}
-        for name, providers in served_by.items()
-    ]
-    return {"edge": {"id": "edge-bench"}, "models": models, "nodes": node_list}
+        for n in range(nodes)
+    }
+    served_by: dict[str, list[str]] = {}
+    for providers in node_list.values():
+        for entry in providers:
+            served_by.setdefault(entry["served_models"][0], []).append(entry["id"])
+    return edge_document(
+        node_list,
+        served_by,
+        model_settings={name: {"generation": {"max_tokens": 4096}} for name in served_by},
+        edge_id="edge-bench",
+        listeners=False,
+        clients=(),
+    )
 
 
 def best_of(repeat: int, action: Callable[[], object]) -> float:

@@ -50,9 +50,7 @@ import yaml
 
 from bench import benchkit
 from bench.benchkit import (
-    CLIENT_TOKEN,
     MAX_TOKENS,
-    NODE_TOKEN,
     body,
     edge_config,
     http_request,
@@ -67,6 +65,7 @@ from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
+from testkit import CLIENT_TOKEN, node_token_of
 
 
 @contextlib.asynccontextmanager
@@ -237,7 +236,7 @@ async def main(
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             (folder / "edge.yaml").write_text(yaml.safe_dump(edge_config(upstream.base_url)))
-            (folder / "token").write_text(NODE_TOKEN)
+            (folder / "token").write_text(node_token_of("node-1"))
             up_host, up_port = split_url(upstream.listen)
             runs: list[tuple[str, str, Callable[..., Any], Path]] = []
             for index, interval in enumerate(probe_intervals or [None]):
@@ -248,7 +247,7 @@ async def main(
                     where.mkdir()
                     config = edge_config(upstream.base_url, interval)
                     (where / "edge.yaml").write_text(yaml.safe_dump(config))
-                    (where / "token").write_text(NODE_TOKEN)
+                    (where / "token").write_text(node_token_of("node-1"))
                 runs.append((label, "openai", edge_stack, where))
             runs += [
                 ("node fake", "node-fake", edge_stack, folder),

@@ -49,46 +49,24 @@ import uvloop
 import yaml
 
 from bench import benchkit
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_iop, spawn_node, terminate
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
-CLIENT_TOKEN = "sk-bench-health"
-NODE_TOKEN = "bench-health-node"
 POLL_S = 0.005
 CLIENTS = 4
 
 
 def document(ports: dict[str, int], interval_ms: int) -> dict[str, Any]:
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "b",
-                }
-            ],
-        },
-        "models": [{"id": "m", "providers": {pid: "served" for pid in ports}}],
-        "nodes": [
-            {
-                "id": "node-1",
-                "token_hash_sha256": token_sha256(NODE_TOKEN),
-                "providers": [
-                    {
-                        "id": pid,
-                        "adapter": {"type": "openai", "base_url": f"http://127.0.0.1:{port}/v1"},
-                        "served_models": ["served"],
-                        "capacity": 64,
-                        "health": {"interval_ms": interval_ms},
-                    }
-                    for pid, port in ports.items()
-                ],
-            }
-        ],
-    }
+    providers = [
+        provider(
+            pid,
+            {"type": "openai", "base_url": f"http://127.0.0.1:{port}/v1"},
+            capacity=64,
+            health={"interval_ms": interval_ms},
+        )
+        for pid, port in ports.items()
+    ]
+    return edge_document({"node-1": providers}, admin=True)
 
 
 @contextlib.asynccontextmanager
@@ -138,7 +116,7 @@ async def main(rounds: int, intervals: list[int], cost_seconds: float) -> None:
         _, pb_port = await stack.enter_async_context(upstream())
         ports = {"pa": pa_port, "pb": pb_port}
         (folder / "edge.yaml").write_text(yaml.safe_dump(document(ports, intervals[0])))
-        (folder / "node.token").write_text(NODE_TOKEN)
+        (folder / "node.token").write_text(node_token_of("node-1"))
         edge, started = await spawn_edge(folder / "edge.yaml")
         stack.push_async_callback(terminate, edge)
         node = await spawn_node(started["hub_port"], "node-1", folder / "node.token")

@@ -48,11 +48,9 @@ import uvloop
 import yaml
 
 from bench import benchkit
-from iop.edgeconfig import token_sha256
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 CHAOS = Path(__file__).resolve().parents[1] / "tests" / "chaos"
-CLIENT_KEY = "sk-bench-hostile"
-NODE_TOKENS = {"node-1": "bench-node-1", "node-2": "bench-node-2", "node-3": "bench-node-3"}
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -73,40 +71,13 @@ def open_files(pid: int) -> int:
 
 
 def document(
-    nodes: dict[str, list[dict[str, Any]]], models: dict[str, dict[str, Any]]
+    nodes: dict[str, list[dict[str, Any]]],
+    models: dict[str, list[str]] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """A config of defaults but listeners, tokens and the given nodes and models."""
-    return {
-        "edge": {
-            "id": "edge-bench",
-            "listen": "127.0.0.1:0",
-            "admin": {"listen": "127.0.0.1:0"},
-            "metrics": {"listen": "127.0.0.1:0"},
-        },
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_KEY),
-                    "principal_ref": "b",
-                }
-            ],
-        },
-        "models": [{"id": model_id, **spec} for model_id, spec in models.items()],
-        "nodes": [
-            {
-                "id": node_id,
-                "token_hash_sha256": token_sha256(NODE_TOKENS[node_id]),
-                "providers": providers,
-            }
-            for node_id, providers in nodes.items()
-        ],
-    }
-
-
-def provider(pid: str, adapter: dict[str, Any], served: str = "served", **settings: Any) -> Any:
-    return {"id": pid, "adapter": adapter, "served_models": [served], "capacity": 8, **settings}
+    """A config of defaults but listeners (admin and metrics too) and the given nodes and models
+    (default: `m` on every provider); `options` go to testkit's builder."""
+    return edge_document(nodes, models, admin=True, metrics=True, **options)
 
 
 @dataclass
@@ -155,7 +126,7 @@ async def stack(
     try:
         for node_id in nodes:
             token = folder / f"{node_id}.token"
-            token.write_text(NODE_TOKENS[node_id])
+            token.write_text(node_token_of(node_id))
             result.nodes[node_id] = await asyncio.create_subprocess_exec(
                 *iop(),
                 *("node", "run", "--edge", f"127.0.0.1:{result.hub_port}", "--node-id", node_id),
@@ -249,14 +220,13 @@ TWO_NODES = {
     "node-2": [provider("p2", FAKE)],
     "node-3": [provider("p3", FAKE)],
 }
-ONE_MODEL = {"m": {"providers": {"p1": "served", "p2": "served", "p3": "served"}}}
 
 
 # -- parts -------------------------------------------------------------------------------------
 
 
 async def hub_oversized(folder: Path) -> None:
-    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1", "node-2"]) as s:
+    async with stack(folder, document(TWO_NODES), ["node-1", "node-2"]) as s:
         await asyncio.sleep(1.0)
         idle = rss_mb(s.edge.pid)
         attack = hub_client(s, "oversized", "--calls", "4", "--size", str(250 * 1024**2))
@@ -271,7 +241,7 @@ async def hub_oversized(folder: Path) -> None:
 
 
 async def hub_silent(folder: Path) -> None:
-    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1", "node-2"], ulimit=300) as s:
+    async with stack(folder, document(TWO_NODES), ["node-1", "node-2"], ulimit=300) as s:
         few = await hub_client(s, "silent", "--calls", "10", give_up=60)
         print(f"hub-silent: 10 calls without a hello ended: {ended(few)}")
         idle = rss_mb(s.edge.pid)
@@ -288,15 +258,19 @@ async def hub_silent(folder: Path) -> None:
 
 async def hostage(folder: Path) -> None:
     model = {"type": "fake", "completion_tokens": 200_000, "tokens_per_second": 5000}
-    nodes = {"node-1": [provider("p1", model, "mistral-7b"), provider("p2", model, "llama-8b")]}
+    nodes = {
+        "node-1": [
+            provider("p1", model, served="mistral-7b"),
+            provider("p2", model, served="llama-8b"),
+        ]
+    }
     for fallback in (True, False):
-        models: dict[str, dict[str, Any]] = {
-            "mistral": {"providers": {"p1": "mistral-7b"}},
-            "llama": {"providers": {"p2": "llama-8b"}},
-        }
-        if fallback:
-            models["mistral"]["fallbacks"] = ["llama"]
-        async with stack(folder, document(nodes, models), ["node-1"]) as s:
+        config = document(
+            nodes,
+            {"mistral": ["p1"], "llama": ["p2"]},
+            model_settings={"mistral": {"fallbacks": ["llama"]}} if fallback else None,
+        )
+        async with stack(folder, config, ["node-1"]) as s:
             holders = [await _non_reading(s.url) for _ in range(8)]
             try:
                 async with httpx.AsyncClient(base_url=s.started["metrics_url"]) as metrics:
@@ -307,7 +281,7 @@ async def hostage(folder: Path) -> None:
 
                     await benchkit.until(held, 60, 0.1)
                 async with httpx.AsyncClient(
-                    base_url=s.url, headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=60
+                    base_url=s.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=60
                 ) as http:
                     began = time.perf_counter()
                     answer = await http.post(
@@ -338,7 +312,7 @@ async def _non_reading(url: str) -> asyncio.StreamWriter:
     body = orjson.dumps({**BODY, "model": "mistral", "stream": True, "max_tokens": 200_000})
     writer.write(
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
-        b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+        b"authorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
         b"content-length: %d\r\n\r\n" % len(body) + body
     )
     await writer.drain()
@@ -355,17 +329,18 @@ async def big_answer(folder: Path) -> None:
         modes = ("length", "chunked")
         nodes = {
             "node-1": [
-                provider(f"p-{mode}", adapter, mode, health={"interval_ms": 0}) for mode in modes
+                provider(f"p-{mode}", adapter, served=mode, health={"interval_ms": 0})
+                for mode in modes
             ]
         }
-        models = {mode: {"providers": {f"p-{mode}": mode}} for mode in modes}
+        models = {mode: [f"p-{mode}"] for mode in modes}
         async with stack(folder, document(nodes, models), ["node-1"]) as s:
             node = s.nodes["node-1"].pid
             for mode in modes:
                 await asyncio.sleep(2.0)  # what the previous one freed, given back
                 idle = {"edge": rss_mb(s.edge.pid), "node": rss_mb(node)}
                 async with httpx.AsyncClient(
-                    base_url=s.url, headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=300
+                    base_url=s.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=300
                 ) as http:
                     began = time.perf_counter()
                     answer, watch = await watched(
@@ -388,7 +363,7 @@ async def big_answer(folder: Path) -> None:
 
 
 async def log_flood(folder: Path) -> None:
-    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1", "node-2"]) as s:
+    async with stack(folder, document(TWO_NODES), ["node-1", "node-2"]) as s:
         for label, refusal in (("5 refusals of 20 MiB", 20 * 1024**2), ("message-sized", 0)):
             before = s.log.stat().st_size
             lines = len(s.log_lines())
@@ -402,7 +377,7 @@ async def log_flood(folder: Path) -> None:
                     "--node-id",
                     "node-3",
                     "--token",
-                    NODE_TOKENS["node-3"],
+                    node_token_of("node-3"),
                     "--refusal-bytes",
                     str(refusal),
                 ),
@@ -417,7 +392,7 @@ async def log_flood(folder: Path) -> None:
 
 
 async def wrong_tokens(folder: Path) -> None:
-    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1"]) as s:
+    async with stack(folder, document(TWO_NODES), ["node-1"]) as s:
         lines = len(s.log_lines())
         counts: dict[int, int] = {}
         stop = time.monotonic() + 10
@@ -446,12 +421,12 @@ async def wrong_tokens(folder: Path) -> None:
 
 
 async def transfer_encoding(folder: Path) -> None:
-    async with stack(folder, document(TWO_NODES, ONE_MODEL), ["node-1"]) as s:
+    async with stack(folder, document(TWO_NODES), ["node-1"]) as s:
         host, port = s.url.removeprefix("http://").rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json"
-            b"\r\nauthorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+            b"\r\nauthorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
             b"transfer-encoding: gzip\r\n\r\n\x1f\x8b\x08\x00not-really"
         )
         began = time.perf_counter()

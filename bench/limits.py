@@ -6,10 +6,11 @@ Redis, against the commit before them.
         [--parts admission relay processes] [--rounds 3] [--seconds 3] [--concurrency 1 32]
 
 A real `redis-server` (Debian's package, on PATH) is started on loopback for the runs that need
-it. Variants, all holding bench/edge.py's principal `bench` with limits it never reaches:
-`none` (no limits configured), `local` (one entry with requests and tokens per minute, requests
-at once and a daily budget, counted in the Edge's process) and `redis` (the same entry in
-Redis, `openai.limit_store`); `baseline` is the commit before the limits, by its own interpreter.
+it. Variants, all holding the principal of testkit's CLIENT_TOKEN (bench/benchkit.py's config)
+with limits it never reaches: `none` (no limits configured), `local` (one entry with requests
+and tokens per minute, requests at once and a daily budget, counted in the Edge's process) and
+`redis` (the same entry in Redis, `openai.limit_store`); `baseline` is the commit before the
+limits, by its own interpreter.
 
 `admission`: `Limiter.admit()` and `Grant.finish()` alone, in this process, 40 batches of 500
 (the collector off): the limiter's own cost per request, and for `redis` its round trip.
@@ -53,10 +54,11 @@ import yaml
 from bench import benchkit
 from bench.edge import InstantHub
 from iop.processes import free_port, terminate
+from testkit import CLIENT_TOKEN, CLIENTS
 
 #: Limits the bench never reaches: every check passes, so the figures are the counting's cost.
 LIMIT = {
-    "principal_ref": "bench",
+    "principal_ref": CLIENTS[0].principal_ref,
     "requests_per_minute": 100_000_000,
     "tokens_per_minute": 1_000_000_000,
     "max_concurrent": 100_000,
@@ -137,7 +139,7 @@ def admission_child(variant: str, redis_url: str) -> None:
         edge_config = load_data(config(variant, redis_url))
         limiter = Limiter(Dispatcher(PoolSnapshot.build(edge_config)), edge_config)
         await limiter.start()
-        principal = Principal("bench", "bench")
+        principal = Principal(CLIENTS[0].principal_ref, CLIENTS[0].token_ref)
         request = parse_request("chat", benchkit.body("openai", False))
 
         async def one() -> None:
@@ -174,7 +176,7 @@ def relay_child(variant: str, redis_url: str) -> None:
 
             limiter = Limiter(dispatcher, edge_config, registry=metrics.registry)
             await limiter.start()
-        principal = Principal("bench", "bench")
+        principal = Principal(CLIENTS[0].principal_ref, CLIENTS[0].token_ref)
         raw = benchkit.body("openai", False)
         policy = dispatcher.snapshot.models["openai"].generation
 
@@ -268,7 +270,7 @@ async def processes(args: argparse.Namespace, redis_url: str, redis_pid: int) ->
                                 f"{host}:{port}",
                                 "/v1/chat/completions",
                                 benchkit.body("openai", stream),
-                                benchkit.CLIENT_TOKEN,
+                                CLIENT_TOKEN,
                             )
                             await benchkit.measure(host, port, payload, conc, 0.5)
                             before = benchkit.cpu_seconds(pid)

@@ -28,16 +28,14 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import orjson
 import uvloop
 import yaml
 
-from iop.edgeconfig import token_sha256
+from bench import benchkit
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-
-CLIENT_TOKEN = "sk-bench-client"
-NODE_TOKEN = "bench-node-token"
+from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
 
 
 def rss_kib(pid: int) -> int:
@@ -47,67 +45,27 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def config(upstream_url: str, size: int, placement: str) -> dict[str, object]:
-    return {
-        "edge": {"id": "edge-mem", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            # Every connection and stream comes from this one address: past the per-client
-            # bounds of the client guards they would be refused, not measured.
+def config(upstream_url: str, size: int, placement: Placement) -> dict[str, Any]:
+    adapter = {"type": "openai", "base_url": upstream_url, "max_connections": size}
+    return edge_document(
+        {"node-1": [provider("p", adapter, capacity=size, max_queue=size)]},
+        placement=placement,
+        admin=True,
+        # Every connection and stream comes from this one address: past the per-client bounds
+        # of the client guards they would be refused, not measured.
+        openai={
             "max_connections": 2 * size + 64,
             "max_connections_per_client": 2 * size,
             "max_requests_per_client": size,
-            "principal_tokens": [
-                {
-                    "token_ref": "mem",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "m",
-                }
-            ],
         },
-        "models": [{"id": "m", "providers": {"p": "served"}}],
-        "nodes": [
-            {
-                "id": "node-1",
-                **(
-                    {"placement": "edge"}
-                    if placement == "edge"
-                    else {"token_hash_sha256": token_sha256(NODE_TOKEN)}
-                ),
-                "providers": [
-                    {
-                        "id": "p",
-                        "adapter": {
-                            "type": "openai",
-                            "base_url": upstream_url,
-                            "max_connections": size,
-                        },
-                        "served_models": ["served"],
-                        "capacity": size,
-                        "max_queue": size,
-                    }
-                ],
-            }
-        ],
-    }
+    )
 
 
 def completion(host: str, stream: bool, tokens_per_second: float | None = None) -> bytes:
-    document: dict[str, object] = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "Say something about gateways."}],
-        "max_tokens": 8,
-        "stream": stream,
-    }
-    if tokens_per_second:
-        # the fake upstream's per-request hook, which the Edge and the Node pass through
-        document["fake_upstream"] = {"tokens_per_second": tokens_per_second}
-    body = orjson.dumps(document)
-    return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-        f"Authorization: Bearer {CLIENT_TOKEN}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    """A chat completion of 8 tokens; with `tokens_per_second`, the fake upstream's per-request
+    hook (which the Edge and the Node pass through) paces it."""
+    body = benchkit.body("m", stream, pace=tokens_per_second or None)
+    return benchkit.http_request(host, "/v1/chat/completions", body, CLIENT_TOKEN)
 
 
 async def read_until(reader: asyncio.StreamReader, marker: bytes) -> None:
@@ -163,7 +121,7 @@ async def main(args: argparse.Namespace) -> None:
             folder = Path(tmp)
             document = config(upstream.base_url, size, args.placement)
             (folder / "edge.yaml").write_text(yaml.safe_dump(document))
-            (folder / "token").write_text(NODE_TOKEN)
+            (folder / "token").write_text(node_token_of("node-1"))
             edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
             node = None
             if args.placement == "node":

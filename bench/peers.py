@@ -68,22 +68,22 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import uvloop
 import yaml
 
 from bench import benchkit
-from bench.benchkit import CLIENT_TOKEN, MAX_TOKENS
-from iop.edgeconfig import token_sha256
+from bench.benchkit import MAX_TOKENS
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
 
 #: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
 #: `litellm-proxy-extras` releases that are not published); docs/benchmarks.md's figures used
 #: it too.
 LITELLM_VERSION = "1.108.7"
 MASTER_KEY = "sk-bench-master"
-NODE_TOKEN = "bench-node-token"
 MODEL = "bench"
 #: The newest vllm-router on PyPI on the day of the figures.
 VLLM_ROUTER_VERSION = "0.1.17"
@@ -237,41 +237,12 @@ async def vllm_router(
         await terminate(process)
 
 
-def iop_config(upstream_url: str, placement: str = "node") -> dict[str, object]:
-    def provider(pid: str) -> dict[str, object]:
-        return {
-            "id": pid,
-            "adapter": {"type": "openai", "base_url": upstream_url},
-            "served_models": ["served"],
-            "capacity": 1024,
-            "max_queue": 1024,
-        }
-
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "b",
-                }
-            ],
-        },
-        "models": [{"id": MODEL, "providers": {"p-a": "served", "p-b": "served"}}],
-        "nodes": [
-            {
-                "id": "node-1",
-                **(
-                    {"placement": "edge"}
-                    if placement == "edge"
-                    else {"token_hash_sha256": token_sha256(NODE_TOKEN)}
-                ),
-                "providers": [provider("p-a"), provider("p-b")],
-            }
-        ],
-    }
+def iop_config(upstream_url: str, placement: Placement = "node") -> dict[str, Any]:
+    adapter = {"type": "openai", "base_url": upstream_url}
+    providers = [provider(pid, adapter, capacity=1024, max_queue=1024) for pid in ("p-a", "p-b")]
+    return edge_document(
+        {"node-1": providers}, {MODEL: ["p-a", "p-b"]}, placement=placement, admin=True
+    )
 
 
 @contextlib.contextmanager
@@ -291,12 +262,15 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 
 @contextlib.asynccontextmanager
 async def iop_stack(
-    upstream_url: str, folder: Path, env: dict[str, str] | None = None, placement: str = "node"
+    upstream_url: str,
+    folder: Path,
+    env: dict[str, str] | None = None,
+    placement: Placement = "node",
 ) -> AsyncIterator[Target]:
     """An Edge and a Node, or (`placement="edge"`) an Edge alone running the providers."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url, placement)))
-    (folder / "token").write_text(NODE_TOKEN)
+    (folder / "token").write_text(node_token_of("node-1"))
     with environment(env or {}):
         edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
     node: asyncio.subprocess.Process | None = None

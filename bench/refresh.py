@@ -20,8 +20,9 @@ are the refresh path's and the request path's own). Model `m` maps every provide
    same way with their steady neighbours, give the noise. Apply latency under load is shown too.
    Every request must succeed, and every apply be acked by every node.
 
-The load generator keeps one HTTP/1.1 keep-alive connection per worker and parses responses with
-httptools; half the workers stream. Figures go to docs/benchmarks.md ("## Live refresh").
+The load generator (bench/benchkit.py's `Connection`) keeps one HTTP/1.1 keep-alive connection
+per worker and parses responses with httptools; half the workers stream. Figures go to
+docs/benchmarks.md ("## Live refresh").
 """
 
 from __future__ import annotations
@@ -39,102 +40,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httptools
 import httpx
-import orjson
 import uvloop
 import yaml
 
 from bench import benchkit
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
-
-CLIENT_TOKEN = "sk-bench-refresh"
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 
 def document(nodes: int) -> dict[str, Any]:
+    fake = {"type": "fake", "latency_ms": 2, "completion_tokens": 8}
     ids = [f"{index:02d}" for index in range(1, nodes + 1)]
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "bench",
-                }
-            ],
-        },
-        "models": [
-            {
-                "id": "m",
-                "providers": {f"p{i}": "served" for i in ids},
-                "generation": {"max_tokens": 8},
-            }
-        ],
-        "nodes": [
-            {
-                "id": f"node-{i}",
-                "token_hash_sha256": token_sha256(f"token-{i}"),
-                "providers": [
-                    {
-                        "id": f"p{i}",
-                        "adapter": {"type": "fake", "latency_ms": 2, "completion_tokens": 8},
-                        "served_models": ["served"],
-                        "capacity": 8,
-                        "max_queue": 256,
-                    }
-                ],
-            }
-            for i in ids
-        ],
-    }
+    return edge_document(
+        {f"node-{i}": [provider(f"p{i}", fake, max_queue=256)] for i in ids},
+        model_settings={"m": {"generation": {"max_tokens": 8}}},
+        admin=True,
+    )
 
 
 # -- the load -------------------------------------------------------------------------------------
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; `request()` sends one request and waits for its response."""
-
-    def __init__(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio subclass
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
-
-    def on_message_complete(self) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(ConnectionError("the server closed the connection"))
-
-    async def request(self, payload: bytes) -> int:
-        assert self.transport is not None
-        self.done = asyncio.get_running_loop().create_future()
-        self.transport.write(payload)
-        await self.done
-        status: int = self.parser.get_status_code()
-        return status
-
-
-def completion(host: str, stream: bool) -> bytes:
-    body = orjson.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": stream}
-    )
-    return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
-        f"Authorization: Bearer {CLIENT_TOKEN}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+def request(host: str, stream: bool) -> bytes:
+    body = benchkit.body("m", stream)
+    return benchkit.http_request(host, "/v1/chat/completions", body, CLIENT_TOKEN)
 
 
 @dataclass
@@ -149,18 +79,18 @@ async def run_load(host: str, port: int, concurrency: int, stop: asyncio.Event, 
     loop = asyncio.get_running_loop()
     connections = []
     for _ in range(concurrency):
-        _, protocol = await loop.create_connection(_Connection, host, port)
+        _, protocol = await loop.create_connection(benchkit.Connection, host, port)
         connections.append(protocol)
 
-    async def worker(connection: _Connection, payload: bytes) -> None:
+    async def worker(connection: benchkit.Connection, payload: bytes) -> None:
         while not stop.is_set():
-            status = await connection.request(payload)
+            status = await connection.exchange(payload)
             load.requests += 1
             load.failed += status != 200
 
     await asyncio.gather(
         *(
-            worker(connection, completion(host, stream=index % 2 == 0))
+            worker(connection, request(host, stream=index % 2 == 0))
             for index, connection in enumerate(connections)
         )
     )
@@ -187,11 +117,11 @@ class Applier:
         """`push`: flip every provider's capacity 8 <-> 9; else flip its priority 0 <-> 1."""
         candidate = copy.deepcopy(self.document)
         for node in candidate["nodes"]:
-            provider = node["providers"][0]
+            entry = node["providers"][0]
             if change == "push":
-                provider["capacity"] = 17 - provider["capacity"]
+                entry["capacity"] = 17 - entry["capacity"]
             else:
-                provider["priority"] = 1 - provider.get("priority", 0)
+                entry["priority"] = 1 - entry.get("priority", 0)
         started = time.perf_counter()
         response = await self.admin.post("/refresh", json={"mode": "apply", "config": candidate})
         elapsed = (time.perf_counter() - started) * 1000
@@ -226,7 +156,7 @@ async def stack(folder: Path, nodes: int) -> AsyncIterator[tuple[dict[str, Any],
         started["edge_pid"], started["node_pids"] = edge.pid, []
         for node in base["nodes"]:
             token = folder / f"{node['id']}.token"
-            token.write_text(f"token-{node['id'].removeprefix('node-')}")
+            token.write_text(node_token_of(node["id"]))
             process = await spawn_node(started["hub_port"], node["id"], token)
             exits.push_async_callback(terminate, process)
             started["node_pids"].append(process.pid)

@@ -49,48 +49,19 @@ import uvloop
 import yaml
 
 from bench import benchkit
-from iop.edgeconfig import token_sha256
 from iop.node import NodeAgent
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-
-CLIENT_TOKEN = "sk-bench-reliability"
-NODE_TOKENS = {"node-1": "bench-node-1", "node-2": "bench-node-2"}
+from testkit import CLIENT_TOKEN, edge_document, node_token_of
+from testkit import provider as provider_entry
 
 
 def document(providers: dict[str, list[dict[str, Any]]], **openai: Any) -> dict[str, Any]:
     """node id -> its providers; model `m` maps every provider (serving `served`)."""
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "b",
-                }
-            ],
-            **openai,
-        },
-        "models": [
-            {
-                "id": "m",
-                "providers": {p["id"]: "served" for ps in providers.values() for p in ps},
-            }
-        ],
-        "nodes": [
-            {
-                "id": node_id,
-                "token_hash_sha256": token_sha256(NODE_TOKENS[node_id]),
-                "providers": ps,
-            }
-            for node_id, ps in providers.items()
-        ],
-    }
+    return edge_document(providers, admin=True, openai=openai)
 
 
-def provider(pid: str, adapter: dict[str, Any], **settings: Any) -> dict[str, Any]:
-    return {"id": pid, "adapter": adapter, "served_models": ["served"], "capacity": 64, **settings}
+#: A provider entry (testkit's `provider`) of capacity 64.
+provider = functools.partial(provider_entry, capacity=64)
 
 
 @contextlib.asynccontextmanager
@@ -104,7 +75,7 @@ async def stack(
     try:
         for node_id in nodes:
             token = folder / f"{node_id}.token"
-            token.write_text(NODE_TOKENS[node_id])
+            token.write_text(node_token_of(node_id))
             processes[node_id] = await spawn_node(started["hub_port"], node_id, token)
         yield started, processes
     finally:
@@ -279,7 +250,7 @@ async def frozen_edge(folder: Path, rounds: int) -> None:
         edge = started["process"]
         async with NodeAgent(
             node_id="node-1",
-            token=NODE_TOKENS["node-1"],
+            token=node_token_of("node-1"),
             edges=[f"127.0.0.1:{started['hub_port']}"],
             backoff_initial=0.05,
             backoff_max=0.5,

@@ -30,48 +30,27 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvloop
 import yaml
 
 from bench import benchkit
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_iop, terminate
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 TOPOLOGIES = {"1 edge + 1 node": 1, "2 edges + 2 nodes": 2}
 
 
-def document(upstream_url: str, nodes: int) -> dict[str, object]:
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(benchkit.CLIENT_TOKEN),
-                    "principal_ref": "bench",
-                }
-            ],
-        },
-        "models": [{"id": "m", "providers": {f"p-{i}": "served" for i in range(1, nodes + 1)}}],
-        "nodes": [
-            {
-                "id": f"node-{i}",
-                "token_hash_sha256": token_sha256(f"token-{i}"),
-                "providers": [
-                    {
-                        "id": f"p-{i}",
-                        "adapter": {"type": "openai", "base_url": upstream_url},
-                        "served_models": ["served"],
-                        "capacity": 1024,
-                        "max_queue": 1024,
-                    }
-                ],
-            }
+def document(upstream_url: str, nodes: int) -> dict[str, Any]:
+    adapter = {"type": "openai", "base_url": upstream_url}
+    return edge_document(
+        {
+            f"node-{i}": [provider(f"p-{i}", adapter, capacity=1024, max_queue=1024)]
             for i in range(1, nodes + 1)
-        ],
-    }
+        },
+        admin=True,
+    )
 
 
 @dataclass
@@ -94,7 +73,7 @@ async def topology(folder: Path, upstream_url: str, replicas: int) -> AsyncItera
         dials = [arg for s in edges for arg in ("--edge", f"127.0.0.1:{s['hub_port']}")]
         for i in range(1, replicas + 1):
             token = folder / f"token-{i}"
-            token.write_text(f"token-{i}")
+            token.write_text(node_token_of(f"node-{i}"))
             processes.append(
                 await spawn_iop(
                     *("node", "run", *dials, "--node-id", f"node-{i}"),
@@ -127,7 +106,7 @@ async def measure(
             f"{host}:{port}",
             "/v1/chat/completions",
             benchkit.body("m", stream),
-            benchkit.CLIENT_TOKEN,
+            CLIENT_TOKEN,
         )
         for host, port in target.edges
     ]

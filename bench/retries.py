@@ -54,8 +54,8 @@ import yaml
 
 from bench import benchkit
 from bench.edge import InstantHub
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from testkit import CLIENT_TOKEN, CLIENTS, edge_document, node_token_of, provider
 
 FAIL_MODES = ("status", "drop", "drop-mid-stream")
 
@@ -114,7 +114,7 @@ async def cost(args: argparse.Namespace) -> None:
             folder = Path(tmp)
             config = benchkit.edge_config(upstream.base_url)
             (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-            (folder / "token").write_text(benchkit.NODE_TOKEN)
+            (folder / "token").write_text(node_token_of("node-1"))
             for path, model in (("edge-alone", "openai"), ("node-fake", "node-fake")):
                 async with contextlib.AsyncExitStack() as exits:
                     stacks = {
@@ -130,7 +130,7 @@ async def cost(args: argparse.Namespace) -> None:
                                         f"{host}:{port}",
                                         "/v1/chat/completions",
                                         benchkit.body(model, stream),
-                                        benchkit.CLIENT_TOKEN,
+                                        CLIENT_TOKEN,
                                     )
                                     await benchkit.measure(host, port, payload, conc, 0.5)
                                     before = benchkit.cpu_seconds(pids["edge"])
@@ -178,7 +178,7 @@ def relay_child() -> None:
         )
         dispatcher.set_available(["p-http", "p-fake"])
         relay = Relay(dispatcher, InstantHub(), Metrics(dispatcher))
-        principal = Principal("bench", "bench")
+        principal = Principal(CLIENTS[0].principal_ref, CLIENTS[0].token_ref)
         raw = benchkit.body("openai", False)
         policy = dispatcher.snapshot.models["openai"].generation
 
@@ -226,37 +226,11 @@ async def relay(args: argparse.Namespace) -> None:
 
 
 def pool_config(upstreams: dict[str, str], retries: dict[str, int]) -> dict[str, Any]:
-    return {
-        "edge": {"id": "edge-bench", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "bench",
-                    "token_hash_sha256": token_sha256(benchkit.CLIENT_TOKEN),
-                    "principal_ref": "bench",
-                }
-            ],
-            "retries": retries,
-        },
-        "models": [{"id": "m", "providers": {name: "served" for name in upstreams}}],
-        "nodes": [
-            {
-                "id": "node-1",
-                "token_hash_sha256": token_sha256(benchkit.NODE_TOKEN),
-                "providers": [
-                    {
-                        "id": name,
-                        "adapter": {"type": "openai", "base_url": url},
-                        "served_models": ["served"],
-                        "capacity": 64,
-                        "max_queue": 1024,
-                    }
-                    for name, url in upstreams.items()
-                ],
-            }
-        ],
-    }
+    providers = [
+        provider(name, {"type": "openai", "base_url": url}, capacity=64, max_queue=1024)
+        for name, url in upstreams.items()
+    ]
+    return edge_document({"node-1": providers}, admin=True, openai={"retries": retries})
 
 
 @dataclass
@@ -272,7 +246,7 @@ async def drive_requests(host: str, port: int, stream: bool, count: int, conc: i
     200 or a stream that does not end with [DONE]."""
     loop = asyncio.get_running_loop()
     payload = benchkit.http_request(
-        f"{host}:{port}", "/v1/chat/completions", benchkit.body("m", stream), benchkit.CLIENT_TOKEN
+        f"{host}:{port}", "/v1/chat/completions", benchkit.body("m", stream), CLIENT_TOKEN
     )
     left = count
     failed = 0
@@ -333,7 +307,7 @@ async def errors(args: argparse.Namespace) -> None:
                 retries = {} if retries_on else {"max_per_request": 0}
                 config = pool_config({n: u.base_url for n, u in upstreams.items()}, retries)
                 (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-                (folder / "token").write_text(benchkit.NODE_TOKEN)
+                (folder / "token").write_text(node_token_of("node-1"))
                 edge, started = await spawn_edge(folder / "edge.yaml")
                 exits.push_async_callback(terminate, edge)
                 node = await spawn_node(started["hub_port"], "node-1", folder / "token")

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import heapq
 import itertools
 import json
@@ -82,9 +81,8 @@ from iop.processes import (
     spawn_node,
     terminate,
 )
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
-CLIENT_TOKEN = "sk-bench-routing"
-NODE_TOKEN = "bench-routing-node"
 MODEL = "bench"
 SERVED = "served"
 SERVERS = 4
@@ -231,10 +229,6 @@ def fleet_capacity(args: argparse.Namespace, placement: str = "round_robin") -> 
 # -- the fleet and the systems -----------------------------------------------------------------
 
 
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 @dataclass
 class Target:
     """Where a system listens, and how it is told its policy."""
@@ -247,28 +241,18 @@ class Target:
 
 def iop_config(servers: list[UpstreamProcess], capacity: int) -> dict[str, Any]:
     providers = [
-        {
-            "id": f"gpu-{i}",
-            "adapter": {"type": "openai", "base_url": server.base_url},
-            "served_models": [SERVED],
-            "capacity": capacity,
-            "max_queue": 4096,
-            "queue_timeout_ms": 600_000,
-            "health": {"interval_ms": 1000},
-        }
+        provider(
+            f"gpu-{i}",
+            {"type": "openai", "base_url": server.base_url},
+            served=SERVED,
+            capacity=capacity,
+            max_queue=4096,
+            queue_timeout_ms=600_000,
+            health={"interval_ms": 1000},
+        )
         for i, server in enumerate(servers, start=1)
     ]
-    return {
-        "edge": {"id": "edge-routing", "listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"}},
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {"token_ref": "bench", "token_hash_sha256": sha(CLIENT_TOKEN), "principal_ref": "b"}
-            ],
-        },
-        "models": [{"id": MODEL, "providers": {p["id"]: SERVED for p in providers}}],
-        "nodes": [{"id": "node-1", "token_hash_sha256": sha(NODE_TOKEN), "providers": providers}],
-    }
+    return edge_document({"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True)
 
 
 @contextlib.asynccontextmanager
@@ -277,7 +261,7 @@ async def iop_stack(
 ) -> AsyncIterator[tuple[Target, dict[str, Any]]]:
     document = iop_config(servers, capacity)
     (folder / "edge.yaml").write_text(yaml.safe_dump(document))
-    (folder / "token").write_text(NODE_TOKEN)
+    (folder / "token").write_text(node_token_of("node-1"))
     edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
     node: asyncio.subprocess.Process | None = None
     try:
@@ -298,8 +282,8 @@ async def apply_policy(
 ) -> None:
     """Apply `policy` (and the providers' `capacity`) live through the admin API."""
     document["models"][0]["dispatch"] = {"policy": policy, "load_factor": factor}
-    for provider in document["nodes"][0]["providers"]:
-        provider["capacity"] = capacity
+    for entry in document["nodes"][0]["providers"]:
+        entry["capacity"] = capacity
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"{target.admin_url}/refresh", json={"mode": "apply", "config": document}

@@ -50,6 +50,7 @@ import uvloop
 import yaml
 
 from bench import benchkit
+from testkit import CLIENT_TOKEN, node_token_of
 
 VARIANTS = ("today", "baseline", "gc-relaxed", "switch-1ms")
 
@@ -265,7 +266,7 @@ async def drive(args: argparse.Namespace) -> None:
             folder = Path(tmp)
             config = benchkit.edge_config(upstream.base_url)
             (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-            (folder / "token").write_text(benchkit.NODE_TOKEN)
+            (folder / "token").write_text(node_token_of("node-1"))
             async with contextlib.AsyncExitStack() as exits:
                 stacks = {
                     v: await exits.enter_async_context(
@@ -296,7 +297,7 @@ async def measure_cell(target: Stack, stream: bool, conc: int, seconds: float, r
         f"{target.host}:{target.port}",
         "/v1/chat/completions",
         benchkit.body("openai", stream),
-        benchkit.CLIENT_TOKEN,
+        CLIENT_TOKEN,
     )
     await benchkit.measure(target.host, target.port, payload, conc, 0.3)  # warm-up
     await collect(target)  # resets the instruments
@@ -367,7 +368,7 @@ async def profile(target: Stack, args: argparse.Namespace) -> None:
             f"{target.host}:{target.port}",
             "/v1/chat/completions",
             benchkit.body("openai", stream),
-            benchkit.CLIENT_TOKEN,
+            CLIENT_TOKEN,
         )
         with tempfile.TemporaryDirectory() as tmp:
             outputs = {name: Path(tmp) / f"{name}.txt" for name in target.pids}

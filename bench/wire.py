@@ -33,12 +33,11 @@ import orjson
 import uvloop
 
 from iop.edge.hub.nodehub import NodeHub
-from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data, token_sha256
+from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data
 from iop.processes import spawn_fake_upstream, spawn_node, terminate
 from iop.providers import FakeAdapter, OpenAIAdapter
 from iop.wire import RunDone, RunRequest
-
-TOKEN = "bench-node-token"
+from testkit import edge_document, node_token_of, provider
 
 
 def body(stream: bool) -> bytes:
@@ -87,37 +86,14 @@ async def node_process(port: int, token_file: Path) -> AsyncIterator[None]:
 
 async def main(seconds: float, concurrencies: list[int]) -> None:
     async with spawn_fake_upstream() as upstream:
-        config = load_data(
-            {
-                "edge": {"id": "edge-bench", "listen": "127.0.0.1:0"},
-                "models": [{"id": "m", "providers": {"p1": "served"}}],
-                "nodes": [
-                    {
-                        "id": "node-1",
-                        "token_hash_sha256": token_sha256(TOKEN),
-                        "providers": [
-                            {
-                                "id": "p1",
-                                "adapter": {"type": "openai", "base_url": upstream.base_url},
-                                "served_models": ["served"],
-                                "capacity": 1024,
-                            },
-                            {
-                                "id": "p2",
-                                "adapter": {"type": "fake"},
-                                "served_models": ["served"],
-                                "capacity": 1024,
-                            },
-                        ],
-                    }
-                ],
-            }
-        )
+        http = {"type": "openai", "base_url": upstream.base_url}
+        providers = [provider("p1", http, capacity=1024), provider("p2", capacity=1024)]
+        config = load_data(edge_document({"node-1": providers}, {"m": ["p1"]}))
         direct = OpenAIAdapter("direct", OpenAIAdapterSettings(base_url=upstream.base_url))
         fake = FakeAdapter("direct-fake", FakeAdapterSettings())
         with tempfile.TemporaryDirectory() as tmp:
             token_file = Path(tmp) / "token"
-            token_file.write_text(TOKEN)
+            token_file.write_text(node_token_of("node-1"))
             async with NodeHub(config) as hub, node_process(hub.port or 0, token_file):
                 while not hub.connected_providers():
                     await asyncio.sleep(0.05)
@@ -134,9 +110,9 @@ async def run_table(
 ) -> None:
     rows = []
     cases = [("whole", False, "p1"), ("stream", True, "p1"), ("fake adapter, stream", True, "p2")]
-    for mode, stream, provider in cases:
+    for mode, stream, pid in cases:
         payload = body(stream)
-        adapter: OpenAIAdapter | FakeAdapter = direct if provider == "p1" else fake
+        adapter: OpenAIAdapter | FakeAdapter = direct if pid == "p1" else fake
 
         async def via_direct(
             i: int, payload: bytes = payload, stream: bool = stream, adapter: Any = adapter
@@ -151,10 +127,10 @@ async def run_table(
             i: int,
             payload: bytes = payload,
             stream: bool = stream,
-            provider: str = provider,
+            pid: str = pid,
             mode: str = mode,
         ) -> None:
-            request = RunRequest(f"w{i}-{mode}", provider, "served", "chat", payload, stream, None)
+            request = RunRequest(f"w{i}-{mode}", pid, "served", "chat", payload, stream, None)
             last = None
             async with hub.run(request) as events:
                 async for event in events:

@@ -1,6 +1,7 @@
 """Fixtures shared across test areas: the runtime wire's real servers on port 0.
 
-`wire_config(...)` builds a valid EdgeConfig with one node and its providers; `fake_upstream`
+`document_of(...)` and `config_of(...)` build a config document (testkit's builder, with the
+tests' TLS) and an EdgeConfig; `wire_config(...)` builds one for the wire tests; `fake_upstream`
 is a real fake OpenAI server on a loopback socket; `start_hub` and `start_node` start the Edge's
 node hub and an in-process Node agent and stop them when the test ends. `no_leaked_tasks` fails
 a test that leaves an asyncio task behind (wire tests use it through `pytestmark`).
@@ -26,7 +27,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ from hypothesis import HealthCheck, settings
 
 from iop.edge import EdgeServer
 from iop.edge.hub.nodehub import NodeHub
-from iop.edgeconfig import EdgeConfig, load_data, token_sha256
+from iop.edgeconfig import EdgeConfig, load_data
 from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.node import NodeAgent
 from iop.processes import free_port, spawn_edge, spawn_node, terminate
 from iop.wire import ClientTls
+from testkit import CLIENT_TOKEN, CLIENTS, edge_document, node_token_of, provider
 from tests.waiting import wait_available, wait_for, wait_until
 
 # Hypothesis' per-example deadline measures the machine, not the code: on a loaded 2-core CI
@@ -52,9 +54,9 @@ from tests.waiting import wait_available, wait_for, wait_until
 settings.register_profile("iop", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("iop")
 
-NODE_TOKEN = "node-1-secret-token"
+NODE_TOKEN = node_token_of("node-1")
 #: The OpenAI API keys every built config knows: token_ref -> raw key (principal team-search).
-CLIENT_TOKENS = {"search-chat": "sk-chat-secret", "search-batch": "sk-batch-secret"}
+CLIENT_TOKENS = {client.token_ref: client.key for client in CLIENTS}
 
 
 # -- TLS on the Node links: certificates made at test time ---------------------------------------
@@ -187,71 +189,29 @@ def tls_factory() -> Callable[[Path], TlsFiles]:
 
 
 def build_document(
-    providers: list[dict[str, Any]],
-    models: Mapping[str, list[str]] | None = None,
+    providers: Sequence[Mapping[str, Any]] = (),
+    models: Mapping[str, Sequence[str]] | None = None,
     *,
     node_id: str = "node-1",
-    token: str = NODE_TOKEN,
+    token: str | None = None,
+    nodes: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     threshold: int = 1000,
     openai: Mapping[str, Any] | None = None,
-    generation: Mapping[str, Mapping[str, Any]] | None = None,
-    edge: Mapping[str, Any] | None = None,
-    dispatch: Mapping[str, Mapping[str, Any]] | None = None,
-    placement: str = "node",
+    **options: Any,
 ) -> dict[str, Any]:
-    """The one config builder of the tests: a valid document with one node holding `providers`.
-
-    Each provider needs `id`, `adapter` and `served_models`; `models` maps model id -> provider
-    ids, each serving its first served model (default: one model "m" over every provider).
-    Listeners are on loopback port 0; the clients of `CLIENT_TOKENS` are known; the Node link
-    is mutual TLS with `TEST_TLS`. `edge` adds to (or overrides) the `edge` section;
-    `generation` and `dispatch` give models their sections, by model id. `placement="edge"`
-    places the node on the Edge (no token: no Node process serves it).
+    """The config builder (`testkit.edge_document`) with the tests' defaults: a document with one
+    node, `node_id`, holding `providers` (its token `token`, else `node_token_of(node_id)`), or
+    with `nodes` (node id -> providers); the Node link is mutual TLS with `TEST_TLS` (unless
+    `tls=None`), and `threshold` is the long-context threshold. `models` and `options` go to the
+    builder (`model_settings`, `placement`, `admin`, `metrics`, `clients`, `edge`, ...).
     """
-    models = models if models is not None else {"m": [p["id"] for p in providers]}
-    served = {p["id"]: p["served_models"][0] for p in providers}
-    principal_tokens = [
-        {"token_ref": ref, "token_hash_sha256": token_sha256(key), "principal_ref": "team-search"}
-        for ref, key in CLIENT_TOKENS.items()
-    ]
-    return {
-        "edge": {
-            "id": "edge-test",
-            "listen": "127.0.0.1:0",
-            "tls": TEST_TLS.edge_section(),
-            **(edge or {}),
-        },
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "long_context_threshold_tokens": threshold,
-            "principal_tokens": principal_tokens,
-            **(openai or {}),
-        },
-        "models": [
-            {
-                "id": model_id,
-                "providers": {pid: served[pid] for pid in pids},
-                "generation": dict((generation or {}).get(model_id, {})),
-                **(
-                    {"dispatch": dict(dispatch[model_id])}
-                    if dispatch and model_id in dispatch
-                    else {}
-                ),
-            }
-            for model_id, pids in models.items()
-        ],
-        "nodes": [
-            {
-                "id": node_id,
-                **(
-                    {"placement": "edge"}
-                    if placement == "edge"
-                    else {"token_hash_sha256": token_sha256(token)}
-                ),
-                "providers": providers,
-            }
-        ],
-    }
+    if nodes is None:
+        nodes = {node_id: providers}
+    if token is not None:
+        options["node_tokens"] = {node_id: token}
+    options.setdefault("tls", TEST_TLS.edge_section())
+    openai = {"long_context_threshold_tokens": threshold, **(openai or {})}
+    return edge_document(nodes, models, openai=openai, **options)
 
 
 def build_config(providers: list[dict[str, Any]], *args: Any, **options: Any) -> EdgeConfig:
@@ -261,19 +221,20 @@ def build_config(providers: list[dict[str, Any]], *args: Any, **options: Any) ->
 
 def build_wire_config(providers: list[dict[str, Any]], **options: Any) -> EdgeConfig:
     """For wire tests: every provider serves "served" (capacity 8), one model `m-<id>` each."""
-    full = [{"served_models": ["served"], "capacity": 8, **provider} for provider in providers]
+    full = [{"served_models": ["served"], "capacity": 8, **entry} for entry in providers]
     return build_config(full, {f"m-{p['id']}": [p["id"]] for p in full}, **options)
 
 
 @pytest.fixture(scope="session")
 def document_of() -> Callable[..., dict[str, Any]]:
-    """`document_of(providers, models, ...)`: `build_document`, the one config builder."""
+    """`document_of(providers, models, ...)`: `build_document`, the builder with the tests'
+    defaults."""
     return build_document
 
 
 @pytest.fixture(scope="session")
 def config_of() -> Callable[..., EdgeConfig]:
-    """`config_of(providers, models, threshold=..., openai=..., generation=...)`: `build_config`."""
+    """`config_of(providers, models, threshold=..., openai=..., ...)`: `build_config`."""
     return build_config
 
 
@@ -364,29 +325,15 @@ def refresh_document() -> dict[str, Any]:
     connects. Every listener on a free loopback port."""
 
     def fake(pid: str, **settings: Any) -> dict[str, Any]:
-        return {
-            "id": pid,
-            "adapter": {"type": "fake", "completion_tokens": 4},
-            "served_models": [f"served-{pid[1]}"],
-            "capacity": 2,
-            **settings,
-        }
+        adapter = {"type": "fake", "completion_tokens": 4}
+        return provider(pid, adapter, served=f"served-{pid[1]}", capacity=2, **settings)
 
-    document = build_document([fake("pa", priority=0), fake("pb", priority=10)])
-    document["edge"] = {
-        "id": "edge-refresh",
-        "listen": "127.0.0.1:0",
-        "admin": {"listen": "127.0.0.1:0"},
-        "tls": TEST_TLS.edge_section(),
-    }
-    document["nodes"].append(
-        {
-            "id": "node-2",
-            "token_hash_sha256": token_sha256("node-2-token"),
-            "providers": [fake("pc")],
-        }
+    return build_document(
+        nodes={"node-1": [fake("pa", priority=0), fake("pb", priority=10)], "node-2": [fake("pc")]},
+        models={"m": ["pa", "pb"]},
+        edge_id="edge-refresh",
+        admin=True,
     )
-    return document
 
 
 @pytest.fixture(name="refresh_document", scope="session")
@@ -398,7 +345,7 @@ def refresh_document_fixture() -> Callable[[], dict[str, Any]]:
 @pytest.fixture(scope="session")
 def refresh_client_token() -> str:
     """An OpenAI API key `refresh_document()` configures."""
-    return CLIENT_TOKENS["search-chat"]
+    return CLIENT_TOKEN
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ import yaml
 
 from bench import benchkit
 from bench.edge import InstantHub
+from testkit import CLIENT_TOKEN
 
 GRANIAN = "granian==2.8.7"
 SERVERS = ("uvicorn", "granian")
@@ -136,7 +137,7 @@ async def drive(args: argparse.Namespace, granian_python: Path) -> None:
                                 f"{host}:{port}",
                                 "/v1/chat/completions",
                                 benchkit.body("openai", stream),
-                                benchkit.CLIENT_TOKEN,
+                                CLIENT_TOKEN,
                             )
                             await benchkit.measure(host, port, payload, conc, 0.3)
                             before = benchkit.cpu_seconds(process.pid)

@@ -121,16 +121,6 @@ def edgeconfig(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def provider(spec: dict[str, Any], provider_id: str) -> dict[str, Any]:
-    """The provider `provider_id` of `spec` (the spec's own dict: a change edits the spec)."""
-    for node in spec["nodes"]:
-        for item in node["providers"]:
-            if item["id"] == provider_id:
-                found: dict[str, Any] = item
-                return found
-    raise KeyError(provider_id)
-
-
 # -- what kstatus and Argo CD make of an EdgeConfig -----------------------------------------------
 
 

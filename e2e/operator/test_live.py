@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import openai
 import pytest
 
-from e2e.operator.conftest import provider
+from testkit import find_provider
 
 if TYPE_CHECKING:
     from e2e.operator.conftest import HostStack
@@ -66,15 +66,15 @@ Observe = Callable[["HostStack"], Awaitable[object]]
 
 
 def edit_priority(spec: Spec) -> None:
-    provider(spec, "pa")["priority"] = 20
+    find_provider(spec, "pa")["priority"] = 20
 
 
 def edit_capacity(spec: Spec) -> None:
-    provider(spec, "pd")["capacity"] = 2
+    find_provider(spec, "pd")["capacity"] = 2
 
 
 def edit_enabled(spec: Spec) -> None:
-    provider(spec, "pa")["enabled"] = False
+    find_provider(spec, "pa")["enabled"] = False
 
 
 def edit_models(spec: Spec) -> None:
@@ -236,8 +236,8 @@ async def test_a_load_runs_through_every_live_apply_without_a_failed_request(
             edit_models,
             edit_generation,
             edit_threshold,
-            lambda s: provider(s, "pc").update(capacity=6),  # pushed to node-2
-            lambda s: provider(s, "pc").update(capacity=4, maxQueue=32),
+            lambda s: find_provider(s, "pc").update(capacity=6),  # pushed to node-2
+            lambda s: find_provider(s, "pc").update(capacity=4, maxQueue=32),
         ]
         for edit in edits:
             edit(spec)

@@ -34,7 +34,8 @@ import httpx2
 import openai
 import pytest
 
-from e2e.operator.conftest import Workloads, provider
+from e2e.operator.conftest import Workloads
+from testkit import find_provider
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -288,10 +289,10 @@ async def test_created_ready_and_serving_every_model(pods: PodStack) -> None:
 
 LIVE = [
     pytest.param(
-        lambda s: provider(s, "pa").update(priority=20), "served-a", "served-b", id="priority"
+        lambda s: find_provider(s, "pa").update(priority=20), "served-a", "served-b", id="priority"
     ),
     pytest.param(
-        lambda s: provider(s, "pa").update(enabled=False), "served-a", "served-b", id="enabled"
+        lambda s: find_provider(s, "pa").update(enabled=False), "served-a", "served-b", id="enabled"
     ),
     pytest.param(
         lambda s: s["models"].__setitem__(0, {**s["models"][0], "providers": {"pb": "served-b"}}),
@@ -335,7 +336,7 @@ async def test_capacity_and_generation_policy_restart_no_pod(pods: PodStack) -> 
     assert await tokens(pods, "m") == 8
     changed = copy.deepcopy(original)
     changed["models"][0]["generation"] = {"maxTokens": 3}
-    provider(changed, "pc")["capacity"] = 6  # pushed to node-2, acked on both replicas
+    find_provider(changed, "pc")["capacity"] = 6  # pushed to node-2, acked on both replicas
     try:
         ec = await asyncio.to_thread(pods.change, changed)
         assert sorted(ec["status"]["lastChange"]["livePaths"]) == [
@@ -355,8 +356,8 @@ async def test_a_load_runs_through_live_applies_without_a_failed_request(pods: P
         async with under_load(pods, "n") as outcomes:
             for capacity in (6, 5, 7, 4):
                 changed = copy.deepcopy(pods.spec)
-                provider(changed, "pc")["capacity"] = capacity
-                provider(changed, "pa")["priority"] = capacity
+                find_provider(changed, "pc")["capacity"] = capacity
+                find_provider(changed, "pa")["priority"] = capacity
                 await asyncio.to_thread(pods.change, changed)
     finally:
         await asyncio.to_thread(pods.change, original)
@@ -470,7 +471,7 @@ async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodSt
     assert result.returncode != 0
     assert 'models[0].providers.zz: unknown provider "zz"' in result.stderr
     live = copy.deepcopy(pods.spec)
-    provider(live, "pa")["capacity"] = 3
+    find_provider(live, "pa")["capacity"] = 3
     manifest["spec"] = live
     dry = pods.kubectl("apply", "-f", "-", "--dry-run=server", stdin=json.dumps(manifest))
     assert "Warning: live: nodes[node-1].providers[pa].capacity" in dry.stderr
@@ -579,7 +580,7 @@ async def test_the_standby_operator_takes_over_when_the_active_one_goes(pods: Po
         )
         took_over = time.monotonic() - started
         changed = copy.deepcopy(pods.spec)
-        provider(changed, "pc")["capacity"] = 5 if how == "delete" else 4
+        find_provider(changed, "pc")["capacity"] = 5 if how == "delete" else 4
         await asyncio.to_thread(pods.change, changed)
         applied = time.monotonic() - started
         print(f"failover by {how}: new leader after {took_over:.1f}s, a live change Ready "

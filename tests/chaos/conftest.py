@@ -32,9 +32,9 @@ import httpx
 import orjson
 import pytest
 
-from iop.edgeconfig import token_sha256
+from testkit import CLIENT_TOKEN, node_token_of, provider
 
-NODE_TOKENS = {"node-1": "node-1-chaos-token", "node-2": "node-2-chaos-token"}
+NODE_TOKENS = {node_id: node_token_of(node_id) for node_id in ("node-1", "node-2")}
 
 
 def two_nodes_document(
@@ -47,32 +47,11 @@ def two_nodes_document(
 ) -> dict[str, Any]:
     """Model `m` served by p1 on node-1 and p2 on node-2 (fake adapters unless `adapter`)."""
     settings = adapter or {"type": "fake", "completion_tokens": 4}
-
-    def provider(pid: str, priority: int) -> dict[str, Any]:
-        return {
-            "id": pid,
-            "adapter": settings,
-            "served_models": ["served"],
-            "capacity": capacity,
-            "priority": priority,
-        }
-
-    document = build_document(
-        [provider("p1", priorities[0])],
-        {"m": ["p1"]},
-        node_id="node-1",
-        token=NODE_TOKENS["node-1"],
-        **options,
-    )
-    document["nodes"].append(
-        {
-            "id": "node-2",
-            "token_hash_sha256": token_sha256(NODE_TOKENS["node-2"]),
-            "providers": [provider("p2", priorities[1])],
-        }
-    )
-    document["models"][0]["providers"]["p2"] = "served"
-    return document
+    nodes = {
+        f"node-{n}": [provider(f"p{n}", settings, capacity=capacity, priority=priority)]
+        for n, priority in enumerate(priorities, start=1)
+    }
+    return build_document(nodes=nodes, **options)
 
 
 def token_files(folder: Path) -> dict[str, Path]:
@@ -123,7 +102,7 @@ async def open_stream(
     *,
     receive_buffer: int | None = None,
     model: str = "m",
-    key: str = "sk-chat-secret",
+    key: str = CLIENT_TOKEN,
     source: str | None = None,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A raw client that sends one streaming request and reads nothing until told to (from

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from iop.edge.authfailures import token_hint
+from testkit import CLIENT_TOKEN
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -74,14 +75,14 @@ async def test_wrong_keys_are_throttled_per_address_and_logged_without_the_keys(
     # A right key from the throttled address is refused too (once a wrong one was: the budget
     # may have refilled by one meanwhile); another address is served.
     extra = 0
-    async with client(GUESSER, "sk-chat-secret") as http:
+    async with client(GUESSER, CLIENT_TOKEN) as http:
         wrong = {"authorization": "Bearer sk-one-more-guess"}
         while (
             await http.post("/v1/chat/completions", json=body, headers=wrong)
         ).status_code == 401:
             extra += 1
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 429
-    async with client("127.0.0.1", "sk-chat-secret") as http:
+    async with client("127.0.0.1", CLIENT_TOKEN) as http:
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
         # No key, and a key that is not a bearer token, count under their own reasons.
         assert (await http.get("/v1/models", headers={"authorization": ""})).status_code == 401

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from iop.processes import spawn_edge, spawn_node, terminate
+from testkit import CLIENT_TOKEN, node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -68,7 +69,7 @@ async def stack(document_of: Any, tmp_path: Path) -> AsyncIterator[tuple[int, in
             edge={"tls": None},
         )
         (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
-        (tmp_path / "node.token").write_text("node-1-secret-token")
+        (tmp_path / "node.token").write_text(node_token_of("node-1"))
         edge, started = await spawn_edge(tmp_path / "edge.yaml")
         exits.push_async_callback(terminate, edge)
         node = await spawn_node(started["hub_port"], "node-1", tmp_path / "node.token")
@@ -88,7 +89,7 @@ async def test_an_answer_past_the_bound_is_refused_with_memory_bounded_and_one_u
 ) -> None:
     async with stack(document_of, tmp_path) as (edge_pid, node_pid, url):
         client = openai.AsyncOpenAI(
-            base_url=url + "/v1", api_key="sk-chat-secret", max_retries=0, timeout=120
+            base_url=url + "/v1", api_key=CLIENT_TOKEN, max_retries=0, timeout=120
         )
         messages: Any = [{"role": "user", "content": "hi"}]
         async with client:

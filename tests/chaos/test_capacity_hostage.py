@@ -19,31 +19,19 @@ import openai
 import pytest
 import yaml
 
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
+from testkit import CLIENT_TOKEN, CLIENTS, Client, node_token_of
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
 ATTACKER = "127.0.0.2"
-#: A key of another principal than the attackers' (team-search), for the normal requests.
-OTHER_KEY = "sk-other-team"
+#: A client of another principal than the attackers' (team-search), for the normal requests.
+OTHER = Client("other-app", "sk-other-team", "team-other")
 #: Room for a loaded two-core machine on top of a deadline: a bound on correctness, not speed.
 SLACK_S = 5.0
 #: A fast model's long answer: far more than every buffer between the Edge and its client.
 FAST = {"type": "fake", "completion_tokens": 200_000}
-
-
-def add_other_principal(document: dict[str, Any]) -> dict[str, Any]:
-    """`document` with a second principal (team-other), whose key is `OTHER_KEY`."""
-    document["openai"]["principal_tokens"].append(
-        {
-            "token_ref": "other-app",
-            "token_hash_sha256": token_sha256(OTHER_KEY),
-            "principal_ref": "team-other",
-        }
-    )
-    return document
 
 
 async def in_flight(metrics: httpx.AsyncClient, provider: str) -> float:
@@ -72,12 +60,13 @@ async def test_a_normal_request_is_served_while_eight_non_reading_clients_hold_a
             {"id": "p2", "adapter": model, "served_models": ["llama-8b"], "capacity": 8},
         ],
         {"mistral": ["p1"], "llama": ["p2"]},
-        edge={"tls": None, "metrics": {"listen": "127.0.0.1:0"}},
+        model_settings={"mistral": {"fallbacks": ["llama"]}},
+        clients=[*CLIENTS, OTHER],
+        tls=None,
+        metrics=True,
     )
-    document["models"][0]["fallbacks"] = ["llama"]
-    add_other_principal(document)
     (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
-    (tmp_path / "node.token").write_text("node-1-secret-token")
+    (tmp_path / "node.token").write_text(node_token_of("node-1"))
     async with contextlib.AsyncExitStack() as stack:
         edge, started = await spawn_edge(tmp_path / "edge.yaml")
         stack.push_async_callback(terminate, edge)
@@ -106,7 +95,7 @@ async def test_a_normal_request_is_served_while_eight_non_reading_clients_hold_a
 
             await kit_until(held, 30)
             client = openai.AsyncOpenAI(
-                base_url=started["url"] + "/v1", api_key=OTHER_KEY, max_retries=0, timeout=60
+                base_url=started["url"] + "/v1", api_key=OTHER.key, max_retries=0, timeout=60
             )
             async with client:
                 began = time.perf_counter()
@@ -139,10 +128,11 @@ async def test_a_stalled_stream_frees_its_slot_and_its_client_gets_its_bytes_the
     document = document_of(
         [{"id": "p1", "adapter": model, "served_models": ["served"], "capacity": 2}],
         openai={"stream_stall_timeout_ms": round(stall_s * 1000)},
-        edge={"admin": {"listen": "127.0.0.1:0"}},
+        clients=[*CLIENTS, OTHER],
+        admin=True,
         placement=placement,
     )
-    edge = await start_edge(add_other_principal(document))
+    edge = await start_edge(document)
     if placement == "node":
         await start_node(edge.hub)
     await until(lambda: edge.dispatcher.available == {"p1"})
@@ -161,7 +151,7 @@ async def test_a_stalled_stream_frees_its_slot_and_its_client_gets_its_bytes_the
     try:
         await until(lambda: edge.dispatcher.in_flight("p1") == 2, timeout=30)
         async with httpx.AsyncClient(
-            base_url=edge.url, headers={"authorization": f"Bearer {OTHER_KEY}"}, timeout=60
+            base_url=edge.url, headers={"authorization": f"Bearer {OTHER.key}"}, timeout=60
         ) as http:
             began = time.perf_counter()
             status, text = await kit.chat(http, max_tokens=5)
@@ -209,7 +199,7 @@ async def test_one_address_cannot_take_every_connection(
             idle.append(writer)
         await until(lambda: server.refusals.counts["connections"] >= 4300 - 1024, timeout=30)
         async with httpx.AsyncClient(
-            base_url=edge.url, headers={"authorization": "Bearer sk-chat-secret"}, timeout=30
+            base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=30
         ) as http:
             statuses = [
                 (
@@ -237,9 +227,10 @@ async def test_one_client_cannot_hold_every_request_in_flight(
     document = document_of(
         [{"id": "p1", "adapter": slow, "served_models": ["served"], "capacity": 16}],
         openai={"max_requests_per_client": 3},
-        edge={"admin": {"listen": "127.0.0.1:0"}},
+        clients=[*CLIENTS, OTHER],
+        admin=True,
     )
-    edge = await start_edge(add_other_principal(document))
+    edge = await start_edge(document)
     await start_node(edge.hub)
     await until(lambda: edge.dispatcher.available == {"p1"})
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -254,9 +245,9 @@ async def test_one_client_cannot_hold_every_request_in_flight(
         )
 
     async with (
-        client("sk-chat-secret", ATTACKER) as attacker,
-        client("sk-batch-secret", "127.0.0.3") as same_principal,
-        client(OTHER_KEY, "127.0.0.1") as other,
+        client(CLIENTS[0].key, ATTACKER) as attacker,
+        client(CLIENTS[1].key, "127.0.0.3") as same_principal,
+        client(OTHER.key, "127.0.0.1") as other,
     ):
         streams = [
             await attacker.send(

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from iop.node import NodeAgent
+from testkit import CLIENT_TOKEN
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -44,7 +45,7 @@ async def test_a_frozen_edge_is_left_by_its_node_which_keeps_serving_the_other_e
         )
         await agent.wait_connected()
         frozen_link = agent.connections[f"127.0.0.1:{started['hub_port']}"]
-        headers = {"authorization": "Bearer sk-chat-secret"}
+        headers = {"authorization": f"Bearer {CLIENT_TOKEN}"}
         http = await stack.enter_async_context(
             httpx.AsyncClient(base_url=started["url"], headers=headers, timeout=60)
         )

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit import CLIENT_TOKEN
+
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
 #: Room for a loaded two-core machine on top of a deadline: a bound on correctness, not speed.
@@ -36,7 +38,7 @@ async def test_a_frozen_node_is_detected_its_runs_move_and_it_comes_back(
         http = await stack.enter_async_context(
             httpx.AsyncClient(
                 base_url=edge.url,
-                headers={"authorization": "Bearer sk-chat-secret"},
+                headers={"authorization": f"Bearer {CLIENT_TOKEN}"},
                 timeout=60,
             )
         )

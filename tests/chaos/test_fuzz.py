@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from iop.edge.http.adminapp import RefreshBody
 from iop.edgeconfig import EdgeConfig
+from testkit import CLIENT_TOKEN, node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
@@ -212,7 +213,7 @@ async def stack(tmp_path_factory, iop_processes, document_of) -> AsyncIterator[d
         edge={"admin": {"listen": "127.0.0.1:0", "config_dir": str(folder)}},
     )
     (folder / "edge.yaml").write_text(yaml.safe_dump(document))
-    (folder / "node.token").write_text("node-1-secret-token")
+    (folder / "node.token").write_text(node_token_of("node-1"))
     async with contextlib.AsyncExitStack() as stack:
         process, started = await iop_processes.edge(stack, folder / "edge.yaml")
         await iop_processes.node(stack, started["hub_port"], "node-1", folder / "node.token")
@@ -249,7 +250,7 @@ def assert_healthy(stack: dict[str, Any]) -> None:
         answer = http.post(
             "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]},
-            headers={"authorization": "Bearer sk-chat-secret"},
+            headers={"authorization": f"Bearer {CLIENT_TOKEN}"},
         )
         assert answer.status_code == 200, answer.text
 
@@ -269,7 +270,7 @@ _FUZZ = settings(
 def test_openai_request_bodies(stack) -> None:
     within = budget()
     client = httpx.Client(
-        base_url=stack["url"], timeout=30, headers={"authorization": "Bearer sk-chat-secret"}
+        base_url=stack["url"], timeout=30, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}
     )
 
     @_FUZZ

@@ -19,10 +19,12 @@ import httpx
 import orjson
 import pytest
 
+from testkit import CLIENT_TOKEN
+
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(60)]
 
 SLACK_S = 5.0
-HEADERS = b"host: edge\r\nauthorization: Bearer sk-chat-secret\r\n"
+HEADERS = b"host: edge\r\nauthorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
 
 
 async def edge_with(document_of, start_edge, start_node, until, **openai: Any) -> Any:
@@ -214,7 +216,7 @@ async def test_a_body_nested_deeper_than_the_serializer_goes_gets_an_openai_400(
         deep = [deep]
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": deep}
     async with httpx.AsyncClient(
-        base_url=edge.url, headers={"authorization": "Bearer sk-chat-secret"}, timeout=10
+        base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=10
     ) as http:
         answer = await http.post("/v1/chat/completions", json=body)
         assert answer.status_code == 400, answer.text

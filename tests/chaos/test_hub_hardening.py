@@ -25,14 +25,14 @@ import orjson
 import pytest
 import yaml
 
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_edge, spawn_node, terminate
+from testkit import node_token_of, provider
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 HUB_CLIENTS = Path(__file__).with_name("hubclients.py")
-TOKENS = {"node-1": "node-1-hub-token", "node-2": "node-2-hub-token", "node-3": "node-3-token"}
+TOKENS = {node_id: node_token_of(node_id) for node_id in ("node-1", "node-2", "node-3")}
 #: The bound of "Done when": the Edge's memory within this many MB of its idle size.
 RSS_BOUND_MB = 50
 #: Room for a loaded two-core machine on top of a deadline: a bound on correctness, not speed.
@@ -108,27 +108,12 @@ async def hub_stack(
     config without a process; its log at INFO in a file."""
     fake = {"type": "fake", "completion_tokens": 4}
     document = document_of(
-        [{"id": "p1", "adapter": fake, "served_models": ["served"], "capacity": 4}],
-        node_id="node-1",
-        token=TOKENS["node-1"],
-        edge={
-            "tls": None,
-            "admin": {"listen": "127.0.0.1:0"},
-            "metrics": {"listen": "127.0.0.1:0"},
-            "node_link": {"hello_timeout_ms": round(HELLO_TIMEOUT_S * 1000)},
-        },
+        nodes={node_id: [provider(f"p{node_id[-1]}", fake, capacity=4)] for node_id in TOKENS},
+        tls=None,
+        admin=True,
+        metrics=True,
+        edge={"node_link": {"hello_timeout_ms": round(HELLO_TIMEOUT_S * 1000)}},
     )
-    for node_id, pid in (("node-2", "p2"), ("node-3", "p3")):
-        document["nodes"].append(
-            {
-                "id": node_id,
-                "token_hash_sha256": token_sha256(TOKENS[node_id]),
-                "providers": [
-                    {"id": pid, "adapter": fake, "served_models": ["served"], "capacity": 4}
-                ],
-            }
-        )
-    document["models"][0]["providers"] |= {"p2": "served", "p3": "served"}
     (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
     log = tmp_path / "edge.log"
     async with contextlib.AsyncExitStack() as stack:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from iop.processes import spawn_iop, terminate
+from testkit import CLIENT_TOKEN
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -62,7 +63,7 @@ async def test_a_surge_rollout_of_a_node_loses_no_request(
         old_instance = hub.nodes()["node-1"].instance_id
         http = await stack.enter_async_context(
             httpx.AsyncClient(
-                base_url=edge.url, headers={"authorization": "Bearer sk-chat-secret"}, timeout=60
+                base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=60
             )
         )
         load = kit.Load(http, workers=6).start()
@@ -99,7 +100,7 @@ async def test_sigterm_drains_a_node_its_streams_finish_and_new_requests_go_else
         await until(lambda: edge.dispatcher.available == {"p1", "p2"}, timeout=30)
         http = await stack.enter_async_context(
             httpx.AsyncClient(
-                base_url=edge.url, headers={"authorization": "Bearer sk-chat-secret"}, timeout=60
+                base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=60
             )
         )
         streams = [asyncio.create_task(kit.chat(http, stream=True)) for _ in range(6)]
@@ -162,7 +163,7 @@ async def test_a_drained_node_leaves_an_edge_that_is_busy_as_its_last_runs_end_l
         http = await stack.enter_async_context(
             httpx.AsyncClient(
                 base_url=started["url"],
-                headers={"authorization": "Bearer sk-chat-secret"},
+                headers={"authorization": f"Bearer {CLIENT_TOKEN}"},
                 timeout=120,
             )
         )

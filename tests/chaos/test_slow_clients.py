@@ -17,10 +17,9 @@ import pytest
 import yaml
 
 from iop.processes import spawn_fake_upstream
+from testkit import CLIENT_TOKEN, node_token_of
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
-
-CLIENT_KEY = "sk-chat-secret"
 
 
 async def test_a_run_that_ended_frees_its_slot_while_its_client_reads_nothing(
@@ -50,7 +49,7 @@ async def test_a_run_that_ended_frees_its_slot_while_its_client_reads_nothing(
         await until(lambda: edge.dispatcher.in_flight("p1") == 0, timeout=30)
         assert not reader.at_eof()
         async with httpx.AsyncClient(
-            base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=30
+            base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=30
         ) as http:
             answer = await http.post(
                 "/v1/chat/completions",
@@ -85,7 +84,7 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
             edge={"admin": {"listen": "127.0.0.1:0"}},
         )
         (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
-        (tmp_path / "node.token").write_text("node-1-secret-token")
+        (tmp_path / "node.token").write_text(node_token_of("node-1"))
         edge_process, started = await iop_processes.edge(stack, tmp_path / "edge.yaml")
         node = await iop_processes.node(
             stack, started["hub_port"], "node-1", tmp_path / "node.token"
@@ -93,7 +92,7 @@ async def test_stopped_and_slow_readers_keep_memory_bounded_and_others_are_serve
         await iop_processes.wait_available(started["url"], ["p1"])
         http = await stack.enter_async_context(
             httpx.AsyncClient(
-                base_url=started["url"], headers={"authorization": f"Bearer {CLIENT_KEY}"}
+                base_url=started["url"], headers={"authorization": f"Bearer {CLIENT_TOKEN}"}
             )
         )
         warm_up = await kit.chat(http, stream=True, max_tokens=50)  # both processes warm
@@ -167,7 +166,7 @@ async def test_a_client_that_reads_nothing_is_cut_and_its_slot_serves_another(
         await until(lambda: server.refusals.counts["send_timeout"] == 1, timeout=30)
         await until(lambda: edge.dispatcher.in_flight("p1") == 0, timeout=10)
         async with httpx.AsyncClient(
-            base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=30
+            base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=30
         ) as http:
             answer = await http.post(
                 "/v1/chat/completions",

@@ -13,6 +13,7 @@ import pytest
 
 from iop.node import EdgeConnection
 from iop.wire import RunFailed, RunRequest, statuses
+from testkit import CLIENT_TOKEN
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(60)]
 
@@ -67,7 +68,7 @@ async def test_the_request_moves_to_a_node_that_accepts(
     await start_node(edge.hub, node_id="node-2", token=kit.node_tokens["node-2"])
     await until(lambda: edge.dispatcher.available == {"p1", "p2"})
     async with httpx.AsyncClient(
-        base_url=edge.url, headers={"authorization": "Bearer sk-chat-secret"}, timeout=30
+        base_url=edge.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=30
     ) as http:
         status, text = await kit.chat(http)
     assert status == 200, text

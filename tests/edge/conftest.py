@@ -18,17 +18,13 @@ from iop.edge.hub.protocol import Hub, NodeStatus, ProviderLink, ProviderLoad, R
 from iop.edgeconfig import EdgeConfig
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
+from testkit import provider as provider_entry
 
 
 def provider(pid: str, **settings: Any) -> dict[str, Any]:
-    return {
-        "id": pid,
-        "adapter": {"type": "fake"},
-        "served_models": [f"{pid}-served"],
-        "capacity": 4,
-        "priority": 10,
-        **settings,
-    }
+    """testkit's provider entry with the Edge tests' defaults (serving `<pid>-served`)."""
+    settings = {"capacity": 4, "priority": 10, **settings}
+    return provider_entry(pid, served=f"{pid}-served", **settings)
 
 
 @pytest.fixture(name="provider", scope="session")

@@ -6,6 +6,7 @@ import pytest
 
 from iop.edge.authenticating import ANONYMOUS, Authenticator, Principal
 from iop.edge.errors import Unauthorized
+from testkit import CLIENT_TOKEN
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -32,7 +33,7 @@ def test_a_known_token_maps_to_its_principal_and_token_ref(section, tokens) -> N
         pytest.param(b"Bearer sk-wrong", id="unknown-token"),
         pytest.param(b"Bearer ", id="empty-token"),
         pytest.param(b"Basic dXNlcjpwYXNz", id="not-bearer"),
-        pytest.param(b"sk-chat-secret", id="no-scheme"),
+        pytest.param(CLIENT_TOKEN.encode(), id="no-scheme"),
     ],
 )
 def test_bad_tokens_are_refused(section, header: bytes) -> None:

@@ -20,13 +20,10 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_fake_upstream
+from testkit import CLIENT_TOKEN, CLIENTS, node_token_of, provider
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-CLIENT_TOKEN = "sk-e2e-client"
-NODE_TOKEN = "e2e-node-token"
 
 
 @dataclass(frozen=True)
@@ -37,73 +34,29 @@ class Stack:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=["node", "edge"])
-async def stack(request, tmp_path_factory, iop_processes, tls) -> AsyncIterator[Stack]:
+async def stack(request, tmp_path_factory, iop_processes, document_of) -> AsyncIterator[Stack]:
     placement: str = request.param
     folder: Path = tmp_path_factory.mktemp("e2e")
     async with contextlib.AsyncExitStack() as stack:
         upstream = await stack.enter_async_context(spawn_fake_upstream())
-        config = {
-            "edge": {
-                "id": "edge-e2e",
-                "listen": "127.0.0.1:0",
-                # never the default admin port: test runs may share the machine
-                "admin": {"listen": "127.0.0.1:0"},
-                "metrics": {"listen": "127.0.0.1:0"},
-                "tls": tls.edge_section(),
-            },
-            "openai": {
-                "listen": "127.0.0.1:0",
-                "long_context_threshold_tokens": 1000,
-                "principal_tokens": [
-                    {
-                        "token_ref": "e2e-app",
-                        "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                        "principal_ref": "team-e2e",
-                    }
-                ],
-            },
-            "models": [
-                {
-                    "id": "llama",
-                    "providers": {"up-a": "meta/llama", "up-b": "meta/llama"},
-                    "generation": {"max_tokens": 6},
-                },
-                {"id": "echo", "providers": {"builtin": "echo"}},
+        llama = {"type": "openai", "base_url": upstream.base_url}
+        echo = {"type": "fake", "completion_tokens": 4}
+        config = document_of(
+            [
+                provider("up-a", llama, served="meta/llama", capacity=4, long_context_slots=1),
+                provider("up-b", llama, served="meta/llama", capacity=4),
+                provider("builtin", echo, served="echo", capacity=2),
             ],
-            "nodes": [
-                {
-                    "id": "node-1",
-                    **(
-                        {"placement": "edge"}
-                        if placement == "edge"
-                        else {"token_hash_sha256": token_sha256(NODE_TOKEN)}
-                    ),
-                    "providers": [
-                        {
-                            "id": "up-a",
-                            "adapter": {"type": "openai", "base_url": upstream.base_url},
-                            "served_models": ["meta/llama"],
-                            "capacity": 4,
-                            "long_context_slots": 1,
-                        },
-                        {
-                            "id": "up-b",
-                            "adapter": {"type": "openai", "base_url": upstream.base_url},
-                            "served_models": ["meta/llama"],
-                            "capacity": 4,
-                        },
-                        {
-                            "id": "builtin",
-                            "adapter": {"type": "fake", "completion_tokens": 4},
-                            "served_models": ["echo"],
-                            "capacity": 2,
-                        },
-                    ],
-                }
-            ],
-        }
+            {"llama": ["up-a", "up-b"], "echo": ["builtin"]},
+            model_settings={"llama": {"generation": {"max_tokens": 6}}},
+            placement=placement,
+            edge_id="edge-e2e",
+            # never the default admin port: test runs may share the machine
+            admin=True,
+            metrics=True,
+        )
         (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-        (folder / "node.token").write_text(NODE_TOKEN)
+        (folder / "node.token").write_text(node_token_of("node-1"))
 
         _, started = await iop_processes.edge(stack, folder / "edge.yaml")
         if placement == "node":
@@ -198,7 +151,9 @@ async def test_usage_is_metered_and_nothing_stays_in_flight(client, stack, until
     )
     async with httpx.AsyncClient(base_url=stack.metrics_url) as http:
         text = (await http.get("/metrics")).text
-    assert 'principal_ref="team-e2e"' in text and 'token_ref="e2e-app"' in text
+    chat = CLIENTS[0]  # the client's: its key is CLIENT_TOKEN
+    assert f'principal_ref="{chat.principal_ref}"' in text
+    assert f'token_ref="{chat.token_ref}"' in text
     assert CLIENT_TOKEN not in text
 
     async def idle() -> bool:

@@ -6,38 +6,26 @@ from typing import Any
 
 import pytest
 
-from iop.edgeconfig import token_sha256
+from testkit import edge_document, provider
 
 
 def operator_document() -> dict[str, Any]:
     """Two nodes with two providers each, one model on all of them; admin off loopback."""
-
-    def provider(pid: str, node: int) -> dict[str, Any]:
-        return {
-            "id": pid,
-            "adapter": {"type": "fake"},
-            "served_models": [f"served-{node}"],
-            "capacity": 4,
-        }
-
-    return {
-        "edge": {
-            "id": "edge-op",
-            "admin": {"listen": "0.0.0.0:9090", "token_file": "/etc/iop/admin/token"},
-        },
-        "models": [{"id": "m", "providers": {"pa": "served-1", "pc": "served-2"}}],
-        "nodes": [
-            {
-                "id": f"node-{n}",
-                "token_hash_sha256": token_sha256(f"node-{n}"),
-                "providers": [
-                    provider(f"p{chr(96 + 2 * n - 1)}", n),
-                    provider(f"p{chr(96 + 2 * n)}", n),
-                ],
-            }
-            for n in (1, 2)
-        ],
+    nodes = {
+        f"node-{n}": [
+            provider(f"p{chr(96 + 2 * n - 1)}", served=f"served-{n}", capacity=4),
+            provider(f"p{chr(96 + 2 * n)}", served=f"served-{n}", capacity=4),
+        ]
+        for n in (1, 2)
     }
+    return edge_document(
+        nodes,
+        {"m": ["pa", "pc"]},
+        edge_id="edge-op",
+        listeners=False,
+        clients=(),
+        edge={"admin": {"listen": "0.0.0.0:9090", "token_file": "/etc/iop/admin/token"}},
+    )
 
 
 @pytest.fixture(name="document")

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import sys
+import typing
+from typing import Any
 
 import orjson
 import uvloop
@@ -57,48 +60,21 @@ def register(parser: argparse.ArgumentParser) -> None:
         "batch and a waiting queue; GET /metrics serves vLLM's metric names. Tokens are "
         "estimated as 4 bytes of text each.",
     )
-    defaults = GpuSettings()
     gpu.add_argument("--gpu", action="store_true", help="simulate a GPU server (off by default)")
-    gpu.add_argument(
-        "--gpu-kv-tokens", type=int, default=defaults.kv_tokens, help="KV-cache size, in tokens"
-    )
-    gpu.add_argument(
-        "--gpu-block-tokens",
-        type=int,
-        default=defaults.block_tokens,
-        help="tokens per KV-cache block (the prefix cache's unit)",
-    )
-    gpu.add_argument(
-        "--gpu-max-batch", type=int, default=defaults.max_batch, help="most requests running"
-    )
-    gpu.add_argument(
-        "--gpu-prefill-tokens-per-s",
-        type=float,
-        default=defaults.prefill_tokens_per_s,
-        help="prefill speed of the tokens not in the cache",
-    )
-    gpu.add_argument(
-        "--gpu-step-ms", type=float, default=defaults.step_ms, help="a decode step of one request"
-    )
-    gpu.add_argument(
-        "--gpu-step-ms-per-seq",
-        type=float,
-        default=defaults.step_ms_per_seq,
-        help="what each running request adds to a step",
-    )
-    gpu.add_argument(
-        "--gpu-max-step-tokens",
-        type=int,
-        default=defaults.max_step_tokens,
-        help="tokens of work per step (decode tokens first, then prefill chunks)",
-    )
-    gpu.add_argument(
-        "--gpu-jitter",
-        type=float,
-        default=defaults.jitter,
-        help="each step lasts 1 +- this fraction longer, drawn from --seed (default 0)",
-    )
+    kinds = typing.get_type_hints(GpuSettings)
+    for setting in _gpu_flags():
+        gpu.add_argument(
+            f"--gpu-{setting.name.replace('_', '-')}",
+            type=kinds[setting.name],
+            default=setting.default,
+            help=setting.metadata["flag_help"],
+        )
     parser.set_defaults(run=_run)
+
+
+def _gpu_flags() -> list[dataclasses.Field[Any]]:
+    """The fields of `GpuSettings` that are `--gpu-*` flags: those with a `flag_help`."""
+    return [f for f in dataclasses.fields(GpuSettings) if "flag_help" in f.metadata]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -116,17 +92,8 @@ def _run(args: argparse.Namespace) -> int:
     gpu: GpuSettings | None = None
     if args.gpu:
         try:
-            gpu = GpuSettings(
-                kv_tokens=args.gpu_kv_tokens,
-                block_tokens=args.gpu_block_tokens,
-                max_batch=args.gpu_max_batch,
-                prefill_tokens_per_s=args.gpu_prefill_tokens_per_s,
-                step_ms=args.gpu_step_ms,
-                step_ms_per_seq=args.gpu_step_ms_per_seq,
-                max_step_tokens=args.gpu_max_step_tokens,
-                jitter=args.gpu_jitter,
-                seed=args.seed or 0,
-            )
+            flags = {s.name: getattr(args, f"gpu_{s.name}") for s in _gpu_flags()}
+            gpu = GpuSettings(**flags, seed=args.seed or 0)
         except ValueError as exc:
             print(f"iop fake-upstream: --gpu-*: {exc}", file=sys.stderr)
             return 2

@@ -22,18 +22,29 @@ from typing import Any, Final
 BYTES_PER_TOKEN: Final = 4
 
 
+def _flag(default: Any, help: str) -> Any:
+    """A field that is also a flag of `iop fake-upstream`, `--gpu-<name>`, described by `help`."""
+    return field(default=default, metadata={"flag_help": help})
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSettings:
-    """One simulated server's hardware and scheduler (the fake upstream's `--gpu-*` flags)."""
+    """One simulated server's hardware and scheduler. Each field with a `flag_help` in its
+    metadata is the fake upstream's flag `--gpu-<name>` (src/iop/cli/fake_upstream_commands.py
+    derives the flags from these fields); `seed` comes from its `--seed`."""
 
-    kv_tokens: int = 65_536
-    block_tokens: int = 16
-    max_batch: int = 16
-    prefill_tokens_per_s: float = 4_000.0
-    step_ms: float = 30.0
-    step_ms_per_seq: float = 1.5
-    max_step_tokens: int = 512
-    jitter: float = 0.0
+    kv_tokens: int = _flag(65_536, "KV-cache size, in tokens")
+    block_tokens: int = _flag(16, "tokens per KV-cache block (the prefix cache's unit)")
+    max_batch: int = _flag(16, "most requests running")
+    prefill_tokens_per_s: float = _flag(4_000.0, "prefill speed of the tokens not in the cache")
+    step_ms: float = _flag(30.0, "a decode step of one request")
+    step_ms_per_seq: float = _flag(1.5, "what each running request adds to a step")
+    max_step_tokens: int = _flag(
+        512, "tokens of work per step (decode tokens first, then prefill chunks)"
+    )
+    jitter: float = _flag(
+        0.0, "each step lasts 1 +- this fraction longer, drawn from --seed (default 0)"
+    )
     seed: int = 0
 
     def __post_init__(self) -> None:

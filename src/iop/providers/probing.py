@@ -11,9 +11,10 @@ reports the changes. docs/edge.md, "Health" and "Choosing among equals", says wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
@@ -199,12 +200,7 @@ class Prober:
         if session is None:
             return None
         try:
-            async with session.get(
-                target.metrics_url,
-                headers=target.headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=target.timeout),
-            ) as response:
+            async with _get(session, target, target.metrics_url) as response:
                 if response.status != 200:
                     return None
                 body = await response.content.read(_METRICS_MAX_BYTES)
@@ -224,12 +220,7 @@ class Prober:
         self.probes += 1
         url = target.shown_url
         try:
-            async with session.get(
-                target.url,
-                headers=target.headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=target.timeout),
-            ) as response:
+            async with _get(session, target, target.url) as response:
                 status = response.status
         except TimeoutError:
             return f"no answer from GET {url} within {target.timeout:g}s"
@@ -240,6 +231,21 @@ class Prober:
         if status >= 400:
             return f"GET {url} answered HTTP {status}"
         return None
+
+
+@contextlib.asynccontextmanager
+async def _get(
+    session: aiohttp.ClientSession, target: ProbeTarget, url: str
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """`GET url` as a probe sends it, and a read of the load too: with the adapter's headers,
+    following no redirect, within the policy's timeout."""
+    async with session.get(
+        url,
+        headers=target.headers,
+        allow_redirects=False,
+        timeout=aiohttp.ClientTimeout(total=target.timeout),
+    ) as response:
+        yield response
 
 
 def _reason(error: OSError) -> str:

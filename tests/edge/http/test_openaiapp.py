@@ -37,7 +37,7 @@ async def server(config_of, provider, fake_hub) -> AsyncIterator[EdgeServer]:
         {"m": ["a", "b"], "tiny": ["t"]},
         threshold=THRESHOLD,
         openai={"max_request_bytes": MAX_BYTES},
-        generation={"m": {"max_tokens": 100, "temperature": 0.5}},
+        model_settings={"m": {"generation": {"max_tokens": 100, "temperature": 0.5}}},
     )
     edge = EdgeServer(
         config,

@@ -27,13 +27,12 @@ import pytest_asyncio
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_iop, terminate
+from testkit import Client, node_token_of, provider
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
-NODE_TOKEN = "limits-node-token"
 PRINCIPALS = ["p-rpm", "p-tpm", "p-conc", "p-budget", "p-retry", "p-live", "p-large", "p-embed"]
 HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
@@ -60,40 +59,25 @@ def limits(reset_at: str) -> list[dict[str, Any]]:
 
 def document(document_of: Callable[..., dict[str, Any]], **openai_extra: Any) -> dict[str, Any]:
     providers = [
-        {
-            "id": "fast",
-            "adapter": {"type": "fake", "completion_tokens": 4000},
-            "served_models": ["fast"],
-            "capacity": 16,
-        },
-        {
-            "id": "slow",
-            "adapter": {"type": "fake", "tokens_per_second": 40, "completion_tokens": 4000},
-            "served_models": ["slow"],
-            "capacity": 16,
-        },
+        provider("fast", {"type": "fake", "completion_tokens": 4000}, served="fast", capacity=16),
+        provider(
+            "slow",
+            {"type": "fake", "tokens_per_second": 40, "completion_tokens": 4000},
+            served="slow",
+            capacity=16,
+        ),
     ]
     # A budget that resets two hours from now: its Retry-After is far beyond what clients wait.
     reset = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=2)
-    doc = document_of(
+    return document_of(
         providers,
         {"fast": ["fast"], "slow": ["slow"]},
-        edge={"admin": {"listen": "127.0.0.1:0"}, "metrics": {"listen": "127.0.0.1:0"}},
-        openai={
-            "principal_tokens": [
-                {
-                    "token_ref": f"{p}-app",
-                    "token_hash_sha256": token_sha256(key(p)),
-                    "principal_ref": p,
-                }
-                for p in PRINCIPALS
-            ],
-            "limits": limits(reset.strftime("%H:%M")),
-            **openai_extra,
-        },
+        admin=True,
+        metrics=True,
+        clients=[Client(f"{p}-app", key(p), p) for p in PRINCIPALS],
+        limits=limits(reset.strftime("%H:%M")),
+        openai=openai_extra,
     )
-    doc["nodes"][0]["token_hash_sha256"] = token_sha256(NODE_TOKEN)
-    return doc
 
 
 @dataclass
@@ -142,7 +126,7 @@ async def start_edges(
 ) -> list[Edge]:
     config_path = folder / "edge.yaml"
     config_path.write_text(yaml.safe_dump(doc))
-    (folder / "node.token").write_text(NODE_TOKEN)
+    (folder / "node.token").write_text(node_token_of("node-1"))
     hubs: list[str] = []
 
     # One Node dials every replica (as Nodes do behind a headless Service): fewer processes to

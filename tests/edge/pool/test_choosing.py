@@ -41,7 +41,7 @@ def pool(config_of, provider) -> Callable[..., Dispatcher]:
         dispatch: dict[str, Any] = {"policy": policy}
         if load_factor is not None:
             dispatch["load_factor"] = load_factor
-        config = config_of(entries, dispatch={"m": dispatch})
+        config = config_of(entries, model_settings={"m": {"dispatch": dispatch}})
         dispatcher = Dispatcher(PoolSnapshot.build(config))
         dispatcher.set_available(p["id"] for p in entries)
         return dispatcher
@@ -294,7 +294,9 @@ async def test_a_policy_change_applies_live_and_forgets_prefix_homes(pool, confi
     dispatcher = pool("prefix_affinity")
     lease = await dispatcher.acquire("m", False, prefix=chat("remember me"))
     assert dispatcher.prefix_homes("m") > 0
-    config = config_of([provider(p) for p in "abcd"], dispatch={"m": {"policy": "least_load"}})
+    config = config_of(
+        [provider(p) for p in "abcd"], model_settings={"m": {"dispatch": {"policy": "least_load"}}}
+    )
     dispatcher.swap(PoolSnapshot.build(config, 2))
     assert dispatcher.prefix_homes("m") == 0
     dispatcher.release(lease)  # a lease of the old snapshot gives its slot back as ever

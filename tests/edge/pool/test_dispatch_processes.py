@@ -71,7 +71,7 @@ def fleet_document(
     document: dict[str, Any] = setup.document_of(
         providers,
         {"m": [p["id"] for p in providers]},
-        dispatch={"m": {"policy": policy}},
+        model_settings={"m": {"dispatch": {"policy": policy}}},
         edge={"admin": {"listen": "127.0.0.1:0"}},
     )
     return document

@@ -93,10 +93,10 @@ class PoolMachine(RuleBasedStateMachine):
         ]
         # Keep every model valid: its first provider always takes long requests when enabled.
         policies = {
-            model: {"policy": policy, "load_factor": factor}
+            model: {"dispatch": {"policy": policy, "load_factor": factor}}
             for model, (policy, factor) in dispatch.items()
         }
-        return self.config_of(providers, MODELS, dispatch=policies)
+        return self.config_of(providers, MODELS, model_settings=policies)
 
     @initialize(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
     def start(self, settings, dispatch) -> None:

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from iop.edge.pool.dispatching import Dispatcher, Lease
 from iop.edge.pool.snapshots import PoolSnapshot
-from iop.edgeconfig import EdgeConfig, token_sha256
+from iop.edgeconfig import EdgeConfig
+from testkit import Client
 
 PRINCIPALS = ("p0", "p1", "p2")
 
@@ -27,13 +28,10 @@ class Pool:
 
     def __init__(self, config_of: Callable[..., EdgeConfig], provider: Any, weights: Any) -> None:
         principals = ("batch", "frontend", "gold", "silver", *PRINCIPALS)
-        tokens = [
-            {"token_ref": f"app-{name}", "token_hash_sha256": f"{n:064x}", "principal_ref": name}
-            for n, name in enumerate(principals, start=1)
-        ]
         config = config_of(
             [provider("a", capacity=1, max_queue=10_000, queue_timeout_ms=600_000)],
-            openai={"principal_weights": dict(weights), "principal_tokens": tokens},
+            clients=[Client(f"app-{name}", f"sk-{name}", name) for name in principals],
+            openai={"principal_weights": dict(weights)},
         )
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.dispatcher.set_available({"a"})
@@ -143,30 +141,25 @@ def test_no_principal_is_starved(config_of, provider, weights, steps) -> None:
 
 
 async def test_through_the_edge_a_quiet_principal_overtakes_a_flood(
-    refresh_stack, refresh_document, until
+    refresh_stack, document_of, provider, until
 ) -> None:
     """Real Edge and Node (gRPC, the fake adapter taking 40 ms a run), the official client."""
-    document = refresh_document()
-    document["models"] = [{"id": "m", "providers": {"pa": "served-a"}}]
-    document["nodes"][0]["providers"] = [
-        {
-            "id": "pa",
-            "adapter": {"type": "fake", "completion_tokens": 2, "latency_ms": 40},
-            "served_models": ["served-a"],
-            "capacity": 1,
-            "max_queue": 100,
-            "queue_timeout_ms": 60_000,
-        }
-    ]
+    fake = {"type": "fake", "completion_tokens": 2, "latency_ms": 40}
     keys = {"batch": "sk-batch-flood-key", "frontend": "sk-frontend-quiet-key"}
-    document["openai"]["principal_tokens"] = [
-        {
-            "token_ref": f"{name}-app",
-            "token_hash_sha256": token_sha256(key),
-            "principal_ref": name,
-        }
-        for name, key in keys.items()
-    ]
+    document = document_of(
+        [
+            provider(
+                "pa",
+                adapter=fake,
+                served_models=["served-a"],
+                capacity=1,
+                max_queue=100,
+                queue_timeout_ms=60_000,
+            )
+        ],
+        clients=[Client(f"{name}-app", key, name) for name, key in keys.items()],
+        admin=True,
+    )
     stack = await refresh_stack(document)
     finished: list[str] = []
 

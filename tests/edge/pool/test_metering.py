@@ -57,7 +57,7 @@ async def test_dispatch_choices_and_provider_loads_are_exposed(config_of, provid
     config = config_of(
         [provider("a"), provider("b")],
         {"m": ["a", "b"], "n": ["a", "b"]},
-        dispatch={"n": {"policy": "least_load"}},
+        model_settings={"n": {"dispatch": {"policy": "least_load"}}},
     )
     dispatcher = Dispatcher(PoolSnapshot.build(config))
     dispatcher.set_available({"a", "b"})

@@ -23,53 +23,24 @@ import orjson
 import pytest
 import yaml
 
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_fake_upstream, spawn_iop, terminate
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-CLIENT_TOKEN = "sk-replicas-client"
 CAPACITY = 3
 WORKERS_PER_EDGE = 16
 REQUESTS = 320
 
 
 def document(upstreams: list[str]) -> dict[str, Any]:
-    nodes: list[dict[str, Any]] = [
-        {
-            "id": f"node-{i}",
-            "token_hash_sha256": token_sha256(f"token-{i}"),
-            "providers": [
-                {
-                    "id": f"p{i}",
-                    "adapter": {"type": "openai", "base_url": url},
-                    "served_models": ["served"],
-                    "capacity": CAPACITY,
-                    "max_queue": 64,
-                }
-            ],
-        }
+    nodes = {
+        f"node-{i}": [
+            provider(f"p{i}", {"type": "openai", "base_url": url}, capacity=CAPACITY, max_queue=64)
+        ]
         for i, url in enumerate(upstreams, start=1)
-    ]
-    return {
-        "edge": {
-            "id": "edge-replicas",
-            "listen": "127.0.0.1:0",
-            "admin": {"listen": "127.0.0.1:0"},
-        },
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "load",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "t",
-                }
-            ],
-        },
-        "models": [{"id": "m", "providers": {n["providers"][0]["id"]: "served" for n in nodes}}],
-        "nodes": nodes,
     }
+    return edge_document(nodes, edge_id="edge-replicas", admin=True)
 
 
 async def test_capacity_holds_across_two_replicas_under_load(
@@ -85,7 +56,7 @@ async def test_capacity_holds_across_two_replicas_under_load(
         edges = [await iop_processes.edge(stack, config) for _ in range(2)]
         hubs = [f"127.0.0.1:{started['hub_port']}" for _, started in edges]
         for i in (1, 2):
-            (tmp_path / f"token-{i}").write_text(f"token-{i}")
+            (tmp_path / f"token-{i}").write_text(node_token_of(f"node-{i}"))
             node = await spawn_iop(
                 *("node", "run", "--edge", hubs[0], "--edge", hubs[1], "--node-id", f"node-{i}"),
                 *("--token-file", str(tmp_path / f"token-{i}"), "--log-level", "WARNING"),

@@ -44,7 +44,10 @@ async def start(
             ],
             {"m": ["a", "b"], "backup": ["c"], "solo": ["s"]},
             openai={"retries": retries},
-            generation={"m": {"max_tokens": 100, "temperature": 0.5}, "backup": {"max_tokens": 10}},
+            model_settings={
+                "m": {"generation": {"max_tokens": 100, "temperature": 0.5}},
+                "backup": {"generation": {"max_tokens": 10}},
+            },
         )
         document = config.model_dump(mode="json")
         document["models"][0]["fallbacks"] = ["backup"]

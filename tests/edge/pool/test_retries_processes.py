@@ -21,10 +21,9 @@ import pytest
 import yaml
 from openai.types.chat import ChatCompletionMessageParam
 
-from iop.edgeconfig import token_sha256
 from iop.processes import UpstreamProcess, spawn_fake_upstream
+from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
 
-CLIENT_TOKEN = "sk-retries-client"
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi"}]
 
 
@@ -81,73 +80,56 @@ async def pool(
     *,
     upstreams: Mapping[str, Sequence[str]],
     nodes: Mapping[str, Mapping[str, str]],
-    models: Sequence[dict[str, Any]],
+    models: Mapping[str, Sequence[str]] | None = None,
+    model_settings: Mapping[str, Mapping[str, Any]] | None = None,
     retries: Mapping[str, Any] | None = None,
     adapters: Mapping[str, Mapping[str, Any]] | None = None,
     health: Mapping[str, Mapping[str, Any]] | None = None,
-    placement: str = "node",
+    placement: Placement = "node",
 ) -> AsyncIterator[Pool]:
     """Fake upstreams (name -> their flags), nodes (node id -> provider id -> upstream name, each
     provider serving `<upstream>-served`; `adapters` adds settings to a provider's adapter,
-    `health` sets its health policy), an Edge over them, and the nodes connected (or, with
-    `placement="edge"`, placed on the Edge: no Node process)."""
+    `health` sets its health policy), models over them (default: `m` on every provider), an Edge
+    over them, and the nodes connected (or, with `placement="edge"`, placed on the Edge: no Node
+    process)."""
     async with contextlib.AsyncExitStack() as stack:
         owners = {name: stack.enter_context(_nested(stack)) for name in upstreams}
         started = {
             name: await owners[name].enter_async_context(spawn_fake_upstream(list(args)))
             for name, args in upstreams.items()
         }
-        config = {
-            "edge": {
-                "id": "edge-retries",
-                "listen": "127.0.0.1:0",
-                "admin": {"listen": "127.0.0.1:0"},
-                "metrics": {"listen": "127.0.0.1:0"},
-                "tls": tls.edge_section(),
-            },
-            "openai": {
-                "listen": "127.0.0.1:0",
-                "principal_tokens": [
-                    {
-                        "token_ref": "retries",
-                        "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                        "principal_ref": "team",
-                    }
-                ],
-                "retries": dict(retries or {}),
-            },
-            "models": list(models),
-            "nodes": [
-                {
-                    "id": node_id,
-                    **(
-                        {"placement": "edge"}
-                        if placement == "edge"
-                        else {"token_hash_sha256": token_sha256(f"{node_id}-token")}
-                    ),
-                    "providers": [
+        config = edge_document(
+            {
+                node_id: [
+                    provider(
+                        provider_id,
                         {
-                            "id": provider_id,
-                            "adapter": {
-                                "type": "openai",
-                                "base_url": started[upstream].base_url,
-                                **(adapters or {}).get(provider_id, {}),
-                            },
-                            "served_models": [f"{upstream}-served"],
-                            "capacity": 16,
-                            "health": dict((health or {}).get(provider_id, {})),
-                        }
-                        for provider_id, upstream in providers.items()
-                    ],
-                }
+                            "type": "openai",
+                            "base_url": started[upstream].base_url,
+                            **(adapters or {}).get(provider_id, {}),
+                        },
+                        served=f"{upstream}-served",
+                        capacity=16,
+                        health=dict((health or {}).get(provider_id, {})),
+                    )
+                    for provider_id, upstream in providers.items()
+                ]
                 for node_id, providers in nodes.items()
-            ],
-        }
+            },
+            models,
+            model_settings=model_settings,
+            placement=placement,
+            edge_id="edge-retries",
+            tls=tls.edge_section(),
+            admin=True,
+            metrics=True,
+            openai={"retries": dict(retries or {})},
+        )
         (folder / "edge.yaml").write_text(yaml.safe_dump(config))
         _, edge = await iop_processes.edge(stack, folder / "edge.yaml")
         processes = {}
         for node_id in nodes if placement == "node" else ():
-            (folder / f"{node_id}.token").write_text(f"{node_id}-token")
+            (folder / f"{node_id}.token").write_text(node_token_of(node_id))
             processes[node_id] = await iop_processes.node(
                 stack, edge["hub_port"], node_id, folder / f"{node_id}.token"
             )
@@ -190,7 +172,6 @@ def errors(results: list[str | BaseException]) -> list[BaseException]:
 
 
 TWO_PROVIDERS = {"node-1": {"p-good": "good", "p-flaky": "flaky"}}
-MODEL_M = [{"id": "m", "providers": {"p-good": "good-served", "p-flaky": "flaky-served"}}]
 
 
 @pytest.mark.parametrize(
@@ -213,7 +194,6 @@ async def test_one_provider_failing_30_percent_costs_clients_no_error(
         tls,
         upstreams={"good": [], "flaky": flaky},
         nodes=TWO_PROVIDERS,
-        models=MODEL_M,
         placement=placement,
     ) as stack:
         async with stack.client() as client:
@@ -244,17 +224,17 @@ async def test_one_provider_failing_30_percent_costs_clients_no_error(
 
 
 @pytest.mark.parametrize(
-    ("models", "adapters"),
+    ("model_settings", "adapters"),
     [
         # the Node gives up on an upstream that sends nothing for 0.3 s: upstream_timeout
-        pytest.param(MODEL_M, {"p-flaky": {"request_timeout_s": 0.3}}, id="node-adapter"),
+        pytest.param({}, {"p-flaky": {"request_timeout_s": 0.3}}, id="node-adapter"),
         # the Edge cancels a try with no first byte after 0.3 s (the model's live setting)
-        pytest.param([{**MODEL_M[0], "first_byte_timeout_ms": 300}], {}, id="edge-model"),
+        pytest.param({"m": {"first_byte_timeout_ms": 300}}, {}, id="edge-model"),
     ],
 )
 @pytest.mark.parametrize("placement", ["node", "edge"])
 async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
-    placement, tmp_path, iop_processes, tls, until, models, adapters
+    placement, tmp_path, iop_processes, tls, until, model_settings, adapters
 ) -> None:
     async with pool(
         tmp_path,
@@ -262,7 +242,7 @@ async def test_a_provider_that_sends_no_first_byte_in_time_is_retried_elsewhere(
         tls,
         upstreams={"good": [], "flaky": ["--latency-ms", "5000"]},
         nodes=TWO_PROVIDERS,
-        models=models,
+        model_settings=model_settings,
         adapters=adapters,
         placement=placement,
     ) as stack:
@@ -296,7 +276,7 @@ async def test_a_provider_too_slow_for_the_first_byte_deadline_leaves_dispatch(
         tls,
         upstreams={"good": [], "flaky": ["--latency-ms", "5000"]},
         nodes=TWO_PROVIDERS,
-        models=[{**MODEL_M[0], "first_byte_timeout_ms": 200}],
+        model_settings={"m": {"first_byte_timeout_ms": 200}},
         health={"p-flaky": {"request_failure_threshold": 3}},
         placement=placement,
     ) as stack:
@@ -331,7 +311,6 @@ async def test_the_budget_bounds_retries_when_the_whole_pool_fails(
         tls,
         upstreams={"good": down, "flaky": down},
         nodes=TWO_PROVIDERS,
-        models=MODEL_M,
         retries={"budget_percent": 20, "budget_min_per_second": 0, "budget_window_ms": 600_000},
     ) as stack:
         async with stack.client() as client:
@@ -354,10 +333,8 @@ async def test_fallback_models_answer_when_the_models_providers_fail_or_leave(
         tls,
         upstreams={"main": [], "spare": []},
         nodes={"node-1": {"p-main": "main"}, "node-2": {"p-spare": "spare"}},
-        models=[
-            {"id": "m", "providers": {"p-main": "main-served"}, "fallbacks": ["spare"]},
-            {"id": "spare", "providers": {"p-spare": "spare-served"}},
-        ],
+        models={"m": ["p-main"], "spare": ["p-spare"]},
+        model_settings={"m": {"fallbacks": ["spare"]}},
     ) as stack:
         async with stack.client() as client:
             answer = await client.chat.completions.create(model="m", messages=HELLO)

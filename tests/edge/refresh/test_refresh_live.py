@@ -13,23 +13,17 @@ from typing import Any
 import openai
 import pytest
 
+from testkit import find_provider
+
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 LONG_CONTENT = "lorem ipsum " * 600  # ~7,000 bytes: long-context at a threshold of 1,000 tokens
 
 
-def provider(document: dict[str, Any], provider_id: str) -> dict[str, Any]:
-    for node in document["nodes"]:
-        for item in node["providers"]:
-            if item["id"] == provider_id:
-                return item  # type: ignore[no-any-return]
-    raise KeyError(provider_id)
-
-
 def only_pa(document: dict[str, Any], **settings: Any) -> dict[str, Any]:
     """Model m on pa alone, pa slow enough that two requests overlap."""
     document["models"][0]["providers"] = {"pa": "served-a"}
-    provider(document, "pa").update(adapter={"type": "fake", "latency_ms": 400}, **settings)
+    find_provider(document, "pa").update(adapter={"type": "fake", "latency_ms": 400}, **settings)
     return document
 
 
@@ -45,7 +39,7 @@ async def test_priority(refresh_stack, refresh_document) -> None:
     assert stack.served(await stack.chat()) == "served-a"
 
     document = refresh_document()
-    provider(document, "pa")["priority"] = 20
+    find_provider(document, "pa")["priority"] = 20
     report = await stack.refresh(document)
 
     assert report["live_paths"] == ["nodes[node-1].providers[pa].priority"]
@@ -63,7 +57,7 @@ async def test_capacity_raised_admits_more_and_lowered_holds_admissions_without_
     first, second = await asyncio.gather(stack.chat(), stack.chat())
     assert sorted([first.status_code, second.status_code]) == [200, 429]
 
-    provider(document, "pa").update(capacity=3)
+    find_provider(document, "pa").update(capacity=3)
     acked(await stack.refresh(document), "node-1")
     assert stack.node.runner.registry.provisions["pa"].payload.capacity == 3
     answers = await asyncio.gather(*(stack.chat() for _ in range(3)))
@@ -72,7 +66,7 @@ async def test_capacity_raised_admits_more_and_lowered_holds_admissions_without_
     # Lowered below the runs in flight: they all finish; a new request waits for room.
     runs = [asyncio.create_task(stack.chat()) for _ in range(3)]
     await until(lambda: dispatcher.in_flight("pa") == 3)
-    provider(document, "pa").update(capacity=1, max_queue=4)
+    find_provider(document, "pa").update(capacity=1, max_queue=4)
     acked(await stack.refresh(document), "node-1")
     late = asyncio.create_task(stack.chat())
     await until(lambda: dispatcher.queue_depth("m") == 1)
@@ -88,7 +82,7 @@ async def test_max_queue(refresh_stack, refresh_document) -> None:
     answers = await asyncio.gather(stack.chat(), stack.chat())
     assert sorted(a.status_code for a in answers) == [200, 429]
 
-    provider(document, "pa")["max_queue"] = 1
+    find_provider(document, "pa")["max_queue"] = 1
     report = await stack.refresh(document)
     acked(report)
     assert report["live_paths"] == ["nodes[node-1].providers[pa].max_queue"]
@@ -102,7 +96,7 @@ async def test_queue_timeout(refresh_stack, refresh_document) -> None:
     answers = await asyncio.gather(stack.chat(), stack.chat())
     assert [a.status_code for a in answers] == [200, 200]  # the second waited its turn
 
-    provider(document, "pa")["queue_timeout_ms"] = 100
+    find_provider(document, "pa")["queue_timeout_ms"] = 100
     acked(await stack.refresh(document))
     answers = await asyncio.gather(stack.chat(), stack.chat())
     assert sorted(a.status_code for a in answers) == [200, 503]
@@ -118,13 +112,13 @@ async def test_enabled_takes_a_provider_out_of_dispatch_without_restarting_its_a
     adapter = stack.node.runner.registry.provisions["pa"].adapter
 
     document = refresh_document()
-    provider(document, "pa")["enabled"] = False
+    find_provider(document, "pa")["enabled"] = False
     acked(await stack.refresh(document), "node-1")
     assert {stack.served(await stack.chat()) for _ in range(4)} == {"served-b"}
     assert stack.node.runner.registry.provisions["pa"].adapter is adapter
     assert not adapter.closed
 
-    provider(document, "pa")["enabled"] = True
+    find_provider(document, "pa")["enabled"] = True
     acked(await stack.refresh(document), "node-1")
     assert stack.served(await stack.chat()) == "served-a"
     assert stack.node.runner.registry.provisions["pa"].adapter is adapter
@@ -160,7 +154,7 @@ async def test_models_added_and_removed(refresh_stack, refresh_document, refresh
 async def test_fallbacks_and_the_retry_settings(refresh_stack, refresh_document) -> None:
     document = refresh_document()
     document["models"][0]["providers"] = {"pa": "served-a"}
-    provider(document, "pa")["enabled"] = False  # m has no provider in dispatch
+    find_provider(document, "pa")["enabled"] = False  # m has no provider in dispatch
     document["models"].append({"id": "other", "providers": {"pb": "served-b"}})
     stack = await refresh_stack(document)
     refused = await stack.chat()
@@ -230,13 +224,13 @@ async def test_long_context_slots_and_threshold(refresh_stack, refresh_document)
     answers = await asyncio.gather(stack.chat(**long), stack.chat(**long))
     assert sorted(a.status_code for a in answers) == [200, 429]
 
-    provider(document, "pa")["long_context_slots"] = 2
+    find_provider(document, "pa")["long_context_slots"] = 2
     acked(await stack.refresh(document), "node-1")
     assert stack.node.runner.registry.provisions["pa"].payload.long_context_slots == 2
     answers = await asyncio.gather(stack.chat(**long), stack.chat(**long))
     assert [a.status_code for a in answers] == [200, 200]
 
-    provider(document, "pa")["long_context_slots"] = 1
+    find_provider(document, "pa")["long_context_slots"] = 1
     acked(await stack.refresh(document), "node-1")
     answers = await asyncio.gather(stack.chat(**long), stack.chat(**long))
     assert sorted(a.status_code for a in answers) == [200, 429]
@@ -253,7 +247,7 @@ async def test_long_context_slots_and_threshold(refresh_stack, refresh_document)
 async def test_served_models(refresh_stack, refresh_document) -> None:
     stack = await refresh_stack()
     document = refresh_document()
-    provider(document, "pa")["served_models"] = ["served-a", "served-x"]
+    find_provider(document, "pa")["served_models"] = ["served-a", "served-x"]
     document["models"][0]["providers"]["pa"] = "served-x"
     report = await stack.refresh(document)
     acked(report, "node-1")

@@ -30,12 +30,11 @@ import orjson
 import pytest
 import yaml
 
-from iop.edgeconfig import token_sha256
 from iop.processes import spawn_fake_upstream
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-CLIENT_TOKEN = "sk-load-client"
 APPLIES = 50
 WORKERS = 48
 #: The load runs this long after the first apply is sent, at least.
@@ -47,56 +46,26 @@ GAUGES = ("iop_edge_in_flight{", "iop_edge_long_in_flight{", "iop_edge_queue_dep
 
 
 def base_document(upstreams: list[str], tls: dict[str, str]) -> dict[str, Any]:
-    def provider(pid: str, adapter: dict[str, Any], priority: int) -> dict[str, Any]:
-        return {
-            "id": pid,
-            "adapter": adapter,
-            "served_models": ["served"],
-            "capacity": 8,
-            "priority": priority,
-            "max_queue": 256,
-            "queue_timeout_ms": 60_000,
-        }
+    def entry(pid: str, adapter: dict[str, Any], priority: int) -> dict[str, Any]:
+        return provider(pid, adapter, priority=priority, max_queue=256, queue_timeout_ms=60_000)
 
     fake = {"type": "fake", "latency_ms": 10, "completion_tokens": 4}
-    return {
-        "edge": {
-            "id": "edge-load",
-            "listen": "127.0.0.1:0",
-            "admin": {"listen": "127.0.0.1:0"},
-            "metrics": {"listen": "127.0.0.1:0"},
-            "tls": tls,
-        },
-        "openai": {
-            "listen": "127.0.0.1:0",
-            "principal_tokens": [
-                {
-                    "token_ref": "load",
-                    "token_hash_sha256": token_sha256(CLIENT_TOKEN),
-                    "principal_ref": "team-load",
-                }
-            ],
-        },
-        "models": [
-            {
-                "id": "stable",
-                "providers": {pid: "served" for pid in ("a1", "a2", "b1", "b2")},
-                "generation": {"max_tokens": 4},
-            },
-            {"id": "flappy", "providers": {"a2": "served", "b2": "served"}},
-        ],
-        "nodes": [
-            {
-                "id": f"node-{letter}",
-                "token_hash_sha256": token_sha256(f"token-{letter}"),
-                "providers": [
-                    provider(f"{letter}1", {"type": "openai", "base_url": upstream}, 0),
-                    provider(f"{letter}2", fake, 5),
-                ],
-            }
-            for letter, upstream in zip("ab", upstreams, strict=True)
-        ],
+    nodes = {
+        f"node-{letter}": [
+            entry(f"{letter}1", {"type": "openai", "base_url": upstream}, 0),
+            entry(f"{letter}2", fake, 5),
+        ]
+        for letter, upstream in zip("ab", upstreams, strict=True)
     }
+    return edge_document(
+        nodes,
+        {"stable": ["a1", "a2", "b1", "b2"], "flappy": ["a2", "b2"]},
+        model_settings={"stable": {"generation": {"max_tokens": 4}}},
+        edge_id="edge-load",
+        tls=tls,
+        admin=True,
+        metrics=True,
+    )
 
 
 @dataclass
@@ -138,7 +107,7 @@ async def stack(
         (folder / "edge.yaml").write_text(yaml.safe_dump(document))
         _, started = await iop_processes.edge(exits, folder / "edge.yaml")
         for letter in "ab":
-            (folder / f"{letter}.token").write_text(f"token-{letter}")
+            (folder / f"{letter}.token").write_text(node_token_of(f"node-{letter}"))
             await iop_processes.node(
                 exits, started["hub_port"], f"node-{letter}", folder / f"{letter}.token"
             )

@@ -20,13 +20,13 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from iop.edgeconfig import config_hash, load_file, token_sha256
+from iop.edgeconfig import config_hash, load_file
 from iop.processes import iop_command
+from testkit import node_token_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ADMIN_TOKEN = "admin-process-token"
-NODE_TOKEN = "refresh-process-node"
 
 
 @dataclass
@@ -57,7 +57,6 @@ async def spawn(*args: str, stdout: bool = True) -> asyncio.subprocess.Process:
 
 def document_for(refresh_document: Any, token_file: Path) -> dict[str, Any]:
     document: dict[str, Any] = refresh_document()
-    document["nodes"][0]["token_hash_sha256"] = token_sha256(NODE_TOKEN)
     document["edge"]["admin"]["token_file"] = str(token_file)
     return document
 
@@ -69,7 +68,7 @@ async def edge(
     folder: Path = tmp_path_factory.mktemp("refresh-process")
     token_file = folder / "admin.token"
     token_file.write_text(ADMIN_TOKEN)
-    (folder / "node.token").write_text(NODE_TOKEN)
+    (folder / "node.token").write_text(node_token_of("node-1"))
     document = document_for(refresh_document, token_file)
     config_path = folder / "edge.yaml"
     config_path.write_text(yaml.safe_dump(document))
