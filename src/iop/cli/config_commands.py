@@ -151,14 +151,14 @@ def explain(config: EdgeConfig) -> str:
             ((providers[pid][1], served) for pid, served in model.providers.items()),
             key=lambda pair: (pair[0].priority, pair[0].id),
         )
-        route = ", ".join(
+        chain = ", ".join(
             f"{p.id}={served} (prio {p.priority}, cap {p.capacity}"
             f"{'' if p.long_context_slots is None else f', long {p.long_context_slots}'}"
             f"{'' if p.enabled else ', disabled'})"
             for p, served in mapped
         )
         then = f"; then {', '.join(model.fallbacks)}" if model.fallbacks else ""
-        lines.append(f"  {model.id}: {route}{then}")
+        lines.append(f"  {model.id}: {chain}{then}")
     lines.append(f"Nodes ({len(config.nodes)}):")
     for node in config.nodes:
         alias = f" ({node.alias})" if node.alias else ""

@@ -33,7 +33,7 @@ from .refresh import Refresher
 logger = logging.getLogger(__name__)
 
 #: The limits of the operator-local listeners (admin API, metrics): few clients, small heads.
-_LOCAL_LIMITS = HttpCaps(max_connections=256)
+_LOCAL_CAPS = HttpCaps(max_connections=256)
 
 
 class EdgeServer(AsyncService):
@@ -107,12 +107,12 @@ class EdgeServer(AsyncService):
             max_requests_per_client=config.openai.max_requests_per_client,
         )
         # The OpenAI listener fits its connection cap to the open-file limit beside the hub's.
-        hub_limits = (
-            self.hub.limits
+        hub_caps = (
+            self.hub.caps
             if isinstance(self.hub, NodeHub)
             else HubCaps.of(config.edge.node_link).fitted()
         )
-        self.limits = replace(HttpCaps.of(config.openai), reserved_files=hub_limits.max_connections)
+        self.caps = replace(HttpCaps.of(config.openai), reserved_files=hub_caps.max_connections)
         self.metrics.registry.register(GuardCollector(self.guard, self.hub))
         self._listen = openai_listen or config.openai.listen
         self._grace = shutdown_grace_s
@@ -169,7 +169,7 @@ class EdgeServer(AsyncService):
             self._server = await self._serve_http(
                 self.guard,
                 sock,
-                self.limits,
+                self.caps,
                 "edge-openai-http",
                 f"the OpenAI API on {self._listen}",
             )
@@ -180,7 +180,7 @@ class EdgeServer(AsyncService):
                 self._metrics_server = await self._serve_http(
                     MetricsApp(self.metrics),
                     sock,
-                    _LOCAL_LIMITS,
+                    _LOCAL_CAPS,
                     "edge-metrics-http",
                     f"the metrics on {self._metrics_listen}",
                 )
@@ -192,7 +192,7 @@ class EdgeServer(AsyncService):
                 self._admin_server = await self._serve_http(
                     admin,
                     sock,
-                    _LOCAL_LIMITS,
+                    _LOCAL_CAPS,
                     "edge-admin-http",
                     f"the admin API on {self._admin_listen}",
                 )
@@ -240,11 +240,11 @@ class EdgeServer(AsyncService):
         self,
         app: Callable[..., Awaitable[None]],
         sock: socket.socket,
-        limits: HttpCaps,
+        caps: HttpCaps,
         name: str,
         what: str,
     ) -> HttpServer:
-        server = HttpServer(app, sock, limits=limits, name=name, what=what, grace=self._grace)
+        server = HttpServer(app, sock, caps=caps, name=name, what=what, grace=self._grace)
         await server.start()
         return server
 

@@ -399,12 +399,12 @@ def _dispatch_status(dispatcher: Dispatcher) -> dict[str, Any]:
         decisions.setdefault(model_id, {})[key] = count
     return {
         model_id: {
-            "policy": route.dispatch.policy,
-            "load_factor": route.dispatch.load_factor,
+            "policy": pool_model.dispatch.policy,
+            "load_factor": pool_model.dispatch.load_factor,
             "choices": dict(sorted(decisions.get(model_id, {}).items())),
             "prefix_points": dispatcher.prefix_homes(model_id),
         }
-        for model_id, route in dispatcher.snapshot.models.items()
+        for model_id, pool_model in dispatcher.snapshot.models.items()
     }
 
 

@@ -72,9 +72,9 @@ class HttpCaps:
 class Refusals:
     """The answers a listener sends before an app sees a request, and their throttled log."""
 
-    def __init__(self, listener: str, limits: HttpCaps) -> None:
+    def __init__(self, listener: str, caps: HttpCaps) -> None:
         self.listener = listener
-        self.limits = limits
+        self.caps = caps
         self._logs = {
             kind: LogThrottle(logger)
             for kind in ("too_large", "timeout", "connections", "malformed", "send_timeout")
@@ -91,7 +91,7 @@ class Refusals:
         return raw_response(HeadersTooLarge(f"The request's headers are too large: {what}."))
 
     def header_timeout(self) -> bytes:
-        seconds = self.limits.header_timeout
+        seconds = self.caps.header_timeout
         self._count("timeout", "closed a connection that sent no complete head in %gs", seconds)
         return raw_response(
             HeaderTimeout(f"The request's headers did not arrive within {seconds:g} seconds.")
@@ -99,7 +99,7 @@ class Refusals:
 
     def idle_closed(self) -> None:
         self._count(
-            "timeout", "closed a connection that sent nothing for %gs", self.limits.header_timeout
+            "timeout", "closed a connection that sent nothing for %gs", self.caps.header_timeout
         )
 
     def too_many_connections(self, open_now: int) -> bytes:
@@ -137,5 +137,5 @@ class Refusals:
         self._count(
             "send_timeout",
             "cut a client that read nothing of its answer for %gs",
-            self.limits.send_timeout,
+            self.caps.send_timeout,
         )

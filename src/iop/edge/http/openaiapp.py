@@ -204,11 +204,11 @@ class OpenAIApp:
             raw = await self._read_body(scope, receive)
             request = parse_request(kind, raw)
             snapshot = self._dispatcher.snapshot
-            route = snapshot.models.get(request.model)
-            if route is None:
+            pool_model = snapshot.models.get(request.model)
+            if pool_model is None:
                 raise ModelNotFound(request.model)
-            model = route.id
-            apply_policy(request, route.generation)
+            model = pool_model.id
+            apply_policy(request, pool_model.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
             if self._limiter is not None:  # before the request takes a slot or a queue place
                 grant = await self._limiter.admit(principal, model, request)

@@ -63,7 +63,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self._limits: HttpCaps = self.refusals.limits
+        self._caps: HttpCaps = self.refusals.caps
         self._in_head = True
         self._head_bytes = 0  # bytes received while the head is incomplete (before parsing)
         self._head_size = 0  # bytes of the head parsed so far (url and headers)
@@ -82,11 +82,11 @@ class _LimitedProtocol(HttpToolsProtocol):
     # -- connections -----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self._limits.max_connections:
+        if len(self.connections) >= self._caps.max_connections:
             self.transport = transport
             self._linger(self.refusals.too_many_connections(len(self.connections)))
             return
-        per_client = self._limits.max_connections_per_client
+        per_client = self._caps.max_connections_per_client
         if per_client:
             peer = transport.get_extra_info("peername")
             client = source_of(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -104,7 +104,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         if self._accepted:
-            if self._limits.max_connections_per_client:
+            if self._caps.max_connections_per_client:
                 left = self.clients[self._client] - 1
                 if left:
                     self.clients[self._client] = left
@@ -134,8 +134,8 @@ class _LimitedProtocol(HttpToolsProtocol):
             else:
                 self._answer_and_close(self.refusals.malformed(_reason(exc)))
             return
-        if self._in_head and self._head_bytes > self._limits.max_header_bytes:
-            limit = self._limits.max_header_bytes
+        if self._in_head and self._head_bytes > self._caps.max_header_bytes:
+            limit = self._caps.max_header_bytes
             self._answer_and_close(self.refusals.too_large(f"more than {limit} bytes"))
 
     def pause_writing(self) -> None:
@@ -160,15 +160,15 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         self._head_size += len(url)
-        if self._head_size > self._limits.max_header_bytes:
-            self._stop(f"more than {self._limits.max_header_bytes} bytes")
+        if self._head_size > self._caps.max_header_bytes:
+            self._stop(f"more than {self._caps.max_header_bytes} bytes")
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         size = len(name) + len(value)
         self._head_size += size
         self._head_count += 1
-        limits = self._limits
+        limits = self._caps
         if size > limits.max_header_field_bytes:
             self._stop(f"one header has more than {limits.max_header_field_bytes} bytes")
         if self._head_count > limits.max_headers:
@@ -208,9 +208,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(
-                self._limits.header_timeout, self._head_timed_out
-            )
+            self._head_timer = self.loop.call_later(self._caps.header_timeout, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -224,7 +222,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def _arm_send_timer(self) -> None:
         self._unsent = self.transport.get_write_buffer_size()
-        self._send_timer = self.loop.call_later(self._limits.send_timeout, self._send_checked)
+        self._send_timer = self.loop.call_later(self._caps.send_timeout, self._send_checked)
 
     def _send_checked(self) -> None:
         """A send timeout passed with writing paused: cut the client unless it took some."""
@@ -324,12 +322,12 @@ class HttpServer:
         app: Callable[..., Awaitable[None]],
         sock: socket.socket,
         *,
-        limits: HttpCaps,
+        caps: HttpCaps,
         name: str,
         what: str,
         grace: float,
     ) -> None:
-        self.refusals = Refusals(what, limits.fitted())
+        self.refusals = Refusals(what, caps.fitted())
         protocol = type(
             "LimitedProtocol", (_LimitedProtocol,), {"refusals": self.refusals, "clients": {}}
         )

@@ -168,8 +168,8 @@ class NodeHub(AsyncService):
         self._liveness_task: asyncio.Task[None] | None = None
         self._refusals = LogThrottle(logger, interval=60.0)
         #: What the hub refuses before a Node is authenticated (`hub/caps.py`).
-        self.limits = HubCaps.of(link).fitted()
-        self._gate = HelloGate(self.limits)
+        self.caps = HubCaps.of(link).fitted()
+        self._gate = HelloGate(self.caps)
         #: Failed node authentications per address, throttled.
         self.auth_failures = AuthFailures(
             "the node hub", logger, per_minute=AUTH_FAILURES_PER_MINUTE
@@ -196,10 +196,10 @@ class NodeHub(AsyncService):
     async def start(self) -> int:
         """Listen on the configured address; returns the bound port."""
         credentials = self._credentials
-        limits = self.limits
+        caps = self.caps
         server = grpc.aio.server(
-            options=[*limits.server_options(), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=limits.max_connections + limits.max_unauthenticated,
+            options=[*caps.server_options(), ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=caps.max_connections + caps.max_unauthenticated,
         )
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
         try:
@@ -453,7 +453,7 @@ class NodeHub(AsyncService):
         self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
     ) -> object:
         """The call's first message (its hello, unchecked), read within the hello timeout."""
-        timeout = self.limits.hello_timeout
+        timeout = self.caps.hello_timeout
         try:
             return await asyncio.wait_for(context.read(), timeout)
         except TimeoutError:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from ..hub import ProviderLoad
-from .snapshots import Candidate, ModelRoute
+from .snapshots import Candidate, PoolModel
 
 #: The specification's tie rule, the default policy; also the reason of its choices.
 ROUND_ROBIN: Final = "round_robin"
@@ -156,21 +156,21 @@ class Chooser:
 
     def choose(
         self,
-        route: ModelRoute,
+        pool_model: PoolModel,
         group: Sequence[Candidate],
         free: Sequence[Candidate],
         prefix: PrefixKey | None,
         slots: Mapping[str, SlotCounts],
     ) -> Candidate:
         """The candidate of `free` (not empty, a subset of `group`) that takes the request."""
-        policy = route.dispatch.policy
+        policy = pool_model.dispatch.policy
         now = time.monotonic()
         if policy == PREFIX_AFFINITY and prefix is not None:
-            chosen, reason = self._by_prefix(route, group, free, prefix, slots, now)
-            self.remember(route.id, prefix, chosen.provider.id)
+            chosen, reason = self._by_prefix(pool_model, group, free, prefix, slots, now)
+            self.remember(pool_model.id, prefix, chosen.provider.id)
         else:
             chosen, reason = self._least_loaded(free, slots, now), LEAST_LOAD
-        self.count(route.id, policy, reason)
+        self.count(pool_model.id, policy, reason)
         return chosen
 
     def remember(self, model_id: str, prefix: PrefixKey, provider_id: str) -> None:
@@ -199,7 +199,7 @@ class Chooser:
 
     def _by_prefix(
         self,
-        route: ModelRoute,
+        pool_model: PoolModel,
         group: Sequence[Candidate],
         free: Sequence[Candidate],
         prefix: PrefixKey,
@@ -212,7 +212,7 @@ class Chooser:
         }
         order = rendezvous_order(prefix.anchor, group)
         home: Candidate | None = None
-        homes = self._homes.get(route.id)
+        homes = self._homes.get(pool_model.id)
         known = homes.find(prefix) if homes is not None else None
         if known is not None:
             home = next((c for c in group if c.provider.id == known), None)
@@ -222,7 +222,9 @@ class Chooser:
             total_capacity = sum(c.provider.capacity for c in group)
             busy = max(sum(loads.values()) + 1, total_capacity * _BUSY_SHARE)
             limits = home.provider
-            bound = math.ceil(route.dispatch.load_factor * busy * limits.capacity / total_capacity)
+            bound = math.ceil(
+                pool_model.dispatch.load_factor * busy * limits.capacity / total_capacity
+            )
             if loads[limits.id] + 1 <= bound:
                 return home, AFFINITY
         rank = {c.provider.id: index for index, c in enumerate(order)}

@@ -25,7 +25,7 @@ from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 from ..errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
 from ..hub import ProviderLoad
 from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
-from .snapshots import Candidate, ModelRoute, PoolSnapshot, ProviderLimits
+from .snapshots import Candidate, PoolModel, PoolSnapshot, ProviderLimits
 
 #: How long a provider that refused a run as busy is left out of dispatch.
 BUSY_COOLDOWN_S: Final = 0.05
@@ -43,7 +43,7 @@ class Lease:
     node_id: str
     served_model: str
     long: bool
-    route: ModelRoute
+    pool_model: PoolModel
     snapshot: PoolSnapshot
     #: Loop time by which the request must have a slot (kept across busy retries).
     deadline: float
@@ -201,7 +201,10 @@ class Dispatcher:
         ]:
             del self._slots[provider_id]
         self._chooser.keep_only(
-            {model_id: route.dispatch.policy for model_id, route in snapshot.models.items()}
+            {
+                model_id: pool_model.dispatch.policy
+                for model_id, pool_model in snapshot.models.items()
+            }
         )
         self._reevaluate()
 
@@ -226,12 +229,12 @@ class Dispatcher:
         self, model_id: str, long: bool, prefix: PrefixKey | None = None
     ) -> Lease | None:
         """A lease on the best free candidate now, or None when every candidate is busy."""
-        route = self._route(model_id, long)
-        candidate = self._select(route, long, prefix=prefix)
+        pool_model = self._route(model_id, long)
+        candidate = self._select(pool_model, long, prefix=prefix)
         if candidate is None:
             return None
         loop_time = asyncio.get_running_loop().time()
-        return self._take(route, candidate, long, loop_time + route.queue_timeout_s, 0.0)
+        return self._take(pool_model, candidate, long, loop_time + pool_model.queue_timeout_s, 0.0)
 
     async def acquire(
         self,
@@ -251,27 +254,27 @@ class Dispatcher:
         candidates while another of the model is available (free or not), candidates again when
         none is. `prefix`: the prompt's prefix points, for `prefix_affinity`.
         """
-        route = self._route(model_id, long)
+        pool_model = self._route(model_id, long)
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if avoid and not self._others_available(route, long, avoid):
+        if avoid and not self._others_available(pool_model, long, avoid):
             avoid = frozenset()
-        candidate = self._select(route, long, avoid, prefix)
+        candidate = self._select(pool_model, long, avoid, prefix)
         if candidate is not None:
             return self._take(
-                route,
+                pool_model,
                 candidate,
                 long,
-                now + route.queue_timeout_s if deadline is None else deadline,
+                now + pool_model.queue_timeout_s if deadline is None else deadline,
             )
         if deadline is None:
-            if self._waiting.get(model_id, 0) >= route.queue_bound:
+            if self._waiting.get(model_id, 0) >= pool_model.queue_bound:
                 raise QueueFull(
                     f"Too many requests are waiting for model `{model_id}` "
-                    f"(queue bound {route.queue_bound}); retry later.",
+                    f"(queue bound {pool_model.queue_bound}); retry later.",
                     RETRY_AFTER_S,
                 )
-            deadline = now + route.queue_timeout_s
+            deadline = now + pool_model.queue_timeout_s
         elif deadline <= now:
             raise self._timeout(model_id)
         self._seq += 1
@@ -325,13 +328,17 @@ class Dispatcher:
     def available_for(self, model_id: str, long: bool, avoid: frozenset[str] = frozenset()) -> bool:
         """True when a candidate of the model not in `avoid` (and able to take the request)
         is on a connected, healthy node now, free or busy."""
-        route = self._snapshot.models.get(model_id)
-        return route is not None and self._others_available(route, long, avoid)
+        pool_model = self._snapshot.models.get(model_id)
+        return pool_model is not None and self._others_available(pool_model, long, avoid)
 
     def serves(self, model_id: str, long: bool) -> bool:
         """True when the model is in the catalog with an enabled provider for the request."""
-        route = self._snapshot.models.get(model_id)
-        return route is not None and bool(route.candidates) and (route.takes_long or not long)
+        pool_model = self._snapshot.models.get(model_id)
+        return (
+            pool_model is not None
+            and bool(pool_model.candidates)
+            and (pool_model.takes_long or not long)
+        )
 
     # -- views for metrics and tests ----------------------------------------------------------
 
@@ -390,22 +397,22 @@ class Dispatcher:
             if provider_id not in self._slots:
                 self._slots[provider_id] = _Slots()
 
-    def _route(self, model_id: str, long: bool) -> ModelRoute:
-        route = self._snapshot.models.get(model_id)
-        if route is None:
+    def _route(self, model_id: str, long: bool) -> PoolModel:
+        pool_model = self._snapshot.models.get(model_id)
+        if pool_model is None:
             raise ModelNotFound(model_id)
-        if not route.candidates:
+        if not pool_model.candidates:
             raise NoProvider(f"No enabled provider serves model `{model_id}` now.")
-        if long and not route.takes_long:
+        if long and not pool_model.takes_long:
             raise NoProvider(
                 f"No enabled provider of model `{model_id}` takes long-context requests "
                 f"(estimated input tokens >= {self._snapshot.long_context_threshold_tokens})."
             )
-        return route
+        return pool_model
 
-    def _others_available(self, route: ModelRoute, long: bool, avoid: frozenset[str]) -> bool:
+    def _others_available(self, pool_model: PoolModel, long: bool, avoid: frozenset[str]) -> bool:
         available = self._available
-        for candidate in route.candidates:
+        for candidate in pool_model.candidates:
             limits = candidate.provider
             if (
                 limits.id in available
@@ -417,20 +424,20 @@ class Dispatcher:
 
     def _select(
         self,
-        route: ModelRoute,
+        pool_model: PoolModel,
         long: bool,
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
     ) -> Candidate | None:
         """The candidate that takes the request now (counted as chosen), or None."""
-        if route.dispatch.policy != ROUND_ROBIN:
-            return self._choose(route, long, avoid, prefix)
+        if pool_model.dispatch.policy != ROUND_ROBIN:
+            return self._choose(pool_model, long, avoid, prefix)
         available = self._available
         all_slots = self._slots
         best: Candidate | None = None
         best_used = 0
         best_priority = 0
-        for candidate in route.candidates:
+        for candidate in pool_model.candidates:
             limits = candidate.provider
             if best is not None and limits.priority != best_priority:
                 break  # candidates are sorted by priority: a free one was found above
@@ -442,11 +449,11 @@ class Dispatcher:
             if best is None or slots.last_used < best_used:
                 best, best_used, best_priority = candidate, slots.last_used, limits.priority
         if best is not None:
-            self._chooser.count(route.id, ROUND_ROBIN, ROUND_ROBIN)
+            self._chooser.count(pool_model.id, ROUND_ROBIN, ROUND_ROBIN)
         return best
 
     def _choose(
-        self, route: ModelRoute, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+        self, pool_model: PoolModel, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
     ) -> Candidate | None:
         """`_select` for the policies of `choosing.py`: the same filter and priority, then the
         policy picks among the free candidates of the best priority."""
@@ -455,7 +462,7 @@ class Dispatcher:
         group: list[Candidate] = []
         free: list[Candidate] = []
         priority: int | None = None
-        for candidate in route.candidates:
+        for candidate in pool_model.candidates:
             limits = candidate.provider
             if limits.priority != priority:
                 if free:
@@ -471,11 +478,11 @@ class Dispatcher:
                 free.append(candidate)
         if not free:
             return None
-        return self._chooser.choose(route, group, free, prefix, all_slots)
+        return self._chooser.choose(pool_model, group, free, prefix, all_slots)
 
     def _take(
         self,
-        route: ModelRoute,
+        pool_model: PoolModel,
         candidate: Candidate,
         long: bool,
         deadline: float,
@@ -493,7 +500,7 @@ class Dispatcher:
             node_id=limits.node_id,
             served_model=candidate.served_model,
             long=long,
-            route=route,
+            pool_model=pool_model,
             snapshot=self._snapshot,
             deadline=deadline,
             waited_s=waited_s,
@@ -536,7 +543,7 @@ class Dispatcher:
             waiter.timer.cancel()
         return True
 
-    def _grant(self, waiter: _Waiter, route: ModelRoute, candidate: Candidate) -> None:
+    def _grant(self, waiter: _Waiter, pool_model: PoolModel, candidate: Candidate) -> None:
         model_id = waiter.model_id
         if waiter.tag > self._virtual.get(model_id, 0.0):
             self._virtual[model_id] = waiter.tag
@@ -544,7 +551,9 @@ class Dispatcher:
         if waiter.future.done():
             return  # cancelled; its task has not resumed yet to abandon it
         waited = time.perf_counter() - waiter.enqueued_at
-        waiter.future.set_result(self._take(route, candidate, waiter.long, waiter.deadline, waited))
+        waiter.future.set_result(
+            self._take(pool_model, candidate, waiter.long, waiter.deadline, waited)
+        )
 
     def _fail(self, waiter: _Waiter, error: Exception) -> None:
         self._dequeue(waiter)
@@ -575,7 +584,7 @@ class Dispatcher:
         limits = snapshot.providers.get(provider_id)
         if limits is None or not limits.enabled or provider_id not in self._available:
             return
-        pairs = snapshot.routes_by_provider.get(provider_id, ())
+        pairs = snapshot.models_by_provider.get(provider_id, ())
         slots = self._slots[provider_id]
         while self._waiting_total and slots.in_flight < limits.capacity:
             if slots.cool_until and slots.cool_until > time.monotonic():
@@ -585,7 +594,7 @@ class Dispatcher:
                 or slots.long_in_flight < limits.long_context_slots
             )
             oldest: _Waiter | None = None
-            chosen: tuple[ModelRoute, Candidate] | None = None
+            chosen: tuple[PoolModel, Candidate] | None = None
             for pair in pairs:
                 for long in (False, True) if long_ok else (False,):
                     queue = self._queues.get((pair[0].id, long))
@@ -594,12 +603,12 @@ class Dispatcher:
                         oldest, chosen = head, pair
             if oldest is None or chosen is None:
                 return
-            route = chosen[0]
+            pool_model = chosen[0]
             if not oldest.future.done():
-                policy = route.dispatch.policy
-                self._chooser.count(route.id, policy, FREED_SLOT)
+                policy = pool_model.dispatch.policy
+                self._chooser.count(pool_model.id, policy, FREED_SLOT)
                 if oldest.prefix is not None and policy == PREFIX_AFFINITY:
-                    self._chooser.remember(route.id, oldest.prefix, provider_id)
+                    self._chooser.remember(pool_model.id, oldest.prefix, provider_id)
             self._grant(oldest, *chosen)
 
     def _reevaluate(self) -> None:
@@ -615,16 +624,16 @@ class Dispatcher:
             if waiter.future.done():
                 continue  # cancelled: its task takes it out of the queue when it resumes
             try:
-                route = self._route(waiter.model_id, waiter.long)
+                pool_model = self._route(waiter.model_id, waiter.long)
             except (ModelNotFound, NoProvider) as error:
                 self._fail(waiter, error)  # the new config no longer serves this request
                 continue
             avoid = waiter.avoid
-            if avoid and not self._others_available(route, waiter.long, avoid):
+            if avoid and not self._others_available(pool_model, waiter.long, avoid):
                 avoid = frozenset()
-            candidate = self._select(route, waiter.long, avoid, waiter.prefix)
+            candidate = self._select(pool_model, waiter.long, avoid, waiter.prefix)
             if candidate is not None:
-                self._grant(waiter, route, candidate)
+                self._grant(waiter, pool_model, candidate)
 
     def _cooled_down(self, provider_id: str) -> None:
         now = asyncio.get_running_loop().time()

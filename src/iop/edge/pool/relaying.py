@@ -33,7 +33,7 @@ from .dispatching import Dispatcher, Lease
 from .metering import Metrics
 from .prefixes import prefix_key
 from .retrying import RetryBudget, RetryBudgets, should_retry
-from .snapshots import ModelRoute
+from .snapshots import PoolModel
 
 
 class Relay:
@@ -117,12 +117,12 @@ class RelayedRun:
     async def __aenter__(self) -> Self:
         snapshot = self._dispatcher.snapshot
         asked = self._request.model
-        route = snapshot.models.get(asked)
+        pool_model = snapshot.models.get(asked)
         budget = self._budgets.count_request(snapshot, asked)
         # Made at the first failure or fallback: most requests never need it.
         attempts: _Attempts | None = None
-        if route is not None and route.fallbacks:
-            attempts = _Attempts((asked, *route.fallbacks))
+        if pool_model is not None and pool_model.fallbacks:
+            attempts = _Attempts((asked, *pool_model.fallbacks))
             self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
         while True:
@@ -191,9 +191,9 @@ class RelayedRun:
         else:
             stream.on_end(functools.partial(self._dispatcher.release, lease))
 
-    def _prefix(self, route: ModelRoute | None) -> PrefixKey | None:
+    def _prefix(self, pool_model: PoolModel | None) -> PrefixKey | None:
         """The prompt's prefix points when the model dispatches by them (made once)."""
-        if route is None or route.dispatch.policy != PREFIX_AFFINITY:
+        if pool_model is None or pool_model.dispatch.policy != PREFIX_AFFINITY:
             return None
         if self._prefix_key is _UNKNOWN:
             self._prefix_key = prefix_key(self._request)
@@ -292,8 +292,8 @@ class RelayedRun:
         retry budget); the other places in line are given up."""
         dispatcher = self._dispatcher
         settings = dispatcher.snapshot.retries
-        route = dispatcher.snapshot.models[self._model]
-        deadline = asyncio.get_running_loop().time() + route.queue_timeout_s
+        pool_model = dispatcher.snapshot.models[self._model]
+        deadline = asyncio.get_running_loop().time() + pool_model.queue_timeout_s
         racers = {asyncio.ensure_future(self._own_queue()): self._model}
         for model in fallbacks:
             waiting = dispatcher.acquire(
@@ -332,14 +332,14 @@ class RelayedRun:
     def _all_held(self, model_id: str) -> bool:
         """Every provider of the model in dispatch has its slots taken by other runs."""
         dispatcher = self._dispatcher
-        route = dispatcher.snapshot.models.get(model_id)
-        if route is None:
+        pool_model = dispatcher.snapshot.models.get(model_id)
+        if pool_model is None:
             return False
         available = dispatcher.available
         return not any(
             candidate.provider.id in available
             and dispatcher.in_flight(candidate.provider.id) < candidate.provider.capacity
-            for candidate in route.candidates
+            for candidate in pool_model.candidates
         )
 
     def _spill(self, attempts: _Attempts, model: str) -> None:
@@ -374,9 +374,9 @@ class RelayedRun:
         """Hand the request to fallback model `model_id`: its policy, its metrics."""
         self._metrics.count_fallback(self._request.model, model_id, reason)
         self._model = model_id
-        route = self._dispatcher.snapshot.models.get(model_id)
-        if route is not None:
-            apply_policy(self._request, route.generation)
+        pool_model = self._dispatcher.snapshot.models.get(model_id)
+        if pool_model is not None:
+            apply_policy(self._request, pool_model.generation)
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
@@ -397,8 +397,8 @@ class RelayedRun:
         self._stream = stream
         events = stream.__aiter__()
         self._events = events
-        route = self._dispatcher.snapshot.models.get(self._model)
-        limit = route.first_byte_timeout_s if route is not None else None
+        pool_model = self._dispatcher.snapshot.models.get(self._model)
+        limit = pool_model.first_byte_timeout_s if pool_model is not None else None
         try:
             if limit is None:
                 return await anext(events)

@@ -53,7 +53,7 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelRoute:
+class PoolModel:
     """One model of the catalog and where it can run."""
 
     id: str
@@ -92,10 +92,10 @@ class PoolSnapshot:
     created: int
     long_context_threshold_tokens: int
     #: The catalog, in config order.
-    models: Mapping[str, ModelRoute]
+    models: Mapping[str, PoolModel]
     providers: Mapping[str, ProviderLimits]
-    #: For each enabled provider, the routes it is a candidate of (with its candidate entry).
-    routes_by_provider: Mapping[str, tuple[tuple[ModelRoute, Candidate], ...]]
+    #: For each enabled provider, the models it is a candidate of (with its candidate entry).
+    models_by_provider: Mapping[str, tuple[tuple[PoolModel, Candidate], ...]]
     #: principal_ref -> its fair-share weight in a model's queue (absent: 1).
     principal_weights: Mapping[str, int]
     #: Retries before the first byte and their budget (`openai.retries`).
@@ -128,8 +128,8 @@ class PoolSnapshot:
             for spec in node.providers
         }
         direct_fallbacks = {model.id: model.fallbacks for model in config.models}
-        models: dict[str, ModelRoute] = {}
-        by_provider: dict[str, list[tuple[ModelRoute, Candidate]]] = {}
+        models: dict[str, PoolModel] = {}
+        by_provider: dict[str, list[tuple[PoolModel, Candidate]]] = {}
         for model in config.models:
             candidates = sorted(
                 (
@@ -139,7 +139,7 @@ class PoolSnapshot:
                 ),
                 key=lambda c: (c.provider.priority, c.provider.id),
             )
-            route = ModelRoute(
+            pool_model = PoolModel(
                 id=model.id,
                 generation=model.generation,
                 candidates=tuple(candidates),
@@ -155,9 +155,9 @@ class PoolSnapshot:
                 ),
                 dispatch=model.dispatch,
             )
-            models[model.id] = route
+            models[model.id] = pool_model
             for candidate in candidates:
-                by_provider.setdefault(candidate.provider.id, []).append((route, candidate))
+                by_provider.setdefault(candidate.provider.id, []).append((pool_model, candidate))
         return cls(
             config=config,
             config_hash=config_hash(config),
@@ -166,7 +166,7 @@ class PoolSnapshot:
             long_context_threshold_tokens=config.openai.long_context_threshold_tokens,
             models=MappingProxyType(models),
             providers=MappingProxyType(providers),
-            routes_by_provider=MappingProxyType(
+            models_by_provider=MappingProxyType(
                 {key: tuple(value) for key, value in by_provider.items()}
             ),
             principal_weights=MappingProxyType(dict(config.openai.principal_weights)),
