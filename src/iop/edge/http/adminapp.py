@@ -43,7 +43,7 @@ from ..hub import Hub, NodeStatus, ProviderLink, provider_health
 from ..limits import Limiter
 from ..pool import Dispatcher
 from ..refresh import ConfigFileRefused, ConfigSource, Refresher
-from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .asgi import Receive, Scope, Send, header, not_http, send_body
 from .responses import report_status, send_error
 
 logger = logging.getLogger(__name__)
@@ -218,10 +218,7 @@ class AdminApp:
         self._limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if await not_http(scope, receive, send):
             return
         try:
             await self._http(scope, receive, send)

@@ -52,7 +52,17 @@ async def send_body(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def lifespan(receive: Receive, send: Send) -> None:
+async def not_http(scope: Scope, receive: Receive, send: Send) -> bool:
+    """Serve a scope that is not an HTTP request: the lifespan protocol is accepted, anything
+    else (websockets) ignored; True when `scope` was one, so the app has nothing to do."""
+    if scope["type"] == "http":
+        return False
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+    return True
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
     """Accept the lifespan protocol; the process (server.py) owns the Edge's lifecycle."""
     while True:
         message = await receive()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import MethodNotAllowed, RouteNotFound
 from ..pool import CONTENT_TYPE, Metrics
-from .asgi import Receive, Scope, Send, lifespan, send_body
+from .asgi import Receive, Scope, Send, not_http, send_body
 from .responses import send_error
 
 
@@ -20,10 +20,7 @@ class MetricsApp:
         self._content_type = CONTENT_TYPE.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if await not_http(scope, receive, send):
             return
         path: str = scope["path"]
         if scope["method"] not in ("GET", "HEAD"):

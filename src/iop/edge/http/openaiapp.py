@@ -38,7 +38,7 @@ from ..errors import (
 from ..hub import NodeRuns, provider_health
 from ..limits import NO_GRANT, Limiter
 from ..pool import Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
-from .asgi import Receive, Scope, Send, header, lifespan, send_body
+from .asgi import Receive, Scope, Send, header, not_http, send_body
 from .responses import error_event, provider_failed, send_error
 
 logger = logging.getLogger(__name__)
@@ -91,22 +91,20 @@ class OpenAIApp:
         self._bugs = LogThrottle(logger)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            try:
-                await self._http(scope, receive, send)
-            except Exception as exc:
-                self._bugs.error(
-                    "a request to %s %s failed with a bug: %r",
-                    scope.get("method"),
-                    scope.get("path"),
-                    exc,
-                    exc_info=exc,
-                )
-                with contextlib.suppress(Exception):  # the answer may have begun already
-                    await self._refuse(send, InternalError("The server failed this request."))
-        elif kind == "lifespan":
-            await lifespan(receive, send)
+        if await not_http(scope, receive, send):
+            return
+        try:
+            await self._http(scope, receive, send)
+        except Exception as exc:
+            self._bugs.error(
+                "a request to %s %s failed with a bug: %r",
+                scope.get("method"),
+                scope.get("path"),
+                exc,
+                exc_info=exc,
+            )
+            with contextlib.suppress(Exception):  # the answer may have begun already
+                await self._refuse(send, InternalError("The server failed this request."))
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
