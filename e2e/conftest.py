@@ -5,10 +5,10 @@
 project's image, built from the Dockerfile first if its inputs changed (e2e/cluster/imagebuild.py).
 The cluster is started before the first test that uses the fixture, outside that test's timeout,
 and only when a selected test uses it; if that fails, every test that needs it fails with the
-reason (none is skipped). In a parallel run (pytest-xdist) each worker that runs such a test gets
-a cluster of its own: a state directory of its own (`IOP_CLUSTER_STATE` with the run and the
-worker appended), hence its own network slot and ports, started for this run and stopped at the
-worker's end; the tests of one worker share it, one at a time.
+reason (none is skipped). In a parallel run (pytest-xdist, `--dist loadgroup`) a module's tests
+run on one worker, in order, and each worker that runs such a test gets a cluster of its own: a
+state directory of its own (`IOP_CLUSTER_STATE` with the run and the worker appended), hence its
+own network slot and ports, started for this run and stopped at the worker's end.
 """
 
 from __future__ import annotations
@@ -248,6 +248,16 @@ def pytest_configure(config: pytest.Config) -> None:
             Path(tempfile.gettempdir()) / f"iop-cluster-{os.getuid()}"
         )
         os.environ["IOP_CLUSTER_STATE"] = f"{shared}-{run}-{worker}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist names the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of one end-to-end module run on one worker, in their order (`--dist
+    loadgroup`): what a module sets up once (a chart installed, an operator started) and what
+    its later tests read of its earlier ones stay on one cluster."""
+    for item in items:
+        if FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)  # outside pytest-timeout's timer
