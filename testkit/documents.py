@@ -91,9 +91,11 @@ def edge_document(
     (default: one model `m` over every provider); `model_settings` adds fields to a model's
     entry by model id (generation, dispatch, fallbacks, first_byte_timeout_ms, ...).
     Each node dials with `node_tokens[id]`, else `node_token_of(id)`; `placement="edge"` places
-    every node on the Edge instead. `listeners=False` leaves out the Edge's and the OpenAI API's
-    listeners (their defaults, as a deployed config has them); `admin` and `metrics` add those
-    listeners on loopback; `tls` is `edge.tls` (the Node link). `clients` are the keys the
+    every node on the Edge instead. The Edge's, the OpenAI API's and the admin API's listeners
+    are on loopback port 0, so that no two Edges of a parallel run take one port (the admin
+    API's default is 9090); `listeners=False` leaves them at their defaults, as a deployed
+    config has them. `admin` puts the admin API on loopback then too, and `metrics` adds the
+    metrics listener on loopback; `tls` is `edge.tls` (the Node link). `clients` are the keys the
     OpenAI API knows and `limits` its `openai.limits`. `edge` and `openai` add to (or override)
     those sections last.
     """
@@ -104,7 +106,7 @@ def edge_document(
     tokens = {node_id: node_token_of(node_id) for node_id in nodes} | dict(node_tokens or {})
     listen = {"listen": _LOOPBACK} if listeners else {}
     edge_section: dict[str, Any] = {"id": edge_id, **listen}
-    if admin:
+    if admin or listeners:
         edge_section["admin"] = {"listen": _LOOPBACK}
     if metrics:
         edge_section["metrics"] = {"listen": _LOOPBACK}
