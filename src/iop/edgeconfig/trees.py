@@ -59,10 +59,23 @@ def to_tree(value: Any, *, defaults: bool = True) -> Any:
     return value
 
 
+#: Each field's default, made once (`_NO_DEFAULT`: a required field, or a discriminator, which
+#: a tree keeps whatever its value): a large config's hash asked pydantic for tens of thousands
+#: of defaults, each a look at its factory's signature.
+_DEFAULTS: dict[int, tuple[FieldInfo, Any]] = {}
+_NO_DEFAULT = object()
+
+
 def _at_default(field: FieldInfo, value: Any) -> bool:
-    if field.is_required() or get_origin(field.annotation) is Literal:
-        return False
-    return bool(value == field.get_default(call_default_factory=True))
+    known = _DEFAULTS.get(id(field))
+    if known is None or known[0] is not field:
+        if field.is_required() or get_origin(field.annotation) is Literal:
+            default = _NO_DEFAULT
+        else:
+            default = field.get_default(call_default_factory=True)
+        known = _DEFAULTS[id(field)] = (field, default)
+    default = known[1]
+    return default is not _NO_DEFAULT and bool(value == default)
 
 
 def config_hash(value: BaseModel) -> str:
