@@ -481,9 +481,10 @@ async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodSt
 async def test_a_nodes_drain_shows_in_the_status_until_its_last_run_ends(pods: PodStack) -> None:
     """node-2's runs made slow (8 s each), then `kubectl rollout restart` of it under load: while
     its old pod finishes the runs it has, the EdgeConfig's status counts them
-    (`nodes[].drainingRuns`), and the count is gone once they have ended. A drain is seen by a
-    pass (one a second while it lasts, and each takes a while on a loaded machine): runs of
-    2.5 s left a drain that passes missed, and 8 s is well inside the Node's shutdown grace."""
+    (`nodes[].drainingRuns`), and the count is gone once they have ended. The pass the old pod's
+    deletion wakes may read the Edge before the Node's drain has reached it, and the next look
+    comes within 5 s (`reconciling._RECHECK_S`): runs of 2.5 s ended in between when the machine
+    was loaded, so they last 8 s here (well inside the Node's shutdown grace)."""
     slow = copy.deepcopy(pods.spec)
     slow["nodes"][1]["providers"][0]["adapter"] = {
         "type": "fake",
