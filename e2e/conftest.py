@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import pytest
 
 from e2e.cluster.layout import LAUNCHER, python_command, python_env
+from iop.processes import share_ports
 from tests.waiting import wait_for
 
 T = TypeVar("T")
@@ -242,7 +243,8 @@ def _open_session(config: pytest.Config) -> ClusterSession:
 
 def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is not None:  # a cluster of this worker's own, never one another run is using
+    if worker is not None:  # ports and a cluster of this worker's own, as in tests/conftest.py
+        share_ports(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
         run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")[:8]
         shared = os.environ.get("IOP_CLUSTER_STATE") or str(
             Path(tempfile.gettempdir()) / f"iop-cluster-{os.getuid()}"

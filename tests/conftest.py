@@ -44,7 +44,7 @@ from iop.edge.hub.nodehub import NodeHub
 from iop.edgeconfig import EdgeConfig, load_data
 from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.node import NodeAgent
-from iop.processes import free_port, spawn_edge, spawn_node, terminate
+from iop.processes import free_port, share_ports, spawn_edge, spawn_node, terminate
 from iop.wire import ClientTls
 from testkit import CLIENT_TOKEN, CLIENTS, edge_document, node_token_of, provider
 from tests.waiting import wait_available, wait_for, wait_until
@@ -53,6 +53,13 @@ from tests.waiting import wait_available, wait_for, wait_until
 # runner a fast example can take a second. The properties bound their work by example counts.
 settings.register_profile("iop", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("iop")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None:  # the ports `free_port` picks: never those of another worker
+        share_ports(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+
 
 NODE_TOKEN = node_token_of("node-1")
 #: The OpenAI API keys every built config knows: token_ref -> raw key (principal team-search).

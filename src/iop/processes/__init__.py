@@ -5,10 +5,10 @@ package reads it, so callers can start them on port 0 and learn where they liste
 
 - `spawning`: the fake upstream, an Edge and a Node as child processes;
 - `ports`: `free_port`, a port for a process that takes its port from a command line or a
-  config instead.
+  config instead; `share_ports`, disjoint shares of them for the workers of a parallel run.
 """
 
-from .ports import free_port
+from .ports import free_port, share_ports
 from .spawning import (
     UpstreamProcess,
     iop_command,
@@ -25,6 +25,7 @@ __all__ = [
     "free_port",
     "iop_command",
     "owned",
+    "share_ports",
     "spawn_edge",
     "spawn_fake_upstream",
     "spawn_iop",
