@@ -111,6 +111,22 @@ class PodStack(Workloads):
             base_url=self.base_url(), api_key=self.api_key, max_retries=0, http_client=http_client()
         )
 
+    def runs_in_flight(self, node_id: str) -> int:
+        """The runs on `node_id` that the Edge pods' admin APIs count now (`GET /status`), the
+        way the operator reads them (the chart's admin port and token)."""
+        token = self.secret(f"{NAME}-edge-admin", "token")
+        runs = 0
+        for pod in self.pods("edge"):
+            response = httpx.get(
+                f"http://{pod['status']['podIP']}:9090/status",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=5,
+            )
+            response.raise_for_status()
+            nodes = response.json()["nodes"]
+            runs += sum(n["runs_in_flight"] for n in nodes if n["node_id"] == node_id)
+        return runs
+
     def routed(self) -> bool:
         """Whether the Edge's Service answers: kube-proxy follows the Service's endpoints a
         moment after they change."""
@@ -254,9 +270,9 @@ async def under_load(stack: PodStack, model: str, workers: int = 4) -> AsyncIter
 async def node_2_rolled_under_load(
     pods: PodStack, on_look: Callable[[], object] = lambda: None
 ) -> tuple[set[str], list[str]]:
-    """`kubectl rollout restart` of node-2 while clients send requests for `n`, until its old pod
-    has exited and the rollout is complete (`on_look` runs at each look): the old pods' names,
-    and each request's outcome (see `under_load`)."""
+    """`kubectl rollout restart` of node-2 while clients send requests for `n` (once some run on
+    it), until its old pod has exited and the rollout is complete (`on_look` runs at each look):
+    the old pods' names, and each request's outcome (see `under_load`)."""
     identities = await asyncio.to_thread(pods.identities)
     old = {name for name in identities if name.startswith(f"{NODE_2}-")}
 
@@ -266,6 +282,12 @@ async def node_2_rolled_under_load(
         return not names & old
 
     async with under_load(pods, "n") as outcomes:
+        # The clients' first requests reach the old pod before it is replaced: on a loaded
+        # machine they can take longer than the new pod takes to start, and then the old pod
+        # would have no run to finish.
+        await asyncio.to_thread(
+            wait_for, lambda: pods.runs_in_flight("node-2"), timeout=30, what="runs on node-2"
+        )
         await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
         await asyncio.to_thread(
             wait_for, old_pods_gone, timeout=120, what="the old node-2 pod to exit"
@@ -481,7 +503,8 @@ async def test_the_webhook_refuses_every_problem_and_states_the_plan(pods: PodSt
 async def test_a_nodes_drain_shows_in_the_status_until_its_last_run_ends(pods: PodStack) -> None:
     """node-2's runs made slow (8 s each), then `kubectl rollout restart` of it under load: while
     its old pod finishes the runs it has, the EdgeConfig's status counts them
-    (`nodes[].drainingRuns`), and the count is gone once they have ended. The pass the old pod's
+    (`nodes[].drainingRuns`), and the count is gone once they have ended. The adapter change
+    rolls node-2 itself, so the restart waits for that rollout to end. The pass the old pod's
     deletion wakes may read the Edge before the Node's drain has reached it, and the next look
     comes within 5 s (`reconciling._RECHECK_S`): runs of 2.5 s ended in between when the machine
     was loaded, so they last 8 s here (well inside the Node's shutdown grace)."""
@@ -491,7 +514,10 @@ async def test_a_nodes_drain_shows_in_the_status_until_its_last_run_ends(pods: P
         "completionTokens": 16,
         "tokensPerSecond": 2,
     }
-    await asyncio.to_thread(pods.change, slow)
+    await asyncio.to_thread(pods.change, slow)  # an adapter change: node-2 rolls
+    await asyncio.to_thread(
+        wait_for, lambda: pods.rolled_out(NODE_2), timeout=60, what="node-2's slow pod alone"
+    )
 
     def draining() -> int:
         nodes = pods.ec()["status"].get("nodes") or []
