@@ -545,17 +545,21 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
     if not iops:
         return
     peers = [p for p in PEERS if p in order]
+    if "direct" not in order and not peers:
+        return  # nothing to compare the IOP paths with
     print("\nRatios (requests/s: median of the rounds; latency: p50 over all rounds):\n")
-    print(
-        "| mode | conc | path | / direct req/s | "
-        + " | ".join(f"/ {p} req/s" for p in peers)
-        + " | added p50 | "
-        + " | ".join(f"{p} added p50" for p in peers)
-        + "".join(f" | CPU / {p}'s | added p50 / {p}'s" for p in peers if p == "vllm-router")
-        + " |"
-    )
-    columns = 3 + 2 * len(peers) + 2 * ("vllm-router" in peers)
-    print("|---|---:|---|" + "---:|" * (columns - 1))
+    headers = [
+        "mode",
+        "conc",
+        "path",
+        "/ direct req/s",
+        *(f"/ {p} req/s" for p in peers),
+        "added p50",
+        *(f"{p} added p50" for p in peers),
+        *(h for p in peers if p == "vllm-router" for h in (f"CPU / {p}'s", f"added p50 / {p}'s")),
+    ]
+    print("| " + " | ".join(headers) + " |")
+    print("|---|---:|---|" + "---:|" * (len(headers) - 3))
     for mode in args.modes:
         for conc in args.concurrency:
             direct = results.get((mode.name, conc, "direct"))
@@ -565,9 +569,11 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
                 gap = pct(iop.latencies, 50) - d50
                 cols = [f"{iop.rps / direct.rps:.2f}" if direct else "-"]
                 cols += [f"{iop.rps / results[(mode.name, conc, p)].rps:.2f}x" for p in peers]
-                cols.append(f"{gap:+.2f} ms")
+                cols.append(f"{gap:+.2f} ms" if direct else "-")
                 cols += [
                     f"{pct(results[(mode.name, conc, p)].latencies, 50) - d50:+.2f} ms"
+                    if direct
+                    else "-"
                     for p in peers
                 ]
                 if "vllm-router" in peers:
