@@ -2,7 +2,8 @@
 the library called, its results and errors turned into output and exit codes).
 
 - a module per command: `config_commands`, `edge_commands` (`edge_running`: `iop edge run`;
-  `reload_commands`: `iop edge reload`), `node_commands`, `operator_commands`,
+  `reload_commands`: `iop edge reload`; `revision_commands`: `iop edge history` and `iop edge
+  rollout`), `node_commands`, `operator_commands`,
   `fake_upstream_commands`, `up_commands`;
 - `problems`: a config that does not load, shown alike by every command; `settling`: what a
   long-running process does once it has started; `__main__`: `python -m iop.cli`.
@@ -27,7 +28,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 #: command -> (its module in this package, its line in `iop --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("config_commands", "check, compare and describe EdgeConfig files"),
-    "edge": ("edge_commands", "run the Edge"),
+    "edge": ("edge_commands", "run the Edge; reload it, list and end its revisions' rollouts"),
     "up": ("up_commands", "run an Edge, its Nodes and a fake upstream locally from a config"),
     "node": ("node_commands", "run a Node agent"),
     "operator": ("operator_commands", "the EdgeConfig operator"),

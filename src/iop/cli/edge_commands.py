@@ -1,7 +1,8 @@
-"""`iop edge run`: the Edge, serving the OpenAI API through the provider pool; `iop edge reload`.
+"""`iop edge run`: the Edge, serving the OpenAI API through the provider pool; `iop edge reload`,
+`iop edge history` and `iop edge rollout` (`reload_commands`, `revision_commands`).
 
-`iop edge run` is carried out by `edge_running.py`, imported only then: `iop edge reload` (an
-HTTP client of the admin API) loads nothing of the Edge.
+`iop edge run` is carried out by `edge_running.py`, imported only then: the other commands (HTTP
+clients of the admin API) load nothing of the Edge.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 
 from iop.aiokits import split_listener
 
-from . import reload_commands
+from . import reload_commands, revision_commands
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
     reload_commands.register(sub)
+    revision_commands.register(sub)
 
 
 def _service(value: str) -> str:

@@ -4,7 +4,8 @@ Without `--config` the Edge re-reads the file it was started from (what SIGHUP d
 this command sends the file's text, so the Edge may run on another machine. The report (JSON)
 goes to stdout, its one-line summary to stderr. Exit codes: 0 applied (or no change, or a dry run
 that could apply live), 2 restart-required (an apply is refused and nothing changed), 1 invalid
-config or any other failure (unreachable Edge, wrong token, ...).
+config, a config the Edge rolled back (docs/rollout.md) or any other failure (unreachable Edge,
+wrong token, ...).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 import httpx
 import orjson
+
+from .revision_commands import AdminCallFailed, admin_arguments, admin_headers
 
 EXIT_APPLIED = 0
 EXIT_INVALID = 1
@@ -30,12 +33,7 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    reload.add_argument(
-        "--admin", required=True, metavar="URL", help="the admin API, e.g. http://127.0.0.1:9090"
-    )
-    reload.add_argument(
-        "--token-file", type=Path, default=None, help="file holding the admin bearer token"
-    )
+    admin_arguments(reload, timeout=60.0)
     reload.add_argument(
         "--config",
         type=Path,
@@ -45,25 +43,16 @@ def register(sub: Any) -> None:
     reload.add_argument(
         "--dry-run", action="store_true", help="validate and classify only; change nothing"
     )
-    reload.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to wait for the report"
-    )
     reload.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     body: dict[str, object] = {"mode": "dry_run" if args.dry_run else "apply"}
-    headers: dict[str, str] = {}
     try:
         if args.config is not None:
             body["config_yaml"] = args.config.read_text(encoding="utf-8")
-        if args.token_file is not None:
-            token = args.token_file.read_text(encoding="utf-8").strip()
-            if not token:
-                print(f"iop edge reload: {args.token_file} is empty", file=sys.stderr)
-                return EXIT_INVALID
-            headers["authorization"] = f"Bearer {token}"
-    except (OSError, UnicodeDecodeError) as exc:
+        headers = admin_headers(args.token_file)
+    except (OSError, UnicodeDecodeError, AdminCallFailed) as exc:
         print(f"iop edge reload: {exc}", file=sys.stderr)
         return EXIT_INVALID
     url = args.admin.rstrip("/") + "/refresh"
@@ -86,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
     print(f"iop edge reload: {document.get('message', '')}", file=sys.stderr)
     outcome = document["outcome"]
-    if outcome == "invalid":
+    if outcome in ("invalid", "rolled_back"):
         return EXIT_INVALID
     if outcome == "restart_required":
         return EXIT_RESTART_REQUIRED

@@ -43,6 +43,10 @@ class RouteNotFound(EdgeError):
     """No such path (or nothing at it yet)."""
 
 
+class Conflict(EdgeError):
+    """What is asked does not fit the state it is asked in (a promote with no change watched)."""
+
+
 class MethodNotAllowed(EdgeError):
     """A known path asked with the wrong method."""
 

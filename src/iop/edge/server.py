@@ -68,6 +68,7 @@ class EdgeServer(AsyncService):
             config_dir=config.edge.admin.config_dir,
             ack_timeout=ack_timeout_s,
             on_report=lambda report: self.metrics.count_refresh(report.mode, report.outcome),
+            outcomes=self.metrics.outcomes,
         )
         # Checked here, before anything listens: off loopback without a token, no Edge.
         self._admin_auth = (
@@ -227,6 +228,7 @@ class EdgeServer(AsyncService):
                         logger.exception("an HTTP server of the Edge failed while stopping")
         finally:
             try:
+                await self.refresher.rollouts.aclose()  # no rollback while the Edge stops
                 if self._peers is not None:
                     await self._peers.stop()
                 if self._hub_started:

@@ -1153,6 +1153,67 @@ class NodeSpec(Spec):
         return self.placement == EDGE_PLACEMENT
 
 
+class RolloutSection(Spec):
+    """How a live change is watched once applied (docs/rollout.md): each change becomes a
+    revision; one that touches what is served (models, providers) is judged on the requests of
+    the models it touches, against the figures of the last good revision, and put back to that
+    revision by the Edge itself when it hurts."""
+
+    mode: Annotated[
+        Literal["watch", "off"],
+        live(
+            "watch: judge every change that touches models or providers and roll it back "
+            "automatically when it fails a check; off: apply and keep, as before revisions."
+        ),
+    ] = "watch"
+    bake_ms: Annotated[
+        int,
+        live(
+            "Milliseconds a watched change serves before it can be promoted (with at least "
+            "min_requests judged).",
+            ge=0,
+            le=3_600_000,
+        ),
+    ] = 15_000
+    max_wait_ms: Annotated[
+        int,
+        live(
+            "Longest a change is watched: with fewer than min_requests by then it is promoted "
+            "unjudged (too little traffic to judge), and its revision says so.",
+            ge=1000,
+            le=3_600_000,
+        ),
+    ] = 60_000
+    min_requests: Annotated[
+        int,
+        live(
+            "Requests of the touched models a verdict needs, on the change (and, for the first "
+            "token check, on the last good revision too).",
+            ge=1,
+            le=1_000_000,
+        ),
+    ] = 20
+    max_error_rate_increase: Annotated[
+        float,
+        live(
+            "Fails the change when its share of failed requests (5xx answers and tries that "
+            "needed a retry) exceeds the last good revision's by more than this (0.05: five "
+            "points).",
+            ge=0,
+            le=1,
+        ),
+    ] = 0.05
+    max_first_token_ratio: Annotated[
+        float,
+        live(
+            "Fails the change when its p95 time to first token exceeds this many times the last "
+            "good revision's (plus 100 ms, so a fast pool's jitter is no failure).",
+            ge=1,
+            le=100,
+        ),
+    ] = 2.0
+
+
 class EdgeConfig(Spec):
     """The whole configuration of one Edge: its listeners, models, nodes and providers."""
 
@@ -1162,6 +1223,9 @@ class EdgeConfig(Spec):
     )
     openai: Annotated[OpenAISection, restart_edge("The OpenAI-compatible API.")] = OpenAISection()
     a2a: Annotated[A2ASection, restart_edge("The A2A listener.")] = A2ASection()
+    rollout: Annotated[
+        RolloutSection, live("How a live change is watched and rolled back (docs/rollout.md).")
+    ] = RolloutSection()
     models: Annotated[list[ModelSpec], live("The model catalog clients see at /v1/models.")] = (
         Field(default_factory=list)
     )

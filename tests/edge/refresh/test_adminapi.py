@@ -66,7 +66,7 @@ async def admin_client(
         ),
         pytest.param(
             b'{"mode": "apply", "config": {}, "path": "/x"}',
-            "at most one of config, config_yaml and path",
+            "at most one of config, config_yaml, path and revision",
             id="two-sources",
         ),
         pytest.param(b'{"mode": "apply", "force": true}', "force: Extra inputs", id="unknown-key"),

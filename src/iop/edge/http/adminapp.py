@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self, TypeVar
 from urllib.parse import parse_qs
 
 import orjson
@@ -33,6 +33,7 @@ from iop.edgeconfig import (
 
 from ..errors import (
     BadRequest,
+    Conflict,
     EdgeError,
     MethodNotAllowed,
     PayloadTooLarge,
@@ -42,11 +43,13 @@ from ..errors import (
 from ..hub import Hub, NodeStatus, ProviderLink, provider_health
 from ..limits import Limiter
 from ..pool import Dispatcher
-from ..refresh import ConfigFileRefused, ConfigSource, Refresher
+from ..refresh import ConfigFileRefused, ConfigSource, NoCandidate, Refresher
 from .asgi import Receive, Scope, Send, header, not_http, send_body
 from .responses import report_status, send_error
 
 logger = logging.getLogger(__name__)
+
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
 #: Largest `POST /refresh` body: a config with thousands of nodes fits with room to spare.
@@ -179,6 +182,8 @@ class RefreshBody(BaseModel):
     config: dict[str, Any] | None = None
     config_yaml: str | None = None
     path: str | None = None
+    #: A revision this Edge keeps (`GET /revisions`): its config again.
+    revision: Annotated[int, Field(ge=1)] | None = None
     #: `node:<id>` restart scopes the caller restarts itself. The Edge cannot restart itself
     #: through its own API, so scope `edge` is not accepted here.
     restarting: tuple[
@@ -194,12 +199,21 @@ class RefreshBody(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        given = [
-            name for name in ("config", "config_yaml", "path") if getattr(self, name) is not None
-        ]
+        sources = ("config", "config_yaml", "path", "revision")
+        given = [name for name in sources if getattr(self, name) is not None]
         if len(given) > 1:
-            raise ValueError(f"give at most one of config, config_yaml and path, not {given}")
+            raise ValueError(
+                f"give at most one of config, config_yaml, path and revision, not {given}"
+            )
         return self
+
+
+class RolloutBody(BaseModel):
+    """The body of `POST /rollout`: end the watch of the candidate by hand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action: Literal["promote", "roll_back"]
 
 
 class AdminApp:
@@ -233,6 +247,8 @@ class AdminApp:
             "/config": "GET",
             "/status": "GET",
             "/refresh/last": "GET",
+            "/revisions": "GET",
+            "/rollout": "POST",
             "/healthz": "GET",
         }
         wanted = allowed.get(path)
@@ -256,6 +272,10 @@ class AdminApp:
                 "config": redacted(snapshot.config),
             }
             await send_body(send, 200, orjson.dumps(document))
+        elif path == "/revisions":
+            await send_body(send, 200, orjson.dumps(self._refresher.rollouts.status()))
+        elif path == "/rollout":
+            await self._rollout(receive, scope, send, f"{peer}, {who}")
         elif path == "/status":
             status = self._status_document()
             if self._limiter is not None:
@@ -293,17 +313,30 @@ class AdminApp:
         document["dispatch"] = _dispatch_status(dispatcher)
         return document
 
-    async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
-        raw = await _read_body(scope, receive)
+    async def _rollout(self, receive: Receive, scope: Scope, send: Send, who: str) -> None:
+        body = _parse(RolloutBody, await _read_body(scope, receive), "rollout")
+        rollouts = self._refresher.rollouts
         try:
-            body = RefreshBody.model_validate_json(raw)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
-                for error in exc.errors(include_url=False, include_input=False)
-            )
-            raise BadRequest(f"malformed refresh request: {problems}", code="bad_request") from exc
-        if body.config is not None:
+            if body.action == "promote":
+                revision = await rollouts.promote(who)
+            else:
+                revision = await rollouts.roll_back(who)
+        except NoCandidate as none:
+            raise Conflict(str(none), code="no_candidate") from none
+        await send_body(send, 200, orjson.dumps(revision.as_dict()))
+
+    async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
+        body = _parse(RefreshBody, await _read_body(scope, receive), "refresh")
+        if body.revision is not None:
+            kept = self._refresher.rollouts.log.get(body.revision)
+            if kept is None or kept.config is None:
+                numbers = [r.number for r in self._refresher.rollouts.log]
+                raise RouteNotFound(
+                    f"revision {body.revision} is not kept here (kept: {numbers[0]}-{numbers[-1]})",
+                    code="no_revision",
+                )
+            candidate = ConfigSource.of_data(kept.config, label=f"revision {kept.number}")
+        elif body.config is not None:
             candidate = ConfigSource.of_data(body.config)
         elif body.config_yaml is not None:
             candidate = ConfigSource.of_text(body.config_yaml)
@@ -323,6 +356,18 @@ class AdminApp:
         except ConfigFileRefused as refused:
             raise BadRequest(f"path refused: {refused}", code="bad_request") from refused
         await send_body(send, report_status(report), orjson.dumps(report.as_dict()))
+
+
+def _parse(model: type[_Body], raw: bytes, what: str) -> _Body:
+    """`raw` as a `model`, or a 400 that names each wrong field."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False)
+        )
+        raise BadRequest(f"malformed {what} request: {problems}", code="bad_request") from exc
 
 
 def _node_status(

@@ -21,6 +21,7 @@ from iop.wire import statuses as wire_statuses
 
 from ..errors import (
     BadRequest,
+    Conflict,
     EdgeError,
     HeadersTooLarge,
     HeaderTimeout,
@@ -69,6 +70,8 @@ def _class_shape(error: EdgeError) -> tuple[int, str, str | None, str | None, He
         return 404, "invalid_request_error", "model_not_found", "model", []
     if isinstance(error, RouteNotFound):
         return 404, "invalid_request_error", "unknown_url", None, []
+    if isinstance(error, Conflict):
+        return 409, "invalid_request_error", "conflict", None, []
     if isinstance(error, MethodNotAllowed):
         return (
             405,
@@ -170,9 +173,12 @@ async def send_error(send: Send, error: EdgeError) -> int:
 
 
 def report_status(report: RefreshReport) -> int:
-    """The status of a refresh report: 422 invalid, 409 apply refused, else 200."""
+    """The status of a refresh report: 422 invalid, 409 apply refused (restart required, or the
+    config was just rolled back), else 200."""
     if report.outcome == "invalid":
         return 422
-    if report.outcome == "restart_required" and report.mode == "apply":
+    if report.outcome == "rolled_back" or (
+        report.outcome == "restart_required" and report.mode == "apply"
+    ):
         return 409
     return 200

@@ -4,12 +4,23 @@
 - `dispatching`: the `Dispatcher` (candidates, capacity, the fair queue) and `choosing`
   (among equals: round robin, least load, prefix affinity, with `prefixes`);
 - `relaying`: one request's run, its retries (`retrying`) and fallbacks; `metering`: usage and
-  the pool's metrics.
+  the pool's metrics; `outcomes`: what each model's requests came to, for judging a change.
 """
 
 from .dispatching import Dispatcher
 from .metering import CONTENT_TYPE, Metrics
+from .outcomes import Figures, OutcomeTally, Reading
 from .relaying import Relay, RelayedRun
 from .snapshots import PoolSnapshot
 
-__all__ = ["CONTENT_TYPE", "Dispatcher", "Metrics", "PoolSnapshot", "Relay", "RelayedRun"]
+__all__ = [
+    "CONTENT_TYPE",
+    "Dispatcher",
+    "Figures",
+    "Metrics",
+    "OutcomeTally",
+    "PoolSnapshot",
+    "Reading",
+    "Relay",
+    "RelayedRun",
+]

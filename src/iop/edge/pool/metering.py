@@ -19,9 +19,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from iop.wire import statuses as wire_statuses
+
 from ..authenticating import Principal
 from ..hub import Hub, provider_health
 from .dispatching import Dispatcher
+from .outcomes import OutcomeTally
 
 #: The Content-Type of the Prometheus text exposition served at /metrics.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
@@ -173,6 +176,8 @@ class Metrics:
 
     def __init__(self, dispatcher: Dispatcher, hub: Hub | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        #: The same requests, counted per model for judging a config change (`outcomes.py`).
+        self.outcomes = OutcomeTally()
         self._requests = Counter(
             "iop_edge_requests",
             "Requests answered, by outcome (HTTP status).",
@@ -271,6 +276,7 @@ class Metrics:
         if child is None:
             child = self._request_children[key] = self._requests.labels(*key)
         child.inc()
+        self.outcomes.request(model, status, upstream=bool(provider))
 
     def count_usage(
         self,
@@ -305,6 +311,7 @@ class Metrics:
         if child is None:
             child = self._first_children[model] = self._first_token.labels(model)
         child.observe(seconds)
+        self.outcomes.first_token(model, seconds)
 
     def observe_duration(self, model: str, seconds: float) -> None:
         child = self._duration_children.get(model)
@@ -318,6 +325,8 @@ class Metrics:
 
     def count_retry(self, model: str, reason: str) -> None:
         self._retries.labels(model, reason).inc()
+        if reason != wire_statuses.PROVIDER_BUSY:  # a full provider is no failed try
+            self.outcomes.retry(model)
 
     def count_retry_refused(self, model: str, reason: str) -> None:
         self._retries_refused.labels(model, reason).inc()

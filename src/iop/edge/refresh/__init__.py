@@ -1,11 +1,14 @@
 """A live refresh: load, validate, classify, then swap the snapshot and push to the Nodes.
 
 - `refresher`: the `Refresher`, the config in use and the last reports;
-- `reports`: a refresh's report and its parts; `configfiles`: which files a refresh may read.
+- `reports`: a refresh's report and its parts; `configfiles`: which files a refresh may read;
+- `rollouts`: each change a revision (`revisions`), watched and judged (`judging`) while it
+  serves, rolled back when it hurts.
 """
 
 from .configfiles import ConfigFileRefused
 from .refresher import Refresher
 from .reports import ConfigSource, RefreshReport
+from .rollouts import NoCandidate
 
-__all__ = ["ConfigFileRefused", "ConfigSource", "RefreshReport", "Refresher"]
+__all__ = ["ConfigFileRefused", "ConfigSource", "NoCandidate", "RefreshReport", "Refresher"]

@@ -36,9 +36,11 @@ from iop.edgeconfig import (
 from iop.wire import ConfigAck
 
 from ..hub import ConfigPush
-from ..pool import Dispatcher, PoolSnapshot
+from ..pool import Dispatcher, OutcomeTally, PoolSnapshot
 from .configfiles import ConfigFiles
 from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
+from .revisions import Revision
+from .rollouts import Rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class Refresher:
         config_dir: str | Path | None = None,
         ack_timeout: float = 10.0,
         on_report: Callable[[RefreshReport], None] | None = None,
+        outcomes: OutcomeTally | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         #: Called with every report (the Edge counts them in its metrics).
@@ -73,6 +76,11 @@ class Refresher:
         self._lock = asyncio.Lock()
         self._last: RefreshReport | None = None
         self._last_apply: RefreshReport | None = None
+        #: The revisions, and the watch of a change (`outcomes`: what the requests came to).
+        self.rollouts = Rollouts(outcomes, self._restore)
+        self.rollouts.started(
+            dispatcher.snapshot, f"file {self.config_path}" if self.config_path else "start"
+        )
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -109,9 +117,14 @@ class Refresher:
                     "applied_generation": status.applied_generation if status is not None else 0,
                 }
             )
+        log = self.rollouts.log
         return {
             "config_hash": current.config_hash,
             "generation": current.generation,
+            "revisions": {
+                role: {"revision": r.number, "config_hash": r.config_hash} if r else None
+                for role, r in (("stable", log.stable), ("candidate", log.candidate))
+            },
             "nodes": nodes,
         }
 
@@ -157,9 +170,32 @@ class Refresher:
             else:
                 async with self._lock:
                     report = await self._apply(config, context)
+        return self._finish(report, clock)
+
+    async def _restore(
+        self, stable: Revision, candidate: Revision, reason: str
+    ) -> RefreshReport | None:
+        """`Rollouts`' rollback: the stable revision's config applied in place of `candidate`,
+        unless another change superseded that candidate first (None, nothing done)."""
+        clock = time.perf_counter()
+        async with self._lock:
+            if self.rollouts.log.candidate is not candidate:
+                return None
+            assert stable.config is not None
+            context: dict[str, Any] = {
+                "mode": "apply",
+                "requested_by": f"rollback to revision {stable.number}: {reason}",
+                "source": f"revision {stable.number}",
+                "started_at": round(time.time(), 3),
+                "restarting": (),
+            }
+            report = await self._apply(stable.config, context, record=False)
+        return self._finish(report, clock)
+
+    def _finish(self, report: RefreshReport, clock: float) -> RefreshReport:
         report = _timed(report, clock)
         self._last = report
-        if mode == "apply":
+        if report.mode == "apply":
             self._last_apply = report
         _log(report)
         if self._on_report is not None:
@@ -210,18 +246,27 @@ class Refresher:
             **context,
         )
 
-    async def _apply(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
+    async def _apply(
+        self, config: EdgeConfig, context: dict[str, Any], *, record: bool = True
+    ) -> RefreshReport:
+        """Swap `config` in and push it; with `record`, a change is a new revision (a rollback
+        puts a revision back and records none)."""
         current = self.current
         change = classify(current.config, config)
         held = _held_nodes(change, context["restarting"])
+        refusal: tuple[Outcome, str] | None = None
         if _blocking(change, context["restarting"]):
+            refusal = "restart_required", _restart_message(change, refused=True)
+        elif record and (rolled_back := self.rollouts.refusal(config_hash(config))):
+            refusal = "rolled_back", f"{rolled_back}; nothing changed"
+        if refusal is not None:
             return RefreshReport(
                 change=change,
-                outcome="restart_required",
+                outcome=refusal[0],
                 applied=False,
                 config_hash=config_hash(config),
                 generation=current.generation,
-                message=_restart_message(change, refused=True),
+                message=refusal[1],
                 previous_config_hash=current.config_hash,
                 previous_generation=current.generation,
                 **context,
@@ -236,7 +281,7 @@ class Refresher:
                 config, generation=snapshot.generation, ack_timeout=self.ack_timeout, hold=held
             )
             pushes = self._pushes(config, change, acks, snapshot.generation, held)
-        return RefreshReport(
+        report = RefreshReport(
             change=change,
             outcome="applied",
             applied=True,
@@ -248,6 +293,18 @@ class Refresher:
             previous_generation=current.generation,
             **context,
         )
+        if not (record and change.changed):
+            return report
+        revision = self.rollouts.applied(report, current, snapshot)
+        watched = ""
+        if revision.outcome == "watching":
+            rules = config.rollout
+            watched = (
+                f"; watched as revision {revision.number} ({len(revision.touched)} model(s), "
+                f"promoted after {rules.bake_ms / 1000:g}s with {rules.min_requests} requests "
+                "judged, rolled back if it fails a check)"
+            )
+        return replace(report, revision=revision.number, message=f"{report.message}{watched}")
 
     def _pushes(
         self,

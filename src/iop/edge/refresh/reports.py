@@ -16,8 +16,10 @@ from iop.edgeconfig import ChangeReport, EdgeConfig, Problem
 #: dry_run: judge the candidate and change nothing; apply: swap it in and push it.
 Mode = Literal["dry_run", "apply"]
 #: applied: swapped in; valid: a dry run that could apply live; restart_required: some path
-#: needs a restart (an apply is refused and changes nothing); invalid: the candidate does not load.
-Outcome = Literal["applied", "valid", "restart_required", "invalid"]
+#: needs a restart (an apply is refused and changes nothing); invalid: the candidate does not load;
+#: rolled_back: an apply refused because this very config was rolled back since the stable
+#: revision came into effect (docs/rollout.md).
+Outcome = Literal["applied", "valid", "restart_required", "invalid", "rolled_back"]
 #: acked: the node applied the payload (or holds it until every Edge it serves sends it: the
 #: reason says so); failed: it refused, went away or did not answer in time;
 #: not_connected: it was not connected, and receives the current payload when it connects;
@@ -36,11 +38,13 @@ class ConfigSource:
     data: object = None
     text: str | None = None
     path: Path | None = None
+    #: What to call a parsed document in the log and the report (a revision's config).
+    label: str = ""
 
     @classmethod
-    def of_data(cls, data: Any) -> ConfigSource:
+    def of_data(cls, data: Any, label: str = "") -> ConfigSource:
         """A parsed document (a mapping, as in a JSON body) or an `EdgeConfig`."""
-        return cls(data=data)
+        return cls(data=data, label=label)
 
     @classmethod
     def of_text(cls, text: str) -> ConfigSource:
@@ -56,6 +60,8 @@ class ConfigSource:
             return f"file {self.path}"
         if self.text is not None:
             return f"YAML text ({len(self.text.encode())} bytes)"
+        if self.label:
+            return self.label
         return "config model" if isinstance(self.data, EdgeConfig) else "config object"
 
 
@@ -108,6 +114,8 @@ class RefreshReport:
     started_at: float = 0.0
     duration_ms: float = 0.0
     message: str = ""
+    #: The revision an apply that changed something became (0: none; see `revisions.py`).
+    revision: int = 0
 
     @property
     def all_acked(self) -> bool:
@@ -126,6 +134,7 @@ class RefreshReport:
             "previous_generation": self.previous_generation,
             "config_hash": self.config_hash,
             "generation": self.generation,
+            "revision": self.revision,
             **self.change.as_dict(),
             "restarting": list(self.restarting),
             "pushes": [push.as_dict() for push in self.pushes],

@@ -1,0 +1,81 @@
+"""The verdict on a watched change (`judging.judge`) and the tally it reads (`pool.outcomes`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from iop.edge.pool import Figures, OutcomeTally
+from iop.edge.refresh.judging import Judgement, judge
+from iop.edgeconfig import RolloutSection
+
+RULES = RolloutSection(min_requests=20, bake_ms=10_000, max_wait_ms=60_000)
+
+
+def figures(
+    requests: int, failed: int = 0, retries: int = 0, first_token_s: float = 0.05
+) -> Figures:
+    tally = OutcomeTally()
+    for index in range(requests):
+        tally.request("m", 502 if index < failed else 200)
+        tally.first_token("m", first_token_s)
+    for _ in range(retries):
+        tally.retry("m")
+    return tally.reading().of(["m"])
+
+
+def test_the_tally_counts_per_model_and_a_difference_is_a_stretch() -> None:
+    tally = OutcomeTally()
+    tally.request("m", 200)
+    tally.request("other", 503)
+    before = tally.reading()
+    tally.request("m", 504)
+    tally.request("m", 429)  # a refusal of the limits is no failure of the change
+    tally.request("m", 404, upstream=True)  # the server does not know the served name
+    tally.request("m", 404)  # the Edge's own 404 (no such model in the catalog)
+    tally.retry("m")
+    tally.first_token("m", 0.3)
+    stretch = tally.reading().of(["m"]) - before.of(["m"])
+    assert (stretch.requests, stretch.failed, stretch.retries) == (4, 2, 1)
+    assert stretch.failure_rate == 0.75
+    assert stretch.first_token_p95() == 0.35  # the bucket's upper bound
+    assert before.of(["m", "other"]).failed == 1
+
+
+def test_too_few_requests_wait_then_are_promoted_unjudged() -> None:
+    assert judge_of(figures(19), 30).verdict == "wait"
+    unjudged = judge_of(figures(19), 60)
+    assert (unjudged.verdict, unjudged.check) == ("unjudged", "traffic")
+    assert "19 of 20" in unjudged.message
+
+
+def test_enough_good_requests_are_promoted_once_the_bake_is_over() -> None:
+    assert judge_of(figures(50), 5).verdict == "wait"
+    assert judge_of(figures(50), 10).verdict == "promote"
+
+
+@pytest.mark.parametrize(
+    ("candidate", "check"),
+    [
+        pytest.param(figures(20, failed=2), "errors", id="failed-answers"),
+        pytest.param(figures(20, retries=3), "errors", id="retried-tries"),
+        pytest.param(figures(40, first_token_s=0.9), "first_token_p95", id="slow-first-token"),
+    ],
+)
+def test_a_failed_check_rolls_back_before_the_bake_is_over(candidate: Figures, check: str) -> None:
+    verdict = judge_of(candidate, 1, baseline=figures(100, failed=1))
+    assert (verdict.verdict, verdict.check) == ("roll_back", check)
+    assert "last good revision" in verdict.message
+
+
+def test_failures_the_baseline_had_too_are_no_fault_of_the_change() -> None:
+    assert judge_of(figures(100, failed=10), 10, baseline=figures(100, failed=8)).verdict == (
+        "promote"
+    )
+
+
+def test_first_tokens_are_not_judged_without_a_baseline_of_their_own() -> None:
+    assert judge_of(figures(40, first_token_s=5), 10, baseline=figures(5)).verdict == "promote"
+
+
+def judge_of(candidate: Figures, elapsed: float, baseline: Figures | None = None) -> Judgement:
+    return judge(RULES, baseline if baseline is not None else Figures(), candidate, elapsed)
