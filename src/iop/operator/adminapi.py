@@ -126,6 +126,12 @@ def _refusal(replica: EdgeReplica, status: int, document: object) -> AdminApiErr
             "the admin API refused the token (401): check the admin Secret",
             status=401,
         )
+    if status == 409 and answer.get("outcome") == "rolled_back":
+        return AdminRefused(
+            replica.name,
+            f"it rolled this config back and keeps its last good one: {answer.get('message')}",
+            status=409,
+        )
     if status == 409:
         scopes = tuple(str(s) for s in answer.get("restart_scopes") or ())
         paths = [str(p.get("path")) for p in answer.get("restart_required_paths") or ()]

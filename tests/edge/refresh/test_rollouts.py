@@ -18,6 +18,9 @@ import orjson
 import pytest
 
 from iop.edge import EdgeServer
+from iop.operator.adminapi import EdgeAdmin, apply_body
+from iop.operator.errors import AdminRefused
+from iop.operator.values import EdgeReplica
 from iop.processes import UpstreamProcess, iop_command, spawn_fake_upstream
 from testkit import CLIENT_TOKEN, edge_document, find_provider, provider
 
@@ -320,3 +323,20 @@ async def test_iop_edge_history_and_rollout_against_the_admin_api(edge, tmp_path
     assert orjson.loads(out)["revisions"][0]["outcome"] == "rolled_back"
     code, _, err = await iop("edge", "history", "--admin", server.admin_url)
     assert code == 1 and "401" in err
+
+
+async def test_the_operator_is_told_a_rolled_back_config_stays_rolled_back(edge) -> None:
+    """What the operator's reapply of the EdgeConfig meets after the Edge rolled it back: a
+    refusal that says so (not a restart to make), so the spec is never forced back in."""
+    server, base, admin = edge
+    changed = copy.deepcopy(base)
+    find_provider(changed, "pa")["capacity"] = 3
+    await apply(admin, changed)
+    assert (await admin.post("/rollout", json={"action": "roll_back"})).status_code == 200
+    replica = EdgeReplica("edge-0", "uid", server.admin_url or "", True, None)
+    async with EdgeAdmin() as operator:
+        with pytest.raises(AdminRefused) as refused:
+            await operator.apply(replica, apply_body(changed, ()), ADMIN_TOKEN)
+    assert refused.value.status == 409 and refused.value.restart_scopes == ()
+    assert "rolled this config back" in refused.value.reason
+    assert "revision 2" in refused.value.reason
