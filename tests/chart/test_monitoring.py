@@ -199,17 +199,20 @@ def exported_metric_names() -> set[str]:
     """Every sample name the Edge's and the operator's registries expose, from each family's
     type (a counter `x` is scraped as `x_total`, a histogram as `x_bucket`, `x_count`, `x_sum`),
     so a family counts before anything was observed. The limiter registers its own on the
-    Edge's registry, as `EdgeServer` does."""
+    Edge's registry, and so do the revisions (`RolloutCollector`), as `EdgeServer` does."""
     from iop.edge.limits.limiter import Limiter
     from iop.edge.pool.dispatching import Dispatcher
     from iop.edge.pool.metering import Metrics
     from iop.edge.pool.snapshots import PoolSnapshot
+    from iop.edge.refresh import Refresher, RolloutCollector
     from iop.operator.metrics import OperatorMetrics
 
     config = load_data(yaml.safe_load((REPO / "configs" / "edge.yaml").read_text()))
     dispatcher = Dispatcher(PoolSnapshot.build(config))
     metrics = Metrics(dispatcher)
     Limiter(dispatcher, config, registry=metrics.registry)
+    rollouts = Refresher(dispatcher, outcomes=metrics.outcomes).rollouts
+    metrics.registry.register(RolloutCollector(rollouts))
     registries = [metrics.registry, OperatorMetrics().registry]
     suffixes = {
         "counter": ("_total", "_created"),
@@ -266,6 +269,8 @@ def test_the_dashboard_queries_only_metrics_the_edge_exports() -> None:
         "iop_operator_leader",
         "iop_edge_limited_requests_total",
         "iop_edge_limit_budget_remaining_tokens",
+        "iop_edge_revision",
+        "iop_edge_revisions_ended_total",
     ):
         assert needed in queried, f"the dashboard has no panel on {needed}"
 

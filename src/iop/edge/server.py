@@ -28,7 +28,7 @@ from .http import AdminApp, AdminAuth, ClientGuard, HttpCaps, HttpServer, Metric
 from .hub import Hub, HubCaps, NodeHub, PeerCount, available_providers
 from .limits import Limiter
 from .pool import Dispatcher, Metrics, PoolSnapshot
-from .refresh import Refresher
+from .refresh import Refresher, RolloutCollector
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class EdgeServer(AsyncService):
             on_report=lambda report: self.metrics.count_refresh(report.mode, report.outcome),
             outcomes=self.metrics.outcomes,
         )
+        self.metrics.registry.register(RolloutCollector(self.refresher.rollouts))
         # Checked here, before anything listens: off loopback without a token, no Edge.
         self._admin_auth = (
             AdminAuth.load(config.edge.admin, admin_listen) if admin_listen is not None else None

@@ -213,6 +213,10 @@ async def test_a_good_live_change_under_load_is_promoted_with_no_failed_request(
     assert load.failed("m") == load.failed("other") == 0
     listed = (await admin.get("/revisions")).json()
     assert (listed["stable"], listed["candidate"]) == (2, None)
+    metrics = server.metrics.render().decode()
+    assert 'iop_edge_revision{role="stable"} 2.0' in metrics
+    assert 'iop_edge_revision{role="candidate"} 0.0' in metrics
+    assert 'iop_edge_revisions_ended_total{outcome="promoted"} 1.0' in metrics
 
 
 async def test_too_little_traffic_is_promoted_unjudged_and_says_so(edge) -> None:

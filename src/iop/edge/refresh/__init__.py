@@ -9,6 +9,13 @@
 from .configfiles import ConfigFileRefused
 from .refresher import Refresher
 from .reports import ConfigSource, RefreshReport
-from .rollouts import NoCandidate
+from .rollouts import NoCandidate, RolloutCollector
 
-__all__ = ["ConfigFileRefused", "ConfigSource", "NoCandidate", "RefreshReport", "Refresher"]
+__all__ = [
+    "ConfigFileRefused",
+    "ConfigSource",
+    "NoCandidate",
+    "RefreshReport",
+    "Refresher",
+    "RolloutCollector",
+]

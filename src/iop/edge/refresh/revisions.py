@@ -82,6 +82,8 @@ class RevisionLog:
         self._next = 1
         self.stable: Revision | None = None
         self.candidate: Revision | None = None
+        #: How many revisions ended each way since the Edge started (the metrics read it).
+        self.ended: collections.Counter[str] = collections.Counter()
 
     def __iter__(self) -> Iterator[Revision]:
         return iter(self._revisions)
@@ -128,6 +130,7 @@ class RevisionLog:
             (ended if r.number == number else r for r in self._revisions),
             maxlen=self._revisions.maxlen,
         )
+        self.ended[outcome] += 1
         if self.candidate is not None and self.candidate.number == number:
             self.candidate = None
         if outcome in ("promoted", "unjudged"):

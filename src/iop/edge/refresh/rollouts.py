@@ -15,8 +15,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from iop.edgeconfig import ChangeReport
 
@@ -187,6 +190,31 @@ class Rollouts:
         assert ended is not None
         self._rolled_back[ended.config_hash] = ended
         return ended
+
+
+class RolloutCollector(Collector):
+    """The revisions as metrics, read when Prometheus scrapes."""
+
+    def __init__(self, rollouts: Rollouts) -> None:
+        self._log = rollouts.log
+
+    def collect(self) -> Iterator[Metric]:
+        revision = GaugeMetricFamily(
+            "iop_edge_revision",
+            "The number of the stable revision and of the candidate being watched (0: none).",
+            labels=["role"],
+        )
+        for role, held in (("stable", self._log.stable), ("candidate", self._log.candidate)):
+            revision.add_metric([role], held.number if held is not None else 0)
+        yield revision
+        ended = CounterMetricFamily(
+            "iop_edge_revisions_ended",
+            "Revisions that ended, by outcome: promoted, unjudged, rolled_back, superseded.",
+            labels=["outcome"],
+        )
+        for outcome in ("promoted", "unjudged", "rolled_back", "superseded"):
+            ended.add_metric([outcome], self._log.ended[outcome])
+        yield ended
 
 
 def _touched(before: PoolSnapshot, after: PoolSnapshot) -> tuple[str, ...]:
