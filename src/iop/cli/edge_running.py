@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -18,7 +19,7 @@ import uvloop
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.http import AdminAuthError
-from iop.edge.refresh import ConfigSource
+from iop.edge.refresh import ConfigFileRefused, ConfigSource
 from iop.edgeconfig import ConfigError, load_file, require_token_hashes
 from iop.wire import TlsError
 
@@ -47,14 +48,16 @@ def run_edge(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace,
             admin_listen=args.admin_listen or config.edge.admin.listen,
             metrics_listen=args.metrics_listen or config.edge.metrics.listen,
-            config_path=args.config,
+            # Absolute now: SIGHUP and a refresh without a source re-read it whatever the
+            # working directory (a refresh reads only absolute paths).
+            config_path=os.path.abspath(args.config),
             peers_service=args.peers_service,
         )
     except (AdminAuthError, TlsError) as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)
         return 1
     try:
-        uvloop.run(_serve(edge, args.config))
+        uvloop.run(_serve(edge, os.path.abspath(args.config)))
     except OSError as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)
         return 1
@@ -91,5 +94,11 @@ async def _serve(edge: EdgeServer, config_path: str) -> None:
 
 async def _reload(edge: EdgeServer, config_path: str) -> None:
     """SIGHUP: re-read the config file and apply it (the refresher logs the outcome)."""
-    report = await edge.refresher.apply(ConfigSource.of_path(config_path), requested_by="SIGHUP")
+    try:
+        report = await edge.refresher.apply(
+            ConfigSource.of_path(config_path), requested_by="SIGHUP"
+        )
+    except ConfigFileRefused as refused:  # gone, not a regular file, too large: nothing applied
+        logger.error("SIGHUP: cannot re-read the config file: %s; nothing changed", refused)
+        return
     logger.debug("SIGHUP refresh report: %s", orjson.dumps(report.as_dict()).decode())

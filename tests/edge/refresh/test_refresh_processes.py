@@ -21,7 +21,7 @@ import pytest_asyncio
 import yaml
 
 from iop.edgeconfig import config_hash, load_file
-from iop.processes import iop_command
+from iop.processes import iop_command, terminate
 from testkit import node_token_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -191,3 +191,45 @@ async def test_an_admin_api_off_loopback_without_auth_stops_the_edge(
     assert process.returncode == 1
     assert stdout == b""
     assert b"off loopback, without auth" in stderr
+
+
+async def test_an_edge_started_from_a_relative_path_rereads_its_file(
+    refresh_document, tmp_path: Path, until
+) -> None:
+    """`iop edge run --config edge.yaml`, as docs/edge.md shows it: the path is made absolute at
+    start, so a refresh without a source and SIGHUP re-read it; a SIGHUP that finds the file gone
+    logs why and changes nothing, and the next one works."""
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(ADMIN_TOKEN)
+    document = document_for(refresh_document, token_file)
+    (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
+    process = await asyncio.create_subprocess_exec(
+        *iop_command(), "edge", "run", "--config", "edge.yaml", "--log-level", "INFO",
+        cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        started = orjson.loads(await asyncio.wait_for(process.stdout.readline(), 30))
+        headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(base_url=started["admin_url"], headers=headers) as admin:
+            dry = await admin.post("/refresh", json={"mode": "dry_run"})
+            assert dry.status_code == 200, dry.text
+            assert dry.json()["source"] == f"file {tmp_path / 'edge.yaml'}"
+            (tmp_path / "edge.yaml").rename(tmp_path / "away.yaml")
+            process.send_signal(signal.SIGHUP)
+            line = await asyncio.wait_for(process.stderr.readline(), 10)
+            while b"SIGHUP" not in line:
+                line = await asyncio.wait_for(process.stderr.readline(), 10)
+            assert b"cannot re-read the config file" in line and b"nothing changed" in line
+            document["models"][0]["providers"] = {"pb": "served-b"}
+            (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
+            process.send_signal(signal.SIGHUP)
+
+            async def applied() -> dict[str, Any] | None:
+                last = await admin.get("/refresh/last", params={"mode": "apply"})
+                return last.json() if last.status_code == 200 else None
+
+            last = await until(applied, timeout=10)
+            assert (last["requested_by"], last["outcome"]) == ("SIGHUP", "applied")
+    finally:
+        await terminate(process)

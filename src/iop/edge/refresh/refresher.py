@@ -67,7 +67,7 @@ class Refresher:
         self._on_report = on_report
         self._hub = hub
         #: The file the Edge was started from: what SIGHUP and a body without a config re-read.
-        self.config_path = Path(config_path) if config_path is not None else None
+        self.config_path = Path(config_path).absolute() if config_path is not None else None
         #: The files a refresh may read.
         self.files = ConfigFiles(
             self.config_path, Path(config_dir) if config_dir is not None else None
