@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from iop.edgeconfig import config_hash, load_data, node_payloads, token_sha256
 from iop.wire import PROTOCOL_VERSION
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
+from testkit import edge_document, provider
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -325,6 +327,37 @@ async def test_a_no_change_apply_swaps_and_pushes_nothing(refresh_stack, refresh
     assert [push["status"] for push in report["pushes"]] == ["acked"]
     assert connection.refreshes == 1
     assert stack.edge.hub.nodes()["node-1"].applied_generation == 3
+
+
+async def test_a_node_placed_on_the_edge_is_applied_to_only_when_its_payload_changes(
+    start_edge,
+) -> None:
+    """Issue 38: a limits-only or no-change apply reported the placed node as pushed."""
+    document = edge_document(
+        {"local": [provider("pa", capacity=2)]}, {"m": ["pa"]}, placement="edge", admin=True
+    )
+    edge = await start_edge(document)
+    async with admin_client(edge) as admin:
+
+        async def apply(changed: dict[str, Any]) -> dict[str, Any]:
+            response = await admin.post("/refresh", json={"mode": "apply", "config": changed})
+            assert response.status_code == 200, response.text
+            report: dict[str, Any] = response.json()
+            return report
+
+        unchanged = await apply(document)
+        limits_only = copy.deepcopy(document)
+        limits_only["openai"]["retries"] = {"max_per_request": 1}
+        limits = await apply(limits_only)
+        for report in (unchanged, limits):
+            assert report["pushes"] == report["nodes_to_push"] == [], report
+        assert "nothing pushed" in unchanged["message"]
+        assert "nothing to push" in limits["message"]
+        capacity = copy.deepcopy(limits_only)
+        capacity["nodes"][0]["providers"][0]["capacity"] = 3
+        report = await apply(capacity)
+        assert [(p["node_id"], p["status"]) for p in report["pushes"]] == [("local", "acked")]
+        assert "pushed to 1 node: 1 acked" in report["message"]
 
 
 async def test_lists_are_never_null_in_any_report(refresh_stack, refresh_document) -> None:

@@ -214,11 +214,17 @@ class LocalNodes:
         self, payloads: Mapping[str, NodePayload], digests: Mapping[str, str], generation: int
     ) -> dict[str, ConfigAck]:
         """Make `payloads` (node id -> payload, the nodes placed on the Edge) current: a new
-        runner for a new node, a swap with drain for a changed one; node id -> its ack."""
+        runner for a new node, a swap with drain for a changed one; node id -> its ack, for
+        those two only (a node whose payload did not change is not applied to, as a remote
+        node whose payload did not change is not pushed to)."""
         acks: dict[str, ConfigAck] = {}
         for node_id, payload in payloads.items():
             digest = digests[node_id]
             runner = self._runners.get(node_id)
+            if runner is not None and self._applied.get(node_id, (0, ""))[1] == digest:
+                self._payloads[node_id] = payload  # the same digest: only its alias may differ
+                self._aliases[node_id] = payload.alias or ""
+                continue
             if runner is None:
                 runner = self._runners[node_id] = Runner(drain_timeout=self._drain_timeout)
                 runner.add_health_listener(self._health_changed)
