@@ -24,6 +24,7 @@ import datetime
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -437,6 +438,13 @@ def ensure_redis_server() -> str:
 def redis_url() -> Iterator[str]:
     """A real Redis on loopback for the session (no persistence); tests isolate themselves by
     their own `key_prefix`."""
+    with redis_server() as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real Redis of the caller's own (no persistence): its URL and process."""
     binary = ensure_redis_server()
     port = free_port()
     server = subprocess.Popen(
@@ -456,7 +464,8 @@ def redis_url() -> Iterator[str]:
                 return False
 
         wait_for(answers, timeout=20, interval=0.05, what=f"redis-server on port {port}")
-        yield f"redis://127.0.0.1:{port}"
+        yield f"redis://127.0.0.1:{port}", server
     finally:
+        server.send_signal(signal.SIGCONT)  # a test may have stopped it
         server.terminate()
         server.wait(timeout=10)

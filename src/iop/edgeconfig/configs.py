@@ -587,7 +587,7 @@ class PrincipalLimit(Spec):
 
 class LimitStoreSection(Spec):
     """Where the limits of `openai.limits` count: in each Edge process, or in a Redis every
-    replica shares (docs/edge.md, Limits)."""
+    replica shares (docs/edge.md, "Limits per principal")."""
 
     url: Annotated[
         str,
@@ -773,7 +773,7 @@ class OpenAISection(Spec):
             "Limits per principal (and per token_ref or model): requests and tokens per minute, "
             "requests at once, a token budget per day or month. A request over one is refused "
             "before it takes a slot or a queue place, with 429 rate_limit_exceeded naming the "
-            "limit (docs/edge.md, Limits)."
+            "limit (docs/edge.md, 'Limits per principal')."
         ),
     ] = Field(default_factory=list)
     limit_store: Annotated[

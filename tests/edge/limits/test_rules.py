@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from iop.edge.pool.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig, TokenBudget
 from iop.edgeconfig.loading import load_data
 from iop.processes import free_port
+from tests.conftest import redis_server
 
 CHAT = Principal("team-search", "search-chat")
 BATCH = Principal("team-search", "search-batch")
@@ -382,6 +384,35 @@ async def test_an_unreachable_store_falls_back_to_this_process(
         assert status["entries"][0]["use"] == {"requests_available": 0}
     finally:
         await edge.limiter.stop()
+
+
+async def test_a_store_that_stops_answering_is_shown_disconnected_at_once(
+    document_of: Callable[..., dict[str, Any]],
+) -> None:
+    """Issue 38: with the store stopped, `GET /status` said `counted: local` and also
+    `store_connected: true` (the heartbeat had not noticed yet). A failed call says it now, and a
+    call that succeeds again says connected."""
+    with redis_server() as (url, server):
+        store = {"url": url, "timeout_ms": 200}
+        limits = [{"principal_ref": "team-search", "requests_per_minute": 100}]
+        edge = Edge(config(document_of, limits, store), Clock(1_800_000_000.0))
+        await edge.limiter.start()
+        try:
+            (await edge.admit()).finish(None, True)
+            status = await edge.limiter.status()
+            assert (status["counted"], status["store_connected"]) == ("shared", True)
+            server.send_signal(signal.SIGSTOP)
+            (await edge.admit()).finish(None, True)  # counted here, after 200 ms
+            status = await edge.limiter.status()
+            assert (status["counted"], status["store_connected"]) == ("local", False)
+            server.send_signal(signal.SIGCONT)
+            edge.limiter._store_down_until = 0.0  # the back-off's second, over at once
+            (await edge.admit()).finish(None, True)
+            status = await edge.limiter.status()
+            assert (status["counted"], status["store_connected"]) == ("shared", True)
+        finally:
+            server.send_signal(signal.SIGCONT)
+            await edge.limiter.stop()
 
 
 async def test_the_budget_gauge_shows_what_is_left(

@@ -203,6 +203,8 @@ class Limiter:
     def _store_failed(self, exc: LimitStoreError) -> None:
         self._store_down_until = time.monotonic() + STORE_BACKOFF_S
         store = self.store
+        if store is not None:  # until a call to it succeeds again (its heartbeat, an admission)
+            store.connected = False
         self._store_errors.warning(
             "the limit store %s failed (%s): limits count in this Edge's process until it "
             "answers again",

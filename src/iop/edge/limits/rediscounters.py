@@ -272,6 +272,7 @@ class RedisCounters:
             raise LimitStoreError(str(exc)) from exc
         if isinstance(reply, ReplyError):
             raise LimitStoreError(f"refused: {reply}")
+        self.connected = True
         states = []
         for index, check in enumerate(checks):
             requests, tokens, in_progress, spent = reply[1 + index * 4 : 5 + index * 4]
