@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from .revision_commands import AdminCallFailed, admin_arguments, admin_headers
+from .revision_commands import TOKEN_HINT, AdminCallFailed, admin_arguments, admin_headers
 
 EXIT_APPLIED = 0
 EXIT_INVALID = 1
@@ -70,10 +70,15 @@ def _run(args: argparse.Namespace) -> int:
     if not isinstance(document, dict) or "outcome" not in document:
         error = document.get("error") if isinstance(document, dict) else None
         detail = error.get("message") if isinstance(error, dict) else response.text[:200]
-        print(f"iop edge reload: {response.status_code} from {url}: {detail}", file=sys.stderr)
+        hint = TOKEN_HINT if response.status_code == 401 else ""
+        print(
+            f"iop edge reload: {response.status_code} from {url}: {detail}{hint}", file=sys.stderr
+        )
         return EXIT_INVALID
     sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
     print(f"iop edge reload: {document.get('message', '')}", file=sys.stderr)
+    for problem in document.get("problems") or ():
+        print(f"  {problem.get('path') or '(document)'}: {problem.get('message')}", file=sys.stderr)
     outcome = document["outcome"]
     if outcome in ("invalid", "rolled_back"):
         return EXIT_INVALID

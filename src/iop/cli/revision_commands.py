@@ -23,6 +23,10 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 
 
+#: Added to a 401 of the admin API: the option that sends the token.
+TOKEN_HINT = " (pass the admin token with --token-file FILE)"
+
+
 class AdminCallFailed(Exception):
     """The admin API could not be reached, refused, or answered something else than JSON."""
 
@@ -89,7 +93,8 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
     if response.status_code != 200:
         error = document.get("error") if isinstance(document, dict) else None
         detail = error.get("message") if isinstance(error, dict) else str(document)[:200]
-        raise AdminCallFailed(f"{response.status_code} from {url}: {detail}")
+        hint = TOKEN_HINT if response.status_code == 401 else ""
+        raise AdminCallFailed(f"{response.status_code} from {url}: {detail}{hint}")
     return document
 
 

@@ -75,6 +75,16 @@ async def admin_client(
         pytest.param(
             b'{"mode": "apply", "config": "edge: {}"}', "config: Input should be", id="config-text"
         ),
+        pytest.param(
+            b'{"mode": "apply", "restarting": ["edge"]}',
+            "the Edge cannot restart itself through its admin API; restarting takes node:<id>",
+            id="edge-scope",
+        ),
+        pytest.param(
+            b'{"mode": "apply", "restarting": ["node:Node_2"]}',
+            "'node:Node_2' is not a scope: use node:<id>",
+            id="bad-scope",
+        ),
     ],
 )
 async def test_a_malformed_body_gets_400(start_edge, refresh_document, body, says) -> None:
@@ -133,6 +143,18 @@ async def test_yaml_text_and_a_path_are_candidates_too(
     )
     assert by_text.json()["source"].startswith("YAML text (")
     assert by_path.json()["generation"] == 2
+
+
+async def test_a_refused_path_says_which_setting_allows_it(start_edge, refresh_document) -> None:
+    edge = await start_edge(refresh_document())  # no edge.admin.config_dir
+    async with admin_client(edge) as admin:
+        for path, says in (
+            ("/etc/passwd", "(set edge.admin.config_dir to allow the files of a directory)"),
+            ("other.yaml", "relative ones are taken in edge.admin.config_dir, which is not set"),
+        ):
+            answer = await admin.post("/refresh", json={"mode": "dry_run", "path": path})
+            assert answer.status_code == 400
+            assert says in answer.json()["error"]["message"]
 
 
 async def test_an_invalid_candidate_gets_422_with_every_problem(start_edge, refresh_document):

@@ -167,12 +167,14 @@ async def test_iop_edge_reload_exit_codes(edge: Edge, tmp_path: Path) -> None:
     code, report, stderr = await reload(edge, *token, "--config", str(candidate))
     assert code == 1 and report is not None
     assert report["outcome"] == "invalid" and report["problems"]
+    assert "  edge.id: " in stderr  # each problem on stderr too, not only in the JSON
 
     wrong = tmp_path / "wrong.token"
     wrong.write_text("nope")
     code, report, stderr = await reload(edge, "--token-file", str(wrong), "--dry-run")
     assert (code, report) == (1, None)
     assert "401" in stderr and "wrong admin token" in stderr
+    assert "--token-file FILE" in stderr
 
     # No --config: the Edge re-reads its own file (which still has capacity 2 for pa).
     code, report, stderr = await reload(edge, *token)

@@ -50,6 +50,7 @@ from .responses import report_status, send_error
 logger = logging.getLogger(__name__)
 
 _Body = TypeVar("_Body", bound=BaseModel)
+_NODE_SCOPE: Final = re.compile(r"^node:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 #: Largest `POST /refresh` body: a config with thousands of nodes fits with room to spare.
@@ -186,9 +187,20 @@ class RefreshBody(BaseModel):
     revision: Annotated[int, Field(ge=1)] | None = None
     #: `node:<id>` restart scopes the caller restarts itself. The Edge cannot restart itself
     #: through its own API, so scope `edge` is not accepted here.
-    restarting: tuple[
-        Annotated[str, Field(pattern=r"^node:[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")], ...
-    ] = ()
+    restarting: tuple[str, ...] = ()
+
+    @field_validator("restarting")
+    @classmethod
+    def _node_scopes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for scope in value:
+            if scope == "edge":
+                raise ValueError(
+                    "scope edge: the Edge cannot restart itself through its admin API; "
+                    "restarting takes node:<id> scopes (the caller restarts those nodes)"
+                )
+            if not _NODE_SCOPE.match(scope):
+                raise ValueError(f"{scope!r} is not a scope: use node:<id> (a node's id)")
+        return value
 
     @field_validator("path")
     @classmethod

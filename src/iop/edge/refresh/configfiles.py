@@ -46,7 +46,10 @@ class ConfigFiles:
         path = Path(text)
         if not path.is_absolute():
             if self.directory is None:
-                raise ConfigFileRefused(f"{text}: give an absolute path")
+                raise ConfigFileRefused(
+                    f"{text}: give an absolute path (relative ones are taken in "
+                    "edge.admin.config_dir, which is not set)"
+                )
             path = self.directory / path
         real = Path(os.path.realpath(path))
         if self.own is not None and real == Path(os.path.realpath(self.own)):
@@ -56,6 +59,8 @@ class ConfigFiles:
         allowed = "the Edge's own config file"
         if self.directory is not None:
             allowed += f" or a file in {self.directory} (edge.admin.config_dir)"
+        else:
+            allowed += " (set edge.admin.config_dir to allow the files of a directory)"
         raise ConfigFileRefused(f"{text}: a refresh reads only {allowed}")
 
     def read(self, requested: str | Path) -> str:
