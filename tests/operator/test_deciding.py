@@ -294,3 +294,29 @@ def test_nodes_back_means_ready() -> None:
         observation, plan(observation), outcomes, {}, effective_hash="", in_effect_for=0.5
     )
     assert verdict.finding.serving is None and verdict.finding.ready
+
+
+def test_a_replica_that_rolled_the_config_back_stalls_the_edgeconfig() -> None:
+    """docs/rollout.md: the Edge judged the change by what it served and put its last good config
+    back; it refuses the config again, and the EdgeConfig says why, Stalled, until a new spec."""
+    old, desired = config(), config(capacity(9))
+    observation = observe(desired, record_of(old), replicas=(replica("a"), replica("b")))
+    reason = (
+        "it rolled this config back and keeps its last good one: refused: this config was rolled "
+        "back as revision 2 (40.0% of requests failed or needed a retry)"
+    )
+    outcomes = [
+        applied(replica("a"), observation.desired_hash),
+        ReplicaOutcome(replica("b"), "Failed", reason, rolled_back=True),
+    ]
+
+    verdict = judge(
+        observation, plan(observation), outcomes, {}, effective_hash="old", in_effect_for=None
+    )
+
+    assert verdict.finding.stalled is not None
+    assert verdict.finding.stalled[0] == "RolledBack"
+    assert "replica b: it rolled this config back" in verdict.finding.stalled[1]
+    assert verdict.finding.degraded_reason == "RolledBack"
+    assert not verdict.finding.ready
+    assert "RolledBack" in [e.reason for e in verdict.events]

@@ -131,6 +131,7 @@ def _refusal(replica: EdgeReplica, status: int, document: object) -> AdminApiErr
             replica.name,
             f"it rolled this config back and keeps its last good one: {answer.get('message')}",
             status=409,
+            rolled_back=True,
         )
     if status == 409:
         scopes = tuple(str(s) for s in answer.get("restart_scopes") or ())

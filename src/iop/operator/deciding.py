@@ -308,6 +308,16 @@ def _assess(
             finding.degraded_reason = finding.degraded_reason or (
                 "ReplicaUnreachable" if outcome.state == "Unreachable" else "ReplicaFailed"
             )
+    rolled_back = [o for o in outcomes if o.rolled_back]
+    if rolled_back:
+        # The Edge judged this config by what it served and put its last good one back: the
+        # operator cannot make this generation work; a changed spec starts a new rollout.
+        finding.degraded_reason = "RolledBack"
+        finding.stalled = (
+            "RolledBack",
+            "; ".join(f"replica {o.replica.name}: {o.reason}" for o in rolled_back)
+            + "; apply a changed spec to start a new rollout (docs/rollout.md)",
+        )
     stalled = [r for r in finding.rollouts if r.state == "Stalled"]
     for rollout in stalled:
         finding.degraded.append(f"rollout of {rollout.workload} stalled: {rollout.message}")
@@ -413,6 +423,8 @@ def _report_events(finding: Finding, nodes_seen: Sequence[NodeResult]) -> list[E
     events: list[Event] = []
     if finding.degraded:
         events.append(Event("Warning", "Degraded", "; ".join(finding.degraded)))
+    if finding.stalled and finding.stalled[0] == "RolledBack":
+        events.append(Event("Warning", "RolledBack", finding.stalled[1]))
     failed_nodes = [n for n in nodes_seen if n.state == "Failed"]
     if failed_nodes:
         shown = "; ".join(f"{n.node_id}: {n.reason}" for n in failed_nodes[:10])

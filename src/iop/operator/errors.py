@@ -58,8 +58,16 @@ class AdminRefused(AdminApiError):
     change by its own classification (`restart_scopes` then names the restarts it needs)."""
 
     def __init__(
-        self, replica: str, reason: str, *, status: int, restart_scopes: tuple[str, ...] = ()
+        self,
+        replica: str,
+        reason: str,
+        *,
+        status: int,
+        restart_scopes: tuple[str, ...] = (),
+        rolled_back: bool = False,
     ) -> None:
         super().__init__(replica, reason)
         self.status = status
         self.restart_scopes = restart_scopes
+        #: The replica rolled this very config back (docs/rollout.md) and refuses it again.
+        self.rolled_back = rolled_back

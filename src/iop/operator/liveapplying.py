@@ -72,9 +72,14 @@ async def _apply(
 def _failed(replica: EdgeReplica, error: AdminApiError, clock: float) -> ReplicaOutcome:
     if isinstance(error, AdminUnreachable):
         return ReplicaOutcome(replica, "Unreachable", error.reason, elapsed_ms=_since(clock))
-    scopes = error.restart_scopes if isinstance(error, AdminRefused) else ()
+    refused = error if isinstance(error, AdminRefused) else None
     return ReplicaOutcome(
-        replica, "Failed", error.reason, restart_scopes=scopes, elapsed_ms=_since(clock)
+        replica,
+        "Failed",
+        error.reason,
+        restart_scopes=refused.restart_scopes if refused is not None else (),
+        rolled_back=refused is not None and refused.rolled_back,
+        elapsed_ms=_since(clock),
     )
 
 

@@ -98,6 +98,8 @@ class ReplicaOutcome:
     report: ApplyReport | None = None
     #: Restarts the replica said it needs (it refused the apply with 409).
     restart_scopes: tuple[str, ...] = ()
+    #: It refused the apply because it rolled this config back (docs/rollout.md).
+    rolled_back: bool = False
     #: Wall time of this replica's calls, in milliseconds.
     elapsed_ms: float = 0.0
 

@@ -342,5 +342,6 @@ async def test_the_operator_is_told_a_rolled_back_config_stays_rolled_back(edge)
         with pytest.raises(AdminRefused) as refused:
             await operator.apply(replica, apply_body(changed, ()), ADMIN_TOKEN)
     assert refused.value.status == 409 and refused.value.restart_scopes == ()
+    assert refused.value.rolled_back
     assert "rolled this config back" in refused.value.reason
     assert "revision 2" in refused.value.reason
