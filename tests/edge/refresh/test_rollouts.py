@@ -285,15 +285,18 @@ async def test_history_keeps_twenty_revisions_and_an_old_one_applies_again(edge)
         ("nodes[local].providers[pb].capacity",)
     }
     assert len({r["config_hash"] for r in listed["revisions"]}) == 20
-    # Revision 10 again, by its number: the Edge applies the config it keeps.
-    again = await admin.post("/refresh", json={"mode": "apply", "revision": 10})
+    # Revision 23 again, by its number: the Edge applies the config it keeps (the newest five
+    # keep theirs, and the stable one).
+    again = await admin.post("/refresh", json={"mode": "apply", "revision": 23})
     assert again.status_code == 200, again.text
-    assert again.json()["source"] == "revision 10"
-    assert server.refresher.current.config_hash == (await revision(admin, 10))["config_hash"]
-    assert (await revision(admin, 27))["restores"] == 10
-    gone = await admin.post("/refresh", json={"mode": "apply", "revision": 2})
-    assert gone.status_code == 404
-    assert "revision 2 is not kept here (kept: 8-27)" in gone.json()["error"]["message"]
+    assert again.json()["source"] == "revision 23"
+    assert server.refresher.current.config_hash == (await revision(admin, 23))["config_hash"]
+    assert (await revision(admin, 27))["restores"] == 23
+    for number, says in ((2, "keeps revisions 8-27"), (10, "the configs of 23, 24, 25, 26, 27")):
+        gone = await admin.post("/refresh", json={"mode": "apply", "revision": number})
+        assert gone.status_code == 404
+        message = gone.json()["error"]["message"]
+        assert f"revision {number} cannot be applied again here" in message and says in message
 
 
 async def iop(*args: str) -> tuple[int, str, str]:

@@ -342,9 +342,12 @@ class AdminApp:
         if body.revision is not None:
             kept = self._refresher.rollouts.log.get(body.revision)
             if kept is None or kept.config is None:
-                numbers = [r.number for r in self._refresher.rollouts.log]
+                log = self._refresher.rollouts.log
+                numbers = [r.number for r in log]
+                with_config = ", ".join(str(r.number) for r in log if r.config is not None)
                 raise RouteNotFound(
-                    f"revision {body.revision} is not kept here (kept: {numbers[0]}-{numbers[-1]})",
+                    f"revision {body.revision} cannot be applied again here: the Edge keeps "
+                    f"revisions {numbers[0]}-{numbers[-1]}, the configs of {with_config}",
                     code="no_revision",
                 )
             candidate = ConfigSource.of_data(kept.config, label=f"revision {kept.number}")

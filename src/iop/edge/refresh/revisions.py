@@ -3,7 +3,8 @@
 Revision 1 is the config the Edge started with; each apply that changed something is the next
 number, with its hash, the Edge's snapshot generation, who asked, what changed (the classified
 paths), the models it touched, and how it ended (`Outcome`). The log keeps the last `keep`
-revisions (the config of each, for going back to it, stays in memory and is never shown), and
+revisions (the configs of the last `KEEP_CONFIGS`, of the stable one and of the candidate stay in
+memory for going back to them, and are never shown), and
 names the stable revision (the last good one, what a rollback returns to) and the candidate
 (the change being watched), if any.
 """
@@ -31,6 +32,9 @@ Outcome = Literal[
 
 #: Revisions the log keeps by default.
 KEEP: Final = 20
+#: Of those, the newest whose config stays in memory for going back (besides the stable one and
+#: the candidate): a config of the largest documented size holds about 5 MiB.
+KEEP_CONFIGS: Final = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +114,20 @@ class RevisionLog:
             self.candidate = kept
         else:
             self.stable = kept
+        self._forget_old_configs()
         return kept
+
+    def _forget_old_configs(self) -> None:
+        held = {r.number for r in (self.stable, self.candidate) if r is not None}
+        old = list(self._revisions)[:-KEEP_CONFIGS]
+        if any(r.config is not None and r.number not in held for r in old):
+            self._revisions = collections.deque(
+                (
+                    replace(r, config=None) if r in old and r.number not in held else r
+                    for r in self._revisions
+                ),
+                maxlen=self._revisions.maxlen,
+            )
 
     def end(
         self,
