@@ -257,7 +257,7 @@ class Refresher:
         refusal: tuple[Outcome, str] | None = None
         if _blocking(change, context["restarting"]):
             refusal = "restart_required", _restart_message(change, refused=True)
-        elif record and (rolled_back := self.rollouts.refusal(config_hash(config))):
+        elif record and (rolled_back := self.rollouts.refusal(config)):
             refusal = "rolled_back", f"{rolled_back}; nothing changed"
         if refusal is not None:
             return RefreshReport(

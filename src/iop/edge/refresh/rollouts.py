@@ -21,7 +21,7 @@ from typing import Any, Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from iop.edgeconfig import ChangeReport
+from iop.edgeconfig import ChangeReport, EdgeConfig, config_hash
 
 from ..pool import Figures, OutcomeTally, PoolSnapshot, Reading
 from .judging import Judgement, judge
@@ -105,9 +105,12 @@ class Rollouts:
     def status(self) -> dict[str, Any]:
         return self.log.as_dict()
 
-    def refusal(self, config_hash: str) -> str:
-        """Why an apply of `config_hash` is refused now, or "" (see `_rolled_back`)."""
-        revision = self._rolled_back.get(config_hash)
+    def refusal(self, config: EdgeConfig) -> str:
+        """Why an apply of `config` is refused now, or "" (see `_rolled_back`); hashes it only
+        when some config was rolled back."""
+        if not self._rolled_back:
+            return ""
+        revision = self._rolled_back.get(config_hash(config))
         if revision is None:
             return ""
         return (
