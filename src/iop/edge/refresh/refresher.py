@@ -6,7 +6,8 @@ the candidate (a file only as `configfiles.ConfigFiles` allows, else `ConfigFile
 classify it against the config in use (a dry run stops there; an apply with a restart-required
 path is refused unless the caller restarts that node itself: `restarting`), swap the next
 `PoolSnapshot` into the dispatcher and the hub's snapshot in the same turn of the loop, push
-changed payloads and collect the acks. Applies run one at a time; dry runs never wait for one.
+changed payloads and collect the acks; a change becomes a revision, watched and rolled back when
+it hurts (`rollouts.py`). Applies run one at a time; dry runs never wait for one.
 docs/refresh.md, "What an apply does", has each step and why.
 """
 
@@ -272,6 +273,7 @@ class Refresher:
                 **context,
             )
         snapshot = PoolSnapshot.build(config, current.generation + 1, current.edge_replicas)
+        at_swap = self.rollouts.reading()  # a watch counts the requests from the swap on
         # The dispatcher's swap and the hub's (at the start of swap_config, before its first
         # await) happen in this same turn of the loop.
         self._dispatcher.swap(snapshot)
@@ -295,7 +297,7 @@ class Refresher:
         )
         if not (record and change.changed):
             return report
-        revision = self.rollouts.applied(report, current, snapshot)
+        revision = self.rollouts.applied(report, current, snapshot, at_swap)
         watched = ""
         if revision.outcome == "watching":
             rules = config.rollout

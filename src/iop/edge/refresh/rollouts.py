@@ -62,9 +62,16 @@ class Rollouts:
         """Revision 1: the config the Edge started with."""
         self.log.add(_revision(snapshot, ChangeReport(), (), "started", "", source))
 
-    def applied(self, report: RefreshReport, before: PoolSnapshot, after: PoolSnapshot) -> Revision:
-        """A change swapped in (called under the refresher's lock): its revision, watched when
-        it touched what is served and the new config says `rollout.mode: watch`."""
+    def reading(self) -> Reading:
+        """The outcome tally now (the refresher takes one as it swaps a change in)."""
+        return self._outcomes.reading()
+
+    def applied(
+        self, report: RefreshReport, before: PoolSnapshot, after: PoolSnapshot, at_swap: Reading
+    ) -> Revision:
+        """A change swapped in when the tally read `at_swap` (called under the refresher's
+        lock): its revision, watched when it touched what is served and the new config says
+        `rollout.mode: watch`."""
         self._stop_watch()
         self._rolled_back.clear()
         touched = _touched(before, after)
@@ -86,7 +93,7 @@ class Rollouts:
         )
         if not watched:
             return revision
-        at_apply = self._outcomes.reading()
+        at_apply = at_swap
         baseline = at_apply.of(touched) - self._stable_since.of(touched)
         self._watch = asyncio.create_task(
             self._judge_until_done(revision, at_apply, baseline),
