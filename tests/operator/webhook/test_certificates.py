@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -31,10 +32,22 @@ def test_a_service_name_longer_than_a_common_name_allows_still_makes_a_certifica
     (common,) = parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     assert common.value == "iop-operator"
     # A TLS server loads it as it is.
+    assert certificate.certfile is not None and certificate.keyfile is not None
     ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
         certificate.certfile, certificate.keyfile
     )
     assert certificate.keyfile.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_operators_key_leaves_no_file_behind(monkeypatch, tmp_path: Path) -> None:
+    """Made for the webhook (no folder): no file at all, and the TLS context's load leaves none
+    (each operator start once left its private key in a /tmp folder of its own)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    certificate = SelfSignedCertificate.create(["webhook.iop.svc", "127.0.0.1"])
+    assert (certificate.certfile, certificate.keyfile) == (None, None)
+    context = certificate.server_context()
+    assert context.cert_store_stats() is not None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_short_name_is_the_common_name(tmp_path: Path) -> None:

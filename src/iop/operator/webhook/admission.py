@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -41,8 +40,7 @@ class AdmissionServer:
         self._url = url
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self._certificate.certfile, self._certificate.keyfile)
+        context = self._certificate.server_context()
 
         async def review(request: aiohttp.web.Request) -> aiohttp.web.Response:
             try:

@@ -18,6 +18,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import ssl
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,20 +38,22 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class SelfSignedCertificate:
-    """A serving certificate that is its own CA, written to private files for the TLS server."""
+    """A serving certificate that is its own CA. Its key stays in memory: `server_context()`
+    writes it to disk only for the moment Python's ssl reads it, in a private temporary folder
+    removed at once (files in a given `folder` stay: the caller's)."""
 
     cert_pem: bytes
     key_pem: bytes
-    certfile: Path
-    keyfile: Path
+    certfile: Path | None = None
+    keyfile: Path | None = None
 
     @classmethod
     def create(
         cls, hostnames: Iterable[str], folder: Path | None = None, days: int = 3650
     ) -> SelfSignedCertificate:
         """A new key and certificate for `hostnames` (DNS names or IP addresses), valid for
-        `days` (the operator makes a new one at every start). Files go to `folder` (a new
-        private temporary folder by default), readable by this user only."""
+        `days` (the operator makes a new one at every start). With `folder`, also written there
+        (the key readable by this user only)."""
         names = list(dict.fromkeys(h for h in hostnames if h))
         key = ec.generate_private_key(ec.SECP256R1())
         # The names are in the SubjectAlternativeName, which is what clients check; the common
@@ -103,14 +106,25 @@ class SelfSignedCertificate:
     def of(
         cls, cert_pem: bytes, key_pem: bytes, folder: Path | None = None
     ) -> SelfSignedCertificate:
-        """A certificate and key already made, written to private files for the TLS server."""
-        where = folder or Path(tempfile.mkdtemp(prefix="iop-operator-tls-"))
-        certfile, keyfile = where / "tls.crt", where / "tls.key"
+        """A certificate and key already made (with `folder`, written there too)."""
+        if folder is None:
+            return cls(cert_pem, key_pem)
+        certfile, keyfile = folder / "tls.crt", folder / "tls.key"
         certfile.write_bytes(cert_pem)
         descriptor = os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(key_pem)
         return cls(cert_pem, key_pem, certfile, keyfile)
+
+    def server_context(self) -> ssl.SSLContext:
+        """A TLS server context with this certificate; the key's file lives only while ssl
+        reads it (a private temporary folder, removed before this returns)."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory(prefix="iop-operator-tls-") as folder:
+            written = SelfSignedCertificate.of(self.cert_pem, self.key_pem, Path(folder))
+            assert written.certfile is not None and written.keyfile is not None
+            context.load_cert_chain(written.certfile, written.keyfile)
+        return context
 
     def serves(self, hostnames: Iterable[str], *, for_days: int = 30) -> bool:
         """Whether it names every one of `hostnames` and stays valid `for_days` more."""
