@@ -19,6 +19,7 @@ a process, dials with them.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import datetime
 import ipaddress
@@ -171,17 +172,14 @@ def make_tls_files(folder: Path) -> TlsFiles:
 
 def _session_tls() -> TlsFiles:
     folder = Path(tempfile.mkdtemp(prefix="iop-test-tls-"))
+    # Removed when this process exits: every process that loads this file makes one (pytest-xdist's
+    # controller, and workers that run only end-to-end tests, run no session fixture here).
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return make_tls_files(folder)
 
 
-#: The session's test certificates (removed when the session ends).
+#: The process's test certificates (removed when it exits).
 TEST_TLS = _session_tls()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _remove_test_tls() -> Iterator[None]:
-    yield
-    shutil.rmtree(TEST_TLS.folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
