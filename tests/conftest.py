@@ -328,18 +328,22 @@ def node_token() -> str:
 def refresh_document() -> dict[str, Any]:
     """A config document for refresh tests: model `m` on providers pa (priority 0) and pb
     (priority 10) of node-1 (the `start_node` default), and node-2 with pc, which no test
-    connects. Every listener on a free loopback port."""
+    connects. Every listener on a free loopback port. A change applies to all at once (watched,
+    `rollout.mode: watch`): the tests observe each live field on every request that follows;
+    tests/edge/refresh/test_rollouts.py has the canary."""
 
     def fake(pid: str, **settings: Any) -> dict[str, Any]:
         adapter = {"type": "fake", "completion_tokens": 4}
         return provider(pid, adapter, served=f"served-{pid[1]}", capacity=2, **settings)
 
-    return build_document(
+    document = build_document(
         nodes={"node-1": [fake("pa", priority=0), fake("pb", priority=10)], "node-2": [fake("pc")]},
         models={"m": ["pa", "pb"]},
         edge_id="edge-refresh",
         admin=True,
     )
+    document["rollout"] = {"mode": "watch"}
+    return document
 
 
 @pytest.fixture(name="refresh_document", scope="session")

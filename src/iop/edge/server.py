@@ -253,8 +253,13 @@ class EdgeServer(AsyncService):
 
     def _replicas_changed(self, replicas: int) -> None:
         """Share the capacity of the nodes placed on the Edge among `replicas` Edges: the
-        dispatcher's bounds and the local runners' at once (one turn of the loop)."""
-        self.dispatcher.swap(self.dispatcher.snapshot.with_edge_replicas(replicas))
+        dispatcher's bounds and the local runners' at once (one turn of the loop); a change on
+        trial stays on trial."""
+        dispatcher = self.dispatcher
+        split = dispatcher.split
+        if split is not None:
+            split = replace(split, stable=split.stable.with_edge_replicas(replicas))
+        dispatcher.swap(dispatcher.snapshot.with_edge_replicas(replicas), split)
         if isinstance(self.hub, NodeHub):
             self.hub.set_edge_replicas(replicas)
 

@@ -13,6 +13,7 @@ each other (unique ids, references, the long-context budget) live in `validating
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -1160,12 +1161,34 @@ class RolloutSection(Spec):
     revision by the Edge itself when it hurts."""
 
     mode: Annotated[
-        Literal["watch", "off"],
+        Literal["canary", "watch", "off"],
         live(
-            "watch: judge every change that touches models or providers and roll it back "
-            "automatically when it fails a check; off: apply and keep, as before revisions."
+            "canary: a change to what serves a model (its providers, served names, policy, "
+            "fallbacks) first serves a share of that model's requests, in `steps`, judged "
+            "against the stable revision at each step; a change of limits only (capacity, "
+            "priority, queues) applies to all at once and is watched. watch: every change "
+            "applies to all at once and is watched. Both roll a change back automatically when "
+            "it fails a check; off: apply and keep, as before revisions."
         ),
-    ] = "watch"
+    ] = "canary"
+    steps: Annotated[
+        list[int],
+        live(
+            "The canary's shares, in percent of the changed models' requests, each served for "
+            "step_ms and judged before the next; the change is promoted after the last.",
+            min_length=1,
+            max_length=10,
+        ),
+    ] = Field(default_factory=lambda: [5, 25, 100])
+    step_ms: Annotated[
+        int,
+        live(
+            "Milliseconds each canary step serves before the next (it waits longer while the "
+            "change has fewer than min_requests judged, up to max_wait_ms in all).",
+            ge=100,
+            le=3_600_000,
+        ),
+    ] = 10_000
     bake_ms: Annotated[
         int,
         live(
@@ -1212,6 +1235,24 @@ class RolloutSection(Spec):
             le=100,
         ),
     ] = 2.0
+    max_duration_ratio: Annotated[
+        float,
+        live(
+            "Fails the change when its p95 request duration exceeds this many times the last "
+            "good revision's (plus 500 ms).",
+            ge=1,
+            le=100,
+        ),
+    ] = 2.0
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_rise(cls, steps: list[int]) -> list[int]:
+        if any(not 1 <= step <= 100 for step in steps):
+            raise ValueError("each step is a share in percent, from 1 to 100")
+        if any(later <= earlier for earlier, later in itertools.pairwise(steps)):
+            raise ValueError(f"the steps must rise: {steps}")
+        return steps
 
 
 class EdgeConfig(Spec):

@@ -1,7 +1,9 @@
 """The pool's invariants under any sequence of requests, retries that avoid the providers they
 tried, releases, cancellations, swaps and node changes, under every dispatch policy (each model
 draws its own, and a swap may change it) with prompts of a few prefixes and load reports from the
-Nodes (a hypothesis state machine over a real event loop)."""
+Nodes, and changes on trial: a swap may keep the stable snapshot beside the new one for some
+models, requests come on either side, the share moves and the trial ends (a hypothesis state
+machine over a real event loop)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from iop.edge.hub.protocol import ProviderLoad
 from iop.edge.pool.choosing import PrefixKey
 from iop.edge.pool.dispatching import Dispatcher, Lease
 from iop.edge.pool.snapshots import PoolSnapshot
+from iop.edge.pool.splits import Side, Split
 from iop.edgeconfig import EdgeConfig
 from iop.wire.nodestates import ServerLoad
 
@@ -117,8 +120,10 @@ class PoolMachine(RuleBasedStateMachine):
                 self.admitted(task.result())
 
     def admitted(self, lease: Lease) -> None:
-        limits = self.dispatcher.snapshot.providers.get(lease.provider_id)
-        if limits is not None and self.dispatcher.in_flight(lease.provider_id) > limits.capacity:
+        candidate = lease.pool_model.candidate(lease.provider_id)
+        assert candidate is not None  # a lease is on one of the model's candidates in its view
+        limits = candidate.provider
+        if self.dispatcher.in_flight(lease.provider_id) > limits.capacity:
             self.over_capacity.append(lease.provider_id)
         self.leases.append(lease)
         self.given += 1
@@ -127,17 +132,20 @@ class PoolMachine(RuleBasedStateMachine):
         model=st.sampled_from(sorted(MODELS)),
         long=st.booleans(),
         prefix=st.sampled_from(PREFIXES),
+        side=st.sampled_from([0, 1]),
     )
-    def request(self, model: str, long: bool, prefix: PrefixKey | None) -> None:
+    def request(self, model: str, long: bool, prefix: PrefixKey | None, side: Side) -> None:
         async def try_now() -> None:
             try:
-                lease = self.dispatcher.try_acquire(model, long, prefix)
+                lease = self.dispatcher.try_acquire(model, long, prefix, side)
             except EdgeError:
                 return
             if lease is not None:
                 self.admitted(lease)
             else:
-                task = asyncio.ensure_future(self.dispatcher.acquire(model, long, prefix=prefix))
+                task = asyncio.ensure_future(
+                    self.dispatcher.acquire(model, long, prefix=prefix, side=side)
+                )
                 self.waiting.append(task)
 
         self.loop.run_until_complete(try_now())
@@ -148,14 +156,17 @@ class PoolMachine(RuleBasedStateMachine):
         long=st.booleans(),
         avoid=st.frozensets(st.sampled_from(PROVIDERS), min_size=1, max_size=2),
         prefix=st.sampled_from(PREFIXES),
+        side=st.sampled_from([0, 1]),
     )
     def retry(
-        self, model: str, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+        self, model: str, long: bool, avoid: frozenset[str], prefix: PrefixKey | None, side: Side
     ) -> None:
         async def acquire() -> None:
             deadline = asyncio.get_running_loop().time() + 600
             task = asyncio.ensure_future(
-                self.dispatcher.acquire(model, long, deadline=deadline, avoid=avoid, prefix=prefix)
+                self.dispatcher.acquire(
+                    model, long, deadline=deadline, avoid=avoid, prefix=prefix, side=side
+                )
             )
             self.waiting.append(task)
 
@@ -175,10 +186,35 @@ class PoolMachine(RuleBasedStateMachine):
         self.waiting[index % len(self.waiting)].cancel()
         self.settle()
 
-    @rule(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
-    def swap(self, settings, dispatch) -> None:
+    @rule(
+        settings=PROVIDER_SETTINGS,
+        dispatch=DISPATCH_SETTINGS,
+        shared=st.none() | st.frozensets(st.sampled_from(sorted(MODELS))),
+        share=st.integers(1, 100),
+    )
+    def swap(self, settings, dispatch, shared: frozenset[str] | None, share: int) -> None:
+        """A change; with `shared`, on trial: the stable snapshot (the one on trial beside the
+        current one, if any) keeps serving its side of those models."""
         self.generation += 1
-        self.dispatcher.swap(PoolSnapshot.build(self.config(settings, dispatch), self.generation))
+        snapshot = PoolSnapshot.build(self.config(settings, dispatch), self.generation)
+        split = None
+        if shared is not None:
+            current = self.dispatcher.split
+            stable = current.stable if current is not None else self.dispatcher.snapshot
+            split = Split(stable, frozenset(MODELS), shared, share)
+        self.dispatcher.swap(snapshot, split)
+        self.settle()
+
+    @precondition(lambda self: hasattr(self, "dispatcher") and self.dispatcher.split is not None)
+    @rule(share=st.integers(1, 100))
+    def share_moves(self, share: int) -> None:
+        self.dispatcher.set_share(share)
+        self.settle()
+
+    @precondition(lambda self: hasattr(self, "dispatcher") and self.dispatcher.split is not None)
+    @rule()
+    def trial_promoted(self) -> None:
+        self.dispatcher.end_split()
         self.settle()
 
     @rule(
@@ -234,11 +270,14 @@ class PoolMachine(RuleBasedStateMachine):
         if not hasattr(self, "dispatcher"):
             return
         snapshot = self.dispatcher.snapshot
+        split = self.dispatcher.split
         available = self.dispatcher.available
-        for (model, long), queue in self.dispatcher._queues.items():
+        for (model, long, stable_view), queue in self.dispatcher._queues.items():
             assert queue
+            assert not stable_view or (split is not None and model in split.shared)
+            view = split.stable if stable_view and split is not None else snapshot
             candidates = [
-                c.provider for c in snapshot.models[model].candidates if c.provider.id in available
+                c.provider for c in view.models[model].candidates if c.provider.id in available
             ]
             for waiter in queue.in_order():
                 # A retry takes none of the providers it tried while another one is available.

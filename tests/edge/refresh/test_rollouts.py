@@ -1,7 +1,9 @@
-"""Revisions and the watch of a live change, on a real Edge whose providers are real upstream
-processes (`iop fake-upstream`, reached over sockets from nodes placed on the Edge), with the
-official `openai` client as the load: a bad change is rolled back by the Edge itself, a good one
-promoted, every change kept as a numbered revision that can be applied again."""
+"""Revisions, the canary and the watch of a live change, on a real Edge whose providers are real
+upstream processes (`iop fake-upstream`, reached over sockets from nodes placed on the Edge),
+with the official `openai` client as the load (each request its own conversation): a bad change
+is rolled back by the Edge itself with (almost) nothing failing at the client, a good one
+promoted through its steps, every change kept as a numbered revision that can be applied
+again."""
 
 from __future__ import annotations
 
@@ -28,16 +30,24 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 ADMIN_TOKEN = "rollout-admin-token"
 #: Quick enough for a test, the rules otherwise the defaults.
-ROLLOUT = {"bake_ms": 2000, "min_requests": 10, "max_wait_ms": 6000}
+ROLLOUT = {
+    "bake_ms": 2000,
+    "min_requests": 10,
+    "max_wait_ms": 8000,
+    "steps": [10, 50, 100],
+    "step_ms": 1000,
+}
 
 
 @pytest.fixture
 async def upstreams() -> AsyncIterator[dict[str, UpstreamProcess]]:
-    """served-a (model m's), served-b (model other's), and served-a again failing half its
-    completions with a 500 (m's provider of last resort)."""
+    """served-a (model m's, which serves it as served-a2 too), served-b (model other's), and
+    served-a again failing half its completions with a 500 (m's provider of last resort)."""
     async with contextlib.AsyncExitStack() as stack:
         yield {
-            "a": await stack.enter_async_context(spawn_fake_upstream(["--model", "served-a"])),
+            "a": await stack.enter_async_context(
+                spawn_fake_upstream(["--model", "served-a", "--model", "served-a2"])
+            ),
             "b": await stack.enter_async_context(spawn_fake_upstream(["--model", "served-b"])),
             "flaky": await stack.enter_async_context(
                 spawn_fake_upstream(["--model", "served-a", "--fail-rate", "0.5", "--seed", "7"])
@@ -69,11 +79,16 @@ def document(upstreams: dict[str, UpstreamProcess], tmp_path: Any) -> dict[str, 
 
 
 class Load:
-    """Clients sending requests for `models` back to back; each answer's (model, status)."""
+    """Clients sending requests for `models` back to back, each a conversation of its own
+    (`conversations`: that many, taken in turn); each answer's (model, status), and the served
+    name of each conversation's answers."""
 
-    def __init__(self, url: str, models: list[str]) -> None:
+    def __init__(self, url: str, models: list[str], conversations: int = 0) -> None:
         self.url, self.models = url, models
         self.answers: list[tuple[str, int]] = []
+        self.served: dict[str, list[str]] = collections.defaultdict(list)
+        self._conversations = conversations
+        self._sent = 0
         self._done = asyncio.Event()
 
     async def _client(self, model: str) -> None:
@@ -81,11 +96,15 @@ class Load:
             base_url=f"{self.url}/v1", api_key=CLIENT_TOKEN, max_retries=0
         ) as client:
             while not self._done.is_set():
+                self._sent += 1
+                number = self._sent % self._conversations if self._conversations else self._sent
+                conversation = f"conversation {number}"
                 try:
-                    await client.chat.completions.create(
-                        model=model, messages=[{"role": "user", "content": "hi"}]
+                    answer = await client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": conversation}]
                     )
                     self.answers.append((model, 200))
+                    self.served[f"{model} {conversation}"].append(answer.model)
                 except openai.APIStatusError as error:
                     self.answers.append((model, error.status_code))
                 await asyncio.sleep(0.01)
@@ -154,14 +173,18 @@ def bad_changes() -> list[Any]:
         config["models"][0]["providers"] = {"pf": "served-a"}
 
     return [
-        pytest.param(served_name_missing, id="served-name-missing"),
-        pytest.param(half_failing, id="priority-to-a-failing-upstream"),
-        pytest.param(all_to_the_flaky_one, id="model-moved-to-a-failing-upstream"),
+        pytest.param(served_name_missing, "canary", id="served-name-missing"),
+        pytest.param(half_failing, "watch", id="priority-to-a-failing-upstream"),
+        pytest.param(all_to_the_flaky_one, "canary", id="model-moved-to-a-failing-upstream"),
     ]
 
 
-@pytest.mark.parametrize("change", bad_changes())
-async def test_a_bad_live_change_is_rolled_back_by_the_edge(edge, change) -> None:
+@pytest.mark.parametrize(("change", "mode"), bad_changes())
+async def test_a_bad_live_change_is_rolled_back_by_the_edge(edge, change, mode) -> None:
+    """A change of what serves `m` takes a canary: a tenth of m's conversations, whose failed
+    tries are tried again on the stable revision; a change of priorities alone applies to all
+    at once and is watched. Either way the Edge rolls it back, and at most 2% of m's requests
+    fail at the client."""
     server, base, admin = edge
     bad = copy.deepcopy(base)
     change(bad)
@@ -169,17 +192,22 @@ async def test_a_bad_live_change_is_rolled_back_by_the_edge(edge, change) -> Non
         await asyncio.sleep(0.5)  # the stable revision's own figures
         report = await apply(admin, bad)
         assert report["revision"] == 2
-        assert "watched as revision 2" in report["message"]
+        assert "on trial as revision 2" in report["message"]
         status = (await admin.get("/status")).json()["revisions"]
-        assert status["candidate"]["revision"] == 2
+        if status["candidate"] is not None:  # (it may be over already)
+            assert status["candidate"]["revision"] == 2
+            assert status["candidate"]["mode"] == mode
         rolled = await ended(admin, 2)
         await asyncio.sleep(0.5)  # served by stable again
     answers = collections.Counter(load.answers)
     assert rolled["outcome"] == "rolled_back", (rolled["judgement"], answers)
+    m_requests = sum(count for (model, _), count in answers.items() if model == "m")
     print(
-        f"rolled back {rolled['ended_at'] - rolled['applied_at']:.2f}s after the apply; "
-        f"answers {dict(answers)}"
+        f"{mode}: rolled back {rolled['ended_at'] - rolled['applied_at']:.2f}s after the apply; "
+        f"m failed {load.failed('m')} of {m_requests} at the client; answers {dict(answers)}"
     )
+    assert load.failed("m") <= 0.02 * m_requests
+    assert rolled["share_percent"] == (ROLLOUT["steps"][0] if mode == "canary" else None)
     assert rolled["judgement"]["check"] == "errors"
     assert rolled["touched_models"] == ["m"]
     assert rolled["judgement"]["candidate"]["requests"] >= ROLLOUT["min_requests"]
@@ -206,7 +234,8 @@ async def test_a_good_live_change_under_load_is_promoted_with_no_failed_request(
     find_provider(good, "pa")["capacity"] = 6
     async with Load(server.url, ["m", "other"]).running() as load:
         await asyncio.sleep(0.5)
-        await apply(admin, good)
+        report = await apply(admin, good)
+        assert "all at once, watched, for m" in report["message"]
         promoted = await ended(admin, 2)
     assert promoted["outcome"] == "promoted", promoted
     assert promoted["judgement"]["check"] == "bake"
@@ -217,6 +246,41 @@ async def test_a_good_live_change_under_load_is_promoted_with_no_failed_request(
     assert 'iop_edge_revision{role="stable"} 2.0' in metrics
     assert 'iop_edge_revision{role="candidate"} 0.0' in metrics
     assert 'iop_edge_revisions_ended_total{outcome="promoted"} 1.0' in metrics
+
+
+async def test_a_good_change_of_what_serves_a_model_goes_through_its_steps(edge) -> None:
+    """m moves to another served name: a canary at 10%, 50%, 100% of m's conversations, each
+    conversation sticking to its side (once on the candidate, never back), then promoted; no
+    request fails, and the metrics count each revision's requests."""
+    server, base, admin = edge
+    good = copy.deepcopy(base)
+    find_provider(good, "pa")["served_models"] = ["served-a", "served-a2"]
+    good["models"][0]["providers"] = {"pa": "served-a2", "pf": "served-a"}
+    shares: list[int] = []
+    async with Load(server.url, ["m", "other"], conversations=40).running() as load:
+        await asyncio.sleep(0.5)
+        report = await apply(admin, good)
+        assert "canary 10% -> 50% -> 100% for m" in report["message"]
+        while candidate := (await admin.get("/status")).json()["revisions"]["candidate"]:
+            assert candidate["mode"] == "canary"
+            if not shares or shares[-1] != candidate["share_percent"]:
+                shares.append(candidate["share_percent"])
+            await asyncio.sleep(0.05)
+        promoted = await revision(admin, 2)
+        await asyncio.sleep(0.3)
+    assert promoted["outcome"] == "promoted", promoted
+    assert promoted["judgement"]["check"] == "steps"
+    assert shares == [10, 50, 100]
+    assert load.failed("m") == load.failed("other") == 0
+    for conversation, names in load.served.items():
+        if conversation.startswith("m "):
+            first = names.index("served-a2") if "served-a2" in names else len(names)
+            assert set(names[first:]) <= {"served-a2"}, (conversation, names)
+    metrics = server.metrics.render().decode()
+    for side in ("stable", "candidate"):
+        line = f'iop_edge_revision_requests_total{{model="m",revision="{side}"}}'
+        assert float(metrics.split(line)[1].split()[0]) >= ROLLOUT["min_requests"]
+    assert 'iop_edge_revision_first_token_seconds_bucket{le="+Inf",model="m"' in metrics
 
 
 async def test_too_little_traffic_is_promoted_unjudged_and_says_so(edge) -> None:

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..hub import NodeRuns, provider_health
 from ..limits import NO_GRANT, Limiter
-from ..pool import Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
+from ..pool import STABLE, Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
 from .asgi import Receive, Scope, Send, header, not_http, send_body
 from .responses import error_event, provider_failed, send_error
 
@@ -196,13 +196,18 @@ class OpenAIApp:
         watcher: asyncio.Task[None] | None = None
         gone = _Disconnect()
         grant = NO_GRANT
+        side = STABLE
         relayed: RelayedRun | None = None
         try:
             principal = self._authenticator.authenticate(header(scope, b"authorization"))
             raw = await self._read_body(scope, receive)
             request = parse_request(kind, raw)
-            snapshot = self._dispatcher.snapshot
-            pool_model = snapshot.models.get(request.model)
+            dispatcher = self._dispatcher
+            snapshot = dispatcher.snapshot
+            split = dispatcher.split
+            if split is not None:  # a change on trial: which revision serves this request
+                side = split.side_of(request.model, request, principal.principal_ref)
+            pool_model = dispatcher.model_view(request.model, side)
             if pool_model is None:
                 raise ModelNotFound(request.model)
             model = pool_model.id
@@ -217,7 +222,7 @@ class OpenAIApp:
                 name=f"edge-http-disconnect-{id(task):x}",
                 logger=logger,
             )
-            async with self._relay.open(request, long, principal) as run:
+            async with self._relay.open(request, long, principal, side) as run:
                 relayed = run
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
@@ -246,8 +251,8 @@ class OpenAIApp:
             if watcher is not None:
                 watcher.cancel()
             grant.finish(relayed.spent if relayed is not None else None, status == 200)
-            self._metrics.count_request(principal, model, provider, status)
-            self._metrics.observe_duration(model, time.perf_counter() - arrived)
+            self._metrics.count_request(principal, model, provider, status, side)
+            self._metrics.observe_duration(model, time.perf_counter() - arrived, side)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self._max_request_bytes
@@ -284,7 +289,7 @@ class OpenAIApp:
         async for event in run:
             if isinstance(event, RunChunk):
                 body = event.data
-                self._metrics.observe_first_token(model, time.perf_counter() - arrived)
+                self._metrics.observe_first_token(model, time.perf_counter() - arrived, run.side)
             elif isinstance(event, RunDone):
                 await send_body(send, 200, body, headers=headers)
                 return 200
@@ -319,7 +324,9 @@ class OpenAIApp:
                         continue
                     if not started:
                         started = True
-                        self._metrics.observe_first_token(model, time.perf_counter() - arrived)
+                        self._metrics.observe_first_token(
+                            model, time.perf_counter() - arrived, run.side
+                        )
                         await send(
                             {"type": "http.response.start", "status": 200, "headers": start_headers}
                         )

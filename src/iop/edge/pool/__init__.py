@@ -4,23 +4,30 @@
 - `dispatching`: the `Dispatcher` (candidates, capacity, the fair queue) and `choosing`
   (among equals: round robin, least load, prefix affinity, with `prefixes`);
 - `relaying`: one request's run, its retries (`retrying`) and fallbacks; `metering`: usage and
-  the pool's metrics; `outcomes`: what each model's requests came to, for judging a change.
+  the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
+  `splits`: which revision serves a request while a change is on trial.
 """
 
 from .dispatching import Dispatcher
 from .metering import CONTENT_TYPE, Metrics
 from .outcomes import Figures, OutcomeTally, Reading
 from .relaying import Relay, RelayedRun
-from .snapshots import PoolSnapshot
+from .snapshots import PoolModel, PoolSnapshot
+from .splits import CANDIDATE, STABLE, Side, Split
 
 __all__ = [
+    "CANDIDATE",
     "CONTENT_TYPE",
+    "STABLE",
     "Dispatcher",
     "Figures",
     "Metrics",
     "OutcomeTally",
+    "PoolModel",
     "PoolSnapshot",
     "Reading",
     "Relay",
     "RelayedRun",
+    "Side",
+    "Split",
 ]

@@ -5,7 +5,9 @@ long slots, the lowest priority, then the model's policy among equals (`choosing
 queue per model, fair between principals by weight; a freed slot given at once to the waiting
 request its provider can serve first; `provider_busy` cool-downs (`BUSY_COOLDOWN_S`); the
 providers a retry `avoid`s (`relaying.py`); `swap(snapshot)`, one reference assignment, under
-which leases keep their snapshot and slot counters (per provider id) carry over.
+which leases keep their snapshot and slot counters (per provider id) carry over. While a change
+is on trial (`splits.py`) a request of a model it shares runs on the candidate's view of the
+model or on the stable one's, as its side says; each view has a queue of its own.
 
 Everything runs on one event loop and nothing here awaits except a waiting request, so the state
 needs no lock. A dispatch that finds a free candidate costs O(candidates of the model).
@@ -26,6 +28,12 @@ from ..errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
 from ..hub import ProviderLoad
 from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
 from .snapshots import Candidate, PoolModel, PoolSnapshot, ProviderLimits
+from .splits import STABLE, Side, Split
+
+#: A queue: (model id, long, on the stable revision's view of a model on trial).
+_QueueKey = tuple[str, bool, bool]
+#: What a freed slot of a provider can serve: (the stable view, the model, its candidate entry).
+_Freed = tuple[tuple[bool, PoolModel, Candidate], ...]
 
 #: How long a provider that refused a run as busy is left out of dispatch.
 BUSY_COOLDOWN_S: Final = 0.05
@@ -75,6 +83,7 @@ class _Waiter:
         "prefix",
         "principal",
         "seq",
+        "stable_view",
         "tag",
         "timer",
     )
@@ -89,8 +98,10 @@ class _Waiter:
         future: asyncio.Future[Lease],
         avoid: frozenset[str],
         prefix: PrefixKey | None,
+        stable_view: bool,
     ) -> None:
         self.seq = seq
+        self.stable_view = stable_view
         self.model_id = model_id
         self.long = long
         self.principal = principal
@@ -170,8 +181,12 @@ class Dispatcher:
         self._snapshot = snapshot
         self._slots: dict[str, _Slots] = {}
         self._available: frozenset[str] = frozenset()
-        # Waiting requests by (model, long), in fair order.
-        self._queues: dict[tuple[str, bool], _FairQueue] = {}
+        #: The change on trial, if any: which requests the stable revision's view serves.
+        self._split: Split | None = None
+        # Waiting requests by (model, long, stable view), in fair order.
+        self._queues: dict[_QueueKey, _FairQueue] = {}
+        # What a freed slot of each provider can serve, made when first needed after a swap.
+        self._freed: dict[str, _Freed] = {}
         self._waiting: dict[str, int] = {}
         # Fair queuing's clocks, per model while it has waiters: its virtual time, and each
         # principal's last finish tag (both forgotten when the model's queue empties).
@@ -190,16 +205,21 @@ class Dispatcher:
     def snapshot(self) -> PoolSnapshot:
         return self._snapshot
 
-    def swap(self, snapshot: PoolSnapshot) -> None:
-        """Dispatch on `snapshot` from now on; waiting requests are re-evaluated at once."""
+    @property
+    def split(self) -> Split | None:
+        """The change on trial, if any (`splits.py`)."""
+        return self._split
+
+    def swap(self, snapshot: PoolSnapshot, split: Split | None = None) -> None:
+        """Dispatch on `snapshot` from now on, with `split` the stable revision's share of the
+        models on trial (None: `snapshot` serves everything); waiting requests are re-evaluated
+        at once."""
         self._add_slots(snapshot)
+        if split is not None:
+            self._add_slots(split.stable)
         self._snapshot = snapshot
-        for provider_id in [
-            pid
-            for pid, slots in self._slots.items()
-            if pid not in snapshot.providers and slots.in_flight == 0
-        ]:
-            del self._slots[provider_id]
+        self._set_split(split)
+        self._drop_idle_slots()
         self._chooser.keep_only(
             {
                 model_id: pool_model.dispatch.policy
@@ -207,6 +227,53 @@ class Dispatcher:
             }
         )
         self._reevaluate()
+
+    def set_share(self, share: int) -> None:
+        """The candidate's share of the shared models' requests from now on (in percent)."""
+        if self._split is not None:
+            self._split = self._split.with_share(share)
+
+    def end_split(self) -> None:
+        """The change on trial serves everything now (promoted): the stable view's waiters move
+        to the candidate's queues, in their order."""
+        self._set_split(None)
+        self._drop_idle_slots()
+        self._reevaluate()
+
+    def _drop_idle_slots(self) -> None:
+        """Forget the counters of providers no view has any more, once nothing runs there."""
+        current = self._snapshot.providers
+        kept = self._split.stable.providers if self._split is not None else {}
+        for provider_id in [
+            pid
+            for pid, slots in self._slots.items()
+            if pid not in current and pid not in kept and slots.in_flight == 0
+        ]:
+            del self._slots[provider_id]
+
+    def _set_split(self, split: Split | None) -> None:
+        self._split = split
+        self._freed = {}
+        shared = split.shared if split is not None else frozenset()
+        for key in [key for key in self._queues if key[2] and key[0] not in shared]:
+            queue = self._queues.pop(key)
+            into = self._queues.get((key[0], key[1], False))
+            if into is None:
+                into = self._queues[(key[0], key[1], False)] = _FairQueue()
+            for waiter in queue.in_order():
+                waiter.stable_view = False
+                into.push(waiter)
+
+    def model_view(self, model_id: str, side: Side = STABLE) -> PoolModel | None:
+        """The model as a request of `side` sees it (`splits.py`), or None."""
+        split = self._split
+        if split is not None and side == STABLE and model_id in split.shared:
+            return split.stable.models.get(model_id)
+        return self._snapshot.models.get(model_id)
+
+    def _stable_view(self, model_id: str, side: Side) -> bool:
+        split = self._split
+        return split is not None and side == STABLE and model_id in split.shared
 
     def set_available(self, provider_ids: Iterable[str]) -> None:
         """The providers of connected nodes that are healthy now (the hub's view)."""
@@ -226,10 +293,10 @@ class Dispatcher:
     # -- acquiring and releasing slots ----------------------------------------------------------
 
     def try_acquire(
-        self, model_id: str, long: bool, prefix: PrefixKey | None = None
+        self, model_id: str, long: bool, prefix: PrefixKey | None = None, side: Side = STABLE
     ) -> Lease | None:
         """A lease on the best free candidate now, or None when every candidate is busy."""
-        pool_model = self._route(model_id, long)
+        pool_model = self._route(model_id, long, self._stable_view(model_id, side))
         candidate = self._select(pool_model, long, prefix=prefix)
         if candidate is None:
             return None
@@ -245,6 +312,7 @@ class Dispatcher:
         principal: str = ANONYMOUS_PRINCIPAL,
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
+        side: Side = STABLE,
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
@@ -252,9 +320,11 @@ class Dispatcher:
         not count against the queue bound again. `principal` (a principal_ref) places a waiting
         request in the queue's fair order. `avoid`: providers this request tried already, no
         candidates while another of the model is available (free or not), candidates again when
-        none is. `prefix`: the prompt's prefix points, for `prefix_affinity`.
+        none is. `prefix`: the prompt's prefix points, for `prefix_affinity`. `side`: the
+        revision the request runs on while a change is on trial (`splits.py`).
         """
-        pool_model = self._route(model_id, long)
+        stable_view = self._stable_view(model_id, side)
+        pool_model = self._route(model_id, long, stable_view)
         loop = asyncio.get_running_loop()
         now = loop.time()
         if avoid and not self._others_available(pool_model, long, avoid):
@@ -279,7 +349,15 @@ class Dispatcher:
             raise self._timeout(model_id)
         self._seq += 1
         waiter = _Waiter(
-            self._seq, model_id, long, principal, deadline, loop.create_future(), avoid, prefix
+            self._seq,
+            model_id,
+            long,
+            principal,
+            deadline,
+            loop.create_future(),
+            avoid,
+            prefix,
+            stable_view,
         )
         self._enqueue(waiter)
         waiter.timer = loop.call_at(deadline, self._expire, waiter)
@@ -325,15 +403,21 @@ class Dispatcher:
             timer.cancel()
         self._timers.clear()
 
-    def available_for(self, model_id: str, long: bool, avoid: frozenset[str] = frozenset()) -> bool:
+    def available_for(
+        self,
+        model_id: str,
+        long: bool,
+        avoid: frozenset[str] = frozenset(),
+        side: Side = STABLE,
+    ) -> bool:
         """True when a candidate of the model not in `avoid` (and able to take the request)
         is on a connected, healthy node now, free or busy."""
-        pool_model = self._snapshot.models.get(model_id)
+        pool_model = self.model_view(model_id, side)
         return pool_model is not None and self._others_available(pool_model, long, avoid)
 
-    def serves(self, model_id: str, long: bool) -> bool:
+    def serves(self, model_id: str, long: bool, side: Side = STABLE) -> bool:
         """True when the model is in the catalog with an enabled provider for the request."""
-        pool_model = self._snapshot.models.get(model_id)
+        pool_model = self.model_view(model_id, side)
         return (
             pool_model is not None
             and bool(pool_model.candidates)
@@ -364,7 +448,7 @@ class Dispatcher:
     def queue_depths_by_principal(self) -> Mapping[tuple[str, str], int]:
         """(model id, principal_ref) -> requests waiting, for the pairs that have any."""
         depths: dict[tuple[str, str], int] = {}
-        for (model_id, _), queue in self._queues.items():
+        for (model_id, _, _), queue in self._queues.items():
             for principal, fifo in queue.by_principal.items():
                 key = (model_id, principal)
                 depths[key] = depths.get(key, 0) + len(fifo)
@@ -397,8 +481,12 @@ class Dispatcher:
             if provider_id not in self._slots:
                 self._slots[provider_id] = _Slots()
 
-    def _route(self, model_id: str, long: bool) -> PoolModel:
-        pool_model = self._snapshot.models.get(model_id)
+    def _route(self, model_id: str, long: bool, stable_view: bool = False) -> PoolModel:
+        split = self._split
+        if stable_view and split is not None:
+            pool_model = split.stable.models.get(model_id)
+        else:
+            pool_model = self._snapshot.models.get(model_id)
         if pool_model is None:
             raise ModelNotFound(model_id)
         if not pool_model.candidates:
@@ -513,7 +601,7 @@ class Dispatcher:
         weight = self._snapshot.principal_weights.get(waiter.principal, 1)
         finish[waiter.principal] = start + 1.0 / weight
         waiter.tag = start
-        key = (model_id, waiter.long)
+        key = (model_id, waiter.long, waiter.stable_view)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _FairQueue()
@@ -524,7 +612,7 @@ class Dispatcher:
     def _dequeue(self, waiter: _Waiter) -> bool:
         """Take `waiter` out of its queue; False when it was not queued any more."""
         model_id = waiter.model_id
-        key = (model_id, waiter.long)
+        key = (model_id, waiter.long, waiter.stable_view)
         queue = self._queues.get(key)
         if queue is None or not queue.remove(waiter):
             return False
@@ -578,29 +666,53 @@ class Dispatcher:
             if future.exception() is None:
                 self.release(future.result())  # granted just before the cancellation landed
 
+    def _freed_pairs(self, provider_id: str) -> _Freed:
+        """What a freed slot of `provider_id` can serve: the models it is an enabled candidate
+        of, in the snapshot's view, and in the stable one's for the models shared by a split."""
+        pairs = self._freed.get(provider_id)
+        if pairs is None:
+            pairs = tuple(
+                (False, pool_model, candidate)
+                for pool_model, candidate in self._snapshot.models_by_provider.get(provider_id, ())
+            )
+            split = self._split
+            if split is not None:
+                pairs += tuple(
+                    (True, pool_model, candidate)
+                    for pool_model, candidate in split.stable.models_by_provider.get(
+                        provider_id, ()
+                    )
+                    if pool_model.id in split.shared
+                )
+            self._freed[provider_id] = pairs
+        return pairs
+
     def _serve_freed(self, provider_id: str) -> None:
         """Give free slots of `provider_id` to the oldest waiting requests it can serve."""
-        snapshot = self._snapshot
-        limits = snapshot.providers.get(provider_id)
-        if limits is None or not limits.enabled or provider_id not in self._available:
+        if provider_id not in self._available:
             return
-        pairs = snapshot.models_by_provider.get(provider_id, ())
-        slots = self._slots[provider_id]
-        while self._waiting_total and slots.in_flight < limits.capacity:
+        pairs = self._freed_pairs(provider_id)
+        slots = self._slots.get(provider_id)
+        if not pairs or slots is None:
+            return
+        while self._waiting_total:
             if slots.cool_until and slots.cool_until > time.monotonic():
                 return
-            long_ok = (
-                limits.long_context_slots is None
-                or slots.long_in_flight < limits.long_context_slots
-            )
             oldest: _Waiter | None = None
             chosen: tuple[PoolModel, Candidate] | None = None
-            for pair in pairs:
+            for stable_view, pool_model, candidate in pairs:
+                limits = candidate.provider
+                if slots.in_flight >= limits.capacity:
+                    continue
+                long_ok = (
+                    limits.long_context_slots is None
+                    or slots.long_in_flight < limits.long_context_slots
+                )
                 for long in (False, True) if long_ok else (False,):
-                    queue = self._queues.get((pair[0].id, long))
+                    queue = self._queues.get((pool_model.id, long, stable_view))
                     head = queue.head() if queue is not None else None
                     if head is not None and (oldest is None or head.seq < oldest.seq):
-                        oldest, chosen = head, pair
+                        oldest, chosen = head, (pool_model, candidate)
             if oldest is None or chosen is None:
                 return
             pool_model = chosen[0]
@@ -624,7 +736,7 @@ class Dispatcher:
             if waiter.future.done():
                 continue  # cancelled: its task takes it out of the queue when it resumes
             try:
-                pool_model = self._route(waiter.model_id, waiter.long)
+                pool_model = self._route(waiter.model_id, waiter.long, waiter.stable_view)
             except (ModelNotFound, NoProvider) as error:
                 self._fail(waiter, error)  # the new config no longer serves this request
                 continue

@@ -24,7 +24,8 @@ from iop.wire import statuses as wire_statuses
 from ..authenticating import Principal
 from ..hub import Hub, provider_health
 from .dispatching import Dispatcher
-from .outcomes import OutcomeTally
+from .outcomes import OutcomeCollector, OutcomeTally
+from .splits import STABLE, Side
 
 #: The Content-Type of the Prometheus text exposition served at /metrics.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
@@ -253,6 +254,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_PoolCollector(dispatcher))
+        self.registry.register(OutcomeCollector(self.outcomes))
         if hub is not None:
             self.registry.register(_NodeCollector(dispatcher, hub))
         self._request_children: dict[tuple[str, ...], Counter] = {}
@@ -262,7 +264,12 @@ class Metrics:
         self._duration_children: dict[str, Histogram] = {}
 
     def count_request(
-        self, principal: Principal | None, model: str, provider: str, status: int
+        self,
+        principal: Principal | None,
+        model: str,
+        provider: str,
+        status: int,
+        side: Side = STABLE,
     ) -> None:
         """One answered request; empty labels for what was not known (auth failed, no model)."""
         key = (
@@ -276,7 +283,7 @@ class Metrics:
         if child is None:
             child = self._request_children[key] = self._requests.labels(*key)
         child.inc()
-        self.outcomes.request(model, status, upstream=bool(provider))
+        self.outcomes.request(model, status, bool(provider), side)
 
     def count_usage(
         self,
@@ -306,27 +313,28 @@ class Metrics:
             child = self._wait_children[key] = self._queue_wait.labels(*key)
         child.observe(seconds)
 
-    def observe_first_token(self, model: str, seconds: float) -> None:
+    def observe_first_token(self, model: str, seconds: float, side: Side = STABLE) -> None:
         child = self._first_children.get(model)
         if child is None:
             child = self._first_children[model] = self._first_token.labels(model)
         child.observe(seconds)
-        self.outcomes.first_token(model, seconds)
+        self.outcomes.first_token(model, seconds, side)
 
-    def observe_duration(self, model: str, seconds: float) -> None:
+    def observe_duration(self, model: str, seconds: float, side: Side = STABLE) -> None:
         child = self._duration_children.get(model)
         if child is None:
             child = self._duration_children[model] = self._duration.labels(model)
         child.observe(seconds)
+        self.outcomes.duration(model, seconds, side)
 
     def count_refresh(self, mode: str, outcome: str) -> None:
         """One refresh report: the dashboard's view of what the operator's applies did here."""
         self._refreshes.labels(mode, outcome).inc()
 
-    def count_retry(self, model: str, reason: str) -> None:
+    def count_retry(self, model: str, reason: str, side: Side = STABLE) -> None:
         self._retries.labels(model, reason).inc()
         if reason != wire_statuses.PROVIDER_BUSY:  # a full provider is no failed try
-            self.outcomes.retry(model)
+            self.outcomes.retry(model, side)
 
     def count_retry_refused(self, model: str, reason: str) -> None:
         self._retries_refused.labels(model, reason).inc()

@@ -1,23 +1,35 @@
 """What each model's requests came to, counted for judging a config change (docs/rollout.md).
 
-`OutcomeTally` keeps, per model the clients asked for, running totals of requests, failed
-answers (5xx), tries that needed a retry, and the time to first token in fixed buckets. A judge
-takes a `Reading` (a copy of the totals) now and another later; their difference is what the
-requests of that stretch came to (`Figures`), from which rates and a p95 follow. Counting is a
-dict lookup and two additions, on the hot path beside the Prometheus metrics.
+`OutcomeTally` keeps, per model the clients asked for and per side (the stable revision, or the
+candidate of a change on trial: `splits.py`), running totals of requests, failed answers (5xx),
+tries that needed a retry, and the time to first token and the duration in fixed buckets. A
+judge takes a `Reading` (a copy of the totals) now and another later; their difference is what
+the requests of that stretch came to (`Figures`), from which rates and p95s follow. Counting is
+a dict lookup and two additions, on the hot path beside the Prometheus metrics; the totals are
+also metrics of their own (`OutcomeCollector`: `revision="stable"|"candidate"`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .splits import SIDE_NAMES, STABLE, Side
+
 #: Upper bounds (seconds) of the first-token buckets; the last bucket is everything above.
 FIRST_TOKEN_BOUNDS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.175, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+#: Upper bounds (seconds) of the duration buckets; the last bucket is everything above.
+DURATION_BOUNDS: Final = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 
 #: What a provider's server answers when the config names the wrong model or key.
@@ -25,13 +37,41 @@ _CONFIG_FAULTS: Final = frozenset({401, 403, 404})
 
 
 class _Totals:
-    __slots__ = ("failed", "first_tokens", "requests", "retries")
+    __slots__ = ("durations", "failed", "first_tokens", "requests", "retries")
 
     def __init__(self) -> None:
         self.requests = 0
         self.failed = 0
         self.retries = 0
         self.first_tokens = [0] * (len(FIRST_TOKEN_BOUNDS) + 1)
+        self.durations = [0] * (len(DURATION_BOUNDS) + 1)
+
+    def figures(self) -> Figures:
+        return Figures(
+            self.requests,
+            self.failed,
+            self.retries,
+            tuple(self.first_tokens),
+            tuple(self.durations),
+        )
+
+
+def _p95(counts: tuple[int, ...], bounds: tuple[float, ...]) -> float | None:
+    """The upper bound of the bucket holding the 95th percentile (None: nothing counted; the
+    last bucket's lower bound when it holds it)."""
+    seen = sum(counts)
+    if not seen:
+        return None
+    wanted, running = 0.95 * seen, 0
+    for index, count in enumerate(counts):
+        running += count
+        if running >= wanted:
+            return bounds[min(index, len(bounds) - 1)]
+    return bounds[-1]
+
+
+def _pairwise(a: tuple[int, ...], b: tuple[int, ...], sign: int) -> tuple[int, ...]:
+    return tuple(x + sign * y for x, y in zip(a, b, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +82,7 @@ class Figures:
     failed: int = 0
     retries: int = 0
     first_tokens: tuple[int, ...] = field(default=(0,) * (len(FIRST_TOKEN_BOUNDS) + 1))
+    durations: tuple[int, ...] = field(default=(0,) * (len(DURATION_BOUNDS) + 1))
 
     @property
     def failure_rate(self) -> float:
@@ -49,98 +90,156 @@ class Figures:
         return (self.failed + self.retries) / self.requests if self.requests else 0.0
 
     def first_token_p95(self) -> float | None:
-        """The upper bound of the bucket holding the 95th percentile (None: no first token; the
-        last bucket's lower bound when it holds it)."""
-        seen = sum(self.first_tokens)
-        if not seen:
-            return None
-        wanted, running = 0.95 * seen, 0
-        for index, count in enumerate(self.first_tokens):
-            running += count
-            if running >= wanted:
-                return FIRST_TOKEN_BOUNDS[min(index, len(FIRST_TOKEN_BOUNDS) - 1)]
-        return FIRST_TOKEN_BOUNDS[-1]
+        """The p95 time to first token, as the upper bound of its bucket (None: none seen)."""
+        return _p95(self.first_tokens, FIRST_TOKEN_BOUNDS)
+
+    def duration_p95(self) -> float | None:
+        """The p95 duration of the answered requests, as the upper bound of its bucket."""
+        return _p95(self.durations, DURATION_BOUNDS)
 
     def __add__(self, other: Figures) -> Figures:
-        return Figures(
-            self.requests + other.requests,
-            self.failed + other.failed,
-            self.retries + other.retries,
-            tuple(a + b for a, b in zip(self.first_tokens, other.first_tokens, strict=True)),
-        )
+        return self._combined(other, 1)
 
     def __sub__(self, other: Figures) -> Figures:
+        return self._combined(other, -1)
+
+    def _combined(self, other: Figures, sign: int) -> Figures:
         return Figures(
-            self.requests - other.requests,
-            self.failed - other.failed,
-            self.retries - other.retries,
-            tuple(a - b for a, b in zip(self.first_tokens, other.first_tokens, strict=True)),
+            self.requests + sign * other.requests,
+            self.failed + sign * other.failed,
+            self.retries + sign * other.retries,
+            _pairwise(self.first_tokens, other.first_tokens, sign),
+            _pairwise(self.durations, other.durations, sign),
         )
 
     def as_dict(self) -> dict[str, object]:
-        p95 = self.first_token_p95()
         return {
             "requests": self.requests,
             "failed": self.failed,
             "retries": self.retries,
             "failure_rate": round(self.failure_rate, 4),
-            "first_token_p95_s": p95,
+            "first_token_p95_s": self.first_token_p95(),
+            "duration_p95_s": self.duration_p95(),
         }
+
+
+_NOTHING: Final[Mapping[str, Figures]] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """The tally's totals at one moment, per model."""
+    """The tally's totals at one moment, per side (stable, candidate) and model."""
 
-    models: Mapping[str, Figures] = field(default_factory=lambda: MappingProxyType({}))
+    sides: tuple[Mapping[str, Figures], Mapping[str, Figures]] = (_NOTHING, _NOTHING)
 
-    def of(self, models: Iterable[str]) -> Figures:
-        """The totals of `models`, summed."""
+    def of(self, models: Iterable[str], side: Side = STABLE) -> Figures:
+        """The totals of `models` on `side`, summed."""
+        figures_of = self.sides[side]
         total = Figures()
         for model in models:
-            figures = self.models.get(model)
+            figures = figures_of.get(model)
             if figures is not None:
                 total = total + figures
         return total
 
 
 class OutcomeTally:
-    """Running totals per model; see the module docstring."""
+    """Running totals per side and model; see the module docstring."""
 
     def __init__(self) -> None:
-        self._models: dict[str, _Totals] = {}
+        self._sides: tuple[dict[str, _Totals], dict[str, _Totals]] = ({}, {})
 
-    def _totals(self, model: str) -> _Totals:
-        totals = self._models.get(model)
+    def _totals(self, model: str, side: Side) -> _Totals:
+        totals = self._sides[side].get(model)
         if totals is None:
-            totals = self._models[model] = _Totals()
+            totals = self._sides[side][model] = _Totals()
         return totals
 
-    def request(self, model: str, status: int, upstream: bool = False) -> None:
+    def request(self, model: str, status: int, upstream: bool = False, side: Side = STABLE) -> None:
         """An answered request of `model` (the model the client asked for); `upstream`: the
         answer came from a provider's server. Failed: a 5xx, or a provider's server that did not
         know the model or the key (404, 401, 403: what a wrong served name or API key gives);
         the Edge's own refusals (limits, auth) and the client's mistakes (400, 422) are not."""
         if not model:
             return
-        totals = self._totals(model)
+        totals = self._totals(model, side)
         totals.requests += 1
         if status >= 500 or (upstream and status in _CONFIG_FAULTS):
             totals.failed += 1
 
-    def retry(self, model: str) -> None:
+    def retry(self, model: str, side: Side = STABLE) -> None:
         """A try of `model`'s request that failed before its first byte and was retried."""
-        self._totals(model).retries += 1
+        self._totals(model, side).retries += 1
 
-    def first_token(self, model: str, seconds: float) -> None:
-        self._totals(model).first_tokens[bisect.bisect_left(FIRST_TOKEN_BOUNDS, seconds)] += 1
+    def first_token(self, model: str, seconds: float, side: Side = STABLE) -> None:
+        totals = self._totals(model, side)
+        totals.first_tokens[bisect.bisect_left(FIRST_TOKEN_BOUNDS, seconds)] += 1
+
+    def duration(self, model: str, seconds: float, side: Side = STABLE) -> None:
+        """How long an answered request of `model` took, from its arrival to its end."""
+        if model:
+            totals = self._totals(model, side)
+            totals.durations[bisect.bisect_left(DURATION_BOUNDS, seconds)] += 1
 
     def reading(self) -> Reading:
-        return Reading(
-            MappingProxyType(
-                {
-                    model: Figures(t.requests, t.failed, t.retries, tuple(t.first_tokens))
-                    for model, t in self._models.items()
-                }
-            )
+        stable, candidate = (
+            MappingProxyType({model: t.figures() for model, t in totals.items()})
+            for totals in self._sides
         )
+        return Reading((stable, candidate))
+
+
+class OutcomeCollector(Collector):
+    """The tally as metrics by revision (`stable`, `candidate`), read when Prometheus scrapes."""
+
+    def __init__(self, tally: OutcomeTally) -> None:
+        self._tally = tally
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "revision"]
+        requests = CounterMetricFamily(
+            "iop_edge_revision_requests",
+            "Answered requests by the revision that served them (the candidate of a change on "
+            "trial, or the stable one).",
+            labels=labels,
+        )
+        failed = CounterMetricFamily(
+            "iop_edge_revision_failed_requests",
+            "Of those, the failed ones (5xx, and a provider's 401, 403 or 404).",
+            labels=labels,
+        )
+        retries = CounterMetricFamily(
+            "iop_edge_revision_retries",
+            "Tries that failed before their first byte and were tried again.",
+            labels=labels,
+        )
+        first = HistogramMetricFamily(
+            "iop_edge_revision_first_token_seconds",
+            "Time to first token by revision.",
+            labels=labels,
+        )
+        duration = HistogramMetricFamily(
+            "iop_edge_revision_duration_seconds",
+            "Request duration by revision.",
+            labels=labels,
+        )
+        for side, name in enumerate(SIDE_NAMES):
+            for model, figures in sorted(self._tally.reading().sides[side].items()):
+                values = [model, name]
+                requests.add_metric(values, figures.requests)
+                failed.add_metric(values, figures.failed)
+                retries.add_metric(values, figures.retries)
+                first.add_metric(values, *_buckets(figures.first_tokens, FIRST_TOKEN_BOUNDS))
+                duration.add_metric(values, *_buckets(figures.durations, DURATION_BOUNDS))
+        yield from (requests, failed, retries, first, duration)
+
+
+def _buckets(
+    counts: tuple[int, ...], bounds: tuple[float, ...]
+) -> tuple[list[tuple[str, float]], None]:
+    """Cumulative Prometheus buckets of a tally's counts (no sum is kept: None)."""
+    cumulative, running = [], 0
+    for bound, count in zip((*map(str, bounds), "+Inf"), counts, strict=True):
+        running += count
+        cumulative.append((bound, float(running)))
+    return cumulative, None

@@ -8,6 +8,9 @@ whose providers are all busy takes a fallback's free slot, or the first of any (
 docs/edge.md, "Retries and fallbacks", has the rules. The slot goes back as soon as the run has
 ended on its Node, even while a slow client still reads; leaving the context (also by
 cancellation, when the client disconnects) cancels the run on its Node and releases the slot.
+While a change is on trial, a request runs on its side's view of its model (`splits.py`); a try
+of the candidate's that fails before its first byte in a way a config can cause is tried again
+on the stable revision (`_back_to_stable`), so the change's faults cost the client no error.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .metering import Metrics
 from .prefixes import prefix_key
 from .retrying import RetryBudget, RetryBudgets, should_retry
 from .snapshots import PoolModel
+from .splits import CANDIDATE, STABLE, Side
 
 
 class Relay:
@@ -48,8 +52,10 @@ class Relay:
         self._run_ids = itertools.count(1)
         self._run_prefix = os.urandom(4).hex()
 
-    def open(self, request: ParsedRequest, long: bool, principal: Principal) -> RelayedRun:
-        return RelayedRun(self, request, long, principal)
+    def open(
+        self, request: ParsedRequest, long: bool, principal: Principal, side: Side = STABLE
+    ) -> RelayedRun:
+        return RelayedRun(self, request, long, principal, side)
 
     def next_run_id(self) -> str:
         """A run id unique to this Edge process."""
@@ -60,6 +66,9 @@ class Relay:
 _NONE: Final[frozenset[str]] = frozenset()
 #: A request's prefix points before they are needed (most requests never need them).
 _UNKNOWN: Final = PrefixKey(())
+#: An upstream's answers that a wrong config gives (a served name, a key): on a candidate's try,
+#: worth a try on the stable revision, which may not have that fault.
+_CONFIG_FAULTS: Final = frozenset({401, 403, 404})
 
 
 @dataclass(slots=True)
@@ -82,7 +91,12 @@ class RelayedRun:
     """The events of one request's run, from its first event on."""
 
     def __init__(
-        self, relay: Relay, request: ParsedRequest, long: bool, principal: Principal
+        self,
+        relay: Relay,
+        request: ParsedRequest,
+        long: bool,
+        principal: Principal,
+        side: Side = STABLE,
     ) -> None:
         self._dispatcher = relay.dispatcher
         self._hub = relay.hub
@@ -93,6 +107,10 @@ class RelayedRun:
         self._long = long
         self._principal = principal
         self._model = request.model
+        #: The revision the request was given when it arrived (what its outcome counts for).
+        self.side = side
+        #: The revision whose view it runs on now (the stable one after `_back_to_stable`).
+        self._side = side
         self._lease: Lease | None = None
         self._stream: RunEvents | None = None
         self._events: AsyncIterator[RunEvent] | None = None
@@ -115,10 +133,10 @@ class RelayedRun:
         return self._lease
 
     async def __aenter__(self) -> Self:
-        snapshot = self._dispatcher.snapshot
+        dispatcher = self._dispatcher
         asked = self._request.model
-        pool_model = snapshot.models.get(asked)
-        budget = self._budgets.count_request(snapshot, asked)
+        pool_model = dispatcher.model_view(asked, self._side)
+        budget = self._budgets.count_request(dispatcher.snapshot, asked)
         # Made at the first failure or fallback: most requests never need it.
         attempts: _Attempts | None = None
         if pool_model is not None and pool_model.fallbacks:
@@ -136,9 +154,13 @@ class RelayedRun:
             if isinstance(first, RunFailed):
                 if attempts is None:
                     attempts = _Attempts((asked,))
+                side = self._side
                 if self._try_again(first, lease, attempts, budget, deadline):
                     await self._close_stream(None, None, None)
-                    self._dispatcher.refuse(lease)  # it sits out a moment, as after a busy refusal
+                    if self._side != side:  # the candidate's config failed, not the provider
+                        self._dispatcher.release(lease)
+                    else:  # it sits out a moment, as after a busy refusal
+                        self._dispatcher.refuse(lease)
                     self._lease = None
                     continue
             self._settle(lease, first)
@@ -160,7 +182,8 @@ class RelayedRun:
                     deadline=deadline,
                     principal=self._principal.principal_ref,
                     avoid=attempts.tried if attempts is not None else _NONE,
-                    prefix=self._prefix(dispatcher.snapshot.models.get(self._model)),
+                    prefix=self._prefix(dispatcher.model_view(self._model, self._side)),
+                    side=self._side,
                 )
         except (QueueTimeout, NoProvider, ModelNotFound):
             if attempts is None or attempts.failure is None:
@@ -213,11 +236,14 @@ class RelayedRun:
         metrics = self._metrics
         asked = attempts.chain[0]
         if failed.code == wire_statuses.PROVIDER_BUSY:
-            metrics.count_retry(asked, failed.code)
+            metrics.count_retry(asked, failed.code, self.side)
+            return True
+        dispatcher = self._dispatcher
+        if self._back_to_stable(failed, deadline):
+            metrics.count_retry(asked, failed.code, self.side)
             return True
         if not should_retry(failed):
             return False
-        dispatcher = self._dispatcher
         settings = dispatcher.snapshot.retries
         attempts.tried |= {lease.provider_id}
         if (
@@ -230,12 +256,32 @@ class RelayedRun:
             return False
         attempts.retries += 1
         attempts.failure = failed
-        metrics.count_retry(asked, failed.code)
-        if not dispatcher.available_for(self._model, self._long, attempts.tried):
+        metrics.count_retry(asked, failed.code, self.side)
+        if not dispatcher.available_for(self._model, self._long, attempts.tried, self._side):
             fallback = self._reachable(attempts.chain, attempts.position + 1)
             if fallback is not None:
                 attempts.position = fallback
                 self._move_to(attempts.chain[fallback], "failed")
+        return True
+
+    def _back_to_stable(self, failed: RunFailed, deadline: float) -> bool:
+        """Whether a failed try on a candidate's view of a model on trial is tried again on the
+        stable revision's (once: the request stays there): a 5xx, an upstream that did not know
+        the served name or key, or any failure worth a retry, while the deadline allows."""
+        if self._side != CANDIDATE:
+            return False
+        split = self._dispatcher.split
+        if split is None or self._model not in split.shared:
+            return False
+        status = failed.status or 0
+        if not (status >= 500 or status in _CONFIG_FAULTS or should_retry(failed)):
+            return False
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        self._side = STABLE
+        pool_model = self._dispatcher.model_view(self._model, STABLE)
+        if pool_model is not None:
+            apply_policy(self._request, pool_model.generation)
         return True
 
     async def _first_lease(self, attempts: _Attempts, budget: RetryBudget) -> Lease:
@@ -248,13 +294,13 @@ class RelayedRun:
         once (`_race`).
         """
         dispatcher = self._dispatcher
-        lease = dispatcher.try_acquire(self._model, self._long)
+        lease = dispatcher.try_acquire(self._model, self._long, side=self._side)
         if lease is not None:
             return lease
         fallbacks = [
             model
             for model in attempts.chain[attempts.position + 1 :]
-            if dispatcher.available_for(model, self._long)
+            if dispatcher.available_for(model, self._long, side=self._side)
         ]
         # A provider with room sits out a moment (a busy refusal, a failure): its slot is free
         # again in 50 ms, and a failure's retry has rules of its own.
@@ -272,14 +318,18 @@ class RelayedRun:
 
     async def _own_queue(self, deadline: float | None = None) -> Lease:
         return await self._dispatcher.acquire(
-            self._model, self._long, deadline=deadline, principal=self._principal.principal_ref
+            self._model,
+            self._long,
+            deadline=deadline,
+            principal=self._principal.principal_ref,
+            side=self._side,
         )
 
     def _free_fallback(self, fallbacks: list[str]) -> tuple[str, Lease] | None:
         """The first fallback model with a free slot, and the slot."""
         for model in fallbacks:
             try:
-                lease = self._dispatcher.try_acquire(model, self._long)
+                lease = self._dispatcher.try_acquire(model, self._long, side=self._side)
             except (NoProvider, ModelNotFound):
                 continue
             if lease is not None:
@@ -292,12 +342,17 @@ class RelayedRun:
         retry budget); the other places in line are given up."""
         dispatcher = self._dispatcher
         settings = dispatcher.snapshot.retries
-        pool_model = dispatcher.snapshot.models[self._model]
+        pool_model = dispatcher.model_view(self._model, self._side)
+        assert pool_model is not None  # its own queue was tried just before, in this turn
         deadline = asyncio.get_running_loop().time() + pool_model.queue_timeout_s
         racers = {asyncio.ensure_future(self._own_queue()): self._model}
         for model in fallbacks:
             waiting = dispatcher.acquire(
-                model, self._long, deadline=deadline, principal=self._principal.principal_ref
+                model,
+                self._long,
+                deadline=deadline,
+                principal=self._principal.principal_ref,
+                side=self._side,
             )
             racers[asyncio.ensure_future(waiting)] = model
         try:
@@ -332,7 +387,7 @@ class RelayedRun:
     def _all_held(self, model_id: str) -> bool:
         """Every provider of the model in dispatch has its slots taken by other runs."""
         dispatcher = self._dispatcher
-        pool_model = dispatcher.snapshot.models.get(model_id)
+        pool_model = dispatcher.model_view(model_id, self._side)
         if pool_model is None:
             return False
         available = dispatcher.available
@@ -355,7 +410,12 @@ class RelayedRun:
         if position is None:
             dispatcher = self._dispatcher
             position = next(
-                (i for i, model in enumerate(chain) if dispatcher.serves(model, self._long)), 0
+                (
+                    i
+                    for i, model in enumerate(chain)
+                    if dispatcher.serves(model, self._long, self._side)
+                ),
+                0,
             )
         if position:
             attempts.position = position
@@ -366,7 +426,7 @@ class RelayedRun:
         dispatch that can take this request."""
         dispatcher = self._dispatcher
         for position in range(start, len(chain)):
-            if dispatcher.available_for(chain[position], self._long):
+            if dispatcher.available_for(chain[position], self._long, side=self._side):
                 return position
         return None
 
@@ -374,7 +434,7 @@ class RelayedRun:
         """Hand the request to fallback model `model_id`: its policy, its metrics."""
         self._metrics.count_fallback(self._request.model, model_id, reason)
         self._model = model_id
-        pool_model = self._dispatcher.snapshot.models.get(model_id)
+        pool_model = self._dispatcher.model_view(model_id, self._side)
         if pool_model is not None:
             apply_policy(self._request, pool_model.generation)
 
@@ -397,7 +457,7 @@ class RelayedRun:
         self._stream = stream
         events = stream.__aiter__()
         self._events = events
-        pool_model = self._dispatcher.snapshot.models.get(self._model)
+        pool_model = self._dispatcher.model_view(self._model, self._side)
         limit = pool_model.first_byte_timeout_s if pool_model is not None else None
         try:
             if limit is None:

@@ -39,6 +39,7 @@ from iop.wire import ConfigAck
 from ..hub import ConfigPush
 from ..pool import Dispatcher, OutcomeTally, PoolSnapshot
 from .configfiles import ConfigFiles
+from .planning import Plan
 from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
 from .revisions import Revision
 from .rollouts import Rollouts
@@ -78,7 +79,7 @@ class Refresher:
         self._last: RefreshReport | None = None
         self._last_apply: RefreshReport | None = None
         #: The revisions, and the watch of a change (`outcomes`: what the requests came to).
-        self.rollouts = Rollouts(outcomes, self._restore)
+        self.rollouts = Rollouts(dispatcher, outcomes, self._restore)
         self.rollouts.started(
             dispatcher.snapshot, f"file {self.config_path}" if self.config_path else "start"
         )
@@ -123,8 +124,8 @@ class Refresher:
             "config_hash": current.config_hash,
             "generation": current.generation,
             "revisions": {
-                role: {"revision": r.number, "config_hash": r.config_hash} if r else None
-                for role, r in (("stable", log.stable), ("candidate", log.candidate))
+                "stable": _role(log.stable),
+                "candidate": _role(log.candidate),
             },
             "nodes": nodes,
         }
@@ -273,10 +274,17 @@ class Refresher:
                 **context,
             )
         snapshot = PoolSnapshot.build(config, current.generation + 1, current.edge_replicas)
+        # How the change goes on trial; an apply that changes nothing keeps the trial in
+        # progress, a rollback (not recorded) ends it.
+        trial, split = self.rollouts.trial(snapshot)
+        if not change.changed:
+            split = self._dispatcher.split
+        elif not record:
+            split = None
         at_swap = self.rollouts.reading()  # a watch counts the requests from the swap on
         # The dispatcher's swap and the hub's (at the start of swap_config, before its first
         # await) happen in this same turn of the loop.
-        self._dispatcher.swap(snapshot)
+        self._dispatcher.swap(snapshot, split)
         pushes: tuple[NodePush, ...] = ()
         if self._hub is not None:
             acks = await self._hub.swap_config(
@@ -297,14 +305,12 @@ class Refresher:
         )
         if not (record and change.changed):
             return report
-        revision = self.rollouts.applied(report, current, snapshot, at_swap)
+        revision = self.rollouts.applied(report, snapshot, trial, split, at_swap)
         watched = ""
         if revision.outcome == "watching":
-            rules = config.rollout
             watched = (
-                f"; watched as revision {revision.number} ({len(revision.touched)} model(s), "
-                f"promoted after {rules.bake_ms / 1000:g}s with {rules.min_requests} requests "
-                "judged, rolled back if it fails a check)"
+                f"; on trial as revision {revision.number} ({revision.plan}; rolled back if it "
+                f"fails a check; {_trial_time(config, trial)})"
             )
         return replace(report, revision=revision.number, message=f"{report.message}{watched}")
 
@@ -355,6 +361,27 @@ class Refresher:
                 push = NodePush(node_id, "not_connected", reason, generation, digest)
             results.append(push)
         return tuple(results)
+
+
+def _role(revision: Revision | None) -> dict[str, Any] | None:
+    """A revision as `/status` names it."""
+    if revision is None:
+        return None
+    role: dict[str, Any] = {"revision": revision.number, "config_hash": revision.config_hash}
+    if revision.outcome == "watching":
+        role["mode"] = "canary" if revision.share is not None else "watch"
+        role["share_percent"] = revision.share
+    return role
+
+
+def _trial_time(config: EdgeConfig, trial: Plan) -> str:
+    """About how long the trial takes with enough traffic, and at most."""
+    rules = config.rollout
+    usual = len(rules.steps) * rules.step_ms if trial.shared else rules.bake_ms
+    return (
+        f"about {usual / 1000:g}s with {rules.min_requests} requests judged, "
+        f"at most {max(usual, rules.max_wait_ms) / 1000:g}s"
+    )
 
 
 def _blocking(change: ChangeReport, restarting: Collection[str]) -> bool:

@@ -53,6 +53,11 @@ class Revision:
     reason: str = ""
     #: The judgement that ended the watch (figures of the candidate and the baseline).
     judgement: Judgement | None = None
+    #: How it went on trial (`planning.Plan.describe`): which models take a canary, which apply
+    #: to all at once.
+    plan: str = ""
+    #: A canary's share of its models' requests now, in percent (None: no canary).
+    share: int | None = None
     #: The earlier revision whose config this one is again (the same hash), if any.
     restores: int | None = None
     ended_at: float | None = None
@@ -70,6 +75,8 @@ class Revision:
             "live_paths": list(self.change.live_paths),
             "restart_required_paths": [p.as_dict() for p in self.change.restart_required_paths],
             "touched_models": list(self.touched),
+            "plan": self.plan,
+            "share_percent": self.share,
             "outcome": self.outcome,
             "reason": self.reason,
             "judgement": self.judgement.as_dict() if self.judgement is not None else None,
@@ -129,6 +136,20 @@ class RevisionLog:
                 maxlen=self._revisions.maxlen,
             )
 
+    def step(self, number: int, share: int, judgement: Judgement) -> None:
+        """Revision `number`'s canary moved to `share` percent after `judgement`."""
+        revision = self.get(number)
+        if revision is not None:
+            self._replace(replace(revision, share=share, judgement=judgement))
+            if self.candidate is not None and self.candidate.number == number:
+                self.candidate = self.get(number)
+
+    def _replace(self, revision: Revision) -> None:
+        self._revisions = collections.deque(
+            (revision if r.number == revision.number else r for r in self._revisions),
+            maxlen=self._revisions.maxlen,
+        )
+
     def end(
         self,
         number: int,
@@ -143,10 +164,7 @@ class RevisionLog:
         ended = replace(
             revision, outcome=outcome, reason=reason, judgement=judgement, ended_at=time.time()
         )
-        self._revisions = collections.deque(
-            (ended if r.number == number else r for r in self._revisions),
-            maxlen=self._revisions.maxlen,
-        )
+        self._replace(ended)
         self.ended[outcome] += 1
         if self.candidate is not None and self.candidate.number == number:
             self.candidate = None

@@ -1,12 +1,15 @@
 """Each applied change a revision, watched while it serves, rolled back when it hurts.
 
-`Rollouts` is the `Refresher`'s companion: the refresher tells it of every apply that changed
-something (`applied`), and it records the revision and, when the change altered how some models
-are served and `rollout.mode` is `watch`, starts a watch: every `TICK_S` it reads the outcome
-tally, judges the touched models' requests since the apply against theirs under the stable
-revision (`judging.judge`), and promotes the change or puts the stable revision's config back
-through the refresher's own apply (`restore`), so a rollback swaps and pushes like any apply.
-A caller may end a watch by hand (`promote`, `roll_back`). docs/rollout.md has the model.
+`Rollouts` is the `Refresher`'s companion. Before an apply swaps a change in, `trial` plans it
+(`planning.py`: which models it touches, which of them take a canary) and gives the `Split`
+the dispatcher swaps in with it; after, `applied` records the revision and, when the change
+altered how some models are served and `rollout.mode` is not `off`, starts the watch: every
+`TICK_S` it reads the outcome tally and judges the requests the change served on the touched
+models against those the stable revision served (`judging.py`); a canary moves through its
+steps (`Dispatcher.set_share`), and the change is promoted (`Dispatcher.end_split`) or the
+stable revision's config is put back through the refresher's own apply (`restore`), so a
+rollback swaps and pushes like any apply. A caller may end a watch by hand (`promote`,
+`roll_back`). docs/rollout.md has the model.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from prometheus_client.registry import Collector
 
 from iop.edgeconfig import ChangeReport, EdgeConfig, config_hash
 
-from ..pool import Figures, OutcomeTally, PoolSnapshot, Reading
-from .judging import Judgement, judge
+from ..pool import CANDIDATE, STABLE, Dispatcher, OutcomeTally, PoolSnapshot, Reading, Split
+from .judging import Judgement, judge, judge_step
+from .planning import Plan, plan
 from .reports import RefreshReport
 from .revisions import Outcome, Revision, RevisionLog
 
@@ -46,12 +50,16 @@ class NoCandidate(Exception):
 class Rollouts:
     """The revision log and the watch of the candidate; see the module docstring."""
 
-    def __init__(self, outcomes: OutcomeTally | None, restore: Restore) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, outcomes: OutcomeTally | None, restore: Restore
+    ) -> None:
         self.log = RevisionLog()
+        self._dispatcher = dispatcher
         self._outcomes = outcomes if outcomes is not None else OutcomeTally()
         self._restore = restore
         self._watch: asyncio.Task[None] | None = None
-        #: The tally when the stable revision's figures started to count.
+        #: The tally when the stable revision's figures started to count (its side only counts
+        #: requests the stable revision served, canary or not).
         self._stable_since = Reading()
         #: Configs rolled back since the last new revision, by hash: an apply of one again is
         #: refused (what keeps a caller that reapplies its desired config from undoing a
@@ -66,45 +74,58 @@ class Rollouts:
         """The outcome tally now (the refresher takes one as it swaps a change in)."""
         return self._outcomes.reading()
 
+    def trial(self, after: PoolSnapshot) -> tuple[Plan, Split | None]:
+        """How `after` goes on trial against the stable revision (the one serving beside a
+        candidate, if a change is on trial now), and the split to swap in with it (None: not
+        watched)."""
+        split = self._dispatcher.split
+        stable = split.stable if split is not None else self._dispatcher.snapshot
+        trial = plan(stable, after)
+        rules = after.config.rollout
+        if not trial.touched or rules.mode == "off":
+            return trial, None
+        share = rules.steps[0] if trial.shared else 100
+        return trial, Split(stable, frozenset(trial.touched), frozenset(trial.shared), share)
+
     def applied(
-        self, report: RefreshReport, before: PoolSnapshot, after: PoolSnapshot, at_swap: Reading
+        self,
+        report: RefreshReport,
+        after: PoolSnapshot,
+        trial: Plan,
+        split: Split | None,
+        at_swap: Reading,
     ) -> Revision:
-        """A change swapped in when the tally read `at_swap` (called under the refresher's
-        lock): its revision, watched when it touched what is served and the new config says
-        `rollout.mode: watch`."""
+        """A change swapped in with `split` when the tally read `at_swap` (called under the
+        refresher's lock): its revision, watched when `split` says so."""
         self._stop_watch()
         self._rolled_back.clear()
-        touched = _touched(before, after)
         rules = after.config.rollout
-        watched = bool(touched) and rules.mode == "watch"
         reason = ""
-        if not watched:
-            reason = "rollout.mode is off" if touched else "nothing served changed"
+        if split is None:
+            reason = "rollout.mode is off" if trial.touched else "nothing served changed"
         revision = self.log.add(
             _revision(
                 after,
                 report.change,
-                touched,
-                "watching" if watched else "kept",
+                trial.touched,
+                "watching" if split is not None else "kept",
                 report.requested_by,
                 report.source,
                 reason,
+                trial.describe(rules.steps) if split is not None else "",
+                split.share if split is not None and split.shared else None,
             )
         )
-        if not watched:
+        if split is None:
             return revision
-        at_apply = at_swap
-        baseline = at_apply.of(touched) - self._stable_since.of(touched)
         self._watch = asyncio.create_task(
-            self._judge_until_done(revision, at_apply, baseline),
+            self._judge_until_done(revision, trial, at_swap),
             name=f"edge-rollout-watch-{revision.number}",
         )
         logger.info(
-            "revision %d watched: %d model(s) touched (%s), bake %.0fs, at most %.0fs",
+            "revision %d on trial: %s; at most %.0fs",
             revision.number,
-            len(touched),
-            ", ".join(touched[:8]),
-            rules.bake_ms / 1000,
+            revision.plan,
             rules.max_wait_ms / 1000,
         )
         return revision
@@ -129,10 +150,7 @@ class Rollouts:
         """Promote the candidate by hand, unjudged."""
         candidate = self._candidate()
         self._stop_watch()
-        self._stable_since = self._outcomes.reading()
-        ended = self.log.end(candidate.number, "promoted", f"promoted by hand ({requested_by})")
-        assert ended is not None
-        return ended
+        return self._promote(candidate, "promoted", f"promoted by hand ({requested_by})", None)
 
     async def roll_back(self, requested_by: str) -> Revision:
         """Abort the candidate by hand: the stable revision's config goes back in effect."""
@@ -159,29 +177,61 @@ class Rollouts:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    async def _judge_until_done(
-        self, revision: Revision, at_apply: Reading, baseline: Figures
-    ) -> None:
+    async def _judge_until_done(self, revision: Revision, trial: Plan, at_apply: Reading) -> None:
+        try:
+            await self._judge(revision, trial, at_apply)
+        except Exception as error:  # a bug: never leave a candidate serving beside stable
+            logger.exception("revision %d: the watch failed; rolling back", revision.number)
+            with contextlib.suppress(NoCandidate):
+                await self._roll_back(revision, f"the watch failed: {error!r}", None)
+
+    async def _judge(self, revision: Revision, trial: Plan, at_apply: Reading) -> None:
         rules = revision.config.rollout if revision.config is not None else None
         assert rules is not None
-        started = time.monotonic()
+        touched = trial.touched
+        started = step_started = time.monotonic()
+        step = 0
         while True:
             await asyncio.sleep(TICK_S)
-            candidate = self._outcomes.reading().of(revision.touched) - at_apply.of(
-                revision.touched
-            )
-            judgement = judge(rules, baseline, candidate, time.monotonic() - started)
+            now = self._outcomes.reading()
+            candidate = now.of(touched, CANDIDATE) - at_apply.of(touched, CANDIDATE)
+            baseline = now.of(touched, STABLE) - self._stable_since.of(touched, STABLE)
+            clock = time.monotonic()
+            if trial.shared:
+                judgement = judge_step(
+                    rules, baseline, candidate, step, clock - step_started, clock - started
+                )
+            else:
+                judgement = judge(rules, baseline, candidate, clock - started)
             if judgement.verdict == "wait":
+                continue
+            if judgement.verdict == "next":
+                step, step_started = step + 1, clock
+                share = rules.steps[step]
+                self._dispatcher.set_share(share)
+                self.log.step(revision.number, share, judgement)
+                logger.info(
+                    "revision %d: canary at %d%% (%s)", revision.number, share, judgement.message
+                )
                 continue
             if judgement.verdict == "roll_back":
                 with contextlib.suppress(NoCandidate):
                     await self._roll_back(revision, judgement.message, judgement)
             else:
-                self._stable_since = at_apply
                 outcome: Outcome = "promoted" if judgement.verdict == "promote" else "unjudged"
-                self.log.end(revision.number, outcome, judgement.message, judgement)
-                logger.info("revision %d %s: %s", revision.number, outcome, judgement.message)
+                self._promote(revision, outcome, judgement.message, judgement)
             return
+
+    def _promote(
+        self, revision: Revision, outcome: Outcome, reason: str, judgement: Judgement | None
+    ) -> Revision:
+        """The candidate serves everything from now on and is the stable revision."""
+        self._dispatcher.end_split()
+        self._stable_since = self._outcomes.reading()
+        ended = self.log.end(revision.number, outcome, reason, judgement)
+        assert ended is not None
+        logger.info("revision %d %s: %s", revision.number, outcome, reason)
+        return ended
 
     async def _roll_back(
         self, revision: Revision, reason: str, judgement: Judgement | None
@@ -194,7 +244,6 @@ class Rollouts:
         logger.warning(
             "revision %d rolled back to revision %d: %s", revision.number, stable.number, reason
         )
-        self._stable_since = self._outcomes.reading()
         why = reason if report.applied else f"{reason}; the rollback failed: {report.message}"
         ended = self.log.end(revision.number, "rolled_back", why, judgement)
         assert ended is not None
@@ -227,13 +276,6 @@ class RolloutCollector(Collector):
         yield ended
 
 
-def _touched(before: PoolSnapshot, after: PoolSnapshot) -> tuple[str, ...]:
-    """The models whose dispatch view differs (candidates, their limits and served names, the
-    policy, fallbacks, timeouts), added or removed."""
-    names = set(before.models) | set(after.models)
-    return tuple(sorted(m for m in names if before.models.get(m) != after.models.get(m)))
-
-
 def _revision(
     snapshot: PoolSnapshot,
     change: ChangeReport,
@@ -242,6 +284,8 @@ def _revision(
     requested_by: str,
     source: str,
     reason: str = "",
+    trial: str = "",
+    share: int | None = None,
 ) -> Revision:
     return Revision(
         number=0,
@@ -254,5 +298,7 @@ def _revision(
         touched=touched,
         outcome=outcome,
         reason=reason,
+        plan=trial,
+        share=share,
         config=snapshot.config,
     )

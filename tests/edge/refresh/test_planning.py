@@ -1,0 +1,97 @@
+"""How a change goes on trial (`planning.plan`): which models it touches, which of them take a
+canary, and why the others apply to all at once."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from iop.edge.pool import PoolSnapshot
+from iop.edge.refresh.planning import plan
+from iop.edgeconfig import load_data
+from testkit import find_provider
+
+Change = Callable[[dict[str, Any]], None]
+
+
+@pytest.fixture
+def base(document_of, provider) -> dict[str, Any]:
+    return document_of(
+        [provider("pa"), provider("pb"), provider("pc", served_models=["pc-served", "alias"])],
+        {"m": ["pa", "pb"], "other": ["pc"]},
+    )
+
+
+def trial(base: dict[str, Any], change: Change, mode: str = "canary") -> Any:
+    after = copy.deepcopy(base)
+    change(after)
+    after["rollout"] = {"mode": mode}
+    return plan(PoolSnapshot.build(load_data(base)), PoolSnapshot.build(load_data(after), 2))
+
+
+def capacity(config: dict[str, Any]) -> None:
+    find_provider(config, "pa")["capacity"] = 1
+
+
+def priority(config: dict[str, Any]) -> None:
+    find_provider(config, "pb")["priority"] = 0
+
+
+def served_name(config: dict[str, Any]) -> None:
+    config["models"][1]["providers"] = {"pc": "alias"}
+
+
+def provider_added(config: dict[str, Any]) -> None:
+    node = config["nodes"][0]
+    node["providers"].append({**copy.deepcopy(node["providers"][0]), "id": "pnew"})
+    config["models"][0]["providers"]["pnew"] = "pa-served"
+
+
+def policy(config: dict[str, Any]) -> None:
+    config["models"][0]["dispatch"] = {"policy": "least_load"}
+
+
+def url_moved(config: dict[str, Any]) -> None:
+    find_provider(config, "pa")["adapter"] = {"type": "openai", "base_url": "http://127.0.0.1:9/v1"}
+    config["models"][0]["providers"] = {"pa": "pa-served"}
+
+
+@pytest.mark.parametrize(
+    ("change", "touched", "shared"),
+    [
+        pytest.param(capacity, ("m",), (), id="capacity-all-at-once"),
+        pytest.param(priority, ("m",), (), id="priority-all-at-once"),
+        pytest.param(served_name, ("other",), ("other",), id="served-name-canary"),
+        pytest.param(provider_added, ("m",), ("m",), id="new-provider-canary"),
+        pytest.param(policy, ("m",), ("m",), id="policy-canary"),
+    ],
+)
+def test_what_serves_a_model_takes_a_canary_how_much_does_not(
+    base, change: Change, touched: tuple[str, ...], shared: tuple[str, ...]
+) -> None:
+    planned = trial(base, change)
+    assert (planned.touched, planned.shared, planned.all_at_once) == (touched, shared, ())
+
+
+def test_a_provider_whose_settings_changed_applies_to_all_at_once_and_says_why(base) -> None:
+    planned = trial(base, url_moved)
+    assert (planned.touched, planned.shared) == (("m",), ())
+    assert planned.all_at_once == (
+        "m all at once: provider pa's settings on node node-1 changed (a Node holds one registry)",
+    )
+    assert "all at once, watched, for m" in planned.describe([5, 25, 100])
+
+
+def test_watch_mode_takes_no_canary(base) -> None:
+    planned = trial(base, served_name, mode="watch")
+    assert (planned.touched, planned.shared) == (("other",), ())
+
+
+def test_the_plan_in_one_line(base) -> None:
+    both = trial(base, lambda c: (served_name(c), capacity(c)))
+    assert both.describe([5, 25, 100]) == (
+        "canary 5% -> 25% -> 100% for other; all at once, watched, for m"
+    )
