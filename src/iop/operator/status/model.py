@@ -305,5 +305,10 @@ class EdgeConfigStatus(_Part):
         return next((c for c in self.conditions if c.type == kind), None)
 
     def document(self) -> dict[str, object]:
-        """The status as the API takes it (camelCase; unset parts left out)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The status as the API takes it (camelCase; unset parts left out, but for `rollout`'s:
+        a merge patch keeps what it does not name, so they are sent as null, which removes
+        them)."""
+        document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if self.rollout is not None:
+            document["rollout"] = self.rollout.model_dump(mode="json", by_alias=True)
+        return document

@@ -297,6 +297,8 @@ def same_status(status: Mapping[str, Any], other: Mapping[str, Any] | None) -> b
 
 def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
     result = {k: v for k, v in status.items() if k != "conditions"}
+    if isinstance(result.get("rollout"), Mapping):  # its nulls are removals (`document`)
+        result["rollout"] = {k: v for k, v in result["rollout"].items() if v is not None}
     result["conditions"] = sorted(
         (
             (
