@@ -3,7 +3,10 @@ tests: objects kept by path with a resourceVersion, optimistic concurrency on PU
 version), 404 and 409 `Status` answers, and `/version`. The reconcile itself is tested against
 the real API server (e2e/operator/); this is for the leader election, the version check and the
 status writes, whose timing a unit test drives better than a cluster. JSON merge patches are
-applied; a patch of `.../status` changes only the status."""
+applied; a patch of `.../status` changes only the status. Enough of the rest for a whole pass
+against Edges outside the cluster (tests/operator/test_revisions_replicas.py): a list with a
+selector answers the objects under its path (selectors are not evaluated), a server-side apply
+stores the body, and a watch stays open and silent."""
 
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ class FakeApi:
         self.calls: list[tuple[str, str]] = []
         #: Seconds each PUT takes before it is applied (a slow API server: a write in flight).
         self.put_delay = 0.0
+        #: Set when the fake stops: the watches it holds open end.
+        self.closing = asyncio.Event()
 
     def app(self) -> aiohttp.web.Application:
         app = aiohttp.web.Application()
@@ -54,6 +59,14 @@ class FakeApi:
             return aiohttp.web.json_response(
                 {"major": major, "minor": minor, "gitVersion": f"v{major}.{minor}.0"}
             )
+        if request.method == "GET" and "watch" in request.query:
+            await self.closing.wait()  # open and silent until the fake stops
+            return aiohttp.web.Response(body=b"", content_type="application/json")
+        if request.method == "GET" and (
+            "labelSelector" in request.query or "fieldSelector" in request.query
+        ):
+            items = [o for key, o in self.objects.items() if key.startswith(path + "/")]
+            return aiohttp.web.json_response({"metadata": {"resourceVersion": "1"}, "items": items})
         if request.method == "GET":
             found = self.objects.get(path)
             if found is None:
@@ -83,6 +96,9 @@ class FakeApi:
             if target != path:
                 body = {"status": body.get("status")}
             return aiohttp.web.json_response(self._store(target, merge_patch(current, body)))
+        if request.method == "PATCH" and request.content_type == "application/apply-patch+yaml":
+            current = self.objects.get(path) or {"metadata": {}}
+            return aiohttp.web.json_response(self._store(path, merge_patch(current, body)))
         return _status(405, "MethodNotAllowed", request.method)
 
     def _store(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -121,5 +137,6 @@ async def fake_api(fake: FakeApi) -> AsyncIterator[KubeApi]:
     try:
         yield api
     finally:
+        fake.closing.set()
         await api.stop()
         await runner.cleanup()

@@ -126,6 +126,8 @@ def test_names_subresource_and_printer_columns() -> None:
         ("Generation", 1),
         ("Observed", 1),
         ("Config", 1),
+        ("Revision", 1),
+        ("Rollout", 1),
         ("Message", 1),
     ]
 

@@ -1,7 +1,8 @@
 """The `iop` command line: one console script, a subcommand per job, each thin (arguments in,
 the library called, its results and errors turned into output and exit codes).
 
-- a module per command: `config_commands`, `edge_commands` (`edge_running`: `iop edge run`;
+- a module per command: `config_commands` (`history_commands`: `iop config history`),
+  `edge_commands` (`edge_running`: `iop edge run`;
   `reload_commands`: `iop edge reload`; `revision_commands`: `iop edge history` and `iop edge
   rollout`), `node_commands`, `operator_commands`,
   `fake_upstream_commands`, `up_commands`;

@@ -1,4 +1,5 @@
-"""`iop config check | diff | schema`: the config model at the command line."""
+"""`iop config check | diff | schema | history`: the config model at the command line, and the
+revisions of the configs applied (`history_commands`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from iop.edgeconfig import (
     load_file,
 )
 
+from . import history_commands
 from .problems import print_problems
 
 EXIT_OK = 0
@@ -46,6 +48,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--camel", action="store_true", help="camelCase keys, as in the EdgeConfig CRD"
     )
     schema.set_defaults(run=_schema)
+
+    history_commands.register(sub)
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:

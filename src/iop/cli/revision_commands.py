@@ -99,10 +99,16 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
 
 
 def _history(args: argparse.Namespace) -> int:
+    return run_history(args)
+
+
+def run_history(args: argparse.Namespace, prog: str = "iop edge history") -> int:
+    """Print the Edge's revisions (`args`: `admin`, `token_file`, `timeout`, `json`); also what
+    `iop config history --admin` runs."""
     try:
         document = _call(args, "GET", "/revisions")
     except AdminCallFailed as failed:
-        print(f"iop edge history: {failed}", file=sys.stderr)
+        print(f"{prog}: {failed}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
         sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -2,8 +2,8 @@
 
 - `running`: `iop operator run`; `workers`: a task per EdgeConfig; `leading`: the Lease; `metrics`;
 - a pass: `reconciling` (observe, act, report) and `deciding` (pure, on the `values` a pass
-  observes), with `tokensecrets`, `watching`, `documents`, `rolling`, `liveapplying` and
-  `discovering`;
+  observes), with `revisions` (the cluster revisions and their outcomes, pure), `tokensecrets`,
+  `watching`, `documents`, `rolling`, `liveapplying` and `discovering`;
 - `webhook/`: the validating webhook, its plan, its HTTPS server and certificate;
 - `status/`: the status model, a pass's findings as status, what is written, Events;
 - `adminapi`, `kubeapi`: the clients of the Edge's admin API and of Kubernetes; `errors`;

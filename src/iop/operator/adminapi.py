@@ -17,7 +17,16 @@ import orjson
 from iop.aiokits import AsyncService
 
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
-from .values import ApplyReport, EdgeReplica, NodePushResult, NodeState, ReplicaStatus
+from .values import (
+    ApplyReport,
+    CandidateView,
+    EdgeReplica,
+    EdgeRevision,
+    NodePushResult,
+    NodeState,
+    ReplicaRevisions,
+    ReplicaStatus,
+)
 
 #: How long one replica may take to apply: its own wait for node acks is 10 s.
 _APPLY_TIMEOUT_S: Final = 30.0
@@ -28,6 +37,11 @@ _CONNECT_TIMEOUT_S: Final = 3.0
 def apply_body(document: Mapping[str, Any], restarting: Sequence[str]) -> bytes:
     """The `POST /refresh` body, encoded once and sent to every replica."""
     return orjson.dumps({"mode": "apply", "config": document, "restarting": list(restarting)})
+
+
+def revision_body(revision: int) -> bytes:
+    """The `POST /refresh` body that puts a replica's own revision `revision` back in effect."""
+    return orjson.dumps({"mode": "apply", "revision": revision})
 
 
 class EdgeAdmin(AsyncService):
@@ -53,10 +67,33 @@ class EdgeAdmin(AsyncService):
                 config_hash=str(document["config_hash"]),
                 snapshot=int(document["generation"]),
                 nodes=tuple(_node_state(n) for n in document["nodes"]),
+                candidate=_candidate(document.get("revisions")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AdminRefused(
                 replica.name, f"unexpected /status answer: {exc!r}", status=200
+            ) from exc
+
+    async def revisions(self, replica: EdgeReplica, token: str | None) -> ReplicaRevisions | None:
+        """`GET /revisions`: the replica's revision log; None from an Edge that keeps none (404)."""
+        try:
+            document = await self._call(
+                replica, "GET", "/revisions", None, token, _STATUS_TIMEOUT_S
+            )
+        except AdminRefused as refused:
+            if refused.status == 404:
+                return None
+            raise
+        try:
+            return ReplicaRevisions(
+                replica=replica,
+                stable=_number(document.get("stable")),
+                candidate=_number(document.get("candidate")),
+                revisions=tuple(_edge_revision(r) for r in document["revisions"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdminRefused(
+                replica.name, f"unexpected /revisions answer: {exc!r}", status=200
             ) from exc
 
     async def apply(self, replica: EdgeReplica, body: bytes, token: str | None) -> ApplyReport:
@@ -167,3 +204,53 @@ def _node_state(node: dict[str, Any]) -> NodeState:
     and the older ones a newer one superseded) is optional: an older Edge reports none."""
     runs = sum(int(n) for n in (node.get("draining_runs") or {}).values())
     return NodeState(str(node["node_id"]), bool(node["connected"]), bool(node["current"]), runs)
+
+
+def _number(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _candidate(revisions: object) -> CandidateView | None:
+    """`revisions.candidate` of `GET /status` (absent from an older Edge; `mode` and
+    `share_percent` absent from an Edge without a canary)."""
+    entry = revisions.get("candidate") if isinstance(revisions, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    share = entry.get("share_percent")
+    mode = entry.get("mode")
+    return CandidateView(
+        revision=int(entry["revision"]),
+        config_hash=str(entry["config_hash"]),
+        mode=str(mode) if mode is not None else None,
+        share_percent=int(share) if share is not None else None,
+    )
+
+
+def _edge_revision(entry: dict[str, Any]) -> EdgeRevision:
+    judgement = entry.get("judgement") if isinstance(entry.get("judgement"), dict) else None
+    return EdgeRevision(
+        number=int(entry["revision"]),
+        config_hash=str(entry["config_hash"]),
+        outcome=str(entry["outcome"]),
+        reason=str(entry.get("reason") or ""),
+        check=str(judgement.get("check") or "") if judgement is not None else "",
+        figures=_figures(judgement) if judgement is not None else "",
+    )
+
+
+def _figures(judgement: dict[str, Any]) -> str:
+    """A judgement's figures in one line: the candidate's against the baseline's."""
+
+    def side(figures: object) -> str:
+        if not isinstance(figures, dict):
+            return "-"
+        text = (
+            f"{figures.get('requests', 0)} requests, {figures.get('failed', 0)} failed, "
+            f"{figures.get('retries', 0)} retried"
+        )
+        p95 = figures.get("first_token_p95_s")
+        return text + (f", first token p95 {float(p95):.3f}s" if p95 is not None else "")
+
+    return (
+        f"candidate {side(judgement.get('candidate'))}; baseline {side(judgement.get('baseline'))}"
+    )

@@ -241,6 +241,13 @@ def _printer_columns() -> list[dict[str, Any]]:
         },
         {"name": "Config", "type": "string", "jsonPath": ".status.configShortHash", "priority": 1},
         {
+            "name": "Revision",
+            "type": "integer",
+            "jsonPath": ".status.revision",
+            "priority": 1,
+        },
+        {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.state", "priority": 1},
+        {
             "name": "Message",
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Ready")].message',

@@ -19,7 +19,7 @@ from . import conventions
 from .documents import AppliedState, RestartRecord
 from .values import (
     EdgeReplica,
-    EventType,
+    Event,
     Finding,
     NodeResult,
     PendingRestart,
@@ -37,15 +37,6 @@ SERVING_WAIT_S: Final = 60.0
 #: (a rollout or a drain moves with no event to say so), `soon` (a restart or an apply is under
 #: way), `nodes` with a growing delay (nodes not all current), `idle` at the resync.
 NextPass = Literal["retry", "motion", "soon", "nodes", "idle"]
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """An Event the pass decided to post (once per distinct reason and message)."""
-
-    type: EventType
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,8 +414,6 @@ def _report_events(finding: Finding, nodes_seen: Sequence[NodeResult]) -> list[E
     events: list[Event] = []
     if finding.degraded:
         events.append(Event("Warning", "Degraded", "; ".join(finding.degraded)))
-    if finding.stalled and finding.stalled[0] == "RolledBack":
-        events.append(Event("Warning", "RolledBack", finding.stalled[1]))
     failed_nodes = [n for n in nodes_seen if n.state == "Failed"]
     if failed_nodes:
         shown = "; ".join(f"{n.node_id}: {n.reason}" for n in failed_nodes[:10])

@@ -32,7 +32,7 @@ from iop.edgeconfig import (
 )
 
 from . import conventions
-from .adminapi import EdgeAdmin, apply_body
+from .adminapi import EdgeAdmin, apply_body, revision_body
 from .deciding import (
     NextPass,
     Observation,
@@ -48,23 +48,26 @@ from .deciding import (
 from .discovering import ReplicaFinder
 from .documents import AppliedState, Owner, decode_state, edge_configmap, render_config
 from .documents import state_configmap as record_configmap
-from .errors import KubeApiError, KubeNotFound
+from .errors import AdminApiError, AdminUnreachable, KubeApiError, KubeNotFound
 from .kubeapi import KubeApi, resource_path
-from .liveapplying import apply_on_replicas
+from .liveapplying import apply_on_replicas, read_replicas
 from .metrics import EdgeConfigHealth, OperatorMetrics
+from .revisions import HistoryStep, follow, held_back, needs_logs, restores
 from .rolling import edge_workloads, node_workloads, stamp
 from .status import (
     EdgeConfigStatus,
     EventPoster,
+    HistoryEntry,
     LastChange,
     StatusWriter,
     build_status,
     change_summary,
     now,
+    read_history,
     reconciling_status,
 )
 from .tokensecrets import SecretCache, TokenRead, read_tokens
-from .values import EdgeReplica, EventType, Finding, ReplicaOutcome
+from .values import EdgeReplica, EventType, Finding, ReplicaOutcome, ReplicaRevisions
 from .watching import NamedObject, NamedWatches, WatchEventType, WatchListener
 
 logger = logging.getLogger(__name__)
@@ -77,6 +80,9 @@ _MOTION_RECHECK_S: Final = 1.0
 #: While nodes are not all current (they connect on their own schedule, and no event says when),
 #: look again after 1 s, doubling up to this.
 _NODES_RECHECK_S: Final = 30.0
+#: While a revision is applied or judged (an Edge replica watches a candidate), look again this
+#: soon: the Edges decide with no event to say so, and the status and Events follow them.
+_JUDGING_RECHECK_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,10 @@ class Reconciler:
         self._nodes_recheck = 1.0
         self._said: set[tuple[str, str]] = set()
         self._watches = NamedWatches(api, self._listener)
+        #: The cluster revisions as last written (newest first), and the EdgeConfig they are of;
+        #: read back from the status after an operator restart.
+        self._history: tuple[HistoryEntry, ...] | None = None
+        self._history_owner = ""
 
     @property
     def applied(self) -> AppliedState | None:
@@ -200,16 +210,23 @@ class Reconciler:
                 return await self._hold(owner, generation, tokens, previous)
             observation = await self._observe(owner, generation, spec, tokens)
             clock = timings.mark("observe", clock)
-            verdict = await self._act(owner, observation, tokens, timings, previous)
+            verdict, step = await self._act(owner, observation, tokens, timings, previous)
             clock = timings.mark("act", clock)
-            await self._report(owner, verdict, previous)
+            await self._report(owner, verdict, previous, step)
         except KubeApiError as error:
             return await self._api_failed(owner, generation, error, previous)
         timings.mark("status", clock)
         timings.finished_at = time.monotonic()
         if self._on_pass is not None:
             self._on_pass(timings)
-        return self._next(verdict.next)
+        result = self._next(verdict.next)
+        if step.judging and not result.retry:
+            wait = result.recheck_after
+            return replace(
+                result,
+                recheck_after=_JUDGING_RECHECK_S if wait is None else min(wait, _JUDGING_RECHECK_S),
+            )
+        return result
 
     async def _act(
         self,
@@ -218,8 +235,10 @@ class Reconciler:
         tokens: TokenRead,
         timings: PassTimings,
         previous: Mapping[str, Any],
-    ) -> Verdict:
-        """Write, roll and apply what `plan` asks; the verdict on the results."""
+    ) -> tuple[Verdict, HistoryStep]:
+        """Write, roll and apply what `plan` asks (not a config an Edge rolled back: the replicas
+        that serve it are put back on the stable one); the verdict on the results, and the
+        history's step."""
         current = plan(observation)
         if observation.new_change:
             self._remember_change(observation, current.change)
@@ -228,8 +247,19 @@ class Reconciler:
         stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
         observation = await self._roll(owner, observation, current, stamps)
         asked, ready = live_targets(observation)
-        outcomes, current = await self._apply_live(observation, current, ready, tokens)
+        history = self._history_of(owner, previous)
+        held = held_back(history, observation.desired_hash) is not None
+        if held:
+            outcomes = await read_replicas(self._admin, ready, tokens.admin_token)
+        else:
+            outcomes, current = await self._apply_live(observation, current, ready, tokens)
         timings.replica_apply_ms += [o.report.duration_ms for o in outcomes if o.report]
+        views: dict[str, ReplicaRevisions] = {}
+        if held or needs_logs(history, observation.desired_hash, outcomes):
+            views = await self._read_logs(outcomes, tokens.admin_token)
+            outcomes = await self._converge(
+                history, observation.desired_hash, outcomes, views, tokens, held
+            )
         observation = await self._roll(owner, observation, current, stamps)
         outcomes = settled_outcomes(current, outcomes, observation.replicas, asked)
         admin = observation.desired.edge.admin.listen
@@ -249,7 +279,7 @@ class Reconciler:
             committed_at=time.time(),
             admin_unreachable_hint=hint,
         )
-        if self._metrics is not None:
+        if self._metrics is not None and not held:
             for outcome in outcomes:  # the replicas asked to apply (not those already current)
                 if outcome.report is not None or outcome.state in ("Failed", "Unreachable"):
                     self._metrics.live_applies.labels(outcome.state).inc()
@@ -257,7 +287,21 @@ class Reconciler:
             await self._save_state(owner, verdict.record)
         elif self._record_lost and self._state is not None:
             await self._save_state(owner, self._state)
-        return verdict
+        taken = (observation.new_change and verdict.record is not None) or any(
+            o.rolled_back or (o.state == "Applied" and o.config_hash == observation.desired_hash)
+            for o in outcomes
+        )
+        step = follow(
+            history,
+            desired_hash=observation.desired_hash,
+            generation=observation.generation,
+            taken=taken,
+            change=self._last_change_of(previous),
+            outcomes=outcomes,
+            views=views,
+            timestamp=now(),
+        )
+        return verdict, step
 
     # -- observing -------------------------------------------------------------------------------
 
@@ -428,10 +472,95 @@ class Reconciler:
                 break
         return outcomes, current
 
+    async def _read_logs(
+        self, outcomes: Sequence[ReplicaOutcome], token: str | None
+    ) -> dict[str, ReplicaRevisions]:
+        """The revision log of every replica that answered (`GET /revisions`), by name; one that
+        fails now is left out (its apply's outcome already says why)."""
+        answering = [o.replica for o in outcomes if o.status is not None or o.rolled_back]
+
+        async def read(replica: EdgeReplica) -> ReplicaRevisions | None:
+            try:
+                return await self._admin.revisions(replica, token)
+            except AdminApiError as error:
+                logger.info("%s: no revision log: %s", replica.name, error)
+                return None
+
+        logs = await asyncio.gather(*(read(r) for r in answering))
+        return {log.replica.name: log for log in logs if log is not None}
+
+    async def _converge(
+        self,
+        history: Sequence[HistoryEntry],
+        desired_hash: str,
+        outcomes: Sequence[ReplicaOutcome],
+        views: Mapping[str, ReplicaRevisions],
+        tokens: TokenRead,
+        held: bool,
+    ) -> list[ReplicaOutcome]:
+        """When an Edge rolled the desired config back: every replica that still serves it put
+        back on the stable config (by its own revision of it), and every replica's outcome says
+        the config was rolled back. Otherwise the outcomes as they are."""
+        rolled_back = held or any(o.rolled_back for o in outcomes)
+        rolled_back = rolled_back or any(
+            (found := view.newest_of(desired_hash)) is not None and found.outcome == "rolled_back"
+            for view in views.values()
+        )
+        if not rolled_back:
+            return list(outcomes)
+        stable_hash, due = restores(desired_hash, history, outcomes, views)
+        settled = {o.replica.name: o for o in outcomes}
+        token = tokens.admin_token
+        for order in due:
+            name = order.replica.name
+            if order.revision is None:
+                settled[name] = ReplicaOutcome(
+                    order.replica,
+                    "Failed",
+                    f"serves config {desired_hash[:12]}, which an Edge rolled back, and keeps no "
+                    f"revision of the stable config {stable_hash[:12]} to go back to",
+                    status=settled[name].status,
+                    rolled_back=True,
+                )
+                continue
+            try:
+                await self._admin.apply(order.replica, revision_body(order.revision), token)
+                status = await self._admin.status(order.replica, token)
+            except AdminApiError as error:
+                settled[name] = ReplicaOutcome(
+                    order.replica,
+                    "Unreachable" if isinstance(error, AdminUnreachable) else "Failed",
+                    f"cannot put it back on the stable config {stable_hash[:12]}: {error.reason}",
+                    status=settled[name].status,
+                    rolled_back=True,
+                )
+                continue
+            settled[name] = ReplicaOutcome(
+                order.replica,
+                "Failed",
+                f"put back on the stable config {stable_hash[:12]} (its revision "
+                f"{order.revision}): config {desired_hash[:12]} was rolled back by another replica",
+                status=status,
+                rolled_back=True,
+            )
+        for name, outcome in settled.items():
+            if outcome.state == "Applied":
+                runs = outcome.config_hash[:12]
+                settled[name] = replace(
+                    outcome,
+                    state="Failed",
+                    reason=f"runs the stable config {runs}: config {desired_hash[:12]} was rolled "
+                    "back, and is not applied again until the spec asks for another config",
+                    rolled_back=True,
+                )
+        return [settled[o.replica.name] for o in outcomes]
+
     # -- reporting -------------------------------------------------------------------------------
 
-    async def _report(self, owner: Owner, verdict: Verdict, previous: Mapping[str, Any]) -> None:
-        for event in verdict.events:
+    async def _report(
+        self, owner: Owner, verdict: Verdict, previous: Mapping[str, Any], step: HistoryStep
+    ) -> None:
+        for event in (*verdict.events, *step.events):
             self._say(owner, event.type, event.reason, event.message)
         for repair in self._repairs:
             self._say(owner, "Normal", "Repaired", repair)
@@ -441,8 +570,16 @@ class Reconciler:
             self._effective = finding.desired_hash
             if self._in_effect_since is None or self._in_effect_since[0] != finding.desired_hash:
                 self._in_effect_since = (finding.desired_hash, time.monotonic())
-        status = build_status(finding, previous, self._last_change, now())
+        status = build_status(
+            finding,
+            previous,
+            self._last_change,
+            now(),
+            history=step.history,
+            rollout=step.rollout,
+        )
         await self._write_status(owner, status, previous)
+        self._history, self._history_owner = step.history, owner.uid
 
     async def _mark_seen(
         self, owner: Owner, generation: int, previous: Mapping[str, Any]
@@ -530,6 +667,21 @@ class Reconciler:
         self._events.post(owner, kind, reason, message)
 
     # -- memory between passes -------------------------------------------------------------------
+
+    def _history_of(self, owner: Owner, previous: Mapping[str, Any]) -> tuple[HistoryEntry, ...]:
+        """The cluster revisions: as this operator last wrote them (the body of a pass may be
+        older than its last write), else as the status holds them (after a restart)."""
+        if self._history is not None and self._history_owner == owner.uid:
+            return self._history
+        return read_history(previous)
+
+    def _last_change_of(self, previous: Mapping[str, Any]) -> LastChange | None:
+        if self._last_change is not None:
+            return self._last_change
+        try:
+            return LastChange.model_validate(previous.get("lastChange"))
+        except ValueError:
+            return None
 
     def _remember_change(self, observation: Observation, change: ChangeReport | None) -> None:
         base_hash = config_hash(observation.base) if observation.base is not None else ""

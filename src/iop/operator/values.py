@@ -1,8 +1,9 @@
 """The operator's values: what one pass observes and decides about, with no I/O.
 
 The replicas and what they answered (`EdgeReplica`, `ReplicaStatus`, `ApplyReport`,
-`ReplicaOutcome`, `NodeResult`), the workloads and their rollouts (`Workload`), and the kind of an
-Event: the modules that talk to the Edge and to Kubernetes build them, `deciding.py` reads them.
+`ReplicaOutcome`, `NodeResult`, `ReplicaRevisions`), the workloads and their rollouts
+(`Workload`), and the Events a pass decides to post: the modules that talk to the Edge and to
+Kubernetes build them, `deciding.py` and `revisions.py` read them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
+class CandidateView:
+    """The change a replica is judging (`GET /status`, `revisions.candidate`)."""
+
+    revision: int
+    config_hash: str
+    #: canary (a share of the touched models' requests) or watch (all of them); None: an Edge
+    #: that does not say.
+    mode: str | None = None
+    #: The share of the touched models' requests on the candidate, during a canary.
+    share_percent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaStatus:
     """What one replica runs, and which of its nodes run that config's payload."""
 
@@ -54,6 +68,47 @@ class ReplicaStatus:
     #: start, one more per apply that changed something); not a Kubernetes generation.
     snapshot: int
     nodes: tuple[NodeState, ...]
+    #: The change it is judging, if any.
+    candidate: CandidateView | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRevision:
+    """One revision of a replica's own log (`GET /revisions`), as the operator reads it."""
+
+    number: int
+    config_hash: str
+    #: The Edge's word: started, watching, promoted, unjudged, kept, rolled_back, superseded.
+    outcome: str
+    reason: str = ""
+    #: The check that ended its watch (errors, first_token_p95, bake, traffic), or "".
+    check: str = ""
+    #: The judgement's figures, candidate against baseline, for people ("" without one).
+    figures: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRevisions:
+    """A replica's revision log: its stable revision, its candidate, its revisions (newest
+    first)."""
+
+    replica: EdgeReplica
+    stable: int | None
+    candidate: int | None
+    revisions: tuple[EdgeRevision, ...]
+
+    def get(self, number: int | None) -> EdgeRevision | None:
+        return next((r for r in self.revisions if r.number == number), None)
+
+    def newest_of(self, config_hash: str) -> EdgeRevision | None:
+        """Its newest revision of `config_hash`, if it keeps one."""
+        return next((r for r in self.revisions if r.config_hash == config_hash), None)
+
+    @property
+    def running_hash(self) -> str:
+        """The config it serves: the candidate's while it judges one, else the stable one's."""
+        held = self.get(self.candidate) or self.get(self.stable)
+        return held.config_hash if held is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,3 +360,12 @@ class Finding:
 
 #: An Event's type, as Kubernetes spells it.
 EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An Event a pass decided to post (once per distinct reason and message)."""
+
+    type: EventType
+    reason: str
+    message: str

@@ -6,17 +6,33 @@
 """
 
 from .events import EventPoster
-from .model import EdgeConfigStatus, LastChange
-from .reporting import build_status, change_summary, now, reconciling_status
+from .model import (
+    FINAL_OUTCOMES,
+    GOOD_OUTCOMES,
+    EdgeConfigStatus,
+    HistoryEntry,
+    LastChange,
+    RestartPathEntry,
+    RevisionOutcome,
+    RevisionRollout,
+)
+from .reporting import build_status, change_summary, now, read_history, reconciling_status
 from .writing import StatusWriter
 
 __all__ = [
+    "FINAL_OUTCOMES",
+    "GOOD_OUTCOMES",
     "EdgeConfigStatus",
     "EventPoster",
+    "HistoryEntry",
     "LastChange",
+    "RestartPathEntry",
+    "RevisionOutcome",
+    "RevisionRollout",
     "StatusWriter",
     "build_status",
     "change_summary",
     "now",
+    "read_history",
     "reconciling_status",
 ]

@@ -36,6 +36,16 @@ ReplicaEntryState = Literal["Applied", "Failed", "Unreachable", "Replaced", "Awa
 NodeEntryState = Literal["Acked", "Failed", "NotConnected", "Restarting"]
 #: How far a workload's rollout is.
 RolloutEntryState = Literal["Progressing", "Complete", "Stalled", "Missing"]
+#: How a cluster revision came out, across the Edge replicas (docs/operator.md, "Revisions").
+RevisionOutcome = Literal[
+    "Applying", "Watching", "Canary", "Promoted", "Unjudged", "Applied", "RolledBack", "Superseded"
+]
+#: The outcomes that never change again.
+FINAL_OUTCOMES: frozenset[RevisionOutcome] = frozenset(
+    {"Promoted", "Unjudged", "Applied", "RolledBack", "Superseded"}
+)
+#: The outcomes of a revision that was good to serve (a stable one).
+GOOD_OUTCOMES: frozenset[RevisionOutcome] = frozenset({"Promoted", "Unjudged", "Applied"})
 
 
 class _Part(BaseModel):
@@ -162,6 +172,70 @@ class RolloutEntry(_Part):
     message: Annotated[str, _text("How far, as `kubectl rollout status` says it.")]
 
 
+class HistoryEntry(_Part):
+    """One cluster revision: a config the operator applied (live or by a restart)."""
+
+    revision: Annotated[
+        int, _text("Its number: one more than the last, for each config that came into effect.")
+    ]
+    config_hash: Annotated[str, _text("SHA-256 of its config.")]
+    generation: Annotated[int, _text("The .metadata.generation it came from.")]
+    applied_at: Annotated[
+        str,
+        Field(
+            description="When the operator applied it (RFC 3339).",
+            json_schema_extra={"format": "date-time"},
+        ),
+    ]
+    live_paths: Annotated[list[str], _text("The paths it changed live (at most 10).")]
+    restart_paths: Annotated[
+        list[RestartPathEntry], _text("The paths it changed that needed a restart (at most 10).")
+    ]
+    omitted_paths: Annotated[int, _text("Paths left out of the two lists above.")] = 0
+    outcome: Annotated[
+        RevisionOutcome,
+        _text(
+            "Applying (not on every Edge replica yet), Watching or Canary (the Edges judge it by "
+            "what it serves), Promoted (judged good), Unjudged (too little traffic to judge, "
+            "kept), Applied (nothing to judge it by), RolledBack (an Edge judged it bad and put "
+            "the stable revision back) or Superseded (a newer revision came before its verdict)."
+        ),
+    ]
+    reason: Annotated[str, _text("Why it came out so, as the Edge said it.")] = ""
+    check: Annotated[
+        str | None,
+        _text("The check that decided: errors, first_token_p95, bake or traffic."),
+    ] = None
+    restores: Annotated[
+        int | None, _text("The earlier revision whose config this one is again.")
+    ] = None
+
+
+class RevisionRollout(_Part):
+    """The rollout of the newest revision, as the Edge replicas judge it."""
+
+    stable: Annotated[
+        int | None, _text("The revision last judged good (what a rollback returns to).")
+    ] = None
+    candidate: Annotated[int | None, _text("The revision being applied or judged now, if any.")] = (
+        None
+    )
+    state: Annotated[RevisionOutcome, _text("The newest revision's outcome (see history).")]
+    share_percent: Annotated[
+        int | None,
+        _text("During a canary, the share of the touched models' requests on the candidate."),
+    ] = None
+    check: Annotated[str | None, _text("The check that decided, once one did.")] = None
+    message: Annotated[str | None, _text("What the Edges said of it, with the figures.")] = None
+    rolled_back_config_hash: Annotated[
+        str | None,
+        _text(
+            "SHA-256 of the config an Edge rolled back: the operator applies it no more, and "
+            "puts every replica back on the stable config, until the spec asks for another."
+        ),
+    ] = None
+
+
 class EdgeConfigStatus(_Part):
     """What the operator made of the spec; written only by the operator."""
 
@@ -215,10 +289,26 @@ class EdgeConfigStatus(_Part):
         list[RolloutEntry] | None,
         _text("Workloads the operator rolled for restarts still to confirm, and how far."),
     ] = None
+    revision: Annotated[
+        int | None, _text("The stable cluster revision: the one the Edges serve as good.")
+    ] = None
+    rollout: Annotated[RevisionRollout | None, _text("The rollout of the newest revision.")] = None
+    history: Annotated[
+        list[HistoryEntry] | None,
+        _text(
+            "The newest 20 cluster revisions, newest first: kept here so an operator restart "
+            "reads them back and numbers on."
+        ),
+    ] = None
 
     def condition(self, kind: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)
 
     def document(self) -> dict[str, object]:
-        """The status as the API takes it (camelCase; unset parts left out)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The status as the API takes it (camelCase; unset parts left out, but for `rollout`'s:
+        a merge patch keeps what it does not name, so they are sent as null, which removes
+        them)."""
+        document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if self.rollout is not None:
+            document["rollout"] = self.rollout.model_dump(mode="json", by_alias=True)
+        return document

@@ -23,11 +23,13 @@ from .model import (
     ConditionStatus,
     ConditionType,
     EdgeConfigStatus,
+    HistoryEntry,
     LastChange,
     NodeEntry,
     ProblemEntry,
     ReplicaEntry,
     RestartPathEntry,
+    RevisionRollout,
     RolloutEntry,
 )
 
@@ -235,9 +237,13 @@ def build_status(
     previous: Mapping[str, Any],
     last_change: LastChange | None,
     timestamp: str,
+    *,
+    history: Sequence[HistoryEntry] | None = None,
+    rollout: RevisionRollout | None = None,
 ) -> EdgeConfigStatus:
     """The whole `.status` (a merge patch replaces it field by field; an invalid spec leaves
-    out everything but the generation, the conditions and the problems, which keeps the rest)."""
+    out everything but the generation, the conditions and the problems, which keeps the rest;
+    so does a pass that brings no `history`: the cluster revisions stay as they were)."""
     conditions = build_conditions(finding, previous.get("conditions") or (), timestamp)
     problems = [ProblemEntry(path=p.path, message=p.message) for p in finding.problems[:MAX_ITEMS]]
     if not finding.valid:
@@ -264,7 +270,22 @@ def build_status(
         nodes=[_node(n) for n in shown_nodes],
         omitted_nodes=len(finding.nodes) - len(shown_nodes),
         rollouts=[_rollout(r) for r in finding.rollouts[:MAX_ITEMS]],
+        revision=rollout.stable if rollout is not None else None,
+        rollout=rollout,
+        history=list(history) if history is not None else None,
     )
+
+
+def read_history(status: Mapping[str, Any]) -> tuple[HistoryEntry, ...]:
+    """The cluster revisions a status holds (newest first); an entry that does not read (a
+    status written by another release) is left out."""
+    entries = []
+    for item in status.get("history") or ():
+        try:
+            entries.append(HistoryEntry.model_validate(item))
+        except ValueError:
+            continue
+    return tuple(sorted(entries, key=lambda e: e.revision, reverse=True))
 
 
 def same_status(status: Mapping[str, Any], other: Mapping[str, Any] | None) -> bool:
@@ -276,6 +297,8 @@ def same_status(status: Mapping[str, Any], other: Mapping[str, Any] | None) -> b
 
 def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
     result = {k: v for k, v in status.items() if k != "conditions"}
+    if isinstance(result.get("rollout"), Mapping):  # its nulls are removals (`document`)
+        result["rollout"] = {k: v for k, v in result["rollout"].items() if v is not None}
     result["conditions"] = sorted(
         (
             (
