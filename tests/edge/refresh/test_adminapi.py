@@ -605,19 +605,24 @@ def adapter_changed(document: dict[str, Any]) -> dict[str, Any]:
 async def test_a_node_the_caller_restarts_does_not_refuse_the_apply_and_gets_no_push(
     start_edge, refresh_document, until, tls
 ) -> None:
-    edge = await start_edge(patient(refresh_document()))
+    def on_pc(document: dict[str, Any]) -> dict[str, Any]:
+        document["models"].append({"id": "n", "providers": {"pc": "served-c"}})
+        return patient(document)
+
+    edge = await start_edge(on_pc(refresh_document()))
     node = SilentNode(edge.hub_port, tls.client().credentials(), pb.ConfigAck(ok=True))
     ready = asyncio.Event()
     task = asyncio.create_task(node.run(ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
         await until(lambda: edge.hub.nodes().get("node-2") and edge.hub.nodes()["node-2"].ready)
-        document = adapter_changed(patient(refresh_document()))
+        document = adapter_changed(on_pc(refresh_document()))
         async with admin_client(edge) as admin:
             refused = await admin.post("/refresh", json={"mode": "apply", "config": document})
             body = {"mode": "apply", "config": document, "restarting": ["node:node-2"]}
             applied = await admin.post("/refresh", json=body)
             status = (await admin.get("/status")).json()
+            revisions = (await admin.get("/revisions")).json()
 
         assert refused.status_code == 409
         assert applied.status_code == 200
@@ -631,6 +636,14 @@ async def test_a_node_the_caller_restarts_does_not_refuse_the_apply_and_gets_no_
         (push,) = report["pushes"]
         assert (push["node_id"], push["status"]) == ("node-2", "held")
         assert node.refreshes == 0
+        # The change touches model n (its provider's adapter), and it is the restart's to roll
+        # out: the Edge could not put it back by itself, so it judges none of it.
+        latest = revisions["revisions"][0]
+        assert (latest["touched_models"], latest["outcome"]) == (["n"], "kept")
+        assert (
+            latest["reason"] == "restart-required: the caller's restart of its nodes rolls it out"
+        )
+        assert revisions["candidate"] is None
         assert edge.hub.snapshot.config.nodes[1].providers[0].capacity == 3
         assert status["config_hash"] == config_hash(load_data(document))
         states = {n["node_id"]: n for n in status["nodes"]}

@@ -80,9 +80,22 @@ def test_a_provider_whose_settings_changed_applies_to_all_at_once_and_says_why(b
     planned = trial(base, url_moved)
     assert (planned.touched, planned.shared) == (("m",), ())
     assert planned.all_at_once == (
-        "m all at once: provider pa's settings on node node-1 changed (a Node holds one registry)",
+        "m all at once: provider pa's adapter settings on node node-1 changed (its node "
+        "restarts with them: one adapter per provider)",
     )
     assert "all at once, watched, for m" in planned.describe([5, 25, 100])
+
+
+def test_an_adapter_change_alone_touches_the_models_of_its_provider(base) -> None:
+    """A provider's URL moved (the caller restarts its node): nothing of the dispatch view
+    changed, yet every model it serves is watched."""
+
+    def only_url(config: dict[str, Any]) -> None:
+        find_provider(config, "pc")["adapter"] = {"type": "openai", "base_url": "http://h:1/v1"}
+
+    planned = trial(base, only_url)
+    assert (planned.touched, planned.shared) == (("other",), ())
+    assert planned.all_at_once[0].startswith("other all at once: provider pc's adapter settings")
 
 
 def test_watch_mode_takes_no_canary(base) -> None:

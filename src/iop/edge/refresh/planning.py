@@ -2,15 +2,18 @@
 
 `plan` compares the stable revision's snapshot with the change's. A model is **touched** when
 its dispatch view differs (candidates, their limits and served names, the policy, fallbacks,
-timeouts, the generation policy; added or removed). A touched model takes a **canary** (a share
-of its requests, in steps) when, with `rollout.mode: canary`:
+timeouts, the generation policy; added or removed), or when a provider the stable revision sends
+it to changed its adapter settings (URL, key variable, kind), moved or went. A touched model
+takes a **canary** (a share of its requests, in steps) when, with `rollout.mode: canary`:
 
 - it is in both configs and what serves it changed, not only how much: its providers, served
   names, policy, fallbacks, timeouts or generation policy (a change of capacity, priority or
   queues alone applies to all at once and is watched: it should not take a minute to apply);
 - every provider the stable revision sends it to is still on its node with the same adapter
-  settings (the Nodes keep one registry per provider, so the stable side must still find the
-  provider it had; a provider whose URL, key or kind changed is applied to all at once).
+  settings. A Node process holds one adapter per provider, and a change of adapter settings
+  is restart-required (the caller restarts the node, which comes back with the new ones), so
+  the stable side could not find the provider it had: such a model goes all at once, and is
+  watched.
 
 The others of the touched models are served by the change at once and watched. docs/rollout.md,
 "Which changes take a canary", has the table.
@@ -22,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from iop.edgeconfig import EdgeConfig, ProviderPayload
+from iop.edgeconfig import EdgeConfig, ProviderPayload, ProviderSpec
 
 from ..pool import PoolModel, PoolSnapshot
 
@@ -51,22 +54,32 @@ class Plan:
 
 def plan(stable: PoolSnapshot, after: PoolSnapshot) -> Plan:
     """The trial of `after` against the stable revision's snapshot; see the module."""
+    gone = _provider_changes(stable.config, after.config)
+
+    def uses_changed(model: PoolModel | None) -> bool:
+        return model is not None and any(c.provider.id in gone for c in model.candidates)
+
     names = set(stable.models) | set(after.models)
-    touched = tuple(sorted(m for m in names if stable.models.get(m) != after.models.get(m)))
+    touched = tuple(
+        sorted(
+            m
+            for m in names
+            if stable.models.get(m) != after.models.get(m) or uses_changed(stable.models.get(m))
+        )
+    )
     if after.config.rollout.mode != "canary" or not touched:
         return Plan(touched)
     shared: list[str] = []
     notes: list[str] = []
-    moved: Mapping[str, str] | None = None
     for model_id in touched:
         before, now = stable.models.get(model_id), after.models.get(model_id)
-        if before is None or now is None or _essence(before) == _essence(now):
+        if before is None or now is None:
             continue
-        gone = moved = moved if moved is not None else _moved_providers(stable.config, after.config)
-        why = [gone[c.provider.id] for c in before.candidates if c.provider.id in gone]
+        uses = sorted(c.provider.id for c in before.candidates)
+        why = [gone[provider_id] for provider_id in uses if provider_id in gone]
         if why:
             notes.append(f"{model_id} all at once: {why[0]}")
-        else:
+        elif _essence(before) != _essence(now):
             shared.append(model_id)
     return Plan(touched, tuple(shared), tuple(notes))
 
@@ -82,31 +95,34 @@ def _essence(model: PoolModel) -> tuple[Any, ...]:
     )
 
 
-def _moved_providers(before: EdgeConfig, after: EdgeConfig) -> Mapping[str, str]:
-    """provider id -> why the stable side could no longer run on it: gone, moved to another
-    node, or its adapter settings changed (what its Node's one registry holds)."""
-    now = _adapters(after)
-    moved: dict[str, str] = {}
-    for provider_id, (node_id, adapter) in _adapters(before).items():
-        found = now.get(provider_id)
-        if found is None:
-            moved[provider_id] = f"provider {provider_id} was removed"
-        elif found[0] != node_id:
-            moved[provider_id] = f"provider {provider_id} moved to node {found[0]}"
-        elif found[1] != adapter:
-            moved[provider_id] = (
-                f"provider {provider_id}'s settings on node {node_id} changed "
-                "(a Node holds one registry)"
-            )
-    return moved
+def _provider_changes(before: EdgeConfig, after: EdgeConfig) -> Mapping[str, str]:
+    """The providers of `before` the stable side can no longer run on, id -> why: removed,
+    moved to another node, or its adapter settings changed. Only nodes that changed are looked
+    into."""
+    after_nodes = {node.id: node for node in after.nodes}
+    now: dict[str, tuple[str, ProviderSpec]] | None = None
+    gone: dict[str, str] = {}
+    for node in before.nodes:
+        if after_nodes.get(node.id) == node:
+            continue
+        if now is None:
+            now = {spec.id: (n.id, spec) for n in after.nodes for spec in n.providers}
+        for spec in node.providers:
+            found = now.get(spec.id)
+            if found is None:
+                gone[spec.id] = f"provider {spec.id} was removed"
+            elif found[0] != node.id:
+                gone[spec.id] = f"provider {spec.id} moved to node {found[0]}"
+            elif _adapter(found[1]) != _adapter(spec):
+                gone[spec.id] = (
+                    f"provider {spec.id}'s adapter settings on node {node.id} changed (its node "
+                    "restarts with them: one adapter per provider)"
+                )
+    return gone
 
 
-def _adapters(config: EdgeConfig) -> dict[str, tuple[str, dict[str, Any]]]:
-    return {
-        spec.id: (node.id, ProviderPayload.adapter_document(spec.adapter))
-        for node in config.nodes
-        for spec in node.providers
-    }
+def _adapter(spec: ProviderSpec) -> dict[str, Any]:
+    return ProviderPayload.adapter_document(spec.adapter)
 
 
 def _names(models: list[str] | tuple[str, ...]) -> str:

@@ -275,11 +275,12 @@ class Refresher:
             )
         snapshot = PoolSnapshot.build(config, current.generation + 1, current.edge_replicas)
         # How the change goes on trial; an apply that changes nothing keeps the trial in
-        # progress, a rollback (not recorded) ends it.
+        # progress, a rollback (not recorded) ends it, and a change the caller restarts nodes
+        # for is the restart's to roll out (the Edge could not put it back by itself).
         trial, split = self.rollouts.trial(snapshot)
         if not change.changed:
             split = self._dispatcher.split
-        elif not record:
+        elif not record or change.restart_required_paths:
             split = None
         at_swap = self.rollouts.reading()  # a watch counts the requests from the swap on
         # The dispatcher's swap and the hub's (at the start of swap_config, before its first

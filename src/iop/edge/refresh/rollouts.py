@@ -101,8 +101,12 @@ class Rollouts:
         self._rolled_back.clear()
         rules = after.config.rollout
         reason = ""
-        if split is None:
-            reason = "rollout.mode is off" if trial.touched else "nothing served changed"
+        if not trial.touched:
+            reason = "nothing served changed"
+        elif report.change.restart_required_paths:
+            reason = "restart-required: the caller's restart of its nodes rolls it out"
+        elif split is None:
+            reason = "rollout.mode is off"
         revision = self.log.add(
             _revision(
                 after,
