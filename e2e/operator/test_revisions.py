@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -26,14 +27,17 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.e2e
 
-#: Quick to judge: three requests and a second of bake.
-ROLLOUT = {"bakeMs": 1000, "minRequests": 3, "maxWaitMs": 60000}
+#: Quick to judge: three requests and a second of bake; a canary at half, then all.
+ROLLOUT = {"bakeMs": 1000, "minRequests": 3, "maxWaitMs": 60000, "steps": [50, 100], "stepMs": 1000}
+#: Each request a conversation of its own (a canary shares conversations).
+_conversations = itertools.count()
 
 
 async def one_request(stack: HostStack, model: str = "m") -> None:
     async with stack.client() as client:
+        content = f"conversation {next(_conversations)}"
         await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi"}]
+            model=model, messages=[{"role": "user", "content": content}]
         )
 
 
@@ -148,6 +152,8 @@ async def test_a_change_that_hurts_is_rolled_back_and_a_new_spec_starts_over(
     assert len(rolled) == 1
     assert rolled[0]["message"].startswith("revision 2 (generation 2, config ")
     assert "first_token_p95" in rolled[0]["message"]
+    # m moved to another provider: a change of what serves it, on canary first.
+    assert (await asyncio.to_thread(reasons, edgeconfigs)).count("CanaryStarted") == 1
 
     fixed = copy.deepcopy(spec)
     find_provider(fixed, "pa")["capacity"] = 6  # another config: a new rollout
