@@ -28,7 +28,6 @@ import contextlib
 import copy
 import json
 import statistics
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -228,4 +227,4 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    cli()

@@ -87,6 +87,7 @@ async def test_warnings_state_the_plan_and_a_dry_run_changes_nothing(
         "Warning: restart edge: openai.allowUnauthenticated",
         "Warning: restart node node-2: nodes[node-2].providers[pc].adapter.completionTokens",
         "Warning: live: nodes[node-1].providers[pa].capacity",
+        "Warning: rollout: restart-required: the restart rolls it out, not judged by the Edges",
     ]
     ec = await asyncio.to_thread(edgeconfigs.get, "demo")
     assert ec["metadata"]["generation"] == 1
@@ -98,6 +99,9 @@ async def test_warnings_state_the_plan_and_a_dry_run_changes_nothing(
     real = await asyncio.to_thread(apply_output, kube_cluster, namespace, live_only)
     assert real.returncode == 0, real.stderr
     assert "Warning: live: nodes[node-1].providers[pa].capacity" in real.stderr
+    # How the Edges put it on trial, and about how long it takes (docs/rollout.md).
+    assert "Warning: rollout: all at once, watched, for m" in real.stderr
+    assert "Warning: rollout: about 15s with 20 requests judged (at most 60s)" in real.stderr
     await asyncio.to_thread(edgeconfigs.wait, "demo", generation=2)
 
 

@@ -5,7 +5,8 @@
 - `validating`: the checks between values; `secrets`: what counts as a secret; `tokens`: tokens
   named by a Kubernetes Secret; `payloads`: what one Node receives;
 - `trees`: the id-keyed tree and its hash; `classifying`: every change live or restart-required,
-  as a report (`reports`); `documenting`: the field reference of docs/config.md.
+  as a report (`reports`); `trials`: how a live change goes on trial (a canary or all at once);
+  `documenting`: the field reference of docs/config.md.
 
 This package is pure: it imports nothing from the servers. The Edge, the Node and the operator
 all build on it.
@@ -28,7 +29,6 @@ from .configs import (
     OpenAIAdapterSettings,
     OpenAISection,
     PrincipalLimit,
-    ProviderSpec,
     RetrySection,
     RolloutSection,
     SecretKeyRef,
@@ -43,6 +43,7 @@ from .reports import ChangeReport, RestartPath
 from .secrets import is_secret_field
 from .tokens import TokenRef, require_token_hashes, token_refs, token_sha256, with_token_hashes
 from .trees import config_hash
+from .trials import Trial, plan_trial
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
@@ -65,13 +66,13 @@ __all__ = [
     "PrincipalLimit",
     "Problem",
     "ProviderPayload",
-    "ProviderSpec",
     "RestartPath",
     "RetrySection",
     "RolloutSection",
     "SecretKeyRef",
     "TokenBudget",
     "TokenRef",
+    "Trial",
     "camel_path",
     "classify",
     "config_hash",
@@ -84,6 +85,7 @@ __all__ = [
     "node_payload",
     "node_payloads",
     "parse_yaml",
+    "plan_trial",
     "require_token_hashes",
     "token_refs",
     "token_sha256",

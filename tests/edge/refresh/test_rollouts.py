@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 ADMIN_TOKEN = "rollout-admin-token"
 #: Quick enough for a test, the rules otherwise the defaults.
-ROLLOUT = {
+ROLLOUT: dict[str, Any] = {
     "bake_ms": 2000,
     "min_requests": 10,
     "max_wait_ms": 8000,

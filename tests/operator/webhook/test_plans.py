@@ -39,6 +39,38 @@ def test_small_plans(document, edit, says) -> None:
     assert plan(document, edit(load_data(document).model_dump(mode="json"))) == says
 
 
+def trial_lines(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    before, after = load_data(old), load_data(new)
+    warnings = plan_warnings(classify(before, after), after, config_hash(after), base=before)
+    return [line for line in warnings if line.startswith("rollout: ")]
+
+
+def test_the_plan_says_how_the_edges_put_a_change_on_trial_and_how_long_it_takes(
+    document,
+) -> None:
+    served = load_data(document).model_dump(mode="json")
+    served["models"][0]["providers"] = {"pa": "served-1", "pc": "served-2", "pb": "served-1"}
+    assert trial_lines(document, served) == [
+        "rollout: canary 5% -> 25% -> 100% for m",
+        "rollout: about 30s with 20 requests judged (at most 60s); the Edges roll it back if it "
+        "fails a check",
+    ]
+    capacity = load_data(document).model_dump(mode="json")
+    capacity["nodes"][0]["providers"][0]["capacity"] = 9
+    assert trial_lines(document, capacity)[0] == "rollout: all at once, watched, for m"
+    assert trial_lines(document, capacity)[1].startswith("rollout: about 15s with 20 requests")
+    restart = load_data(document).model_dump(mode="json")
+    restart["nodes"][0]["providers"][0]["adapter"] = {"type": "fake", "latency_ms": 5}
+    assert trial_lines(document, restart) == [
+        "rollout: restart-required: the restart rolls it out, not judged by the Edges"
+    ]
+    off = {**capacity, "rollout": {"mode": "off"}}
+    assert trial_lines(document, off) == ["rollout: off: applied and kept, not judged"]
+    untouched = load_data(document).model_dump(mode="json")
+    untouched["openai"]["retries"] = {"max_per_request": 1}
+    assert trial_lines(document, untouched) == []
+
+
 def test_a_first_apply_has_no_base(document) -> None:
     config = load_data(document)
     assert plan_warnings(None, config, "ab" * 32) == ["plan: first apply of config abababababab"]

@@ -12,7 +12,7 @@ from .dispatching import Dispatcher
 from .metering import CONTENT_TYPE, Metrics
 from .outcomes import Figures, OutcomeTally, Reading
 from .relaying import Relay, RelayedRun
-from .snapshots import PoolModel, PoolSnapshot
+from .snapshots import PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "Figures",
     "Metrics",
     "OutcomeTally",
-    "PoolModel",
     "PoolSnapshot",
     "Reading",
     "Relay",

@@ -2,8 +2,9 @@
 
 - `refresher`: the `Refresher`, the config in use and the last reports;
 - `reports`: a refresh's report and its parts; `configfiles`: which files a refresh may read;
-- `rollouts`: each change a revision (`revisions`), put on trial (`planning`: a canary or all
-  at once), watched and judged (`judging`) while it serves, rolled back when it hurts.
+- `rollouts`: each change a revision (`revisions`), put on trial (a canary or all at once, as
+  `iop.edgeconfig.plan_trial` plans it), watched and judged (`judging`) while it serves, rolled
+  back when it hurts.
 """
 
 from .configfiles import ConfigFileRefused

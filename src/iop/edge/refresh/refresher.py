@@ -26,6 +26,7 @@ from iop.edgeconfig import (
     ConfigError,
     EdgeConfig,
     Problem,
+    Trial,
     classify,
     config_hash,
     load_data,
@@ -39,7 +40,6 @@ from iop.wire import ConfigAck
 from ..hub import ConfigPush
 from ..pool import Dispatcher, OutcomeTally, PoolSnapshot
 from .configfiles import ConfigFiles
-from .planning import Plan
 from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
 from .revisions import Revision
 from .rollouts import Rollouts
@@ -375,13 +375,11 @@ def _role(revision: Revision | None) -> dict[str, Any] | None:
     return role
 
 
-def _trial_time(config: EdgeConfig, trial: Plan) -> str:
+def _trial_time(config: EdgeConfig, trial: Trial) -> str:
     """About how long the trial takes with enough traffic, and at most."""
-    rules = config.rollout
-    usual = len(rules.steps) * rules.step_ms if trial.shared else rules.bake_ms
+    usual, longest = trial.duration_s(config)
     return (
-        f"about {usual / 1000:g}s with {rules.min_requests} requests judged, "
-        f"at most {max(usual, rules.max_wait_ms) / 1000:g}s"
+        f"about {usual:g}s with {config.rollout.min_requests} requests judged, at most {longest:g}s"
     )
 
 

@@ -1,7 +1,8 @@
 """Each applied change a revision, watched while it serves, rolled back when it hurts.
 
 `Rollouts` is the `Refresher`'s companion. Before an apply swaps a change in, `trial` plans it
-(`planning.py`: which models it touches, which of them take a canary) and gives the `Split`
+(`iop.edgeconfig.plan_trial`: which models it touches, which of them take a canary) and gives
+the `Split`
 the dispatcher swaps in with it; after, `applied` records the revision and, when the change
 altered how some models are served and `rollout.mode` is not `off`, starts the watch: every
 `TICK_S` it reads the outcome tally and judges the requests the change served on the touched
@@ -24,11 +25,10 @@ from typing import Any, Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from iop.edgeconfig import ChangeReport, EdgeConfig, config_hash
+from iop.edgeconfig import ChangeReport, EdgeConfig, Trial, config_hash, plan_trial
 
 from ..pool import CANDIDATE, STABLE, Dispatcher, OutcomeTally, PoolSnapshot, Reading, Split
 from .judging import Judgement, judge, judge_step
-from .planning import Plan, plan
 from .reports import RefreshReport
 from .revisions import Outcome, Revision, RevisionLog
 
@@ -74,13 +74,13 @@ class Rollouts:
         """The outcome tally now (the refresher takes one as it swaps a change in)."""
         return self._outcomes.reading()
 
-    def trial(self, after: PoolSnapshot) -> tuple[Plan, Split | None]:
+    def trial(self, after: PoolSnapshot) -> tuple[Trial, Split | None]:
         """How `after` goes on trial against the stable revision (the one serving beside a
         candidate, if a change is on trial now), and the split to swap in with it (None: not
         watched)."""
         split = self._dispatcher.split
         stable = split.stable if split is not None else self._dispatcher.snapshot
-        trial = plan(stable, after)
+        trial = plan_trial(stable.config, after.config)
         rules = after.config.rollout
         if not trial.touched or rules.mode == "off":
             return trial, None
@@ -91,7 +91,7 @@ class Rollouts:
         self,
         report: RefreshReport,
         after: PoolSnapshot,
-        trial: Plan,
+        trial: Trial,
         split: Split | None,
         at_swap: Reading,
     ) -> Revision:
@@ -181,7 +181,7 @@ class Rollouts:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    async def _judge_until_done(self, revision: Revision, trial: Plan, at_apply: Reading) -> None:
+    async def _judge_until_done(self, revision: Revision, trial: Trial, at_apply: Reading) -> None:
         try:
             await self._judge(revision, trial, at_apply)
         except Exception as error:  # a bug: never leave a candidate serving beside stable
@@ -189,7 +189,7 @@ class Rollouts:
             with contextlib.suppress(NoCandidate):
                 await self._roll_back(revision, f"the watch failed: {error!r}", None)
 
-    async def _judge(self, revision: Revision, trial: Plan, at_apply: Reading) -> None:
+    async def _judge(self, revision: Revision, trial: Trial, at_apply: Reading) -> None:
         rules = revision.config.rollout if revision.config is not None else None
         assert rules is not None
         touched = trial.touched

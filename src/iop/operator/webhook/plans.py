@@ -6,6 +6,7 @@ before anything happens which paths apply live and what restarts:
     Warning: restart edge: openai.listen
     Warning: restart node node-2: nodes[node-2].providers[ollama-c].adapter.base_url
     Warning: live: nodes[node-1].providers[vllm-a].capacity
+    Warning: rollout: canary 5% -> 25% -> 100% for m: about 30s (at most 60s), rolled back ...
 
 The API server truncates long warnings and drops them beyond 4 KiB in all, so each line is
 kept short and the list bounded; the last line says how many were left out.
@@ -22,6 +23,7 @@ from iop.edgeconfig import (
     EdgeConfig,
     camel_path,
     is_loopback_listener,
+    plan_trial,
 )
 
 #: Longest warning line: the API server may truncate warnings beyond 256 characters, and
@@ -42,9 +44,11 @@ def plan_warnings(
     desired: EdgeConfig,
     desired_hash: str,
     waiting: Sequence[str] = (),
+    base: EdgeConfig | None = None,
 ) -> list[str]:
     """The plan as warning lines, paths in the CRD's camelCase (what the user edits); `change`
-    is None when nothing was applied before; `waiting` names token Secrets still missing."""
+    is None when nothing was applied before; `waiting` names token Secrets still missing;
+    `base`, the config applied, is what the change's trial is planned against."""
     lines: list[str] = []
     if change is None:
         lines.append(f"plan: first apply of config {desired_hash[:12]}")
@@ -58,6 +62,8 @@ def plan_warnings(
             where = "edge" if path.scope == "edge" else f"node {path.scope.removeprefix('node:')}"
             lines.append(_line(f"restart {where}: {camel_path(path.path)}"))
         lines += [_line(f"live: {camel_path(path)}") for path in change.live_paths]
+        if base is not None:
+            lines += _trial_lines(change, base, desired)
     lines[:0] = [_line(f"waiting: {what}; the change applies once it exists") for what in waiting]
     if is_loopback_listener(desired.edge.admin.listen):
         lines.insert(
@@ -68,6 +74,28 @@ def plan_warnings(
             ),
         )
     return _bounded(lines)
+
+
+def _trial_lines(change: ChangeReport, base: EdgeConfig, desired: EdgeConfig) -> list[str]:
+    """How the Edges put the change on trial (docs/rollout.md), and about how long it takes."""
+    trial = plan_trial(base, desired)
+    if not trial.touched:
+        return []
+    if change.restart_required_paths:
+        return [
+            _line("rollout: restart-required: the restart rolls it out, not judged by the Edges")
+        ]
+    if desired.rollout.mode == "off":
+        return [_line("rollout: off: applied and kept, not judged")]
+    usual, longest = trial.duration_s(desired)
+    plan = trial.describe(desired.rollout.steps)
+    return [
+        _line(f"rollout: {plan}"),
+        _line(
+            f"rollout: about {usual:g}s with {desired.rollout.min_requests} requests judged "
+            f"(at most {longest:g}s); the Edges roll it back if it fails a check"
+        ),
+    ]
 
 
 def _bounded(lines: list[str]) -> list[str]:

@@ -80,7 +80,7 @@ def register_webhook(
         if operation != "CREATE":
             base = await _applied_base(workers, api, namespace or "", name or "")
         change = classify(base, desired) if base is not None else None
-        warnings.extend(plan_warnings(change, desired, config_hash(desired), waiting))
+        warnings.extend(plan_warnings(change, desired, config_hash(desired), waiting, base))
         if metrics is not None:
             metrics.admissions.labels("allowed").inc()
 

@@ -1,5 +1,5 @@
-"""How a change goes on trial (`planning.plan`): which models it touches, which of them take a
-canary, and why the others apply to all at once."""
+"""How a change goes on trial (`trials.plan_trial`): which models it touches, which of them take
+a canary, and why the others apply to all at once."""
 
 from __future__ import annotations
 
@@ -9,27 +9,31 @@ from typing import Any
 
 import pytest
 
-from iop.edge.pool import PoolSnapshot
-from iop.edge.refresh.planning import plan
-from iop.edgeconfig import load_data
-from testkit import find_provider
+from iop.edgeconfig import load_data, plan_trial
+from testkit import find_provider, provider
 
 Change = Callable[[dict[str, Any]], None]
 
 
+def fake(pid: str, **settings: Any) -> dict[str, Any]:
+    settings = {"priority": 10, **settings}
+    return provider(pid, {"type": "fake"}, served=f"{pid}-served", capacity=4, **settings)
+
+
 @pytest.fixture
-def base(document_of, provider) -> dict[str, Any]:
-    return document_of(
-        [provider("pa"), provider("pb"), provider("pc", served_models=["pc-served", "alias"])],
+def base(document_of) -> dict[str, Any]:
+    document: dict[str, Any] = document_of(
+        [fake("pa"), fake("pb"), fake("pc", served_models=["pc-served", "alias"])],
         {"m": ["pa", "pb"], "other": ["pc"]},
     )
+    return document
 
 
 def trial(base: dict[str, Any], change: Change, mode: str = "canary") -> Any:
     after = copy.deepcopy(base)
     change(after)
     after["rollout"] = {"mode": mode}
-    return plan(PoolSnapshot.build(load_data(base)), PoolSnapshot.build(load_data(after), 2))
+    return plan_trial(load_data(base), load_data(after))
 
 
 def capacity(config: dict[str, Any]) -> None:
@@ -104,7 +108,11 @@ def test_watch_mode_takes_no_canary(base) -> None:
 
 
 def test_the_plan_in_one_line(base) -> None:
-    both = trial(base, lambda c: (served_name(c), capacity(c)))
+    def both_changes(config: dict[str, Any]) -> None:
+        served_name(config)
+        capacity(config)
+
+    both = trial(base, both_changes)
     assert both.describe([5, 25, 100]) == (
         "canary 5% -> 25% -> 100% for other; all at once, watched, for m"
     )
