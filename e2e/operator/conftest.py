@@ -54,6 +54,10 @@ def host_spec() -> dict[str, Any]:
     - model `solo`: pd alone on node-1, slow (300 ms), capacity 1, no queue: two requests at
       once show the capacity;
     - model `n`: pc on node-2 (the background load's model).
+
+    A live change applies to all at once (watched, `rollout.mode: watch`), so a test sees each
+    live field on every request that follows; test_canary.py and test_revisions.py set their
+    own `rollout` (the canary).
     """
 
     def fake(pid: str, **settings: Any) -> dict[str, Any]:
@@ -83,6 +87,7 @@ def host_spec() -> dict[str, Any]:
                 }
             ],
         },
+        "rollout": {"mode": "watch"},
         "models": [
             {"id": "m", "providers": {"pa": "served-a", "pb": "served-b"}},
             {"id": "solo", "providers": {"pd": "served-d"}},

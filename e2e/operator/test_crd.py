@@ -95,7 +95,7 @@ def test_printer_columns(kube_cluster, namespace, edgeconfig_crd, host_spec) -> 
     assert plain == ["NAME", "READY", "VALID", "APPLIED", "RESTART", "NODES", "AGE"]
     assert wide.splitlines()[0].split() == [
         "NAME", "READY", "VALID", "APPLIED", "RESTART", "NODES", "AGE",
-        "GENERATION", "OBSERVED", "CONFIG", "MESSAGE",
+        "GENERATION", "OBSERVED", "CONFIG", "REVISION", "ROLLOUT", "MESSAGE",
     ]  # fmt: skip
 
 

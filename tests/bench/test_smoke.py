@@ -61,6 +61,7 @@ RUNS = {
     "limits": (["--parts", "admission", "--rounds", "1"], "admission"),
     "health": (["--rounds", "1", "--interval-ms", "200", "--cost-seconds", "0.5"], "out"),
     "hostile": (["--only", "wrong-tokens"], "wrong"),
+    "canary": (["--rounds", "1", "--window", "0.3", "--concurrency", "2"], "canary / none"),
     "reliability": (["--rounds", "1", "--only", "headers"], "header"),
     "routing": (
         ["--loads", "0.5", "--seconds", "2", "--warmup", "1", "--systems", "iop:prefix_affinity"],

@@ -215,6 +215,28 @@ def test_a_canary_says_its_share() -> None:
     assert step.judging
 
 
+def test_each_canary_step_posts_one_event_across_restarts() -> None:
+    h = digest(7)
+    history: tuple[HistoryEntry, ...] = apply_change((), 6)
+    seen: list[str] = []
+    for share in (5, 5, 25, 25, 100):
+        candidate = CandidateView(2, h, mode="canary", share_percent=share)
+        step = follow(
+            history,
+            desired_hash=h,
+            generation=7,
+            taken=True,
+            change=None,
+            outcomes=[runs("a", h, candidate)],
+            views={"a": log("a", (2, h, "watching"), (1, digest(6), "started"), candidate=2)},
+            timestamp=STAMP,
+        )
+        seen += [f"{e.reason} {e.message.split(' serves ')[1][:4]}" for e in step.events]
+        history = through_the_status(step.history)  # the next pass may be a restarted operator
+    assert seen == ["CanaryStarted 5% o", "CanaryStep 25% ", "CanaryStep 100%"]
+    assert history[0].share_percent == 100
+
+
 def test_a_rollback_by_a_refusal_alone_still_counts() -> None:
     """An Edge whose log no longer holds the revision says so by refusing it (409)."""
     refused = ReplicaOutcome(replica("a"), "Failed", "it rolled this config back", rolled_back=True)

@@ -162,7 +162,10 @@ def follow(
         verdicts = verdicts_of(newest.config_hash, outcomes, views)
         if newest.outcome not in FINAL_OUTCOMES and verdicts:
             outcome, decider = aggregate(verdicts)
-            entries[0] = newest.model_copy(update=_ended(outcome, decider))
+            update = _ended(outcome, decider)
+            shares = [v.share_percent for v in verdicts if v.share_percent is not None]
+            update["share_percent"] = min(shares) if outcome == "Canary" and shares else None
+            entries[0] = newest.model_copy(update=update)
     events = transition_events(history, entries, verdicts)
     rollout = rollout_of(entries, verdicts)
     candidates = any(
@@ -257,11 +260,14 @@ def transition_events(
 ) -> list[Event]:
     """An Event for each revision whose outcome moved to Watching, Canary, Promoted, Unjudged or
     RolledBack since `before` (the history as the status held it: once per transition, across
-    operator restarts too)."""
-    was = {e.revision: e.outcome for e in before}
+    operator restarts too), and a `CanaryStep` for a canary whose share moved."""
+    was = {e.revision: e for e in before}
     events = []
     for entry in reversed(after):
-        if was.get(entry.revision) == entry.outcome:
+        earlier = was.get(entry.revision)
+        if earlier is not None and earlier.outcome == entry.outcome:
+            if entry.outcome == "Canary" and entry.share_percent != earlier.share_percent:
+                events.append(_step(entry, verdicts))
             continue
         event = _event(entry, after, verdicts)
         if event is not None:
@@ -269,13 +275,28 @@ def transition_events(
     return events
 
 
-def _event(
-    entry: HistoryEntry, entries: Sequence[HistoryEntry], verdicts: Sequence[ReplicaVerdict]
-) -> Event | None:
-    name = (
+def _name(entry: HistoryEntry) -> str:
+    return (
         f"revision {entry.revision} (generation {entry.generation}, config "
         f"{entry.config_hash[:12]})"
     )
+
+
+def _step(entry: HistoryEntry, verdicts: Sequence[ReplicaVerdict]) -> Event:
+    on = sorted(v.replica for v in verdicts if v.outcome == "Canary")
+    where = f" on {', '.join(on)}" if on else ""
+    return Event(
+        "Normal",
+        "CanaryStep",
+        f"{_name(entry)} serves {entry.share_percent}% of the touched models' requests{where}: "
+        "the earlier steps passed every check",
+    )
+
+
+def _event(
+    entry: HistoryEntry, entries: Sequence[HistoryEntry], verdicts: Sequence[ReplicaVerdict]
+) -> Event | None:
+    name = _name(entry)
     figures = next((v.figures for v in verdicts if v.outcome == entry.outcome and v.figures), "")
     said = f"{entry.check}: {entry.reason}" if entry.check else entry.reason
     said += f" ({figures})" if figures else ""

@@ -209,6 +209,10 @@ class HistoryEntry(_Part):
     restores: Annotated[
         int | None, _text("The earlier revision whose config this one is again.")
     ] = None
+    share_percent: Annotated[
+        int | None,
+        _text("On canary: the share of the touched models' requests it served when last seen."),
+    ] = None
 
 
 class RevisionRollout(_Part):
