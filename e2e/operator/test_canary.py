@@ -42,11 +42,11 @@ async def upstreams() -> AsyncIterator[dict[str, UpstreamProcess]]:
     async with contextlib.AsyncExitStack() as stack:
         yield {
             "a": await stack.enter_async_context(
-                spawn_fake_upstream(["--model", "served-a", "--latency-ms", "20"])
+                spawn_fake_upstream(["--model", "served-a", "--latency-ms", "100"])
             ),
             "flaky": await stack.enter_async_context(
                 spawn_fake_upstream(
-                    ["--model", "served-a", "--latency-ms", "20", "--fail-rate", "0.5"]
+                    ["--model", "served-a", "--latency-ms", "100", "--fail-rate", "0.5"]
                 )
             ),
         }
@@ -150,7 +150,7 @@ async def test_a_bad_live_change_is_rolled_back_within_30s_failing_at_most_2_per
         spec = canary_spec(host_spec(), ups)
         spec["rollout"] = dict(QUICK)
         stack = await host_stack(spec)
-        await stack.wait_available(["pa", "pf", "pc"])
+        await stack.wait_available(["pa", "pc", "pf"])
         start_operator(edge_admins=[stack.admin_url])
         await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
         await asyncio.to_thread(edgeconfigs.wait, "demo")
@@ -190,11 +190,11 @@ async def test_a_good_live_change_goes_through_its_steps_with_the_defaults_in_un
         spec = canary_spec(host_spec(), ups)
         spec["rollout"] = {}  # the defaults
         stack = await host_stack(spec)
-        await stack.wait_available(["pa", "pf", "pc"])
+        await stack.wait_available(["pa", "pc", "pf"])
         start_operator(edge_admins=[stack.admin_url])
         await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
         await asyncio.to_thread(edgeconfigs.wait, "demo")
-        async with Load(stack, clients=4).running() as load:
+        async with Load(stack, clients=8).running() as load:
             await asyncio.sleep(2)
             good = copy.deepcopy(spec)  # pf added to m's map, last: used when pa is full
             good["models"][0]["providers"] = {"pa": "served-a", "pf": "served-a"}

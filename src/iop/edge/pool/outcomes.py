@@ -86,8 +86,10 @@ class Figures:
 
     @property
     def failure_rate(self) -> float:
-        """Failed answers and retried tries per request (0 with no request)."""
-        return (self.failed + self.retries) / self.requests if self.requests else 0.0
+        """Failed answers and retried tries per request (0 with no request), at most 1: a try
+        is counted when it is retried, its request when it ends, so requests still in flight
+        may have more retried tries than there are answered requests."""
+        return min(1.0, (self.failed + self.retries) / self.requests) if self.requests else 0.0
 
     def first_token_p95(self) -> float | None:
         """The p95 time to first token, as the upper bound of its bucket (None: none seen)."""
