@@ -212,3 +212,5 @@ async def test_a_good_live_change_goes_through_its_steps_with_the_defaults_in_un
     assert not [status for (_, status) in answers if status != 200]
     reasons = [e["reason"] for e in edgeconfigs.events("demo")]
     assert reasons.count("CanaryStarted") == 1 and reasons.count("Promoted") == 1
+    steps = [e["message"] for e in edgeconfigs.events("demo") if e["reason"] == "CanaryStep"]
+    assert sorted(int(m.split(" serves ")[1].split("%")[0]) for m in steps) == [25, 100], steps
