@@ -284,3 +284,34 @@ async def wait_available(host: str, port: int, wanted: bytes) -> None:
             return
         await asyncio.sleep(0.05)
     raise RuntimeError("the node never connected")
+
+
+@dataclass
+class Load:
+    """Requests completed so far by `keep_loading` (a window reads the count as it grows)."""
+
+    requests: int = 0
+    failed: int = 0
+
+
+async def keep_loading(
+    host: str, port: int, payloads: list[bytes], stop: asyncio.Event, load: Load
+) -> None:
+    """One keep-alive connection per payload, each sending its payload back to back until
+    `stop`; every answer counted in `load` (a status other than 200 as failed)."""
+    loop = asyncio.get_running_loop()
+    connections = []
+    for _ in payloads:
+        _, protocol = await loop.create_connection(Connection, host, port)
+        connections.append(protocol)
+
+    async def worker(connection: Connection, payload: bytes) -> None:
+        while not stop.is_set():
+            status = await connection.exchange(payload)
+            load.requests += 1
+            load.failed += status != 200
+
+    await asyncio.gather(*map(worker, connections, payloads))
+    for connection in connections:
+        assert connection.transport is not None
+        connection.transport.close()

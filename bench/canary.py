@@ -76,38 +76,6 @@ def request(host: str, stream: bool, user: str) -> bytes:
     return benchkit.http_request(host, "/v1/chat/completions", encoded, CLIENT_TOKEN)
 
 
-class Load:
-    """Requests completed so far (the windows read the count as it grows)."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.failed = 0
-
-
-async def run_load(host: str, port: int, concurrency: int, stop: asyncio.Event, load: Load) -> None:
-    loop = asyncio.get_running_loop()
-    connections = []
-    for _ in range(concurrency):
-        _, protocol = await loop.create_connection(benchkit.Connection, host, port)
-        connections.append(protocol)
-
-    async def worker(connection: benchkit.Connection, payload: bytes) -> None:
-        while not stop.is_set():
-            status = await connection.exchange(payload)
-            load.requests += 1
-            load.failed += status != 200
-
-    await asyncio.gather(
-        *(
-            worker(connection, request(host, index % 2 == 0, f"user-{index}"))
-            for index, connection in enumerate(connections)
-        )
-    )
-    for connection in connections:
-        assert connection.transport is not None
-        connection.transport.close()
-
-
 @contextlib.asynccontextmanager
 async def stack(folder: Path) -> AsyncIterator[tuple[dict[str, Any], dict[str, Any]]]:
     base = document()
@@ -157,8 +125,11 @@ async def main(rounds: int, window: float, concurrency: int) -> None:
             metrics_url = f"{started['metrics_url']}/metrics"
             async with httpx.AsyncClient(base_url=started["admin_url"], timeout=60) as admin:
                 trial, plain = on_trial(base), kept(base)
-                load, stop = Load(), asyncio.Event()
-                loader = asyncio.create_task(run_load(host, port, concurrency, stop, load))
+                load, stop = benchkit.Load(), asyncio.Event()
+                payloads = [request(host, i % 2 == 0, f"user-{i}") for i in range(concurrency)]
+                loader = asyncio.create_task(
+                    benchkit.keep_loading(host, port, payloads, stop, load)
+                )
                 per_request: dict[str, list[float]] = {"canary": [], "none": []}
                 shares: list[float] = []
                 state = "none"

@@ -67,36 +67,9 @@ def request(host: str, stream: bool) -> bytes:
     return benchkit.http_request(host, "/v1/chat/completions", body, CLIENT_TOKEN)
 
 
-@dataclass
-class Load:
-    """Requests completed so far (the windows read the count as it grows)."""
-
-    requests: int = 0
-    failed: int = 0
-
-
-async def run_load(host: str, port: int, concurrency: int, stop: asyncio.Event, load: Load) -> None:
-    loop = asyncio.get_running_loop()
-    connections = []
-    for _ in range(concurrency):
-        _, protocol = await loop.create_connection(benchkit.Connection, host, port)
-        connections.append(protocol)
-
-    async def worker(connection: benchkit.Connection, payload: bytes) -> None:
-        while not stop.is_set():
-            status = await connection.exchange(payload)
-            load.requests += 1
-            load.failed += status != 200
-
-    await asyncio.gather(
-        *(
-            worker(connection, request(host, stream=index % 2 == 0))
-            for index, connection in enumerate(connections)
-        )
-    )
-    for connection in connections:
-        assert connection.transport is not None
-        connection.transport.close()
+def payloads(host: str, concurrency: int) -> list[bytes]:
+    """One request per connection, half of them streaming."""
+    return [request(host, stream=index % 2 == 0) for index in range(concurrency)]
 
 
 # -- the applies ----------------------------------------------------------------------------------
@@ -218,8 +191,10 @@ async def main(
                 timeline: list[tuple[str, float]] = []
                 storms = {name: Applies() for name, rate in rates.items() if rate is not None}
                 stop = asyncio.Event()
-                load = Load()
-                loader = asyncio.create_task(run_load(host, port, concurrency, stop, load))
+                load = benchkit.Load()
+                loader = asyncio.create_task(
+                    benchkit.keep_loading(host, port, payloads(host, concurrency), stop, load)
+                )
                 try:
                     await asyncio.sleep(1.0)  # connections up, caches warm
                     for name in order:
