@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -444,6 +444,29 @@ async def host_stack(tmp_path: Path) -> AsyncIterator[Callable[[dict[str, Any]],
     yield start
     for stack in stacks:
         await stack.stack.aclose()
+
+
+@pytest.fixture
+def operated(
+    host_stack: Callable[..., Any],
+    start_operator: Callable[..., OperatorProcess],
+    edgeconfigs: EdgeConfigs,
+) -> Callable[..., Any]:
+    """`await operated(spec, providers=[...])`: the host stack of `spec` with `providers` (all
+    four of `host_spec` by default) available, the operator told its admin API, and `spec`
+    applied as EdgeConfig `demo` and Ready."""
+
+    async def start(
+        spec: dict[str, Any], providers: Sequence[str] = ("pa", "pb", "pc", "pd")
+    ) -> HostStack:
+        stack: HostStack = await host_stack(spec)
+        await stack.wait_available(sorted(providers))
+        start_operator(edge_admins=[stack.admin_url])
+        await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
+        await asyncio.to_thread(edgeconfigs.wait, "demo")
+        return stack
+
+    return start
 
 
 # -- the chart's workloads on kwok's node ----------------------------------------------------------

@@ -144,16 +144,12 @@ def bad_changes() -> list[Any]:
 
 @pytest.mark.parametrize(("change", "check"), bad_changes())
 async def test_a_bad_live_change_is_rolled_back_within_30s_failing_at_most_2_percent(
-    host_stack, start_operator, edgeconfigs, host_spec, change, check
+    operated, edgeconfigs, host_spec, change, check
 ) -> None:
     async with upstreams() as ups:
         spec = canary_spec(host_spec(), ups)
         spec["rollout"] = dict(QUICK)
-        stack = await host_stack(spec)
-        await stack.wait_available(["pa", "pc", "pf"])
-        start_operator(edge_admins=[stack.admin_url])
-        await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
-        await asyncio.to_thread(edgeconfigs.wait, "demo")
+        stack = await operated(spec, ["pa", "pc", "pf"])
         async with Load(stack, clients=12 if check == "first_token_p95" else 3).running() as load:
             await asyncio.sleep(2)  # the stable revision's own figures
             bad = copy.deepcopy(spec)
@@ -184,16 +180,12 @@ async def test_a_bad_live_change_is_rolled_back_within_30s_failing_at_most_2_per
 
 
 async def test_a_good_live_change_goes_through_its_steps_with_the_defaults_in_under_60s(
-    host_stack, start_operator, edgeconfigs, host_spec
+    operated, edgeconfigs, host_spec
 ) -> None:
     async with upstreams() as ups:
         spec = canary_spec(host_spec(), ups)
         spec["rollout"] = {}  # the defaults
-        stack = await host_stack(spec)
-        await stack.wait_available(["pa", "pc", "pf"])
-        start_operator(edge_admins=[stack.admin_url])
-        await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
-        await asyncio.to_thread(edgeconfigs.wait, "demo")
+        stack = await operated(spec, ["pa", "pc", "pf"])
         async with Load(stack, clients=8).running() as load:
             await asyncio.sleep(2)
             good = copy.deepcopy(spec)  # pf added to m's map, last: used when pa is full

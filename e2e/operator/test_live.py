@@ -142,20 +142,11 @@ LIVE_CLASSES = [
 ]
 
 
-async def started(host_stack, start_operator, edgeconfigs, spec: Spec) -> HostStack:
-    stack: HostStack = await host_stack(spec)
-    await stack.wait_available(["pa", "pb", "pc", "pd"])
-    start_operator(edge_admins=[stack.admin_url])
-    await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
-    await asyncio.to_thread(edgeconfigs.wait, "demo")
-    return stack
-
-
 async def test_create_becomes_ready_and_the_edge_serves_every_model(
-    host_stack, start_operator, edgeconfigs, host_spec
+    operated, edgeconfigs, host_spec
 ) -> None:
     spec = host_spec()
-    stack = await started(host_stack, start_operator, edgeconfigs, spec)
+    stack = await operated(spec)
 
     ec = await asyncio.to_thread(edgeconfigs.get, "demo")
     status = ec["status"]
@@ -180,8 +171,7 @@ async def test_create_becomes_ready_and_the_edge_serves_every_model(
 
 @pytest.mark.parametrize(("edit", "paths", "observe", "before", "after"), LIVE_CLASSES)
 async def test_a_live_change_applies_without_restarting_anything(
-    host_stack,
-    start_operator,
+    operated,
     edgeconfigs,
     host_spec,
     edit: Callable[[Spec], None],
@@ -191,7 +181,7 @@ async def test_a_live_change_applies_without_restarting_anything(
     after: object,
 ) -> None:
     spec = host_spec()
-    stack = await started(host_stack, start_operator, edgeconfigs, spec)
+    stack = await operated(spec)
     assert await observe(stack) == before
     pids = stack.pids()
 
@@ -207,10 +197,10 @@ async def test_a_live_change_applies_without_restarting_anything(
 
 
 async def test_a_load_runs_through_every_live_apply_without_a_failed_request(
-    host_stack, start_operator, edgeconfigs, host_spec
+    operated, edgeconfigs, host_spec
 ) -> None:
     spec = host_spec()
-    stack = await started(host_stack, start_operator, edgeconfigs, spec)
+    stack = await operated(spec)
     pids = stack.pids()
     done = asyncio.Event()
     outcomes: list[str] = []

@@ -66,21 +66,12 @@ def reasons(edgeconfigs: EdgeConfigs) -> list[str]:
     return [e["reason"] for e in edgeconfigs.events("demo")]
 
 
-async def started(host_stack, start_operator, edgeconfigs, spec: dict[str, Any]) -> HostStack:
-    stack: HostStack = await host_stack(spec)
-    await stack.wait_available(["pa", "pb", "pc", "pd"])
-    start_operator(edge_admins=[stack.admin_url])
-    await asyncio.to_thread(edgeconfigs.apply, "demo", spec)
-    await asyncio.to_thread(edgeconfigs.wait, "demo")
-    return stack
-
-
 async def test_a_live_change_is_a_revision_followed_to_promoted(
-    host_stack, start_operator, edgeconfigs, host_spec, kube_cluster, namespace
+    operated, edgeconfigs, host_spec, kube_cluster, namespace
 ) -> None:
     spec = host_spec()
     spec["rollout"] = dict(ROLLOUT)
-    stack = await started(host_stack, start_operator, edgeconfigs, spec)
+    stack = await operated(spec)
     ec = await asyncio.to_thread(edgeconfigs.get, "demo")
     assert [(e["revision"], e["outcome"]) for e in ec["status"]["history"]] == [(1, "Applied")]
     assert ec["status"]["revision"] == 1
@@ -127,11 +118,11 @@ async def test_a_live_change_is_a_revision_followed_to_promoted(
 
 
 async def test_a_change_that_hurts_is_rolled_back_and_a_new_spec_starts_over(
-    host_stack, start_operator, edgeconfigs, host_spec, kube_cluster, namespace
+    operated, edgeconfigs, host_spec, kube_cluster, namespace
 ) -> None:
     spec = host_spec()
     spec["rollout"] = dict(ROLLOUT)
-    stack = await started(host_stack, start_operator, edgeconfigs, spec)
+    stack = await operated(spec)
     for _ in range(3):  # the stable revision's own first tokens: pa answers at once
         await one_request(stack)
     slow = copy.deepcopy(spec)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from iop.edgeconfig import EdgeConfig, camel_path
 from iop.edgeconfig.loading import load_data
 
 if TYPE_CHECKING:
@@ -113,6 +114,16 @@ def test_the_values_schema_refuses_what_it_does_not_know(
         chart_tools.template(values=values)
     assert "values don't meet the specifications of the schema" in str(failure.value)
     assert says in str(failure.value)
+
+
+def test_every_section_of_the_edgeconfig_spec_is_in_the_values_schema() -> None:
+    """`edgeConfig.spec` refuses keys it does not list: a section the config model gained and
+    the schema missed (`rollout` once did) would refuse every values file that sets it."""
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    spec = schema["properties"]["edgeConfig"]["properties"]["spec"]
+    assert spec["additionalProperties"] is False
+    sections = {camel_path(name) for name in EdgeConfig.model_fields}
+    assert sections == set(spec["properties"])
 
 
 def test_every_value_is_in_the_schema_and_documented(chart_values: dict[str, Any]) -> None:
