@@ -240,6 +240,7 @@ class RelayedRun:
             return True
         dispatcher = self._dispatcher
         if self._back_to_stable(failed, deadline):
+            attempts.failure = failed  # the answer if the stable side finds no slot in time
             metrics.count_retry(asked, failed.code, self.side)
             return True
         if not should_retry(failed):
