@@ -39,9 +39,10 @@ def apply_body(document: Mapping[str, Any], restarting: Sequence[str]) -> bytes:
     return orjson.dumps({"mode": "apply", "config": document, "restarting": list(restarting)})
 
 
-def revision_body(revision: int) -> bytes:
-    """The `POST /refresh` body that puts a replica's own revision `revision` back in effect."""
-    return orjson.dumps({"mode": "apply", "revision": revision})
+def revision_body(revision: int, restarting: Sequence[str] = ()) -> bytes:
+    """The `POST /refresh` body that puts a replica's own revision `revision` back in effect
+    (`restarting`: the node scopes whose workloads go back to their templates meanwhile)."""
+    return orjson.dumps({"mode": "apply", "revision": revision, "restarting": list(restarting)})
 
 
 class EdgeAdmin(AsyncService):

@@ -16,7 +16,8 @@ from typing import Final, Literal
 from iop.edgeconfig import ChangeReport, EdgeConfig, classify
 
 from . import conventions
-from .documents import AppliedState, RestartRecord
+from .documents import AppliedState, RestartRecord, StableRevision
+from .status import GOOD_OUTCOMES
 from .values import (
     EdgeReplica,
     Event,
@@ -99,13 +100,89 @@ def with_restarts(current: Plan, scopes: Iterable[str], desired_hash: str) -> Pl
 
 def stamps_due(observation: Observation, current: Plan) -> list[tuple[Workload, RestartRecord]]:
     """Each workload of each restart whose pod template does not carry the restart's config
-    hash yet: stamping it rolls it (a stamped one is never rolled again for that hash)."""
+    hash yet: stamping it rolls it (a stamped one is never rolled again for that hash). A return
+    to the stable revision rolls nothing that still runs the stable revision's template."""
+    stable = observation.applied.stable if observation.applied is not None else None
     due = []
     for record in current.restarts:
         for workload in _workloads(observation, record.scope):
-            if workload.stamp != record.config_hash:
-                due.append((workload, record))
+            if workload.stamp == record.config_hash:
+                continue
+            if (
+                stable is not None
+                and stable.config_hash == record.config_hash
+                and workload.stamp == stable.stamps.get(workload.key, "")
+            ):
+                continue
+            due.append((workload, record))
     return due
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRestart:
+    """A workload whose restart for the desired config did not come through its gate."""
+
+    scope: str
+    workload: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.workload} ({self.scope}): {self.message}"
+
+
+def failed_restarts(observation: Observation, current: Plan) -> list[FailedRestart]:
+    """The desired config's restarts whose rollout stalled: the first new pod (the surge; no old
+    pod goes before it is ready) did not become available within the workload's progress
+    deadline. Each is the gate's verdict on the change: it goes back to the stable revision."""
+    failed = []
+    for record in current.restarts:
+        if record.config_hash != observation.desired_hash:
+            continue
+        for workload in _workloads(observation, record.scope):
+            if workload.stamp == record.config_hash and workload.rollout.phase == "Stalled":
+                failed.append(FailedRestart(record.scope, workload.key, workload.rollout.message))
+    return failed
+
+
+def stamps_back(observation: Observation, stable: StableRevision) -> list[tuple[Workload, str]]:
+    """Each workload stamped with the desired config, and the stamp of its last good template
+    (the stable revision's; "" for a template that carried none)."""
+    workloads = [*observation.edges, *(w for items in observation.nodes.values() for w in items)]
+    return [
+        (w, stable.stamps.get(w.key, ""))
+        for w in workloads
+        if w.stamp == observation.desired_hash and w.stamp != stable.stamps.get(w.key, "")
+    ]
+
+
+def pods_config(observation: Observation, current: Plan, held: bool) -> tuple[EdgeConfig, str]:
+    """(the config, its hash) the Edge ConfigMap holds: what an Edge pod that starts runs.
+
+    The desired config while nothing came through before it, and when the Edge rolls to take
+    it (its new pods must); else the stable revision while the desired one is on trial or was
+    rolled back: a pod that starts mid-canary starts on the stable config and is given the
+    candidate live, judged again, and one that starts after a rollback runs the stable config.
+    """
+    applied = observation.applied
+    stable = applied.stable if applied is not None else None
+    desired = (observation.desired, observation.desired_hash)
+    if stable is None or stable.config_hash == observation.desired_hash:
+        return desired
+    if not held and any(
+        r.scope == "edge" and r.config_hash == observation.desired_hash for r in current.restarts
+    ):
+        return desired
+    return stable.config, stable.config_hash
+
+
+def came_through(record: AppliedState | None, outcome: str | None) -> AppliedState | None:
+    """The record with its config as the stable revision, once that config came through (its
+    revision's outcome good, no restart of it open); None while it has not, or already is."""
+    if record is None or record.restarts or outcome not in GOOD_OUTCOMES:
+        return None
+    if record.stable is not None and record.stable.config_hash == record.config_hash:
+        return None
+    return record.with_stable()
 
 
 def live_targets(observation: Observation) -> tuple[list[EdgeReplica], list[EdgeReplica]]:
@@ -186,6 +263,7 @@ def judge(
             dict(stamps),
             tuple(open_restarts),
             committed_at,
+            observation.applied.stable if observation.applied is not None else None,
         )
         committed = True
         events += _applied_events(observation, current, outcomes)

@@ -4,7 +4,9 @@
   only the keys the spec set. A pod that starts reads it and is current at once.
 - The applied record (`NAME-edge-applied`): the config *last applied* (the base the next change
   is classified against), gzip-compressed, its hash and generation, and the stamps the operator
-  wrote on workloads.
+  wrote on workloads; and the *stable* revision (the newest config that came through its trial
+  and its restarts, with its stamps): what the ConfigMap holds while a newer one is on trial or
+  after it was rolled back, and the pod templates a failed restart goes back to.
 
 Both are owned by the EdgeConfig and written with server-side apply. docs/operator.md, "What the
 operator writes", says why they are so.
@@ -16,7 +18,7 @@ import base64
 import gzip
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import orjson
@@ -28,6 +30,7 @@ from . import conventions
 logger = logging.getLogger(__name__)
 
 _STATE_KEY: Final = "config.json.gz"
+_STABLE_KEY: Final = "stable.json.gz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,16 @@ class RestartRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class StableRevision:
+    """The newest config that came through its trial and its restarts, and each workload's stamp
+    then ("" where the pod template carried none): what a rollback goes back to."""
+
+    config: EdgeConfig
+    config_hash: str
+    stamps: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class AppliedState:
     """What the operator last applied for one EdgeConfig."""
 
@@ -103,11 +116,33 @@ class AppliedState:
     restarts: tuple[RestartRecord, ...] = ()
     #: Unix time the change was committed (0: a record older than this field).
     applied_at: float = 0.0
+    #: The stable revision (None: none known yet, e.g. before the first config came through).
+    stable: StableRevision | None = None
+
+    def with_stable(self) -> AppliedState:
+        """This record with its own config as the stable revision (it came through)."""
+        return replace(
+            self, stable=StableRevision(self.config, self.config_hash, dict(self.stamps))
+        )
 
 
 def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
     """The applied record, as a server-side apply body."""
-    packed = gzip.compress(render_config(state.config).encode(), compresslevel=6, mtime=0)
+    packed = _pack(state.config)
+    data = {
+        "configHash": state.config_hash,
+        "generation": str(state.generation),
+        "stamps": _json(dict(state.stamps)),
+        "restarts": orjson.dumps([r.as_dict() for r in state.restarts]).decode(),
+        "appliedAt": f"{state.applied_at:.3f}",
+    }
+    binary = {_STATE_KEY: packed}
+    stable = state.stable
+    if stable is not None:
+        data["stableConfigHash"] = stable.config_hash
+        data["stableStamps"] = _json(dict(stable.stamps))
+        if stable.config_hash != state.config_hash:  # else the same config: kept once
+            binary[_STABLE_KEY] = _pack(stable.config)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -117,15 +152,35 @@ def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
             "labels": owner.labels(),
             "ownerReferences": [owner.reference()],
         },
-        "data": {
-            "configHash": state.config_hash,
-            "generation": str(state.generation),
-            "stamps": orjson.dumps(dict(state.stamps), option=orjson.OPT_SORT_KEYS).decode(),
-            "restarts": orjson.dumps([r.as_dict() for r in state.restarts]).decode(),
-            "appliedAt": f"{state.applied_at:.3f}",
-        },
-        "binaryData": {_STATE_KEY: base64.b64encode(packed).decode()},
+        "data": data,
+        "binaryData": binary,
     }
+
+
+def _pack(config: EdgeConfig) -> str:
+    packed = gzip.compress(render_config(config).encode(), compresslevel=6, mtime=0)
+    return base64.b64encode(packed).decode()
+
+
+def _unpack(text: str) -> EdgeConfig:
+    return load_data(orjson.loads(gzip.decompress(base64.b64decode(text))))
+
+
+def _json(value: Mapping[str, str]) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _stable_of(
+    data: Mapping[str, Any], binary: Mapping[str, Any], config: EdgeConfig, digest: str
+) -> StableRevision | None:
+    stable_hash = data.get("stableConfigHash")
+    if not stable_hash:
+        return None  # a record older than the field, or none came through yet
+    stamps = orjson.loads(data.get("stableStamps") or "{}")
+    stable_config = config if stable_hash == digest else _unpack(binary[_STABLE_KEY])
+    if config_hash(stable_config) != stable_hash:
+        raise ValueError("the stable config does not match its hash")
+    return StableRevision(stable_config, stable_hash, {str(k): str(v) for k, v in stamps.items()})
 
 
 def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
@@ -135,17 +190,19 @@ def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
     name = configmap.get("metadata", {}).get("name", "?")
     try:
         data = configmap.get("data") or {}
-        packed = base64.b64decode((configmap.get("binaryData") or {})[_STATE_KEY])
-        config = load_data(orjson.loads(gzip.decompress(packed)))
+        binary = configmap.get("binaryData") or {}
+        config = _unpack(binary[_STATE_KEY])
+        digest = config_hash(config)
         stamps = orjson.loads(data.get("stamps") or "{}")
         restarts = orjson.loads(data.get("restarts") or "[]")
         state = AppliedState(
             config=config,
-            config_hash=config_hash(config),
+            config_hash=digest,
             generation=int(data.get("generation") or 0),
             stamps={str(k): str(v) for k, v in stamps.items()},
             restarts=tuple(RestartRecord(str(r["scope"]), str(r["configHash"])) for r in restarts),
             applied_at=float(data.get("appliedAt") or 0.0),
+            stable=_stable_of(data, binary, config, digest),
         )
     except (KeyError, ValueError, TypeError, OSError, ConfigError, AttributeError) as exc:
         logger.warning("the applied record %s is unreadable (%r); starting afresh", name, exc)

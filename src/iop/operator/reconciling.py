@@ -24,6 +24,7 @@ from iop.edgeconfig import (
     ChangeReport,
     ConfigError,
     EdgeConfig,
+    classify,
     config_hash,
     is_loopback_listener,
     load_data,
@@ -38,15 +39,26 @@ from .deciding import (
     Observation,
     Plan,
     Verdict,
+    came_through,
+    failed_restarts,
     judge,
     live_targets,
     plan,
+    pods_config,
     settled_outcomes,
+    stamps_back,
     stamps_due,
     with_restarts,
 )
 from .discovering import ReplicaFinder
-from .documents import AppliedState, Owner, decode_state, edge_configmap, render_config
+from .documents import (
+    AppliedState,
+    Owner,
+    StableRevision,
+    decode_state,
+    edge_configmap,
+    render_config,
+)
 from .documents import state_configmap as record_configmap
 from .errors import AdminApiError, AdminUnreachable, KubeApiError, KubeNotFound
 from .kubeapi import KubeApi, resource_path
@@ -243,12 +255,22 @@ class Reconciler:
         if observation.new_change:
             self._remember_change(observation, current.change)
             self._say(owner, "Normal", "Validated", _plan_message(observation.generation, current))
-        await self._write_configmap(owner, observation.desired, observation.desired_hash)
-        stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
-        observation = await self._roll(owner, observation, current, stamps)
-        asked, ready = live_targets(observation)
         history = self._history_of(owner, previous)
         held = held_back(history, observation.desired_hash) is not None
+        await self._write_configmap(owner, *pods_config(observation, current, held))
+        stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
+        observation = await self._roll(owner, observation, current, stamps)
+        failed_gate = ""
+        gate = failed_restarts(observation, current)
+        stable = observation.applied.stable if observation.applied is not None else None
+        if gate and stable is not None and stable.config_hash != observation.desired_hash:
+            observation, current = await self._go_back(owner, observation, current, stable)
+            stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
+            failed_gate = "; ".join(str(f) for f in gate) + (
+                f"; back on the pod templates of the stable config {stable.config_hash[:12]}"
+            )
+            held = True
+        asked, ready = live_targets(observation)
         if held:
             outcomes = await read_replicas(self._admin, ready, tokens.admin_token)
         else:
@@ -300,7 +322,19 @@ class Reconciler:
             outcomes=outcomes,
             views=views,
             timestamp=now(),
+            restarting=bool(verdict.finding.pending),
+            failed_restart=failed_gate,
         )
+        newest = step.history[0] if step.history else None
+        record = self._state
+        settled = None
+        if newest is not None and record is not None and newest.config_hash == record.config_hash:
+            settled = newest.outcome
+        through = came_through(record, settled)
+        if through is not None:
+            await self._save_state(owner, through)
+            observation = replace(observation, applied=through)
+            await self._write_configmap(owner, *pods_config(observation, current, held))
         return verdict, step
 
     # -- observing -------------------------------------------------------------------------------
@@ -445,6 +479,38 @@ class Reconciler:
             nodes={node: tuple(items) for node, items in nodes.items()},
         )
 
+    async def _go_back(
+        self, owner: Owner, observation: Observation, current: Plan, stable: StableRevision
+    ) -> tuple[Observation, Plan]:
+        """A restart failed its gate: every workload stamped with the desired config back on the
+        stable revision's stamp (its last good template, so the Deployment controller scales the
+        old ReplicaSet up again and removes the new pod), the ConfigMap back on the stable config,
+        and the record without the desired config's restarts (nothing rolls it again)."""
+        edges = list(observation.edges)
+        nodes = {node: list(items) for node, items in observation.nodes.items()}
+        for workload, stamp_of in stamps_back(observation, stable):
+            restored = await stamp(self._api, owner.namespace, workload, stamp_of)
+            targets = nodes[workload.node_id] if workload.node_id else edges
+            targets[targets.index(workload)] = restored
+        assert observation.applied is not None
+        record = replace(
+            observation.applied,
+            stamps={**observation.applied.stamps, **stable.stamps},
+            restarts=tuple(
+                r for r in observation.applied.restarts if r.config_hash != observation.desired_hash
+            ),
+        )
+        await self._save_state(owner, record)
+        observation = replace(
+            observation,
+            applied=record,
+            edges=tuple(edges),
+            nodes={node: tuple(items) for node, items in nodes.items()},
+        )
+        current = replace(current, restarts=record.restarts)
+        await self._write_configmap(owner, *pods_config(observation, current, held=True))
+        return observation, current
+
     async def _apply_live(
         self,
         observation: Observation,
@@ -511,6 +577,7 @@ class Reconciler:
         stable_hash, due = restores(desired_hash, history, outcomes, views)
         settled = {o.replica.name: o for o in outcomes}
         token = tokens.admin_token
+        restarting = self._nodes_going_back(stable_hash) if due else []
         for order in due:
             name = order.replica.name
             if order.revision is None:
@@ -524,7 +591,8 @@ class Reconciler:
                 )
                 continue
             try:
-                await self._admin.apply(order.replica, revision_body(order.revision), token)
+                body = revision_body(order.revision, restarting)
+                await self._admin.apply(order.replica, body, token)
                 status = await self._admin.status(order.replica, token)
             except AdminApiError as error:
                 settled[name] = ReplicaOutcome(
@@ -554,6 +622,16 @@ class Reconciler:
                     rolled_back=True,
                 )
         return [settled[o.replica.name] for o in outcomes]
+
+    def _nodes_going_back(self, stable_hash: str) -> list[str]:
+        """The node scopes between the recorded config and the stable one that need a restart:
+        their workloads go back to their stable templates (a failed gate), so the replicas put
+        back on the stable config hold them rather than refuse."""
+        record = self._state
+        if record is None or record.stable is None or record.stable.config_hash != stable_hash:
+            return []
+        change = classify(record.config, record.stable.config)
+        return sorted(s for s in change.restart_scopes if s.startswith("node:"))
 
     # -- reporting -------------------------------------------------------------------------------
 

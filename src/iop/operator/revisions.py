@@ -145,13 +145,17 @@ def follow(
     outcomes: Sequence[ReplicaOutcome],
     views: Mapping[str, ReplicaRevisions],
     timestamp: str,
+    restarting: bool = False,
+    failed_restart: str = "",
 ) -> HistoryStep:
     """One pass's step of the history (newest first).
 
     `taken`: the desired config came into effect (committed, or some replica runs it or rolled it
     back): when its hash is not the newest revision's, it is the next revision (an older one not
     settled yet is superseded). The newest revision's outcome follows its replicas' verdicts
-    until it is final; a final outcome never changes.
+    until it is final; a final outcome never changes. `restarting`: a restart of the desired
+    config is under way (it is not through until that is done); `failed_restart`: why its
+    restart failed its gate, which rolls it back.
     """
     entries = list(history)
     if taken and (not entries or entries[0].config_hash != desired_hash):
@@ -160,8 +164,20 @@ def follow(
     if entries:
         newest = entries[0]
         verdicts = verdicts_of(newest.config_hash, outcomes, views)
-        if newest.outcome not in FINAL_OUTCOMES and verdicts:
+        unsettled = newest.outcome not in FINAL_OUTCOMES
+        if unsettled and failed_restart and newest.config_hash == desired_hash:
+            entries[0] = newest.model_copy(
+                update={
+                    "outcome": "RolledBack",
+                    "reason": _clip(failed_restart),
+                    "check": "restart",
+                    "share_percent": None,
+                }
+            )
+        elif unsettled and verdicts:
             outcome, decider = aggregate(verdicts)
+            if restarting and outcome in GOOD_OUTCOMES:
+                outcome, decider = "Applying", None  # through only once its restarts are
             update = _ended(outcome, decider)
             shares = [v.share_percent for v in verdicts if v.share_percent is not None]
             update["share_percent"] = min(shares) if outcome == "Canary" and shares else None

@@ -7,7 +7,9 @@ already stamped with a hash is never patched again for it, so an operator restar
 a retried pass rolls nothing twice (the trap of tools that restart on every ConfigMap change).
 
 Workloads are Deployments found by label (`conventions.edge_selector`, `node_selector`); how
-far a rollout is follows `kubectl rollout status`.
+far a rollout is follows `kubectl rollout status`. A restart that fails its gate (its first new
+pod not available by the Deployment's progress deadline) puts the stable revision's stamp back,
+like `kubectl rollout undo`: the old ReplicaSet's template again, scaled up by the controller.
 """
 
 from __future__ import annotations
@@ -43,19 +45,22 @@ async def node_workloads(api: KubeApi, namespace: str, name: str) -> dict[str, l
 
 
 async def stamp(api: KubeApi, namespace: str, workload: Workload, config_hash: str) -> Workload:
-    """Stamp the pod template with `config_hash` (which rolls it); a no-op when it already is."""
+    """Stamp the pod template with `config_hash` (which rolls it; "" takes the stamp off, as on
+    a template never stamped); a no-op when it already is."""
     if workload.stamp == config_hash:
         return workload
     patch = {
         "spec": {
             "template": {
-                "metadata": {"annotations": {conventions.CONFIG_HASH_ANNOTATION: config_hash}}
+                "metadata": {
+                    "annotations": {conventions.CONFIG_HASH_ANNOTATION: config_hash or None}
+                }
             }
         }
     }
     patched = await api.merge_patch(
         resource_path("apps/v1", "deployments", namespace, workload.name),
         patch,
-        what=f"stamp {workload.key} for a restart",
+        what=f"stamp {workload.key} for a restart" if config_hash else f"unstamp {workload.key}",
     )
     return Workload.of(patched)
