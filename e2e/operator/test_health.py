@@ -224,7 +224,7 @@ async def test_an_update_is_in_progress_until_the_new_generation_is_ready(
     assert after[0] == "InProgress" and after[-1] == "Current"
 
 
-async def test_a_rollout_past_its_progress_deadline_is_failed(
+async def test_a_rollout_past_its_progress_deadline_is_failed_and_rolled_back(
     kube_cluster, namespace, host_stack, host_spec, start_operator, edgeconfigs, workloads, health
 ) -> None:
     spec = host_spec()
@@ -246,13 +246,16 @@ async def test_a_rollout_past_its_progress_deadline_is_failed(
     await asyncio.to_thread(edgeconfigs.apply, "demo", changed)
     obj, reading = await asyncio.to_thread(health.until_kstatus, "Failed", 90)
 
+    # The restart failed its gate: the operator put the last good template back by itself.
     stalled = conditions(obj)["Stalled"]
     assert (stalled["status"], stalled["reason"], stalled["observedGeneration"]) == (
         "True",
-        "ProgressDeadlineExceeded",
+        "RolledBack",
         2,
     )
-    assert EDGE in stalled["message"]
+    assert f"Deployment/{EDGE} (edge): progress deadline exceeded" in stalled["message"]
+    template = workloads.deployment(EDGE)["spec"]["template"]["metadata"]
+    assert "iop.dev/config-hash" not in (template.get("annotations") or {})
     assert reading.argocd.status == "Degraded"
     assert reading.kstatus.message == reading.argocd.message == stalled["message"]
     assert obj["metadata"]["generation"] == 2

@@ -6,6 +6,8 @@ and the API key the chart generated.
 - create -> Ready, every model served;
 - each live class -> Applied with no pod restarted (same pod UIDs and PIDs), seen in requests;
 - a restart at `edge` scope -> only the Edge pods roll, and the new pods serve the new config;
+- a restart whose first new pod never becomes ready (the OpenAI listener moved off the port the
+  Service targets) -> back on the last good template by the operator alone, one new pod at most;
 - an adapter change on one node -> only that node's workload rolls;
 - the operator killed in the middle of a roll -> it converges on restart, nothing rolls twice;
 - a node's rollout under load -> no request lost, and its drain counted in the status;
@@ -43,6 +45,8 @@ pytestmark = pytest.mark.e2e
 NAME = "demo"  # the release's fullnameOverride, so also the EdgeConfig's name
 EDGE, NODE_1, NODE_2 = f"{NAME}-edge", f"{NAME}-node-node-1", f"{NAME}-node-node-2"
 TOKEN_REF = "e2e-app"  # the principal token of host_spec
+#: The Deployments' progress deadline: the gate of a restart.
+GATE_S = 40
 
 
 def chart_spec(host_spec: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -194,7 +198,10 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
     webhook = f"{NAME}-{namespace}"  # the chart's ValidatingWebhookConfiguration
     values = {
         "fullnameOverride": NAME,
-        "edge": {"replicas": 2},
+        # A restart's gate (its progress deadline) short enough for a test, long enough for a
+        # good rollout on a loaded machine.
+        "edge": {"replicas": 2, "progressDeadlineSeconds": GATE_S},
+        "nodeDefaults": {"progressDeadlineSeconds": GATE_S},
         "nodes": [{"id": "node-1"}, {"id": "node-2"}],
         "edgeConfig": {"spec": chart_spec(host_spec)},
     }
@@ -416,6 +423,87 @@ async def test_an_edge_restart_rolls_only_the_edge_pods(pods: PodStack) -> None:
             )
             assert response.status_code == 200, response.text
             assert response.json()["model"] == "served-c"
+
+
+async def test_a_restart_whose_new_pod_never_gets_ready_goes_back_by_itself(
+    pods: PodStack,
+) -> None:
+    """The OpenAI listener moved to a port the Service does not target (valid, and accepted):
+    the Edge's surge pod never passes its readiness probe, no old pod stops, and once the
+    progress deadline passes the operator puts the last good template back; requests are
+    answered all along; the old file applied again rolls nothing."""
+    before = await asyncio.to_thread(pods.identities)
+    revisions = await asyncio.to_thread(pods.revisions)
+    stamp = pods.stamp(EDGE)
+    changed = copy.deepcopy(pods.spec)
+    host, _, port = changed["openai"]["listen"].rpartition(":")
+    changed["openai"]["listen"] = f"{host}:{int(port) + 11}"
+    new_pods: set[str] = set()
+
+    def look() -> dict[str, Any]:
+        ec = pods.ec()
+        desired = ec.get("status", {}).get("desiredConfigHash")
+        for pod in pods.pods("edge"):
+            annotations = pod["metadata"].get("annotations") or {}
+            if desired and annotations.get("iop.dev/config-hash") == desired:
+                new_pods.add(pod["metadata"]["name"])
+        return ec
+
+    def rolled_back(ec: dict[str, Any]) -> bool:
+        history = ec.get("status", {}).get("history") or [{}]
+        return bool(
+            ec["metadata"]["generation"] == pods.generation + 1
+            and history[0].get("outcome") == "RolledBack"
+            and pods.stamp(EDGE) == stamp
+        )
+
+    async with under_load(pods, "m", workers=2) as outcomes:
+        await asyncio.to_thread(pods.apply, changed)
+        found: dict[str, Any] = {}
+
+        def back() -> bool:
+            nonlocal found
+            found = look()
+            return rolled_back(found)
+
+        await asyncio.to_thread(
+            wait_for, back, timeout=GATE_S + 60, what="the restart rolled back",
+            show=lambda: found.get("status"),
+        )  # fmt: skip
+        await asyncio.to_thread(
+            wait_for, lambda: pods.rolled_out(EDGE), timeout=60, what="the old template back"
+        )
+        await asyncio.sleep(1)  # requests on the old pods after the rollback too
+    pods.generation += 1
+
+    status = found["status"]
+    entry = status["history"][0]
+    assert (entry["check"], entry["generation"]) == ("restart", pods.generation)
+    assert f"Deployment/{EDGE} (edge): progress deadline exceeded" in entry["reason"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Stalled"]["status"], conditions["Stalled"]["reason"]) == (
+        "True",
+        "RolledBack",
+    )
+    assert status["rollout"]["stable"] == status["history"][1]["revision"]
+    assert len(new_pods) == 1, new_pods  # the surge pod, and never a second one
+    # The old pods served throughout and still do; the new template's pod is gone.
+    after = await asyncio.to_thread(pods.identities)
+    assert {k: v for k, v in after.items() if k.startswith(f"{EDGE}-")} == {
+        k: v for k, v in before.items() if k.startswith(f"{EDGE}-")
+    }
+    assert [o for o in outcomes if o.startswith("failed")] == []
+    assert len(outcomes) > 10
+    configmap = await asyncio.to_thread(pods.get, "configmap", f"{NAME}-edge")
+    assert (
+        configmap["metadata"]["annotations"]["iop.dev/config-hash"] == status["appliedConfigHash"]
+    )
+
+    # The GitOps way back: the old file again is the stable revision, and rolls nothing.
+    ec = await asyncio.to_thread(pods.change, pods.spec)
+    assert ec["status"]["history"][0]["restores"] == status["rollout"]["stable"]
+    assert await asyncio.to_thread(pods.revisions) == {**revisions, EDGE: revisions[EDGE] + 1}
+    assert await asyncio.to_thread(pods.identities) == after
 
 
 async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_operator_dies(

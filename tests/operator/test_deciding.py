@@ -4,6 +4,7 @@ change is committed, what the status says and when the next pass comes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,10 +13,14 @@ from iop.edgeconfig import EdgeConfig, config_hash, load_data
 from iop.operator.deciding import (
     SERVING_WAIT_S,
     Observation,
+    came_through,
+    failed_restarts,
     judge,
     live_targets,
     plan,
+    pods_config,
     settled_outcomes,
+    stamps_back,
     stamps_due,
     with_restarts,
 )
@@ -321,3 +326,76 @@ def test_a_replica_that_rolled_the_config_back_stalls_the_edgeconfig() -> None:
     assert not verdict.finding.ready
     # The RolledBack Event comes from the revision's transition (revisions.py), once.
     assert "Degraded" in [e.reason for e in verdict.events]
+
+
+def test_the_configmap_holds_the_stable_revision_unless_the_edge_rolls_to_the_new_one() -> None:
+    old, desired = config(), config(capacity(9))
+    record = record_of(old).with_stable()
+    observation = observe(desired, record)
+    assert pods_config(observation, plan(observation), held=False)[1] == config_hash(old)
+    assert pods_config(observation, plan(observation), held=True)[1] == config_hash(old)
+    # Nothing came through yet (the first config): the desired one.
+    fresh = observe(desired, record_of(old))
+    assert pods_config(fresh, plan(fresh), held=False)[1] == config_hash(desired)
+    # The Edge rolls to take it: its new pods must start on it, unless it was rolled back.
+    moved = config(listen("0.0.0.0:8181"))
+    rolling = observe(moved, record, edges=(edge(""),))
+    assert pods_config(rolling, plan(rolling), held=False)[1] == config_hash(moved)
+    assert pods_config(rolling, plan(rolling), held=True)[1] == config_hash(old)
+
+
+def test_a_stalled_restart_fails_its_gate_and_goes_back_to_the_stable_stamps() -> None:
+    old, moved = config(), config(listen("0.0.0.0:8181"))
+    digest = config_hash(moved)
+    stable_stamp = "ab" * 32
+    record = AppliedState(old, config_hash(old), 1, {"Deployment/demo-edge": stable_stamp})
+    record = record.with_stable()
+    stalled = RolloutState("Stalled", "progress deadline exceeded: timed out progressing")
+    committed = AppliedState(
+        moved, digest, 2, {"Deployment/demo-edge": digest}, (RestartRecord("edge", digest),)
+    )
+    committed = replace(committed, stable=record.stable)
+
+    rolling = observe(moved, committed, edges=(edge(digest, ROLLING),))
+    assert failed_restarts(rolling, plan(rolling)) == []
+    observation = observe(moved, committed, edges=(edge(digest, stalled),))
+    failed = failed_restarts(observation, plan(observation))
+    assert [str(f) for f in failed] == [
+        "Deployment/demo-edge (edge): progress deadline exceeded: timed out progressing"
+    ]
+    assert record.stable is not None
+    assert [(w.name, s) for w, s in stamps_back(observation, record.stable)] == [
+        ("demo-edge", stable_stamp)
+    ]
+    # A node never stamped before goes back to no stamp at all.
+    nodes = {"node-1": (node_workload("node-1", digest, stalled),)}
+    with_node = observe(moved, committed, nodes=nodes)
+    assert [(w.name, s) for w, s in stamps_back(with_node, record.stable)] == [("demo-node-1", "")]
+
+
+def test_a_return_to_the_stable_revision_rolls_no_workload_still_on_its_template() -> None:
+    old, moved = config(), config(listen("0.0.0.0:8181"))
+    stable_stamp = "ab" * 32
+    stable = AppliedState(old, config_hash(old), 1, {"Deployment/demo-edge": stable_stamp})
+    # The moved config was rolled back: its record holds it, the workload the stable stamp.
+    record = AppliedState(moved, config_hash(moved), 2, {"Deployment/demo-edge": stable_stamp})
+    record = replace(record, stable=stable.with_stable().stable)
+    observation = observe(old, record, edges=(edge(stable_stamp),))
+    current = plan(observation)
+    assert [r.scope for r in current.restarts] == ["edge"]
+    assert stamps_due(observation, current) == []
+    elsewhere = observe(old, record, edges=(edge("cd" * 32),))
+    assert len(stamps_due(elsewhere, plan(elsewhere))) == 1
+
+
+def test_a_config_is_stable_once_its_revision_is_good_and_its_restarts_are_done() -> None:
+    old = config()
+    record = record_of(old)
+    through = came_through(record, "Promoted")
+    assert through is not None and through.stable is not None
+    assert through.stable.config_hash == config_hash(old)
+    assert came_through(through, "Promoted") is None  # already
+    assert came_through(record, "Canary") is None
+    assert came_through(record, "RolledBack") is None
+    assert came_through(record, None) is None
+    assert came_through(record_of(old, RestartRecord("edge", config_hash(old))), "Applied") is None

@@ -87,3 +87,24 @@ def test_an_unreadable_record_means_starting_afresh(document) -> None:
     lying = {**body, "data": {**body["data"], "configHash": "0" * 64}}
     assert decode_state(lying) is None
     assert decode_state({"metadata": {"name": "x"}}) is None
+
+
+def test_the_stable_revision_round_trips_once_when_it_is_the_config(document) -> None:
+    config = load_data(document)
+    stamps = {"Deployment/demo-edge": "ab" * 32}
+    state = AppliedState(config, config_hash(config), 7, stamps).with_stable()
+    body = state_configmap(OWNER, state)
+    assert set(body["binaryData"]) == {"config.json.gz"}  # the same config kept once
+    assert decode_state(orjson.loads(orjson.dumps(body))) == state
+
+    document["nodes"][0]["providers"][0]["capacity"] = 9
+    newer = load_data(document)
+    next_state = AppliedState(newer, config_hash(newer), 8, {}, stable=state.stable)
+    body = state_configmap(OWNER, next_state)
+    assert set(body["binaryData"]) == {"config.json.gz", "stable.json.gz"}
+    back = decode_state(orjson.loads(orjson.dumps(body)))
+    assert back == next_state
+    assert back is not None and back.stable is not None
+    assert (back.stable.config_hash, dict(back.stable.stamps)) == (config_hash(config), stamps)
+    lying = {**body, "data": {**body["data"], "stableConfigHash": "0" * 64}}
+    assert decode_state(lying) is None  # a stable config that does not match: start afresh

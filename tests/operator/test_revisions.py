@@ -10,6 +10,7 @@ import pytest
 
 from iop.operator.revisions import (
     KEEP,
+    HistoryStep,
     ReplicaVerdict,
     aggregate,
     follow,
@@ -389,3 +390,37 @@ def test_without_a_replica_that_rolled_back_the_stable_config_is_the_clusters() 
     stable, due = restores(bad, history, [runs("b", bad)], views)
     assert stable == digest(1)
     assert [(r.replica.name, r.revision) for r in due] == [("b", 1)]
+
+
+def test_a_restart_is_through_only_when_done_and_a_failed_gate_rolls_it_back() -> None:
+    history = apply_change((), 1)
+
+    def step(restarting: bool, failed: str = "") -> HistoryStep:
+        return follow(
+            history,
+            desired_hash=digest(2),
+            generation=2,
+            taken=True,
+            change=change(digest(2)),
+            outcomes=[runs("a", digest(2))],
+            views={"a": log("a", (2, digest(2), "kept"), (1, digest(1), "kept"), stable=2)},
+            timestamp=STAMP,
+            restarting=restarting,
+            failed_restart=failed,
+        )
+
+    rolling = step(restarting=True)
+    assert [(e.revision, e.outcome) for e in rolling.history] == [(2, "Applying"), (1, "Applied")]
+    assert rolling.judging and rolling.events == ()
+    assert step(restarting=False).history[0].outcome == "Applied"
+
+    history = rolling.history
+    failed = step(restarting=True, failed="Deployment/demo-edge (edge): progress deadline")
+    entry = failed.history[0]
+    assert (entry.outcome, entry.check) == ("RolledBack", "restart")
+    assert entry.reason == "Deployment/demo-edge (edge): progress deadline"
+    (event,) = failed.events
+    assert (event.type, event.reason) == ("Warning", "RolledBack")
+    assert "rolled back: restart: Deployment/demo-edge" in event.message
+    assert "revision 1 serves again" in event.message
+    assert held_back(failed.history, digest(2)) is not None

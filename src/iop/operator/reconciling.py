@@ -644,6 +644,19 @@ class Reconciler:
             self._say(owner, "Normal", "Repaired", repair)
         self._repairs.clear()
         finding = verdict.finding
+        newest = step.history[0] if step.history else None
+        if (
+            finding.stalled
+            and newest is not None
+            and newest.check == "restart"
+            and newest.outcome == "RolledBack"
+            and newest.config_hash == finding.desired_hash
+        ):
+            finding.stalled = (
+                "RolledBack",
+                f"revision {newest.revision} rolled back, its restart failed its gate: "
+                f"{newest.reason}; apply a changed spec to start a new rollout (docs/rollout.md)",
+            )
         if finding.applied:
             self._effective = finding.desired_hash
             if self._in_effect_since is None or self._in_effect_since[0] != finding.desired_hash:
