@@ -2,7 +2,8 @@
 Deployment): what the Edge ConfigMap holds while a live change is on trial and after it is
 rolled back (the stable config, so an Edge pod that starts then starts on it), and a restart
 that fails its gate (the Deployment's progress deadline passes before its first new pod is
-available) put back on the last good pod template by the operator alone."""
+available) put back on the last good pod template by the operator alone; and the emergency pin
+(`iop.dev/pin-revision: stable`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from iop.edgeconfig import config_hash, load_data
 from iop.operator import conventions
 
 from .test_revisions_replicas import (
+    PATH,
     Cluster,
     admin_call,
     cluster,
@@ -175,3 +177,49 @@ async def test_a_restart_past_its_progress_deadline_goes_back_to_the_last_good_t
     assert cluster.status["history"][0]["restores"] == 1
     assert conditions(cluster)["Stalled"]["status"] == "False"
     assert configmap_hash(cluster) == stable_hash
+
+
+async def test_a_pin_holds_the_stable_revision_until_it_goes(
+    cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
+) -> None:
+    a, b = edges
+    base = document()
+    stable_hash = config_hash(load_data(base))
+    cluster.set_spec(base)
+    await cluster.reconcile()
+    changed = with_capacity(base, 6)
+    changed_hash = config_hash(load_data(changed))
+    cluster.set_spec(changed)
+    await cluster.reconcile()
+    assert history(cluster) == [(2, "Watching"), (1, "Applied")]
+
+    # An emergency: pinned while the change is watched, with the spec unchanged.
+    cluster.fake.objects[PATH]["metadata"]["annotations"] = {conventions.PIN_ANNOTATION: "stable"}
+    await cluster.reconcile()
+    assert a.refresher.current.config_hash == b.refresher.current.config_hash == stable_hash
+    assert history(cluster) == [(3, "Applied"), (2, "Superseded"), (1, "Applied")]
+    assert cluster.status["history"][0]["restores"] == 1
+    assert configmap_hash(cluster) == stable_hash
+    pinned = [m for _, reason, m in cluster.events.posted if reason == "Pinned"]
+    assert pinned == [
+        f"iop.dev/pin-revision=stable: the stable config {stable_hash[:12]} is held in effect "
+        "in place of the spec; remove the annotation to apply the spec"
+    ]
+    await cluster.reconcile()  # held: nothing moves
+    assert history(cluster)[0] == (3, "Applied")
+
+    # Unpinned: the spec's config is a new revision, judged again.
+    del cluster.fake.objects[PATH]["metadata"]["annotations"]  # (status writes store anew)
+    await cluster.reconcile()
+    assert a.refresher.current.config_hash == changed_hash
+    assert history(cluster)[0] == (4, "Watching")
+
+
+async def test_a_pin_with_nothing_to_hold_is_ignored_and_said(cluster: Cluster) -> None:
+    base = document()
+    cluster.set_spec(base)
+    cluster.fake.objects[PATH]["metadata"]["annotations"] = {conventions.PIN_ANNOTATION: "stable"}
+    await cluster.reconcile()  # the first config: no stable revision yet
+    assert history(cluster) == [(1, "Applied")]
+    (said,) = [m for _, reason, m in cluster.events.posted if reason == "PinIgnored"]
+    assert "has no stable revision to hold yet" in said

@@ -6,7 +6,8 @@ name, so the chart (another codebase) and the operator can never drift on a stri
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 #: The API group of the EdgeConfig resource.
 GROUP: Final = "iop.dev"
@@ -33,6 +34,20 @@ NODE_ID_LABEL: Final = "iop.dev/node-id"
 #: The stamp on a workload's pod template (never on the EdgeConfig): the config hash that the
 #: workload was last rolled for. Changing it rolls the workload; an equal stamp never rolls again.
 CONFIG_HASH_ANNOTATION: Final = "iop.dev/config-hash"
+
+#: The emergency pin, an annotation on the EdgeConfig: `stable` holds it on its stable revision
+#: (the newest config that came through) whatever the spec says, until the annotation goes.
+PIN_ANNOTATION: Final = "iop.dev/pin-revision"
+#: The one value the pin takes.
+PIN_STABLE: Final = "stable"
+
+
+def pin_of(body: Mapping[str, Any]) -> str | None:
+    """The EdgeConfig's pin annotation as set (None: not pinned)."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(PIN_ANNOTATION)
+    return str(value) if value is not None else None
+
 
 #: The key of the Edge ConfigMap that holds the rendered config (mounted as a file).
 CONFIG_KEY: Final = "edge.yaml"

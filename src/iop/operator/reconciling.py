@@ -215,6 +215,7 @@ class Reconciler:
             return await self._refuse(owner, generation, error, previous)
         clock = timings.mark("validate", clock)
         try:
+            spec = await self._pinned(owner, body, spec)
             previous = await self._mark_seen(owner, generation, previous)
             tokens = await read_tokens(self._api, owner, spec, self._secrets)
             self._watch(owner, tokens)
@@ -478,6 +479,38 @@ class Reconciler:
             edges=tuple(edges),
             nodes={node: tuple(items) for node, items in nodes.items()},
         )
+
+    async def _pinned(self, owner: Owner, body: Mapping[str, Any], spec: EdgeConfig) -> EdgeConfig:
+        """The config to bring into effect: the spec's, or the stable revision's while the
+        EdgeConfig is pinned to it (`iop.dev/pin-revision: stable`, an emergency: the spec is
+        applied again once the annotation goes)."""
+        pin = conventions.pin_of(body)
+        if pin is None:
+            return spec
+        record = await self._load_state(owner)
+        stable = record.stable if record is not None else None
+        if pin != conventions.PIN_STABLE or stable is None:
+            why = (
+                f"takes only {conventions.PIN_STABLE!r}"
+                if pin != conventions.PIN_STABLE
+                else "has no stable revision to hold yet (no config came through)"
+            )
+            self._say(
+                owner,
+                "Warning",
+                "PinIgnored",
+                f"{conventions.PIN_ANNOTATION}={pin!r} is ignored: the pin {why}; the spec is "
+                "applied",
+            )
+            return spec
+        self._say(
+            owner,
+            "Warning",
+            "Pinned",
+            f"{conventions.PIN_ANNOTATION}={pin}: the stable config {stable.config_hash[:12]} is "
+            "held in effect in place of the spec; remove the annotation to apply the spec",
+        )
+        return stable.config
 
     async def _go_back(
         self, owner: Owner, observation: Observation, current: Plan, stable: StableRevision

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from iop.aiokits import guarded_task, stop_tasks
 
+from . import conventions
 from .metrics import EdgeConfigHealth
 from .reconciling import PassResult, Reconciler
 
@@ -45,7 +46,8 @@ class Worker:
         self._leading = leading
         self._body: Mapping[str, Any] | None = None
         self._received_at = 0.0
-        self._generation: int | None = None
+        #: The generation and the pin annotation last seen: either one changing runs a pass.
+        self._generation: tuple[int | None, str | None] | None = None
         self._wake = asyncio.Event()
         self._backoff = _BACKOFF_FIRST_S
         self._task = guarded_task(self._run(), name=f"reconcile {key[0]}/{key[1]}", logger=logger)
@@ -56,8 +58,8 @@ class Worker:
         return self._task
 
     def notify(self, body: Mapping[str, Any]) -> None:
-        """The newest body of the EdgeConfig; a new generation runs a pass at once."""
-        generation = body.get("metadata", {}).get("generation")
+        """The newest body of the EdgeConfig; a new generation (or pin) runs a pass at once."""
+        generation = (body.get("metadata", {}).get("generation"), conventions.pin_of(body))
         if generation != self._generation:
             self._generation = generation
             self._backoff = _BACKOFF_FIRST_S

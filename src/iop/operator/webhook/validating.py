@@ -67,6 +67,15 @@ def register_webhook(
         body: kopf.Body, warnings: list[str], name: str, namespace: str | None, **kwargs: Any
     ) -> None:
         operation = kwargs.get("operation")
+        pin = conventions.pin_of(body)
+        if pin is not None and pin != conventions.PIN_STABLE:
+            if metrics is not None:
+                metrics.admissions.labels("refused").inc()
+            raise kopf.AdmissionError(
+                f"metadata.annotations[{conventions.PIN_ANNOTATION}]: {pin!r} is not a pin; "
+                f"it takes {conventions.PIN_STABLE!r} (hold the stable revision; docs/rollout.md)",
+                code=422,
+            )
         spec = dict(body.get("spec") or {})
         try:
             desired = await asyncio.to_thread(load_data, spec)
@@ -81,6 +90,11 @@ def register_webhook(
             base = await _applied_base(workers, api, namespace or "", name or "")
         change = classify(base, desired) if base is not None else None
         warnings.extend(plan_warnings(change, desired, config_hash(desired), waiting, base))
+        if pin is not None:
+            warnings.append(
+                f"pinned: {conventions.PIN_ANNOTATION}={pin} holds the stable revision in effect; "
+                "this spec is not applied until the annotation is removed"
+            )
         if metrics is not None:
             metrics.admissions.labels("allowed").inc()
 
