@@ -6,24 +6,36 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
+from iop.edge.hub.nodehub import NodeHub
 from iop.processes import free_port, spawn_iop, spawn_node, terminate
-from iop.wire import RunChunk, RunDone, RunFailed, RunRequest, statuses
+from iop.wire import (
+    ADAPTER_ERROR,
+    PROBE_FAILED,
+    RunChunk,
+    RunDone,
+    RunFailed,
+    RunRequest,
+    statuses,
+)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 
 @contextlib.asynccontextmanager
 async def node_process(
-    port: int, token_file: Path, tls_args: tuple[str, ...]
+    port: int, token_file: Path, tls_args: tuple[str, ...], env: Mapping[str, str] | None = None
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await spawn_node(port, "node-1", token_file, "--backoff-max", "0.5", *tls_args)
+    process = await spawn_node(
+        port, "node-1", token_file, "--backoff-max", "0.5", *tls_args, env=env
+    )
     try:
         yield process
     finally:
@@ -88,20 +100,13 @@ async def test_the_health_endpoints_follow_the_nodes_welcome_and_drain(
     token_file = tmp_path / "token"
     token_file.write_text(node_token + "\n")
 
-    async def get(http: httpx.AsyncClient, path: str) -> tuple[int, dict[str, object]]:
-        try:
-            response = await http.get(path)
-        except httpx.TransportError:
-            return 0, {}
-        return response.status_code, response.json()
-
     port = free_port()
     health = ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
         # No Edge to dial: alive, not ready.
         async with node_process(1, token_file, health):
-            await until(lambda: _is(get(http, "/healthz"), 200), timeout=30)
-            assert await get(http, "/readyz") == (
+            await until(lambda: _is(_get(http, "/healthz"), 200), timeout=30)
+            assert await _get(http, "/readyz") == (
                 503,
                 {"ready": False, "reason": "no Edge has welcomed this node yet"},
             )
@@ -109,20 +114,99 @@ async def test_the_health_endpoints_follow_the_nodes_welcome_and_drain(
             assert (await http.get("/metrics")).status_code == 404
 
         async with node_process(hub.port, token_file, health) as node:
-            await until(lambda: _is(get(http, "/readyz"), 200), timeout=30)
-            assert (await get(http, "/readyz"))[1] == {
+            await until(lambda: _is(_get(http, "/readyz"), 200), timeout=30)
+            assert (await _get(http, "/readyz"))[1] == {
                 "ready": True,
                 "reason": "welcomed by 1 of 1 Edge(s)",
             }
             async with hub.run(request("run-1", stream=True)) as stream:
                 assert isinstance(await anext(stream), RunChunk)
                 node.send_signal(signal.SIGTERM)  # drains: the run in flight finishes
-                await until(lambda: _is(get(http, "/readyz"), 503), timeout=10)
-                assert (await get(http, "/readyz"))[1]["reason"] == "draining: the node is leaving"
-                assert (await get(http, "/healthz"))[0] == 200
+                await until(lambda: _is(_get(http, "/readyz"), 503), timeout=10)
+                assert (await _get(http, "/readyz"))[1]["reason"] == "draining: the node is leaving"
+                assert (await _get(http, "/healthz"))[0] == 200
                 rest = [event async for event in stream]
             assert isinstance(rest[-1], RunDone)
             assert await asyncio.wait_for(node.wait(), 30) == 0
+
+
+async def test_readyz_names_each_provider_whose_config_cannot_run_on_the_node(
+    wire_config, start_hub, until, node_token: str, tmp_path: Path, tls, monkeypatch
+) -> None:
+    """A Node given a config whose providers cannot run in its environment (an API key variable
+    unset, one holding a line break) is not ready, and says which and why (a rollout that does
+    this is put back); a config that runs there makes it ready."""
+    monkeypatch.delenv("IOP_TEST_UNSET_KEY", raising=False)  # nor in the Node's environment
+    env = {"IOP_TEST_BROKEN_KEY": "sk-one\nsk-two", "IOP_TEST_NODE_KEY": "sk-test"}
+    down = f"http://127.0.0.1:{free_port()}/v1"
+
+    def openai(pid: str, key: str) -> dict[str, Any]:
+        return {"id": pid, "adapter": {"type": "openai", "base_url": down, "api_key_env": key}}
+
+    hub = await start_hub(
+        wire_config([openai("p1", "IOP_TEST_UNSET_KEY"), openai("p2", "IOP_TEST_BROKEN_KEY")])
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token + "\n")
+    port = free_port()
+    health = ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http,
+        node_process(hub.port, token_file, health, env),
+    ):
+        await until(lambda: _reasons(hub) == {"p1": ADAPTER_ERROR, "p2": ADAPTER_ERROR}, 30)
+        assert await _get(http, "/readyz") == (
+            503,
+            {
+                "ready": False,
+                "reason": "provider p1: environment variable IOP_TEST_UNSET_KEY is not set; "
+                "provider p2: environment variable IOP_TEST_BROKEN_KEY holds a line break",
+            },
+        )
+
+        fixed = wire_config([openai("p1", "IOP_TEST_NODE_KEY"), openai("p2", "IOP_TEST_NODE_KEY")])
+        acks = await hub.swap_config(fixed)
+        assert acks["node-1"] is not None
+        assert await _get(http, "/readyz") == (
+            200,
+            {"ready": True, "reason": "welcomed by 1 of 1 Edge(s)"},
+        )
+
+
+async def test_a_provider_whose_server_is_down_leaves_the_node_ready(
+    wire_config, start_hub, until, node_token: str, tmp_path: Path, tls
+) -> None:
+    """A provider's server that does not answer (a closed port) is its health, which the Edges
+    judge: the Node's config runs, and a restart would not mend the server."""
+    down = {"type": "openai", "base_url": f"http://127.0.0.1:{free_port()}/v1"}
+    policy = {"interval_ms": 100, "timeout_ms": 500, "failure_threshold": 1}
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": down, "health": policy}]))
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token + "\n")
+    port = free_port()
+    health = ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http,
+        node_process(hub.port, token_file, health),
+    ):
+        await until(lambda: _reasons(hub) == {"p1": PROBE_FAILED}, timeout=30)
+        assert await _get(http, "/readyz") == (
+            200,
+            {"ready": True, "reason": "welcomed by 1 of 1 Edge(s)"},
+        )
+
+
+def _reasons(hub: NodeHub) -> dict[str, str]:
+    """provider id -> the reason code of its health on `hub` ("" when healthy)."""
+    return {pid: link.reason for pid, link in hub.connected_providers().items()}
+
+
+async def _get(http: httpx.AsyncClient, path: str) -> tuple[int, dict[str, object]]:
+    try:
+        response = await http.get(path)
+    except httpx.TransportError:
+        return 0, {}
+    return response.status_code, response.json()
 
 
 async def _is(answer: Awaitable[tuple[int, object]], status: int) -> bool:

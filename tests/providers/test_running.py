@@ -8,8 +8,17 @@ from typing import Any
 import pytest
 
 from iop.edgeconfig import node_payloads
+from iop.processes import free_port
 from iop.providers import Runner
-from iop.wire import RunDone, RunEvent, RunFailed, RunRequest, statuses
+from iop.wire import (
+    ADAPTER_ERROR,
+    PROBE_FAILED,
+    RunDone,
+    RunEvent,
+    RunFailed,
+    RunRequest,
+    statuses,
+)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -62,9 +71,55 @@ async def test_unknown_providers_and_bad_adapters_are_named(runner: Runner, wire
     )
     runner.apply(broken)
     (health,) = runner.health()
-    assert not health.healthy and "provider p1: invalid adapter settings" in health.detail
+    assert (health.healthy, health.reason, health.detail) == (False, ADAPTER_ERROR, UNKNOWN_TYPE)
     refused = runner.admit(request("b"))
     assert isinstance(refused, RunFailed) and refused.code == statuses.PROVIDER_UNHEALTHY
+    assert refused.message == f"provider p1: {UNKNOWN_TYPE}"
+
+
+#: What the runner says of a provider whose adapter `type` it does not know.
+UNKNOWN_TYPE = (
+    "invalid adapter settings: Input tag 'nope' found using 'type' does not match any of the "
+    "expected tags: 'openai', 'fake'"
+)
+
+
+async def test_config_problems_are_what_this_node_cannot_run_not_a_server_that_is_down(
+    runner: Runner, wire_config, until, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`config_problems` lists each provider that cannot run on this node (settings it cannot
+    build, an API key variable unset or holding a line break in its environment), in the
+    config's order; a provider whose server is down (a closed port) is not among them."""
+    monkeypatch.delenv("IOP_TEST_UNSET_KEY", raising=False)
+    monkeypatch.setenv("IOP_TEST_BROKEN_KEY", "sk-one\nsk-two")
+    monkeypatch.setenv("IOP_TEST_GOOD_KEY", "sk-test")
+    down = f"http://127.0.0.1:{free_port()}/v1"
+
+    def openai(key: str | None = None) -> dict[str, Any]:
+        return {"type": "openai", "base_url": down, "api_key_env": key}
+
+    providers = [
+        {"id": "p1", "adapter": {"type": "fake"}},
+        {"id": "p2", "adapter": openai("IOP_TEST_UNSET_KEY")},
+        {"id": "p3", "adapter": openai("IOP_TEST_BROKEN_KEY")},
+        {"id": "p4", "adapter": openai()},
+    ]
+    config = node_payloads(wire_config(providers))["node-1"]
+    unbuildable = config.providers[0].model_copy(update={"adapter": {"type": "nope"}})
+    runner.apply(config.model_copy(update={"providers": (unbuildable, *config.providers[1:])}))
+    assert runner.config_problems() == [
+        ("p1", UNKNOWN_TYPE),
+        ("p2", "environment variable IOP_TEST_UNSET_KEY is not set"),
+        ("p3", "environment variable IOP_TEST_BROKEN_KEY holds a line break"),
+    ]
+
+    providers[1]["adapter"] = openai("IOP_TEST_GOOD_KEY")
+    providers[2]["adapter"] = openai()
+    runner.apply(node_payloads(wire_config(providers))["node-1"])
+    assert runner.config_problems() == []
+    # p4's server is down all along: its health says so, its config is fine.
+    await until(lambda: runner.health(["p4"])[0].reason == PROBE_FAILED)
+    assert runner.config_problems() == []
 
 
 async def test_capacity_counts_runs_across_a_swap(runner: Runner, wire_config, until) -> None:

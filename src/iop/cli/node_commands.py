@@ -93,7 +93,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="serve GET /healthz (the process answers) and GET /readyz (an Edge has welcomed "
-        "this node, and it is not draining) here, for the kubelet's probes; default: none",
+        "this node, it is not draining, and every provider of its config can run here) here, "
+        "for the kubelet's probes; default: none",
     )
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)

@@ -38,6 +38,29 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a drained Node gives its links to say goodbye when the grace is (nearly) over.
 LEAVE_TIMEOUT_S = 1.0
+#: Most characters of the readiness reason that names the providers which cannot run here.
+MAX_REASON_CHARS = 1000
+
+
+def _config_problems_reason(problems: Sequence[tuple[str, str]]) -> str:
+    """`provider ID: PROBLEM; ...` for `(provider id, problem)` pairs, at most
+    `MAX_REASON_CHARS` long: the providers that do not fit are counted (`; and 3 more`)."""
+    entries = [f"provider {pid}: {problem}" for pid, problem in problems]
+    reason = "; ".join(entries)
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    room = MAX_REASON_CHARS - len(f"; and {len(entries)} more")
+    shown: list[str] = []
+    length = 0
+    for entry in entries:
+        length += len(entry) + (2 if shown else 0)
+        if length > room:
+            break
+        shown.append(entry)
+    if not shown:  # the first alone is too long: cut it
+        shown = [entries[0][: room - 1] + "…"]
+    left = len(entries) - len(shown)
+    return "; ".join(shown) + (f"; and {left} more" if left else "")
 
 
 class NodeAgent(AsyncService):
@@ -96,12 +119,19 @@ class NodeAgent(AsyncService):
             )
 
     def readiness(self) -> tuple[bool, str]:
-        """(ready, why): ready once an Edge has welcomed this Node, and not while it drains."""
+        """(ready, why): ready once an Edge has welcomed this Node, not while it drains, and
+        not while a provider of the config in use cannot run on this Node (adapter settings it
+        cannot build, an API key variable unset or malformed in its environment: the reason
+        names each, `Runner.config_problems`). A provider whose model server is down or fails
+        its probes leaves the Node ready: that is the server's health, which the Node reports
+        to the Edges, not a fault of its config; a restart would not mend it."""
         if self.runner.draining:
             return False, "draining: the node is leaving"
         welcomed = sum(1 for c in self.connections.values() if c.connected.is_set())
         if not welcomed:
             return False, "no Edge has welcomed this node yet"
+        if problems := self.runner.config_problems():
+            return False, _config_problems_reason(problems)
         return True, f"welcomed by {welcomed} of {len(self.connections)} Edge(s)"
 
     async def drain(self, grace: float) -> bool:

@@ -5,8 +5,10 @@ probe Kubernetes would call a new Node pod ready as soon as its process starts, 
 dialled any Edge, and a rollout would stop the old pod while the new one serves nothing yet.
 
 - `/healthz`: 200 while the process's event loop answers (a liveness probe: a frozen Node fails).
-- `/readyz`: 200 once an Edge has welcomed this Node, 503 before that and while it drains, with
-  the reason as JSON (`NodeAgent.readiness`).
+- `/readyz`: 200 once an Edge has welcomed this Node; 503 before that, while it drains and while
+  a provider of its config cannot run on this Node (settings it cannot build, an API key variable
+  unset or malformed here), with the reason as JSON (`NodeAgent.readiness`): a rollout whose
+  config breaks the Node stops at its new pod. A model server that is down does not count.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,12 @@ async def spawn_iop(
     stdout: bool = False,
     stderr: bool | Path = False,
     open_files: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """`iop ARGS...`, unbuffered; stdout and stderr piped when asked, else inherited; stderr
     appended to a file when given its path. `open_files`: the child's open-file limit
-    (`ulimit -n`), for a test of what happens at it.
+    (`ulimit -n`), for a test of what happens at it; `env`: variables the child has on top of
+    the caller's environment.
 
     Pipe only what you read: a child blocks once an unread pipe fills.
     """
@@ -58,7 +60,7 @@ async def spawn_iop(
             *args,
             stdout=asyncio.subprocess.PIPE if stdout else None,
             stderr=errors,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         )
 
 
@@ -91,12 +93,19 @@ async def spawn_edge(
 
 
 async def spawn_node(
-    hub_port: int, node_id: str, token_file: Path, *extra: str, log_level: str = "WARNING"
+    hub_port: int,
+    node_id: str,
+    token_file: Path,
+    *extra: str,
+    log_level: str = "WARNING",
+    env: Mapping[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
-    """`iop node run` dialing the Edge's node hub on 127.0.0.1:HUB_PORT."""
+    """`iop node run` dialing the Edge's node hub on 127.0.0.1:HUB_PORT (`env`: see
+    `spawn_iop`)."""
     return await spawn_iop(
         *("node", "run", "--edge", f"127.0.0.1:{hub_port}", "--node-id", node_id),
         *("--token-file", str(token_file), "--log-level", log_level, *extra),
+        env=env,
     )
 
 

@@ -80,7 +80,8 @@ class Provision:
 
     payload: ProviderPayload
     adapter: Adapter | None
-    problem: str = ""
+    #: Why no adapter could be built from the payload's settings (`adapter` is None then).
+    build_error: str = ""
     runs: AdapterRuns = field(default_factory=AdapterRuns)
     state: HealthState | None = None
     #: A swap replaced it: its runs finish on it, and each one that ends is drain progress.
@@ -95,9 +96,16 @@ class Provision:
         return orjson.dumps(self.payload.adapter, option=orjson.OPT_SORT_KEYS)
 
     @property
+    def problem(self) -> str:
+        """Why this provider cannot run on this node: adapter settings that cannot be built here,
+        or what its adapter found wrong in the node's environment (`Adapter.problem`); empty
+        when it can run. Its model server's health (probes, failing runs) is not part of it."""
+        return self.build_error if self.adapter is None else self.adapter.problem
+
+    @property
     def health(self) -> ProviderHealth:
         if self.adapter is None:
-            return ProviderHealth(self.payload.id, False, self.problem, ADAPTER_ERROR)
+            return ProviderHealth(self.payload.id, False, self.build_error, ADAPTER_ERROR)
         health = self.adapter.health
         if not health.healthy or self.state is None:
             return health
@@ -211,6 +219,13 @@ class Runner:
             for pid, (load, read_at) in self._server_loads.items()
             if pid in provisions
         }
+
+    def config_problems(self) -> list[tuple[str, str]]:
+        """(provider id, problem) for each provider of the config in use that cannot run on
+        this node (`Provision.problem`), in the config's order: what the node's readiness
+        names. A provider whose server is down or failing is not listed."""
+        provisions = self._registry.provisions
+        return [(pid, p.problem) for pid, p in provisions.items() if p.problem]
 
     def health(self, provider_ids: Iterable[str] | None = None) -> list[ProviderHealth]:
         """The health of every provider (or of `provider_ids`, those of the registry in use)."""
@@ -352,7 +367,7 @@ class Runner:
                     provision = Provision(provider, build_adapter(provider))
                 except AdapterError as exc:
                     logger.error("%s", exc)
-                    provision = Provision(provider, None, problem=str(exc))
+                    provision = Provision(provider, None, build_error=exc.problem)
                 provision.judge(None)
             provisions[provider.id] = provision
         self._registry = Registry(MappingProxyType(provisions), payload, digest)
@@ -445,7 +460,9 @@ class Runner:
                 f"this node has no provider {request.provider_id!r} in its current config",
             )
         if provision.adapter is None:
-            return statuses.failure(statuses.PROVIDER_UNHEALTHY, provision.problem)
+            return statuses.failure(
+                statuses.PROVIDER_UNHEALTHY, f"provider {request.provider_id}: {provision.problem}"
+            )
         pid = request.provider_id
         payload = provision.payload
         if self._in_flight.get(pid, 0) >= payload.capacity:

@@ -30,7 +30,13 @@ _SETTINGS: TypeAdapter[OpenAIAdapterSettings | FakeAdapterSettings] = TypeAdapte
 
 
 class AdapterError(Exception):
-    """A provider's adapter settings are invalid; the message names the provider and why."""
+    """A provider's adapter settings are invalid; the message names the provider and why
+    (`provider_id`, and `problem`, the why alone)."""
+
+    def __init__(self, provider_id: str, problem: str) -> None:
+        super().__init__(f"provider {provider_id}: {problem}")
+        self.provider_id = provider_id
+        self.problem = problem
 
 
 def build_adapter(provider: ProviderPayload) -> Adapter:
@@ -38,11 +44,16 @@ def build_adapter(provider: ProviderPayload) -> Adapter:
     try:
         settings = _SETTINGS.validate_python(provider.adapter)
     except ValidationError as exc:
-        details = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
-            for error in exc.errors(include_url=False)
-        )
-        raise AdapterError(f"provider {provider.id}: invalid adapter settings: {details}") from exc
+        raise AdapterError(provider.id, f"invalid adapter settings: {_errors(exc)}") from exc
     if isinstance(settings, OpenAIAdapterSettings):
         return OpenAIAdapter(provider.id, settings)
     return FakeAdapter(provider.id, settings)
+
+
+def _errors(exc: ValidationError) -> str:
+    """Each error of the settings, after its path when it has one (an unknown `type` has none)."""
+    found = []
+    for error in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in error["loc"])
+        found.append(f"{path}: {error['msg']}" if path else error["msg"])
+    return "; ".join(found)

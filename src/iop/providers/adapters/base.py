@@ -28,9 +28,17 @@ class Adapter(Protocol):
     """One provider's way of running requests; built from its payload, closed after draining."""
 
     @property
+    def problem(self) -> str:
+        """Why the adapter cannot run on this node, from its settings and the node's own
+        environment (an API key variable unset or malformed); empty when it can. A model server
+        that is down is no problem of this kind: probes and failing runs judge that."""
+        ...
+
+    @property
     def health(self) -> ProviderHealth:
         """What the adapter knows about its provider's health from its settings alone (reason
-        `adapter_error` when it cannot run); probes and failing runs judge the rest."""
+        `adapter_error` when it cannot run: its `problem`, or it is closed); probes and failing
+        runs judge the rest."""
         ...
 
     @property

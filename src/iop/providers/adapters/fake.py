@@ -36,6 +36,10 @@ class FakeAdapter:
         self.closed = False
 
     @property
+    def problem(self) -> str:
+        return ""  # nothing of the node's environment can stop it
+
+    @property
     def health(self) -> ProviderHealth:
         if self.closed:
             return ProviderHealth(self.provider_id, False, "adapter closed", ADAPTER_ERROR)

@@ -81,6 +81,10 @@ class OpenAIAdapter:
         self._client: UpstreamClient | None = None
 
     @property
+    def problem(self) -> str:
+        return self._problem
+
+    @property
     def health(self) -> ProviderHealth:
         if self.closed:
             return ProviderHealth(self.provider_id, False, "adapter closed", ADAPTER_ERROR)
