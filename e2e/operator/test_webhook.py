@@ -104,6 +104,22 @@ async def test_warnings_state_the_plan_and_a_dry_run_changes_nothing(
     assert "Warning: rollout: about 15s with 20 requests judged (at most 60s)" in real.stderr
     await asyncio.to_thread(edgeconfigs.wait, "demo", generation=2)
 
+    # The emergency pin: refused unless it is `stable`, and warned about while it is set.
+    def annotate(*args: str) -> Any:
+        return kube_cluster.kubectl("annotate", "-n", namespace, "ec", "demo", *args, check=False)
+
+    wrong = await asyncio.to_thread(annotate, "iop.dev/pin-revision=3")
+    assert wrong.returncode != 0
+    assert "metadata.annotations[iop.dev/pin-revision]: '3' is not a pin" in wrong.stderr
+    pinned = await asyncio.to_thread(annotate, "iop.dev/pin-revision=stable")
+    assert pinned.returncode == 0, pinned.stderr
+    assert (
+        "Warning: pinned: iop.dev/pin-revision=stable holds the stable revision in effect; this "
+        "spec is not applied until the annotation is removed"
+    ) in pinned.stderr
+    unpinned = await asyncio.to_thread(annotate, "iop.dev/pin-revision-")
+    assert unpinned.returncode == 0 and "pinned" not in unpinned.stderr
+
 
 async def test_with_the_webhook_unreachable_an_invalid_spec_is_admitted_then_refused_in_status(
     kube_cluster, namespace, start_operator, host_stack, host_spec, edgeconfigs

@@ -71,6 +71,27 @@ async def test_a_status_write_of_its_own_runs_no_pass(until) -> None:
         await workers.stop()
 
 
+async def test_a_pin_set_or_removed_runs_a_pass_though_the_generation_is_the_same(until) -> None:
+    fake = FakeReconciler()
+    fake.gate.set()
+    workers = Workers(lambda namespace, name: fake)  # type: ignore[arg-type, return-value]
+    pinned = body(1)
+    pinned["metadata"]["annotations"] = {"iop.dev/pin-revision": "stable"}
+    try:
+        workers.notify(body(1))
+        await until(lambda: fake.seen == [1], timeout=5)
+        workers.notify(pinned)
+        await until(lambda: fake.seen == [1, 1], timeout=5)
+        workers.notify(pinned)  # a status write while pinned: no pass
+        workers.notify(body(1))  # unpinned
+        await until(lambda: fake.seen == [1, 1, 1], timeout=5)
+        workers.notify(body(1))
+        workers.notify(body(2))
+        await until(lambda: fake.seen == [1, 1, 1, 2], timeout=5)
+    finally:
+        await workers.stop()
+
+
 async def test_a_failed_pass_is_retried_and_a_new_generation_does_not_wait_for_the_backoff(
     until,
 ) -> None:
