@@ -441,13 +441,11 @@ async def test_a_restart_whose_new_pod_never_gets_ready_goes_back_by_itself(
     new_pods: set[str] = set()
 
     def look() -> dict[str, Any]:
-        ec = pods.ec()
-        desired = ec.get("status", {}).get("desiredConfigHash")
-        for pod in pods.pods("edge"):
+        for pod in pods.pods("edge"):  # a pod of another template than the old one: a new pod
             annotations = pod["metadata"].get("annotations") or {}
-            if desired and annotations.get("iop.dev/config-hash") == desired:
+            if annotations.get("iop.dev/config-hash", "") != stamp:
                 new_pods.add(pod["metadata"]["name"])
-        return ec
+        return pods.ec()
 
     def rolled_back(ec: dict[str, Any]) -> bool:
         history = ec.get("status", {}).get("history") or [{}]
