@@ -87,14 +87,19 @@ def conditions(cluster: Cluster) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in cluster.status["conditions"]}
 
 
+async def first_applied(cluster: Cluster) -> tuple[dict[str, Any], str]:
+    """The base document applied as revision 1 (it comes through at once): it and its hash."""
+    base = document()
+    cluster.set_spec(base)
+    await cluster.reconcile()
+    return base, config_hash(load_data(base))
+
+
 async def test_the_configmap_holds_the_stable_config_while_a_change_is_judged_and_after(
     cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
 ) -> None:
     a, b = edges
-    base = document()
-    stable_hash = config_hash(load_data(base))
-    cluster.set_spec(base)
-    await cluster.reconcile()
+    base, stable_hash = await first_applied(cluster)
     assert configmap_hash(cluster) == stable_hash
 
     changed = with_capacity(base, 6)
@@ -127,11 +132,8 @@ async def test_a_restart_past_its_progress_deadline_goes_back_to_the_last_good_t
     cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
 ) -> None:
     a, b = edges
-    base = document()
-    stable_hash = config_hash(load_data(base))
     cluster.fake.objects[DEPLOYMENT] = edge_deployment()
-    cluster.set_spec(base)
-    await cluster.reconcile()
+    base, stable_hash = await first_applied(cluster)
     assert history(cluster) == [(1, "Applied")]
 
     # A restart-required change of the Edge: its workload is stamped (the controller rolls it,
@@ -183,10 +185,7 @@ async def test_a_pin_holds_the_stable_revision_until_it_goes(
     cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
 ) -> None:
     a, b = edges
-    base = document()
-    stable_hash = config_hash(load_data(base))
-    cluster.set_spec(base)
-    await cluster.reconcile()
+    base, stable_hash = await first_applied(cluster)
     changed = with_capacity(base, 6)
     changed_hash = config_hash(load_data(changed))
     cluster.set_spec(changed)
