@@ -1219,9 +1219,8 @@ class RolloutSection(Spec):
     max_error_rate_increase: Annotated[
         float,
         live(
-            "Fails the change when its share of failed requests (5xx answers and tries that "
-            "needed a retry) exceeds the last good revision's by more than this (0.05: five "
-            "points).",
+            "Fails the change when its share of requests that failed (a 5xx answer) or needed "
+            "a retry exceeds the last good revision's by more than this (0.05: five points).",
             ge=0,
             le=1,
         ),

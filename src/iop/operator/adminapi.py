@@ -247,7 +247,8 @@ def _figures(judgement: dict[str, Any]) -> str:
             return "-"
         text = (
             f"{figures.get('requests', 0)} requests, {figures.get('failed', 0)} failed, "
-            f"{figures.get('retries', 0)} retried"
+            # "retried": requests; an Edge from before counted tries, as "retries".
+            f"{figures.get('retried', figures.get('retries', 0))} retried"
         )
         p95 = figures.get("first_token_p95_s")
         return text + (f", first token p95 {float(p95):.3f}s" if p95 is not None else "")

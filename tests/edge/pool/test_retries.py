@@ -19,6 +19,7 @@ import pytest_asyncio
 from openai.types.chat import ChatCompletionMessageParam
 
 from iop.edge import EdgeServer
+from iop.edge.pool import CANDIDATE, Figures, Split
 from iop.wire import RunChunk, RunEvent, RunFailed, RunRequest
 from iop.wire import statuses as wire_statuses
 
@@ -386,3 +387,42 @@ async def test_a_spill_to_a_fallback_is_paid_from_the_retry_budget(start, fake_h
     assert "c" not in tried(fake_hub)
     gates["b"].set()
     await asyncio.gather(*holders)
+
+
+async def test_a_candidate_request_retried_twice_counts_once_against_the_candidate_at_its_end(
+    start, fake_hub, until
+) -> None:
+    """m on trial, all of it on the candidate: its try on a fails and goes back to the stable
+    revision (`_back_to_stable`), whose try on a fails and is retried on b. The tally counts
+    nothing while b answers, then one retried request of the candidate's, with its two tries."""
+    edge, client = await start()
+    dispatcher = edge.dispatcher
+    snapshot = dispatcher.snapshot
+    dispatcher.swap(snapshot, Split(snapshot, frozenset({"m"}), frozenset({"m"}), 100))
+    failing(fake_hub, {"a"})
+    gate = asyncio.Event()
+    gated(fake_hub, {"b": gate})
+    asking = asyncio.create_task(client.chat.completions.create(model="m", messages=HELLO))
+    await until(lambda: tried(fake_hub) == ["a", "a", "b"] and len(fake_hub.active) == 1)
+    assert metric(edge, "iop_edge_retries_total", model="m", reason="upstream_error") == 2
+    in_flight = edge.metrics.outcomes.reading()
+    assert in_flight.of(["m"], CANDIDATE) == Figures()  # nothing until the request ends
+    assert in_flight.of(["m"]) == Figures()
+    gate.set()
+    assert (await asking).choices[0].message.content == "Hello from b"
+    await until(lambda: edge.metrics.outcomes.reading().of(["m"], CANDIDATE).requests == 1)
+    ended = edge.metrics.outcomes.reading()
+    candidate = ended.of(["m"], CANDIDATE)
+    assert (candidate.requests, candidate.failed, candidate.retried, candidate.retries) == (
+        1,
+        0,
+        1,
+        2,
+    )
+    assert candidate.failure_rate == 1.0  # one request of one, not two
+    assert ended.of(["m"]) == Figures()  # the stable revision answered it, for the candidate
+    revision = {"model": "m", "revision": "candidate"}
+    assert metric(edge, "iop_edge_revision_requests_total", **revision) == 1
+    assert metric(edge, "iop_edge_revision_retried_requests_total", **revision) == 1
+    assert metric(edge, "iop_edge_revision_retries_total", **revision) == 2
+    assert metric(edge, "iop_edge_revision_failed_requests_total", **revision) == 0

@@ -4,6 +4,8 @@ tally they read (`pool.outcomes`)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from iop.edge.pool import CANDIDATE, Figures, OutcomeTally
 from iop.edge.refresh.judging import Judgement, judge, judge_step
@@ -13,14 +15,21 @@ RULES = RolloutSection(min_requests=20, bake_ms=10_000, max_wait_ms=60_000)
 
 
 def figures(
-    requests: int, failed: int = 0, retries: int = 0, first_token_s: float = 0.05
+    requests: int,
+    failed: int = 0,
+    retried: int = 0,
+    first_token_s: float = 0.05,
+    tries: int = 1,
 ) -> Figures:
+    """`requests` of m: the first `failed` answered 502, the next `retried` served after `tries`
+    retried tries each, the rest served at once."""
     tally = OutcomeTally()
     for index in range(requests):
-        tally.request("m", 502 if index < failed else 200)
+        if index < failed:
+            tally.request("m", 502)
+        else:
+            tally.request("m", 200, retries=tries if index < failed + retried else 0)
         tally.first_token("m", first_token_s)
-    for _ in range(retries):
-        tally.retry("m")
     return tally.reading().of(["m"])
 
 
@@ -33,13 +42,62 @@ def test_the_tally_counts_per_model_and_a_difference_is_a_stretch() -> None:
     tally.request("m", 429)  # a refusal of the limits is no failure of the change
     tally.request("m", 404, upstream=True)  # the server does not know the served name
     tally.request("m", 404)  # the Edge's own 404 (no such model in the catalog)
-    tally.retry("m")
+    tally.request("m", 200, upstream=True, retries=1)
     tally.first_token("m", 0.3)
     stretch = tally.reading().of(["m"]) - before.of(["m"])
-    assert (stretch.requests, stretch.failed, stretch.retries) == (4, 2, 1)
-    assert stretch.failure_rate == 0.75
+    assert (stretch.requests, stretch.failed, stretch.retried, stretch.retries) == (5, 2, 1, 1)
+    assert stretch.failure_rate == 0.6
     assert stretch.first_token_p95() == 0.35  # the bucket's upper bound
     assert before.of(["m", "other"]).failed == 1
+
+
+def test_a_request_retried_twice_then_served_is_one_retried_request() -> None:
+    tally = OutcomeTally()
+    tally.request("m", 200, upstream=True, retries=2)
+    once = tally.reading().of(["m"])
+    assert (once.requests, once.failed, once.retried, once.retries) == (1, 0, 1, 2)
+    assert once.failure_rate == 1.0  # 1 of 1, not 2 of 1
+    tally.request("m", 200, upstream=True)
+    assert tally.reading().of(["m"]).failure_rate == 0.5
+
+
+def test_a_request_that_failed_after_a_retry_is_only_failed() -> None:
+    tally = OutcomeTally()
+    tally.request("m", 502, upstream=True, retries=1)
+    tally.request("m", 404, upstream=True, retries=2)  # the stable revision's answer, too
+    both = tally.reading().of(["m"])
+    assert (both.requests, both.failed, both.retried, both.retries) == (2, 2, 0, 3)
+    assert both.failure_rate == 1.0
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([200, 400, 404, 429, 499, 502, 504]), st.booleans(), st.integers(0, 3)
+        ),
+        max_size=40,
+    ),
+    st.integers(0, 40),
+)
+def test_failed_and_retried_requests_never_exceed_the_requests(
+    ends: list[tuple[int, bool, int]], cut: int
+) -> None:
+    tally = OutcomeTally()
+    before = tally.reading()
+    for index, (status, upstream, retries) in enumerate(ends):
+        if index == cut:
+            before = tally.reading()
+        tally.request("m", status, upstream=upstream, retries=retries)
+    for seen in (tally.reading().of(["m"]), tally.reading().of(["m"]) - before.of(["m"])):
+        assert seen.failed + seen.retried <= seen.requests
+        assert 0.0 <= seen.failure_rate <= 1.0
+        assert seen.retried <= seen.retries
+    whole = tally.reading().of(["m"])
+    failed = [status >= 500 or (upstream and status == 404) for status, upstream, _ in ends]
+    assert whole.requests == len(ends)
+    assert whole.failed == sum(failed)
+    assert whole.retried == sum(1 for f, e in zip(failed, ends, strict=True) if not f and e[2])
+    assert whole.retries == sum(retries for _, _, retries in ends)
 
 
 def test_too_few_requests_wait_then_are_promoted_unjudged() -> None:
@@ -58,7 +116,7 @@ def test_enough_good_requests_are_promoted_once_the_bake_is_over() -> None:
     ("candidate", "check"),
     [
         pytest.param(figures(20, failed=2), "errors", id="failed-answers"),
-        pytest.param(figures(20, retries=3), "errors", id="retried-tries"),
+        pytest.param(figures(20, retried=3), "errors", id="retried-requests"),
         pytest.param(figures(40, first_token_s=0.9), "first_token_p95", id="slow-first-token"),
     ],
 )
@@ -72,6 +130,21 @@ def test_failures_the_baseline_had_too_are_no_fault_of_the_change() -> None:
     assert judge_of(figures(100, failed=10), 10, baseline=figures(100, failed=8)).verdict == (
         "promote"
     )
+
+
+def test_the_errors_check_counts_retried_requests_not_their_tries() -> None:
+    # One request of 20 retried three times is 5%: within five points of a clean baseline (its
+    # three tries would have made it 15%).
+    one = figures(20, retried=1, tries=3)
+    assert (one.requests, one.retried, one.retries, one.failure_rate) == (20, 1, 3, 0.05)
+    assert judge_of(one, 10, baseline=figures(100)).verdict == "promote"
+    two = judge_of(figures(20, failed=1, retried=1, tries=2), 1, baseline=figures(100))
+    assert (two.verdict, two.check) == ("roll_back", "errors")
+    assert two.message.startswith(
+        "10.0% of requests failed or needed a retry (1 failed, 1 retried of 20); "
+        "the last good revision had 0.0%, the most allowed is 5.0%"
+    )
+    assert two.candidate.as_dict()["failure_rate"] == 0.1
 
 
 def test_first_tokens_are_not_judged_without_a_baseline_of_their_own() -> None:
@@ -126,8 +199,13 @@ def test_the_tally_keeps_the_two_revisions_apart() -> None:
     tally = OutcomeTally()
     tally.request("m", 200)
     tally.request("m", 502, side=CANDIDATE)
-    tally.retry("m", side=CANDIDATE)
+    tally.request("m", 200, upstream=True, side=CANDIDATE, retries=1)
     reading = tally.reading()
     assert (reading.of(["m"]).requests, reading.of(["m"]).failed) == (1, 0)
     candidate = reading.of(["m"], CANDIDATE)
-    assert (candidate.requests, candidate.failed, candidate.retries) == (1, 1, 1)
+    assert (candidate.requests, candidate.failed, candidate.retried, candidate.retries) == (
+        2,
+        1,
+        1,
+        1,
+    )

@@ -222,8 +222,8 @@ class OpenAIApp:
                 name=f"edge-http-disconnect-{id(task):x}",
                 logger=logger,
             )
-            async with self._relay.open(request, long, principal, side) as run:
-                relayed = run
+            relayed = self._relay.open(request, long, principal, side)
+            async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
                 if request.stream:
@@ -251,7 +251,8 @@ class OpenAIApp:
             if watcher is not None:
                 watcher.cancel()
             grant.finish(relayed.spent if relayed is not None else None, status == 200)
-            self._metrics.count_request(principal, model, provider, status, side)
+            retried = relayed.retried_tries if relayed is not None else 0
+            self._metrics.count_request(principal, model, provider, status, side, retried)
             self._metrics.observe_duration(model, time.perf_counter() - arrived, side)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:

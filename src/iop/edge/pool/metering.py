@@ -19,8 +19,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from iop.wire import statuses as wire_statuses
-
 from ..authenticating import Principal
 from ..hub import Hub, provider_health
 from .dispatching import Dispatcher
@@ -270,8 +268,10 @@ class Metrics:
         provider: str,
         status: int,
         side: Side = STABLE,
+        retries: int = 0,
     ) -> None:
-        """One answered request; empty labels for what was not known (auth failed, no model)."""
+        """One ended request; empty labels for what was not known (auth failed, no model).
+        `side` and `retries` (its tries retried after a failure) are for the tally."""
         key = (
             principal.principal_ref if principal else "",
             principal.token_ref if principal else "",
@@ -283,7 +283,7 @@ class Metrics:
         if child is None:
             child = self._request_children[key] = self._requests.labels(*key)
         child.inc()
-        self.outcomes.request(model, status, bool(provider), side)
+        self.outcomes.request(model, status, bool(provider), side, retries)
 
     def count_usage(
         self,
@@ -331,10 +331,9 @@ class Metrics:
         """One refresh report: the dashboard's view of what the operator's applies did here."""
         self._refreshes.labels(mode, outcome).inc()
 
-    def count_retry(self, model: str, reason: str, side: Side = STABLE) -> None:
+    def count_retry(self, model: str, reason: str) -> None:
+        """A try retried now (the tally counts it with its request, at its end)."""
         self._retries.labels(model, reason).inc()
-        if reason != wire_statuses.PROVIDER_BUSY:  # a full provider is no failed try
-            self.outcomes.retry(model, side)
 
     def count_retry_refused(self, model: str, reason: str) -> None:
         self._retries_refused.labels(model, reason).inc()

@@ -1,12 +1,14 @@
 """What each model's requests came to, counted for judging a config change (docs/rollout.md).
 
-`OutcomeTally` keeps, per model the clients asked for and per side (the stable revision, or the
-candidate of a change on trial: `splits.py`), running totals of requests, failed answers (5xx),
-tries that needed a retry, and the time to first token and the duration in fixed buckets. A
-judge takes a `Reading` (a copy of the totals) now and another later; their difference is what
-the requests of that stretch came to (`Figures`), from which rates and p95s follow. Counting is
-a dict lookup and two additions, on the hot path beside the Prometheus metrics; the totals are
-also metrics of their own (`OutcomeCollector`: `revision="stable"|"candidate"`).
+`OutcomeTally` keeps, per model and per side (the stable revision, or the candidate of a change
+on trial: `splits.py`), running totals of requests, and the time to first token and the
+duration in fixed buckets. Each request is counted once, when it ends, as served cleanly,
+served after a retry, or failed (with the tries it had retried), so no figure of a reading
+counts a request still in flight. A judge takes a `Reading` (a copy of the totals) now and
+another later; their difference is what the requests of that stretch came to (`Figures`), from
+which rates and p95s follow. Counting is a dict lookup and a few additions, on the hot path
+beside the Prometheus metrics; the totals are also metrics of their own (`OutcomeCollector`:
+`revision="stable"|"candidate"`).
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ _CONFIG_FAULTS: Final = frozenset({401, 403, 404})
 
 
 class _Totals:
-    __slots__ = ("durations", "failed", "first_tokens", "requests", "retries")
+    __slots__ = ("durations", "failed", "first_tokens", "requests", "retried", "retries")
 
     def __init__(self) -> None:
         self.requests = 0
         self.failed = 0
+        self.retried = 0
         self.retries = 0
         self.first_tokens = [0] * (len(FIRST_TOKEN_BOUNDS) + 1)
         self.durations = [0] * (len(DURATION_BOUNDS) + 1)
@@ -50,6 +53,7 @@ class _Totals:
         return Figures(
             self.requests,
             self.failed,
+            self.retried,
             self.retries,
             tuple(self.first_tokens),
             tuple(self.durations),
@@ -76,20 +80,25 @@ def _pairwise(a: tuple[int, ...], b: tuple[int, ...], sign: int) -> tuple[int, .
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """What some requests came to: the difference of two readings, or their sum over models."""
+    """What some requests came to: the difference of two readings, or their sum over models.
+
+    Every request that ended is one of `requests`, and at most one of `failed` and `retried`;
+    `retries` counts the tries behind `retried` (and those of failed requests)."""
 
     requests: int = 0
+    #: Requests whose answer failed (`OutcomeTally.request` says which answers do).
     failed: int = 0
+    #: Requests answered without failing after one or more of their tries were retried.
+    retried: int = 0
+    #: The tries of these requests that failed before their first byte and were retried.
     retries: int = 0
     first_tokens: tuple[int, ...] = field(default=(0,) * (len(FIRST_TOKEN_BOUNDS) + 1))
     durations: tuple[int, ...] = field(default=(0,) * (len(DURATION_BOUNDS) + 1))
 
     @property
     def failure_rate(self) -> float:
-        """Failed answers and retried tries per request (0 with no request), at most 1: a try
-        is counted when it is retried, its request when it ends, so requests still in flight
-        may have more retried tries than there are answered requests."""
-        return min(1.0, (self.failed + self.retries) / self.requests) if self.requests else 0.0
+        """The share of requests that failed or needed a retry (0 with no request)."""
+        return (self.failed + self.retried) / self.requests if self.requests else 0.0
 
     def first_token_p95(self) -> float | None:
         """The p95 time to first token, as the upper bound of its bucket (None: none seen)."""
@@ -109,6 +118,7 @@ class Figures:
         return Figures(
             self.requests + sign * other.requests,
             self.failed + sign * other.failed,
+            self.retried + sign * other.retried,
             self.retries + sign * other.retries,
             _pairwise(self.first_tokens, other.first_tokens, sign),
             _pairwise(self.durations, other.durations, sign),
@@ -118,6 +128,7 @@ class Figures:
         return {
             "requests": self.requests,
             "failed": self.failed,
+            "retried": self.retried,
             "retries": self.retries,
             "failure_rate": round(self.failure_rate, 4),
             "first_token_p95_s": self.first_token_p95(),
@@ -157,21 +168,29 @@ class OutcomeTally:
             totals = self._sides[side][model] = _Totals()
         return totals
 
-    def request(self, model: str, status: int, upstream: bool = False, side: Side = STABLE) -> None:
-        """An answered request of `model` (the model the client asked for); `upstream`: the
-        answer came from a provider's server. Failed: a 5xx, or a provider's server that did not
-        know the model or the key (404, 401, 403: what a wrong served name or API key gives);
-        the Edge's own refusals (limits, auth) and the client's mistakes (400, 422) are not."""
+    def request(
+        self,
+        model: str,
+        status: int,
+        upstream: bool = False,
+        side: Side = STABLE,
+        retries: int = 0,
+    ) -> None:
+        """An ended request of `model` (the one the client asked for, or the fallback that took
+        over); `upstream`: the answer came from a provider's server; `retries`: its tries that
+        failed before their first byte and were tried again (a busy provider's refusal is none).
+        Failed: a 5xx, or a provider's server that did not know the model or the key (404, 401,
+        403: what a wrong served name or API key gives); the Edge's own refusals (limits, auth)
+        and the client's mistakes (400, 422) are not. Retried: not failed, after a retry."""
         if not model:
             return
         totals = self._totals(model, side)
         totals.requests += 1
+        totals.retries += retries
         if status >= 500 or (upstream and status in _CONFIG_FAULTS):
             totals.failed += 1
-
-    def retry(self, model: str, side: Side = STABLE) -> None:
-        """A try of `model`'s request that failed before its first byte and was retried."""
-        self._totals(model, side).retries += 1
+        elif retries:
+            totals.retried += 1
 
     def first_token(self, model: str, seconds: float, side: Side = STABLE) -> None:
         totals = self._totals(model, side)
@@ -210,9 +229,16 @@ class OutcomeCollector(Collector):
             "Of those, the failed ones (5xx, and a provider's 401, 403 or 404).",
             labels=labels,
         )
+        retried = CounterMetricFamily(
+            "iop_edge_revision_retried_requests",
+            "Of those, the ones not failed that needed a retry (a try that failed before its "
+            "first byte and was tried again).",
+            labels=labels,
+        )
         retries = CounterMetricFamily(
             "iop_edge_revision_retries",
-            "Tries that failed before their first byte and were tried again.",
+            "Tries of those requests that failed before their first byte and were tried again "
+            "(counted when their request ends; a busy provider's refusal is none).",
             labels=labels,
         )
         first = HistogramMetricFamily(
@@ -230,10 +256,11 @@ class OutcomeCollector(Collector):
                 values = [model, name]
                 requests.add_metric(values, figures.requests)
                 failed.add_metric(values, figures.failed)
+                retried.add_metric(values, figures.retried)
                 retries.add_metric(values, figures.retries)
                 first.add_metric(values, *_buckets(figures.first_tokens, FIRST_TOKEN_BOUNDS))
                 duration.add_metric(values, *_buckets(figures.durations, DURATION_BOUNDS))
-        yield from (requests, failed, retries, first, duration)
+        yield from (requests, failed, retried, retries, first, duration)
 
 
 def _buckets(

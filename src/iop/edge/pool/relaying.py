@@ -118,6 +118,9 @@ class RelayedRun:
         self._prefix_key: PrefixKey | None = _UNKNOWN
         #: Tokens the upstream reported for the answer (prompt + completion), once it has.
         self.spent: int | None = None
+        #: Its tries that failed before their first byte and were tried again (a busy refusal
+        #: is none), counted with the request when it ends (`OutcomeTally.request`).
+        self.retried_tries = 0
 
     @property
     def provider_id(self) -> str:
@@ -236,12 +239,13 @@ class RelayedRun:
         metrics = self._metrics
         asked = attempts.chain[0]
         if failed.code == wire_statuses.PROVIDER_BUSY:
-            metrics.count_retry(asked, failed.code, self.side)
+            metrics.count_retry(asked, failed.code)
             return True
         dispatcher = self._dispatcher
         if self._back_to_stable(failed, deadline):
             attempts.failure = failed  # the answer if the stable side finds no slot in time
-            metrics.count_retry(asked, failed.code, self.side)
+            metrics.count_retry(asked, failed.code)
+            self.retried_tries += 1  # counted on the side it arrived on: the candidate's
             return True
         if not should_retry(failed):
             return False
@@ -257,7 +261,8 @@ class RelayedRun:
             return False
         attempts.retries += 1
         attempts.failure = failed
-        metrics.count_retry(asked, failed.code, self.side)
+        metrics.count_retry(asked, failed.code)
+        self.retried_tries += 1
         if not dispatcher.available_for(self._model, self._long, attempts.tried, self._side):
             fallback = self._reachable(attempts.chain, attempts.position + 1)
             if fallback is not None:

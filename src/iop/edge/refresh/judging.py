@@ -5,7 +5,7 @@ figures of the requests the change served on the models it touched (`candidate`)
 served by the last good revision (`baseline`), by the rules of `rollout` in the config
 (docs/rollout.md, "The checks"):
 
-- errors: the share of failed answers (5xx) and retried tries per request may exceed the
+- errors: the share of requests that failed (5xx) or needed a retry may exceed the
   baseline's by at most `max_error_rate_increase`;
 - first token and duration: each p95 may be at most `max_first_token_ratio` (and
   `max_duration_ratio`) times the baseline's plus a slack (judged only when the baseline has
@@ -123,7 +123,7 @@ def _failed_check(rules: RolloutSection, baseline: Figures, candidate: Figures) 
     if candidate.failure_rate > allowed:
         message = (
             f"{candidate.failure_rate:.1%} of requests failed or needed a retry "
-            f"({candidate.failed} failed, {candidate.retries} retried of "
+            f"({candidate.failed} failed, {candidate.retried} retried of "
             f"{candidate.requests}); the last good revision had {baseline.failure_rate:.1%}, "
             f"the most allowed is {allowed:.1%}"
         )
