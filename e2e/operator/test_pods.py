@@ -8,6 +8,8 @@ and the API key the chart generated.
 - a restart at `edge` scope -> only the Edge pods roll, and the new pods serve the new config;
 - a restart whose first new pod never becomes ready (the OpenAI listener moved off the port the
   Service targets) -> back on the last good template by the operator alone, one new pod at most;
+- a node's restart whose new process serves worse (a provider moved to a closed port) -> back on
+  its last good template, the node's model served again;
 - an adapter change on one node -> only that node's workload rolls;
 - the operator killed in the middle of a roll -> it converges on restart, nothing rolls twice;
 - a node's rollout under load -> no request lost, and its drain counted in the status;
@@ -502,6 +504,66 @@ async def test_a_restart_whose_new_pod_never_gets_ready_goes_back_by_itself(
     assert ec["status"]["history"][0]["restores"] == status["rollout"]["stable"]
     assert await asyncio.to_thread(pods.revisions) == {**revisions, EDGE: revisions[EDGE] + 1}
     assert await asyncio.to_thread(pods.identities) == after
+
+
+async def test_a_node_restart_whose_new_process_serves_worse_goes_back_by_itself(
+    pods: PodStack,
+) -> None:
+    """node-2's provider pc moved to a server that does not answer (a closed port): valid, and
+    restart-required. node-2's new pod is ready (its adapter can run), but pc, healthy on the old
+    process, fails its first probes on the new one: the gate compares the two and the operator
+    puts node-2 back on its last good template; m (on node-1) never notices."""
+    stamp = pods.stamp(NODE_2)
+    changed = copy.deepcopy(pods.spec)
+    provider_pc = changed["nodes"][1]["providers"][0]
+    provider_pc["adapter"] = {"type": "openai", "baseUrl": "http://127.0.0.1:9/v1"}
+    found: dict[str, Any] = {}
+
+    def back() -> bool:
+        nonlocal found
+        found = pods.ec()
+        history = found.get("status", {}).get("history") or [{}]
+        return bool(
+            found["metadata"]["generation"] == pods.generation + 1
+            and history[0].get("outcome") == "RolledBack"
+            and pods.stamp(NODE_2) == stamp
+        )
+
+    async with under_load(pods, "m", workers=2) as on_m, under_load(pods, "n", workers=2) as on_n:
+        await asyncio.sleep(1)
+        applied_at = time.monotonic()
+        await asyncio.to_thread(pods.apply, changed)
+        await asyncio.to_thread(
+            wait_for, back, timeout=GATE_S + 60, what="node-2's restart rolled back",
+            show=lambda: found.get("status"),
+        )  # fmt: skip
+        rolled_back_after = time.monotonic() - applied_at
+        await asyncio.to_thread(
+            wait_for, lambda: pods.rolled_out(NODE_2), timeout=90, what="node-2's old template"
+        )
+        await asyncio.to_thread(wait_for, lambda: pods.runs_in_flight("node-2"), timeout=30,
+                                what="n served again")  # fmt: skip
+        await asyncio.sleep(1)
+    pods.generation += 1
+
+    entry = found["status"]["history"][0]
+    assert entry["check"] == "restart"
+    assert (
+        "its new process serves worse than the old one: provider pc probe_failed"
+        in (entry["reason"])
+    )
+    failed_n = [o for o in on_n if o.startswith("failed")]
+    print(
+        f"rolled back {rolled_back_after:.1f}s after the apply; m: {len(on_m)} answered, "
+        f"n: {len(failed_n)} of {len(on_n)} failed: {failed_n[:3]}"
+    )
+    assert rolled_back_after < 30
+    assert [o for o in on_m if o.startswith("failed")] == []
+    assert len(failed_n) <= 0.02 * len(on_n), failed_n[:5]
+
+    ec = await asyncio.to_thread(pods.change, pods.spec)  # the old file again: nothing rolls
+    assert ec["status"]["history"][0]["restores"] == ec["status"]["rollout"]["stable"]
+    assert pods.stamp(NODE_2) == stamp
 
 
 async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_operator_dies(

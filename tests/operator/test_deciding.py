@@ -17,12 +17,14 @@ from iop.operator.deciding import (
     failed_restarts,
     judge,
     live_targets,
+    node_baseline,
     plan,
     pods_config,
     settled_outcomes,
     stamps_back,
     stamps_due,
     with_restarts,
+    worse_restarts,
 )
 from iop.operator.documents import AppliedState, RestartRecord
 from iop.operator.values import (
@@ -399,3 +401,52 @@ def test_a_config_is_stable_once_its_revision_is_good_and_its_restarts_are_done(
     assert came_through(record, "RolledBack") is None
     assert came_through(record, None) is None
     assert came_through(record_of(old, RestartRecord("edge", config_hash(old))), "Applied") is None
+
+
+def seen(instance: str, healthy: set[str], unhealthy: dict[str, str]) -> ReplicaOutcome:
+    """A replica that sees node-1 served by process `instance`, its providers so."""
+    view = NodeState(
+        "node-1",
+        True,
+        True,
+        instance_id=instance,
+        healthy=frozenset(healthy),
+        unhealthy=tuple((p, reason, "") for p, reason in unhealthy.items()),
+    )
+    return ReplicaOutcome(replica("edge-0"), "Applied", status=ReplicaStatus("h", 2, (view,)))
+
+
+def test_a_node_restart_fails_its_gate_when_the_new_process_serves_worse_than_the_old() -> None:
+    old, desired = (
+        config(),
+        config(lambda d: d["nodes"][0]["providers"][0]["adapter"].update(completion_tokens=3)),
+    )
+    digest = config_hash(desired)
+    record = AppliedState(desired, digest, 2, {}, (RestartRecord("node:node-1", digest),))
+    nodes = {"node-1": (node_workload("node-1", digest, ROLLING),)}
+    observation = observe(desired, replace(record, stable=record_of(old).with_stable().stable))
+    observation = replace(observation, nodes=nodes)
+    current = plan(observation)
+    # Before the restart: pa healthy, pb's server already down.
+    baseline = node_baseline([seen("old", {"pa"}, {"pb": "probe_failed"})], "node-1")
+    assert baseline is not None
+    assert baseline.instances == {"old"} and baseline.healthy == {"pa"}
+    gate = {"node:node-1": baseline}
+
+    # The old process still serves, or the new one has not probed yet, or only pb is down: pass.
+    for outcome in (
+        seen("old", set(), {"pa": "probe_failed"}),  # (the old process: not the change's doing)
+        seen("new", set(), {"pa": "not_probed", "pb": "not_probed"}),
+        seen("new", {"pa"}, {"pb": "probe_failed"}),
+    ):
+        assert worse_restarts(observation, current, [outcome], gate) == []
+    # The new process's pa fails where the old one's passed: the gate fails.
+    (failed,) = worse_restarts(
+        observation, current, [seen("new", set(), {"pa": "probe_failed", "pb": "x"})], gate
+    )
+    assert str(failed) == (
+        "Deployment/demo-node-1 (node:node-1): its new process serves worse than the old one: "
+        "provider pa probe_failed (healthy before)"
+    )
+    # A baseline of another config, or none: nothing to compare.
+    assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], {}) == []

@@ -202,9 +202,23 @@ def _describe(exc: BaseException) -> str:
 
 def _node_state(node: dict[str, Any]) -> NodeState:
     """One node of `GET /status`. `draining_runs` (provider -> runs left, over the node's process
-    and the older ones a newer one superseded) is optional: an older Edge reports none."""
+    and the older ones a newer one superseded) is optional: an older Edge reports none; so are
+    `instance_id` and the providers' health."""
     runs = sum(int(n) for n in (node.get("draining_runs") or {}).values())
-    return NodeState(str(node["node_id"]), bool(node["connected"]), bool(node["current"]), runs)
+    providers = [p for p in node.get("providers") or () if isinstance(p, dict)]
+    return NodeState(
+        str(node["node_id"]),
+        bool(node["connected"]),
+        bool(node["current"]),
+        runs,
+        instance_id=str(node.get("instance_id") or ""),
+        healthy=frozenset(str(p["provider_id"]) for p in providers if p.get("healthy")),
+        unhealthy=tuple(
+            (str(p["provider_id"]), str(p.get("reason") or ""), str(p.get("detail") or ""))
+            for p in providers
+            if not p.get("healthy")
+        ),
+    )
 
 
 def _number(value: Any) -> int | None:

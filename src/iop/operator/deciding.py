@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from iop.edgeconfig import ChangeReport, EdgeConfig, classify
+from iop.wire import NOT_PROBED
 
 from . import conventions
 from .documents import AppliedState, RestartRecord, StableRevision
@@ -141,6 +142,69 @@ def failed_restarts(observation: Observation, current: Plan) -> list[FailedResta
         for workload in _workloads(observation, record.scope):
             if workload.stamp == record.config_hash and workload.rollout.phase == "Stalled":
                 failed.append(FailedRestart(record.scope, workload.key, workload.rollout.message))
+    return failed
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBaseline:
+    """A node as the replicas saw it just before its restart: the processes that served it and
+    the providers healthy on every replica that saw it (what the new process is held to)."""
+
+    instances: frozenset[str]
+    healthy: frozenset[str]
+
+
+def node_baseline(outcomes: Sequence[ReplicaOutcome], node_id: str) -> NodeBaseline | None:
+    """`node_id` as the replicas last saw it connected; None when none did."""
+    views = [
+        n
+        for o in outcomes
+        if o.status is not None
+        for n in o.status.nodes
+        if n.node_id == node_id and n.connected and n.instance_id
+    ]
+    if not views:
+        return None
+    return NodeBaseline(
+        frozenset(v.instance_id for v in views), frozenset.intersection(*(v.healthy for v in views))
+    )
+
+
+def worse_restarts(
+    observation: Observation,
+    current: Plan,
+    outcomes: Sequence[ReplicaOutcome],
+    baselines: Mapping[str, NodeBaseline],
+) -> list[FailedRestart]:
+    """The desired config's node restarts whose new process serves worse than the old one did:
+    a provider healthy before the restart is unhealthy on the new process (its adapter cannot
+    run there, or its probes or requests failed; not merely "not probed yet"). The other half of
+    a restart's gate, beside its readiness: compared with the old pod's figures, so a provider
+    whose server was already down blames nothing on the change."""
+    failed = []
+    for record in current.restarts:
+        baseline = baselines.get(record.scope)
+        if record.config_hash != observation.desired_hash or baseline is None:
+            continue
+        node_id = _node_of(record.scope)
+        worse: dict[str, str] = {}
+        for outcome in outcomes:
+            for view in outcome.status.nodes if outcome.status is not None else ():
+                if view.node_id != node_id or view.instance_id in baseline.instances:
+                    continue
+                for provider, reason, detail in view.unhealthy:
+                    if provider in baseline.healthy and reason != NOT_PROBED:
+                        worse.setdefault(provider, f"{reason}: {detail}" if detail else reason)
+        if worse:
+            said = "; ".join(f"provider {p} {why}" for p, why in sorted(worse.items()))
+            where = ", ".join(w.key for w in _workloads(observation, record.scope)) or node_id
+            failed.append(
+                FailedRestart(
+                    record.scope,
+                    where,
+                    f"its new process serves worse than the old one: {said} (healthy before)",
+                )
+            )
     return failed
 
 

@@ -35,7 +35,9 @@ from iop.edgeconfig import (
 from . import conventions
 from .adminapi import EdgeAdmin, apply_body, revision_body
 from .deciding import (
+    FailedRestart,
     NextPass,
+    NodeBaseline,
     Observation,
     Plan,
     Verdict,
@@ -43,12 +45,14 @@ from .deciding import (
     failed_restarts,
     judge,
     live_targets,
+    node_baseline,
     plan,
     pods_config,
     settled_outcomes,
     stamps_back,
     stamps_due,
     with_restarts,
+    worse_restarts,
 )
 from .discovering import ReplicaFinder
 from .documents import (
@@ -174,6 +178,12 @@ class Reconciler:
         #: read back from the status after an operator restart.
         self._history: tuple[HistoryEntry, ...] | None = None
         self._history_owner = ""
+        #: The replicas' outcomes of the last pass (how each saw the nodes then).
+        self._last_outcomes: Sequence[ReplicaOutcome] = ()
+        #: Each node restart under way -> (its config hash, the node as it was before it): what
+        #: the restart's gate holds the new process to (kept in memory: after an operator
+        #: restart, a restart under way is judged by its readiness alone).
+        self._baselines: dict[str, tuple[str, NodeBaseline]] = {}
 
     @property
     def applied(self) -> AppliedState | None:
@@ -263,12 +273,9 @@ class Reconciler:
         observation = await self._roll(owner, observation, current, stamps)
         failed_gate = ""
         gate = failed_restarts(observation, current)
-        stable = observation.applied.stable if observation.applied is not None else None
-        if gate and stable is not None and stable.config_hash != observation.desired_hash:
-            observation, current = await self._go_back(owner, observation, current, stable)
-            stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
-            failed_gate = "; ".join(str(f) for f in gate) + (
-                f"; back on the pod templates of the stable config {stable.config_hash[:12]}"
+        if gate and self._can_go_back(observation):
+            observation, current, stamps, failed_gate = await self._fail_gate(
+                owner, observation, current, gate
             )
             held = True
         asked, ready = live_targets(observation)
@@ -276,6 +283,17 @@ class Reconciler:
             outcomes = await read_replicas(self._admin, ready, tokens.admin_token)
         else:
             outcomes, current = await self._apply_live(observation, current, ready, tokens)
+            baselines = {
+                scope: baseline
+                for scope, (config, baseline) in self._baselines.items()
+                if config == observation.desired_hash
+            }
+            worse = worse_restarts(observation, current, outcomes, baselines)
+            if worse and self._can_go_back(observation):
+                observation, current, stamps, failed_gate = await self._fail_gate(
+                    owner, observation, current, worse
+                )
+                held = True
         timings.replica_apply_ms += [o.report.duration_ms for o in outcomes if o.report]
         views: dict[str, ReplicaRevisions] = {}
         if held or needs_logs(history, observation.desired_hash, outcomes):
@@ -336,6 +354,13 @@ class Reconciler:
             await self._save_state(owner, through)
             observation = replace(observation, applied=through)
             await self._write_configmap(owner, *pods_config(observation, current, held))
+        self._last_outcomes = outcomes
+        open_scopes = {(r.scope, r.config_hash) for r in current.restarts}
+        self._baselines = {
+            scope: kept
+            for scope, kept in self._baselines.items()
+            if (scope, kept[0]) in open_scopes
+        }
         return verdict, step
 
     # -- observing -------------------------------------------------------------------------------
@@ -453,6 +478,12 @@ class Reconciler:
         edges = list(observation.edges)
         nodes = {node: list(items) for node, items in observation.nodes.items()}
         for workload, record in stamps_due(observation, current):
+            if workload.node_id and self._baselines.get(record.scope, ("",))[0] != (
+                record.config_hash
+            ):
+                baseline = node_baseline(self._last_outcomes, workload.node_id)
+                if baseline is not None:  # the old process, to hold the new one to
+                    self._baselines[record.scope] = (record.config_hash, baseline)
             stamped = await stamp(self._api, owner.namespace, workload, record.config_hash)
             targets = edges if record.scope == "edge" else nodes[stamped.node_id]
             targets[targets.index(workload)] = stamped
@@ -511,6 +542,29 @@ class Reconciler:
             "held in effect in place of the spec; remove the annotation to apply the spec",
         )
         return stable.config
+
+    def _can_go_back(self, observation: Observation) -> bool:
+        """Whether a stable revision other than the desired config is there to go back to."""
+        stable = observation.applied.stable if observation.applied is not None else None
+        return stable is not None and stable.config_hash != observation.desired_hash
+
+    async def _fail_gate(
+        self,
+        owner: Owner,
+        observation: Observation,
+        current: Plan,
+        failures: Sequence[FailedRestart],
+    ) -> tuple[Observation, Plan, dict[str, str], str]:
+        """A restart failed its gate: back on the stable revision (`_go_back`); the observation,
+        the plan and the stamps after it, and why, for the revision's outcome."""
+        assert observation.applied is not None and observation.applied.stable is not None
+        stable = observation.applied.stable
+        observation, current = await self._go_back(owner, observation, current, stable)
+        stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
+        reason = "; ".join(str(f) for f in failures) + (
+            f"; back on the pod templates of the stable config {stable.config_hash[:12]}"
+        )
+        return observation, current, stamps, reason
 
     async def _go_back(
         self, owner: Owner, observation: Observation, current: Plan, stable: StableRevision

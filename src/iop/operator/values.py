@@ -44,6 +44,11 @@ class NodeState:
     #: Runs its draining processes still finish (a SIGTERM drain, or an older process a newer
     #: one superseded in a rollout): what a node rollout's status shows counting down.
     draining_runs: int = 0
+    #: The node process that serves it (a new one after a restart); "" from an older Edge.
+    instance_id: str = ""
+    #: Its providers that are healthy, and those that are not with why (reason: detail).
+    healthy: frozenset[str] = frozenset()
+    unhealthy: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,7 +204,10 @@ class HistoryEntry(_Part):
     reason: Annotated[str, _text("Why it came out so, as the Edge said it.")] = ""
     check: Annotated[
         str | None,
-        _text("The check that decided: errors, first_token_p95, duration_p95, bake, traffic, or restart (its restart failed its gate)."),
+        _text(
+            "The check that decided: errors, first_token_p95, duration_p95, bake, traffic, or "
+            "restart (its restart failed its gate)."
+        ),
     ] = None
     restores: Annotated[
         int | None, _text("The earlier revision whose config this one is again.")
