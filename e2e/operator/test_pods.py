@@ -10,6 +10,8 @@ and the API key the chart generated.
   Service targets) -> back on the last good template by the operator alone, one new pod at most;
 - a node's restart whose new process serves worse (a provider moved to a closed port) -> back on
   its last good template, the node's model served again;
+- an Edge pod that starts during a canary starts on the stable config and judges the candidate
+  again from its first step;
 - an adapter change on one node -> only that node's workload rolls;
 - the operator killed in the middle of a roll -> it converges on restart, nothing rolls twice;
 - a node's rollout under load -> no request lost, and its drain counted in the status;
@@ -120,18 +122,22 @@ class PodStack(Workloads):
     def runs_in_flight(self, node_id: str) -> int:
         """The runs on `node_id` that the Edge pods' admin APIs count now (`GET /status`), the
         way the operator reads them (the chart's admin port and token)."""
-        token = self.secret(f"{NAME}-edge-admin", "token")
         runs = 0
         for pod in self.pods("edge"):
-            response = httpx.get(
-                f"http://{pod['status']['podIP']}:9090/status",
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=5,
-            )
-            response.raise_for_status()
-            nodes = response.json()["nodes"]
+            nodes = self.admin(pod, "/status")["nodes"]
             runs += sum(n["runs_in_flight"] for n in nodes if n["node_id"] == node_id)
         return runs
+
+    def admin(self, pod: dict[str, Any], path: str) -> Any:
+        """`GET path` on an Edge pod's admin API (the chart's port and token)."""
+        token = self.secret(f"{NAME}-edge-admin", "token")
+        response = httpx.get(
+            f"http://{pod['status']['podIP']}:9090{path}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+        )
+        response.raise_for_status()
+        return response.json()
 
     def routed(self) -> bool:
         """Whether the Edge's Service answers: kube-proxy follows the Service's endpoints a
@@ -564,6 +570,56 @@ async def test_a_node_restart_whose_new_process_serves_worse_goes_back_by_itself
     ec = await asyncio.to_thread(pods.change, pods.spec)  # the old file again: nothing rolls
     assert ec["status"]["history"][0]["restores"] == ec["status"]["rollout"]["stable"]
     assert pods.stamp(NODE_2) == stamp
+
+
+async def test_an_edge_pod_that_starts_mid_canary_judges_the_candidate_again(
+    pods: PodStack,
+) -> None:
+    """A canary held at its first step; one Edge pod deleted: the new pod starts on the stable
+    config (the ConfigMap holds it while the candidate is judged) and the operator gives it the
+    candidate live, which its own log judges from the first step; never its first revision."""
+    stable_hash = (await asyncio.to_thread(pods.ec))["status"]["appliedConfigHash"]
+    changed = copy.deepcopy(pods.spec)
+    changed["rollout"] = {"mode": "canary", "steps": [5, 100], "stepMs": 600_000}
+    changed["models"][0]["providers"] = {"pa": "served-a"}  # what serves m: a canary
+    await asyncio.to_thread(pods.apply, changed)
+    pods.generation += 1
+
+    def canary() -> bool:
+        status = pods.ec().get("status", {})
+        return (status.get("rollout") or {}).get("state") == "Canary" and (
+            status.get("observedGeneration") == pods.generation
+        )
+
+    await asyncio.to_thread(wait_for, canary, timeout=60, what="the canary on both replicas")
+    candidate_hash = (await asyncio.to_thread(pods.ec))["status"]["desiredConfigHash"]
+    victim = (await asyncio.to_thread(pods.pods, "edge"))[0]["metadata"]["name"]
+    await asyncio.to_thread(pods.kubectl, "delete", "pod", victim, "--wait=false")
+    judged: dict[str, Any] = {}
+
+    def new_pod_judges() -> bool:
+        nonlocal judged
+        for pod in pods.pods("edge"):
+            if pod["metadata"]["name"] == victim or not pod["status"].get("podIP"):
+                continue
+            try:
+                log = pods.admin(pod, "/revisions")
+            except httpx.HTTPError:
+                continue
+            numbers = [r["revision"] for r in log["revisions"]]
+            if 1 in numbers and len(numbers) >= 2:  # a pod started after the deletion
+                judged = log
+                return log["candidate"] is not None
+        return False
+
+    await asyncio.to_thread(wait_for, new_pod_judges, timeout=120, what="the new pod's canary")
+    revisions = {r["revision"]: r for r in judged["revisions"]}
+    assert (revisions[1]["config_hash"], revisions[1]["outcome"]) == (stable_hash, "started")
+    candidate = revisions[judged["candidate"]]
+    assert candidate["config_hash"] == candidate_hash
+    assert (candidate["outcome"], candidate["share_percent"]) == ("watching", 5)
+
+    await asyncio.to_thread(pods.change, pods.spec)  # back: the candidate superseded
 
 
 async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_operator_dies(
