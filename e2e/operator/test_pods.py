@@ -568,7 +568,7 @@ async def test_a_node_restart_whose_new_process_serves_worse_goes_back_by_itself
     assert len(failed_n) <= 0.02 * len(on_n), failed_n[:5]
 
     ec = await asyncio.to_thread(pods.change, pods.spec)  # the old file again: nothing rolls
-    assert ec["status"]["history"][0]["restores"] == ec["status"]["rollout"]["stable"]
+    assert ec["status"]["history"][0]["restores"] == found["status"]["rollout"]["stable"]
     assert pods.stamp(NODE_2) == stamp
 
 
@@ -581,7 +581,7 @@ async def test_an_edge_pod_that_starts_mid_canary_judges_the_candidate_again(
     stable_hash = (await asyncio.to_thread(pods.ec))["status"]["appliedConfigHash"]
     changed = copy.deepcopy(pods.spec)
     changed["rollout"] = {"mode": "canary", "steps": [5, 100], "stepMs": 600_000}
-    changed["models"][0]["providers"] = {"pa": "served-a"}  # what serves m: a canary
+    changed["models"][0]["providers"] = {"pb": "served-b"}  # what serves m: a canary
     await asyncio.to_thread(pods.apply, changed)
     pods.generation += 1
 
