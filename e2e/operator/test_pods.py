@@ -547,9 +547,15 @@ async def test_a_node_restart_whose_new_process_serves_worse_goes_back_by_itself
         await asyncio.to_thread(
             wait_for, lambda: pods.rolled_out(NODE_2), timeout=90, what="node-2's old template"
         )
-        await asyncio.to_thread(wait_for, lambda: pods.runs_in_flight("node-2"), timeout=30,
-                                what="n served again")  # fmt: skip
-        await asyncio.sleep(1)
+        served = len(on_n)
+
+        def edges_see() -> Any:
+            return on_n[-3:], [pods.admin(p, "/status")["nodes"] for p in pods.pods("edge")]
+
+        await asyncio.to_thread(
+            wait_for, lambda: len(on_n) > served + 20, timeout=40, what="n served again",
+            show=edges_see,
+        )  # fmt: skip
     pods.generation += 1
 
     entry = found["status"]["history"][0]

@@ -381,6 +381,11 @@ def test_replicas_still_serving_a_rolled_back_config_go_back_to_the_stable_one()
     stable, due = restores(bad, apply_change((), 1), outcomes, views)
     assert stable == good
     assert [(r.replica.name, r.revision) for r in due] == [("b", 1), ("c", 4), ("e", None)]
+    # The operator's own stable revision, when it has one, is the one they go back to (by
+    # the operator's copy where a replica keeps no revision of it).
+    stable, due = restores(bad, apply_change((), 1), outcomes, views, prefer=digest(3))
+    assert stable == digest(3)
+    assert [(r.replica.name, r.revision) for r in due] == [("b", None), ("c", None), ("e", None)]
 
 
 def test_without_a_replica_that_rolled_back_the_stable_config_is_the_clusters() -> None:

@@ -661,13 +661,20 @@ class Reconciler:
         )
         if not rolled_back:
             return list(outcomes)
-        stable_hash, due = restores(desired_hash, history, outcomes, views)
+        stable = self._state.stable if self._state is not None else None
+        prefer = stable.config_hash if stable is not None else ""
+        stable_hash, due = restores(
+            desired_hash, history, outcomes, views, "" if prefer == desired_hash else prefer
+        )
         settled = {o.replica.name: o for o in outcomes}
         token = tokens.admin_token
         restarting = self._nodes_going_back(stable_hash) if due else []
+        document = None
+        if stable is not None and stable.config_hash == stable_hash and due:
+            document = stable.config.model_dump(mode="json", exclude_unset=True)
         for order in due:
             name = order.replica.name
-            if order.revision is None:
+            if order.revision is None and document is None:
                 settled[name] = ReplicaOutcome(
                     order.replica,
                     "Failed",
@@ -678,7 +685,11 @@ class Reconciler:
                 )
                 continue
             try:
-                body = revision_body(order.revision, restarting)
+                if order.revision is not None:
+                    body = revision_body(order.revision, restarting)
+                else:  # it keeps no revision of it: the operator's copy
+                    assert document is not None
+                    body = await asyncio.to_thread(apply_body, document, restarting)
                 await self._admin.apply(order.replica, body, token)
                 status = await self._admin.status(order.replica, token)
             except AdminApiError as error:
@@ -693,8 +704,9 @@ class Reconciler:
             settled[name] = ReplicaOutcome(
                 order.replica,
                 "Failed",
-                f"put back on the stable config {stable_hash[:12]} (its revision "
-                f"{order.revision}): config {desired_hash[:12]} was rolled back by another replica",
+                f"put back on the stable config {stable_hash[:12]} ("
+                + (f"its revision {order.revision}" if order.revision else "the operator's copy")
+                + f"): config {desired_hash[:12]} was rolled back",
                 status=status,
                 rolled_back=True,
             )

@@ -393,12 +393,14 @@ def restores(
     history: Sequence[HistoryEntry],
     outcomes: Sequence[ReplicaOutcome],
     views: Mapping[str, ReplicaRevisions],
+    prefer: str = "",
 ) -> tuple[str, list[Restore]]:
     """(the stable config's hash, the replicas to put back on it): every asked replica that
-    still serves `rolled_back_hash`. The stable config is the one a replica that rolled the
+    still serves `rolled_back_hash`. The stable config is `prefer` (the operator's own stable
+    revision, what the ConfigMap holds) when given, else the one a replica that rolled the
     config back returned to (its own stable revision), else the cluster's stable revision."""
-    stable_hash = ""
-    for view in views.values():
+    stable_hash = prefer
+    for view in () if prefer else views.values():
         rolled = view.newest_of(rolled_back_hash)
         stable = view.get(view.stable)
         if rolled is not None and rolled.outcome == "rolled_back" and stable is not None:
