@@ -13,20 +13,22 @@ from iop.edgeconfig import EdgeConfig, config_hash, load_data
 from iop.operator.deciding import (
     SERVING_WAIT_S,
     Observation,
-    came_through,
-    failed_restarts,
     judge,
     live_targets,
-    node_baseline,
     plan,
-    pods_config,
     settled_outcomes,
-    stamps_back,
     stamps_due,
     with_restarts,
-    worse_restarts,
 )
 from iop.operator.documents import AppliedState, RestartRecord
+from iop.operator.gating import (
+    came_through,
+    failed_restarts,
+    node_baseline,
+    pods_config,
+    stamps_back,
+    worse_restarts,
+)
 from iop.operator.values import (
     ApplyReport,
     EdgeReplica,

@@ -2,7 +2,8 @@
 
 - `running`: `iop operator run`; `workers`: a task per EdgeConfig; `leading`: the Lease; `metrics`;
 - a pass: `reconciling` (observe, act, report) and `deciding` (pure, on the `values` a pass
-  observes), with `revisions` (the cluster revisions and their outcomes, pure), `tokensecrets`,
+  observes), with `gating` (the restart gates and the stable revision, pure), `revisions` (the
+  cluster revisions and their outcomes, pure), `tokensecrets`,
   `watching`, `documents`, `rolling`, `liveapplying` and `discovering`;
 - `webhook/`: the validating webhook, its plan, its HTTPS server and certificate;
 - `status/`: the status model, a pass's findings as status, what is written, Events;

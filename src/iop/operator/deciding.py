@@ -14,11 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from iop.edgeconfig import ChangeReport, EdgeConfig, classify
-from iop.wire import NOT_PROBED
 
 from . import conventions
-from .documents import AppliedState, RestartRecord, StableRevision
-from .status import GOOD_OUTCOMES
+from .documents import AppliedState, RestartRecord
 from .values import (
     EdgeReplica,
     Event,
@@ -87,7 +85,7 @@ def plan(observation: Observation) -> Plan:
         change = classify(observation.base, observation.desired)
         restarts = list(_with_scopes(restarts, change.restart_scopes, observation.desired_hash))
     node_ids = {node.id for node in observation.desired.nodes}
-    kept = [r for r in restarts if r.scope == "edge" or _node_of(r.scope) in node_ids]
+    kept = [r for r in restarts if r.scope == "edge" or node_of(r.scope) in node_ids]
     return Plan(change, tuple(kept))
 
 
@@ -106,7 +104,7 @@ def stamps_due(observation: Observation, current: Plan) -> list[tuple[Workload, 
     stable = observation.applied.stable if observation.applied is not None else None
     due = []
     for record in current.restarts:
-        for workload in _workloads(observation, record.scope):
+        for workload in workloads_of(observation, record.scope):
             if workload.stamp == record.config_hash:
                 continue
             if (
@@ -117,136 +115,6 @@ def stamps_due(observation: Observation, current: Plan) -> list[tuple[Workload, 
                 continue
             due.append((workload, record))
     return due
-
-
-@dataclass(frozen=True, slots=True)
-class FailedRestart:
-    """A workload whose restart for the desired config did not come through its gate."""
-
-    scope: str
-    workload: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.workload} ({self.scope}): {self.message}"
-
-
-def failed_restarts(observation: Observation, current: Plan) -> list[FailedRestart]:
-    """The desired config's restarts whose rollout stalled: the first new pod (the surge; no old
-    pod goes before it is ready) did not become available within the workload's progress
-    deadline. Each is the gate's verdict on the change: it goes back to the stable revision."""
-    failed = []
-    for record in current.restarts:
-        if record.config_hash != observation.desired_hash:
-            continue
-        for workload in _workloads(observation, record.scope):
-            if workload.stamp == record.config_hash and workload.rollout.phase == "Stalled":
-                failed.append(FailedRestart(record.scope, workload.key, workload.rollout.message))
-    return failed
-
-
-@dataclass(frozen=True, slots=True)
-class NodeBaseline:
-    """A node as the replicas saw it just before its restart: the processes that served it and
-    the providers healthy on every replica that saw it (what the new process is held to)."""
-
-    instances: frozenset[str]
-    healthy: frozenset[str]
-
-
-def node_baseline(outcomes: Sequence[ReplicaOutcome], node_id: str) -> NodeBaseline | None:
-    """`node_id` as the replicas last saw it connected; None when none did."""
-    views = [
-        n
-        for o in outcomes
-        if o.status is not None
-        for n in o.status.nodes
-        if n.node_id == node_id and n.connected and n.instance_id
-    ]
-    if not views:
-        return None
-    return NodeBaseline(
-        frozenset(v.instance_id for v in views), frozenset.intersection(*(v.healthy for v in views))
-    )
-
-
-def worse_restarts(
-    observation: Observation,
-    current: Plan,
-    outcomes: Sequence[ReplicaOutcome],
-    baselines: Mapping[str, NodeBaseline],
-) -> list[FailedRestart]:
-    """The desired config's node restarts whose new process serves worse than the old one did:
-    a provider healthy before the restart is unhealthy on the new process (its adapter cannot
-    run there, or its probes or requests failed; not merely "not probed yet"). The other half of
-    a restart's gate, beside its readiness: compared with the old pod's figures, so a provider
-    whose server was already down blames nothing on the change."""
-    failed = []
-    for record in current.restarts:
-        baseline = baselines.get(record.scope)
-        if record.config_hash != observation.desired_hash or baseline is None:
-            continue
-        node_id = _node_of(record.scope)
-        worse: dict[str, str] = {}
-        for outcome in outcomes:
-            for view in outcome.status.nodes if outcome.status is not None else ():
-                if view.node_id != node_id or view.instance_id in baseline.instances:
-                    continue
-                for provider, reason, detail in view.unhealthy:
-                    if provider in baseline.healthy and reason != NOT_PROBED:
-                        worse.setdefault(provider, f"{reason}: {detail}" if detail else reason)
-        if worse:
-            said = "; ".join(f"provider {p} {why}" for p, why in sorted(worse.items()))
-            where = ", ".join(w.key for w in _workloads(observation, record.scope)) or node_id
-            failed.append(
-                FailedRestart(
-                    record.scope,
-                    where,
-                    f"its new process serves worse than the old one: {said} (healthy before)",
-                )
-            )
-    return failed
-
-
-def stamps_back(observation: Observation, stable: StableRevision) -> list[tuple[Workload, str]]:
-    """Each workload stamped with the desired config, and the stamp of its last good template
-    (the stable revision's; "" for a template that carried none)."""
-    workloads = [*observation.edges, *(w for items in observation.nodes.values() for w in items)]
-    return [
-        (w, stable.stamps.get(w.key, ""))
-        for w in workloads
-        if w.stamp == observation.desired_hash and w.stamp != stable.stamps.get(w.key, "")
-    ]
-
-
-def pods_config(observation: Observation, current: Plan, held: bool) -> tuple[EdgeConfig, str]:
-    """(the config, its hash) the Edge ConfigMap holds: what an Edge pod that starts runs.
-
-    The desired config while nothing came through before it, and when the Edge rolls to take
-    it (its new pods must); else the stable revision while the desired one is on trial or was
-    rolled back: a pod that starts mid-canary starts on the stable config and is given the
-    candidate live, judged again, and one that starts after a rollback runs the stable config.
-    """
-    applied = observation.applied
-    stable = applied.stable if applied is not None else None
-    desired = (observation.desired, observation.desired_hash)
-    if stable is None or stable.config_hash == observation.desired_hash:
-        return desired
-    if not held and any(
-        r.scope == "edge" and r.config_hash == observation.desired_hash for r in current.restarts
-    ):
-        return desired
-    return stable.config, stable.config_hash
-
-
-def came_through(record: AppliedState | None, outcome: str | None) -> AppliedState | None:
-    """The record with its config as the stable revision, once that config came through (its
-    revision's outcome good, no restart of it open); None while it has not, or already is."""
-    if record is None or record.restarts or outcome not in GOOD_OUTCOMES:
-        return None
-    if record.stable is not None and record.stable.config_hash == record.config_hash:
-        return None
-    return record.with_stable()
 
 
 def live_targets(observation: Observation) -> tuple[list[EdgeReplica], list[EdgeReplica]]:
@@ -346,7 +214,7 @@ def judge(
         ]
 
     node_ids = {node.id for node in observation.desired.nodes}
-    restarting = {_node_of(r.scope) for r in open_restarts if r.scope != "edge"}
+    restarting = {node_of(r.scope) for r in open_restarts if r.scope != "edge"}
     nodes_seen = node_results(node_ids, outcomes, restarting)
     finding = Finding(
         observation.generation,
@@ -388,12 +256,12 @@ def _restarts_left(
         o.state == "Applied" and o.config_hash == observation.desired_hash for o in asked
     )
     for record in current.restarts:
-        workloads = _workloads(observation, record.scope)
+        workloads = workloads_of(observation, record.scope)
         if record.scope == "edge":
             selector, what = conventions.edge_selector(observation.name), "the Edge"
             arrived = replicas_current
         else:
-            node_id = _node_of(record.scope)
+            node_id = node_of(record.scope)
             selector = conventions.node_selector(observation.name, node_id)
             what = f"node {node_id}"
             views = [
@@ -613,11 +481,13 @@ def _with_scopes(
     return result
 
 
-def _workloads(observation: Observation, scope: str) -> tuple[Workload, ...]:
+def workloads_of(observation: Observation, scope: str) -> tuple[Workload, ...]:
+    """The workloads a restart scope rolls: the Edge's, or one node's."""
     if scope == "edge":
         return observation.edges
-    return tuple(observation.nodes.get(_node_of(scope), ()))
+    return tuple(observation.nodes.get(node_of(scope), ()))
 
 
-def _node_of(scope: str) -> str:
+def node_of(scope: str) -> str:
+    """The node id of a `node:<id>` scope."""
     return scope.removeprefix("node:")

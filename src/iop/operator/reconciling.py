@@ -35,24 +35,16 @@ from iop.edgeconfig import (
 from . import conventions
 from .adminapi import EdgeAdmin, apply_body, revision_body
 from .deciding import (
-    FailedRestart,
     NextPass,
-    NodeBaseline,
     Observation,
     Plan,
     Verdict,
-    came_through,
-    failed_restarts,
     judge,
     live_targets,
-    node_baseline,
     plan,
-    pods_config,
     settled_outcomes,
-    stamps_back,
     stamps_due,
     with_restarts,
-    worse_restarts,
 )
 from .discovering import ReplicaFinder
 from .documents import (
@@ -65,6 +57,16 @@ from .documents import (
 )
 from .documents import state_configmap as record_configmap
 from .errors import AdminApiError, AdminUnreachable, KubeApiError, KubeNotFound
+from .gating import (
+    FailedRestart,
+    NodeBaseline,
+    came_through,
+    failed_restarts,
+    node_baseline,
+    pods_config,
+    stamps_back,
+    worse_restarts,
+)
 from .kubeapi import KubeApi, resource_path
 from .liveapplying import apply_on_replicas, read_replicas
 from .metrics import EdgeConfigHealth, OperatorMetrics
