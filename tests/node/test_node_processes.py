@@ -130,6 +130,14 @@ async def test_the_health_endpoints_follow_the_nodes_welcome_and_drain(
             assert await asyncio.wait_for(node.wait(), 30) == 0
 
 
+def _with_health(tmp_path: Path, node_token: str, tls: Any) -> tuple[Path, int, tuple[str, ...]]:
+    """The token file, the health port and the arguments of a Node that serves its probes."""
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token + "\n")
+    port = free_port()
+    return token_file, port, ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
+
+
 async def test_readyz_names_each_provider_whose_config_cannot_run_on_the_node(
     wire_config, start_hub, until, node_token: str, tmp_path: Path, tls, monkeypatch
 ) -> None:
@@ -146,10 +154,7 @@ async def test_readyz_names_each_provider_whose_config_cannot_run_on_the_node(
     hub = await start_hub(
         wire_config([openai("p1", "IOP_TEST_UNSET_KEY"), openai("p2", "IOP_TEST_BROKEN_KEY")])
     )
-    token_file = tmp_path / "token"
-    token_file.write_text(node_token + "\n")
-    port = free_port()
-    health = ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
+    token_file, port, health = _with_health(tmp_path, node_token, tls)
     async with (
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http,
         node_process(hub.port, token_file, health, env),
@@ -181,10 +186,7 @@ async def test_a_provider_whose_server_is_down_leaves_the_node_ready(
     down = {"type": "openai", "base_url": f"http://127.0.0.1:{free_port()}/v1"}
     policy = {"interval_ms": 100, "timeout_ms": 500, "failure_threshold": 1}
     hub = await start_hub(wire_config([{"id": "p1", "adapter": down, "health": policy}]))
-    token_file = tmp_path / "token"
-    token_file.write_text(node_token + "\n")
-    port = free_port()
-    health = ("--health-listen", f"127.0.0.1:{port}", *tls.node_args())
+    token_file, port, health = _with_health(tmp_path, node_token, tls)
     async with (
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http,
         node_process(hub.port, token_file, health),
