@@ -25,6 +25,11 @@ against that release (the "before" figures): the configs use no setting that rel
 - wrong-tokens: 4 connections send wrong keys for 10 s: answers a second by status, log lines
   about it, whether a key appears in the log.
 - transfer-encoding: a POST with `Transfer-Encoding: gzip`: its status, or no answer in 10 s.
+- upstream-heads: a placed provider's upstream answers with a 64 MiB header, 100 MB of small
+  headers, 2 million `100 Continue`: the status and when, the worst /healthz, the Edge's RSS.
+- upstream-framing: bytes on an idle pooled connection (the next request's status), a lone CR
+  in a stream (what reached the client), a 301 with a body, statuses 000 and 099, a stream of
+  SSE comments alone (when it ends).
 """
 
 from __future__ import annotations
@@ -441,6 +446,164 @@ async def transfer_encoding(folder: Path) -> None:
         )
 
 
+async def _hostile_upstream() -> tuple[asyncio.subprocess.Process, int]:
+    upstream = await asyncio.create_subprocess_exec(
+        sys.executable, str(CHAOS / "hostileupstream.py"), stdout=asyncio.subprocess.PIPE
+    )
+    return upstream, (await benchkit.started_line(upstream, "the upstream"))["port"]
+
+
+@contextlib.asynccontextmanager
+async def placed(
+    folder: Path, port: int, modes: tuple[str, ...], read_timeout_s: float
+) -> AsyncIterator[Stack]:
+    """An Edge running a provider per mode itself (`placement: edge`: a stall is its own loop)
+    over the hostile upstream, no retries; ready once every provider is."""
+    adapter = {
+        "type": "openai",
+        "base_url": f"http://127.0.0.1:{port}/v1",
+        "request_timeout_s": read_timeout_s,
+    }
+    nodes = {
+        "local": [
+            provider(f"p-{mode}", adapter, served=mode, health={"interval_ms": 0}) for mode in modes
+        ]
+    }
+    config = document(
+        nodes,
+        {mode: [f"p-{mode}"] for mode in modes},
+        placement="edge",
+        openai={"retries": {"max_per_request": 0}},
+    )
+    (folder / "edge.yaml").write_text(yaml.safe_dump(config))
+    log = folder / "edge.log"
+    with log.open("wb") as errors:
+        command = [*iop(), "edge", "run", "--config", str(folder / "edge.yaml")]
+        edge = await asyncio.create_subprocess_exec(
+            *command, "--log-level", "INFO", stdout=asyncio.subprocess.PIPE, stderr=errors
+        )
+    try:
+        result = Stack(edge, await benchkit.started_line(edge), log)
+        async with httpx.AsyncClient(base_url=result.url) as http:
+
+            async def ready() -> bool:
+                available = (await http.get("/readyz")).json()["providers_available"]
+                return len(available) == len(modes)
+
+            await benchkit.until(ready, 120, 0.1)
+        yield result
+    finally:
+        edge.terminate()
+        try:
+            await asyncio.wait_for(edge.wait(), 30)
+        except TimeoutError:
+            edge.kill()
+            await edge.wait()
+
+
+def _outcome(answer: httpx.Response | None, took: float) -> str:
+    if answer is None:
+        return f"no answer in {took:.0f}s"
+    if answer.status_code == 200:
+        return f"200 in {took:.2f}s"
+    message = str(answer.json().get("error", {}).get("message", ""))
+    return f"{answer.status_code} in {took:.2f}s ({message[:130]})"
+
+
+async def _chat(http: httpx.AsyncClient, model: str, give_up: float) -> tuple[str, float]:
+    began = time.perf_counter()
+    try:
+        answer: httpx.Response | None = await asyncio.wait_for(
+            http.post("/v1/chat/completions", json={**BODY, "model": model}), give_up
+        )
+    except TimeoutError:
+        answer = None
+    took = time.perf_counter() - began
+    return _outcome(answer, took), took
+
+
+async def upstream_heads(folder: Path) -> None:
+    modes = ("long-header", "many-headers", "continues")
+    what = {
+        "long-header": "one 64 MiB header",
+        "many-headers": "100 MB of small headers",
+        "continues": "2 million 100 Continue",
+    }
+    upstream, port = await _hostile_upstream()
+    try:
+        async with placed(folder, port, modes, 600.0) as s:
+            for mode in modes:
+                await asyncio.sleep(2.0)  # what the previous one freed, given back
+                idle = rss_mb(s.edge.pid)
+                async with httpx.AsyncClient(
+                    base_url=s.url,
+                    headers={"authorization": f"Bearer {CLIENT_TOKEN}"},
+                    timeout=None,
+                ) as http:
+                    (outcome, _), watch = await watched(
+                        s.url, {"edge": s.edge.pid}, _chat(http, mode, 180)
+                    )
+                await asyncio.sleep(2.0)
+                print(
+                    f"upstream-heads ({what[mode]}): {outcome}; /healthz worst "
+                    f"{max(watch.healthz) * 1000:.0f} ms; Edge RSS +{watch.peak('edge') - idle:.0f}"
+                    f" MB at the peak, +{rss_mb(s.edge.pid) - idle:.0f} MB 2 s after"
+                )
+    finally:
+        upstream.terminate()
+        await upstream.wait()
+
+
+async def upstream_framing(folder: Path) -> None:
+    modes = ("idle-bytes", "cr", "redirect", "status-000", "status-099", "comments")
+    read_timeout = 10.0
+    upstream, port = await _hostile_upstream()
+    try:
+        async with (
+            placed(folder, port, modes, read_timeout) as s,
+            httpx.AsyncClient(
+                base_url=s.url, headers={"authorization": f"Bearer {CLIENT_TOKEN}"}, timeout=None
+            ) as http,
+        ):
+            first, _ = await _chat(http, "idle-bytes", 60)
+            await asyncio.sleep(1.0)  # the stray head reaches the idle connection
+            second, _ = await _chat(http, "idle-bytes", 60)
+            print(f"upstream-framing (bytes on an idle connection): {first}, the next: {second}")
+            async with http.stream(
+                "POST", "/v1/chat/completions", json={**BODY, "model": "cr", "stream": True}
+            ) as response:
+                received = b"".join([piece async for piece in response.aiter_raw()])
+            lines = [line for line in received.replace(b"\r", b"\n").split(b"\n") if line]
+            slipped = [line[:20] for line in lines if not line.startswith(b"data: ")]
+            crs = received.count(b"\r")
+            print(
+                f"upstream-framing (a lone CR in a data line): {response.status_code}; lone CRs "
+                f"at the client {crs}, fields slipped in {slipped}"
+            )
+            for mode in ("redirect", "status-000", "status-099"):
+                outcome, _ = await _chat(http, mode, 60)
+                print(f"upstream-framing ({mode}): {outcome}")
+            began = time.perf_counter()
+            try:
+                async with asyncio.timeout(60):
+                    async with http.stream(
+                        "POST",
+                        "/v1/chat/completions",
+                        json={**BODY, "model": "comments", "stream": True},
+                    ) as response:
+                        received = b"".join([piece async for piece in response.aiter_raw()])
+                ended = f"{response.status_code}, {len(received)} bytes to the client"
+            except TimeoutError:
+                ended = "still open, nothing for the client"
+            print(
+                f"upstream-framing (only SSE comments, request_timeout_s {read_timeout:g}): "
+                f"{ended} after {time.perf_counter() - began:.1f}s"
+            )
+    finally:
+        upstream.terminate()
+        await upstream.wait()
+
+
 PARTS = {
     "hub-oversized": hub_oversized,
     "hub-silent": hub_silent,
@@ -449,6 +612,8 @@ PARTS = {
     "log-flood": log_flood,
     "wrong-tokens": wrong_tokens,
     "transfer-encoding": transfer_encoding,
+    "upstream-heads": upstream_heads,
+    "upstream-framing": upstream_framing,
 }
 
 

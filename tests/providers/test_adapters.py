@@ -424,16 +424,87 @@ async def test_sse_framings_are_read_alike(body: bytes, split_at: Sequence[int])
     assert ends(passed) == [RunUsage(3, 2, 5), RunDone("stop")]
 
 
-async def test_multi_line_data_is_joined_with_newlines() -> None:
+@pytest.mark.parametrize("sse", [False, True], ids=["per-event", "passed-through"])
+async def test_multi_line_data_is_joined_and_goes_out_on_one_line(sse: bool) -> None:
+    # Framed as it came (a newline inside), the object would reach the client cut in two lines.
     body = b'data: {"choices":\ndata: [{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
     async with raw_upstream(sse_response(body)) as (_, url):
         adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
         try:
-            events = await collect(adapter, request(True))
+            events = await collect(adapter, request(True, sse=sse))
         finally:
             await adapter.aclose()
-    assert events[0] == RunChunk(b'{"choices":\n[{"index":0,"delta":{},"finish_reason":"stop"}]}')
+    one_line = b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'
+    assert client_bytes(events[:-1]) == b"data: %s\n\n" % one_line
     assert events[-1] == RunDone("stop")
+
+
+@pytest.mark.parametrize(
+    ("event", "refused"),
+    [
+        # SSE ends a line at a lone CR: the client would read fields the upstream slipped in.
+        pytest.param(
+            b'data: {"choices":[]}\revent: error\rdata: {"error":{"message":"injected"}}',
+            True,
+            id="fields-after-a-cr",
+        ),
+        pytest.param(b'data: {"choices":\r[]}', False, id="cr-between-json-tokens"),
+    ],
+)
+@pytest.mark.parametrize("sse", [False, True], ids=["per-event", "passed-through"])
+async def test_a_lone_cr_in_a_data_line_never_reaches_the_client(
+    event: bytes, refused: bool, sse: bool
+) -> None:
+    # Events after it, so that it is not among the last a read parses anyway.
+    after = (chunk("b"), chunk("c"), chunk("d", "stop"))
+    body = b"data: %s\n\n%s\n\ndata: %s\n\ndata: %s\n\ndata: %s\n\n" % (chunk("a"), event, *after)
+    async with raw_upstream(sse_response(body)) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            events = await collect(adapter, request(True, sse=sse))
+        finally:
+            await adapter.aclose()
+    assert b"\r" not in client_bytes([e for e in events if isinstance(e, RunChunk)])
+    if refused:
+        assert client_bytes(events[:1]) == b"data: %s\n\n" % chunk("a")
+        failed = events[-1]
+        assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_ERROR
+    else:
+        assert events[-1] == RunDone("stop")
+
+
+async def test_a_redirect_with_a_json_body_is_an_upstream_error() -> None:
+    answer = b'{"choices":[{"index":0,"message":{"content":"moved"}}]}'
+    head = b"HTTP/1.1 301 Moved Permanently\r\nlocation: http://elsewhere/\r\n"
+    head += b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
+    async with raw_upstream([head + answer]) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            events = await collect(adapter, request(False))
+        finally:
+            await adapter.aclose()
+    assert len(events) == 1
+    failed = events[0]
+    assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_ERROR
+    assert failed.message.startswith("upstream answered HTTP 301")
+    assert statuses.http_status(failed) == 502
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["before-any-event", "after-one"])
+async def test_a_stream_of_comments_only_times_out_as_silence_does(first: bool) -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+    events = [b"data: %s\n\n" % chunk("a")] if first else []
+    # Far more comments than the read timeout lets through (each a separate read).
+    async with raw_upstream([head, *events, *[b": ping\n\n"] * 2000]) as (_, url):
+        settings = OpenAIAdapterSettings(base_url=url, request_timeout_s=0.3)
+        adapter = OpenAIAdapter("p1", settings)
+        try:
+            run = await asyncio.wait_for(collect(adapter, request(True, sse=True)), 5)
+        finally:
+            await adapter.aclose()
+    failed = run[-1]
+    assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_TIMEOUT
+    assert "no event for 0.3s, only comments" in failed.message
 
 
 @pytest.mark.parametrize(

@@ -407,3 +407,134 @@ def test_cancelling_an_exchange_closes_its_connection_and_frees_its_place(run) -
             await upstream.aclose()
 
     run(main())
+
+
+async def _hostile_head(writer: Any, what: str) -> None:
+    """A head past one of the client's bounds, as a hostile upstream writes it."""
+    if what == "one-long-header":  # 64 MiB in one value, in 64 KiB writes
+        writer.write(b"HTTP/1.1 200 OK\r\nx-long: ")
+        piece = b"a" * 65536
+        for _ in range(1024):
+            writer.write(piece)
+            await writer.drain()
+        writer.write(b"\r\ncontent-length: 2\r\n\r\n{}")
+    elif what == "many-headers":  # small headers, each head under the size bound
+        writer.write(b"HTTP/1.1 200 OK\r\n" + b"x: y\r\n" * 150 + b"content-length: 2\r\n\r\n{}")
+    elif what == "many-continues":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 11 + answer(b"{}"))
+    elif what == "long-continues":  # interim heads under both counts, over the size bound
+        head = b"HTTP/1.1 103 Early Hints\r\n" + b"link: <" + b"a" * 8000 + b">\r\n" * 1 + b"\r\n"
+        writer.write(head * 9 + answer(b"{}"))
+    await writer.drain()
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        pytest.param("one-long-header", r"head is larger than 65536 bytes", id="64MiB-header"),
+        pytest.param("many-headers", r"more than 100 headers", id="150-headers"),
+        pytest.param("many-continues", r"more than 10 interim \(1xx\)", id="11-continues"),
+        pytest.param("long-continues", r"head is larger than 65536 bytes", id="long-interims"),
+    ],
+)
+def test_a_response_head_past_a_bound_is_refused_and_its_connection_closed(
+    run, what: str, message: str
+) -> None:
+    async def main() -> None:
+        async def hostile(server: Server, reader: Any, writer: Any) -> None:
+            if server.connections == 1:
+                await server.read_request(reader)
+                await _hostile_head(writer, what)
+                await reader.read()
+                return
+            await keep_answering(server, reader, writer)
+
+        async with serving(hostile) as server:
+            upstream = client(server.port, max_connections=1)
+            with pytest.raises(BadResponse, match=message):
+                await upstream.post("/x", b"{}")
+            # Its place in the pool is free, and a fair answer comes on a new connection.
+            assert await body_of(await upstream.post("/x", b"{}")) == b'{"got":2}'
+            assert server.connections == 2
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_heads_under_the_bounds_are_read(run) -> None:
+    async def fair(server: Server, reader: Any, writer: Any) -> None:
+        await server.read_request(reader)
+        interim = b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n"
+        extra = b"x-long: " + b"a" * 30000 + b"\r\n" + b"x: y\r\n" * 97
+        writer.write(interim * 10 + answer(b"{}", extra=extra))
+        await writer.drain()
+        await keep_answering(server, reader, writer)
+
+    async def main() -> None:
+        async with serving(fair) as server:
+            upstream = client(server.port)
+            response = await upstream.post("/x", b"{}")
+            assert response.status == 200 and await body_of(response) == b"{}"
+            assert await body_of(await upstream.post("/x", b"{}")) == b'{"got":2}'
+            assert server.connections == 1
+            await upstream.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("status", [b"000", b"099"])
+def test_a_status_under_100_is_not_interim_but_refused(run, status: bytes) -> None:
+    async def odd(server: Server, reader: Any, writer: Any) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 %s X\r\n\r\n" % status + answer(b"{}"))
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with serving(odd) as server:
+            upstream = client(server.port)
+            with pytest.raises(BadResponse, match=f"status {status.decode()}, not HTTP's"):
+                await upstream.post("/x", b"{}")
+            await upstream.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        pytest.param("idle", id="while-idle"),
+        pytest.param("with-the-answer", id="glued-to-the-answer"),
+    ],
+)
+def test_a_connection_that_speaks_out_of_turn_is_closed_and_not_used_again(run, after: str) -> None:
+    stray = answer(b'{"stray":1}')
+
+    async def main() -> None:
+        closed = asyncio.Event()
+
+        async def talkative(server: Server, reader: Any, writer: Any) -> None:
+            if server.connections > 1:
+                await keep_answering(server, reader, writer)
+                return
+            await server.read_request(reader)
+            if after == "idle":
+                writer.write(answer(b"{}"))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(stray)  # while the connection waits in the pool
+            else:
+                writer.write(answer(b"{}") + stray)
+            await writer.drain()
+            await reader.read()  # until the client closes the connection
+            closed.set()
+
+        async with serving(talkative) as server:
+            upstream = client(server.port)
+            assert await body_of(await upstream.post("/x", b"{}")) == b"{}"
+            await asyncio.wait_for(closed.wait(), 2)
+            assert await body_of(await upstream.post("/x", b"{}")) == b'{"got":2}'
+            assert server.connections == 2
+            await upstream.aclose()
+
+    run(main())

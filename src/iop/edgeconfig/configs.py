@@ -889,7 +889,8 @@ class ModelSpec(Spec):
             "from when the run starts on its Node (not the queue wait). Past it the Edge cancels "
             "the run on its Node and, within `openai.retries`, tries another provider or a "
             "fallback; otherwise the client gets 504 `upstream_timeout`. Null: no limit but the "
-            "adapter's request timeout.",
+            "adapter's request timeout (`request_timeout_s`, 600 s by default: the wait for "
+            "the next byte, or a stream's next event with data).",
             ge=1,
         ),
     ] = None
@@ -924,7 +925,12 @@ class OpenAIAdapterSettings(Spec):
     ] = 5.0
     request_timeout_s: Annotated[
         float,
-        restart_node("Seconds a request may wait for the next byte from the server.", gt=0),
+        restart_node(
+            "Seconds a request may wait for the next byte from the server; in a stream, for "
+            "the next event with data (comments and empty events do not count, so a stream of "
+            "nothing else ends with 504 `upstream_timeout`).",
+            gt=0,
+        ),
     ] = 600.0
     max_connections: Annotated[
         int, restart_node("Size of the Node's connection pool to this server.", ge=1)

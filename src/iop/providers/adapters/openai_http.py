@@ -142,7 +142,7 @@ class OpenAIAdapter:
         sent_chunk = False
         try:
             response = await client.post(_PATHS[request.kind], body, request.deadline)
-            if response.status >= 400:
+            if response.status >= 300:  # a redirect's body is not the answer either
                 detail = await _read_at_most(response, _ERROR_BODY_BYTES) or b""
                 yield statuses.upstream_http_failure(response.status, detail)
                 return
@@ -162,14 +162,20 @@ class OpenAIAdapter:
             # Everything that arrived is split at each turn (often a whole burst of events).
             # Read to the end even after [DONE], which the end of the body follows at once:
             # only a response read to its end gives its connection back to the pool.
+            # Comments and empty events are not news: the read timeout bounds the wait for the
+            # next chunk, or an upstream sending only those would hold the run for ever.
             decoder = _StreamDecoder(wants_usage, limit, request.sse_chunks)
+            news = time.monotonic()
             while piece := await response.read_some():
                 for chunk in decoder.feed(piece):
                     sent_chunk = True
+                    news = time.monotonic()
                     yield chunk
+                if time.monotonic() - news > settings.request_timeout_s:
+                    raise _NoEvents
             for event in decoder.end():
                 yield event
-        except (UpstreamError, _Malformed, _TooLarge) as exc:
+        except (UpstreamError, _Malformed, _TooLarge, _NoEvents) as exc:
             failed = _failure(exc, settings, limit)
             if sent_chunk and failed.retryable:  # the client has bytes: another try cannot help
                 failed = RunFailed(failed.code, failed.message, False, failed.status)
@@ -208,6 +214,10 @@ def _reason(error: OSError) -> str:
 
 class _Malformed(Exception):
     """The upstream answered something that is not OpenAI's response format."""
+
+
+class _NoEvents(Exception):
+    """The upstream's stream went on without an event for the client for the read timeout."""
 
 
 class _TooLarge(Exception):
@@ -258,6 +268,12 @@ def _failure(error: Exception, settings: OpenAISettings, limit: int) -> RunFaile
         return statuses.failure(
             statuses.UPSTREAM_TIMEOUT,
             f"the upstream sent nothing for {settings.request_timeout_s:g}s",
+        )
+    if isinstance(error, _NoEvents):
+        return statuses.failure(
+            statuses.UPSTREAM_TIMEOUT,
+            f"the upstream's stream sent no event for {settings.request_timeout_s:g}s, only "
+            "comments or empty events (request_timeout_s)",
         )
     if isinstance(error, DeadlinePassed):
         return statuses.failure(statuses.UPSTREAM_TIMEOUT, "the run's deadline passed")
@@ -313,10 +329,10 @@ class _StreamDecoder:
     bytes the per-event way would frame). Only a read's last events are searched, and parsed
     from the first one that holds a usage object, a finish reason or `[DONE]` (where the usage,
     the finish reason and the usage-only chunk the client did not ask for are). A read framed
-    otherwise (comments, other fields, CRLF, data on several lines) is parsed event by event and
-    framed anew, as before. What passes through is not checked to be JSON: a malformed object
-    reaches the client as the upstream wrote it (one in a read's last events, or in a read
-    framed otherwise, still fails the run with `upstream_error`).
+    otherwise (comments, other fields, CRLF, a lone CR, data on several lines) is parsed event by
+    event and framed anew, each object on one line. What passes through is not checked to be
+    JSON: a malformed object reaches the client as the upstream wrote it (one in a read's last
+    events, or in a read framed otherwise, still fails the run with `upstream_error`).
     """
 
     def __init__(self, wants_usage: bool, limit: int, sse: bool = False) -> None:
@@ -441,6 +457,10 @@ class _StreamDecoder:
                 self._done = True
                 continue
             document = _decode(data)
+            if b"\r" in data or b"\n" in data:
+                # JSON whitespace that would end the line the object is framed on (data on
+                # several lines, a CR between tokens): the object goes out on one line.
+                data = orjson.dumps(document)
             choices = document.get("choices")
             # Most chunks carry no usage or `"usage": null`: skip the lookup for those.
             found = None if document.get("usage") is None else usage_from(document)
@@ -468,7 +488,10 @@ def _plain(events: bytes, end: int) -> bool:
     if not end:
         return False
     return (
-        events.startswith(b"data: {")
+        # A lone CR ends a line in SSE (CRLF became LF in `feed`): `data: {...}\rid: 7`
+        # would reach the client as two fields, where the per-event way refuses the JSON.
+        events.find(b"\r", 0, end) < 0
+        and events.startswith(b"data: {")
         and events.startswith(b"}\n\n", end - 3)
         and events.count(b"\n", 0, end) == 2 * events.count(b"}\n\ndata: {", 0, end) + 2
     )

@@ -5,8 +5,11 @@ answer is read as it arrives, on httptools and the event loop's transports: a ke
 (`max_connections`, idle ones closed past `keepalive_s`), every wait bounded by a timer
 (`PoolTimeout`, `ConnectTimeout`, `ConnectFailed`, `ReadTimeout`, `DeadlinePassed`), bodies by
 length, chunked or to the connection's end, reads paused past `_HIGH_WATER` bytes, drops as
-`Disconnected` and garbage as `BadResponse`. docs/architecture.md, "The HTTP client", has the
-rules; docs/benchmarks.md, "Candidate 3: the HTTP layers", why it replaced aiohttp's client.
+`Disconnected` and garbage as `BadResponse`; a response head past `MAX_HEAD_BYTES`,
+`MAX_HEADERS` or `MAX_INTERIM` is refused before it is parsed further, and a connection that
+speaks out of turn (bytes while idle, or after its answer) is closed, never reused.
+docs/architecture.md, "The HTTP client", has the rules; docs/benchmarks.md, "Candidate 3: the
+HTTP layers", why it replaced aiohttp's client.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ import httptools
 _HIGH_WATER: Final = 256 * 1024
 #: What a timer leaves in a waiter it expired.
 _EXPIRED: Final = "expired"
+#: Most bytes of an answer's heads (its status lines and headers, 1xx heads included) read
+#: before it is refused: Envoy's default is 60 KiB, browsers' 256 KiB. Bytes past it are never
+#: handed to httptools, which joins a header value's pieces by repeated concatenation.
+MAX_HEAD_BYTES: Final = 64 * 1024
+#: Most header lines of one head (Envoy's default, `max_headers_count`).
+MAX_HEADERS: Final = 100
+#: Most interim (1xx) answers before the final one.
+MAX_INTERIM: Final = 10
 
 
 class UpstreamError(Exception):
@@ -66,6 +77,14 @@ class BadResponse(UpstreamError):
     """The upstream's answer is not HTTP/1.1 this client reads."""
 
 
+class _OutOfTurn(Exception):
+    """Bytes of an answer nobody asked for (raised inside httptools' callbacks)."""
+
+
+def _head_bound() -> str:
+    return f"{MAX_HEAD_BYTES} bytes (the HTTP client's bound, with its interim responses)"
+
+
 def _expire(waiter: asyncio.Future[object]) -> None:
     if not waiter.done():
         waiter.set_result(_EXPIRED)
@@ -91,12 +110,21 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[object] | None = None
+        #: An exchange is under way and its answer has not ended: bytes are expected.
+        self.expecting = False
+        #: Bytes of the current answer's heads so far, header lines of its current head, and
+        #: interim answers before it.
+        self.head_bytes = 0
+        self.headers = 0
+        self.interim = 0
 
     def begin(self) -> None:
         """Ready for the next exchange (a pooled connection is reused)."""
         self.status, self.length, self.answered, self.complete = 0, None, False, False
         self.keep_alive, self.chunked = False, False
         self.parts, self.size = [], 0
+        self.head_bytes, self.headers, self.interim = 0, 0, 0
+        self.expecting = True
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -105,17 +133,53 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if not self.expecting:
+            self._out_of_turn()
+            return
+        if self.answered:
+            self._feed(data)
+            return
+        # The heads: only as many bytes as the bound leaves are parsed, and what follows the
+        # final head (the body's first bytes) once it has arrived.
+        room = MAX_HEAD_BYTES - self.head_bytes
+        if len(data) <= room:
+            self.head_bytes += len(data)
+            self._feed(data)
+            return
+        self.head_bytes = MAX_HEAD_BYTES
+        if self._feed(data[:room]):
+            self._feed(data[room:])
+        elif not self.closed:
+            self.fail(BadResponse(f"the upstream's response head is larger than {_head_bound()}"))
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse `data`; whether the answer's final head has arrived and the connection is
+        still open."""
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.fail(BadResponse("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
-            self.fail(BadResponse(f"the upstream's answer is not HTTP/1.1 ({exc})"))
+            if isinstance(exc.__context__, _OutOfTurn):
+                self._out_of_turn()
+            elif isinstance(exc.__context__, BadResponse):
+                self.fail(exc.__context__)
+            elif not self.expecting:  # garbage after the answer's end
+                self._out_of_turn()
+            else:
+                self.fail(BadResponse(f"the upstream's answer is not HTTP/1.1 ({exc})"))
+        return self.answered and not self.closed
+
+    def _out_of_turn(self) -> None:
+        """The upstream sent what nobody asked for: the connection is never used again (the
+        answer already read, if any, stands)."""
+        self.keep_alive = False
+        self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.answered and not self.complete and self.length is None and not self.chunked:
-            self.complete = True  # a body delimited by the end of the connection
+            self.complete, self.expecting = True, False  # a body delimited by the connection's end
             self._wake()
         elif not self.complete or self.waiter is not None:
             when = "mid-response" if self.answered else "before it answered"
@@ -129,7 +193,15 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools' callbacks --------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if not self.expecting:
+            raise _OutOfTurn
+        self.headers = 0
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers += 1
+        if self.headers > MAX_HEADERS:
+            raise BadResponse(f"the upstream's response head has more than {MAX_HEADERS} headers")
         name = name.lower()
         if name == b"content-length":
             self.length = int(value)
@@ -138,7 +210,14 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if self.status < 100:
+            raise BadResponse(f"the upstream answered status {self.status:03d}, not HTTP's")
         if self.status < 200:  # 1xx: informational, the answer follows
+            self.interim += 1
+            if self.interim > MAX_INTERIM:
+                raise BadResponse(
+                    f"the upstream sent more than {MAX_INTERIM} interim (1xx) responses"
+                )
             self.length, self.chunked = None, False
             return
         self.answered = True
@@ -156,6 +235,7 @@ class _Connection(asyncio.Protocol):
         if not self.answered:
             return  # the end of a 1xx
         self.complete = True
+        self.expecting = False
         self.keep_alive = self._parser.should_keep_alive()
         self._wake()
 
