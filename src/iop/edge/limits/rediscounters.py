@@ -4,10 +4,13 @@ One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of
 `limits/rules.py` (the same refill arithmetic, the same order of checks, all or nothing), and
 returns what it saw, so refusals and headers read as the in-process counters' would. A
 request's end (`settle`) rides along with the next admission's write, or goes within 2 ms in one
-pipeline; a replica's counts in progress expire with its `:alive:` key. Every Redis failure
-becomes `LimitStoreError` here, once; the limiter then counts in its own process for a while.
+pipeline, and is tried again until it lands or its lease expires. A place of `max_concurrent` is
+a lease the replica renews while the request runs, which the store prunes once expired; an
+admission whose call failed is cancelled by its lease id. Every Redis failure becomes
+`LimitStoreError` here, once; the limiter then counts in its own process for a while.
 docs/edge.md, "Limits per principal" ("Across Edge replicas", "Inside the store"), says why a
-shared store, and how its keys are kept; docs/benchmarks.md has the figures.
+shared store, and how its keys are kept; docs/reliability.md, "Shared limits when the store
+stalls", what a stall costs; docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
