@@ -59,6 +59,7 @@ RUNS = {
     # Its smallest part that starts children: this interpreter as its own baseline.
     "retries": (["--parts", "relay", "--rounds", "1", "--baseline", sys.executable], "baseline"),
     "limits": (["--parts", "admission", "--rounds", "1"], "admission"),
+    "limitstore": (["--only", "stop", "--wait", "2"], "stop"),
     "health": (["--rounds", "1", "--interval-ms", "200", "--cost-seconds", "0.5"], "out"),
     "hostile": (["--only", "wrong-tokens"], "wrong"),
     "canary": (["--rounds", "1", "--window", "0.3", "--concurrency", "2"], "canary / none"),

@@ -55,7 +55,7 @@ Clock = Callable[[], float]
 class Grant:
     """A request's admission: the headers of its answer and what it took, given back at the end."""
 
-    __slots__ = ("_checks", "_done", "_limiter", "_shared", "_started", "_taken", "headers")
+    __slots__ = ("_checks", "_done", "_lease", "_limiter", "_started", "_taken", "headers")
 
     def __init__(
         self,
@@ -63,14 +63,14 @@ class Grant:
         checks: tuple[Check, ...],
         taken: int,
         started: float,
-        shared: bool,
+        lease: str | None,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
         self._limiter = limiter
         self._checks = checks
         self._taken = taken
         self._started = started
-        self._shared = shared
+        self._lease = lease  # the shared store's, when it admitted the request
         self._done = False
         self.headers = headers
 
@@ -82,11 +82,11 @@ class Grant:
         self._done = True
         if spent is None:
             spent = self._taken if answered else 0
-        self._limiter._settle(self._checks, self._taken, spent, self._started, self._shared)
+        self._limiter._settle(self._checks, self._taken, spent, self._started, self._lease)
 
 
 #: The grant of a request that no limit holds.
-NO_GRANT: Final = Grant(None, (), 0, 0.0, False, [])
+NO_GRANT: Final = Grant(None, (), 0, 0.0, None, [])
 
 
 class Limiter:
@@ -109,7 +109,7 @@ class Limiter:
         self.store: RedisCounters | None = None
         if section.url:
             replica = f"{config.edge.id}-{os.getpid()}-{os.urandom(4).hex()}"
-            self.store = RedisCounters(section, replica)
+            self.store = RedisCounters(section, replica, clock)
         self._store_down_until = 0.0
         self._store_errors = LogThrottle(logger)
         self._seen: dict[str, tuple[str, str, int, int, int]] = {}  # budgets, as last seen
@@ -161,19 +161,26 @@ class Limiter:
         )
         now = self._clock()
         verdict: Verdict | None = None
-        shared = False
+        lease: str | None = None
         store = self.store
         if store is not None:
             if time.monotonic() >= self._store_down_until:
+                # What this process admitted on its own while the store failed, and still runs,
+                # holds places too (the store never counted it).
+                unshared = [self._local.unshared(check) for check in checks]
                 try:
-                    admitted, seen = await store.admit(checks, estimate, now)
+                    admitted, seen, taken = await store.admit(
+                        checks, estimate, now, unshared=unshared
+                    )
                 except LimitStoreError as exc:
                     self._store_failed(exc)
                 else:
                     verdict = judge(checks, seen, estimate, now, admitted)
-                    shared = True
+                    if admitted:
+                        lease = taken
+                        self._local.hold(checks)  # for a fallback: this process runs it
                     self._remember_budgets(checks, [state.budget_spent for state in seen], now)
-            if not shared:
+            if verdict is None:
                 self._fallbacks.inc()
         if verdict is None:
             verdict = self._local.admit(checks, estimate, now)
@@ -183,14 +190,15 @@ class Limiter:
                 principal.principal_ref, refusal.limit, refusal.check.rule.key
             ).inc()
             raise rate_limited(refusal, principal.principal_ref, now)
-        return Grant(self, checks, estimate, now, shared, quota_headers(verdict.quota))
+        return Grant(self, checks, estimate, now, lease, quota_headers(verdict.quota))
 
     def _settle(
-        self, checks: tuple[Check, ...], taken: int, spent: int, started: float, shared: bool
+        self, checks: tuple[Check, ...], taken: int, spent: int, started: float, lease: str | None
     ) -> None:
         now = self._clock()
-        if shared and self.store is not None:
-            self.store.settle(checks, taken, spent, started, now)
+        if lease is not None and self.store is not None:
+            self._local.release(checks)
+            self.store.settle(lease, checks, taken, spent, started, now)
         else:
             self._local.settle(checks, taken, spent, started, now)
         if spent != taken and any(check.rule.budget is not None for check in checks):

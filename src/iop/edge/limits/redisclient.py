@@ -84,6 +84,16 @@ class _Protocol(asyncio.Protocol):
                 future.set_exception(error)
 
 
+def _abandon(futures: list[asyncio.Future[Any]]) -> None:
+    """Nobody waits for these any more: a failure that reached them, or reaches them later (the
+    connection's end), is retrieved here, so asyncio logs no "exception was never retrieved"."""
+    for future in futures:
+        if not future.done():
+            future.cancel()  # its reply, if one comes, is skipped (`data_received`)
+        elif not future.cancelled():
+            future.exception()
+
+
 class RedisClient:
     """`await client.call("SET", "k", "v")`; one connection, dialled on first use."""
 
@@ -136,14 +146,19 @@ class RedisClient:
         protocol.waiting.extend(futures)
         transport.write(b"".join(_encode(command) for command in commands))
         replies: list[Any] = []
-        for future in futures:
-            try:
-                replies.append(await future)
-            except ReplyError as error:
-                replies.append(error)
-            except RedisError:
-                self._drop()
-                raise
+        try:
+            for future in futures:
+                try:
+                    replies.append(await future)
+                except ReplyError as error:
+                    replies.append(error)
+        except RedisError:
+            _abandon(futures)
+            self._drop()
+            raise
+        except BaseException:  # a timeout or a cancellation: later replies are skipped
+            _abandon(futures)
+            raise
         return replies
 
     def script(self, source: str) -> str:

@@ -4,19 +4,25 @@ One Lua script (`_SCRIPT`) does a whole admission atomically, with the rules of
 `limits/rules.py` (the same refill arithmetic, the same order of checks, all or nothing), and
 returns what it saw, so refusals and headers read as the in-process counters' would. A
 request's end (`settle`) rides along with the next admission's write, or goes within 2 ms in one
-pipeline; a replica's counts in progress expire with its `:alive:` key. Every Redis failure
-becomes `LimitStoreError` here, once; the limiter then counts in its own process for a while.
+pipeline, and is tried again until it lands or its lease expires. A place of `max_concurrent` is
+a lease the replica renews while the request runs, which the store prunes once expired; an
+admission whose call failed is cancelled by its lease id. Every Redis failure becomes
+`LimitStoreError` here, once; the limiter then counts in its own process for a while.
 docs/edge.md, "Limits per principal" ("Across Edge replicas", "Inside the store"), says why a
-shared store, and how its keys are kept; docs/benchmarks.md has the figures.
+shared store, and how its keys are kept; docs/reliability.md, "Shared limits when the store
+stalls", what a stall costs; docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,22 +34,33 @@ from .rules import Check, Observed, ScopeUse, budget_period
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between a replica's heartbeats, and how long its key lives without one.
+#: Seconds between the renewals of a replica's leases (its places of requests in progress).
 HEARTBEAT_S: Final = 5.0
-ALIVE_TTL_S: Final = 15
+#: Seconds a place is held past its last renewal: the store prunes it then by itself.
+LEASE_S: Final = 15.0
+#: How long a request's end is remembered in the store, so that a retry counts it once.
+ENDED_TTL_S: Final = 2 * int(LEASE_S)
 
 #: How long request ends wait for an admission to carry them before they go on their own.
 SETTLE_DELAY_S: Final = 0.002
+#: Seconds between tries of request ends that failed to reach the store.
+SETTLE_RETRY_S: Final = 0.25
+#: At most this many leases renewed in one script call.
+_RENEW_BATCH: Final = 512
 
 _NONE: Final = "-1"
 
 _SCRIPT: Final = """
 local now = tonumber(ARGV[1])
 local estimate = tonumber(ARGV[2])
-local replica = ARGV[3]
+local lease = ARGV[3]
 local prefix = ARGV[4]
 local take = ARGV[5] == '1'
 local n = tonumber(ARGV[6])
+local expires = tonumber(ARGV[7])
+
+-- a late run of an admission whose end (its cancel) came first takes nothing
+if take and redis.call('EXISTS', prefix .. ':e:' .. lease) == 1 then take = false end
 
 -- as rules._refill: a changed limit moves the level by the difference
 local function refill(level, stamp, was, limit)
@@ -54,24 +71,16 @@ local function refill(level, stamp, was, limit)
   return l
 end
 
+-- the leases of requests in progress, scored by expiry: expired ones go first
 local function in_progress(key)
-  local fields = redis.call('HGETALL', key)
-  local total = 0
-  for i = 1, #fields, 2 do
-    local r = fields[i]
-    if r == replica or redis.call('EXISTS', prefix .. ':alive:' .. r) == 1 then
-      total = total + tonumber(fields[i + 1])
-    else
-      redis.call('HDEL', key, r)
-    end
-  end
-  return total
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key)
 end
 
 local seen = {}
 local ok = true
 for i = 0, n - 1 do
-  local a = 7 + i * 7
+  local a = 8 + i * 8
   local scope = ARGV[a]
   local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local budget, start = tonumber(ARGV[a + 4]), ARGV[a + 5]
@@ -86,7 +95,8 @@ for i = 0, n - 1 do
     if estimate > tpm or t < math.max(estimate, 1) then ok = false end
   end
   if conc > 0 then
-    c = in_progress(prefix .. ':c:' .. scope)
+    -- and what the caller runs that the store does not count (admitted while it failed)
+    c = in_progress(prefix .. ':l:' .. scope) + tonumber(ARGV[a + 7])
     if c >= conc then ok = false end
   end
   if budget > 0 then
@@ -98,7 +108,7 @@ end
 
 if ok and take then
   for i = 0, n - 1 do
-    local a = 7 + i * 7
+    local a = 8 + i * 8
     local scope = ARGV[a]
     local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
     local budget, start, ends = tonumber(ARGV[a + 4]), ARGV[a + 5], tonumber(ARGV[a + 6])
@@ -117,11 +127,9 @@ if ok and take then
     end
     if ttl > 0 then redis.call('EXPIRE', bkey, math.ceil(ttl) + 1) end
     if conc > 0 then
-      local ckey = prefix .. ':c:' .. scope
-      redis.call('HINCRBY', ckey, replica, 1)
-      redis.call('EXPIRE', ckey, 86400)
-      -- alive from its first count on, before its first heartbeat lands (ALIVE_TTL_S)
-      redis.call('SET', prefix .. ':alive:' .. replica, '1', 'EX', 15)
+      local lkey = prefix .. ':l:' .. scope
+      redis.call('ZADD', lkey, expires, lease)
+      redis.call('EXPIRE', lkey, math.ceil(expires - now) + 1)
       s[3] = s[3] + 1
     end
     if budget > 0 then
@@ -143,17 +151,23 @@ end
 return out
 """
 
+# A request's end: its places given back (every time: a repeat frees nothing twice), its token
+# correction counted once (the `:e:` mark; a retry after a lost reply finds it). A cancel (an
+# admission whose call failed) only frees, and its mark keeps a late run from taking.
 _SETTLE: Final = """
 local now = tonumber(ARGV[1])
-local replica = ARGV[2]
+local lease = ARGV[2]
 local prefix = ARGV[3]
-local n = tonumber(ARGV[4])
+local cancel = ARGV[4] == '1'
+local n = tonumber(ARGV[5])
+local first = redis.call('SET', prefix .. ':e:' .. lease, '1', 'NX', 'EX', ARGV[6])
+local count = first and not cancel
 for i = 0, n - 1 do
-  local a = 5 + i * 6
+  local a = 7 + i * 6
   local scope = ARGV[a]
   local tpm, conc, budget = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local start, delta = ARGV[a + 4], tonumber(ARGV[a + 5])
-  if tpm > 0 and delta ~= 0 then
+  if count and tpm > 0 and delta ~= 0 then
     local bkey = prefix .. ':b:' .. scope
     local b = redis.call('HMGET', bkey, 't', 'ta', 'tl')
     local level = tpm
@@ -167,12 +181,9 @@ for i = 0, n - 1 do
     redis.call('EXPIRE', bkey, math.ceil(math.max(60, (tpm - level) * 60 / tpm)) + 1)
   end
   if conc > 0 then
-    local ckey = prefix .. ':c:' .. scope
-    if tonumber(redis.call('HGET', ckey, replica) or '0') > 0 then
-      redis.call('HINCRBY', ckey, replica, -1)
-    end
+    redis.call('ZREM', prefix .. ':l:' .. scope, lease)
   end
-  if budget > 0 and delta ~= 0 then
+  if count and budget > 0 and delta ~= 0 then
     local gkey = prefix .. ':g:' .. scope .. ':' .. start
     if redis.call('EXISTS', gkey) == 1 and redis.call('INCRBY', gkey, delta) < 0 then
       redis.call('SET', gkey, '0', 'KEEPTTL')
@@ -182,6 +193,22 @@ end
 return n
 """
 
+# The leases of requests still in progress, held for another LEASE_S (only those still there:
+# an end that came first is not undone).
+_RENEW: Final = """
+local prefix = ARGV[1]
+local expires = ARGV[2]
+local ttl = tonumber(ARGV[3])
+for i = 4, #ARGV, 2 do
+  local key = prefix .. ':l:' .. ARGV[i]
+  if redis.call('ZSCORE', key, ARGV[i + 1]) then
+    redis.call('ZADD', key, expires, ARGV[i + 1])
+    redis.call('EXPIRE', key, ttl)
+  end
+end
+return 1
+"""
+
 
 class LimitStoreError(Exception):
     """The shared store could not answer (unreachable, too slow, refused)."""
@@ -189,17 +216,24 @@ class LimitStoreError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Settlement:
+    lease: str
     checks: tuple[Check, ...]
     taken: int
     spent: int
     started: float
     now: float
+    #: Past this (the lease's expiry) the store has freed the place by itself: no more tries.
+    until: float
+    #: An admission whose call failed: free what a late run of it may take, count nothing.
+    cancel: bool = False
 
 
 class RedisCounters:
     """The counters of every scope, in Redis; `start()` connects, `stop()` closes."""
 
-    def __init__(self, section: LimitStoreSection, replica_id: str) -> None:
+    def __init__(
+        self, section: LimitStoreSection, replica_id: str, clock: Callable[[], float] = time.time
+    ) -> None:
         password = os.environ.get(section.password_env) if section.password_env else None
         self._redis = RedisClient(
             section.url,
@@ -210,14 +244,20 @@ class RedisCounters:
         self._url = section.url
         self._prefix = section.key_prefix
         self._replica = replica_id
+        self._clock = clock
         self._admit = self._redis.script(_SCRIPT)
         self._settle = self._redis.script(_SETTLE)
+        self._renew = self._redis.script(_RENEW)
+        self._ids = itertools.count()
+        #: The leases of requests in progress that hold places: their scopes and expiry.
+        self._held: dict[str, tuple[tuple[str, ...], float]] = {}
         self._pending: list[_Settlement] = []
         self._wake = asyncio.Event()
         self._sending = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._errors = LogThrottle(logger)
+        self._late = LogThrottle(logger)
         self.connected = False
 
     @property
@@ -231,26 +271,34 @@ class RedisCounters:
         ]
 
     async def stop(self) -> None:
-        # The tasks end on their own: redis-py may swallow a cancellation in the middle of a
-        # command, which would leave a cancelled task running; cancelling is the last resort.
+        # The tasks end on their own (a cancellation in the middle of a pipeline is safe, but
+        # an end in flight would be left to its lease); cancelling is the last resort.
         self._stopping.set()
         self._wake.set()
         tasks, self._tasks = self._tasks, []
         if tasks:
-            _, late = await asyncio.wait(tasks, timeout=ALIVE_TTL_S)
+            _, late = await asyncio.wait(tasks, timeout=LEASE_S)
             await stop_tasks(late)
         await self._send_pending()
-        with contextlib.suppress(RedisError):
-            await self._redis.call("DEL", f"{self._prefix}:alive:{self._replica}")
         await self._redis.close()
 
     async def admit(
-        self, checks: Sequence[Check], estimate: int, now: float, *, take: bool = True
-    ) -> tuple[bool, list[Observed]]:
-        """Take what the request needs from every check, or nothing; what each one holds."""
-        args: list[Any] = [now, estimate, self._replica, self._prefix, 1 if take else 0]
-        args.append(len(checks))
-        for check in checks:
+        self,
+        checks: Sequence[Check],
+        estimate: int,
+        now: float,
+        *,
+        take: bool = True,
+        unshared: Sequence[int] = (),
+    ) -> tuple[bool, list[Observed], str]:
+        """Take what the request needs from every check, or nothing; what each one holds, and
+        the request's lease (for `settle`). `unshared`: per check, the requests in progress that
+        this process admitted on its own, which the store counts as in progress too."""
+        lease = f"{self._replica}:{next(self._ids)}"
+        expires = now + LEASE_S
+        args: list[Any] = [now, estimate, lease, self._prefix, 1 if take else 0, len(checks)]
+        args.append(expires)
+        for index, check in enumerate(checks):
             rule = check.rule
             start, end = budget_period(rule.budget, now) if rule.budget else (0, 0)
             args += [
@@ -261,6 +309,7 @@ class RedisCounters:
                 rule.budget.tokens if rule.budget else _NONE,
                 start,
                 end,
+                unshared[index] if unshared else 0,
             ]
         # Request ends waiting to be sent go in the same write (one round trip for both).
         ended = self._take_pending()
@@ -269,6 +318,11 @@ class RedisCounters:
             reply = (await self._pipeline(commands))[-1]
         except (RedisError, LimitStoreError) as exc:
             self._pending[:0] = ended  # tried again with the next admission or by the flusher
+            if take:  # Redis may still run it when it wakes: what it takes is given back
+                self._pending.append(
+                    _Settlement(lease, tuple(checks), 0, 0, now, now, expires, cancel=True)
+                )
+                self._wake.set()
             raise LimitStoreError(str(exc)) from exc
         if isinstance(reply, ReplyError):
             raise LimitStoreError(f"refused: {reply}")
@@ -285,17 +339,31 @@ class RedisCounters:
                     budget_spent=int(spent),
                 )
             )
-        return reply[0] == 1, states
+        admitted = reply[0] == 1
+        if admitted and take:
+            scopes = tuple(check.scope for check in checks if check.rule.max_concurrent)
+            if scopes:
+                self._held[lease] = (scopes, expires)
+        return admitted, states, lease
 
     def settle(
-        self, checks: tuple[Check, ...], taken: int, spent: int, started: float, now: float
+        self,
+        lease: str,
+        checks: tuple[Check, ...],
+        taken: int,
+        spent: int,
+        started: float,
+        now: float,
     ) -> None:
-        """Queue a request's end (its token correction, its place given back)."""
-        self._pending.append(_Settlement(checks, taken, spent, started, now))
+        """Queue a request's end (its token correction, its place given back): it is sent until
+        it lands or its lease expires."""
+        held = self._held.pop(lease, None)
+        until = held[1] if held is not None else now + LEASE_S
+        self._pending.append(_Settlement(lease, checks, taken, spent, started, now, until))
         self._wake.set()
 
     async def use(self, checks: Sequence[Check], now: float) -> list[ScopeUse]:
-        _, states = await self.admit(checks, 0, now, take=False)
+        _, states, _ = await self.admit(checks, 0, now, take=False)
         result = []
         for check, state in zip(checks, states, strict=True):
             budget = check.rule.budget
@@ -314,12 +382,12 @@ class RedisCounters:
     # -- background ----------------------------------------------------------------------------
 
     async def _beat(self) -> None:
-        """Say this replica is alive (its counts in progress hold while it is)."""
-        key = f"{self._prefix}:alive:{self._replica}"
+        """Renew the leases of this replica's requests in progress (the store frees the places
+        of a replica that stopped renewing within LEASE_S)."""
         while not self._stopping.is_set():
             try:
-                await self._redis.call("SET", key, "1", "EX", ALIVE_TTL_S)
-            except RedisError as exc:
+                await self._renew_leases()
+            except (RedisError, LimitStoreError) as exc:
                 self.connected = False
                 self._errors.warning("the limit store %s is unreachable: %r", self._url, exc)
             else:
@@ -327,8 +395,26 @@ class RedisCounters:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), HEARTBEAT_S)
 
+    async def _renew_leases(self) -> None:
+        expires = self._clock() + LEASE_S
+        held = list(self._held.items())
+        # The expiry as if it landed: an end is tried until the latest the store may hold it.
+        for lease, (scopes, _) in held:
+            self._held[lease] = (scopes, expires)
+        commands = []
+        for first in range(0, max(1, len(held)), _RENEW_BATCH):
+            args: list[Any] = [self._prefix, expires, math.ceil(LEASE_S) + 1]
+            for lease, (scopes, _) in held[first : first + _RENEW_BATCH]:
+                for scope in scopes:
+                    args += [scope, lease]
+            commands.append(self._redis.evalsha_command(self._renew, args))
+        replies = await self._pipeline(commands)
+        failed = [reply for reply in replies if isinstance(reply, ReplyError)]
+        if failed:
+            raise LimitStoreError(f"refused: {failed[0]}")
+
     async def drain(self) -> None:
-        """Until every request end queued so far is counted in Redis (or failed to be)."""
+        """Until every request end queued so far is counted in Redis (or failed, this time)."""
         await self._send_pending()
 
     async def _flush(self) -> None:
@@ -337,19 +423,38 @@ class RedisCounters:
             self._wake.clear()
             # A moment for the next admission to take them along in its own write.
             await asyncio.sleep(SETTLE_DELAY_S)
-            await self._send_pending()
+            if not await self._send_pending():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), SETTLE_RETRY_S)
+                self._wake.set()
 
-    async def _send_pending(self) -> None:
+    async def _send_pending(self) -> bool:
+        """Send the request ends queued; False when they failed to land (they stay queued)."""
         async with self._sending:
             batch = self._take_pending()
-            if not batch:
-                return
-            try:
-                await self._send(batch)
-            except LimitStoreError as exc:
-                self._errors.warning(
-                    "%d request ends could not be counted in the limit store: %s", len(batch), exc
+            now = self._clock()
+            live = [item for item in batch if item.until > now]
+            if len(live) < len(batch):
+                self._late.warning(
+                    "%d request ends could not reach the limit store before their leases "
+                    "expired: their places came back by themselves, their token corrections "
+                    "were not counted there",
+                    len(batch) - len(live),
                 )
+            if not live:
+                return True
+            try:
+                await self._send(live)
+            except LimitStoreError as exc:
+                self._pending[:0] = live
+                self._errors.warning(
+                    "%d request ends wait for the limit store (%s): tried again until they "
+                    "land or their leases expire",
+                    len(live),
+                    exc,
+                )
+                return False
+            return True
 
     def _take_pending(self) -> list[_Settlement]:
         batch, self._pending = self._pending, []
@@ -358,7 +463,8 @@ class RedisCounters:
     def _settle_commands(self, batch: list[_Settlement]) -> list[tuple[Any, ...]]:
         commands = []
         for item in batch:
-            args: list[Any] = [item.now, self._replica, self._prefix, len(item.checks)]
+            args: list[Any] = [item.now, item.lease, self._prefix, 1 if item.cancel else 0]
+            args += [len(item.checks), ENDED_TTL_S]
             for check in item.checks:
                 rule = check.rule
                 start = budget_period(rule.budget, item.started)[0] if rule.budget else 0

@@ -282,7 +282,8 @@ class _Counters:
     tokens: float = math.inf
     tokens_at: float = 0.0
     tokens_limit: int = 0
-    in_progress: int = 0
+    in_progress: int = 0  # every request of this process in progress, the shared store's too
+    held: int = 0  # of those, the ones the shared store counts
     budget_start: int = -1
     budget_used: int = 0
 
@@ -362,6 +363,31 @@ class LocalCounters:
                 start, _ = budget_period(rule.budget, started)
                 if counters.budget_start == start:  # a new period has nothing to correct
                     counters.budget_used = max(0, counters.budget_used + spent - taken)
+
+    def hold(self, checks: Iterable[Check]) -> None:
+        """A request the shared store admitted: its place counts here too, so that a fallback to
+        these counters knows what this process already runs."""
+        for check in checks:
+            if check.rule.max_concurrent is not None:
+                counters = self._scopes.get(check.scope)
+                if counters is None:
+                    counters = self._scopes[check.scope] = _Counters()
+                counters.in_progress += 1
+                counters.held += 1
+
+    def release(self, checks: Iterable[Check]) -> None:
+        """A request the shared store admitted (`hold`) ended."""
+        for check in checks:
+            counters = self._scopes.get(check.scope)
+            if check.rule.max_concurrent is not None and counters is not None:
+                counters.in_progress = max(0, counters.in_progress - 1)
+                counters.held = max(0, counters.held - 1)
+
+    def unshared(self, check: Check) -> int:
+        """Requests in progress that this process admitted on its own (while the shared store
+        failed) and the store does not count."""
+        counters = self._scopes.get(check.scope)
+        return 0 if counters is None else max(0, counters.in_progress - counters.held)
 
     def knows(self, scope: str) -> bool:
         return scope in self._scopes
