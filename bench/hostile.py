@@ -30,6 +30,13 @@ against that release (the "before" figures): the configs use no setting that rel
 - upstream-framing: bytes on an idle pooled connection (the next request's status), a lone CR
   in a stream (what reached the client), a 301 with a body, statuses 000 and 099, a stream of
   SSE comments alone (when it ends).
+- big-bodies: chat bodies of 600k tiny messages and embeddings of 2M one-element lists (each
+  within the 8 MiB limit), one then four at once, with an ordinary chat meanwhile: statuses,
+  the worst /healthz, the Edge's RSS.
+- cut-streams: 10 streams of 420 tokens cut by their client 10 events before the end: how far
+  the principal's budget and `iop_edge_completion_tokens_total` moved.
+- tools-burst: 20 concurrent chats with 20 KB, then 2 KB, of `tools` against 4,000 tokens a
+  minute: how many were admitted, and the bucket after.
 """
 
 from __future__ import annotations
@@ -604,6 +611,142 @@ async def upstream_framing(folder: Path) -> None:
         await upstream.wait()
 
 
+# -- bodies and budgets that could be gamed (docs/reliability.md) -----------------------------
+
+
+def tiny_messages(count: int) -> bytes:
+    """A chat body of `count` tiny messages (600k: 7.8 MB, within the 8 MiB limit)."""
+    return (
+        b'{"model":"m","messages":['
+        + b'{"role":"u"},' * count
+        + (b'{"role":"user","content":"hi"}]}')
+    )
+
+
+AUTH = {"authorization": f"Bearer {CLIENT_TOKEN}", "content-type": "application/json"}
+
+
+async def attack(
+    http: httpx.AsyncClient, path: str, raw: bytes, at_once: int
+) -> tuple[list[int], int, float]:
+    """`at_once` posts of `raw` and an ordinary chat together: their statuses, how long."""
+    posts = [http.post(path, content=raw) for _ in range(at_once)]
+    began = time.perf_counter()
+    ordinary = http.post("/v1/chat/completions", json={"model": "m", **BODY})
+    *answers, normal = await asyncio.gather(*posts, ordinary)
+    return [a.status_code for a in answers], normal.status_code, time.perf_counter() - began
+
+
+async def big_bodies(folder: Path) -> None:
+    """One, then four at once, of each body: and one ordinary chat during the four."""
+    bodies = {
+        "600k messages": ("/v1/chat/completions", tiny_messages(600_000)),
+        "2M one-element lists": (
+            "/v1/embeddings",
+            b'{"model":"m","input":[' + b"[1]," * 2_000_000 + b"[1]]}",
+        ),
+    }
+    async with stack(folder, document(TWO_NODES), ["node-1"]) as s:
+        pids = {"edge": s.edge.pid}
+        async with httpx.AsyncClient(base_url=s.url, headers=AUTH, timeout=120) as http:
+            for label, (path, raw) in bodies.items():
+                for at_once in (1, 4):
+                    idle = rss_mb(s.edge.pid)
+
+                    (codes, normal, took), watch = await watched(
+                        s.url, pids, attack(http, path, raw, at_once)
+                    )
+                    print(
+                        f"big-bodies: {label} x{at_once}: {codes} in {took:.2f}s; an ordinary "
+                        f"chat meanwhile {normal}; /healthz worst {max(watch.healthz) * 1000:.0f} "
+                        f"ms; Edge RSS +{watch.peak('edge') - idle:.0f} MB at its peak"
+                    )
+
+
+async def cut_streams(folder: Path) -> None:
+    """10 streams of 420 tokens, each cut by its client 10 events before its end."""
+    model = {"type": "fake", "completion_tokens": 420, "tokens_per_second": 2000}
+    config = document(
+        {"node-1": [provider("p1", model)]},
+        limits=[
+            {"principal_ref": "team-search", "budget": {"tokens": 10_000_000, "period": "day"}}
+        ],
+    )
+    async with stack(folder, config, ["node-1"]) as s:
+        admin = httpx.AsyncClient(base_url=s.started["admin_url"], timeout=30)
+        metrics = httpx.AsyncClient(base_url=s.started["metrics_url"], timeout=30)
+
+        async def used() -> int:
+            entries = (await admin.get("/status")).json()["limits"]["entries"]
+            return int(entries[0]["use"]["budget_used"])
+
+        async def completion_tokens() -> float:
+            text = (await metrics.get("/metrics")).text
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("iop_edge_completion_tokens_total{")
+            )
+
+        before, tokens_before = await used(), await completion_tokens()
+        events = 0
+        async with httpx.AsyncClient(base_url=s.url, headers=AUTH, timeout=30) as http:
+            for _ in range(10):
+                body = {"model": "m", **BODY, "stream": True}
+                async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+                    read = 0
+                    async for line in answer.aiter_lines():
+                        if line.startswith("data: {"):
+                            read += 1
+                            if read == 410:
+                                break
+                    events += read
+        await asyncio.sleep(1.0)
+        print(
+            f"cut-streams: 10 streams cut after {events} events in all: the budget moved by "
+            f"{await used() - before}, iop_edge_completion_tokens_total by "
+            f"{await completion_tokens() - tokens_before:.0f}"
+        )
+        await admin.aclose()
+        await metrics.aclose()
+
+
+async def tools_burst(folder: Path) -> None:
+    """20 concurrent chats with 20 KB (then 2 KB) in `tools` against 4,000 tokens a minute."""
+    model = {"type": "fake", "completion_tokens": 4, "latency_ms": 1000}
+    for size in (20_000, 2_000):
+        config = document(
+            {"node-1": [provider("p1", model, capacity=32)]},
+            limits=[{"principal_ref": "team-search", "tokens_per_minute": 4_000}],
+        )
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "search",
+                    "description": "lorem ipsum " * (size // 12),
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            }
+        ]
+        async with stack(folder, config, ["node-1"]) as s:
+            body = {"model": "m", **BODY, "tools": tools, "max_tokens": 4}
+            async with httpx.AsyncClient(base_url=s.url, headers=AUTH, timeout=60) as http:
+                answers = await asyncio.gather(
+                    *(http.post("/v1/chat/completions", json=body) for _ in range(20))
+                )
+            admitted = [a for a in answers if a.status_code == 200]
+            read = sum(len(orjson.dumps(tools)) // 4 for _ in admitted)
+            async with httpx.AsyncClient(base_url=s.started["admin_url"], timeout=30) as admin:
+                entries = (await admin.get("/status")).json()["limits"]["entries"]
+            print(
+                f"tools-burst: 20 at once with {size // 1000} KB of tools: {len(admitted)} "
+                f"admitted (about {read:,} tokens of tools the model reads), "
+                f"{sum(a.status_code == 429 for a in answers)} refused 429; the bucket after: "
+                f"{entries[0]['use']['tokens_available']}"
+            )
+
+
 PARTS = {
     "hub-oversized": hub_oversized,
     "hub-silent": hub_silent,
@@ -614,6 +757,9 @@ PARTS = {
     "transfer-encoding": transfer_encoding,
     "upstream-heads": upstream_heads,
     "upstream-framing": upstream_framing,
+    "big-bodies": big_bodies,
+    "cut-streams": cut_streams,
+    "tools-burst": tools_burst,
 }
 
 

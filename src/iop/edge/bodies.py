@@ -5,12 +5,17 @@ strict types; every other field passes through untouched (`extra="ignore"` on th
 the raw document is what is forwarded). The Edge then changes the document in exactly three ways:
 `model` becomes the name the chosen provider serves, and the model's generation policy applies
 (`max_tokens` capped or defaulted, `temperature` and `top_p` defaulted); an embeddings request
-gets only its `model`. The context class comes from an estimate of the input tokens (UTF-8 bytes
-/ 4). docs/edge.md ("The API", "Dispatch") gives the rules.
+gets only its `model`. The context class and the token limits read one estimate of every part
+the model reads (text as UTF-8 bytes / 4, tools and tool calls as their JSON, media parts at a
+flat cost). Before any of that, a body's structure is bounded (`BodyBounds`) by counting its
+brackets and commas, so no body within the byte limit can hold the event loop for long parsing
+it. docs/edge.md ("The API", "Dispatch") gives the rules.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
@@ -18,13 +23,146 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
-from iop.edgeconfig import GenerationPolicy
+from iop.edgeconfig import GenerationPolicy, OpenAISection
 from iop.wire import RunKind
 
 from .errors import BadRequest
 
 #: The cheap token estimate's ratio: UTF-8 bytes of input text per token.
 BYTES_PER_TOKEN: Final = 4
+#: The estimate of a content part that is not text (an image, audio, a file): what a model
+#: reads of one 1024x1024 image at high detail, in OpenAI's accounting.
+MEDIA_PART_TOKENS: Final = 765
+
+
+@dataclass(frozen=True, slots=True)
+class BodyBounds:
+    """How much structure one request body may have (`openai.max_body_*`, `max_messages`,
+    `max_content_parts`, `max_inputs`); the defaults are the config's."""
+
+    containers: int = 50_000
+    items: int = 500_000
+    depth: int = 64
+    messages: int = 10_000
+    content_parts: int = 1_000
+    inputs: int = 2_048
+
+    @classmethod
+    def of(cls, section: OpenAISection) -> BodyBounds:
+        return cls(
+            containers=section.max_body_containers,
+            items=section.max_body_items,
+            depth=section.max_body_depth,
+            messages=section.max_messages,
+            content_parts=section.max_content_parts,
+            inputs=section.max_inputs,
+        )
+
+
+#: Every byte but the four a body's structure is counted by.
+_NOT_STRUCTURE: Final = bytes(b for b in range(256) if b not in b'"{[,')
+#: A JSON string (escapes already taken out).
+_STRING: Final = re.compile(rb'"[^"]*"')
+#: Strings few enough to read one by one.
+_FEW_STRINGS: Final = 4_096
+
+
+def check_structure(raw: bytes, bounds: BodyBounds) -> None:
+    """Refuse a body with more objects and arrays, or items, than `bounds` allow, before it
+    is parsed: a parser's cost is per value, so 8 MiB of tiny values costs seconds of CPU.
+
+    Brackets and commas are counted outside strings, at memory speed: in the gaps between the
+    strings when they are few and hold no escape; else in the bytes with the escapes and then
+    the strings taken out (most strings hold no bracket or comma: a few passes; else a scan).
+    """
+    strings = raw.count(b'"') // 2  # escaped quotes too: at least the strings there are
+    if strings <= _FEW_STRINGS and b"\\" not in raw:
+        containers = items = 0
+        start = 0
+        for opening, closing in [*_strings(raw), (len(raw), len(raw))]:
+            containers += raw.count(b"{", start, opening) + raw.count(b"[", start, opening)
+            items += raw.count(b",", start, opening)
+            start = closing + 1
+        items += containers
+    else:
+        skeleton = raw.translate(None, _NOT_STRUCTURE)
+        containers = skeleton.count(b"{") + skeleton.count(b"[")
+        items = skeleton.count(b",") + containers
+        if containers <= bounds.containers and items <= bounds.items:
+            return  # counted inside strings too: at most this many
+        if strings > 2 * bounds.items:  # each item holds at most two strings, key and value
+            raise _too_complex("items", f"more than {bounds.items}", bounds.items)
+        bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+        skeleton = bare.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+        if b'"' in skeleton:  # a string holds a bracket or a comma
+            skeleton = _STRING.sub(b"", bare).translate(None, _NOT_STRUCTURE)
+        containers = skeleton.count(b"{") + skeleton.count(b"[")
+        items = skeleton.count(b",") + containers
+    if containers > bounds.containers:
+        raise _too_complex("objects and arrays", str(containers), bounds.containers)
+    if items > bounds.items:
+        raise _too_complex("items", str(items), bounds.items)
+
+
+def _strings(raw: bytes) -> Iterator[tuple[int, int]]:
+    """Where each string of a JSON text without escapes is: (its opening and closing quote)."""
+    start = raw.find(b'"')
+    while start >= 0:
+        end = raw.find(b'"', start + 1)
+        if end < 0:
+            return
+        yield start, end
+        start = raw.find(b'"', end + 1)
+
+
+def _too_complex(what: str, count: str, limit: int) -> BadRequest:
+    return BadRequest(
+        f"The request body has {count} JSON {what}, at most {limit}: send fewer messages, "
+        "content parts or inputs in one request.",
+        code="request_too_complex",
+    )
+
+
+def _check_fields(kind: RunKind, document: dict[str, Any], bounds: BodyBounds) -> None:
+    """The bounds of the fields that hold a body's bulk, each refusal naming its field."""
+    if kind == "chat":
+        messages = document.get("messages")
+        if isinstance(messages, list):
+            _at_most("messages", len(messages), bounds.messages)
+            for index, message in enumerate(messages):
+                content = message.get("content") if isinstance(message, dict) else None
+                if isinstance(content, list):
+                    _at_most(f"messages[{index}].content", len(content), bounds.content_parts)
+    else:
+        name = "input" if kind == "embedding" else "prompt"
+        value = document.get(name)
+        if isinstance(value, list) and value and not isinstance(value[0], int):
+            _at_most(name, len(value), bounds.inputs)
+    path = _too_deep(document, 1, bounds.depth)
+    if path is not None:
+        param = _param(tuple(reversed(path)))
+        raise BadRequest(
+            f"Invalid value for '{param}': nested deeper than {bounds.depth} levels.", param
+        )
+
+
+def _at_most(param: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise BadRequest(f"Invalid value for '{param}': {count} items, at most {limit}.", param)
+
+
+def _too_deep(value: dict[str, Any] | list[Any], depth: int, limit: int) -> list[Any] | None:
+    """The path (reversed) to a container deeper than `limit`, if any."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, item in items:
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return [key]
+            found = _too_deep(item, depth + 1, limit)
+            if found is not None:
+                found.append(key)
+                return found
+    return None
 
 
 class _Body(BaseModel):
@@ -134,6 +272,8 @@ class ParsedRequest:
     #: What `apply_policy` changed, to undo before another policy: (field, the client's value,
     #: or `_ABSENT`), None while it changed nothing.
     policy_changes: list[tuple[str, Any]] | None = None
+    #: The input-token estimate, once `estimate_tokens` made it.
+    estimate: int | None = None
 
     def encode(self, served_model: str) -> bytes:
         """The body to forward to a provider that serves the model as `served_model`.
@@ -150,8 +290,10 @@ class ParsedRequest:
             ) from exc
 
 
-def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:
+def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -> ParsedRequest:
     """Parse and validate a request body; `BadRequest` names the first wrong field."""
+    bounds = bounds or _BOUNDS
+    check_structure(raw, bounds)
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -161,6 +303,7 @@ def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:
         ) from exc
     if not isinstance(document, dict):
         raise BadRequest("The request body must be a JSON object.")
+    _check_fields(kind, document, bounds)
     try:
         body = _MODELS[kind].model_validate(document)
     except ValidationError as exc:
@@ -180,6 +323,8 @@ def parse_request(kind: RunKind, raw: bytes) -> ParsedRequest:
         size=len(raw),
     )
 
+
+_BOUNDS: Final = BodyBounds()
 
 #: Fields whose problems are named first: what the request is about before how it samples.
 _FIRST_FIELDS: Final = ("model", "messages", "prompt", "input")
@@ -264,14 +409,28 @@ def _change(request: ParsedRequest, key: str, value: Any) -> None:
     document[key] = value
 
 
+#: The top-level fields of a chat request that the model reads besides its messages.
+_CHAT_EXTRAS: Final = ("tools", "functions", "tool_choice", "response_format")
+#: The content parts counted at a flat cost (`image_url`, `input_audio`, `video_url`, `file`...).
+_MEDIA: Final = re.compile(r"image|audio|video|^file$")
+#: A message's fields that are not read as tokens.
+_NOT_READ: Final = frozenset({"role", "content"})
+
+
 def estimate_tokens(request: ParsedRequest) -> int:
-    """The cheap input-token estimate (docs/edge.md, "Dispatch": long context)."""
+    """The cheap input-token estimate of every part the model reads (docs/edge.md, "Dispatch":
+    long context), made once per request: text as UTF-8 bytes / 4; a message's tool calls,
+    name and the like, and the request's tools, functions and response format, as their JSON
+    bytes / 4; a content part that is not text at a flat `MEDIA_PART_TOKENS`."""
+    if request.estimate is not None:
+        return request.estimate
     body = request.body
     size = 0
     tokens = 0
     if isinstance(body, ChatCompletionBody):
-        for message in body.messages:
-            content = message.content
+        document = request.document
+        for message in document["messages"]:  # validated: objects with a content
+            content = message.get("content")
             if isinstance(content, str):
                 size += _utf8_len(content)
             elif isinstance(content, list):
@@ -279,6 +438,18 @@ def estimate_tokens(request: ParsedRequest) -> int:
                     text = part.get("text")
                     if isinstance(text, str):
                         size += _utf8_len(text)
+                    elif _MEDIA.search(part["type"]):
+                        tokens += MEDIA_PART_TOKENS
+                    else:
+                        size += _json_len(part)
+            if len(message) > 2 or not message.keys() <= _NOT_READ:
+                for key, value in message.items():
+                    if key not in _NOT_READ and value is not None:
+                        size += _json_len(value)
+        for key in _CHAT_EXTRAS:
+            value = document.get(key)
+            if value is not None:
+                size += _json_len(value)
     else:
         prompt = _prompt_of(body)
         for item in [prompt] if isinstance(prompt, str) else prompt:
@@ -288,20 +459,17 @@ def estimate_tokens(request: ParsedRequest) -> int:
                 tokens += 1
             else:
                 tokens += len(item)
-    return tokens + -(-size // BYTES_PER_TOKEN)
+    request.estimate = tokens + -(-size // BYTES_PER_TOKEN)
+    return request.estimate
 
 
 def is_long(request: ParsedRequest, threshold_tokens: int) -> bool:
     """True when the request is `context_class=long`."""
-    body = request.body
-    if isinstance(body, ChatCompletionBody):
-        text_only = True
-    else:
-        prompt = _prompt_of(body)  # validated: text, or a list that is not empty
-        text_only = isinstance(prompt, str) or isinstance(prompt[0], str)
-    if text_only and -(-request.size // BYTES_PER_TOKEN) < threshold_tokens:
-        return False  # the contents are shorter than the whole body
     return estimate_tokens(request) >= threshold_tokens
+
+
+def _json_len(value: Any) -> int:
+    return len(value) if isinstance(value, str) else len(orjson.dumps(value))
 
 
 def _prompt_of(body: CompletionBody | EmbeddingBody) -> Any:

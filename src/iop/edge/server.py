@@ -23,6 +23,7 @@ from iop.edgeconfig import EdgeConfig
 
 from .authenticating import Authenticator
 from .authfailures import AuthFailures
+from .bodies import BodyBounds
 from .guardmetrics import GuardCollector
 from .http import AdminApp, AdminAuth, ClientGuard, HttpCaps, HttpServer, MetricsApp, OpenAIApp
 from .hub import Hub, HubCaps, NodeHub, PeerCount, available_providers
@@ -96,6 +97,7 @@ class EdgeServer(AsyncService):
             max_request_bytes=config.openai.max_request_bytes,
             ready=self.ready,
             limiter=self.limiter,
+            body_bounds=BodyBounds.of(config.openai),
         )
         #: The app behind its per-client bounds: what the OpenAI listener serves.
         self.guard = ClientGuard(

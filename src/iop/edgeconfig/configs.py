@@ -650,6 +650,48 @@ class OpenAISection(Spec):
     max_request_bytes: Annotated[
         int, restart_edge("Largest request body accepted, in bytes; larger gets 413.", ge=1024)
     ] = 8 * 1024 * 1024
+    max_body_containers: Annotated[
+        int,
+        restart_edge(
+            "Most JSON objects and arrays in one request body (counted outside strings); more "
+            "gets 400 before the body is parsed. Bounds the CPU one body costs the Edge's event "
+            "loop within max_request_bytes.",
+            ge=1_000,
+        ),
+    ] = 50_000
+    max_body_items: Annotated[
+        int,
+        restart_edge(
+            "Most array elements and object members in one request body (about: its commas and "
+            "containers outside strings); more gets 400 before the body is parsed.",
+            ge=10_000,
+        ),
+    ] = 500_000
+    max_body_depth: Annotated[
+        int,
+        restart_edge(
+            "Deepest nesting of objects and arrays in a request body; deeper gets 400 naming "
+            "the path.",
+            ge=8,
+            le=255,
+        ),
+    ] = 64
+    max_messages: Annotated[
+        int,
+        restart_edge("Most messages in one chat completion request; more gets 400.", ge=1),
+    ] = 10_000
+    max_content_parts: Annotated[
+        int,
+        restart_edge("Most content parts in one chat message; more gets 400.", ge=1),
+    ] = 1_000
+    max_inputs: Annotated[
+        int,
+        restart_edge(
+            "Most items in an embeddings request's input or a completion's prompt array (a "
+            "flat array of token ids is one prompt); more gets 400.",
+            ge=1,
+        ),
+    ] = 2_048
     max_header_bytes: Annotated[
         int,
         restart_edge(

@@ -25,7 +25,7 @@ from iop.aiokits import LogThrottle, guarded_task
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from ..authenticating import Authenticator, Principal
-from ..bodies import apply_policy, is_long, parse_request
+from ..bodies import BodyBounds, apply_policy, is_long, parse_request
 from ..errors import (
     EdgeError,
     InternalError,
@@ -78,6 +78,7 @@ class OpenAIApp:
         max_request_bytes: int,
         ready: Callable[[], bool],
         limiter: Limiter | None = None,
+        body_bounds: BodyBounds | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._limiter = limiter
@@ -86,6 +87,7 @@ class OpenAIApp:
         self._hub = hub
         self._relay = Relay(dispatcher, hub, metrics)
         self._max_request_bytes = max_request_bytes
+        self._body_bounds = body_bounds or BodyBounds()
         self._ready = ready
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
         self._bugs = LogThrottle(logger)
@@ -201,7 +203,7 @@ class OpenAIApp:
         try:
             principal = self._authenticator.authenticate(header(scope, b"authorization"))
             raw = await self._read_body(scope, receive)
-            request = parse_request(kind, raw)
+            request = parse_request(kind, raw, self._body_bounds)
             dispatcher = self._dispatcher
             snapshot = dispatcher.snapshot
             split = dispatcher.split

@@ -185,19 +185,21 @@ class Metrics:
         )
         self._prompt = Counter(
             "iop_edge_prompt_tokens",
-            "Prompt tokens, as the provider reported them.",
+            "Prompt tokens, as the provider reported them (the Edge's estimate of the input for "
+            "a stream whose client left before its usage came).",
             _USAGE_LABELS,
             registry=self.registry,
         )
         self._completion = Counter(
             "iop_edge_completion_tokens",
-            "Completion tokens, as the provider reported them.",
+            "Completion tokens, as the provider reported them (the events delivered, one token "
+            "each, for a stream whose client left before its usage came).",
             _USAGE_LABELS,
             registry=self.registry,
         )
         self._total = Counter(
             "iop_edge_total_tokens",
-            "Total tokens, as the provider reported them.",
+            "Total tokens, as the provider reported them (or counted at the Edge, as above).",
             _USAGE_LABELS,
             registry=self.registry,
         )

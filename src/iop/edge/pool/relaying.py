@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
-from iop.wire import TERMINAL_EVENTS, RunEvent, RunFailed, RunRequest, RunUsage
+from iop.wire import TERMINAL_EVENTS, RunChunk, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire import statuses as wire_statuses
 
 from ..authenticating import Principal
-from ..bodies import ParsedRequest, apply_policy
+from ..bodies import ParsedRequest, apply_policy, estimate_tokens
 from ..errors import ModelNotFound, NoProvider, QueueTimeout
 from ..hub import NodeRuns, RunEvents
 from .choosing import PREFIX_AFFINITY, PrefixKey
@@ -116,8 +116,11 @@ class RelayedRun:
         self._events: AsyncIterator[RunEvent] | None = None
         self._first: RunEvent | None = None
         self._prefix_key: PrefixKey | None = _UNKNOWN
-        #: Tokens the upstream reported for the answer (prompt + completion), once it has.
+        #: Tokens the upstream reported for the answer (prompt + completion), once it has; or,
+        #: for a stream that ended without its usage (its client left), what was delivered.
         self.spent: int | None = None
+        #: A stream's events passed on so far: one token each (`_meter_delivered`).
+        self._delivered = 0
         #: Its tries that failed before their first byte and were tried again (a busy refusal
         #: is none), counted with the request when it ends (`OutcomeTally.request`).
         self.retried_tries = 0
@@ -506,6 +509,8 @@ class RelayedRun:
             await self._close_stream(exc_type, exc, tb)
         finally:
             if self._lease is not None:
+                if self.spent is None and self._delivered:
+                    self._meter_delivered(self._lease)
                 self._dispatcher.release(self._lease)
 
     def __aiter__(self) -> Self:
@@ -519,7 +524,10 @@ class RelayedRun:
             if self._events is None:
                 raise StopAsyncIteration
             event = await anext(self._events)
-        if isinstance(event, RunUsage):
+        if isinstance(event, RunChunk):
+            if self._request.stream and not event.usage_only:
+                self._delivered += event.data.count(b"\n\n") if event.sse else 1
+        elif isinstance(event, RunUsage):
             self._meter(event)
         return event
 
@@ -531,8 +539,12 @@ class RelayedRun:
             self._first = None
         if self._stream is not None and not (taken and isinstance(taken[0], TERMINAL_EVENTS)):
             taken.extend(self._stream.take_ready())
+        stream = self._request.stream
         for event in taken:
-            if isinstance(event, RunUsage):
+            if isinstance(event, RunChunk):
+                if stream and not event.usage_only:
+                    self._delivered += event.data.count(b"\n\n") if event.sse else 1
+            elif isinstance(event, RunUsage):
                 self._meter(event)
         return taken
 
@@ -547,4 +559,20 @@ class RelayedRun:
             usage.prompt_tokens,
             usage.completion_tokens,
             usage.total_tokens,
+        )
+
+    def _meter_delivered(self, lease: Lease) -> None:
+        """A stream that ended before its usage (its client left, its run was cancelled) is
+        charged what it delivered: the input estimate and one token per event passed on, the
+        upstreams' usual one token per chunk (docs/reliability.md, "Bodies and budgets that
+        could be gamed")."""
+        prompt = estimate_tokens(self._request)
+        self.spent = prompt + self._delivered
+        self._metrics.count_usage(
+            self._principal,
+            self._model,
+            lease.provider_id,
+            prompt,
+            self._delivered,
+            self.spent,
         )
