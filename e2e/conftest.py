@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from e2e.cluster.layout import LAUNCHER, python_command, python_env
+from e2e.cluster.layout import LAUNCHER, lock_path, python_command, python_env
 from iop.processes import share_ports
 from tests.waiting import wait_for
 
@@ -288,6 +288,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if state.started_here:
         _launch(session.config, "down")
+        if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+            # This run's own state name (`pytest_configure`): nobody else locks it again.
+            lock_path().unlink(missing_ok=True)
     state.client_home.cleanup()
 
 
