@@ -37,6 +37,8 @@ against that release (the "before" figures): the configs use no setting that rel
   the principal's budget and `iop_edge_completion_tokens_total` moved.
 - tools-burst: 20 concurrent chats with 20 KB, then 2 KB, of `tools` against 4,000 tokens a
   minute: how many were admitted, and the bucket after.
+- limit-store: the shared limit store stopped, slowed and cut off (`bench/limitstore.py`): the
+  `max_concurrent` places left taken, the most each replica runs during a stall.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import orjson
 import uvloop
 import yaml
 
-from bench import benchkit
+from bench import benchkit, limitstore
 from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 CHAOS = Path(__file__).resolve().parents[1] / "tests" / "chaos"
@@ -747,6 +749,11 @@ async def tools_burst(folder: Path) -> None:
             )
 
 
+async def limit_store(folder: Path) -> None:
+    """The shared limit store's stalls: `bench/limitstore.py`, every case."""
+    await limitstore.main(limitstore.parse([]))
+
+
 PARTS = {
     "hub-oversized": hub_oversized,
     "hub-silent": hub_silent,
@@ -760,6 +767,7 @@ PARTS = {
     "big-bodies": big_bodies,
     "cut-streams": cut_streams,
     "tools-burst": tools_burst,
+    "limit-store": limit_store,
 }
 
 
