@@ -95,7 +95,12 @@ def worse_restarts(
         worse: dict[str, str] = {}
         for outcome in outcomes:
             for view in outcome.status.nodes if outcome.status is not None else ():
-                if view.node_id != node_id or view.instance_id in baseline.instances:
+                if (
+                    view.node_id != node_id
+                    or not view.connected
+                    or not view.instance_id  # an Edge that does not say which process
+                    or view.instance_id in baseline.instances
+                ):
                     continue
                 for provider, reason, detail in view.unhealthy:
                     if provider in baseline.healthy and reason != NOT_PROBED:
