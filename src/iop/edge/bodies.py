@@ -67,14 +67,21 @@ _STRING: Final = re.compile(rb'"[^"]*"')
 _FEW_STRINGS: Final = 4_096
 
 
-def check_structure(raw: bytes, bounds: BodyBounds) -> None:
+def check_structure(raw: bytes, bounds: BodyBounds) -> int:
     """Refuse a body with more objects and arrays, or items, than `bounds` allow, before it
-    is parsed: a parser's cost is per value, so 8 MiB of tiny values costs seconds of CPU.
+    is parsed: a parser's cost is per value, so 8 MiB of tiny values costs seconds of CPU. The
+    number of objects and arrays it may hold at most (the deepest it can nest).
 
-    Brackets and commas are counted outside strings, at memory speed: in the gaps between the
-    strings when they are few and hold no escape; else in the bytes with the escapes and then
-    the strings taken out (most strings hold no bracket or comma: a few passes; else a scan).
+    Brackets and commas are counted first in every byte, strings included, at memory speed: an
+    upper bound, which settles every ordinary body in one pass. Past a bound they are counted
+    outside strings: in the gaps between the strings when they are few and hold no escape; else
+    in the bytes with the escapes and then the strings taken out (most strings hold no bracket
+    or comma: a few passes; else a scan).
     """
+    containers = raw.count(b"{") + raw.count(b"[")
+    items = raw.count(b",") + containers
+    if containers <= bounds.containers and items <= bounds.items:
+        return containers  # counted inside strings too: at most this many
     strings = raw.count(b'"') // 2  # escaped quotes too: at least the strings there are
     if strings <= _FEW_STRINGS and b"\\" not in raw:
         containers = items = 0
@@ -85,11 +92,6 @@ def check_structure(raw: bytes, bounds: BodyBounds) -> None:
             start = closing + 1
         items += containers
     else:
-        skeleton = raw.translate(None, _NOT_STRUCTURE)
-        containers = skeleton.count(b"{") + skeleton.count(b"[")
-        items = skeleton.count(b",") + containers
-        if containers <= bounds.containers and items <= bounds.items:
-            return  # counted inside strings too: at most this many
         if strings > 2 * bounds.items:  # each item holds at most two strings, key and value
             raise _too_complex("items", f"more than {bounds.items}", bounds.items)
         bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
@@ -102,6 +104,7 @@ def check_structure(raw: bytes, bounds: BodyBounds) -> None:
         raise _too_complex("objects and arrays", str(containers), bounds.containers)
     if items > bounds.items:
         raise _too_complex("items", str(items), bounds.items)
+    return containers
 
 
 def _strings(raw: bytes) -> Iterator[tuple[int, int]]:
@@ -123,8 +126,11 @@ def _too_complex(what: str, count: str, limit: int) -> BadRequest:
     )
 
 
-def _check_fields(kind: RunKind, document: dict[str, Any], bounds: BodyBounds) -> None:
-    """The bounds of the fields that hold a body's bulk, each refusal naming its field."""
+def _check_fields(
+    kind: RunKind, document: dict[str, Any], bounds: BodyBounds, containers: int
+) -> None:
+    """The bounds of the fields that hold a body's bulk, each refusal naming its field;
+    `containers`: at most the objects and arrays it holds (no deeper than that)."""
     if kind == "chat":
         messages = document.get("messages")
         if isinstance(messages, list):
@@ -138,7 +144,7 @@ def _check_fields(kind: RunKind, document: dict[str, Any], bounds: BodyBounds) -
         value = document.get(name)
         if isinstance(value, list) and value and not isinstance(value[0], int):
             _at_most(name, len(value), bounds.inputs)
-    path = _too_deep(document, 1, bounds.depth)
+    path = _too_deep(document, 1, bounds.depth) if containers > bounds.depth else None
     if path is not None:
         param = _param(tuple(reversed(path)))
         raise BadRequest(
@@ -293,7 +299,7 @@ class ParsedRequest:
 def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -> ParsedRequest:
     """Parse and validate a request body; `BadRequest` names the first wrong field."""
     bounds = bounds or _BOUNDS
-    check_structure(raw, bounds)
+    containers = check_structure(raw, bounds)
     try:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -303,7 +309,7 @@ def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -
         ) from exc
     if not isinstance(document, dict):
         raise BadRequest("The request body must be a JSON object.")
-    _check_fields(kind, document, bounds)
+    _check_fields(kind, document, bounds, containers)
     try:
         body = _MODELS[kind].model_validate(document)
     except ValidationError as exc:
