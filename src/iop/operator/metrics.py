@@ -83,7 +83,8 @@ class OperatorMetrics:
         )
         self.admissions = Counter(
             "iop_operator_webhook_admissions_total",
-            "Admission reviews of EdgeConfigs, by outcome: allowed, refused (an invalid spec).",
+            "Admission reviews of EdgeConfigs, by outcome: allowed, refused (an invalid spec), "
+            "unowned (another EdgeConfig's, admitted with a warning).",
             ["outcome"],
             registry=self.registry,
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -84,7 +84,7 @@ from .status import (
     read_history,
     reconciling_status,
 )
-from .tokensecrets import SecretCache, TokenRead, read_tokens
+from .tokensecrets import SecretCache, TokenRead, read_tokens, reserved_refs
 from .values import EdgeReplica, EventType, Finding, ReplicaOutcome, ReplicaRevisions
 from .watching import NamedObject, NamedWatches, WatchEventType, WatchListener
 
@@ -146,6 +146,7 @@ class Reconciler:
         events: EventPoster,
         metrics: OperatorMetrics | None = None,
         on_pass: Callable[[PassTimings], None] | None = None,
+        reserved_secrets: Collection[str] = (),
     ) -> None:
         self.namespace = namespace
         self.name = name
@@ -165,6 +166,8 @@ class Reconciler:
         self._written: tuple[str, str] | None = None
         self._record_version = ""
         self._secrets = SecretCache()
+        #: Secrets no token may come from (the webhook's certificate).
+        self._reserved = frozenset(reserved_secrets)
         self._repairs: list[str] = []
         #: Objects being written right now: their watch events are this operator's own.
         self._writing: set[str] = set()
@@ -225,13 +228,15 @@ class Reconciler:
             spec = await asyncio.to_thread(load_data, body.get("spec") or {})
         except ConfigError as error:
             return await self._refuse(owner, generation, error, previous)
+        if reserved := reserved_refs(spec, self._reserved):
+            return await self._refuse(owner, generation, ConfigError(reserved), previous)
         clock = timings.mark("validate", clock)
         try:
             spec = await self._pinned(owner, body, spec)
             previous = await self._mark_seen(owner, generation, previous)
             tokens = await read_tokens(self._api, owner, spec, self._secrets)
             self._watch(owner, tokens)
-            if tokens.missing:
+            if tokens.missing or tokens.invalid:
                 return await self._hold(owner, generation, tokens, previous)
             observation = await self._observe(owner, generation, spec, tokens)
             clock = timings.mark("observe", clock)
@@ -809,15 +814,22 @@ class Reconciler:
     async def _hold(
         self, owner: Owner, generation: int, tokens: TokenRead, previous: Mapping[str, Any]
     ) -> PassResult:
-        """A token Secret the spec names is missing (and not to be generated): nothing changes
-        until it exists (its watch wakes the next pass); retried meanwhile."""
-        message = "; ".join(tokens.missing)
-        self._say(owner, "Warning", "TokenSecretMissing", message)
-        finding = self._failed_finding(generation, "TokenSecretMissing", message, previous)
+        """A token Secret the spec names is missing (and not to be generated), or holds what
+        cannot be a token: nothing changes until it is put right (its watch wakes the next
+        pass). A missing one is retried meanwhile; a bad one waits for a person (Stalled)."""
+        if tokens.invalid:
+            reason, problems = "TokenSecretInvalid", [*tokens.invalid, *tokens.missing]
+        else:
+            reason, problems = "TokenSecretMissing", list(tokens.missing)
+        message = "; ".join(problems)
+        self._say(owner, "Warning", reason, message)
+        finding = self._failed_finding(generation, reason, message, previous)
+        if tokens.invalid:
+            finding.stalled = (reason, f"{message}; nothing is applied until it is put right")
         await self._write_status(
             owner, build_status(finding, previous, self._last_change, now()), previous
         )
-        return PassResult(retry=True, outcome="blocked")
+        return PassResult(retry=not tokens.invalid, outcome="blocked")
 
     async def _api_failed(
         self, owner: Owner, generation: int, error: KubeApiError, previous: Mapping[str, Any]

@@ -167,6 +167,7 @@ def build_registry(
     webhook: bool,
     metrics: OperatorMetrics | None = None,
     edgeconfig: str | None = None,
+    reserved_secrets: Collection[str] = (),
 ) -> kopf.OperatorRegistry:
     """The handlers: feed the workers, authenticate, and (optionally) the webhook."""
     registry = kopf.OperatorRegistry()
@@ -195,7 +196,14 @@ def build_registry(
     kopf.on.event("", "v1", "pods", labels=labelled, registry=registry, id="pods")(dependent_event)
 
     if webhook:
-        register_webhook(registry, workers, api, metrics)
+        register_webhook(
+            registry,
+            workers,
+            api,
+            metrics,
+            edgeconfig=edgeconfig,
+            reserved_secrets=reserved_secrets,
+        )
     return registry
 
 
@@ -244,6 +252,9 @@ async def run_operator(
             FixedReplicas(options.edge_admin_urls) if options.edge_admin_urls else PodReplicas(api)
         )
 
+        # The webhook's certificate is no token: a spec that names its Secret is refused.
+        reserved = (options.webhook_secret,) if options.webhook_secret else ()
+
         def make(namespace: str, name: str) -> Reconciler:
             return Reconciler(
                 namespace,
@@ -254,6 +265,7 @@ async def run_operator(
                 events=events,
                 metrics=metrics,
                 on_pass=on_pass,
+                reserved_secrets=reserved,
             )
 
         workers = Workers(make, leading)
@@ -263,7 +275,12 @@ async def run_operator(
         if server is not None and options.webhook_configuration:
             tasks.append(webhook.keep_ca_bundle())
         registry = build_registry(
-            workers, api, webhook=server is not None, metrics=metrics, edgeconfig=options.edgeconfig
+            workers,
+            api,
+            webhook=server is not None,
+            metrics=metrics,
+            edgeconfig=options.edgeconfig,
+            reserved_secrets=reserved,
         )
         metrics_server = await _metrics_server(options, metrics, watching, webhook)
         # On the way out, first: the Lease given up, the workers, the webhook, the metrics.

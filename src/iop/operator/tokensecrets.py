@@ -5,19 +5,29 @@ key, generate}`) instead of by its SHA-256, so renders stay pure. The operator r
 Secret, creates the ones marked `generate` that are missing (a random token, owned by the
 EdgeConfig, never changed again: deleting it rotates the token), and puts the hashes into the
 Edge's config (`iop.edgeconfig.with_token_hashes`); raw tokens stay in memory only and are never
-logged. Secrets are read by name and cached until their watch (`watching.py`) says they changed.
-docs/operator.md, "Tokens in Secrets: renders stay pure", says why.
+logged. A token read is checked before it is used (one line of printable ASCII, not empty,
+bounded), and a bad one is reported by its Secret and key, never by its content. Secrets are
+read by name and cached until their watch (`watching.py`) says they changed. docs/operator.md,
+"Tokens in Secrets: renders stay pure", says why.
 """
 
 from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from iop.edgeconfig import EdgeConfig, SecretKeyRef, TokenRef, token_refs, token_sha256
+from iop.edgeconfig import (
+    EdgeConfig,
+    Problem,
+    SecretKeyRef,
+    TokenRef,
+    camel_path,
+    token_refs,
+    token_sha256,
+)
 
 from . import conventions
 from .documents import Owner
@@ -26,6 +36,40 @@ from .kubeapi import KubeApi, resource_path
 
 #: Bytes of randomness in a generated token (URL-safe base64: 43 characters).
 _TOKEN_BYTES: Final = 32
+#: Longest token accepted from a Secret (a bearer token, sent in an HTTP or gRPC header).
+MAX_TOKEN_CHARS: Final = 4096
+_PRINTABLE: Final = frozenset(range(0x21, 0x7F))
+
+
+def token_problem(raw: bytes) -> str | None:
+    """What makes the bytes of a Secret's key unusable as a token (after the white space around
+    it, which is dropped), or None. The answer never shows the content: a bad token may be a
+    key or a certificate named by mistake."""
+    value = raw.strip()
+    if not value:
+        return "is empty"
+    if b"\n" in value or b"\r" in value:
+        return "holds a line break"
+    if len(value) > MAX_TOKEN_CHARS:
+        return f"is longer than {MAX_TOKEN_CHARS} characters"
+    if not set(value) <= _PRINTABLE:
+        return "holds a character that is not printable ASCII (a space, a control character)"
+    return None
+
+
+def reserved_refs(config: EdgeConfig, reserved: Collection[str]) -> list[Problem]:
+    """The token references of `config` that name a Secret no token may come from (the
+    webhook's certificate: its key is no token, and naming it must not send it anywhere), each
+    with its path as the user wrote it."""
+    return [
+        Problem(
+            camel_path(f"{ref.path}.name"),
+            f"Secret {ref.secret.name} holds the operator's webhook certificate, not a token; "
+            "name a Secret of your own",
+        )
+        for ref in token_refs(config)
+        if ref.secret.name in reserved
+    ]
 
 
 def admin_token_ref(config: EdgeConfig, edgeconfig_name: str) -> SecretKeyRef | None:
@@ -55,6 +99,9 @@ class TokenRead:
     #: What is missing and not to be generated, each naming the Secret and who needs it (a
     #: token to generate that `generate=False` left alone is simply absent from `hashes`).
     missing: Sequence[str]
+    #: Tokens that cannot be one (`token_problem`), each naming the Secret, key and who needs
+    #: it, never the content; absent from `hashes` (and not the `admin_token`).
+    invalid: Sequence[str]
     #: Secrets (and keys) created this time, for the Events.
     created: Sequence[str]
     #: Every Secret read, to watch.
@@ -99,6 +146,7 @@ async def read_tokens(
             created.append(f"Secret {name} ({', '.join(absent)})")
     values: dict[tuple[str, str], str] = {}
     missing: list[str] = []
+    invalid: list[str] = []
     for ref in described:
         data = cache.entries.get(ref.secret.name)
         encoded = (data or {}).get(ref.secret.key)
@@ -107,12 +155,21 @@ async def read_tokens(
                 what = "does not exist" if data is None else f"has no key {ref.secret.key}"
                 missing.append(f"Secret {ref.secret.name} (named by {ref.path}) {what}")
             continue
-        values[(ref.secret.name, ref.secret.key)] = base64.b64decode(encoded).decode().strip()
+        raw = base64.b64decode(encoded)
+        problem = token_problem(raw)
+        if problem is not None:
+            invalid.append(
+                f"Secret {ref.secret.name} key {ref.secret.key} (named by {camel_path(ref.path)}) "
+                f"{problem}: a token is one line of printable ASCII"
+            )
+            continue
+        values[(ref.secret.name, ref.secret.key)] = raw.strip().decode("ascii")
     admin_token = values.get((admin.name, admin.key)) if admin is not None else None
     return TokenRead(
         hashes={key: token_sha256(value) for key, value in values.items()},
         admin_token=admin_token,
         missing=missing,
+        invalid=invalid,
         created=created,
         names=frozenset(by_name),
     )

@@ -45,10 +45,12 @@ def plan_warnings(
     desired_hash: str,
     waiting: Sequence[str] = (),
     base: EdgeConfig | None = None,
+    invalid: Sequence[str] = (),
 ) -> list[str]:
     """The plan as warning lines, paths in the CRD's camelCase (what the user edits); `change`
-    is None when nothing was applied before; `waiting` names token Secrets still missing;
-    `base`, the config applied, is what the change's trial is planned against."""
+    is None when nothing was applied before; `waiting` names token Secrets still missing and
+    `invalid` those that hold no usable token; `base`, the config applied, is what the change's
+    trial is planned against."""
     lines: list[str] = []
     if change is None:
         lines.append(f"plan: first apply of config {desired_hash[:12]}")
@@ -65,6 +67,7 @@ def plan_warnings(
         if base is not None:
             lines += _trial_lines(change, base, desired)
     lines[:0] = [_line(f"waiting: {what}; the change applies once it exists") for what in waiting]
+    lines[:0] = [f"waiting: {what}; the change applies once it is put right" for what in invalid]
     if is_loopback_listener(desired.edge.admin.listen):
         lines.insert(
             0,
@@ -109,6 +112,16 @@ def _bounded(lines: list[str]) -> list[str]:
         kept.append(line)
         total += len(line)
     return kept
+
+
+def unowned_warnings(name: str, owned: str, namespace: str) -> list[str]:
+    """What the webhook tells whoever writes an EdgeConfig its operator does not reconcile."""
+    return [
+        f"this namespace's operator (of EdgeConfig {owned!r}) reconciles only EdgeConfig "
+        f"{owned!r} in {namespace}; {name!r} is neither validated nor applied by it",
+        f"{name!r} takes effect only if another release's operator serves that name "
+        "(docs/operator.md, 'One operator per EdgeConfig')",
+    ]
 
 
 def admission_message(error: ConfigError) -> str:

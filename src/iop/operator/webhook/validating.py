@@ -4,7 +4,9 @@ a valid one with warnings that state the plan (`plans.py`).
 It runs in the operator (`kopf.on.validate`), so it validates with exactly the reconcile's model
 and classifies against exactly its base, the config last applied. It has no side effects
 (`sideEffects: None`), so `kubectl apply --dry-run=server` calls it too and shows the plan
-without changing anything. How the API server reaches it and what happens when it cannot
+without changing anything. An operator that serves one EdgeConfig (`--edgeconfig`) also
+answers for the others of its namespace (`UNOWNED_ID`), only to admit them with a warning that
+it does not apply them. How the API server reaches it and what happens when it cannot
 (certificates, `failurePolicy: Ignore`): docs/operator.md, "The webhook".
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import kopf
@@ -31,16 +33,18 @@ from iop.edgeconfig import (
 from .. import conventions
 from ..documents import Owner, decode_state
 from ..errors import KubeApiError, KubeNotFound
-from ..kubeapi import KubeApi, resource_path
+from ..kubeapi import FIELD_MANAGER, KubeApi, resource_path
 from ..metrics import OperatorMetrics
-from ..tokensecrets import SecretCache, read_tokens
+from ..tokensecrets import SecretCache, read_tokens, reserved_refs
 from ..workers import Workers
-from .plans import admission_message, plan_warnings
+from .plans import admission_message, plan_warnings, unowned_warnings
 
 logger = logging.getLogger(__name__)
 
 #: The handler id, which is also the URL path the webhook configuration points at (/validate).
 WEBHOOK_ID = "validate"
+#: The handler (and URL path) for the EdgeConfigs of the namespace this operator does not serve.
+UNOWNED_ID = "unowned"
 #: The hash a token the operator is still to generate counts as: a new token, unlike any other.
 _TO_BE_GENERATED = token_sha256("a token the operator will generate")
 
@@ -50,8 +54,42 @@ def register_webhook(
     workers: Workers,
     api: KubeApi,
     metrics: OperatorMetrics | None = None,
+    *,
+    edgeconfig: str | None = None,
+    reserved_secrets: Collection[str] = (),
 ) -> None:
-    """Add the validating webhook handler to `registry`."""
+    """Add the validating webhook handlers to `registry`: `edgeconfig` names the one EdgeConfig
+    this operator serves (None: all of its namespace); `reserved_secrets` no token may name."""
+
+    def count(outcome: str) -> None:
+        if metrics is not None:
+            metrics.admissions.labels(outcome).inc()
+
+    def unowned(body: kopf.Body, name: str | None, namespace: str | None) -> list[str]:
+        """Warnings for an EdgeConfig this operator does not serve: none when it serves it, or
+        another operator already reports on it (its status has another writer)."""
+        if edgeconfig is None or name == edgeconfig or _served_by_another(body, edgeconfig):
+            return []
+        return unowned_warnings(name or "", edgeconfig, namespace or "")
+
+    @kopf.on.validate(
+        conventions.GROUP,
+        conventions.VERSION,
+        conventions.PLURAL,
+        id=UNOWNED_ID,
+        operations=["CREATE", "UPDATE"],
+        side_effects=False,
+        ignore_failures=True,
+        registry=registry,
+    )
+    async def warn_unowned(
+        body: kopf.Body, warnings: list[str], name: str | None, namespace: str | None, **_: Any
+    ) -> None:
+        """Never refuses: the API server asks it for every other EdgeConfig of the namespace."""
+        said = unowned(body, name, namespace)
+        warnings.extend(said)
+        if said:
+            count("unowned")
 
     @kopf.on.validate(
         conventions.GROUP,
@@ -67,6 +105,10 @@ def register_webhook(
         body: kopf.Body, warnings: list[str], name: str, namespace: str | None, **kwargs: Any
     ) -> None:
         operation = kwargs.get("operation")
+        if said := unowned(body, name, namespace):  # a configuration that sent it here anyway
+            warnings.extend(said)
+            count("unowned")
+            return
         pin = conventions.pin_of(body)
         if pin is not None and pin != conventions.PIN_STABLE:
             if metrics is not None:
@@ -83,13 +125,19 @@ def register_webhook(
             if metrics is not None:
                 metrics.admissions.labels("refused").inc()
             raise kopf.AdmissionError(admission_message(error), code=422) from None
-        desired, waiting = await _with_tokens(api, namespace or "", name or "", desired)
+        if reserved := reserved_refs(desired, reserved_secrets):
+            if metrics is not None:
+                metrics.admissions.labels("refused").inc()
+            raise kopf.AdmissionError(admission_message(ConfigError(reserved)), code=422)
+        desired, waiting, invalid = await _with_tokens(api, namespace or "", name or "", desired)
         # A new object has nothing applied (a record left by a deleted namesake is not its base).
         base = None
         if operation != "CREATE":
             base = await _applied_base(workers, api, namespace or "", name or "")
         change = classify(base, desired) if base is not None else None
-        warnings.extend(plan_warnings(change, desired, config_hash(desired), waiting, base))
+        warnings.extend(
+            plan_warnings(change, desired, config_hash(desired), waiting, base, invalid=invalid)
+        )
         if pin is not None:
             warnings.append(
                 f"pinned: {conventions.PIN_ANNOTATION}={pin} holds the stable revision in effect; "
@@ -101,19 +149,31 @@ def register_webhook(
 
 async def _with_tokens(
     api: KubeApi, namespace: str, name: str, spec: EdgeConfig
-) -> tuple[EdgeConfig, list[str]]:
+) -> tuple[EdgeConfig, list[str], list[str]]:
     """The spec with the hashes of the tokens its Secrets hold, as the reconcile will see it
-    (read only: a token still to be generated counts as a new one), and what is missing."""
+    (read only: a token still to be generated counts as a new one), what is missing, and what
+    holds no usable token."""
     owner = Owner(name, namespace, "")
     try:
         tokens = await read_tokens(api, owner, spec, SecretCache(), generate=False)
     except KubeApiError as error:  # the plan is a courtesy: say the tokens are unknown
         logger.warning("no token hashes for the plan of %s/%s: %s", namespace, name, error)
-        return spec, []
+        return spec, [], []
     hashes = {ref.key: _TO_BE_GENERATED for ref in token_refs(spec)}
     hashes.update(tokens.hashes)
     resolved = await asyncio.to_thread(with_token_hashes, spec, hashes)
-    return resolved, list(tokens.missing)
+    return resolved, list(tokens.missing), list(tokens.invalid)
+
+
+def _served_by_another(body: Mapping[str, Any], edgeconfig: str) -> bool:
+    """Whether another release's operator writes the status of `body` (its managedFields)."""
+    mine = f"{FIELD_MANAGER}/{edgeconfig}"
+    return any(
+        entry.get("subresource") == "status"
+        and str(entry.get("manager", "")).startswith(FIELD_MANAGER)
+        and entry.get("manager") != mine
+        for entry in body.get("metadata", {}).get("managedFields") or ()
+    )
 
 
 async def _applied_base(

@@ -1,0 +1,136 @@
+"""The webhook's answers about tokens and ownership: a spec naming the webhook certificate's
+Secret is refused with its path; a token Secret that holds no usable token is said (by Secret and
+key, never its content); an EdgeConfig this operator does not serve is admitted with a warning
+naming the one it serves, unless another release's operator writes its status."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import kopf
+import pytest
+
+from iop.operator.webhook import register_webhook
+from iop.operator.webhook.validating import UNOWNED_ID, WEBHOOK_ID
+from testkit import edge_document, provider
+
+from ..fakeapi import FakeApi, fake_api
+
+pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
+
+KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49\n-----END PRIVATE KEY-----\n"
+WEBHOOK_SECRET = "demo-operator-webhook-tls"
+
+Handler = Callable[..., Awaitable[None]]
+
+
+class NoWorkers:
+    """The webhook asks the workers for the config applied; none here."""
+
+    def reconciler(self, namespace: str, name: str) -> None:
+        return None
+
+
+def spec(secret: str | None = None, key: str = "token") -> dict[str, Any]:
+    document = edge_document(
+        {"local": [provider("pa", served="served-a", capacity=4)]},
+        {"m": ["pa"]},
+        placement="edge",
+        admin=True,
+    )
+    if secret is not None:
+        document["edge"]["admin"]["token_secret"] = {"name": secret, "key": key}
+    return document
+
+
+def body(name: str, spec: dict[str, Any], **metadata: Any) -> kopf.Body:
+    raw: dict[str, Any] = {
+        "apiVersion": "iop.dev/v1alpha1",
+        "kind": "EdgeConfig",
+        "metadata": {"name": name, "namespace": "ns", **metadata},
+        "spec": spec,
+    }
+    return kopf.Body(raw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def handlers() -> AsyncIterator[tuple[FakeApi, dict[str, Handler]]]:
+    """The operator of EdgeConfig `demo`'s webhook handlers by id, on a fake API."""
+    fake = FakeApi()
+    async with fake_api(fake) as api:
+        registry = kopf.OperatorRegistry()
+        register_webhook(
+            registry,
+            NoWorkers(),  # type: ignore[arg-type]
+            api,
+            edgeconfig="demo",
+            reserved_secrets=[WEBHOOK_SECRET],
+        )
+        found = {str(h.id): h.fn for h in registry._webhooks.get_all_handlers()}
+        yield fake, found  # type: ignore[misc]
+
+
+async def review(handler: Handler, obj: kopf.Body, operation: str = "CREATE") -> list[str]:
+    warnings: list[str] = []
+    metadata = obj["metadata"]
+    await handler(
+        body=obj,
+        warnings=warnings,
+        name=metadata["name"],
+        namespace=metadata["namespace"],
+        operation=operation,
+    )
+    return warnings
+
+
+async def test_naming_the_webhook_certificate_is_refused_with_its_path(
+    handlers: tuple[FakeApi, dict[str, Handler]],
+) -> None:
+    _, found = handlers
+    with pytest.raises(kopf.AdmissionError) as refused:
+        await review(found[WEBHOOK_ID], body("demo", spec(WEBHOOK_SECRET, "tls.key")))
+    message = str(refused.value)
+    assert "edge.admin.tokenSecret.name" in message
+    assert f"Secret {WEBHOOK_SECRET} holds the operator's webhook certificate" in message
+
+
+async def test_a_multi_line_token_is_said_by_secret_and_key_only(
+    handlers: tuple[FakeApi, dict[str, Handler]],
+) -> None:
+    fake, found = handlers
+    fake.objects["/api/v1/namespaces/ns/secrets/bad"] = {
+        "metadata": {"name": "bad"},
+        "data": {"token": base64.b64encode(KEY.encode()).decode()},
+    }
+    warnings = await review(found[WEBHOOK_ID], body("demo", spec("bad")))
+    said = "waiting: Secret bad key token (named by edge.admin.tokenSecret) holds a line break"
+    assert [w for w in warnings if w.startswith(said)]
+    assert not any("PRIVATE" in w or "MIGH" in w for w in warnings)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+async def test_another_edgeconfig_is_admitted_with_a_warning_naming_the_one_served(
+    handlers: tuple[FakeApi, dict[str, Handler]], operation: str
+) -> None:
+    _, found = handlers
+    invalid = {**spec(), "models": "not a list"}  # not validated: not this operator's
+    warnings = await review(found[UNOWNED_ID], body("other", invalid), operation)
+    assert warnings and "reconciles only EdgeConfig 'demo'" in warnings[0]
+    assert "'other' is neither validated nor applied by it" in warnings[0]
+    assert all(len(w) <= 256 for w in warnings)
+    # A webhook configuration that sends it to /validate gets the same answer.
+    assert await review(found[WEBHOOK_ID], body("other", invalid), operation) == warnings
+
+
+async def test_its_own_edgeconfig_and_another_releases_get_no_ownership_warning(
+    handlers: tuple[FakeApi, dict[str, Handler]],
+) -> None:
+    _, found = handlers
+    assert await review(found[UNOWNED_ID], body("demo", spec())) == []
+    beta = [
+        {"manager": "kubectl-client-side-apply", "operation": "Update"},
+        {"manager": "iop-operator/beta", "operation": "Apply", "subresource": "status"},
+    ]
+    assert await review(found[UNOWNED_ID], body("beta", spec(), managedFields=beta), "UPDATE") == []
