@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -561,3 +562,38 @@ def kwok_values(nodes: list[str]) -> dict[str, Any]:
         "edge": {"replicas": 2, **ON_KWOK},
         "nodes": [{"id": node, **ON_KWOK} for node in nodes],
     }
+
+
+def kwok_release(name: str) -> dict[str, Any]:
+    """The chart's values for its demo EdgeConfig, named `name`, with its operator (as pods) and
+    its workloads on kwok's node, where nothing runs: enough for what the operator writes and
+    the webhook answers, at the price of the operator's pods alone."""
+    return {
+        "fullnameOverride": name,
+        "edge": {"replicas": 1, **ON_KWOK},
+        "nodes": [{"id": "node-1", **ON_KWOK}],
+    }
+
+
+@contextlib.contextmanager
+def chart_namespace(
+    cluster: KubeCluster, prefix: str, releases: Mapping[str, dict[str, Any]]
+) -> Iterator[str]:
+    """A fresh namespace `prefix-<random>` with the chart installed once per release (name ->
+    values); on the way out each operator's log is printed, the releases and the namespace go."""
+    namespace = f"{prefix}-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        for name, values in releases.items():
+            path = cluster.client_home / f"values-{namespace}-{name}.json"
+            path.write_text(json.dumps(values))
+            cluster.helm("install", name, str(CHART), "-n", namespace, "-f", str(path))
+        yield namespace
+    finally:
+        for name in releases:
+            logs = cluster.kubectl(
+                "logs", f"deploy/{name}-operator", "-n", namespace, "--tail=60", check=False
+            )
+            print(f"--- {name}'s operator log ---\n{logs.stdout}{logs.stderr}")
+            cluster.helm("uninstall", name, "-n", namespace, "--wait", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
