@@ -22,9 +22,12 @@ from pathlib import Path
 import uvloop
 
 from iop.aiokits import bind_listener, split_listener
+from iop.edgeconfig import POLICY_ENV, ConfigError
 from iop.node import HealthServer, NodeAgent
 from iop.wire import ClientTls, TlsError
 
+from .policies import add_policy_option, described, read_policy
+from .problems import print_problems
 from .settling import settle
 
 
@@ -96,6 +99,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "this node, it is not draining, and every provider of its config can run here) here, "
         "for the kubelet's probes; default: none",
     )
+    add_policy_option(run, "of this Node's providers")
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
 
@@ -116,6 +120,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"iop node run: {args.token_file} is empty", file=sys.stderr)
         return 2
     try:
+        source, policy = read_policy(args)
+    except ConfigError as error:
+        print_problems(f"iop node run: --upstream-policy or ${POLICY_ENV}", error)
+        return 2
+    logging.getLogger("iop.node.run").info(
+        "%s%s", described(policy), f" (from {source})" if source else ""
+    )
+    try:
         agent = NodeAgent(
             node_id=args.node_id,
             token=token,
@@ -125,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
             drain_timeout=args.drain_timeout,
             backoff_max=args.backoff_max,
             tls=_tls(args),
+            policy=policy,
         )
     except ValueError as exc:  # TlsError included
         print(f"iop node run: {exc}", file=sys.stderr)
