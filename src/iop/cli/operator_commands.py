@@ -11,7 +11,11 @@ from pathlib import Path
 
 import uvloop
 
+from iop.edgeconfig import POLICY_ENV, ConfigError
 from iop.operator import OperatorError, OperatorOptions, crd_yaml, default_namespace, run_operator
+
+from .policies import add_policy_option, described, read_policy
+from .problems import print_problems
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +110,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="elect one active replica with this coordination.k8s.io Lease (the others watch, "
         "serve the webhook and take over when it goes); default: act alone",
     )
+    add_policy_option(run, "that every config's providers must keep to (or be refused)")
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
 
@@ -135,6 +140,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.log_level != "DEBUG":
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # probes, every second
+    try:
+        source, policy = read_policy(args)
+    except ConfigError as error:
+        print_problems(f"iop operator run: --upstream-policy or ${POLICY_ENV}", error)
+        return 2
+    logging.getLogger("iop.operator").info(
+        "%s%s", described(policy), f" (from {source})" if source else ""
+    )
     options = OperatorOptions(
         namespace=args.namespace or default_namespace(),
         kubeconfig=args.kubeconfig,
@@ -149,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
         leader_election=args.leader_election,
         extra_sans=tuple(args.webhook_san),
+        upstream_policy=policy,
     )
     try:
         uvloop.run(_serve(options))

@@ -276,6 +276,12 @@ class UpstreamPolicy(_Section):
                     problems.append(Problem(path, problem))
         return problems
 
+    def require_allowed(self, config: EdgeConfig) -> None:
+        """Raise a `ConfigError` with `config_problems(config)`, if there is any."""
+        problems = self.config_problems(config)
+        if problems:
+            raise ConfigError(problems)
+
 
 def url_host_port(url: str) -> tuple[str, int]:
     """The host (lowercase, no brackets, no trailing dot) and port (the scheme's default when

@@ -27,6 +27,7 @@ from typing import Any, Final
 import kopf
 
 from iop.aiokits import guarded_task, split_listener, stop_tasks
+from iop.edgeconfig import UpstreamPolicy
 
 from . import conventions
 from .adminapi import EdgeAdmin
@@ -87,6 +88,9 @@ class OperatorOptions:
     #: The Lease replicas elect a leader with; None: this process acts alone.
     leader_election: str | None = None
     extra_sans: Collection[str] = field(default_factory=tuple)
+    #: What a config's providers may reach and which keys they may name (the webhook and every
+    #: pass refuse one that breaks it); None: anything.
+    upstream_policy: UpstreamPolicy | None = None
 
 
 def default_namespace() -> str:
@@ -167,6 +171,7 @@ def build_registry(
     webhook: bool,
     metrics: OperatorMetrics | None = None,
     edgeconfig: str | None = None,
+    policy: UpstreamPolicy | None = None,
 ) -> kopf.OperatorRegistry:
     """The handlers: feed the workers, authenticate, and (optionally) the webhook."""
     registry = kopf.OperatorRegistry()
@@ -195,7 +200,7 @@ def build_registry(
     kopf.on.event("", "v1", "pods", labels=labelled, registry=registry, id="pods")(dependent_event)
 
     if webhook:
-        register_webhook(registry, workers, api, metrics)
+        register_webhook(registry, workers, api, metrics, policy)
     return registry
 
 
@@ -254,6 +259,7 @@ async def run_operator(
                 events=events,
                 metrics=metrics,
                 on_pass=on_pass,
+                policy=options.upstream_policy,
             )
 
         workers = Workers(make, leading)
@@ -263,7 +269,12 @@ async def run_operator(
         if server is not None and options.webhook_configuration:
             tasks.append(webhook.keep_ca_bundle())
         registry = build_registry(
-            workers, api, webhook=server is not None, metrics=metrics, edgeconfig=options.edgeconfig
+            workers,
+            api,
+            webhook=server is not None,
+            metrics=metrics,
+            edgeconfig=options.edgeconfig,
+            policy=options.upstream_policy,
         )
         metrics_server = await _metrics_server(options, metrics, watching, webhook)
         # On the way out, first: the Lease given up, the workers, the webhook, the metrics.

@@ -330,3 +330,43 @@ nodes' token Secrets, the webhook certificate's, and operator.rbac.extraSecretNa
 {{- end }}
 {{- dict "names" (concat $names .Values.operator.rbac.extraDeploymentNames | uniq) | toJson }}
 {{- end }}
+
+{{/*
+The upstream policy of one workload, as JSON (IOP_UPSTREAM_POLICY; docs/operator.md, "Who may do
+what"): `upstreams.allow` (with the chart's fake upstream when it runs), `upstreams.deny`, and the
+key bindings of the `apiKeys` entries given (each names its `hosts`, and may name `providers`).
+Called with (list $root $apiKeys).
+*/}}
+{{- define "iop-edge.upstream-policy" -}}
+{{- $root := index . 0 }}
+{{- $allow := list }}
+{{- range $root.Values.upstreams.allow }}
+{{- $allow = append $allow . }}
+{{- end }}
+{{- if $root.Values.fakeUpstream.enabled }}
+{{- $name := include "iop-edge.component-name" (list $root "fake-upstream") }}
+{{- $port := $root.Values.fakeUpstream.port }}
+{{- range (list $name (printf "%s.%s" $name $root.Release.Namespace) (printf "%s.%s.svc" $name $root.Release.Namespace) (printf "%s.%s.svc.cluster.local" $name $root.Release.Namespace)) }}
+{{- $allow = append $allow (printf "%s:%v" . $port) }}
+{{- end }}
+{{- end }}
+{{- $keys := list }}
+{{- range (index . 1 | default list) }}
+{{- $key := . }}
+{{- if not $key.hosts }}
+{{- fail (printf "apiKeys entry %s: name the hosts its key may be sent to (hosts: [name:port, ...]): a key with no hosts is never read (docs/operator.md, \"Who may do what\")" $key.env) }}
+{{- end }}
+{{- $keys = append $keys (dict "env" $key.env "hosts" $key.hosts "providers" ($key.providers | default list)) }}
+{{- end }}
+{{- dict "allow" $allow "deny" ($root.Values.upstreams.deny | default list) "keys" $keys | toJson }}
+{{- end }}
+
+{{/* Every API key binding of the release (the Edge's, each Node's, `upstreams.keys`): what the
+operator's webhook checks a config's `apiKeyEnv` against. */}}
+{{- define "iop-edge.all-api-keys" -}}
+{{- $all := concat (.Values.edge.apiKeys | default list) (.Values.upstreams.keys | default list) }}
+{{- range .Values.nodes }}
+{{- $all = concat $all (.apiKeys | default list) }}
+{{- end }}
+{{- dict "keys" $all | toJson }}
+{{- end }}

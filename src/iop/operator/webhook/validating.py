@@ -20,6 +20,7 @@ import kopf
 from iop.edgeconfig import (
     ConfigError,
     EdgeConfig,
+    UpstreamPolicy,
     classify,
     config_hash,
     load_data,
@@ -50,8 +51,10 @@ def register_webhook(
     workers: Workers,
     api: KubeApi,
     metrics: OperatorMetrics | None = None,
+    policy: UpstreamPolicy | None = None,
 ) -> None:
-    """Add the validating webhook handler to `registry`."""
+    """Add the validating webhook handler to `registry`; `policy` refuses the providers it
+    does not allow (`iop.edgeconfig.upstreampolicy`)."""
 
     @kopf.on.validate(
         conventions.GROUP,
@@ -79,6 +82,8 @@ def register_webhook(
         spec = dict(body.get("spec") or {})
         try:
             desired = await asyncio.to_thread(load_data, spec)
+            if policy is not None:
+                policy.require_allowed(desired)
         except ConfigError as error:
             if metrics is not None:
                 metrics.admissions.labels("refused").inc()
