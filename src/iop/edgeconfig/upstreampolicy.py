@@ -111,6 +111,8 @@ def _check_allow(value: str) -> str:
 
 
 def _check_host(value: str) -> str:
+    if value.strip().lower() == PUBLIC:
+        raise ValueError("a key is bound to the hosts it is for, never to every public address")
     _parse_entry(value, public_allowed=False)
     return value
 
@@ -265,14 +267,15 @@ class UpstreamPolicy(_Section):
                 yield "api_key_env", problem
 
     def config_problems(self, config: EdgeConfig) -> list[Problem]:
-        """Every provider setting of `config` this policy refuses, with its path."""
+        """Every provider setting of `config` this policy refuses, with its path in the CRD's
+        spelling (the operator's, who checks a config against a policy)."""
         problems = []
         for n, node in enumerate(config.nodes):
             for p, provider in enumerate(node.providers):
                 if not isinstance(provider.adapter, OpenAIAdapterSettings):
                     continue
                 for key, problem in self.url_problems(provider.id, provider.adapter):
-                    path = f"nodes[{n}].providers[{p}].adapter.{key}"
+                    path = f"nodes[{n}].providers[{p}].adapter.{camel_name(key)}"
                     problems.append(Problem(path, problem))
         return problems
 
