@@ -266,22 +266,23 @@ class UpstreamPolicy(_Section):
             if problem is not None:
                 yield "api_key_env", problem
 
-    def config_problems(self, config: EdgeConfig) -> list[Problem]:
+    def config_problems(self, config: EdgeConfig, *, camel: bool = True) -> list[Problem]:
         """Every provider setting of `config` this policy refuses, with its path in the CRD's
-        spelling (the operator's, who checks a config against a policy)."""
+        spelling (the operator's), or edge.yaml's (`camel=False`)."""
         problems = []
         for n, node in enumerate(config.nodes):
             for p, provider in enumerate(node.providers):
                 if not isinstance(provider.adapter, OpenAIAdapterSettings):
                     continue
                 for key, problem in self.url_problems(provider.id, provider.adapter):
-                    path = f"nodes[{n}].providers[{p}].adapter.{camel_name(key)}"
+                    field = camel_name(key) if camel else key
+                    path = f"nodes[{n}].providers[{p}].adapter.{field}"
                     problems.append(Problem(path, problem))
         return problems
 
-    def require_allowed(self, config: EdgeConfig) -> None:
+    def require_allowed(self, config: EdgeConfig, *, camel: bool = True) -> None:
         """Raise a `ConfigError` with `config_problems(config)`, if there is any."""
-        problems = self.config_problems(config)
+        problems = self.config_problems(config, camel=camel)
         if problems:
             raise ConfigError(problems)
 
