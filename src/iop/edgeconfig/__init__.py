@@ -45,7 +45,7 @@ from .secrets import is_secret_field
 from .tokens import TokenRef, require_token_hashes, token_refs, token_sha256, with_token_hashes
 from .trees import config_hash
 from .trials import Trial, plan_trial
-from .upstreampolicy import POLICY_ENV, KeyBinding, UpstreamPolicy, parse_policy, url_host_port
+from .upstreampolicy import POLICY_ENV, UpstreamPolicy, parse_policy
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
@@ -60,7 +60,6 @@ __all__ = [
     "FakeAdapterSettings",
     "GenerationPolicy",
     "HealthPolicy",
-    "KeyBinding",
     "LimitStoreSection",
     "ModelSpec",
     "NodeLinkSection",
@@ -95,6 +94,5 @@ __all__ = [
     "require_token_hashes",
     "token_refs",
     "token_sha256",
-    "url_host_port",
     "with_token_hashes",
 ]
