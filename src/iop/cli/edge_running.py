@@ -20,10 +20,10 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.http import AdminAuthError
 from iop.edge.refresh import ConfigFileRefused, ConfigSource
-from iop.edgeconfig import POLICY_ENV, ConfigError, load_file, require_token_hashes
+from iop.edgeconfig import ConfigError, load_file, require_token_hashes
 from iop.wire import TlsError
 
-from .policies import described, read_policy
+from .policies import PolicyRefused, policy_for_run
 from .problems import print_problems
 from .settling import settle
 
@@ -42,11 +42,9 @@ def run_edge(args: argparse.Namespace) -> int:
         print_problems(str(args.config), error)
         return 1
     try:
-        source, policy = read_policy(args)
-    except ConfigError as error:
-        print_problems(f"iop edge run: --upstream-policy or ${POLICY_ENV}", error)
+        policy = policy_for_run(args, "iop edge run")
+    except PolicyRefused:
         return 1
-    logger.info("%s%s", described(policy), f" (from {source})" if source else "")
     try:
         edge = EdgeServer(
             config,

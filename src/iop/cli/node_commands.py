@@ -22,12 +22,10 @@ from pathlib import Path
 import uvloop
 
 from iop.aiokits import bind_listener, split_listener
-from iop.edgeconfig import POLICY_ENV, ConfigError
 from iop.node import HealthServer, NodeAgent
 from iop.wire import ClientTls, TlsError
 
-from .policies import add_policy_option, described, read_policy
-from .problems import print_problems
+from .policies import PolicyRefused, add_policy_option, policy_for_run
 from .settling import settle
 
 
@@ -120,13 +118,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"iop node run: {args.token_file} is empty", file=sys.stderr)
         return 2
     try:
-        source, policy = read_policy(args)
-    except ConfigError as error:
-        print_problems(f"iop node run: --upstream-policy or ${POLICY_ENV}", error)
+        policy = policy_for_run(args, "iop node run")
+    except PolicyRefused:
         return 2
-    logging.getLogger("iop.node.run").info(
-        "%s%s", described(policy), f" (from {source})" if source else ""
-    )
     try:
         agent = NodeAgent(
             node_id=args.node_id,

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import uvloop
 
-from iop.edgeconfig import POLICY_ENV, ConfigError
 from iop.operator import OperatorError, OperatorOptions, crd_yaml, default_namespace, run_operator
 
-from .policies import add_policy_option, described, read_policy
-from .problems import print_problems
+from .policies import PolicyRefused, add_policy_option, policy_for_run
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -141,13 +139,9 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # probes, every second
     try:
-        source, policy = read_policy(args)
-    except ConfigError as error:
-        print_problems(f"iop operator run: --upstream-policy or ${POLICY_ENV}", error)
+        policy = policy_for_run(args, "iop operator run")
+    except PolicyRefused:
         return 2
-    logging.getLogger("iop.operator").info(
-        "%s%s", described(policy), f" (from {source})" if source else ""
-    )
     options = OperatorOptions(
         namespace=args.namespace or default_namespace(),
         kubeconfig=args.kubeconfig,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from iop.edgeconfig import POLICY_ENV, ConfigError, Problem, UpstreamPolicy, parse_policy
 
+from .problems import print_problems
+
 logger = logging.getLogger(__name__)
 
 
@@ -44,6 +46,22 @@ def read_policy(args: argparse.Namespace) -> tuple[str, UpstreamPolicy | None]:
     if not text.strip():
         return "", None
     return f"${POLICY_ENV}", parse_policy(text, POLICY_ENV)
+
+
+def policy_for_run(args: argparse.Namespace, command: str) -> UpstreamPolicy | None:
+    """The policy a long-running `command` (`iop node run`) enforces, logged once as it starts;
+    a bad one is shown with its problems and ends the command (`PolicyRefused`)."""
+    try:
+        source, policy = read_policy(args)
+    except ConfigError as error:
+        print_problems(f"{command}: --upstream-policy or ${POLICY_ENV}", error)
+        raise PolicyRefused from None
+    logger.info("%s: %s%s", command, described(policy), f" (from {source})" if source else "")
+    return policy
+
+
+class PolicyRefused(Exception):
+    """The policy given to a command does not load (its problems were shown)."""
 
 
 def described(policy: UpstreamPolicy | None) -> str:
