@@ -240,7 +240,8 @@ def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
         return {(d["kind"], d["metadata"]["name"]) for d in documents}
 
     everything = names(None)
-    without = names({"operator": {"enabled": False}})
+    # (Nothing makes the hub's certificates then: the values name a Secret or turn TLS off.)
+    without = names({"operator": {"enabled": False}, "tls": {"enabled": False}})
     assert everything - without == {
         ("ServiceAccount", "iop-iop-edge-operator"),
         ("Role", "iop-iop-edge-operator"),
@@ -251,6 +252,7 @@ def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
         ("Service", "iop-iop-edge-operator-webhook"),
         ("Service", "iop-iop-edge-operator-metrics"),
         ("ValidatingWebhookConfiguration", "iop-iop-edge-iop-system"),
+        ("NetworkPolicy", "iop-iop-edge-operator"),
     }
     assert without < everything
     workloads = {("Deployment", "iop-iop-edge-edge"), ("Deployment", "iop-iop-edge-node-node-1")}

@@ -50,7 +50,7 @@ VALUE_SETS = [
         {"edgeConfig": {"create": False}, "operator": {"webhook": {"enabled": False}}},
         id="own-edgeconfig-no-webhook",
     ),
-    pytest.param([], {"operator": {"enabled": False}}, id="no-operator"),
+    pytest.param([], {"operator": {"enabled": False}, "tls": {"enabled": False}}, id="no-operator"),
 ]
 
 
