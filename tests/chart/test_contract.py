@@ -82,6 +82,7 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
     assert named["secrets"] == [
         "iop-iop-edge-edge-admin",
         "iop-iop-edge-operator-webhook-tls",
+        "iop-iop-edge-hub-tls",
         "iop-iop-edge-api-keys",
         "iop-iop-edge-node-node-1",
     ]
@@ -89,7 +90,7 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
     assert named["configmaps"] == ["iop-iop-edge-edge", "iop-iop-edge-edge-applied"]
     assert named["edgeconfigs"] == named["edgeconfigs/status"] == ["iop-iop-edge"]
     assert named["leases"] == ["iop-iop-edge-operator"]
-    assert named["services"] == ["iop-iop-edge-operator-webhook"]
+    assert named["services"] == ["iop-iop-edge-operator-webhook", "iop-iop-edge-hub"]
     # The cluster-scoped rule names this release's webhook configuration, and nothing else.
     (webhook,) = by_kind(documents, "ValidatingWebhookConfiguration")
     assert cluster_role["rules"] == [
