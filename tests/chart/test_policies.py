@@ -113,7 +113,7 @@ def test_each_policy_opens_only_named_ports_its_pods_declare(
                 f"{name} opens a port {deployment} does not declare"
             )
     prefix = DEFAULTS if values == "defaults" else "iop"
-    everyone = [{"namespaceSelector": {}}]
+    everyone: list[dict[str, Any]] = [{"namespaceSelector": {}}]
     # The Edge: the metrics (they name every principal and token ref) from metricsFrom only,
     # the admin API from the operator's pods only.
     edge = opened(policies[f"{prefix}-edge"])
