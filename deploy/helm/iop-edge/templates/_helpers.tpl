@@ -273,10 +273,10 @@ files comes through, so a half-made setting fails the install with what is missi
 
 {{/*
 The hub's certificates are generated unless the values name a Secret: by the operator, at its
-start (`--hub-tls-secret`), into FULLNAME-hub-tls, not by this render. A Helm `genCA` would draw
-new certificates on every render (Argo CD renders on every sync) unless `lookup` read them back,
-which `helm template` and GitOps tools cannot; the operator writes the Secret once, in the
-cluster, where `helm upgrade` never touches it, and the pods wait for it as for their tokens.
+start (`--hub-tls-secret`), into FULLNAME-hub-tls, not by this render. A CA made by a template
+would be drawn anew on every render (Argo CD renders on every sync) unless it were read back
+from the cluster, which `helm template` and GitOps tools cannot; the operator writes the Secret
+once, where `helm upgrade` never touches it, and the pods wait for it as for their tokens.
 */}}
 {{- define "iop-edge.tls-generated" -}}
 {{- if and (include "iop-edge.tls-enabled" .) (not .Values.tls.secretName) }}{{ true }}{{ end }}
