@@ -176,3 +176,9 @@ def test_each_policy_can_be_left_out(
     every = {"iop-iop-edge-edge", "iop-iop-edge-operator", "iop-iop-edge-node"}
     policies = set(by_kind(chart_tools.documents(values=values), "NetworkPolicy"))
     assert policies == every - {f"iop-iop-edge-{gone}"}
+
+
+def test_an_operator_with_nothing_to_admit_admits_nothing(chart_tools: ChartTools) -> None:
+    values = {"operator": {"webhook": {"enabled": False}, "networkPolicy": {"metricsFrom": []}}}
+    policies = by_kind(chart_tools.documents(values=values), "NetworkPolicy")
+    assert policies["iop-iop-edge-operator"]["spec"]["ingress"] == []
