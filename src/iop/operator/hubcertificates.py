@@ -53,6 +53,7 @@ class HubCertificates:
             _builder(ca_name, ca_name, ca_key.public_key(), start)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(_usage(cert_sign=True), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
             .sign(ca_key, hashes.SHA256())
         )
         files = {"ca.crt": ca.public_bytes(serialization.Encoding.PEM)}
@@ -67,6 +68,9 @@ class HubCertificates:
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(_usage(cert_sign=False), critical=True)
                 .add_extension(x509.ExtendedKeyUsage([purpose]), critical=False)
+                .add_extension(
+                    x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+                )
             )
             if extra:
                 builder = builder.add_extension(x509.SubjectAlternativeName(extra), critical=False)
