@@ -90,6 +90,27 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="another DNS name or IP address for the webhook certificate",
     )
     run.add_argument(
+        "--hub-tls-secret",
+        default=None,
+        metavar="NAME",
+        help="make the Node link's TLS certificates (a CA, the Edge's and the Nodes') in this "
+        "Secret at start, unless it holds ones that name the hub; default: none made",
+    )
+    run.add_argument(
+        "--hub-tls-service",
+        default=None,
+        metavar="NAME",
+        help="the hub's Service: its DNS names go into the Edge's certificate, and it owns the "
+        "Secret",
+    )
+    run.add_argument(
+        "--hub-tls-san",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another DNS name for the Edge's certificate (repeat for several)",
+    )
+    run.add_argument(
         "--liveness-listen",
         default="0.0.0.0:8080",
         metavar="HOST:PORT",
@@ -157,6 +178,9 @@ def _run(args: argparse.Namespace) -> int:
         leader_election=args.leader_election,
         extra_sans=tuple(args.webhook_san),
         upstream_policy=policy,
+        hub_tls_secret=args.hub_tls_secret,
+        hub_tls_service=args.hub_tls_service,
+        hub_tls_sans=tuple(args.hub_tls_san),
     )
     try:
         uvloop.run(_serve(options))

@@ -33,6 +33,7 @@ from . import conventions
 from .adminapi import EdgeAdmin
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
 from .errors import KubeApiError, KubeNotFound, OperatorError
+from .hubcertificates import ensure_hub_certificates, hub_names
 from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings, resource_path
 from .leading import LeaderElection
 from .metrics import MetricsServer, OperatorMetrics
@@ -91,6 +92,13 @@ class OperatorOptions:
     #: What a config's providers may reach and which keys they may name (the webhook and every
     #: pass refuse one that breaks it); None: anything.
     upstream_policy: UpstreamPolicy | None = None
+    #: The Secret of the hub's TLS certificates to make when missing (`hubcertificates`);
+    #: None: the hub's TLS is someone else's.
+    hub_tls_secret: str | None = None
+    #: The hub's Service: its names go into the Edge's certificate, and it owns the Secret.
+    hub_tls_service: str | None = None
+    #: More names for the Edge's certificate (the chart's `tls.serverName`).
+    hub_tls_sans: Collection[str] = field(default_factory=tuple)
 
 
 def default_namespace() -> str:
@@ -235,6 +243,8 @@ async def run_operator(
         stack.push_async_callback(api.stop)
         stack.push_async_callback(stop_tasks, tasks)
         await require_server_version(api)
+        if options.hub_tls_secret:
+            await _make_hub_certificates(api, options)
         election = _elect(options, api, stop, tasks)
         leading = election.leading if election is not None else None
         admin = await stack.enter_async_context(EdgeAdmin())
@@ -295,6 +305,26 @@ async def run_operator(
             stop_flag=stop,
             ready_flag=watching,
         )
+
+
+async def _make_hub_certificates(api: KubeApi, options: OperatorOptions) -> None:
+    """The hub's TLS Secret, made before anything else: the Edge and Node pods wait for it
+    (a volume they mount), and every replica makes sure of it, leader or not."""
+    assert options.hub_tls_secret is not None
+    owner: dict[str, Any] | None = None
+    names = list(options.hub_tls_sans)
+    if options.hub_tls_service:
+        names = hub_names(options.hub_tls_service, options.namespace, names)
+        path = resource_path("v1", "services", options.namespace, options.hub_tls_service)
+        try:
+            service = await api.get(path, what=f"read the hub's Service {options.hub_tls_service}")
+            owner = owner_reference(service)
+        except KubeNotFound:
+            logger.warning(
+                "the hub's Service %s is not there: its TLS Secret has no owner",
+                options.hub_tls_service,
+            )
+    await ensure_hub_certificates(api, options.namespace, options.hub_tls_secret, names, owner)
 
 
 def _elect(
@@ -384,7 +414,7 @@ class _Webhook:
     """The admission webhook's server and certificate, and the caBundle kept current.
 
     The certificate: with `--webhook-secret` the one every replica shares (made in the cluster
-    by the first, `certifying.shared_certificate`), else a fresh one per start. The caBundle is
+    by the first, `webhook.shared_certificate`), else a fresh one per start. The caBundle is
     re-asserted whenever the ValidatingWebhookConfiguration changes (watched by name): a
     configuration that was recreated (a `helm upgrade` that replaced it, someone's `kubectl
     apply`) would otherwise silently stop validating, its failurePolicy being Ignore.
