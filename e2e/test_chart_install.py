@@ -154,6 +154,11 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     assert chat(cluster, namespace)["choices"][0]["message"]["content"]
     edge_config = cluster.get("configmap", f"{EC}-edge", "-n", namespace)
     assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["admin"]["listen"] == "0.0.0.0:9090"
+    # The Node link is TLS by default, with the certificates the operator made (the chat above
+    # was served through it): the Edge serves them, the Nodes verify them.
+    assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["tls"]["cert_file"]
+    hub_tls = cluster.get("secret", "iop-hub-tls", "-n", namespace)
+    assert set(hub_tls["data"]) == {"ca.crt", "tls.crt", "tls.key", "client.crt", "client.key"}
 
     # The metrics: served on their own Service and on each Edge pod's metrics port (the chart runs
     # two Edge replicas), with the chat above counted under its principal and token ref by the
@@ -194,7 +199,7 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     assert ec["status"]["lastChange"]["livePaths"] == ["nodes[node-1].providers[vllm-a].capacity"]
     assert pod_uids(cluster, namespace) == pods
     after = secret_data(cluster, namespace)
-    for name in ("edge-edge-admin", "iop-api-keys", "iop-node-node-1"):
+    for name in ("edge-edge-admin", "iop-api-keys", "iop-node-node-1", "iop-hub-tls"):
         assert after[name] == tokens[name], f"helm upgrade changed the Secret {name}"
     assert chat(cluster, namespace)
 
@@ -234,8 +239,8 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
         what="the operator's ConfigMaps to be collected",
     )
 
-    # What the operator made (token Secrets, the webhook certificate's Secret) goes through the
-    # garbage collector with its owner (the EdgeConfig, the webhook's Service).
+    # What the operator made (token Secrets, the webhook's and the hub's certificate Secrets)
+    # goes through the garbage collector with its owner (the EdgeConfig, their Services).
     def left() -> list[str]:
         return sorted(
             cluster.kubectl(

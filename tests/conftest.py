@@ -384,10 +384,15 @@ class IopProcesses:
     tls = TEST_TLS
 
     async def edge(
-        self, stack: contextlib.AsyncExitStack, config: Path, *extra: str
+        self,
+        stack: contextlib.AsyncExitStack,
+        config: Path,
+        *extra: str,
+        env: Mapping[str, str] | None = None,
     ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
-        """Start an Edge on `config`; returns it and its start line (url, hub_port, admin_url)."""
-        process, started = await spawn_edge(config, *extra, startup_timeout=30)
+        """Start an Edge on `config` (`env`: variables on top of the tests'); returns it and its
+        start line (url, hub_port, admin_url)."""
+        process, started = await spawn_edge(config, *extra, startup_timeout=30, env=env)
         stack.push_async_callback(terminate, process)
         return process, started
 
@@ -397,9 +402,11 @@ class IopProcesses:
         hub_port: int,
         node_id: str,
         token_file: Path,
+        env: Mapping[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
-        """Start a Node that dials the Edge's hub on `hub_port` (over the tests' mutual TLS)."""
-        process = await spawn_node(hub_port, node_id, token_file, *TEST_TLS.node_args())
+        """Start a Node that dials the Edge's hub on `hub_port` (over the tests' mutual TLS;
+        `env`: variables on top of the tests')."""
+        process = await spawn_node(hub_port, node_id, token_file, *TEST_TLS.node_args(), env=env)
         stack.push_async_callback(terminate, process)
         return process
 

@@ -558,6 +558,8 @@ def kwok_values(nodes: list[str]) -> dict[str, Any]:
     return {
         "fullnameOverride": "demo",
         "operator": {"enabled": False},
+        # Nothing makes the hub's certificates without the chart's operator, and nothing runs.
+        "tls": {"enabled": False},
         "edgeConfig": {"create": False},
         "edge": {"replicas": 2, **ON_KWOK},
         "nodes": [{"id": node, **ON_KWOK} for node in nodes],

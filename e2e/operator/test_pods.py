@@ -212,6 +212,8 @@ def pods(kube_cluster: Any, edgeconfig_crd: None, host_spec: Any) -> Iterator[Po
         "nodeDefaults": {"progressDeadlineSeconds": GATE_S},
         "nodes": [{"id": "node-1"}, {"id": "node-2"}],
         "edgeConfig": {"spec": chart_spec(host_spec)},
+        # A Node's own loopback, which only a CIDR lets in: the closed port a test moves pc to.
+        "upstreams": {"allow": ["127.0.0.1/32"]},
     }
     stack = PodStack(kube_cluster, namespace)
     try:

@@ -82,6 +82,7 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
     assert named["secrets"] == [
         "iop-iop-edge-edge-admin",
         "iop-iop-edge-operator-webhook-tls",
+        "iop-iop-edge-hub-tls",
         "iop-iop-edge-api-keys",
         "iop-iop-edge-node-node-1",
     ]
@@ -89,7 +90,7 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
     assert named["configmaps"] == ["iop-iop-edge-edge", "iop-iop-edge-edge-applied"]
     assert named["edgeconfigs"] == named["edgeconfigs/status"] == ["iop-iop-edge"]
     assert named["leases"] == ["iop-iop-edge-operator"]
-    assert named["services"] == ["iop-iop-edge-operator-webhook"]
+    assert named["services"] == ["iop-iop-edge-operator-webhook", "iop-iop-edge-hub"]
     # The cluster-scoped rule names this release's webhook configuration, and nothing else.
     (webhook,) = by_kind(documents, "ValidatingWebhookConfiguration")
     assert cluster_role["rules"] == [
@@ -240,7 +241,8 @@ def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
         return {(d["kind"], d["metadata"]["name"]) for d in documents}
 
     everything = names(None)
-    without = names({"operator": {"enabled": False}})
+    # (Nothing makes the hub's certificates then: the values name a Secret or turn TLS off.)
+    without = names({"operator": {"enabled": False}, "tls": {"enabled": False}})
     assert everything - without == {
         ("ServiceAccount", "iop-iop-edge-operator"),
         ("Role", "iop-iop-edge-operator"),
@@ -251,6 +253,7 @@ def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
         ("Service", "iop-iop-edge-operator-webhook"),
         ("Service", "iop-iop-edge-operator-metrics"),
         ("ValidatingWebhookConfiguration", "iop-iop-edge-iop-system"),
+        ("NetworkPolicy", "iop-iop-edge-operator"),
     }
     assert without < everything
     workloads = {("Deployment", "iop-iop-edge-edge"), ("Deployment", "iop-iop-edge-node-node-1")}

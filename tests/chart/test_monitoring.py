@@ -94,7 +94,7 @@ def test_a_load_balancer_never_carries_the_metrics(chart_tools: ChartTools) -> N
 
 
 def policy_rules(documents: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    (policy,) = by_kind(documents, "NetworkPolicy").values()
+    policy = by_kind(documents, "NetworkPolicy")["iop-iop-edge-edge"]  # the Edge's
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     rules: list[dict[str, Any]] = policy["spec"]["ingress"]
     # A rule without ports would admit its peers to every port, the metrics one included.

@@ -1,6 +1,7 @@
 """The chart wires the Node link as the product needs it: every process drains within its pod's
-grace period, and TLS (optional, mutual optional) names files that are really mounted, from the
-Secrets the values name, with the flags and config fields the Edge and the Node read.
+grace period, and TLS (on by default, with certificates the operator makes unless the values
+name a Secret; mutual optional) names files that are really mounted, with the flags and config
+fields the Edge, the Node and the operator read.
 
 The workloads' arguments are parsed with the real `iop` command line, so a flag the chart passes
 and the CLI does not know fails here, not in a crash-looping pod.
@@ -89,8 +90,8 @@ def test_the_node_grace_follows_shutdown_grace_not_the_drain_timeout(
     assert node["terminationGracePeriodSeconds"] == grace + 5
 
 
-def test_tls_is_off_by_default(chart_tools: ChartTools) -> None:
-    documents = chart_tools.documents()
+def test_tls_can_be_turned_off(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents(values={"tls": {"enabled": False}})
     spec = by_kind(documents, "EdgeConfig")["iop-iop-edge"]["spec"]
     assert load_data(spec).edge.tls is None
     edge = workload(documents, "iop-iop-edge-edge")
@@ -100,6 +101,70 @@ def test_tls_is_off_by_default(chart_tools: ChartTools) -> None:
     assert (args.tls_ca_file, args.tls_cert_file, args.tls_key_file) == (None, None, None)
     assert args.tls_server_name is None
     assert set(mounted_files(node)) == {"/etc/iop/node/token"}
+    assert parsed_args(workload(documents, "iop-iop-edge-operator")).hub_tls_secret is None
+
+
+@pytest.mark.parametrize("mutual", [pytest.param(False, id="tls"), pytest.param(True, id="mutual")])
+def test_tls_is_on_by_default_with_certificates_the_operator_makes(
+    chart_tools: ChartTools, mutual: bool
+) -> None:
+    """No Secret named: the operator makes FULLNAME-hub-tls at start (it may read and create it,
+    and read the hub Service that owns it), for the names the Nodes verify; the Edge and the
+    Nodes mount it as they would the user's, the Nodes never the Edge's key."""
+    documents = chart_tools.documents(values={"tls": {"mutual": mutual}})
+    secret = "iop-iop-edge-hub-tls"
+    config = load_data(by_kind(documents, "EdgeConfig")["iop-iop-edge"]["spec"])
+    assert config.edge.tls is not None
+    edge_files = mounted_files(workload(documents, "iop-iop-edge-edge"))
+    assert edge_files[config.edge.tls.cert_file] == (secret, "tls.crt")
+    assert edge_files[config.edge.tls.key_file] == (secret, "tls.key")
+    if mutual:
+        assert config.edge.tls.client_ca_file is not None
+        assert edge_files[config.edge.tls.client_ca_file] == (secret, "ca.crt")
+
+    node = workload(documents, "iop-iop-edge-node-node-1")
+    args = parsed_args(node)
+    node_files = mounted_files(node)
+    assert node_files[str(args.tls_ca_file)] == (secret, "ca.crt")
+    assert (secret, "tls.key") not in node_files.values()
+    hub = by_kind(documents, "Service")["iop-iop-edge-hub"]
+    assert args.tls_server_name == f"{hub['metadata']['name']}.iop-system.svc"
+    if mutual:
+        assert node_files[str(args.tls_cert_file)] == (secret, "client.crt")
+        assert node_files[str(args.tls_key_file)] == (secret, "client.key")
+    else:
+        assert (args.tls_cert_file, args.tls_key_file) == (None, None)
+
+    operator = parsed_args(workload(documents, "iop-iop-edge-operator"))
+    assert operator.hub_tls_secret == secret
+    assert operator.hub_tls_service == hub["metadata"]["name"]
+    assert operator.hub_tls_san == []
+    rules = by_kind(documents, "Role")["iop-iop-edge-operator"]["rules"]
+    assert any(
+        r["resources"] == ["secrets"] and secret in r.get("resourceNames", []) for r in rules
+    )
+    assert any(
+        r["resources"] == ["services"] and hub["metadata"]["name"] in r["resourceNames"]
+        for r in rules
+    )
+
+
+def test_a_generated_certificate_names_the_server_name_too(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents(values={"tls": {"serverName": "hub.example.org"}})
+    assert parsed_args(workload(documents, "iop-iop-edge-operator")).hub_tls_san == [
+        "hub.example.org"
+    ]
+    node = parsed_args(workload(documents, "iop-iop-edge-node-node-1"))
+    assert node.tls_server_name == "hub.example.org"
+
+
+def test_the_users_secret_wins_and_nothing_is_generated(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents(values={"tls": MUTUAL_TLS})
+    assert parsed_args(workload(documents, "iop-iop-edge-operator")).hub_tls_secret is None
+    rules = by_kind(documents, "Role")["iop-iop-edge-operator"]["rules"]
+    named = {n for r in rules for n in r.get("resourceNames", [])}
+    assert not {"iop-iop-edge-hub-tls", "iop-iop-edge-hub"} & named
+    assert "iop-iop-edge-hub-tls" not in yaml.safe_dump_all(documents)
 
 
 @pytest.mark.parametrize(
@@ -157,14 +222,25 @@ def test_tls_server_name_can_be_given(chart_tools: ChartTools) -> None:
     ("values", "says"),
     [
         pytest.param(
-            {"tls": {"enabled": True}}, "tls.secretName: tls.enabled needs", id="no-secret"
+            {"operator": {"enabled": False}},
+            "tls.secretName: with operator.enabled=false nothing makes",
+            id="no-operator-to-make-it",
+        ),
+        pytest.param(
+            {"tls": {"mutual": True, "clientSecretName": "node-tls"}},
+            "tls.clientSecretName: needs tls.secretName",
+            id="client-secret-for-a-generated-ca",
         ),
         pytest.param(
             {"tls": {**HUB_TLS, "mutual": True}},
             "tls.clientSecretName: tls.mutual needs",
             id="mutual-no-client-secret",
         ),
-        pytest.param({"tls": {"mutual": True}}, "tls.mutual: needs tls.enabled", id="mutual-off"),
+        pytest.param(
+            {"tls": {"enabled": False, "mutual": True}},
+            "tls.mutual: needs tls.enabled",
+            id="mutual-off",
+        ),
         pytest.param(
             {
                 "edgeConfig": {

@@ -50,7 +50,7 @@ VALUE_SETS = [
         {"edgeConfig": {"create": False}, "operator": {"webhook": {"enabled": False}}},
         id="own-edgeconfig-no-webhook",
     ),
-    pytest.param([], {"operator": {"enabled": False}}, id="no-operator"),
+    pytest.param([], {"operator": {"enabled": False}, "tls": {"enabled": False}}, id="no-operator"),
 ]
 
 
@@ -249,6 +249,7 @@ def test_secrets_the_user_names_are_used_and_never_generated(chart_tools: ChartT
         "my-keys",
         "my-node-1",
         "iop-iop-edge-operator-webhook-tls",
+        "iop-iop-edge-hub-tls",  # the hub's certificates: no Secret named, so the operator's
     }
 
 
@@ -263,7 +264,12 @@ def test_the_edgeconfig_from_values_is_a_valid_config_wired_to_the_chart(
     assert config.edge.admin.listen == "0.0.0.0:9090"
     assert config.edge.admin.token_file == "/etc/iop/admin/token"
     assert config.edge.metrics.listen == "0.0.0.0:9091"
-    assert config.edge.tls is None  # plaintext unless tls.enabled
+    # The hub serves TLS by default, from the files the chart mounts.
+    assert config.edge.tls is not None
+    assert (config.edge.tls.cert_file, config.edge.tls.key_file) == (
+        "/etc/iop/tls/tls.crt",
+        "/etc/iop/tls/tls.key",
+    )
     urls = {
         provider.id: provider.adapter.base_url
         for node in config.nodes

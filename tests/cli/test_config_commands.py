@@ -64,6 +64,25 @@ def test_check_json_for_machines() -> None:
     ]
 
 
+def test_check_against_an_upstream_policy(tmp_path: Path) -> None:
+    """What a Node or the operator given the policy would refuse, said before anything runs."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "allow: [127.0.0.1/32]\n"
+        "keys: [{env: VLLM_A_KEY, hosts: ['127.0.0.1:8001'], providers: [vllm-b]}]\n"
+    )
+    result = iop("config", "check", SAMPLE, "--upstream-policy", policy)
+    assert result.returncode == 1
+    assert "nodes[0].providers[0].adapter.api_key_env: the key in VLLM_A_KEY may go only to " in (
+        result.stderr
+    )
+    policy.write_text("allow: [127.0.0.1/32]\nkeys: [{env: VLLM_A_KEY, hosts: ['127.0.0.1:8000']}]")
+    assert iop("config", "check", SAMPLE, "--upstream-policy", policy).returncode == 0
+    policy.write_text("allow: [not a host]")
+    broken = iop("config", "check", SAMPLE, "--upstream-policy", policy)
+    assert broken.returncode == 1 and f"{policy}: allow[0]: 'not a host' is not" in broken.stderr
+
+
 def test_check_of_a_missing_file() -> None:
     result = iop("config", "check", "/nonexistent/edge.yaml")
     assert result.returncode == 1

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings
+from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, parse_policy
 from iop.fakes import FakeUpstream, tokens
 from iop.providers import FakeAdapter, OpenAIAdapter
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage, statuses
@@ -316,13 +316,16 @@ async def test_a_closed_adapter_refuses_runs(adapter: OpenAIAdapter) -> None:
 
 
 class RawUpstream:
-    """Answers every request with `pieces`, written one at a time; keeps the request heads."""
+    """Answers every request with `pieces`, written one at a time; keeps the request heads and
+    counts the connections."""
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
         self.pieces = pieces
         self.heads: list[bytes] = []
+        self.connections = 0
 
     async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             self.heads.append(head)
@@ -647,3 +650,61 @@ async def test_only_the_head_of_a_huge_error_body_is_read() -> None:
             await adapter.aclose()
     assert isinstance(events[0], RunFailed) and events[0].code == statuses.UPSTREAM_ERROR
     assert len(events[0].message) < 1024
+
+
+# -- the upstream policy (iop.edgeconfig.upstreampolicy) ----------------------------------------
+
+
+async def test_a_key_bound_to_another_host_is_never_read_nor_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The provider may not send the key: it reports why and calls nothing."""
+    monkeypatch.setenv("IOP_TEST_UPSTREAM_KEY", "sk-upstream-secret")
+    async with raw_upstream([]) as (upstream, url):
+        policy = parse_policy(
+            "allow: [127.0.0.1/32]\nkeys: [{env: IOP_TEST_UPSTREAM_KEY, hosts: ['vllm.svc:8000']}]"
+        )
+        settings = OpenAIAdapterSettings(base_url=url, api_key_env="IOP_TEST_UPSTREAM_KEY")
+        adapter = OpenAIAdapter("p1", settings, policy)
+        try:
+            events = await collect(adapter, request(False))
+        finally:
+            await adapter.aclose()
+    assert "may go only to hosts vllm.svc:8000" in adapter.problem
+    assert adapter.upstream is None  # so it is never probed either
+    assert isinstance(events[-1], RunFailed) and events[-1].code == statuses.PROVIDER_UNHEALTHY
+    assert upstream.heads == []
+
+
+async def test_an_address_the_policy_denies_is_never_dialled() -> None:
+    """`localhost` is listed by name; it resolves to loopback, which only a CIDR lets in."""
+    async with raw_upstream([]) as (upstream, url):
+        by_name = url.replace("127.0.0.1", "localhost")
+        adapter = OpenAIAdapter(
+            "p1", OpenAIAdapterSettings(base_url=by_name), parse_policy("allow: [localhost]")
+        )
+        try:
+            events = await collect(adapter, request(False))
+        finally:
+            await adapter.aclose()
+    assert adapter.problem == ""  # the name is allowed: its addresses are judged when dialled
+    (failed,) = events
+    assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_UNAVAILABLE
+    assert "localhost (127.0.0.1) is in a range the upstream policy denies" in failed.message
+    assert upstream.connections == 0
+
+
+async def test_a_2xx_answer_that_is_not_an_openai_answer_is_not_passed_on() -> None:
+    """What a server that is not a model server answers 2xx (an API server's JSON) never
+    reaches the client."""
+    body = b'{"kind": "APIVersions", "serverAddressByClientCIDRs": [{"serverAddress": "x"}]}'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    async with raw_upstream([answer]) as (_, url):
+        adapter = OpenAIAdapter("p1", OpenAIAdapterSettings(base_url=url))
+        try:
+            events = await collect(adapter, request(False))
+        finally:
+            await adapter.aclose()
+    (failed,) = events
+    assert isinstance(failed, RunFailed) and failed.code == statuses.UPSTREAM_ERROR
+    assert "no choices list" in failed.message and b"serverAddress" not in failed.message.encode()

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from iop.edgeconfig import node_payloads
+from iop.edgeconfig import node_payloads, parse_policy
 from iop.fakes import FakeUpstream, FakeUpstreamSettings
 from iop.providers import Runner
 from iop.providers.probing import Prober, ProbeTarget, probe_url
@@ -58,6 +58,26 @@ async def test_a_probe_passes_on_an_answer_and_fails_on_an_error_status(
     failure = await prober.probe(target(f"http://{fake_upstream.address}/nope"))
     assert failure == f"GET http://{fake_upstream.address}/nope answered HTTP 404"
     assert fake_upstream.stats.lookups == 2
+
+
+async def test_a_probe_reaches_only_addresses_the_upstream_policy_allows(
+    fake_upstream: FakeUpstream,
+) -> None:
+    """`localhost` is listed by name, and resolves to loopback, which only a CIDR lets in."""
+    url = f"http://localhost:{fake_upstream.port}/v1/models"
+    guarded = Prober(lambda provider_id, failure: None, policy=parse_policy("allow: [localhost]"))
+    try:
+        failure = await guarded.probe(target(url))
+    finally:
+        await guarded.aclose()
+    assert failure is not None
+    assert "localhost (127.0.0.1) is in a range the upstream policy denies" in failure, failure
+    assert fake_upstream.stats.connections == 0
+    opened = Prober(lambda p, f: None, policy=parse_policy("allow: [127.0.0.1/32, localhost]"))
+    try:
+        assert await opened.probe(target(url)) is None
+    finally:
+        await opened.aclose()
 
 
 async def test_a_probe_of_a_closed_port_says_connection_refused(prober: Prober) -> None:

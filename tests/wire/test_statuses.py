@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import orjson
 import pytest
 
 from iop.wire import RunFailed, statuses
@@ -28,9 +29,40 @@ def test_upstream_statuses(status: int, code: str, retryable: bool) -> None:
     assert failed.message == f"upstream answered HTTP {status}: boom"
 
 
-def test_a_non_json_error_body_is_quoted() -> None:
-    failed = statuses.upstream_http_failure(502, b"<html>bad gateway</html>")
-    assert failed.message == "upstream answered HTTP 502: <html>bad gateway</html>"
+SECRET = "sk-internal-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(f"<html>token {SECRET}</html>".encode(), id="html"),
+        pytest.param(f"invalid token {SECRET}".encode(), id="text"),
+        pytest.param(f'{{"error": "{SECRET}"}}'.encode(), id="error-string"),
+        pytest.param(f'{{"message": "{SECRET}", "kind": "Status"}}'.encode(), id="k8s-status"),
+        pytest.param(f'{{"data": {{"token": "{SECRET}"}}}}'.encode(), id="other-json"),
+        pytest.param(f'["{SECRET}"]'.encode(), id="json-list"),
+    ],
+)
+def test_no_part_of_an_error_body_of_another_shape_reaches_the_client(body: bytes) -> None:
+    """A server that is not a model server (an API server, a metadata service) answers with
+    bodies of other shapes: the client learns the status only."""
+    failed = statuses.upstream_http_failure(403, body)
+    assert failed.message == "upstream answered HTTP 403"
+
+
+def test_vllm_s_older_error_shape_is_shown() -> None:
+    body = b'{"object": "error", "message": "maximum context length is 4096", "code": 400}'
+    failed = statuses.upstream_http_failure(400, body)
+    assert failed.message == "upstream answered HTTP 400: maximum context length is 4096"
+
+
+def test_an_openai_error_message_is_bounded_and_on_one_line() -> None:
+    message = "line one\r\nline two\x00" + "x" * 2000
+    body = orjson.dumps({"error": {"message": message}})
+    shown = statuses.upstream_http_failure(400, body).message
+    assert shown.startswith("upstream answered HTTP 400: line one line two ")
+    assert shown.endswith("x…") and len(shown) < 560
+    assert "\n" not in shown and "\x00" not in shown
 
 
 @pytest.mark.parametrize(

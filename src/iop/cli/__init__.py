@@ -6,7 +6,8 @@ the library called, its results and errors turned into output and exit codes).
   `reload_commands`: `iop edge reload`; `revision_commands`: `iop edge history` and `iop edge
   rollout`), `node_commands`, `operator_commands`,
   `fake_upstream_commands`, `up_commands`;
-- `problems`: a config that does not load, shown alike by every command; `settling`: what a
+- `problems`: a config that does not load, shown alike by every command; `policies`: the
+  `--upstream-policy` of the commands that run or check providers; `settling`: what a
   long-running process does once it has started; `__main__`: `python -m iop.cli`.
 
 A command's module is imported only when that command runs (or shows its `--help`), so what one

@@ -18,6 +18,7 @@ from iop.edgeconfig import (
 )
 
 from . import history_commands
+from .policies import add_policy_option, read_policy
 from .problems import print_problems
 
 EXIT_OK = 0
@@ -31,6 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     check = sub.add_parser("check", help="validate a config and explain what it sets up")
     check.add_argument("file", help="path of an edge.yaml")
+    add_policy_option(check, "its providers must keep to, as a Node or the operator would judge")
     _add_format(check)
     check.set_defaults(run=_check)
 
@@ -73,7 +75,13 @@ def _report_invalid(args: argparse.Namespace, label: str, error: ConfigError) ->
 
 def _check(args: argparse.Namespace) -> int:
     try:
+        _, policy = read_policy(args)
+    except ConfigError as error:
+        return _report_invalid(args, "--upstream-policy", error)
+    try:
         config = load_file(args.file)
+        if policy is not None:
+            policy.require_allowed(config, camel=False)
     except ConfigError as error:
         return _report_invalid(args, args.file, error)
     if args.format == "json":

@@ -12,6 +12,7 @@ import argparse
 from iop.aiokits import split_listener
 
 from . import reload_commands, revision_commands
+from .policies import add_policy_option
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="a headless Service listing every Edge replica (the hub Service): the nodes placed "
         "on the Edge share their providers' capacity among the replicas it lists",
     )
+    add_policy_option(run, "of the providers of the nodes placed on this Edge")
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
     reload_commands.register(sub)

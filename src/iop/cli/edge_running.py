@@ -23,6 +23,7 @@ from iop.edge.refresh import ConfigFileRefused, ConfigSource
 from iop.edgeconfig import ConfigError, load_file, require_token_hashes
 from iop.wire import TlsError
 
+from .policies import PolicyRefused, policy_for_run
 from .problems import print_problems
 from .settling import settle
 
@@ -41,6 +42,10 @@ def run_edge(args: argparse.Namespace) -> int:
         print_problems(str(args.config), error)
         return 1
     try:
+        policy = policy_for_run(args, "iop edge run")
+    except PolicyRefused:
+        return 1
+    try:
         edge = EdgeServer(
             config,
             openai_listen=args.openai_listen,
@@ -52,6 +57,7 @@ def run_edge(args: argparse.Namespace) -> int:
             # working directory (a refresh reads only absolute paths).
             config_path=os.path.abspath(args.config),
             peers_service=args.peers_service,
+            upstream_policy=policy,
         )
     except (AdminAuthError, TlsError) as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)

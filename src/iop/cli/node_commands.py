@@ -25,6 +25,7 @@ from iop.aiokits import bind_listener, split_listener
 from iop.node import HealthServer, NodeAgent
 from iop.wire import ClientTls, TlsError
 
+from .policies import PolicyRefused, add_policy_option, policy_for_run
 from .settling import settle
 
 
@@ -96,6 +97,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "this node, it is not draining, and every provider of its config can run here) here, "
         "for the kubelet's probes; default: none",
     )
+    add_policy_option(run, "of this Node's providers")
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
 
@@ -116,6 +118,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"iop node run: {args.token_file} is empty", file=sys.stderr)
         return 2
     try:
+        policy = policy_for_run(args, "iop node run")
+    except PolicyRefused:
+        return 2
+    try:
         agent = NodeAgent(
             node_id=args.node_id,
             token=token,
@@ -125,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
             drain_timeout=args.drain_timeout,
             backoff_max=args.backoff_max,
             tls=_tls(args),
+            policy=policy,
         )
     except ValueError as exc:  # TlsError included
         print(f"iop node run: {exc}", file=sys.stderr)

@@ -13,6 +13,8 @@ import uvloop
 
 from iop.operator import OperatorError, OperatorOptions, crd_yaml, default_namespace, run_operator
 
+from .policies import PolicyRefused, add_policy_option, policy_for_run
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the `iop operator` subcommands to its parser."""
@@ -88,6 +90,27 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="another DNS name or IP address for the webhook certificate",
     )
     run.add_argument(
+        "--hub-tls-secret",
+        default=None,
+        metavar="NAME",
+        help="make the Node link's TLS certificates (a CA, the Edge's and the Nodes') in this "
+        "Secret at start, unless it holds ones that name the hub; default: none made",
+    )
+    run.add_argument(
+        "--hub-tls-service",
+        default=None,
+        metavar="NAME",
+        help="the hub's Service: its DNS names go into the Edge's certificate, and it owns the "
+        "Secret",
+    )
+    run.add_argument(
+        "--hub-tls-san",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another DNS name for the Edge's certificate (repeat for several)",
+    )
+    run.add_argument(
         "--liveness-listen",
         default="0.0.0.0:8080",
         metavar="HOST:PORT",
@@ -106,6 +129,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="elect one active replica with this coordination.k8s.io Lease (the others watch, "
         "serve the webhook and take over when it goes); default: act alone",
     )
+    add_policy_option(run, "that every config's providers must keep to (or be refused)")
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
 
@@ -135,6 +159,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.log_level != "DEBUG":
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # probes, every second
+    try:
+        policy = policy_for_run(args, "iop operator run")
+    except PolicyRefused:
+        return 2
     options = OperatorOptions(
         namespace=args.namespace or default_namespace(),
         kubeconfig=args.kubeconfig,
@@ -149,6 +177,10 @@ def _run(args: argparse.Namespace) -> int:
         metrics_listen=None if args.metrics_listen == "off" else args.metrics_listen,
         leader_election=args.leader_election,
         extra_sans=tuple(args.webhook_san),
+        upstream_policy=policy,
+        hub_tls_secret=args.hub_tls_secret,
+        hub_tls_service=args.hub_tls_service,
+        hub_tls_sans=tuple(args.hub_tls_san),
     )
     try:
         uvloop.run(_serve(options))

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from iop.aiokits import AsyncService, Resolve, bind_listener, resolve_service, split_listener
-from iop.edgeconfig import EdgeConfig
+from iop.edgeconfig import EdgeConfig, UpstreamPolicy
 
 from .authenticating import Authenticator
 from .authfailures import AuthFailures
@@ -55,9 +55,12 @@ class EdgeServer(AsyncService):
         clock: Callable[[], float] = time.time,
         peers_service: str | None = None,
         resolve: Resolve = resolve_service,
+        upstream_policy: UpstreamPolicy | None = None,
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
-        self.hub: Hub = hub if hub is not None else NodeHub(config, listen=hub_listen)
+        self.hub: Hub = (
+            hub if hub is not None else NodeHub(config, listen=hub_listen, policy=upstream_policy)
+        )
         self.metrics = Metrics(self.dispatcher, self.hub)
         # `openai.limits[]`; `clock` (Unix seconds) is where budget periods and buckets read the
         # time: a test moves it to see a budget reset.

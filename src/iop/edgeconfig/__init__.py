@@ -6,7 +6,8 @@
   named by a Kubernetes Secret; `payloads`: what one Node receives;
 - `trees`: the id-keyed tree and its hash; `classifying`: every change live or restart-required,
   as a report (`reports`); `trials`: how a live change goes on trial (a canary or all at once);
-  `documenting`: the field reference of docs/config.md.
+  `documenting`: the field reference of docs/config.md; `upstreampolicy`: what providers may
+  reach and where each API key may go, given by whoever runs a process, never by the config.
 
 This package is pure: it imports nothing from the servers. The Edge, the Node and the operator
 all build on it.
@@ -44,10 +45,12 @@ from .secrets import is_secret_field
 from .tokens import TokenRef, require_token_hashes, token_refs, token_sha256, with_token_hashes
 from .trees import config_hash
 from .trials import Trial, plan_trial
+from .upstreampolicy import POLICY_ENV, UpstreamPolicy, parse_policy
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
     "EVERY_PRINCIPAL",
+    "POLICY_ENV",
     "AdapterSettings",
     "AdminSection",
     "ChangeReport",
@@ -73,6 +76,7 @@ __all__ = [
     "TokenBudget",
     "TokenRef",
     "Trial",
+    "UpstreamPolicy",
     "camel_path",
     "classify",
     "config_hash",
@@ -84,6 +88,7 @@ __all__ = [
     "load_text",
     "node_payload",
     "node_payloads",
+    "parse_policy",
     "parse_yaml",
     "plan_trial",
     "require_token_hashes",

@@ -953,13 +953,19 @@ class OpenAIAdapterSettings(Spec):
 
     type: Literal["openai"] = "openai"
     base_url: Annotated[
-        Url, restart_node("Base URL of the server's OpenAI API, e.g. http://127.0.0.1:8000/v1.")
+        Url,
+        restart_node(
+            "Base URL of the server's OpenAI API, e.g. http://127.0.0.1:8000/v1. Under an "
+            "upstream policy (the chart's `upstreams`) its host must be one the policy allows."
+        ),
     ]
     api_key_env: Annotated[
         EnvName | None,
         restart_node(
             "Name of the environment variable on the Node that holds the API key; the key "
-            "itself never goes in the config."
+            "itself never goes in the config. Under an upstream policy (the chart's) the "
+            "variable must be bound to this provider's host (and id): a key is never read for "
+            "any other."
         ),
     ] = None
     connect_timeout_s: Annotated[

@@ -12,6 +12,7 @@ says how and why.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http
 import itertools
 import logging
@@ -51,6 +52,8 @@ _COMPLETIONS: Final = b"/v1/completions"
 _MODELS: Final = b"/v1/models"
 _EMBEDDINGS: Final = b"/v1/embeddings"
 _DONE: Final = b"data: [DONE]\n\n"
+#: Most distinct bearer tokens `bearer_sha256` keeps.
+_MAX_BEARERS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,9 @@ class UpstreamStats:
     answered (the model list, `/health`, `/metrics`: what a Node's health probe asks),
     `disconnects` clients that left before their response ended, `connections` the connections
     it accepted (so a test can see a client's keep-alive pool), `peak_in_flight` the most
-    completions it served at once (so a test can check a capacity)."""
+    completions it served at once (so a test can check a capacity), `bearer_sha256` the SHA-256
+    of each bearer token it was sent, with how often (so a test can tell which key reached it, and
+    never holds one)."""
 
     requests: int = 0
     completions: int = 0
@@ -89,6 +94,7 @@ class UpstreamStats:
     in_flight: int = 0
     connections: int = 0
     peak_in_flight: int = 0
+    bearer_sha256: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -364,6 +370,12 @@ class FakeUpstream(AsyncService):
     async def _handle(self, connection: _Connection, request: _Request) -> None:
         path = request.target.split(b"?", 1)[0]
         self.stats.requests += 1
+        authorization = request.headers.get(b"authorization", b"")
+        if authorization[:7].lower() == b"bearer ":
+            digest = hashlib.sha256(authorization[7:].strip()).hexdigest()
+            seen = self.stats.bearer_sha256
+            if digest in seen or len(seen) < _MAX_BEARERS:
+                seen[digest] = seen.get(digest, 0) + 1
         keep_alive = request.keep_alive
         if path in (_CHAT, _COMPLETIONS):
             if request.method != b"POST":

@@ -27,6 +27,7 @@ from iop.aiokits import (
     split_listener,
     stop_tasks,
 )
+from iop.edgeconfig import UpstreamPolicy
 from iop.providers import Runner
 from iop.wire import DEFAULT_LIVENESS, ClientTls, Liveness
 
@@ -81,6 +82,7 @@ class NodeAgent(AsyncService):
         resolve_interval: float = 30.0,
         resolve: Resolve = resolve_service,
         tls: ClientTls | None = None,
+        policy: UpstreamPolicy | None = None,
     ) -> None:
         if not edges and not services:
             raise ValueError("a node needs at least one Edge address or service name")
@@ -89,7 +91,7 @@ class NodeAgent(AsyncService):
         self.identity = NodeIdentity(
             node_id, token, alias, instance_id=uuid.uuid4().hex[:12], started_at=time.time()
         )
-        self.runner = Runner(drain_timeout=drain_timeout)
+        self.runner = Runner(drain_timeout=drain_timeout, policy=policy)
         self.arbiter = PayloadArbiter(self.runner)
         self._edges = tuple(edges)
         self._services = tuple(services)

@@ -1,6 +1,7 @@
 """The kopf operator for the EdgeConfig custom resource (`iop operator ...`, docs/operator.md).
 
 - `running`: `iop operator run`; `workers`: a task per EdgeConfig; `leading`: the Lease; `metrics`;
+  `hubcertificates`: the Node link's TLS Secret, made at start;
 - a pass: `reconciling` (observe, act, report) and `deciding` (pure, on the `values` a pass
   observes), with `gating` (the restart gates and the stable revision, pure), `revisions` (the
   cluster revisions and their outcomes, pure), `tokensecrets`,

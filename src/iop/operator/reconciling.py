@@ -24,6 +24,7 @@ from iop.edgeconfig import (
     ChangeReport,
     ConfigError,
     EdgeConfig,
+    UpstreamPolicy,
     classify,
     config_hash,
     is_loopback_listener,
@@ -146,9 +147,11 @@ class Reconciler:
         events: EventPoster,
         metrics: OperatorMetrics | None = None,
         on_pass: Callable[[PassTimings], None] | None = None,
+        policy: UpstreamPolicy | None = None,
         reserved_secrets: Collection[str] = (),
     ) -> None:
         self.namespace = namespace
+        self._policy = policy
         self.name = name
         self.wake: Callable[[], None] = lambda: None
         self._api = api
@@ -226,6 +229,8 @@ class Reconciler:
         clock = time.perf_counter()
         try:
             spec = await asyncio.to_thread(load_data, body.get("spec") or {})
+            if self._policy is not None:  # a change let in while the webhook was away
+                self._policy.require_allowed(spec)
         except ConfigError as error:
             return await self._refuse(owner, generation, error, previous)
         if reserved := reserved_refs(spec, self._reserved):

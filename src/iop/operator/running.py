@@ -27,11 +27,13 @@ from typing import Any, Final
 import kopf
 
 from iop.aiokits import guarded_task, split_listener, stop_tasks
+from iop.edgeconfig import UpstreamPolicy
 
 from . import conventions
 from .adminapi import EdgeAdmin
 from .discovering import FixedReplicas, PodReplicas, ReplicaFinder
 from .errors import KubeApiError, KubeNotFound, OperatorError
+from .hubcertificates import ensure_hub_certificates, hub_names
 from .kubeapi import FIELD_MANAGER, KubeApi, KubeSettings, resource_path
 from .leading import LeaderElection
 from .metrics import MetricsServer, OperatorMetrics
@@ -87,6 +89,16 @@ class OperatorOptions:
     #: The Lease replicas elect a leader with; None: this process acts alone.
     leader_election: str | None = None
     extra_sans: Collection[str] = field(default_factory=tuple)
+    #: What a config's providers may reach and which keys they may name (the webhook and every
+    #: pass refuse one that breaks it); None: anything.
+    upstream_policy: UpstreamPolicy | None = None
+    #: The Secret of the hub's TLS certificates to make when missing (`hubcertificates`);
+    #: None: the hub's TLS is someone else's.
+    hub_tls_secret: str | None = None
+    #: The hub's Service: its names go into the Edge's certificate, and it owns the Secret.
+    hub_tls_service: str | None = None
+    #: More names for the Edge's certificate (the chart's `tls.serverName`).
+    hub_tls_sans: Collection[str] = field(default_factory=tuple)
 
 
 def default_namespace() -> str:
@@ -167,6 +179,7 @@ def build_registry(
     webhook: bool,
     metrics: OperatorMetrics | None = None,
     edgeconfig: str | None = None,
+    policy: UpstreamPolicy | None = None,
     reserved_secrets: Collection[str] = (),
 ) -> kopf.OperatorRegistry:
     """The handlers: feed the workers, authenticate, and (optionally) the webhook."""
@@ -201,6 +214,7 @@ def build_registry(
             workers,
             api,
             metrics,
+            policy,
             edgeconfig=edgeconfig,
             reserved_secrets=reserved_secrets,
         )
@@ -238,6 +252,8 @@ async def run_operator(
         stack.push_async_callback(api.stop)
         stack.push_async_callback(stop_tasks, tasks)
         await require_server_version(api)
+        if options.hub_tls_secret:
+            await _make_hub_certificates(api, options)
         election = _elect(options, api, stop, tasks)
         leading = election.leading if election is not None else None
         admin = await stack.enter_async_context(EdgeAdmin())
@@ -265,6 +281,7 @@ async def run_operator(
                 events=events,
                 metrics=metrics,
                 on_pass=on_pass,
+                policy=options.upstream_policy,
                 reserved_secrets=reserved,
             )
 
@@ -280,6 +297,7 @@ async def run_operator(
             webhook=server is not None,
             metrics=metrics,
             edgeconfig=options.edgeconfig,
+            policy=options.upstream_policy,
             reserved_secrets=reserved,
         )
         metrics_server = await _metrics_server(options, metrics, watching, webhook)
@@ -301,6 +319,26 @@ async def run_operator(
             stop_flag=stop,
             ready_flag=watching,
         )
+
+
+async def _make_hub_certificates(api: KubeApi, options: OperatorOptions) -> None:
+    """The hub's TLS Secret, made before anything else: the Edge and Node pods wait for it
+    (a volume they mount), and every replica makes sure of it, leader or not."""
+    assert options.hub_tls_secret is not None
+    owner: dict[str, Any] | None = None
+    names = list(options.hub_tls_sans)
+    if options.hub_tls_service:
+        names = hub_names(options.hub_tls_service, options.namespace, names)
+        path = resource_path("v1", "services", options.namespace, options.hub_tls_service)
+        try:
+            service = await api.get(path, what=f"read the hub's Service {options.hub_tls_service}")
+            owner = owner_reference(service)
+        except KubeNotFound:
+            logger.warning(
+                "the hub's Service %s is not there: its TLS Secret has no owner",
+                options.hub_tls_service,
+            )
+    await ensure_hub_certificates(api, options.namespace, options.hub_tls_secret, names, owner)
 
 
 def _elect(
@@ -390,7 +428,7 @@ class _Webhook:
     """The admission webhook's server and certificate, and the caBundle kept current.
 
     The certificate: with `--webhook-secret` the one every replica shares (made in the cluster
-    by the first, `certifying.shared_certificate`), else a fresh one per start. The caBundle is
+    by the first, `webhook.shared_certificate`), else a fresh one per start. The caBundle is
     re-asserted whenever the ValidatingWebhookConfiguration changes (watched by name): a
     configuration that was recreated (a `helm upgrade` that replaced it, someone's `kubectl
     apply`) would otherwise silently stop validating, its failurePolicy being Ignore.

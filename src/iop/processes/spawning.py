@@ -71,14 +71,17 @@ async def spawn_edge(
     startup_timeout: float = 60.0,
     log_file: Path | None = None,
     open_files: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
     """`iop edge run --config CONFIG`: the process and its start line (url, hub_port, admin_url).
-    `log_file`: where its log goes (else the caller's stderr); `open_files`: see `spawn_iop`."""
+    `log_file`: where its log goes (else the caller's stderr); `open_files`, `env`: see
+    `spawn_iop`."""
     process = await spawn_iop(
         *("edge", "run", "--config", str(config), "--log-level", log_level, *extra),
         stdout=True,
         stderr=log_file or False,
         open_files=open_files,
+        env=env,
     )
     try:
         assert process.stdout is not None

@@ -5,24 +5,29 @@ with the adapter's headers, on a new connection each time (`force_close`), bound
 policy's timeout; an answer below 400 passes. After a passing probe the same task reads a vLLM
 server's load from its `/metrics` (asked again only after `_METRICS_RETRY_S` when it has none).
 The runner, in a Node or in the Edge, turns the results into verdicts (`healthstates.py`) and
-reports the changes. docs/edge.md, "Health" and "Choosing among equals", says why.
+reports the changes. docs/edge.md, "Health" and "Choosing among equals", says why. Given an
+upstream policy, a probe connects only to addresses it allows (`_PolicyResolver`; a provider the
+policy refuses by its URL is never probed at all).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import aiohttp.abc
 
 from iop.aiokits import guarded_task, stop_tasks
-from iop.edgeconfig import HealthPolicy
+from iop.edgeconfig import HealthPolicy, UpstreamPolicy
 from iop.wire import ServerLoad
 
 from .adapters import Upstream
@@ -127,9 +132,16 @@ class Prober:
     """Owns the probe tasks: `watch(targets)` starts, restarts and stops them; `aclose()` ends
     them all and closes the HTTP session they share."""
 
-    def __init__(self, on_result: ResultCallback, on_load: LoadCallback | None = None) -> None:
+    def __init__(
+        self,
+        on_result: ResultCallback,
+        on_load: LoadCallback | None = None,
+        *,
+        policy: UpstreamPolicy | None = None,
+    ) -> None:
         self._on_result = on_result
         self._on_load = on_load
+        self._policy = policy
         self._targets: dict[str, ProbeTarget] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -213,7 +225,11 @@ class Prober:
         session = self._session
         if session is None:
             session = self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True, limit=0),
+                connector=aiohttp.TCPConnector(
+                    force_close=True,
+                    limit=0,
+                    resolver=None if self._policy is None else _PolicyResolver(self._policy),
+                ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 trust_env=False,
             )
@@ -246,6 +262,35 @@ async def _get(
         timeout=aiohttp.ClientTimeout(total=target.timeout),
     ) as response:
         yield response
+
+
+class _PolicyResolver(aiohttp.abc.AbstractResolver):
+    """The default resolver, keeping only the addresses an upstream policy allows (a host with
+    none fails like a name that does not resolve, saying why)."""
+
+    def __init__(self, policy: UpstreamPolicy) -> None:
+        self._policy = policy
+        self._resolver = aiohttp.ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[aiohttp.abc.ResolveResult]:
+        found = await self._resolver.resolve(host, port, family)
+        name = host.lower().rstrip(".")
+        kept, refused = [], ""
+        for result in found:
+            address = ipaddress.ip_address(result["host"].split("%", 1)[0])
+            problem = self._policy.address_problem(name, port, address)
+            if problem is None:
+                kept.append(result)
+            else:
+                refused = refused or problem
+        if not kept:
+            raise OSError(0, refused or f"{host} resolved to no address")
+        return kept
+
+    async def close(self) -> None:
+        await self._resolver.close()
 
 
 def _reason(error: OSError) -> str:

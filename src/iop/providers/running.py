@@ -23,7 +23,7 @@ from types import MappingProxyType
 import orjson
 
 from iop.aiokits import guarded_task, stop_tasks
-from iop.edgeconfig import NodePayload, ProviderPayload
+from iop.edgeconfig import NodePayload, ProviderPayload, UpstreamPolicy
 from iop.wire import (
     ADAPTER_ERROR,
     DRAINING,
@@ -181,8 +181,12 @@ class Runner:
     """Admits, runs and counts runs; swaps registries. One per Node process, shared by all its
     Edges, or one per node placed on an Edge, in each Edge replica."""
 
-    def __init__(self, *, drain_timeout: float = 60.0) -> None:
+    def __init__(
+        self, *, drain_timeout: float = 60.0, policy: UpstreamPolicy | None = None
+    ) -> None:
         self._registry = Registry.empty()
+        #: What the providers may reach and which keys they may read (None: anything).
+        self._policy = policy
         self._drain_timeout = drain_timeout
         self._in_flight: dict[str, int] = {}
         self._long_in_flight: dict[str, int] = {}
@@ -200,7 +204,7 @@ class Runner:
         self._drain_logged = 0.0
         #: provider id -> what its server's /metrics said of its load, and when (monotonic).
         self._server_loads: dict[str, tuple[ServerLoad, float]] = {}
-        self.prober = Prober(self._probed, self._loaded)
+        self.prober = Prober(self._probed, self._loaded, policy=policy)
 
     @property
     def registry(self) -> Registry:
@@ -364,7 +368,7 @@ class Runner:
                 carried.add(id(previous))
             else:
                 try:
-                    provision = Provision(provider, build_adapter(provider))
+                    provision = Provision(provider, build_adapter(provider, self._policy))
                 except AdapterError as exc:
                     logger.error("%s", exc)
                     provision = Provision(provider, None, build_error=exc.problem)

@@ -7,6 +7,7 @@ sides agree here on the gRPC statuses that end a connection.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
 
@@ -110,10 +111,16 @@ def http_status(failed: RunFailed) -> int:
     return _HTTP_STATUS.get(failed.code, 502)
 
 
+#: Most characters of an upstream's error message passed to the client.
+_ERROR_MESSAGE_CHARS: Final = 500
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]+")
+
+
 def upstream_http_failure(status: int, body: bytes) -> RunFailed:
     """Map an upstream's error response (status >= 400) to a `RunFailed`.
 
-    The message is the upstream's own (`error.message` of an OpenAI error body) when it sent one.
+    The message is the upstream's own when it sent one the OpenAI way (`_error_message`); no
+    other part of its body reaches the client.
     """
     detail = _error_message(body)
     message = f"upstream answered HTTP {status}" + (f": {detail}" if detail else "")
@@ -131,20 +138,29 @@ def upstream_http_failure(status: int, body: bytes) -> RunFailed:
 
 
 def _error_message(body: bytes) -> str:
+    """`error.message` of an OpenAI error body (`{"error": {"message": ...}}`, also what vLLM,
+    llama.cpp and Ollama send), or `message` of vLLM's older `{"object": "error", ...}`; at most
+    `_ERROR_MESSAGE_CHARS` of it, control characters as spaces. Nothing of any other body: text,
+    HTML or JSON of another shape is what a server that is not a model server answers (an API
+    server, a metadata service), and is not for the client (docs/operator.md, "Who may do what").
+    """
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
-        text = body.decode("utf-8", "replace").strip()
-        return text[:200]
-    if isinstance(document, dict):
-        error = document.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])[:500]
-        if isinstance(error, str):
-            return error[:500]
-        if isinstance(document.get("message"), str):
-            return str(document["message"])[:500]
-    return ""
+        return ""
+    if not isinstance(document, dict):
+        return ""
+    error = document.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+    elif document.get("object") == "error":
+        message = document.get("message")
+    else:
+        return ""
+    if not isinstance(message, str):
+        return ""
+    shown = _CONTROL.sub(" ", message[:_ERROR_MESSAGE_CHARS]).strip()
+    return shown + ("…" if len(message) > _ERROR_MESSAGE_CHARS else "")
 
 
 # -- gRPC statuses that end a Node's connection -------------------------------------------------

@@ -258,13 +258,41 @@ files comes through, so a half-made setting fails the install with what is missi
 {{- fail "tls.mutual: needs tls.enabled (mutual TLS is TLS with client certificates)" }}
 {{- end }}
 {{- if $tls.enabled }}
-{{- if not $tls.secretName }}
-{{- fail "tls.secretName: tls.enabled needs a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt (README.md, \"TLS on the Node link\")" }}
+{{- if and (not $tls.secretName) (not .Values.operator.enabled) }}
+{{- fail "tls.secretName: with operator.enabled=false nothing makes the hub's certificates; name a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt (README.md, \"TLS on the Node link\"), or set tls.enabled=false" }}
 {{- end }}
-{{- if and $tls.mutual (not $tls.clientSecretName) }}
+{{- if and $tls.clientSecretName (not $tls.secretName) }}
+{{- fail "tls.clientSecretName: needs tls.secretName (the generated CA signs only the client certificate it makes itself)" }}
+{{- end }}
+{{- if and $tls.mutual $tls.secretName (not $tls.clientSecretName) }}
 {{- fail "tls.clientSecretName: tls.mutual needs a kubernetes.io/tls Secret with the Nodes' client certificate (tls.crt, tls.key)" }}
 {{- end }}
 {{- true }}
+{{- end }}
+{{- end }}
+
+{{/*
+The hub's certificates are generated unless the values name a Secret: by the operator, at its
+start (`--hub-tls-secret`), into FULLNAME-hub-tls, not by this render. A CA made by a template
+would be drawn anew on every render (Argo CD renders on every sync) unless it were read back
+from the cluster, which `helm template` and GitOps tools cannot; the operator writes the Secret
+once, where `helm upgrade` never touches it, and the pods wait for it as for their tokens.
+*/}}
+{{- define "iop-edge.tls-generated" -}}
+{{- if and (include "iop-edge.tls-enabled" .) (not .Values.tls.secretName) }}{{ true }}{{ end }}
+{{- end }}
+
+{{/* The Secret of the Edge's certificate and key and of the CA (ca.crt). */}}
+{{- define "iop-edge.tls-secret" -}}
+{{- default (include "iop-edge.component-name" (list . "hub-tls")) .Values.tls.secretName }}
+{{- end }}
+
+{{/* The Nodes' client certificate: {"name", "crt", "key"} as JSON (mutual TLS). */}}
+{{- define "iop-edge.tls-client-ref" -}}
+{{- if include "iop-edge.tls-generated" . }}
+{{- dict "name" (include "iop-edge.tls-secret" .) "crt" "client.crt" "key" "client.key" | toJson }}
+{{- else }}
+{{- dict "name" .Values.tls.clientSecretName "crt" "tls.crt" "key" "tls.key" | toJson }}
 {{- end }}
 {{- end }}
 
@@ -298,13 +326,17 @@ clientCaFile: /etc/iop/tls/ca.crt
 {{/*
 The Secrets the operator reads (and may create), by name, as {"names": [...]} JSON: the admin
 token's, every token Secret the spec from values names (generated or the user's), the in-cluster
-nodes' token Secrets, the webhook certificate's, and operator.rbac.extraSecretNames.
+nodes' token Secrets, the webhook certificate's, the hub's generated one, and
+operator.rbac.extraSecretNames.
 */}}
 {{- define "iop-edge.operator-secret-names" -}}
 {{- $root := . }}
 {{- $names := list (include "iop-edge.admin-token-ref" . | fromJson).name }}
 {{- if .Values.operator.webhook.enabled }}
 {{- $names = append $names (include "iop-edge.webhook-secret" .) }}
+{{- end }}
+{{- if include "iop-edge.tls-generated" . }}
+{{- $names = append $names (include "iop-edge.tls-secret" .) }}
 {{- end }}
 {{- if .Values.edgeConfig.create }}
 {{- $spec := include "iop-edge.spec" . | fromYaml }}
@@ -329,4 +361,44 @@ nodes' token Secrets, the webhook certificate's, and operator.rbac.extraSecretNa
 {{- $names = append $names (include "iop-edge.component-name" (list $root (printf "node-%s" .id))) }}
 {{- end }}
 {{- dict "names" (concat $names .Values.operator.rbac.extraDeploymentNames | uniq) | toJson }}
+{{- end }}
+
+{{/*
+The upstream policy of one workload, as JSON (IOP_UPSTREAM_POLICY; docs/operator.md, "Who may do
+what"): `upstreams.allow` (with the chart's fake upstream when it runs), `upstreams.deny`, and the
+key bindings of the `apiKeys` entries given (each names its `hosts`, and may name `providers`).
+Called with (list $root $apiKeys).
+*/}}
+{{- define "iop-edge.upstream-policy" -}}
+{{- $root := index . 0 }}
+{{- $allow := list }}
+{{- range $root.Values.upstreams.allow }}
+{{- $allow = append $allow . }}
+{{- end }}
+{{- if $root.Values.fakeUpstream.enabled }}
+{{- $name := include "iop-edge.component-name" (list $root "fake-upstream") }}
+{{- $port := $root.Values.fakeUpstream.port }}
+{{- range (list $name (printf "%s.%s" $name $root.Release.Namespace) (printf "%s.%s.svc" $name $root.Release.Namespace) (printf "%s.%s.svc.cluster.local" $name $root.Release.Namespace)) }}
+{{- $allow = append $allow (printf "%s:%v" . $port) }}
+{{- end }}
+{{- end }}
+{{- $keys := list }}
+{{- range (index . 1 | default list) }}
+{{- $key := . }}
+{{- if not $key.hosts }}
+{{- fail (printf "apiKeys entry %s: name the hosts its key may be sent to (hosts: [name:port, ...]): a key with no hosts is never read (docs/operator.md, \"Who may do what\")" $key.env) }}
+{{- end }}
+{{- $keys = append $keys (dict "env" $key.env "hosts" $key.hosts "providers" ($key.providers | default list)) }}
+{{- end }}
+{{- dict "allow" $allow "deny" ($root.Values.upstreams.deny | default list) "keys" $keys | toJson }}
+{{- end }}
+
+{{/* Every API key binding of the release (the Edge's, each Node's, `upstreams.keys`): what the
+operator's webhook checks a config's `apiKeyEnv` against. */}}
+{{- define "iop-edge.all-api-keys" -}}
+{{- $all := concat (.Values.edge.apiKeys | default list) (.Values.upstreams.keys | default list) }}
+{{- range .Values.nodes }}
+{{- $all = concat $all (.apiKeys | default list) }}
+{{- end }}
+{{- dict "keys" $all | toJson }}
 {{- end }}

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from types import TracebackType
 
 from iop.aiokits import guarded_task
-from iop.edgeconfig import NodePayload, ProviderPayload, edge_share
+from iop.edgeconfig import NodePayload, ProviderPayload, UpstreamPolicy, edge_share
 from iop.providers import Provision, Runner
 from iop.wire import (
     TERMINAL_EVENTS,
@@ -188,9 +188,17 @@ class LocalRun:
 class LocalNodes:
     """The runners of the nodes placed on this Edge, one per node, and their runs."""
 
-    def __init__(self, on_change: Callable[[], None], *, drain_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[], None],
+        *,
+        drain_timeout: float = 30.0,
+        policy: UpstreamPolicy | None = None,
+    ) -> None:
         self._on_change = on_change
         self._drain_timeout = drain_timeout
+        #: What the placed nodes' providers may reach and which keys they may read.
+        self._policy = policy
         self._runners: dict[str, Runner] = {}
         #: node id -> the payload as configured (before the replica share).
         self._payloads: dict[str, NodePayload] = {}
@@ -226,7 +234,8 @@ class LocalNodes:
                 self._aliases[node_id] = payload.alias or ""
                 continue
             if runner is None:
-                runner = self._runners[node_id] = Runner(drain_timeout=self._drain_timeout)
+                runner = Runner(drain_timeout=self._drain_timeout, policy=self._policy)
+                self._runners[node_id] = runner
                 runner.add_health_listener(self._health_changed)
             self._payloads[node_id] = payload
             self._aliases[node_id] = payload.alias or ""

@@ -29,6 +29,7 @@ from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
 from iop.edgeconfig import (
     EdgeConfig,
     NodePayload,
+    UpstreamPolicy,
     is_loopback_listener,
     node_payloads,
     token_sha256,
@@ -141,7 +142,13 @@ class _Servicer(NodeRuntimeServicer):
 class NodeHub(AsyncService):
     """The Edge's side of the runtime wire: the `Hub` of `hub/protocol.py`, and its lifecycle."""
 
-    def __init__(self, config: EdgeConfig, *, listen: str | None = None) -> None:
+    def __init__(
+        self,
+        config: EdgeConfig,
+        *,
+        listen: str | None = None,
+        policy: UpstreamPolicy | None = None,
+    ) -> None:
         self._snapshot = HubSnapshot.of(config, generation=1)
         self._listen = listen or config.edge.listen
         link = config.edge.node_link
@@ -164,7 +171,7 @@ class NodeHub(AsyncService):
         self._links: Mapping[str, ProviderLink] | None = None
         self._stopping = False
         #: The nodes placed on this Edge (`nodes[].placement: edge`): run here, no session.
-        self._local = LocalNodes(self._changed)
+        self._local = LocalNodes(self._changed, policy=policy)
         self._liveness_task: asyncio.Task[None] | None = None
         self._refusals = LogThrottle(logger, interval=60.0)
         #: What the hub refuses before a Node is authenticated (`hub/caps.py`).

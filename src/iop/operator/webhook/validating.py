@@ -22,6 +22,7 @@ import kopf
 from iop.edgeconfig import (
     ConfigError,
     EdgeConfig,
+    UpstreamPolicy,
     classify,
     config_hash,
     load_data,
@@ -54,11 +55,13 @@ def register_webhook(
     workers: Workers,
     api: KubeApi,
     metrics: OperatorMetrics | None = None,
+    policy: UpstreamPolicy | None = None,
     *,
     edgeconfig: str | None = None,
     reserved_secrets: Collection[str] = (),
 ) -> None:
-    """Add the validating webhook handlers to `registry`: `edgeconfig` names the one EdgeConfig
+    """Add the validating webhook handlers to `registry`: `policy` refuses the providers it
+    does not allow (`iop.edgeconfig.upstreampolicy`); `edgeconfig` names the one EdgeConfig
     this operator serves (None: all of its namespace); `reserved_secrets` no token may name."""
 
     def count(outcome: str) -> None:
@@ -121,6 +124,8 @@ def register_webhook(
         spec = dict(body.get("spec") or {})
         try:
             desired = await asyncio.to_thread(load_data, spec)
+            if policy is not None:
+                policy.require_allowed(desired)
         except ConfigError as error:
             if metrics is not None:
                 metrics.admissions.labels("refused").inc()

@@ -17,6 +17,7 @@ from iop.edgeconfig import (
     FakeAdapterSettings,
     OpenAIAdapterSettings,
     ProviderPayload,
+    UpstreamPolicy,
 )
 
 from .base import Adapter, Upstream
@@ -39,14 +40,15 @@ class AdapterError(Exception):
         self.problem = problem
 
 
-def build_adapter(provider: ProviderPayload) -> Adapter:
-    """The adapter for `provider`, validated with the same model the Edge's config used."""
+def build_adapter(provider: ProviderPayload, policy: UpstreamPolicy | None = None) -> Adapter:
+    """The adapter for `provider`, validated with the same model the Edge's config used; one
+    that `policy` refuses reports why as its `problem` and never calls its upstream."""
     try:
         settings = _SETTINGS.validate_python(provider.adapter)
     except ValidationError as exc:
         raise AdapterError(provider.id, f"invalid adapter settings: {_errors(exc)}") from exc
     if isinstance(settings, OpenAIAdapterSettings):
-        return OpenAIAdapter(provider.id, settings)
+        return OpenAIAdapter(provider.id, settings, policy)
     return FakeAdapter(provider.id, settings)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 import orjson
 
 from iop.edgeconfig import OpenAIAdapterSettings as OpenAISettings
+from iop.edgeconfig import UpstreamPolicy
 from iop.wire import (
     ADAPTER_ERROR,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -40,6 +41,7 @@ from .upstreams import (
     ConnectTimeout,
     DeadlinePassed,
     Disconnected,
+    NotAllowed,
     PoolTimeout,
     ReadTimeout,
     Response,
@@ -53,6 +55,8 @@ _PATHS: Final = {
     "embedding": "/embeddings",
 }
 _DONE: Final = b"[DONE]"
+#: The list every OpenAI answer of a kind holds: what tells a model server's 2xx from another's.
+_ANSWER_LIST: Final = {"chat": "choices", "completion": "choices", "embedding": "data"}
 #: Idle seconds after which the pool closes a keep-alive connection instead of using it: below
 #: the 5 s idle timeout of uvicorn (vLLM's server) and most others, so the client, not the
 #: server, ends an idle connection, and a POST (never retried) rarely meets one being closed.
@@ -64,13 +68,22 @@ _ERROR_BODY_BYTES: Final = 64 * 1024
 class OpenAIAdapter:
     """Implements `Adapter` for `adapter: {type: openai}`."""
 
-    def __init__(self, provider_id: str, settings: OpenAISettings) -> None:
+    def __init__(
+        self, provider_id: str, settings: OpenAISettings, policy: UpstreamPolicy | None = None
+    ) -> None:
         self.provider_id = provider_id
         self.settings = settings
         self.closed = False
+        self._policy = policy
         self._problem = ""
         self._headers = {"content-type": "application/json", "accept": "application/json"}
-        if settings.api_key_env is not None:
+        #: Why the upstream policy refuses this provider (never probed, never called then).
+        self._refused = "; ".join(
+            problem for _, problem in (policy.url_problems(provider_id, settings) if policy else ())
+        )
+        if self._refused:
+            self._problem = self._refused  # and its key, whatever it is, is never read
+        elif settings.api_key_env is not None:
             key = os.environ.get(settings.api_key_env)
             if key and ("\r" in key or "\n" in key):
                 self._problem = f"environment variable {settings.api_key_env} holds a line break"
@@ -93,7 +106,9 @@ class OpenAIAdapter:
         return ProviderHealth(self.provider_id, True)
 
     @property
-    def upstream(self) -> Upstream:
+    def upstream(self) -> Upstream | None:
+        if self._refused:
+            return None
         return Upstream(self.settings.base_url, self._headers)
 
     async def aclose(self) -> None:
@@ -113,6 +128,7 @@ class OpenAIAdapter:
             # Also how long a run may wait for a free connection of a full pool.
             read_timeout=settings.request_timeout_s,
             keepalive_s=_KEEPALIVE_S,
+            policy=self._policy,
         )
 
     async def run(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:
@@ -153,6 +169,13 @@ class OpenAIAdapter:
                     return
                 data = read
                 document = _decode(data)
+                if not isinstance(document.get(_ANSWER_LIST[request.kind]), list):
+                    # Not an answer of this kind: a server that is not a model server (an API
+                    # server, a metadata service) answering 2xx, whose body is not for the client.
+                    raise _Malformed(
+                        f"the upstream's answer has no {_ANSWER_LIST[request.kind]} list: "
+                        f"not an OpenAI {request.kind} answer"
+                    )
                 yield RunChunk(data)
                 usage = usage_from(document)
                 if usage is not None:
@@ -264,6 +287,10 @@ def _failure(error: Exception, settings: OpenAISettings, limit: int) -> RunFaile
             statuses.UPSTREAM_UNAVAILABLE,
             f"cannot connect to {settings.base_url}: {_reason(error.os_error)}",
         )
+    if isinstance(error, NotAllowed):
+        return statuses.failure(
+            statuses.UPSTREAM_UNAVAILABLE, f"cannot connect to {settings.base_url}: {error}"
+        )
     if isinstance(error, ReadTimeout):
         return statuses.failure(
             statuses.UPSTREAM_TIMEOUT,
@@ -293,7 +320,7 @@ def _decode(data: bytes) -> dict[str, Any]:
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise _Malformed(f"the upstream sent something that is not JSON: {data[:80]!r}") from None
+        raise _Malformed("the upstream sent something that is not JSON") from None
     if not isinstance(document, dict):
         raise _Malformed("the upstream sent JSON that is not an object")
     return document

@@ -7,7 +7,9 @@ answer is read as it arrives, on httptools and the event loop's transports: a ke
 length, chunked or to the connection's end, reads paused past `_HIGH_WATER` bytes, drops as
 `Disconnected` and garbage as `BadResponse`; a response head past `MAX_HEAD_BYTES`,
 `MAX_HEADERS` or `MAX_INTERIM` is refused before it is parsed further, and a connection that
-speaks out of turn (bytes while idle, or after its answer) is closed, never reused.
+speaks out of turn (bytes while idle, or after its answer) is closed, never reused. Given an
+upstream policy, it resolves the host itself and dials only addresses the policy allows
+(`NotAllowed` when there is none).
 docs/architecture.md, "The HTTP client", has the rules; docs/benchmarks.md, "Candidate 3: the
 HTTP layers", why it replaced aiohttp's client.
 """
@@ -15,6 +17,8 @@ HTTP layers", why it replaced aiohttp's client.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
 import time
 from collections import deque
@@ -22,6 +26,8 @@ from typing import Final, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from iop.edgeconfig import UpstreamPolicy
 
 #: Bytes of an answer held for the caller before the socket is read no more.
 _HIGH_WATER: Final = 256 * 1024
@@ -55,6 +61,10 @@ class ConnectFailed(UpstreamError):
     def __init__(self, os_error: OSError) -> None:
         super().__init__(str(os_error))
         self.os_error = os_error
+
+
+class NotAllowed(UpstreamError):
+    """The upstream policy refuses every address the upstream's host resolved to."""
 
 
 class ReadTimeout(UpstreamError):
@@ -328,8 +338,11 @@ class UpstreamClient:
         connect_timeout: float,
         read_timeout: float,
         keepalive_s: float,
+        policy: UpstreamPolicy | None = None,
     ) -> None:
         parts = urlsplit(base_url)
+        #: Checked against every address the host resolves to, before a connection is made.
+        self._policy = policy
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if self._tls else 80)
@@ -435,13 +448,7 @@ class UpstreamClient:
         limit, by_deadline = self._bound(loop.time() + self._connect_timeout, due)
         try:
             async with asyncio.timeout_at(limit):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self),
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._tls else None,
-                )
+                connection = await self._dial(loop)
         except TimeoutError:
             self._pass_on()
             if by_deadline:
@@ -457,6 +464,46 @@ class UpstreamClient:
             self._connecting -= 1
         self._open.add(connection)
         return connection
+
+    async def _dial(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        """A connection to the upstream; with a policy, to an address of its host that the
+        policy allows (resolved here, so the address checked is the address dialled)."""
+        server_hostname = self._host if self._tls else None
+        hosts = [self._host] if self._policy is None else await self._allowed_addresses(loop)
+        failed: OSError | None = None
+        for host in hosts:
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self),
+                    host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=server_hostname,
+                )
+            except OSError as exc:
+                failed = exc
+                continue
+            return connection
+        assert failed is not None
+        raise failed
+
+    async def _allowed_addresses(self, loop: asyncio.AbstractEventLoop) -> list[str]:
+        policy = self._policy
+        assert policy is not None
+        infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+        allowed: dict[str, None] = {}
+        refused = ""
+        for *_, sockaddr in infos:
+            text = str(sockaddr[0]).split("%", 1)[0]
+            address = ipaddress.ip_address(text)
+            problem = policy.address_problem(self._host.rstrip("."), self._port, address)
+            if problem is None:
+                allowed[text] = None
+            else:
+                refused = refused or problem
+        if not allowed:
+            raise NotAllowed(refused or f"{self._host} resolved to no address")
+        return list(allowed)
 
     def _release(self, connection: _Connection) -> None:
         """An exchange ended with the answer read whole: the connection serves the next."""
