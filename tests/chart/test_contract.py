@@ -6,14 +6,17 @@ docs/operator.md, so the chart, the operator and its documentation cannot drift 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import yaml
 
 from iop.operator import conventions
+from tests.chart.conftest import RenderFailed
 
 if TYPE_CHECKING:
     from tests.chart.conftest import ChartTools
@@ -176,11 +179,34 @@ def test_workloads_carry_the_labels_and_mounts_the_operator_looks_for(
             f"--node-id={node_id}",
             "--token-file=/etc/iop/node/token",
         ]
-    (key,) = deployments["iop-node-node-1"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    policy, key = deployments["iop-node-node-1"]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert key == {
         "name": "VLLM_A_KEY",
         "valueFrom": {"secretKeyRef": {"name": "iop-provider-keys", "key": "vllm-a"}},
     }
+    # The upstream policy (docs/operator.md, "Who may do what"): each workload gets its own keys'
+    # bindings, the operator all of them; the fake upstream is allowed while it runs.
+    bound = [{"env": "VLLM_A_KEY", "hosts": ["iop-fake-upstream:8000"], "providers": ["vllm-a"]}]
+    policies = {
+        name: next(
+            json.loads(entry["value"])
+            for entry in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            if entry["name"] == "IOP_UPSTREAM_POLICY"
+        )
+        for name, deployment in deployments.items()
+        if name in ("iop-node-node-1", "iop-node-node-2", "iop-edge", "iop-operator")
+    }
+    assert policy["name"] == "IOP_UPSTREAM_POLICY"
+    assert {name: p["keys"] for name, p in policies.items()} == {
+        "iop-node-node-1": bound,
+        "iop-node-node-2": [],
+        "iop-edge": [],
+        "iop-operator": bound,
+    }
+    for found in policies.values():
+        assert "iop-fake-upstream:8000" in found["allow"]
+        assert "iop-fake-upstream.iop-system.svc.cluster.local:8000" in found["allow"]
+        assert found["deny"] == []
     hub = by_kind(documents, "Service")["iop-hub"]
     assert hub["spec"]["clusterIP"] == "None"
 
@@ -215,7 +241,12 @@ def test_the_operator_and_its_webhook_are_wired_as_the_contract_says(
     ]
     assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert {e["name"] for e in container["env"]} == {"POD_IP", "POD_NAMESPACE", "POD_NAME"}
+    assert {e["name"] for e in container["env"]} == {
+        "IOP_UPSTREAM_POLICY",
+        "POD_IP",
+        "POD_NAMESPACE",
+        "POD_NAME",
+    }
 
     # The webhook as docs/operator.md gives it, field by field.
     text = (REPO / "docs" / "operator.md").read_text()
@@ -258,3 +289,16 @@ def test_without_the_operator_the_chart_leaves_out_exactly_its_objects(
     assert without < everything
     workloads = {("Deployment", "iop-iop-edge-edge"), ("Deployment", "iop-iop-edge-node-node-1")}
     assert workloads < without
+
+
+def test_an_api_key_without_the_hosts_it_is_for_fails_the_install(chart_tools: ChartTools) -> None:
+    """A key must be bound: the schema refuses an `apiKeys` entry without `hosts`, and `public`
+    as one of them."""
+    unbound = {"env": "VLLM_A_KEY", "secretName": "keys", "secretKey": "a"}
+    for entry in (unbound, {**unbound, "hosts": ["public"]}):
+        with pytest.raises(RenderFailed) as caught:
+            chart_tools.template(values={"nodes": [{"id": "node-1", "apiKeys": [entry]}]})
+        assert "apiKeys" in str(caught.value)
+    bound = {**unbound, "hosts": ["vllm-a.ml.svc:8000"]}
+    values = {"upstreams": {"allow": ["vllm-a.ml.svc:8000"]}, "edge": {"apiKeys": [bound]}}
+    chart_tools.template(values=values)

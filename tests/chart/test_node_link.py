@@ -10,6 +10,7 @@ and the CLI does not know fails here, not in a crash-looping pod.
 from __future__ import annotations
 
 import argparse
+import json
 import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -280,10 +281,16 @@ def test_a_node_placed_on_the_edge_has_no_token_nor_workload_and_the_edges_count
         ],
     }
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["edgeConfig"]["spec"]
-    key = {"env": "VLLM_KEY", "secretName": "vllm-key", "secretKey": "key"}
+    key = {
+        "env": "VLLM_KEY",
+        "secretName": "vllm-key",
+        "secretKey": "key",
+        "hosts": ["vllm.models:8000"],
+    }
     values = {
         "edgeConfig": {"spec": {"nodes": [*defaults["nodes"], local]}},
         "edge": {"apiKeys": [key]},
+        "upstreams": {"allow": ["vllm.models:8000"]},
     }
     documents = chart_tools.documents(values=values)
     (rendered,) = [d["spec"] for d in documents if d["kind"] == "EdgeConfig"]
@@ -292,9 +299,18 @@ def test_a_node_placed_on_the_edge_has_no_token_nor_workload_and_the_edges_count
     assert "iop-iop-edge-node-local-1" not in by_kind(documents, "Deployment")
     edge = workload(documents, "iop-iop-edge-edge")
     (container,) = edge["containers"]
-    assert container["env"] == [
-        {"name": "VLLM_KEY", "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "key"}}}
-    ]
+    policy, secret = container["env"]
+    assert secret == {
+        "name": "VLLM_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "key"}},
+    }
+    # The Edge runs the placed node's providers: its policy binds the key it holds.
+    assert policy["name"] == "IOP_UPSTREAM_POLICY"
+    assert json.loads(policy["value"]) == {
+        "allow": ["vllm.models:8000"],
+        "deny": [],
+        "keys": [{"env": "VLLM_KEY", "hosts": ["vllm.models:8000"], "providers": []}],
+    }
     args = parsed_args(edge)
     (hub,) = [
         s for s in by_kind(documents, "Service").values() if s["spec"].get("clusterIP") == "None"
