@@ -169,7 +169,7 @@ class Reconciler:
         self._written: tuple[str, str] | None = None
         self._record_version = ""
         self._secrets = SecretCache()
-        #: Secrets no token may come from (the webhook's certificate).
+        #: Secrets no token may come from (the certificates the operator makes).
         self._reserved = frozenset(reserved_secrets)
         self._repairs: list[str] = []
         #: Objects being written right now: their watch events are this operator's own.

@@ -268,8 +268,8 @@ async def run_operator(
             FixedReplicas(options.edge_admin_urls) if options.edge_admin_urls else PodReplicas(api)
         )
 
-        # The webhook's certificate is no token: a spec that names its Secret is refused.
-        reserved = (options.webhook_secret,) if options.webhook_secret else ()
+        # The certificates the operator makes are no tokens: a spec naming their Secrets is refused.
+        reserved = tuple(s for s in (options.webhook_secret, options.hub_tls_secret) if s)
 
         def make(namespace: str, name: str) -> Reconciler:
             return Reconciler(

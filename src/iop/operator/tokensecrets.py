@@ -59,13 +59,13 @@ def token_problem(raw: bytes) -> str | None:
 
 def reserved_refs(config: EdgeConfig, reserved: Collection[str]) -> list[Problem]:
     """The token references of `config` that name a Secret no token may come from (the
-    webhook's certificate: its key is no token, and naming it must not send it anywhere), each
-    with its path as the user wrote it."""
+    certificates the operator makes: a key is no token, and naming it must not send it
+    anywhere), each with its path as the user wrote it."""
     return [
         Problem(
             camel_path(f"{ref.path}.name"),
-            f"Secret {ref.secret.name} holds the operator's webhook certificate, not a token; "
-            "name a Secret of your own",
+            f"Secret {ref.secret.name} holds a certificate the operator made (the webhook's or "
+            "the Node hub's), not a token; name a Secret of your own",
         )
         for ref in token_refs(config)
         if ref.secret.name in reserved

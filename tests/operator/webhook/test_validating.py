@@ -93,7 +93,7 @@ async def test_naming_the_webhook_certificate_is_refused_with_its_path(
         await review(found[WEBHOOK_ID], body("demo", spec(WEBHOOK_SECRET, "tls.key")))
     message = str(refused.value)
     assert "edge.admin.tokenSecret.name" in message
-    assert f"Secret {WEBHOOK_SECRET} holds the operator's webhook certificate" in message
+    assert f"Secret {WEBHOOK_SECRET} holds a certificate the operator made" in message
 
 
 async def test_a_multi_line_token_is_said_by_secret_and_key_only(
