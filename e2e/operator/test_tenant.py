@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import copy
 import json
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from e2e.operator.conftest import ON_KWOK, Workloads
+from e2e.operator.conftest import chart_namespace, kwok_release
 from e2e.operator.tenants import Tenant, make_tenant
 from tests.waiting import wait_for
 
@@ -72,59 +71,35 @@ def manifest(body: dict[str, Any], name: str = NAME) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def release(kube_cluster: Any, edgeconfig_crd: None) -> Iterator[tuple[Workloads, Tenant]]:
-    """The chart with its operator, its policy listing vllm-a only and VLLM_A_KEY bound to it;
-    the EdgeConfig it made; and the tenant."""
-    namespace = f"e2e-tenant-{secrets.token_hex(3)}"
-    kube_cluster.kubectl("create", "namespace", namespace)
-    kube_cluster.kubectl(
-        "create", "secret", "generic", "vllm-keys", f"--from-literal=a={KEY}", "-n", namespace
-    )
-    values = {
-        "fullnameOverride": NAME,
-        "upstreams": {"allow": [VLLM_A]},
-        "edge": {"replicas": 1, **ON_KWOK},
-        "nodes": [
-            {
-                "id": "node-1",
-                "apiKeys": [
-                    {
-                        "env": "VLLM_A_KEY",
-                        "secretName": "vllm-keys",
-                        "secretKey": "a",
-                        "hosts": [VLLM_A],
-                        "providers": ["vllm-a"],
-                    }
-                ],
-                **ON_KWOK,
-            }
-        ],
-        "edgeConfig": {"spec": spec()},
-    }
-    workloads = Workloads(kube_cluster, namespace)
-    try:
-        workloads.install(values)
-        workloads.wait_rolled_out(f"{NAME}-operator", timeout=180)
+def release(kube_cluster: Any, edgeconfig_crd: None) -> Iterator[tuple[str, Tenant]]:
+    """The chart with its operator (pods; the Edge and the Node on kwok's node), its policy
+    listing vllm-a only and VLLM_A_KEY bound to it; the EdgeConfig it made; and the tenant."""
+    values = kwok_release(NAME)
+    values["nodes"][0]["apiKeys"] = [
+        {
+            "env": "VLLM_A_KEY",
+            "secretName": "vllm-keys",
+            "secretKey": "a",
+            "hosts": [VLLM_A],
+            "providers": ["vllm-a"],
+        }
+    ]
+    values |= {"upstreams": {"allow": [VLLM_A]}, "edgeConfig": {"spec": spec()}}
+    with chart_namespace(kube_cluster, "e2e-tenant", {NAME: values}) as namespace:
         tenant = make_tenant(kube_cluster, namespace)
         # The webhook answers once the operator has made its certificate and the API server
         # has its CA bundle: a dry run of the spec as it is passes then.
-        wait_for(
-            lambda: (
-                tenant.kubectl(
-                    "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest(spec()))
-                ).returncode
-                == 0
-            ),
-            timeout=60,
-            what="the webhook to answer",
-        )
-        yield workloads, tenant
-    finally:
-        kube_cluster.helm("uninstall", "iop", "-n", namespace, "--wait", check=False)
-        kube_cluster.kubectl(
-            "delete", "validatingwebhookconfiguration", f"{NAME}-{namespace}", check=False
-        )
-        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        said: list[str] = []
+
+        def answered() -> bool:
+            result = tenant.kubectl(
+                "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest(spec()))
+            )
+            said[:] = [result.stderr]
+            return result.returncode == 0
+
+        wait_for(answered, timeout=120, what="the webhook to answer", show=lambda: said)
+        yield namespace, tenant
 
 
 def refused(tenant: Tenant, body: dict[str, Any]) -> str:
@@ -171,8 +146,7 @@ def test_a_key_cannot_be_named_for_another_host_or_provider(release: Any) -> Non
 
 def test_internal_addresses_cannot_be_upstreams(release: Any, kube_cluster: Any) -> None:
     """Before: each was called, and its answer came back through the OpenAI API."""
-    workloads, tenant = release
-    namespace = workloads.namespace
+    namespace, tenant = release
     apiserver = kube_cluster.get("service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
     targets = {
         "metadata": "http://169.254.169.254/latest/meta-data",
