@@ -27,7 +27,8 @@ VLLM_A = "vllm-a.ml.svc:8000"  # the key's one host, and the one upstream the po
 KEY = "sk-vllm-a-e2e-0123456789abcdef"  # in a Secret the tenant cannot read
 
 
-def spec() -> dict[str, Any]:
+def chart_spec() -> dict[str, Any]:
+    """The spec the chart is given (it adds its listeners, tokens and TLS)."""
     return {
         "edge": {"id": "edge-tenant"},
         "models": [{"id": "m", "providers": {"vllm-a": "served-a"}}],
@@ -49,6 +50,14 @@ def spec() -> dict[str, Any]:
             }
         ],
     }
+
+
+def spec(tenant: Tenant) -> dict[str, Any]:
+    """The EdgeConfig's spec as the tenant reads it (as the chart made it)."""
+    found = tenant.kubectl("get", "edgeconfig", NAME, "-o", "json")
+    assert found.returncode == 0, found.stderr
+    body: dict[str, Any] = json.loads(found.stdout)["spec"]
+    return body
 
 
 def with_provider(base: dict[str, Any], pid: str, url: str, env: str | None) -> dict[str, Any]:
@@ -84,19 +93,22 @@ def release(kube_cluster: Any, edgeconfig_crd: None) -> Iterator[tuple[str, Tena
             "providers": ["vllm-a"],
         }
     ]
-    values |= {"upstreams": {"allow": [VLLM_A]}, "edgeConfig": {"spec": spec()}}
+    values |= {"upstreams": {"allow": [VLLM_A]}, "edgeConfig": {"spec": chart_spec()}}
     with chart_namespace(kube_cluster, "e2e-tenant", {NAME: values}) as namespace:
         tenant = make_tenant(kube_cluster, namespace)
         # The webhook answers once the operator has made its certificate and the API server
-        # has its CA bundle: a dry run of the spec as it is passes then.
+        # has its CA bundle (until then it admits everything: failurePolicy Ignore): a model
+        # naming an unknown provider, which only the webhook refuses, is refused then.
         said: list[str] = []
 
         def answered() -> bool:
+            broken = spec(tenant)
+            broken["models"][0]["providers"]["zz"] = "served-z"
             result = tenant.kubectl(
-                "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest(spec()))
+                "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest(broken))
             )
             said[:] = [result.stderr]
-            return result.returncode == 0
+            return 'unknown provider "zz"' in result.stderr
 
         wait_for(answered, timeout=120, what="the webhook to answer", show=lambda: said)
         yield namespace, tenant
@@ -116,7 +128,7 @@ def test_the_tenant_may_edit_edgeconfigs_and_read_no_secret(release: Any) -> Non
     assert not tenant.can("get", "secrets")
     assert not tenant.can("create", "pods")
     # A change within the policy is admitted: the tenant edits, the policy only bounds.
-    changed = spec()
+    changed = spec(tenant)
     changed["nodes"][0]["providers"][0]["capacity"] = 6
     result = tenant.apply(manifest(changed))
     assert result.returncode == 0, result.stderr
@@ -126,7 +138,7 @@ def test_a_key_cannot_be_named_for_another_host_or_provider(release: Any) -> Non
     """Before: admitted with a `live:` warning, and the Node sent the key to the thief."""
     _, tenant = release
     thief = f"http://thief.{tenant.namespace}-other.svc:8000/v1"
-    said = refused(tenant, with_provider(spec(), "stolen", thief, "VLLM_A_KEY"))
+    said = refused(tenant, with_provider(spec(tenant), "stolen", thief, "VLLM_A_KEY"))
     assert (
         "nodes[0].providers[1].adapter.apiKeyEnv: the key in VLLM_A_KEY may go only to hosts "
         f"{VLLM_A} and providers vllm-a (the upstream policy), not to provider stolen"
@@ -136,10 +148,10 @@ def test_a_key_cannot_be_named_for_another_host_or_provider(release: Any) -> Non
         "allowed by the upstream policy"
     ) in said
     # On its own host, under another provider id: refused too (the binding names vllm-a).
-    said = refused(tenant, with_provider(spec(), "twin", f"http://{VLLM_A}/v1", "VLLM_A_KEY"))
+    said = refused(tenant, with_provider(spec(tenant), "twin", f"http://{VLLM_A}/v1", "VLLM_A_KEY"))
     assert "nodes[0].providers[1].adapter.apiKeyEnv" in said and "twin" in said
     # A variable the chart bound to nothing (any other of the Node's environment).
-    said = refused(tenant, with_provider(spec(), "home", f"http://{VLLM_A}/v1", "HOME"))
+    said = refused(tenant, with_provider(spec(tenant), "home", f"http://{VLLM_A}/v1", "HOME"))
     assert "environment variable HOME is bound to no provider" in said
     assert KEY not in said
 
@@ -156,7 +168,7 @@ def test_internal_addresses_cannot_be_upstreams(release: Any, kube_cluster: Any)
         "metrics": f"http://{NAME}-metrics.{namespace}.svc:9091/metrics",
         "loopback": "http://127.0.0.1:9090/status",
     }
-    body = spec()
+    body = spec(tenant)
     for pid, url in targets.items():
         body = with_provider(body, pid, url, None)
     said = refused(tenant, body)
