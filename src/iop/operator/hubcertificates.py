@@ -142,13 +142,7 @@ async def ensure_hub_certificates(
         "data": {k: base64.b64encode(v).decode() for k, v in fresh.files.items()},
     }
     try:
-        if found is None:
-            await api.create(
-                resource_path("v1", "secrets", namespace), body, what=f"create the Secret {secret}"
-            )
-        else:
-            body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
-            await api.merge_patch(path, body, what=f"renew the Secret {secret}")
+        await api.create_or_replace(path, body, found, what=f"the Secret {secret}")
     except KubeConflict:  # another replica wrote it first
         return False
     if found is None:

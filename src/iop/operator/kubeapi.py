@@ -187,6 +187,17 @@ class KubeApi(AsyncService):
         )
         return result
 
+    async def create_or_replace(
+        self, path: str, body: dict[str, Any], found: Mapping[str, Any] | None, *, what: str
+    ) -> None:
+        """Create the object at `path` when `found` (what was read there) is None, else patch it
+        over on `found`'s resourceVersion: `KubeConflict` when another writer came first."""
+        if found is None:
+            await self.create(path.rsplit("/", 1)[0], body, what=f"create {what}")
+        else:
+            body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+            await self.merge_patch(path, body, what=f"renew {what}")
+
     async def apply(self, path: str, body: Mapping[str, Any], *, what: str = "") -> dict[str, Any]:
         """Server-side apply as the operator's field manager (create or update in one call)."""
         result: dict[str, Any] = await self.request(

@@ -189,13 +189,7 @@ async def shared_certificate(
         },
     }
     try:
-        if found is None:
-            await api.create(
-                resource_path("v1", "secrets", namespace), body, what=f"create the Secret {secret}"
-            )
-        else:
-            body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
-            await api.merge_patch(path, body, what=f"renew the Secret {secret}")
+        await api.create_or_replace(path, body, found, what=f"the Secret {secret}")
     except KubeConflict:  # another replica wrote it first: serve with theirs
         return await shared_certificate(api, namespace, secret, names, owner)
     logger.info("made the webhook certificate in Secret %s", secret)
