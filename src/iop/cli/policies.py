@@ -12,12 +12,15 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
-from iop.edgeconfig import POLICY_ENV, ConfigError, Problem, UpstreamPolicy, parse_policy
-
-from .problems import print_problems
+if TYPE_CHECKING:  # the config model (pydantic) is imported only by the commands that use it
+    from iop.edgeconfig import UpstreamPolicy
 
 logger = logging.getLogger(__name__)
+
+#: The environment variable that holds a process's policy (JSON or YAML) when no option does.
+POLICY_ENV: Final = "IOP_UPSTREAM_POLICY"
 
 
 def add_policy_option(parser: argparse.ArgumentParser, enforced_by: str) -> None:
@@ -34,6 +37,8 @@ def add_policy_option(parser: argparse.ArgumentParser, enforced_by: str) -> None
 def read_policy(args: argparse.Namespace) -> tuple[str, UpstreamPolicy | None]:
     """(where it came from, the policy) of `--upstream-policy` or `$IOP_UPSTREAM_POLICY`; None
     when neither is given. A `ConfigError` names the file or the variable and each problem."""
+    from iop.edgeconfig import ConfigError, Problem, parse_policy
+
     path: Path | None = args.upstream_policy
     if path is not None:
         try:
@@ -51,6 +56,10 @@ def read_policy(args: argparse.Namespace) -> tuple[str, UpstreamPolicy | None]:
 def policy_for_run(args: argparse.Namespace, command: str) -> UpstreamPolicy | None:
     """The policy a long-running `command` (`iop node run`) enforces, logged once as it starts;
     a bad one is shown with its problems and ends the command (`PolicyRefused`)."""
+    from iop.edgeconfig import ConfigError
+
+    from .problems import print_problems
+
     try:
         source, policy = read_policy(args)
     except ConfigError as error:

@@ -45,12 +45,11 @@ from .secrets import is_secret_field
 from .tokens import TokenRef, require_token_hashes, token_refs, token_sha256, with_token_hashes
 from .trees import config_hash
 from .trials import Trial, plan_trial
-from .upstreampolicy import POLICY_ENV, UpstreamPolicy, parse_policy
+from .upstreampolicy import UpstreamPolicy, parse_policy
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
     "EVERY_PRINCIPAL",
-    "POLICY_ENV",
     "AdapterSettings",
     "AdminSection",
     "ChangeReport",

@@ -38,8 +38,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from .configs import EdgeConfig, EnvName, Name, OpenAIAdapterSettings, camel_name
 from .errors import ConfigError, Problem
 
-#: The environment variable that holds a process's policy (JSON or YAML) when no option does.
-POLICY_ENV: Final = "IOP_UPSTREAM_POLICY"
 #: The `allow` entry for every globally routable address.
 PUBLIC: Final = "public"
 
@@ -296,7 +294,7 @@ def url_host_port(url: str) -> tuple[str, int]:
     return host, port
 
 
-def parse_policy(text: str, where: str = POLICY_ENV) -> UpstreamPolicy:
+def parse_policy(text: str, where: str = "the upstream policy") -> UpstreamPolicy:
     """A policy from its JSON or YAML text; a `ConfigError` naming `where` and each problem."""
     try:
         data = orjson.loads(text)
