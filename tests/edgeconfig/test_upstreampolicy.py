@@ -113,6 +113,28 @@ def test_a_config_that_breaks_the_policy_is_told_every_problem_with_its_path() -
     ]
 
 
+def test_a_name_only_its_addresses_can_allow_is_noted_for_the_webhook() -> None:
+    def openai(pid: str, url: str) -> dict[str, Any]:
+        return provider(pid, {"type": "openai", "base_url": url})
+
+    config = load_data(
+        edge_document(
+            {
+                "node-1": [
+                    openai("listed", "http://vllm-a.ml.svc:8000/v1"),
+                    openai("unlisted", "https://api.example.org/v1"),
+                    openai("address", "http://10.1.2.3:8000/v1"),
+                ]
+            }
+        )
+    )
+    (note,) = POLICY.unlisted_names(config)
+    assert note.path == "nodes[0].providers[1].adapter.baseUrl"
+    assert note.message.startswith("api.example.org is listed by no name of the upstream policy")
+    # A policy of names alone refuses such a host outright instead (config_problems).
+    assert parse_policy("allow: [vllm-a.ml.svc:8000]").unlisted_names(config) == []
+
+
 @pytest.mark.parametrize(
     ("text", "where"),
     [

@@ -278,6 +278,29 @@ class UpstreamPolicy(_Section):
                     problems.append(Problem(path, problem))
         return problems
 
+    def unlisted_names(self, config: EdgeConfig) -> list[Problem]:
+        """The providers whose URL host is a name no entry lists, which only the addresses it
+        resolves to can allow (`decides_by_address`): what the webhook cannot judge, and says so
+        (paths in the CRD's spelling)."""
+        if not self.decides_by_address:
+            return []
+        notes = []
+        for n, node in enumerate(config.nodes):
+            for p, provider in enumerate(node.providers):
+                if not isinstance(provider.adapter, OpenAIAdapterSettings):
+                    continue
+                host, port = url_host_port(provider.adapter.base_url)
+                if _address(host) is None and not self.names_host(host, port):
+                    notes.append(
+                        Problem(
+                            f"nodes[{n}].providers[{p}].adapter.baseUrl",
+                            f"{host} is listed by no name of the upstream policy: it is reached "
+                            "only where it resolves to an address the policy allows (checked on "
+                            "every connection)",
+                        )
+                    )
+        return notes
+
     def require_allowed(self, config: EdgeConfig, *, camel: bool = True) -> None:
         """Raise a `ConfigError` with `config_problems(config)`, if there is any."""
         problems = self.config_problems(config, camel=camel)

@@ -143,6 +143,8 @@ def register_webhook(
         warnings.extend(
             plan_warnings(change, desired, config_hash(desired), waiting, base, invalid=invalid)
         )
+        if policy is not None:
+            warnings.extend(f"policy: {note}" for note in policy.unlisted_names(desired))
         if pin is not None:
             warnings.append(
                 f"pinned: {conventions.PIN_ANNOTATION}={pin} holds the stable revision in effect; "
