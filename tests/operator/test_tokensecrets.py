@@ -20,6 +20,7 @@ from iop.operator.documents import Owner
 from iop.operator.kubeapi import KubeApi
 from iop.operator.reconciling import Reconciler
 from iop.operator.tokensecrets import SecretCache, read_tokens, reserved_refs, token_problem
+from iop.operator.webhook import SelfSignedCertificate
 from testkit import edge_document, provider
 
 from .fakeapi import FakeApi, fake_api
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 PATH = "/apis/iop.dev/v1alpha1/namespaces/ns/edgeconfigs/demo"
 SECRETS = "/api/v1/namespaces/ns/secrets"
 #: What a TLS key looks like: several lines (the review named the webhook's key as the token).
-KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49\n-----END PRIVATE KEY-----\n"
+#: A real key of several lines, made for the test (none is kept in the repository).
+KEY = SelfSignedCertificate.create(["demo-operator-webhook.ns.svc"]).key_pem.decode()
 WEBHOOK_SECRET = "demo-operator-webhook-tls"
 
 

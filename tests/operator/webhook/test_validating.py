@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 import pytest
 
-from iop.operator.webhook import register_webhook
+from iop.operator.webhook import SelfSignedCertificate, register_webhook
 from iop.operator.webhook.validating import UNOWNED_ID, WEBHOOK_ID
 from testkit import edge_document, provider
 
@@ -20,7 +20,8 @@ from ..fakeapi import FakeApi, fake_api
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
-KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49\n-----END PRIVATE KEY-----\n"
+#: A real key of several lines, made for the test (none is kept in the repository).
+KEY = SelfSignedCertificate.create(["demo-operator-webhook.ns.svc"]).key_pem.decode()
 WEBHOOK_SECRET = "demo-operator-webhook-tls"
 
 Handler = Callable[..., Awaitable[None]]
