@@ -4,9 +4,9 @@ version), 404 and 409 `Status` answers, and `/version`. The reconcile itself is 
 the real API server (e2e/operator/); this is for the leader election, the version check and the
 status writes, whose timing a unit test drives better than a cluster. JSON merge patches are
 applied; a patch of `.../status` changes only the status. Enough of the rest for a whole pass
-against Edges outside the cluster (tests/operator/test_revisions_replicas.py): a list with a
-selector answers the objects under its path (selectors are not evaluated), a server-side apply
-stores the body, and a watch stays open and silent."""
+against Edges outside the cluster (tests/operator/test_revisions_replicas.py): a list answers the
+objects under its path that an equality label selector (`a=b,c=d`) matches (a field selector is
+not evaluated), a server-side apply stores the body, and a watch stays open and silent."""
 
 from __future__ import annotations
 
@@ -65,7 +65,17 @@ class FakeApi:
         if request.method == "GET" and (
             "labelSelector" in request.query or "fieldSelector" in request.query
         ):
-            items = [o for key, o in self.objects.items() if key.startswith(path + "/")]
+            wanted = dict(
+                term.split("=", 1)
+                for term in request.query.get("labelSelector", "").split(",")
+                if term
+            )
+            items = [
+                o
+                for key, o in self.objects.items()
+                if key.startswith(path + "/")
+                and wanted.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()
+            ]
             return aiohttp.web.json_response({"metadata": {"resourceVersion": "1"}, "items": items})
         if request.method == "GET":
             found = self.objects.get(path)
@@ -97,8 +107,9 @@ class FakeApi:
                 body = {"status": body.get("status")}
             return aiohttp.web.json_response(self._store(target, merge_patch(current, body)))
         if request.method == "PATCH" and request.content_type == "application/apply-patch+yaml":
-            current = self.objects.get(path) or {"metadata": {}}
-            return aiohttp.web.json_response(self._store(path, merge_patch(current, body)))
+            # One field manager (the operator's): the fields it applies are the object's data;
+            # one it applied before and leaves out now is removed, as the API server does.
+            return aiohttp.web.json_response(self._store(path, body))
         return _status(405, "MethodNotAllowed", request.method)
 
     def _store(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

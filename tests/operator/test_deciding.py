@@ -430,7 +430,7 @@ def test_a_node_restart_fails_its_gate_when_the_new_process_serves_worse_than_th
     observation = replace(observation, nodes=nodes)
     current = plan(observation)
     # Before the restart: pa healthy, pb's server already down.
-    baseline = node_baseline([seen("old", {"pa"}, {"pb": "probe_failed"})], "node-1")
+    baseline = node_baseline([seen("old", {"pa"}, {"pb": "probe_failed"})], "node-1", digest)
     assert baseline is not None
     assert baseline.instances == {"old"} and baseline.healthy == {"pa"}
     gate = {"node:node-1": baseline}
@@ -452,3 +452,5 @@ def test_a_node_restart_fails_its_gate_when_the_new_process_serves_worse_than_th
     )
     # A baseline of another config, or none: nothing to compare.
     assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], {}) == []
+    other = {"node:node-1": replace(baseline, config_hash=config_hash(old))}
+    assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], other) == []

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import gzip
+from dataclasses import replace
 
 import orjson
 
 from iop.edgeconfig import config_hash, load_data, load_text
 from iop.operator.documents import (
     AppliedState,
+    NodeBaseline,
     Owner,
     RestartRecord,
     decode_state,
@@ -57,6 +59,26 @@ def test_the_record_round_trips_compressed(document) -> None:
     packed = base64.b64decode(body["binaryData"]["config.json.gz"])
     assert len(packed) < len(render_config(config))
     assert decode_state(orjson.loads(orjson.dumps(body))) == state
+
+
+def test_a_node_restarts_baseline_survives_in_the_record(document) -> None:
+    """What a node's new process is held to outlives the operator that noted it."""
+    config = load_data(document)
+    baseline = NodeBaseline("cd" * 32, frozenset({"p-1", "p-2"}), frozenset({"vllm-a"}))
+    state = AppliedState(
+        config,
+        config_hash(config),
+        7,
+        restarts=(RestartRecord("node:node-2", "cd" * 32),),
+        baselines={"node:node-2": baseline},
+    )
+    body = state_configmap(OWNER, state)
+    assert orjson.loads(body["data"]["nodeBaselines"]) == {
+        "node:node-2": {"configHash": "cd" * 32, "instances": ["p-1", "p-2"], "healthy": ["vllm-a"]}
+    }
+    back = decode_state(orjson.loads(orjson.dumps(body)))
+    assert back is not None and back.baselines == {"node:node-2": baseline}
+    assert "nodeBaselines" not in state_configmap(OWNER, replace(state, baselines={}))["data"]
 
 
 def test_many_nodes_compress_about_tenfold(document) -> None:

@@ -3,10 +3,12 @@
 - The Edge ConfigMap (`NAME-edge`, key `edge.yaml`): the config as compact JSON, snake_case,
   only the keys the spec set. A pod that starts reads it and is current at once.
 - The applied record (`NAME-edge-applied`): the config *last applied* (the base the next change
-  is classified against), gzip-compressed, its hash and generation, and the stamps the operator
-  wrote on workloads; and the *stable* revision (the newest config that came through its trial
-  and its restarts, with its stamps): what the ConfigMap holds while a newer one is on trial or
-  after it was rolled back, and the pod templates a failed restart goes back to.
+  is classified against), gzip-compressed, its hash and generation, the stamps the operator
+  wrote on workloads, each node restart's baseline (the old process its new one is held to, so
+  the gate holds across an operator restart); and the *stable* revision (the newest config
+  that came through its trial and its restarts, with its stamps): what the ConfigMap holds while
+  a newer one is on trial or after it was rolled back, and the pod templates a failed restart
+  goes back to.
 
 Both are owned by the EdgeConfig and written with server-side apply. docs/operator.md, "What the
 operator writes", says why they are so.
@@ -93,6 +95,24 @@ class RestartRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeBaseline:
+    """A node as the replicas saw it just before its restart for `config_hash`: the processes
+    that served it and the providers healthy on every replica that saw it (what the new process
+    is held to)."""
+
+    config_hash: str
+    instances: frozenset[str]
+    healthy: frozenset[str]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "configHash": self.config_hash,
+            "instances": sorted(self.instances),
+            "healthy": sorted(self.healthy),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class StableRevision:
     """The newest config that came through its trial and its restarts, and each workload's stamp
     then ("" where the pod template carried none): what a rollback goes back to."""
@@ -118,6 +138,8 @@ class AppliedState:
     applied_at: float = 0.0
     #: The stable revision (None: none known yet, e.g. before the first config came through).
     stable: StableRevision | None = None
+    #: Each node restart scope under way -> the node as it was before it was stamped.
+    baselines: Mapping[str, NodeBaseline] = field(default_factory=dict)
 
     def with_stable(self) -> AppliedState:
         """This record with its own config as the stable revision (it came through)."""
@@ -136,6 +158,11 @@ def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
         "restarts": orjson.dumps([r.as_dict() for r in state.restarts]).decode(),
         "appliedAt": f"{state.applied_at:.3f}",
     }
+    if state.baselines:
+        data["nodeBaselines"] = orjson.dumps(
+            {scope: b.as_dict() for scope, b in state.baselines.items()},
+            option=orjson.OPT_SORT_KEYS,
+        ).decode()
     binary = {_STATE_KEY: packed}
     stable = state.stable
     if stable is not None:
@@ -183,6 +210,18 @@ def _stable_of(
     return StableRevision(stable_config, stable_hash, {str(k): str(v) for k, v in stamps.items()})
 
 
+def _baselines_of(data: Mapping[str, Any]) -> dict[str, NodeBaseline]:
+    found = orjson.loads(data.get("nodeBaselines") or "{}")
+    return {
+        str(scope): NodeBaseline(
+            str(b["configHash"]),
+            frozenset(str(i) for i in b["instances"]),
+            frozenset(str(p) for p in b["healthy"]),
+        )
+        for scope, b in found.items()
+    }
+
+
 def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
     """The record back; None (logged) when it is unreadable, so the operator starts afresh
     rather than classify against a base it cannot trust. Parses and validates a whole config:
@@ -203,6 +242,7 @@ def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
             restarts=tuple(RestartRecord(str(r["scope"]), str(r["configHash"])) for r in restarts),
             applied_at=float(data.get("appliedAt") or 0.0),
             stable=_stable_of(data, binary, config, digest),
+            baselines=_baselines_of(data),
         )
     except (KeyError, ValueError, TypeError, OSError, ConfigError, AttributeError) as exc:
         logger.warning("the applied record %s is unreadable (%r); starting afresh", name, exc)

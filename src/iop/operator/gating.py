@@ -19,7 +19,7 @@ from iop.edgeconfig import EdgeConfig
 from iop.wire import NOT_PROBED
 
 from .deciding import Observation, Plan, node_of, workloads_of
-from .documents import AppliedState, StableRevision
+from .documents import AppliedState, NodeBaseline, StableRevision
 from .status import GOOD_OUTCOMES
 from .values import ReplicaOutcome, Workload
 
@@ -50,17 +50,11 @@ def failed_restarts(observation: Observation, current: Plan) -> list[FailedResta
     return failed
 
 
-@dataclass(frozen=True, slots=True)
-class NodeBaseline:
-    """A node as the replicas saw it just before its restart: the processes that served it and
-    the providers healthy on every replica that saw it (what the new process is held to)."""
-
-    instances: frozenset[str]
-    healthy: frozenset[str]
-
-
-def node_baseline(outcomes: Sequence[ReplicaOutcome], node_id: str) -> NodeBaseline | None:
-    """`node_id` as the replicas last saw it connected; None when none did."""
+def node_baseline(
+    outcomes: Sequence[ReplicaOutcome], node_id: str, config_hash: str
+) -> NodeBaseline | None:
+    """`node_id` as the replicas last saw it connected, before its restart for `config_hash`;
+    None when none did."""
     views = [
         n
         for o in outcomes
@@ -71,7 +65,9 @@ def node_baseline(outcomes: Sequence[ReplicaOutcome], node_id: str) -> NodeBasel
     if not views:
         return None
     return NodeBaseline(
-        frozenset(v.instance_id for v in views), frozenset.intersection(*(v.healthy for v in views))
+        config_hash,
+        frozenset(v.instance_id for v in views),
+        frozenset.intersection(*(v.healthy for v in views)),
     )
 
 
@@ -89,7 +85,11 @@ def worse_restarts(
     failed = []
     for record in current.restarts:
         baseline = baselines.get(record.scope)
-        if record.config_hash != observation.desired_hash or baseline is None:
+        if (
+            record.config_hash != observation.desired_hash
+            or baseline is None
+            or baseline.config_hash != record.config_hash
+        ):
             continue
         node_id = node_of(record.scope)
         worse: dict[str, str] = {}

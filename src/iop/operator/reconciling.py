@@ -50,6 +50,7 @@ from .deciding import (
 from .discovering import ReplicaFinder
 from .documents import (
     AppliedState,
+    NodeBaseline,
     Owner,
     StableRevision,
     decode_state,
@@ -60,7 +61,6 @@ from .documents import state_configmap as record_configmap
 from .errors import AdminApiError, AdminUnreachable, KubeApiError, KubeNotFound
 from .gating import (
     FailedRestart,
-    NodeBaseline,
     came_through,
     failed_restarts,
     node_baseline,
@@ -188,10 +188,10 @@ class Reconciler:
         self._history_owner = ""
         #: The replicas' outcomes of the last pass (how each saw the nodes then).
         self._last_outcomes: Sequence[ReplicaOutcome] = ()
-        #: Each node restart under way -> (its config hash, the node as it was before it): what
-        #: the restart's gate holds the new process to (kept in memory: after an operator
-        #: restart, a restart under way is judged by its readiness alone).
-        self._baselines: dict[str, tuple[str, NodeBaseline]] = {}
+        #: Each node restart under way -> the node as it was before it (with the restart's
+        #: config hash): what the restart's gate holds the new process to. Kept in the applied
+        #: record too, so a restart under way is held to it after an operator restart.
+        self._baselines: dict[str, NodeBaseline] = {}
 
     @property
     def applied(self) -> AppliedState | None:
@@ -295,12 +295,7 @@ class Reconciler:
             outcomes = await read_replicas(self._admin, ready, tokens.admin_token)
         else:
             outcomes, current = await self._apply_live(observation, current, ready, tokens)
-            baselines = {
-                scope: baseline
-                for scope, (config, baseline) in self._baselines.items()
-                if config == observation.desired_hash
-            }
-            worse = worse_restarts(observation, current, outcomes, baselines)
+            worse = worse_restarts(observation, current, outcomes, self._baselines)
             if worse and self._can_go_back(observation):
                 observation, current, stamps, failed_gate = await self._fail_gate(
                     owner, observation, current, worse
@@ -371,8 +366,10 @@ class Reconciler:
         self._baselines = {
             scope: kept
             for scope, kept in self._baselines.items()
-            if (scope, kept[0]) in open_scopes
+            if (scope, kept.config_hash) in open_scopes
         }
+        if self._state is not None and self._state.baselines != self._baselines_of(self._state):
+            await self._save_state(owner, self._state)  # a baseline noted, or one done with
         return verdict, step
 
     # -- observing -------------------------------------------------------------------------------
@@ -418,6 +415,7 @@ class Reconciler:
             state = await asyncio.to_thread(decode_state, configmap)
             self._record_version = configmap["metadata"].get("resourceVersion", "")
         self._state, self._state_owner = state, owner.uid
+        self._baselines = dict(state.baselines) if state is not None else {}
         self._written = None  # check the ConfigMap once, on the first write
         return state
 
@@ -466,7 +464,17 @@ class Reconciler:
             self._writing.discard(name)
         self._written = (digest, written["metadata"].get("resourceVersion", ""))
 
+    def _baselines_of(self, state: AppliedState) -> dict[str, NodeBaseline]:
+        """The baselines of `state`'s open restarts (what its record keeps of them)."""
+        open_scopes = {(r.scope, r.config_hash) for r in state.restarts}
+        return {
+            scope: baseline
+            for scope, baseline in self._baselines.items()
+            if (scope, baseline.config_hash) in open_scopes
+        }
+
     async def _save_state(self, owner: Owner, state: AppliedState) -> None:
+        state = replace(state, baselines=self._baselines_of(state))
         body = await asyncio.to_thread(record_configmap, owner, state)
         name = conventions.state_configmap_name(owner.name)
         self._writing.add(name)
@@ -490,12 +498,11 @@ class Reconciler:
         edges = list(observation.edges)
         nodes = {node: list(items) for node, items in observation.nodes.items()}
         for workload, record in stamps_due(observation, current):
-            if workload.node_id and self._baselines.get(record.scope, ("",))[0] != (
-                record.config_hash
-            ):
-                baseline = node_baseline(self._last_outcomes, workload.node_id)
+            kept = self._baselines.get(record.scope)
+            if workload.node_id and (kept is None or kept.config_hash != record.config_hash):
+                baseline = node_baseline(self._last_outcomes, workload.node_id, record.config_hash)
                 if baseline is not None:  # the old process, to hold the new one to
-                    self._baselines[record.scope] = (record.config_hash, baseline)
+                    self._baselines[record.scope] = baseline
             stamped = await stamp(self._api, owner.namespace, workload, record.config_hash)
             targets = edges if record.scope == "edge" else nodes[stamped.node_id]
             targets[targets.index(workload)] = stamped
