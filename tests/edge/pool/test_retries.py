@@ -19,7 +19,8 @@ import pytest_asyncio
 from openai.types.chat import ChatCompletionMessageParam
 
 from iop.edge import EdgeServer
-from iop.edge.pool import CANDIDATE, Figures, Split
+from iop.edge.pool import CANDIDATE, Split
+from iop.verdicts import Figures
 from iop.wire import RunChunk, RunEvent, RunFailed, RunRequest
 from iop.wire import statuses as wire_statuses
 

@@ -10,7 +10,7 @@
 
 from .dispatching import Dispatcher
 from .metering import CONTENT_TYPE, Metrics
-from .outcomes import Figures, OutcomeTally, Reading
+from .outcomes import OutcomeTally, Reading
 from .relaying import Relay, RelayedRun
 from .snapshots import PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
@@ -20,7 +20,6 @@ __all__ = [
     "CONTENT_TYPE",
     "STABLE",
     "Dispatcher",
-    "Figures",
     "Metrics",
     "OutcomeTally",
     "PoolSnapshot",

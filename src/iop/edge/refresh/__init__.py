@@ -3,7 +3,7 @@
 - `refresher`: the `Refresher`, the config in use and the last reports;
 - `reports`: a refresh's report and its parts; `configfiles`: which files a refresh may read;
 - `rollouts`: each change a revision (`revisions`), put on trial (a canary or all at once, as
-  `iop.edgeconfig.plan_trial` plans it), watched and judged (`judging`) while it serves, rolled
+  `iop.edgeconfig.plan_trial` plans it), watched and judged (`iop.verdicts`) while it serves, rolled
   back when it hurts.
 """
 

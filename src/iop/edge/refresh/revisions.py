@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from iop.edgeconfig import ChangeReport, EdgeConfig
-
-from .judging import Judgement
+from iop.verdicts import Judgement
 
 #: started: the config the Edge started with; watching: being judged now; promoted: judged
 #: good; unjudged: promoted with too little traffic to judge; kept: applied with no watch

@@ -6,7 +6,7 @@ the `Split`
 the dispatcher swaps in with it; after, `applied` records the revision and, when the change
 altered how some models are served and `rollout.mode` is not `off`, starts the watch: every
 `TICK_S` it reads the outcome tally and judges the requests the change served on the touched
-models against those the stable revision served (`judging.py`); a canary moves through its
+models against those the stable revision served (`iop.verdicts.judging`); a canary moves through its
 steps (`Dispatcher.set_share`), and the change is promoted (`Dispatcher.end_split`) or the
 stable revision's config is put back through the refresher's own apply (`restore`), so a
 rollback swaps and pushes like any apply. A caller may end a watch by hand (`promote`,
@@ -26,9 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from iop.edgeconfig import ChangeReport, EdgeConfig, Trial, config_hash, plan_trial
+from iop.verdicts import Judgement, judge, judge_step
 
 from ..pool import CANDIDATE, STABLE, Dispatcher, OutcomeTally, PoolSnapshot, Reading, Split
-from .judging import Judgement, judge, judge_step
 from .reports import RefreshReport
 from .revisions import Outcome, Revision, RevisionLog
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iop.edge.pool import CANDIDATE, Figures, OutcomeTally
-from iop.edge.refresh.judging import Judgement, judge, judge_step
+from iop.edge.pool import CANDIDATE, OutcomeTally
 from iop.edgeconfig import RolloutSection
+from iop.verdicts import Figures, Judgement, judge, judge_step
 
 RULES = RolloutSection(min_requests=20, bake_ms=10_000, max_wait_ms=60_000)
 

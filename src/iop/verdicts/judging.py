@@ -24,7 +24,7 @@ from typing import Final, Literal
 
 from iop.edgeconfig import RolloutSection
 
-from ..pool import Figures
+from .figures import Figures
 
 #: wait: judge again later; next: the canary's next step; promote: the change passed;
 #: unjudged: too little traffic by the longest wait, promoted anyway; roll_back: a check failed.
