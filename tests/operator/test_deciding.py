@@ -23,10 +23,12 @@ from iop.operator.deciding import (
 from iop.operator.documents import AppliedState, RestartRecord
 from iop.operator.gating import (
     came_through,
+    edge_baseline,
     failed_restarts,
     node_baseline,
     pods_config,
     stamps_back,
+    worse_edge,
     worse_restarts,
 )
 from iop.operator.values import (
@@ -36,8 +38,10 @@ from iop.operator.values import (
     ReplicaOutcome,
     ReplicaStatus,
     RolloutState,
+    Served,
     Workload,
 )
+from iop.verdicts import Figures
 
 from .conftest import operator_document
 
@@ -454,3 +458,54 @@ def test_a_node_restart_fails_its_gate_when_the_new_process_serves_worse_than_th
     assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], {}) == []
     other = {"node:node-1": replace(baseline, config_hash=config_hash(old))}
     assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], other) == []
+
+
+def serving(name: str, stamp: str, requests: int, failed: int = 0, since: float = 0.0) -> Any:
+    """A replica of the Edge workload (created from the template stamped `stamp`) that has
+    served `requests` so far, `failed` of them failed, since `since` (Unix seconds)."""
+    status = ReplicaStatus(stamp, 2, (), served=Served(since, Figures(requests, failed)))
+    return ReplicaOutcome(replica(name, stamp), "Applied", status=status)
+
+
+def test_an_edge_restart_fails_its_gate_when_its_new_pod_serves_worse_than_the_old_ones() -> None:
+    old, desired = config(), config(listen("0.0.0.0:8181"))
+    digest, before = config_hash(desired), config_hash(old)
+    record = AppliedState(desired, digest, 2, {}, (RestartRecord("edge", digest),))
+    observation = observe(desired, record, edges=(edge(digest, ROLLING),))
+    current = plan(observation)
+    # Stamped when the two old pods had served 100 and 300 requests, 1 failed.
+    baseline = edge_baseline(
+        [serving("old-0", before, 100), serving("old-1", before, 300, 1)], digest
+    )
+    assert baseline is not None and set(baseline.replicas) == {"old-0", "old-1"}
+
+    def verdict(new: Any, *, gate: Any = baseline, now: float = 30.0) -> list[str]:
+        outcomes = [serving("old-0", before, 150), serving("old-1", before, 350, 2), new]
+        return [str(f) for f in worse_edge(observation, current, outcomes, gate, now)]
+
+    # The old pods: 100 requests since, 1 failed. The new pod: 40 with 10 failed: rolled back.
+    (failed,) = verdict(serving("new-0", digest, 40, 10, since=10.0))
+    assert failed.startswith(
+        "Deployment/demo-edge (edge): its new pods serve worse than the old ones since the "
+        "restart (errors): 25.0% of requests failed or needed a retry (10 failed, 0 retried of "
+        "40); the last good revision had 1.0%"
+    )
+    # As well as the old ones, or too few requests yet to say: the restart goes on.
+    assert verdict(serving("new-0", digest, 40, 2, since=10.0)) == []
+    assert verdict(serving("new-0", digest, 19, 19, since=10.0)) == []
+    # No baseline (an Edge that does not count), one of another config, or `rollout.mode: off`.
+    assert verdict(serving("new-0", digest, 40, 10), gate=None) == []
+    assert (
+        verdict(serving("new-0", digest, 40, 10), gate=replace(baseline, config_hash=before)) == []
+    )
+    off = config(lambda d: (listen("0.0.0.0:8181")(d), d.update(rollout={"mode": "off"})))
+    off_hash = config_hash(off)
+    off_record = AppliedState(off, off_hash, 2, {}, (RestartRecord("edge", off_hash),))
+    quiet = observe(off, off_record, edges=(edge(off_hash, ROLLING),))
+    outcomes = [serving("old-0", before, 150), serving("new-0", off_hash, 40, 10)]
+    off_gate = replace(baseline, config_hash=off_hash)
+    assert worse_edge(quiet, plan(quiet), outcomes, off_gate, 30.0) == []
+    watched = replace(quiet, desired=config(listen("0.0.0.0:8181")))
+    assert len(worse_edge(watched, plan(quiet), outcomes, off_gate, 30.0)) == 1  # (the same, on)
+    # A pod of the old template that started after the stamp is neither side.
+    assert verdict(serving("old-2", before, 40, 40)) == []

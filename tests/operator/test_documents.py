@@ -11,6 +11,7 @@ import orjson
 from iop.edgeconfig import config_hash, load_data, load_text
 from iop.operator.documents import (
     AppliedState,
+    EdgeBaseline,
     NodeBaseline,
     Owner,
     RestartRecord,
@@ -19,6 +20,7 @@ from iop.operator.documents import (
     render_config,
     state_configmap,
 )
+from iop.verdicts import Figures
 
 OWNER = Owner("demo", "ns", "uid-1")
 
@@ -79,6 +81,28 @@ def test_a_node_restarts_baseline_survives_in_the_record(document) -> None:
     back = decode_state(orjson.loads(orjson.dumps(body)))
     assert back is not None and back.baselines == {"node:node-2": baseline}
     assert "nodeBaselines" not in state_configmap(OWNER, replace(state, baselines={}))["data"]
+
+
+def test_an_edge_restarts_baseline_survives_in_the_record(document) -> None:
+    """What the Edge's old pods had served when it was stamped outlives the operator too."""
+    config = load_data(document)
+    figures = Figures(
+        120, 3, 1, 2, (1,) * len(Figures().first_tokens), (2,) * len(Figures().durations)
+    )
+    baseline = EdgeBaseline("cd" * 32, {"demo-edge-0": figures, "demo-edge-1": Figures()})
+    state = AppliedState(
+        config,
+        config_hash(config),
+        7,
+        restarts=(RestartRecord("edge", "cd" * 32),),
+        edge_baseline=baseline,
+    )
+    body = state_configmap(OWNER, state)
+    back = decode_state(orjson.loads(orjson.dumps(body)))
+    assert back is not None and back.edge_baseline == baseline
+    assert "edgeBaseline" not in state_configmap(OWNER, replace(state, edge_baseline=None))["data"]
+    broken = {**body, "data": {**body["data"], "edgeBaseline": '{"configHash": "x"}'}}
+    assert decode_state(broken) is None  # unreadable: start afresh
 
 
 def test_many_nodes_compress_about_tenfold(document) -> None:

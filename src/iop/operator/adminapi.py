@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 from iop.aiokits import AsyncService
+from iop.verdicts import Figures
 
 from .errors import AdminApiError, AdminRefused, AdminUnreachable
 from .values import (
@@ -26,6 +27,7 @@ from .values import (
     NodeState,
     ReplicaRevisions,
     ReplicaStatus,
+    Served,
 )
 
 #: How long one replica may take to apply: its own wait for node acks is 10 s.
@@ -69,6 +71,7 @@ class EdgeAdmin(AsyncService):
                 snapshot=int(document["generation"]),
                 nodes=tuple(_node_state(n) for n in document["nodes"]),
                 candidate=_candidate(document.get("revisions")),
+                served=_served(document.get("served")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AdminRefused(
@@ -219,6 +222,17 @@ def _node_state(node: dict[str, Any]) -> NodeState:
             if not p.get("healthy")
         ),
     )
+
+
+def _served(served: object) -> Served | None:
+    """`served` of `GET /status`; None from an Edge that does not say or says it otherwise (an
+    Edge restart's gate then judges that replica by its readiness alone)."""
+    if not isinstance(served, dict) or not isinstance(served.get("figures"), dict):
+        return None
+    try:
+        return Served(float(served["since"]), Figures.of_counts(served["figures"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _number(value: Any) -> int | None:

@@ -4,8 +4,9 @@
   only the keys the spec set. A pod that starts reads it and is current at once.
 - The applied record (`NAME-edge-applied`): the config *last applied* (the base the next change
   is classified against), gzip-compressed, its hash and generation, the stamps the operator
-  wrote on workloads, each node restart's baseline (the old process its new one is held to, so
-  the gate holds across an operator restart); and the *stable* revision (the newest config
+  wrote on workloads, each restart's baseline (a node's old process, or what the Edge's old
+  pods had served, that the new ones are held to, so the gate holds across an operator
+  restart); and the *stable* revision (the newest config
   that came through its trial and its restarts, with its stamps): what the ConfigMap holds while
   a newer one is on trial or after it was rolled back, and the pod templates a failed restart
   goes back to.
@@ -26,6 +27,7 @@ from typing import Any, Final
 import orjson
 
 from iop.edgeconfig import ConfigError, EdgeConfig, config_hash, load_data
+from iop.verdicts import Figures
 
 from . import conventions
 
@@ -113,6 +115,21 @@ class NodeBaseline:
 
 
 @dataclass(frozen=True, slots=True)
+class EdgeBaseline:
+    """The Edge's old pods when its workload was stamped for `config_hash`: what each (by pod
+    name) had served by then. What they serve after it is what a new pod is held to."""
+
+    config_hash: str
+    replicas: Mapping[str, Figures]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "configHash": self.config_hash,
+            "replicas": {name: figures.counts() for name, figures in self.replicas.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class StableRevision:
     """The newest config that came through its trial and its restarts, and each workload's stamp
     then ("" where the pod template carried none): what a rollback goes back to."""
@@ -140,6 +157,8 @@ class AppliedState:
     stable: StableRevision | None = None
     #: Each node restart scope under way -> the node as it was before it was stamped.
     baselines: Mapping[str, NodeBaseline] = field(default_factory=dict)
+    #: The Edge's restart under way: what its old pods had served when it was stamped.
+    edge_baseline: EdgeBaseline | None = None
 
     def with_stable(self) -> AppliedState:
         """This record with its own config as the stable revision (it came through)."""
@@ -158,11 +177,12 @@ def state_configmap(owner: Owner, state: AppliedState) -> dict[str, Any]:
         "restarts": orjson.dumps([r.as_dict() for r in state.restarts]).decode(),
         "appliedAt": f"{state.applied_at:.3f}",
     }
+    if state.edge_baseline is not None:
+        data["edgeBaseline"] = _json_value(state.edge_baseline.as_dict())
     if state.baselines:
-        data["nodeBaselines"] = orjson.dumps(
-            {scope: b.as_dict() for scope, b in state.baselines.items()},
-            option=orjson.OPT_SORT_KEYS,
-        ).decode()
+        data["nodeBaselines"] = _json_value(
+            {scope: b.as_dict() for scope, b in state.baselines.items()}
+        )
     binary = {_STATE_KEY: packed}
     stable = state.stable
     if stable is not None:
@@ -194,6 +214,10 @@ def _unpack(text: str) -> EdgeConfig:
 
 
 def _json(value: Mapping[str, str]) -> str:
+    return _json_value(value)
+
+
+def _json_value(value: object) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
@@ -222,6 +246,14 @@ def _baselines_of(data: Mapping[str, Any]) -> dict[str, NodeBaseline]:
     }
 
 
+def _edge_baseline_of(data: Mapping[str, Any]) -> EdgeBaseline | None:
+    found = orjson.loads(data.get("edgeBaseline") or "null")
+    if found is None:
+        return None
+    replicas = {str(name): Figures.of_counts(c) for name, c in found["replicas"].items()}
+    return EdgeBaseline(str(found["configHash"]), replicas)
+
+
 def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
     """The record back; None (logged) when it is unreadable, so the operator starts afresh
     rather than classify against a base it cannot trust. Parses and validates a whole config:
@@ -243,6 +275,7 @@ def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
             applied_at=float(data.get("appliedAt") or 0.0),
             stable=_stable_of(data, binary, config, digest),
             baselines=_baselines_of(data),
+            edge_baseline=_edge_baseline_of(data),
         )
     except (KeyError, ValueError, TypeError, OSError, ConfigError, AttributeError) as exc:
         logger.warning("the applied record %s is unreadable (%r); starting afresh", name, exc)

@@ -1,9 +1,12 @@
 """The restart gates and the stable revision: pure functions of what a pass observed.
 
 A restart-required change rolls its workloads one surge pod first; the gate fails when the
-first new pod is not available by the Deployment's progress deadline (`failed_restarts`) or, for
+first new pod is not available by the Deployment's progress deadline (`failed_restarts`); for
 a node, when its new process serves worse than the old one did (`worse_restarts`, against the
-`NodeBaseline` noted when the node was stamped). A failed gate puts every workload back on the
+`NodeBaseline` noted when the node was stamped); for the Edge, when its new pods' requests fare
+worse than the old pods' in the same stretch, by the rules of `rollout` (`worse_edge`, against
+the `EdgeBaseline` noted when the Edge was stamped; the Deployment's `minReadySeconds` keeps the
+old pods serving beside the first new one while it is judged). A failed gate puts every workload back on the
 stable revision's stamp (`stamps_back`). The stable revision is the newest config that came
 through (`came_through`); the Edge ConfigMap holds it while a newer config is on trial or was
 rolled back (`pods_config`). The reconcile pass acts on these (`reconciling.py`);
@@ -16,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from iop.edgeconfig import EdgeConfig
+from iop.verdicts import Figures, judge
 from iop.wire import NOT_PROBED
 
 from .deciding import Observation, Plan, node_of, workloads_of
-from .documents import AppliedState, NodeBaseline, StableRevision
+from .documents import AppliedState, EdgeBaseline, NodeBaseline, StableRevision
 from .status import GOOD_OUTCOMES
 from .values import ReplicaOutcome, Workload
 
@@ -116,6 +120,67 @@ def worse_restarts(
                 )
             )
     return failed
+
+
+def edge_baseline(outcomes: Sequence[ReplicaOutcome], config_hash: str) -> EdgeBaseline | None:
+    """The Edge's pods as the replicas last said, before its restart for `config_hash`: what
+    each had served; None when none says (an Edge that does not count)."""
+    replicas = {
+        o.replica.name: o.status.served.figures
+        for o in outcomes
+        if o.status is not None and o.status.served is not None
+    }
+    return EdgeBaseline(config_hash, replicas) if replicas else None
+
+
+def worse_edge(
+    observation: Observation,
+    current: Plan,
+    outcomes: Sequence[ReplicaOutcome],
+    baseline: EdgeBaseline | None,
+    now: float,
+) -> list[FailedRestart]:
+    """The desired config's Edge restart, when its new pods (created from the stamped template)
+    fare worse than the old pods since the stamp: their requests failed or needed a retry more
+    often, or their first token or duration p95 is slower, beyond what `rollout` allows (the
+    checks of a watched live change, `iop.verdicts.judge`, with the new pods as the candidate).
+    Judged while old pods serve beside new ones; `rollout.mode: off` turns it off with the
+    rest. `now`: Unix seconds."""
+    rules = observation.desired.rollout
+    digest = observation.desired_hash
+    if (
+        baseline is None
+        or rules.mode == "off"
+        or baseline.config_hash != digest
+        or not any(r.scope == "edge" and r.config_hash == digest for r in current.restarts)
+    ):
+        return []
+    new, old = Figures(), Figures()
+    started: list[float] = []
+    for outcome in outcomes:
+        served = outcome.status.served if outcome.status is not None else None
+        if served is None:
+            continue
+        name = outcome.replica.name
+        before = baseline.replicas.get(name)
+        if outcome.replica.stamp == digest and before is None:
+            new, started = new + served.figures, [*started, served.since]
+        elif before is not None and served.figures.requests >= before.requests:
+            old = old + (served.figures - before)  # (a process that restarted counts anew)
+    if not started:
+        return []
+    judgement = judge(rules, old, new, max(0.0, now - min(started)))
+    if judgement.verdict != "roll_back":
+        return []
+    where = ", ".join(w.key for w in observation.edges) or "the Edge"
+    return [
+        FailedRestart(
+            "edge",
+            where,
+            f"its new pods serve worse than the old ones since the restart "
+            f"({judgement.check}): {judgement.message}",
+        )
+    ]
 
 
 def stamps_back(observation: Observation, stable: StableRevision) -> list[tuple[Workload, str]]:

@@ -50,6 +50,7 @@ from .deciding import (
 from .discovering import ReplicaFinder
 from .documents import (
     AppliedState,
+    EdgeBaseline,
     NodeBaseline,
     Owner,
     StableRevision,
@@ -62,10 +63,12 @@ from .errors import AdminApiError, AdminUnreachable, KubeApiError, KubeNotFound
 from .gating import (
     FailedRestart,
     came_through,
+    edge_baseline,
     failed_restarts,
     node_baseline,
     pods_config,
     stamps_back,
+    worse_edge,
     worse_restarts,
 )
 from .kubeapi import KubeApi, resource_path
@@ -192,6 +195,9 @@ class Reconciler:
         #: config hash): what the restart's gate holds the new process to. Kept in the applied
         #: record too, so a restart under way is held to it after an operator restart.
         self._baselines: dict[str, NodeBaseline] = {}
+        #: The Edge's restart under way: what its old pods had served when it was stamped (kept
+        #: in the applied record too).
+        self._edge_baseline: EdgeBaseline | None = None
 
     @property
     def applied(self) -> AppliedState | None:
@@ -295,7 +301,10 @@ class Reconciler:
             outcomes = await read_replicas(self._admin, ready, tokens.admin_token)
         else:
             outcomes, current = await self._apply_live(observation, current, ready, tokens)
-            worse = worse_restarts(observation, current, outcomes, self._baselines)
+            worse = [
+                *worse_restarts(observation, current, outcomes, self._baselines),
+                *worse_edge(observation, current, outcomes, self._edge_baseline, time.time()),
+            ]
             if worse and self._can_go_back(observation):
                 observation, current, stamps, failed_gate = await self._fail_gate(
                     owner, observation, current, worse
@@ -368,8 +377,15 @@ class Reconciler:
             for scope, kept in self._baselines.items()
             if (scope, kept.config_hash) in open_scopes
         }
-        if self._state is not None and self._state.baselines != self._baselines_of(self._state):
-            await self._save_state(owner, self._state)  # a baseline noted, or one done with
+        edge_open = {r.config_hash for r in current.restarts if r.scope == "edge"}
+        if self._edge_baseline is not None and self._edge_baseline.config_hash not in edge_open:
+            self._edge_baseline = None
+        state = self._state
+        if state is not None and (
+            state.baselines != self._baselines_of(state)
+            or state.edge_baseline != self._edge_baseline_of(state)
+        ):
+            await self._save_state(owner, state)  # a baseline noted, or one done with
         return verdict, step
 
     # -- observing -------------------------------------------------------------------------------
@@ -416,6 +432,7 @@ class Reconciler:
             self._record_version = configmap["metadata"].get("resourceVersion", "")
         self._state, self._state_owner = state, owner.uid
         self._baselines = dict(state.baselines) if state is not None else {}
+        self._edge_baseline = state.edge_baseline if state is not None else None
         self._written = None  # check the ConfigMap once, on the first write
         return state
 
@@ -473,8 +490,21 @@ class Reconciler:
             if (scope, baseline.config_hash) in open_scopes
         }
 
+    def _edge_baseline_of(self, state: AppliedState) -> EdgeBaseline | None:
+        """The Edge baseline, if `state` has its restart open (what its record keeps of it)."""
+        kept = self._edge_baseline
+        if kept is not None and any(
+            (r.scope, r.config_hash) == ("edge", kept.config_hash) for r in state.restarts
+        ):
+            return kept
+        return None
+
     async def _save_state(self, owner: Owner, state: AppliedState) -> None:
-        state = replace(state, baselines=self._baselines_of(state))
+        state = replace(
+            state,
+            baselines=self._baselines_of(state),
+            edge_baseline=self._edge_baseline_of(state),
+        )
         body = await asyncio.to_thread(record_configmap, owner, state)
         name = conventions.state_configmap_name(owner.name)
         self._writing.add(name)
@@ -498,6 +528,11 @@ class Reconciler:
         edges = list(observation.edges)
         nodes = {node: list(items) for node, items in observation.nodes.items()}
         for workload, record in stamps_due(observation, current):
+            if record.scope == "edge" and (
+                self._edge_baseline is None
+                or self._edge_baseline.config_hash != record.config_hash
+            ):  # what the old pods served so far, to hold the new ones to
+                self._edge_baseline = edge_baseline(self._last_outcomes, record.config_hash)
             kept = self._baselines.get(record.scope)
             if workload.node_id and (kept is None or kept.config_hash != record.config_hash):
                 baseline = node_baseline(self._last_outcomes, workload.node_id, record.config_hash)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from iop.edgeconfig import Problem
+from iop.verdicts import Figures
 
 from . import conventions
 
@@ -65,6 +66,16 @@ class CandidateView:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """What a replica's process served since it started (`GET /status`, `served`): every model
+    and revision together, in counts that subtract (what an Edge restart's gate compares)."""
+
+    #: When the process started counting (Unix seconds).
+    since: float
+    figures: Figures
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaStatus:
     """What one replica runs, and which of its nodes run that config's payload."""
 
@@ -75,6 +86,8 @@ class ReplicaStatus:
     nodes: tuple[NodeState, ...]
     #: The change it is judging, if any.
     candidate: CandidateView | None = None
+    #: What its process served so far; None from an Edge that does not say.
+    served: Served | None = None
 
 
 @dataclass(frozen=True, slots=True)

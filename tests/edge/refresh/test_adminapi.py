@@ -18,6 +18,8 @@ import yaml
 from iop.edge import EdgeServer
 from iop.edge.http.adminapp import AdminAuthError
 from iop.edgeconfig import config_hash, load_data, node_payloads, token_sha256
+from iop.operator.adminapi import EdgeAdmin
+from iop.operator.values import EdgeReplica
 from iop.wire import PROTOCOL_VERSION
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2_grpc import NodeRuntimeStub
@@ -699,3 +701,30 @@ async def test_only_the_named_node_scopes_are_taken_over(
         response = await admin.post("/refresh", json=body)
         assert response.status_code == status
         assert (await admin.get("/status")).json()["generation"] == 1
+
+
+async def test_the_status_says_what_the_process_served_and_the_operator_reads_it(
+    refresh_stack,
+) -> None:
+    """`served` of GET /status: every request this process answered, in counts an operator
+    subtracts (an Edge restart's new pod held to the old ones: iop.operator.gating)."""
+    stack = await refresh_stack()
+    before = (await stack.admin.get("/status")).json()["served"]
+    assert before["figures"]["requests"] == 0
+    for _ in range(3):
+        stack.served(await stack.chat())
+    assert (await stack.chat(model="no-such-model")).status_code == 404  # not the pool's
+
+    served = (await stack.admin.get("/status")).json()["served"]
+    assert served["since"] == before["since"]
+    figures = served["figures"]
+    assert (figures["requests"], figures["failed"], figures["retried"]) == (3, 0, 0)
+    assert sum(figures["first_tokens"]) == sum(figures["durations"]) == 3
+
+    admin = EdgeAdmin()
+    async with admin:
+        replica = EdgeReplica("edge-0", "uid", str(stack.edge.admin_url), True, None)
+        status = await admin.status(replica, None)
+    assert status.served is not None
+    assert status.served.since == served["since"]
+    assert status.served.figures.requests == 3

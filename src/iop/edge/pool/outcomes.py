@@ -71,6 +71,14 @@ class Reading:
                 total = total + figures
         return total
 
+    def total(self) -> Figures:
+        """Every request counted, of every model on both sides: what the process served."""
+        total = Figures()
+        for figures_of in self.sides:
+            for figures in figures_of.values():
+                total = total + figures
+        return total
+
 
 class OutcomeTally:
     """Running totals per side and model; see the module docstring."""

@@ -128,6 +128,7 @@ class Refresher:
                 "candidate": _role(log.candidate),
             },
             "nodes": nodes,
+            "served": self.rollouts.served(),
         }
 
     def last(self, mode: Mode | None = None) -> RefreshReport | None:

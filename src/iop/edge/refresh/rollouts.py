@@ -65,6 +65,8 @@ class Rollouts:
         #: refused (what keeps a caller that reapplies its desired config from undoing a
         #: rollback), until another config is applied.
         self._rolled_back: dict[str, Revision] = {}
+        #: When this process started counting (Unix seconds).
+        self._since = round(time.time(), 3)
 
     def started(self, snapshot: PoolSnapshot, source: str) -> None:
         """Revision 1: the config the Edge started with."""
@@ -136,6 +138,11 @@ class Rollouts:
 
     def status(self) -> dict[str, Any]:
         return self.log.as_dict()
+
+    def served(self) -> dict[str, Any]:
+        """What this process served since it started, every model and revision together, in
+        counts (`Figures.counts`): what the operator holds a new Edge pod to the old ones by."""
+        return {"since": self._since, "figures": self.reading().total().counts()}
 
     def refusal(self, config: EdgeConfig) -> str:
         """Why an apply of `config` is refused now, or "" (see `_rolled_back`); hashes it only
