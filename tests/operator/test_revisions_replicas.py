@@ -16,7 +16,7 @@ import pytest
 from iop.edge import EdgeServer
 from iop.edgeconfig import config_hash, load_data
 from iop.operator.adminapi import EdgeAdmin
-from iop.operator.discovering import FixedReplicas
+from iop.operator.discovering import FixedReplicas, ReplicaFinder
 from iop.operator.documents import Owner
 from iop.operator.kubeapi import KubeApi
 from iop.operator.reconciling import PassResult, Reconciler
@@ -67,6 +67,8 @@ class Cluster:
 
     def __init__(self, fake: FakeApi, api: KubeApi, admin: EdgeAdmin, urls: list[str]) -> None:
         self.fake, self.api, self.admin, self.urls = fake, api, admin, urls
+        #: Where the operator finds the replicas (the next `restart` takes a new one).
+        self.finder: ReplicaFinder = FixedReplicas(urls)
         self.events = Events()
         self.reconciler = self._operator()
         self.generation = 0
@@ -77,7 +79,7 @@ class Cluster:
             "demo",
             api=self.api,
             admin=self.admin,
-            finder=FixedReplicas(self.urls),
+            finder=self.finder,
             events=self.events,  # type: ignore[arg-type]
         )
 

@@ -6,11 +6,12 @@ a node, when its new process serves worse than the old one did (`worse_restarts`
 `NodeBaseline` noted when the node was stamped); for the Edge, when its new pods' requests fare
 worse than the old pods' in the same stretch, by the rules of `rollout` (`worse_edge`, against
 the `EdgeBaseline` noted when the Edge was stamped; the Deployment's `minReadySeconds` keeps the
-old pods serving beside the first new one while it is judged). A failed gate puts every workload back on the
-stable revision's stamp (`stamps_back`). The stable revision is the newest config that came
-through (`came_through`); the Edge ConfigMap holds it while a newer config is on trial or was
-rolled back (`pods_config`). The reconcile pass acts on these (`reconciling.py`);
-docs/operator.md, "Revisions", has the rules; tests/operator/test_deciding.py drives them.
+old pods serving beside the first new one while it is judged). A failed gate puts every
+workload back on the stable revision's stamp (`stamps_back`). The stable revision is the newest
+config that came through (`came_through`); the Edge ConfigMap holds it while a newer config is
+on trial or was rolled back (`pods_config`). The reconcile pass acts on these
+(`reconciling.py`); docs/operator.md, "Revisions", has the rules; tests/operator/test_deciding.py
+and tests/operator/test_restart_baselines.py drive them.
 """
 
 from __future__ import annotations
