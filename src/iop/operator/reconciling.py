@@ -529,8 +529,7 @@ class Reconciler:
         nodes = {node: list(items) for node, items in observation.nodes.items()}
         for workload, record in stamps_due(observation, current):
             if record.scope == "edge" and (
-                self._edge_baseline is None
-                or self._edge_baseline.config_hash != record.config_hash
+                self._edge_baseline is None or self._edge_baseline.config_hash != record.config_hash
             ):  # what the old pods served so far, to hold the new ones to
                 self._edge_baseline = edge_baseline(self._last_outcomes, record.config_hash)
             kept = self._baselines.get(record.scope)
