@@ -49,11 +49,15 @@ from .deciding import (
 )
 from .discovering import ReplicaFinder
 from .documents import (
+    KEPT_BUDGET,
     AppliedState,
+    KeptConfigs,
     Owner,
     StableRevision,
+    decode_kept,
     decode_state,
     edge_configmap,
+    kept_configmap,
     render_config,
 )
 from .documents import state_configmap as record_configmap
@@ -192,6 +196,14 @@ class Reconciler:
         #: the restart's gate holds the new process to (kept in memory: after an operator
         #: restart, a restart under way is judged by its readiness alone).
         self._baselines: dict[str, tuple[str, NodeBaseline]] = {}
+        #: The kept configs of the revisions as last read or written, of the EdgeConfig
+        #: `_kept_owner` (None: not read since the operator started: read when a pin or a new
+        #: revision needs them), and the resourceVersion written.
+        self._kept: KeptConfigs | None = None
+        self._kept_owner = ""
+        self._kept_version = ""
+        #: The kept configs are to be written again (a write failed, or someone else's did).
+        self._keep_due = False
 
     @property
     def applied(self) -> AppliedState | None:
@@ -246,6 +258,7 @@ class Reconciler:
             observation = await self._observe(owner, generation, spec, tokens)
             clock = timings.mark("observe", clock)
             verdict, step = await self._act(owner, observation, tokens, timings, previous)
+            await self._keep(owner, previous, step.history, observation)
             clock = timings.mark("act", clock)
             await self._report(owner, verdict, previous, step)
         except KubeApiError as error:
@@ -524,36 +537,131 @@ class Reconciler:
         )
 
     async def _pinned(self, owner: Owner, body: Mapping[str, Any], spec: EdgeConfig) -> EdgeConfig:
-        """The config to bring into effect: the spec's, or the stable revision's while the
-        EdgeConfig is pinned to it (`iop.dev/pin-revision: stable`, an emergency: the spec is
-        applied again once the annotation goes)."""
+        """The config to bring into effect: the spec's, or while the EdgeConfig is pinned
+        (`iop.dev/pin-revision`, an emergency: the spec is applied again once the annotation
+        goes) the stable revision's (`stable`) or revision N's (`"N"`, while its config is kept).
+        A pin that cannot be held is said and ignored: the spec is applied."""
         pin = conventions.pin_of(body)
         if pin is None:
             return spec
-        record = await self._load_state(owner)
-        stable = record.stable if record is not None else None
-        if pin != conventions.PIN_STABLE or stable is None:
-            why = (
-                f"takes only {conventions.PIN_STABLE!r}"
-                if pin != conventions.PIN_STABLE
-                else "has no stable revision to hold yet (no config came through)"
-            )
+        held, what = await self._pin_target(owner, body, pin)
+        if held is None:
             self._say(
                 owner,
                 "Warning",
                 "PinIgnored",
-                f"{conventions.PIN_ANNOTATION}={pin!r} is ignored: the pin {why}; the spec is "
-                "applied",
+                f"{conventions.PIN_ANNOTATION}={pin!r} is ignored: {what}; the spec is applied",
             )
             return spec
         self._say(
             owner,
             "Warning",
             "Pinned",
-            f"{conventions.PIN_ANNOTATION}={pin}: the stable config {stable.config_hash[:12]} is "
-            "held in effect in place of the spec; remove the annotation to apply the spec",
+            f"{conventions.PIN_ANNOTATION}={pin}: {what} is held in effect in place of the spec; "
+            "remove the annotation to apply the spec",
         )
-        return stable.config
+        return held
+
+    async def _pin_target(
+        self, owner: Owner, body: Mapping[str, Any], pin: str
+    ) -> tuple[EdgeConfig | None, str]:
+        """(the config the pin holds, what it is), or (None, why the pin cannot be held)."""
+        record = await self._load_state(owner)
+        if pin == conventions.PIN_STABLE:
+            stable = record.stable if record is not None else None
+            if stable is None:
+                return None, "the pin has no stable revision to hold yet (no config came through)"
+            return stable.config, f"the stable config {stable.config_hash[:12]}"
+        number = conventions.pinned_revision(pin)
+        if number is None:
+            return None, f"the pin takes {conventions.PIN_STABLE!r} or a revision number"
+        history = self._history_of(owner, body.get("status") or {})
+        entry = next((e for e in history if e.revision == number), None)
+        if entry is None:
+            listed = (
+                f"revisions {history[-1].revision} to {history[0].revision}"
+                if history
+                else "none yet"
+            )
+            return None, f"revision {number} is not in the history ({listed})"
+        digest = entry.config_hash
+        config = None
+        if record is not None and record.config_hash == digest:
+            config = record.config
+        elif record is not None and record.stable is not None:
+            config = record.stable.config if record.stable.config_hash == digest else None
+        if config is None:
+            kept = await self._kept_configs(owner)
+            config = await asyncio.to_thread(kept.config_of, digest)
+        if config is None:
+            return None, (
+                f"the config of revision {number} ({digest[:12]}) is not kept (the operator "
+                f"keeps those of the revisions in the history, the newest first, up to "
+                f"{KEPT_BUDGET // 1024} KiB compressed)"
+            )
+        return config, f"revision {number}'s config {digest[:12]}"
+
+    async def _kept_configs(self, owner: Owner) -> KeptConfigs:
+        """The kept configs, read once (still packed) when first needed."""
+        if self._kept is not None and self._kept_owner == owner.uid:
+            return self._kept
+        path = resource_path(
+            "v1", "configmaps", owner.namespace, conventions.revisions_configmap_name(owner.name)
+        )
+        try:
+            found = await self._api.get(path, what="read the kept configs")
+        except KubeNotFound:
+            found = None
+        kept, version = KeptConfigs(), ""
+        if found is not None and _owned_by(found, owner):
+            kept = decode_kept(found)
+            version = found["metadata"].get("resourceVersion", "")
+        self._kept, self._kept_owner, self._kept_version = kept, owner.uid, version
+        return kept
+
+    async def _keep(
+        self,
+        owner: Owner,
+        previous: Mapping[str, Any],
+        history: Sequence[HistoryEntry],
+        observation: Observation,
+    ) -> None:
+        """A config that came into effect as a new revision is kept (a pin to its number puts it
+        back), with the configs of the other revisions in the history, within the budget. A
+        failure is logged and tried again on the next pass: it costs a pin, never the pass."""
+        before = self._history_of(owner, previous)
+        newest = history[0] if history else None
+        added = newest is not None and (not before or before[0].revision != newest.revision)
+        if not added and not self._keep_due:
+            return
+        known = {observation.desired_hash: observation.desired}
+        if (record := self._state) is not None:
+            known.setdefault(record.config_hash, record.config)
+            if record.stable is not None:
+                known.setdefault(record.stable.config_hash, record.stable.config)
+        name = conventions.revisions_configmap_name(owner.name)
+        try:
+            kept = await self._kept_configs(owner)
+            revisions = [(e.revision, e.config_hash) for e in history]
+            updated = await asyncio.to_thread(kept.keeping, revisions, known)
+            if updated == kept and not self._keep_due:
+                return
+            body = kept_configmap(owner, updated)
+            self._writing.add(name)
+            try:
+                written = await self._api.apply(
+                    resource_path("v1", "configmaps", owner.namespace, name),
+                    body,
+                    what="write the kept configs",
+                )
+            finally:
+                self._writing.discard(name)
+        except KubeApiError as error:
+            logger.warning("%s/%s: cannot keep the configs: %s", owner.namespace, owner.name, error)
+            self._keep_due = True
+            return
+        self._kept, self._kept_owner, self._keep_due = updated, owner.uid, False
+        self._kept_version = written["metadata"].get("resourceVersion", "")
 
     def _can_go_back(self, observation: Observation) -> bool:
         """Whether a stable revision other than the desired config is there to go back to."""
@@ -932,6 +1040,7 @@ class Reconciler:
         configmaps = (
             conventions.edge_configmap_name(owner.name),
             conventions.state_configmap_name(owner.name),
+            conventions.revisions_configmap_name(owner.name),
         )
         self._watches.keep(
             {NamedObject("v1", "configmaps", owner.namespace, name) for name in configmaps}
@@ -964,6 +1073,12 @@ class Reconciler:
             if self._written is None or (not gone and self._written[1] == version):
                 return False
             self._written = None
+            self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
+            return True
+        if target.name == conventions.revisions_configmap_name(self.name):
+            if self._kept is None or (not gone and self._kept_version == version):
+                return False
+            self._keep_due = True  # what this operator kept is the newest word on them
             self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
             return True
         if self._state is None or (not gone and self._record_version == version):
