@@ -15,8 +15,12 @@ import orjson
 import pytest
 
 from iop.edge import EdgeServer
-from iop.edgeconfig import config_hash, load_data
+from iop.edgeconfig import UpstreamPolicy, config_hash, load_data
 from iop.operator import conventions
+from iop.operator.discovering import FixedReplicas
+from iop.operator.documents import KeptConfigs, Owner, kept_configmap
+from iop.operator.reconciling import Reconciler
+from testkit import find_provider
 
 from .test_revisions_replicas import (
     PATH,
@@ -341,3 +345,52 @@ async def test_a_pin_that_cannot_be_held_is_ignored_and_said(
     assert said(cluster, "Pinned") == []
     assert a.refresher.current.config_hash == third_hash  # the spec's, as before
     assert history(cluster)[0] == (3, "Promoted")
+
+
+async def test_a_pin_never_brings_back_what_the_upstream_policy_refuses_now(
+    cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
+) -> None:
+    a, _ = edges
+    # Revision 1 reached the cloud metadata address, kept before the platform set a policy.
+    old = document()
+    find_provider(old, "pa")["adapter"] = {
+        "type": "openai",
+        "base_url": "http://169.254.169.254/v1",
+    }
+    old_config = load_data(old)
+    old_hash = config_hash(old_config)
+    kept = KeptConfigs().keeping([(1, old_hash)], {old_hash: old_config})
+    cluster.fake.objects[KEPT] = kept_configmap(Owner("demo", "ns", "uid-1"), kept)
+    cluster.set_spec(document())
+    cluster.fake.objects[PATH]["status"] = {
+        "history": [
+            {
+                "revision": 1,
+                "configHash": old_hash,
+                "generation": 1,
+                "appliedAt": "2026-12-02T09:12:41Z",
+                "livePaths": [],
+                "restartPaths": [],
+                "outcome": "Applied",
+            }
+        ]
+    }
+    await cluster.reconciler.stop()
+    cluster.reconciler = Reconciler(
+        "ns",
+        "demo",
+        api=cluster.api,
+        admin=cluster.admin,
+        finder=FixedReplicas(cluster.urls),
+        events=cluster.events,  # type: ignore[arg-type]
+        policy=UpstreamPolicy(),  # no upstream at all (the fake adapters reach none)
+    )
+    pin(cluster, "1")
+    await cluster.reconcile()
+    assert said(cluster, "PinIgnored") == [
+        f"iop.dev/pin-revision='1' is ignored: revision 1's config {old_hash[:12]} is not "
+        "allowed now: nodes[0].providers[0].adapter.baseUrl: 169.254.169.254 is in a range the "
+        "upstream policy denies; the spec is applied"
+    ]
+    assert a.refresher.current.config_hash == config_hash(load_data(document()))
+    assert history(cluster)[0] == (2, "Applied")

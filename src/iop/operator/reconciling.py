@@ -545,6 +545,8 @@ class Reconciler:
         if pin is None:
             return spec
         held, what = await self._pin_target(owner, body, pin)
+        if held is not None and (refused := self._refused_now(held)):
+            held, what = None, f"{what} is not allowed now: {refused}"
         if held is None:
             self._say(
                 owner,
@@ -561,6 +563,14 @@ class Reconciler:
             "remove the annotation to apply the spec",
         )
         return held
+
+    def _refused_now(self, config: EdgeConfig) -> str:
+        """What the upstream policy and the reserved Secrets refuse of a config that was allowed
+        when it came into effect (a pin never brings back what a spec could not ask for now)."""
+        problems = list(self._policy.config_problems(config)) if self._policy is not None else []
+        problems += reserved_refs(config, self._reserved)
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        return "; ".join(str(p) for p in problems[:3]) + more
 
     async def _pin_target(
         self, owner: Owner, body: Mapping[str, Any], pin: str
