@@ -51,13 +51,10 @@ from .discovering import ReplicaFinder
 from .documents import (
     KEPT_BUDGET,
     AppliedState,
-    KeptConfigs,
     Owner,
     StableRevision,
-    decode_kept,
     decode_state,
     edge_configmap,
-    kept_configmap,
     render_config,
 )
 from .documents import state_configmap as record_configmap
@@ -72,6 +69,7 @@ from .gating import (
     stamps_back,
     worse_restarts,
 )
+from .keeping import ConfigKeeper
 from .kubeapi import KubeApi, resource_path
 from .liveapplying import apply_on_replicas, read_replicas
 from .metrics import EdgeConfigHealth, OperatorMetrics
@@ -196,14 +194,8 @@ class Reconciler:
         #: the restart's gate holds the new process to (kept in memory: after an operator
         #: restart, a restart under way is judged by its readiness alone).
         self._baselines: dict[str, tuple[str, NodeBaseline]] = {}
-        #: The kept configs of the revisions as last read or written, of the EdgeConfig
-        #: `_kept_owner` (None: not read since the operator started: read when a pin or a new
-        #: revision needs them), and the resourceVersion written.
-        self._kept: KeptConfigs | None = None
-        self._kept_owner = ""
-        self._kept_version = ""
-        #: The kept configs are to be written again (a write failed, or someone else's did).
-        self._keep_due = False
+        #: The configs of the revisions, kept for a pin to a revision number.
+        self._keeper = ConfigKeeper(api)
 
     @property
     def applied(self) -> AppliedState | None:
@@ -601,8 +593,7 @@ class Reconciler:
         elif record is not None and record.stable is not None:
             config = record.stable.config if record.stable.config_hash == digest else None
         if config is None:
-            kept = await self._kept_configs(owner)
-            config = await asyncio.to_thread(kept.config_of, digest)
+            config = await self._keeper.config_of(owner, digest)
         if config is None:
             return None, (
                 f"the config of revision {number} ({digest[:12]}) is not kept (the operator "
@@ -611,24 +602,6 @@ class Reconciler:
             )
         return config, f"revision {number}'s config {digest[:12]}"
 
-    async def _kept_configs(self, owner: Owner) -> KeptConfigs:
-        """The kept configs, read once (still packed) when first needed."""
-        if self._kept is not None and self._kept_owner == owner.uid:
-            return self._kept
-        path = resource_path(
-            "v1", "configmaps", owner.namespace, conventions.revisions_configmap_name(owner.name)
-        )
-        try:
-            found = await self._api.get(path, what="read the kept configs")
-        except KubeNotFound:
-            found = None
-        kept, version = KeptConfigs(), ""
-        if found is not None and _owned_by(found, owner):
-            kept = decode_kept(found)
-            version = found["metadata"].get("resourceVersion", "")
-        self._kept, self._kept_owner, self._kept_version = kept, owner.uid, version
-        return kept
-
     async def _keep(
         self,
         owner: Owner,
@@ -636,42 +609,19 @@ class Reconciler:
         history: Sequence[HistoryEntry],
         observation: Observation,
     ) -> None:
-        """A config that came into effect as a new revision is kept (a pin to its number puts it
-        back), with the configs of the other revisions in the history, within the budget. A
-        failure is logged and tried again on the next pass: it costs a pin, never the pass."""
-        before = self._history_of(owner, previous)
-        newest = history[0] if history else None
-        added = newest is not None and (not before or before[0].revision != newest.revision)
-        if not added and not self._keep_due:
-            return
+        """A config that came into effect as a new revision is kept (`keeping.py`)."""
         known = {observation.desired_hash: observation.desired}
         if (record := self._state) is not None:
             known.setdefault(record.config_hash, record.config)
             if record.stable is not None:
                 known.setdefault(record.stable.config_hash, record.stable.config)
-        name = conventions.revisions_configmap_name(owner.name)
-        try:
-            kept = await self._kept_configs(owner)
-            revisions = [(e.revision, e.config_hash) for e in history]
-            updated = await asyncio.to_thread(kept.keeping, revisions, known)
-            if updated == kept and not self._keep_due:
-                return
-            body = kept_configmap(owner, updated)
-            self._writing.add(name)
-            try:
-                written = await self._api.apply(
-                    resource_path("v1", "configmaps", owner.namespace, name),
-                    body,
-                    what="write the kept configs",
-                )
-            finally:
-                self._writing.discard(name)
-        except KubeApiError as error:
-            logger.warning("%s/%s: cannot keep the configs: %s", owner.namespace, owner.name, error)
-            self._keep_due = True
-            return
-        self._kept, self._kept_owner, self._keep_due = updated, owner.uid, False
-        self._kept_version = written["metadata"].get("resourceVersion", "")
+        before = self._history_of(owner, previous)
+        await self._keeper.keep(
+            owner,
+            [(e.revision, e.config_hash) for e in before],
+            [(e.revision, e.config_hash) for e in history],
+            known,
+        )
 
     def _can_go_back(self, observation: Observation) -> bool:
         """Whether a stable revision other than the desired config is there to go back to."""
@@ -1086,9 +1036,8 @@ class Reconciler:
             self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
             return True
         if target.name == conventions.revisions_configmap_name(self.name):
-            if self._kept is None or (not gone and self._kept_version == version):
+            if not self._keeper.changed_by_others(gone, version):
                 return False
-            self._keep_due = True  # what this operator kept is the newest word on them
             self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
             return True
         if self._state is None or (not gone and self._record_version == version):
