@@ -314,6 +314,13 @@ async def test_a_pin_to_a_revision_number_holds_its_kept_config_across_an_operat
     assert history(cluster)[0] == (6, "Watching")
     assert cluster.status["history"][0]["restores"] == 3
 
+    # Pinned to revision 1 again: held again, and said again.
+    pin(cluster, "1")
+    await cluster.reconcile()
+    assert a.refresher.current.config_hash == first_hash
+    assert history(cluster)[0] == (7, "Applied")  # the Edges' stable config: no trial
+    assert len([m for m in said(cluster, "Pinned") if "revision 1's config" in m]) == 2
+
 
 @pytest.mark.parametrize(
     ("value", "why"),

@@ -196,6 +196,8 @@ class Reconciler:
         self._baselines: dict[str, tuple[str, NodeBaseline]] = {}
         #: The configs of the revisions, kept for a pin to a revision number.
         self._keeper = ConfigKeeper(api)
+        #: The pin as the last pass saw it: a pin set again is said again.
+        self._pin_seen: str | None = None
 
     @property
     def applied(self) -> AppliedState | None:
@@ -534,6 +536,9 @@ class Reconciler:
         goes) the stable revision's (`stable`) or revision N's (`"N"`, while its config is kept).
         A pin that cannot be held is said and ignored: the spec is applied."""
         pin = conventions.pin_of(body)
+        if pin != self._pin_seen:
+            self._said = {key for key in self._said if key[0] not in ("Pinned", "PinIgnored")}
+            self._pin_seen = pin
         if pin is None:
             return spec
         held, what = await self._pin_target(owner, body, pin)
