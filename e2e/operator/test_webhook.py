@@ -104,14 +104,20 @@ async def test_warnings_state_the_plan_and_a_dry_run_changes_nothing(
     assert "Warning: rollout: about 15s with 20 requests judged (at most 60s)" in real.stderr
     await asyncio.to_thread(edgeconfigs.wait, "demo", generation=2)
 
-    # The emergency pin: refused unless it is `stable`, and warned about while it is set.
+    # The emergency pin: refused unless it is `stable` or a revision number, and warned about
+    # while it is set.
     def annotate(*args: str) -> Any:
         return kube_cluster.kubectl("annotate", "-n", namespace, "ec", "demo", *args, check=False)
 
-    wrong = await asyncio.to_thread(annotate, "iop.dev/pin-revision=3")
+    wrong = await asyncio.to_thread(annotate, "iop.dev/pin-revision=latest")
     assert wrong.returncode != 0
-    assert "metadata.annotations[iop.dev/pin-revision]: '3' is not a pin" in wrong.stderr
-    pinned = await asyncio.to_thread(annotate, "iop.dev/pin-revision=stable")
+    assert "metadata.annotations[iop.dev/pin-revision]: 'latest' is not a pin" in wrong.stderr
+    numbered = await asyncio.to_thread(annotate, "--overwrite", "iop.dev/pin-revision=99")
+    assert numbered.returncode == 0, numbered.stderr
+    assert (
+        "Warning: pinned: iop.dev/pin-revision=99: revision 99 is not in the history"
+    ) in numbered.stderr
+    pinned = await asyncio.to_thread(annotate, "--overwrite", "iop.dev/pin-revision=stable")
     assert pinned.returncode == 0, pinned.stderr
     assert (
         "Warning: pinned: iop.dev/pin-revision=stable holds the stable revision in effect; this "

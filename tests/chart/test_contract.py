@@ -90,7 +90,11 @@ def test_rbac_is_exactly_the_operators_table(chart_tools: ChartTools) -> None:
         "iop-iop-edge-node-node-1",
     ]
     assert named["deployments"] == ["iop-iop-edge-edge", "iop-iop-edge-node-node-1"]
-    assert named["configmaps"] == ["iop-iop-edge-edge", "iop-iop-edge-edge-applied"]
+    assert named["configmaps"] == [
+        "iop-iop-edge-edge",
+        "iop-iop-edge-edge-applied",
+        "iop-iop-edge-edge-revisions",
+    ]
     assert named["edgeconfigs"] == named["edgeconfigs/status"] == ["iop-iop-edge"]
     assert named["leases"] == ["iop-iop-edge-operator"]
     assert named["services"] == ["iop-iop-edge-operator-webhook", "iop-iop-edge-hub"]

@@ -3,7 +3,8 @@ Deployment): what the Edge ConfigMap holds while a live change is on trial and a
 rolled back (the stable config, so an Edge pod that starts then starts on it), and a restart
 that fails its gate (the Deployment's progress deadline passes before its first new pod is
 available) put back on the last good pod template by the operator alone; and the emergency pin
-(`iop.dev/pin-revision: stable`)."""
+(`iop.dev/pin-revision: stable`, or a revision number: its config kept by the operator, read
+back after an operator restart)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ import orjson
 import pytest
 
 from iop.edge import EdgeServer
-from iop.edgeconfig import config_hash, load_data
+from iop.edgeconfig import UpstreamPolicy, config_hash, load_data
 from iop.operator import conventions
+from iop.operator.discovering import FixedReplicas
+from iop.operator.documents import KeptConfigs, Owner, kept_configmap
+from iop.operator.reconciling import Reconciler
+from testkit import find_provider
 
 from .test_revisions_replicas import (
     PATH,
@@ -34,6 +39,7 @@ pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
 DEPLOYMENT = "/apis/apps/v1/namespaces/ns/deployments/demo-edge"
 CONFIGMAP = "/api/v1/namespaces/ns/configmaps/demo-edge"
+KEPT = "/api/v1/namespaces/ns/configmaps/demo-edge-revisions"
 
 
 def edge_deployment(stamp: str = "", *, stalled: bool = False) -> dict[str, Any]:
@@ -222,3 +228,176 @@ async def test_a_pin_with_nothing_to_hold_is_ignored_and_said(cluster: Cluster) 
     assert history(cluster) == [(1, "Applied")]
     (said,) = [m for _, reason, m in cluster.events.posted if reason == "PinIgnored"]
     assert "has no stable revision to hold yet" in said
+
+
+def pin(cluster: Cluster, value: str | None) -> None:
+    """Set (or remove) the pin annotation, as `kubectl annotate` would."""
+    metadata = cluster.fake.objects[PATH]["metadata"]
+    metadata["annotations"] = {conventions.PIN_ANNOTATION: value} if value is not None else {}
+
+
+def said(cluster: Cluster, reason: str) -> list[str]:
+    return [m for _, why, m in cluster.events.posted if why == reason]
+
+
+async def promoted(cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]) -> None:
+    """The change on trial promoted by both replicas, and the operator's pass that sees it."""
+    for edge in edges:
+        await admin_call(edge, "POST", "/rollout", action="promote")
+    await cluster.reconcile()
+
+
+async def three_revisions(
+    cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
+) -> list[tuple[dict[str, Any], str]]:
+    """Revisions 1, 2 and 3 (capacities 4, 6, 8), each promoted: each document and its hash."""
+    base, base_hash = await first_applied(cluster)
+    made = [(base, base_hash)]
+    for capacity in (6, 8):
+        changed = with_capacity(base, capacity)
+        cluster.set_spec(changed)
+        await cluster.reconcile()
+        await promoted(cluster, edges)
+        made.append((changed, config_hash(load_data(changed))))
+    assert history(cluster) == [(3, "Promoted"), (2, "Promoted"), (1, "Applied")]
+    return made
+
+
+async def test_a_pin_to_a_revision_number_holds_its_kept_config_across_an_operator_restart(
+    cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
+) -> None:
+    a, b = edges
+    (_, first_hash), (_, second_hash), (third, third_hash) = await three_revisions(cluster, edges)
+    # Each config that came into effect is kept, by its hash, in a ConfigMap the EdgeConfig owns.
+    kept = cluster.fake.objects[KEPT]
+    assert kept["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert set(kept["binaryData"]) == {
+        f"{h}.json.gz" for h in (first_hash, second_hash, third_hash)
+    }
+    assert [r["revision"] for r in orjson.loads(kept["data"]["revisions"])] == [3, 2, 1]
+
+    # A new operator reads the kept configs only when a pin needs them.
+    await cluster.restart()
+    cluster.fake.calls.clear()
+    await cluster.reconcile()
+    assert ("GET", KEPT) not in cluster.fake.calls
+
+    # Revision 1: neither the config last applied nor the stable one (revision 3): read back.
+    pin(cluster, "1")
+    await cluster.reconcile()
+    assert ("GET", KEPT) in cluster.fake.calls
+    assert a.refresher.current.config_hash == b.refresher.current.config_hash == first_hash
+    assert history(cluster)[0] == (4, "Watching")  # judged as any change, live where it can
+    assert cluster.status["history"][0]["restores"] == 1
+    assert said(cluster, "Pinned") == [
+        f"iop.dev/pin-revision=1: revision 1's config {first_hash[:12]} is held in effect in "
+        "place of the spec; remove the annotation to apply the spec"
+    ]
+    await promoted(cluster, edges)
+    assert history(cluster)[0] == (4, "Promoted")
+    await cluster.reconcile()  # held: nothing moves
+    assert history(cluster)[0] == (4, "Promoted")
+
+    # Another revision while pinned: the pin moves, the spec still waits.
+    pin(cluster, "2")
+    await cluster.reconcile()
+    assert a.refresher.current.config_hash == second_hash
+    assert history(cluster)[0] == (5, "Watching")
+    assert cluster.status["history"][0]["restores"] == 2
+    kept = cluster.fake.objects[KEPT]
+    assert [r["revision"] for r in orjson.loads(kept["data"]["revisions"])] == [5, 4, 3, 2, 1]
+
+    # Unpinned: the spec (revision 3's config) is applied again, as a new revision.
+    pin(cluster, None)
+    await cluster.reconcile()
+    assert a.refresher.current.config_hash == third_hash == config_hash(load_data(third))
+    assert history(cluster)[0] == (6, "Watching")
+    assert cluster.status["history"][0]["restores"] == 3
+
+    # Pinned to revision 1 again: held again, and said again.
+    pin(cluster, "1")
+    await cluster.reconcile()
+    assert a.refresher.current.config_hash == first_hash
+    assert history(cluster)[0] == (7, "Applied")  # the Edges' stable config: no trial
+    assert len([m for m in said(cluster, "Pinned") if "revision 1's config" in m]) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        pytest.param("9", "revision 9 is not in the history (revisions 1 to 3)", id="no-such"),
+        pytest.param(
+            "2",
+            "the config of revision 2 ({hash}) is not kept (the operator keeps those of the "
+            "revisions in the history, the newest first, up to 512 KiB compressed)",
+            id="not-kept",
+        ),
+        pytest.param("latest", "the pin takes 'stable' or a revision number", id="not-a-pin"),
+    ],
+)
+async def test_a_pin_that_cannot_be_held_is_ignored_and_said(
+    cluster: Cluster, edges: tuple[EdgeServer, EdgeServer], value: str, why: str
+) -> None:
+    a, _ = edges
+    made = await three_revisions(cluster, edges)
+    (_, second_hash), (_, third_hash) = made[1], made[2]
+    del cluster.fake.objects[KEPT]  # lost, and a new operator has no copy
+    await cluster.restart()
+    pin(cluster, value)
+    await cluster.reconcile()
+    assert said(cluster, "PinIgnored") == [
+        f"iop.dev/pin-revision={value!r} is ignored: {why.format(hash=second_hash[:12])}; the "
+        "spec is applied"
+    ]
+    assert said(cluster, "Pinned") == []
+    assert a.refresher.current.config_hash == third_hash  # the spec's, as before
+    assert history(cluster)[0] == (3, "Promoted")
+
+
+async def test_a_pin_never_brings_back_what_the_upstream_policy_refuses_now(
+    cluster: Cluster, edges: tuple[EdgeServer, EdgeServer]
+) -> None:
+    a, _ = edges
+    # Revision 1 reached the cloud metadata address, kept before the platform set a policy.
+    old = document()
+    find_provider(old, "pa")["adapter"] = {
+        "type": "openai",
+        "base_url": "http://169.254.169.254/v1",
+    }
+    old_config = load_data(old)
+    old_hash = config_hash(old_config)
+    kept = KeptConfigs().keeping([(1, old_hash)], {old_hash: old_config})
+    cluster.fake.objects[KEPT] = kept_configmap(Owner("demo", "ns", "uid-1"), kept)
+    cluster.set_spec(document())
+    cluster.fake.objects[PATH]["status"] = {
+        "history": [
+            {
+                "revision": 1,
+                "configHash": old_hash,
+                "generation": 1,
+                "appliedAt": "2026-12-02T09:12:41Z",
+                "livePaths": [],
+                "restartPaths": [],
+                "outcome": "Applied",
+            }
+        ]
+    }
+    await cluster.reconciler.stop()
+    cluster.reconciler = Reconciler(
+        "ns",
+        "demo",
+        api=cluster.api,
+        admin=cluster.admin,
+        finder=FixedReplicas(cluster.urls),
+        events=cluster.events,  # type: ignore[arg-type]
+        policy=UpstreamPolicy(),  # no upstream at all (the fake adapters reach none)
+    )
+    pin(cluster, "1")
+    await cluster.reconcile()
+    assert said(cluster, "PinIgnored") == [
+        f"iop.dev/pin-revision='1' is ignored: revision 1's config {old_hash[:12]} is not "
+        "allowed now: nodes[0].providers[0].adapter.baseUrl: 169.254.169.254 is in a range the "
+        "upstream policy denies; the spec is applied"
+    ]
+    assert a.refresher.current.config_hash == config_hash(load_data(document()))
+    assert history(cluster)[0] == (2, "Applied")

@@ -92,6 +92,23 @@ async def test_a_pin_set_or_removed_runs_a_pass_though_the_generation_is_the_sam
         await workers.stop()
 
 
+async def test_a_pin_moved_to_another_revision_runs_a_pass(until) -> None:
+    fake = FakeReconciler()
+    fake.gate.set()
+    workers = Workers(lambda namespace, name: fake)  # type: ignore[arg-type, return-value]
+    bodies = []
+    for value in ("stable", "3", "2"):
+        pinned = body(1)
+        pinned["metadata"]["annotations"] = {"iop.dev/pin-revision": value}
+        bodies.append(pinned)
+    try:
+        for count, pinned in enumerate(bodies, start=1):
+            workers.notify(pinned)
+            await until(lambda count=count: fake.seen == [1] * count, timeout=5)
+    finally:
+        await workers.stop()
+
+
 async def test_a_failed_pass_is_retried_and_a_new_generation_does_not_wait_for_the_backoff(
     until,
 ) -> None:

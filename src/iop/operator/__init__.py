@@ -4,7 +4,7 @@
   `hubcertificates`: the Node link's TLS Secret, made at start;
 - a pass: `reconciling` (observe, act, report) and `deciding` (pure, on the `values` a pass
   observes), with `gating` (the restart gates and the stable revision, pure), `revisions` (the
-  cluster revisions and their outcomes, pure), `tokensecrets`,
+  cluster revisions and their outcomes, pure), `keeping` (their configs, for a pin), `tokensecrets`,
   `watching`, `documents`, `rolling`, `liveapplying` and `discovering`;
 - `webhook/`: the validating webhook, its plan, its HTTPS server and certificate;
 - `status/`: the status model, a pass's findings as status, what is written, Events;

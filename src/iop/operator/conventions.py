@@ -6,6 +6,7 @@ name, so the chart (another codebase) and the operator can never drift on a stri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -36,10 +37,13 @@ NODE_ID_LABEL: Final = "iop.dev/node-id"
 CONFIG_HASH_ANNOTATION: Final = "iop.dev/config-hash"
 
 #: The emergency pin, an annotation on the EdgeConfig: `stable` holds it on its stable revision
-#: (the newest config that came through) whatever the spec says, until the annotation goes.
+#: (the newest config that came through), a revision number (`"7"`, as the history shows it) on
+#: that revision's config while the operator keeps it, whatever the spec says, until the
+#: annotation goes.
 PIN_ANNOTATION: Final = "iop.dev/pin-revision"
-#: The one value the pin takes.
+#: The pin's value that holds the stable revision.
 PIN_STABLE: Final = "stable"
+_PIN_NUMBER: Final = re.compile(r"[1-9][0-9]{0,8}")
 
 
 def pin_of(body: Mapping[str, Any]) -> str | None:
@@ -47,6 +51,16 @@ def pin_of(body: Mapping[str, Any]) -> str | None:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     value = annotations.get(PIN_ANNOTATION)
     return str(value) if value is not None else None
+
+
+def pinned_revision(pin: str) -> int | None:
+    """The revision number a pin names (None: `stable`, or not a pin at all)."""
+    return int(pin) if _PIN_NUMBER.fullmatch(pin) else None
+
+
+def is_pin(value: str) -> bool:
+    """Whether `value` is a pin the operator takes: `stable` or a revision number (1 or more)."""
+    return value == PIN_STABLE or pinned_revision(value) is not None
 
 
 #: The key of the Edge ConfigMap that holds the rendered config (mounted as a file).
@@ -69,6 +83,12 @@ def state_configmap_name(name: str) -> str:
     """The operator's own record for one EdgeConfig: the config last applied (compressed) and
     the stamps it wrote. Owned by the EdgeConfig, so it goes when the EdgeConfig goes."""
     return f"{name}-edge-applied"
+
+
+def revisions_configmap_name(name: str) -> str:
+    """The configs of the cluster revisions, kept for a pin to a revision number (compressed,
+    by config hash, within a byte budget). Owned by the EdgeConfig."""
+    return f"{name}-edge-revisions"
 
 
 def edge_selector(name: str) -> str:

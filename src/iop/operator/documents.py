@@ -6,13 +6,15 @@
   is classified against), gzip-compressed, its hash and generation, the stamps the operator
   wrote on workloads, each restart's baseline (a node's old process, or what the Edge's old
   pods had served, that the new ones are held to, so the gate holds across an operator
-  restart); and the *stable* revision (the newest config
-  that came through its trial and its restarts, with its stamps): what the ConfigMap holds while
-  a newer one is on trial or after it was rolled back, and the pod templates a failed restart
-  goes back to.
+  restart); and the *stable* revision (the newest config that came through its trial and its
+  restarts, with its stamps): what the ConfigMap holds while a newer one is on trial or after it
+  was rolled back, and the pod templates a failed restart goes back to.
+- The kept configs (`NAME-edge-revisions`): the config of each cluster revision still in the
+  history, gzip-compressed, by config hash, the newest first within `KEPT_BUDGET` (what a pin to
+  a revision number puts back).
 
-Both are owned by the EdgeConfig and written with server-side apply. docs/operator.md, "What the
-operator writes", says why they are so.
+All three are owned by the EdgeConfig and written with server-side apply. docs/operator.md, "What
+the operator writes", says why they are so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import base64
 import gzip
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -35,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 _STATE_KEY: Final = "config.json.gz"
 _STABLE_KEY: Final = "stable.json.gz"
+#: The kept configs' compressed bytes in all (a ConfigMap holds at most 1 MiB, and base64 adds
+#: a third): the oldest are dropped first to stay within it.
+KEPT_BUDGET: Final = 512 * 1024
+_KEPT_SUFFIX: Final = ".json.gz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,3 +290,116 @@ def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
         logger.warning("the applied record %s does not match its hash; starting afresh", name)
         return None
     return state
+
+
+# -- the kept configs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeptConfigs:
+    """The configs of the cluster revisions, each packed once (gzip, base64) under its config
+    hash, the newest first; and which revisions (number, hash) of the history they serve.
+    Unpacked only when asked for one (`config_of`): a pin needs it."""
+
+    #: (config hash, packed config), the newest first.
+    packed: tuple[tuple[str, str], ...] = ()
+    #: (revision, config hash) of each revision whose config is kept, the newest first.
+    revisions: tuple[tuple[int, str], ...] = ()
+
+    def hashes(self) -> tuple[str, ...]:
+        return tuple(digest for digest, _ in self.packed)
+
+    def size(self) -> int:
+        """The compressed bytes kept (what `KEPT_BUDGET` bounds)."""
+        return sum(_packed_size(text) for _, text in self.packed)
+
+    def config_of(self, digest: str) -> EdgeConfig | None:
+        """The config kept under `digest`; None when it is not kept, or is unreadable or does not
+        match its hash (logged). Parses and validates a whole config: call it off the event
+        loop."""
+        text = dict(self.packed).get(digest)
+        if text is None:
+            return None
+        try:
+            config = _unpack(text)
+        except (ValueError, TypeError, OSError, ConfigError) as exc:
+            logger.warning("the kept config %s is unreadable (%r)", digest[:12], exc)
+            return None
+        if config_hash(config) != digest:
+            logger.warning("the kept config %s does not match its hash", digest[:12])
+            return None
+        return config
+
+    def keeping(
+        self,
+        history: Sequence[tuple[int, str]],
+        known: Mapping[str, EdgeConfig],
+        budget: int = KEPT_BUDGET,
+    ) -> KeptConfigs:
+        """The configs to keep for `history` ((revision, config hash), the newest first): each
+        revision's config, from what is kept or from `known` (packed here; a config neither
+        holds is not kept), the newest first while they fit in `budget` compressed bytes (the
+        first that does not fit and every older one are dropped). Packs: call it off the event
+        loop."""
+        have = dict(self.packed)
+        packed: dict[str, str] = {}
+        total = 0
+        full = False
+        for _, digest in history:
+            if digest in packed or full:
+                continue
+            text = have.get(digest)
+            if text is None and digest in known:
+                text = _pack(known[digest])
+            if text is None:
+                continue  # never kept (an operator before this record) or lost
+            size = _packed_size(text)
+            if total + size > budget:
+                full = True
+                continue
+            packed[digest] = text
+            total += size
+        revisions = tuple((number, digest) for number, digest in history if digest in packed)
+        return KeptConfigs(tuple(packed.items()), revisions)
+
+
+def kept_configmap(owner: Owner, kept: KeptConfigs) -> dict[str, Any]:
+    """The kept configs, as a server-side apply body (a key no longer sent is removed)."""
+    revisions = [{"revision": number, "configHash": digest} for number, digest in kept.revisions]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": conventions.revisions_configmap_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": owner.labels(),
+            "ownerReferences": [owner.reference()],
+        },
+        "data": {"revisions": orjson.dumps(revisions).decode()},
+        "binaryData": {f"{digest}{_KEPT_SUFFIX}": text for digest, text in kept.packed},
+    }
+
+
+def decode_kept(configmap: Mapping[str, Any]) -> KeptConfigs:
+    """The kept configs back, still packed (each is checked against its hash when it is
+    unpacked); none (logged) when the index is unreadable. A key the index does not name is
+    left out."""
+    name = configmap.get("metadata", {}).get("name", "?")
+    try:
+        binary = configmap.get("binaryData") or {}
+        index = orjson.loads((configmap.get("data") or {}).get("revisions") or "[]")
+        revisions = tuple((int(r["revision"]), str(r["configHash"])) for r in index)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        logger.warning("the kept configs %s are unreadable (%r); none are kept", name, exc)
+        return KeptConfigs()
+    packed: dict[str, str] = {}
+    for _, digest in revisions:
+        text = binary.get(f"{digest}{_KEPT_SUFFIX}")
+        if isinstance(text, str) and digest not in packed:
+            packed[digest] = text
+    return KeptConfigs(tuple(packed.items()), tuple((n, d) for n, d in revisions if d in packed))
+
+
+def _packed_size(text: str) -> int:
+    """The bytes a base64 text decodes to."""
+    return len(text) * 3 // 4 - text[-2:].count("=")

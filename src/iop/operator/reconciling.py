@@ -49,6 +49,7 @@ from .deciding import (
 )
 from .discovering import ReplicaFinder
 from .documents import (
+    KEPT_BUDGET,
     AppliedState,
     EdgeBaseline,
     NodeBaseline,
@@ -71,6 +72,7 @@ from .gating import (
     worse_edge,
     worse_restarts,
 )
+from .keeping import ConfigKeeper
 from .kubeapi import KubeApi, resource_path
 from .liveapplying import apply_on_replicas, read_replicas
 from .metrics import EdgeConfigHealth, OperatorMetrics
@@ -198,6 +200,10 @@ class Reconciler:
         #: The Edge's restart under way: what its old pods had served when it was stamped (kept
         #: in the applied record too).
         self._edge_baseline: EdgeBaseline | None = None
+        #: The configs of the revisions, kept for a pin to a revision number.
+        self._keeper = ConfigKeeper(api)
+        #: The pin as the last pass saw it: a pin set again is said again.
+        self._pin_seen: str | None = None
 
     @property
     def applied(self) -> AppliedState | None:
@@ -252,6 +258,7 @@ class Reconciler:
             observation = await self._observe(owner, generation, spec, tokens)
             clock = timings.mark("observe", clock)
             verdict, step = await self._act(owner, observation, tokens, timings, previous)
+            await self._keep(owner, previous, step.history, observation)
             clock = timings.mark("act", clock)
             await self._report(owner, verdict, previous, step)
         except KubeApiError as error:
@@ -565,36 +572,102 @@ class Reconciler:
         )
 
     async def _pinned(self, owner: Owner, body: Mapping[str, Any], spec: EdgeConfig) -> EdgeConfig:
-        """The config to bring into effect: the spec's, or the stable revision's while the
-        EdgeConfig is pinned to it (`iop.dev/pin-revision: stable`, an emergency: the spec is
-        applied again once the annotation goes)."""
+        """The config to bring into effect: the spec's, or while the EdgeConfig is pinned
+        (`iop.dev/pin-revision`, an emergency: the spec is applied again once the annotation
+        goes) the stable revision's (`stable`) or revision N's (`"N"`, while its config is kept).
+        A pin that cannot be held is said and ignored: the spec is applied."""
         pin = conventions.pin_of(body)
+        if pin != self._pin_seen:
+            self._said = {key for key in self._said if key[0] not in ("Pinned", "PinIgnored")}
+            self._pin_seen = pin
         if pin is None:
             return spec
-        record = await self._load_state(owner)
-        stable = record.stable if record is not None else None
-        if pin != conventions.PIN_STABLE or stable is None:
-            why = (
-                f"takes only {conventions.PIN_STABLE!r}"
-                if pin != conventions.PIN_STABLE
-                else "has no stable revision to hold yet (no config came through)"
-            )
+        held, what = await self._pin_target(owner, body, pin)
+        if held is not None and (refused := self._refused_now(held)):
+            held, what = None, f"{what} is not allowed now: {refused}"
+        if held is None:
             self._say(
                 owner,
                 "Warning",
                 "PinIgnored",
-                f"{conventions.PIN_ANNOTATION}={pin!r} is ignored: the pin {why}; the spec is "
-                "applied",
+                f"{conventions.PIN_ANNOTATION}={pin!r} is ignored: {what}; the spec is applied",
             )
             return spec
         self._say(
             owner,
             "Warning",
             "Pinned",
-            f"{conventions.PIN_ANNOTATION}={pin}: the stable config {stable.config_hash[:12]} is "
-            "held in effect in place of the spec; remove the annotation to apply the spec",
+            f"{conventions.PIN_ANNOTATION}={pin}: {what} is held in effect in place of the spec; "
+            "remove the annotation to apply the spec",
         )
-        return stable.config
+        return held
+
+    def _refused_now(self, config: EdgeConfig) -> str:
+        """What the upstream policy and the reserved Secrets refuse of a config that was allowed
+        when it came into effect (a pin never brings back what a spec could not ask for now)."""
+        problems = list(self._policy.config_problems(config)) if self._policy is not None else []
+        problems += reserved_refs(config, self._reserved)
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        return "; ".join(str(p) for p in problems[:3]) + more
+
+    async def _pin_target(
+        self, owner: Owner, body: Mapping[str, Any], pin: str
+    ) -> tuple[EdgeConfig | None, str]:
+        """(the config the pin holds, what it is), or (None, why the pin cannot be held)."""
+        record = await self._load_state(owner)
+        if pin == conventions.PIN_STABLE:
+            stable = record.stable if record is not None else None
+            if stable is None:
+                return None, "the pin has no stable revision to hold yet (no config came through)"
+            return stable.config, f"the stable config {stable.config_hash[:12]}"
+        number = conventions.pinned_revision(pin)
+        if number is None:
+            return None, f"the pin takes {conventions.PIN_STABLE!r} or a revision number"
+        history = self._history_of(owner, body.get("status") or {})
+        entry = next((e for e in history if e.revision == number), None)
+        if entry is None:
+            listed = (
+                f"revisions {history[-1].revision} to {history[0].revision}"
+                if history
+                else "none yet"
+            )
+            return None, f"revision {number} is not in the history ({listed})"
+        digest = entry.config_hash
+        config = None
+        if record is not None and record.config_hash == digest:
+            config = record.config
+        elif record is not None and record.stable is not None:
+            config = record.stable.config if record.stable.config_hash == digest else None
+        if config is None:
+            config = await self._keeper.config_of(owner, digest)
+        if config is None:
+            return None, (
+                f"the config of revision {number} ({digest[:12]}) is not kept (the operator "
+                f"keeps those of the revisions in the history, the newest first, up to "
+                f"{KEPT_BUDGET // 1024} KiB compressed)"
+            )
+        return config, f"revision {number}'s config {digest[:12]}"
+
+    async def _keep(
+        self,
+        owner: Owner,
+        previous: Mapping[str, Any],
+        history: Sequence[HistoryEntry],
+        observation: Observation,
+    ) -> None:
+        """A config that came into effect as a new revision is kept (`keeping.py`)."""
+        known = {observation.desired_hash: observation.desired}
+        if (record := self._state) is not None:
+            known.setdefault(record.config_hash, record.config)
+            if record.stable is not None:
+                known.setdefault(record.stable.config_hash, record.stable.config)
+        before = self._history_of(owner, previous)
+        await self._keeper.keep(
+            owner,
+            [(e.revision, e.config_hash) for e in before],
+            [(e.revision, e.config_hash) for e in history],
+            known,
+        )
 
     def _can_go_back(self, observation: Observation) -> bool:
         """Whether a stable revision other than the desired config is there to go back to."""
@@ -973,6 +1046,7 @@ class Reconciler:
         configmaps = (
             conventions.edge_configmap_name(owner.name),
             conventions.state_configmap_name(owner.name),
+            conventions.revisions_configmap_name(owner.name),
         )
         self._watches.keep(
             {NamedObject("v1", "configmaps", owner.namespace, name) for name in configmaps}
@@ -1005,6 +1079,11 @@ class Reconciler:
             if self._written is None or (not gone and self._written[1] == version):
                 return False
             self._written = None
+            self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
+            return True
+        if target.name == conventions.revisions_configmap_name(self.name):
+            if not self._keeper.changed_by_others(gone, version):
+                return False
             self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
             return True
         if self._state is None or (not gone and self._record_version == version):

@@ -1,7 +1,8 @@
 """The webhook's answers about tokens and ownership: a spec naming the webhook certificate's
 Secret is refused with its path; a token Secret that holds no usable token is said (by Secret and
 key, never its content); an EdgeConfig this operator does not serve is admitted with a warning
-naming the one it serves, unless another release's operator writes its status."""
+naming the one it serves, unless another release's operator writes its status; and the pin
+(`iop.dev/pin-revision`): `stable` or a revision number, warned about while it is set."""
 
 from __future__ import annotations
 
@@ -46,13 +47,17 @@ def spec(secret: str | None = None, key: str = "token") -> dict[str, Any]:
     return document
 
 
-def body(name: str, spec: dict[str, Any], **metadata: Any) -> kopf.Body:
+def body(
+    name: str, spec: dict[str, Any], status: dict[str, Any] | None = None, **metadata: Any
+) -> kopf.Body:
     raw: dict[str, Any] = {
         "apiVersion": "iop.dev/v1alpha1",
         "kind": "EdgeConfig",
         "metadata": {"name": name, "namespace": "ns", **metadata},
         "spec": spec,
     }
+    if status is not None:
+        raw["status"] = status
     return kopf.Body(raw)  # type: ignore[arg-type]
 
 
@@ -135,3 +140,70 @@ async def test_its_own_edgeconfig_and_another_releases_get_no_ownership_warning(
         {"manager": "iop-operator/beta", "operation": "Apply", "subresource": "status"},
     ]
     assert await review(found[UNOWNED_ID], body("beta", spec(), managedFields=beta), "UPDATE") == []
+
+
+#: The history an EdgeConfig's status shows: revisions 2 and 3 (1 left it).
+STATUS = {
+    "history": [
+        {
+            "revision": number,
+            "configHash": f"{number:x}" * 64,
+            "generation": number,
+            "appliedAt": "2026-12-02T09:12:41Z",
+            "livePaths": ["nodes[local].providers[pa].capacity"],
+            "restartPaths": [],
+            "outcome": "Promoted",
+        }
+        for number in (3, 2)
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "warning"),
+    [
+        pytest.param(
+            "stable",
+            "pinned: iop.dev/pin-revision=stable holds the stable revision in effect; this spec "
+            "is not applied until the annotation is removed",
+            id="stable",
+        ),
+        pytest.param(
+            "2",
+            "pinned: iop.dev/pin-revision=2 holds revision 2 (config 222222222222) in effect "
+            "while its config is kept; this spec is not applied until the annotation is removed",
+            id="a-revision",
+        ),
+        pytest.param(
+            "1",
+            "pinned: iop.dev/pin-revision=1: revision 1 is not in the history (revisions 2 to "
+            "3); the operator ignores the pin and applies this spec",
+            id="not-in-the-history",
+        ),
+    ],
+)
+async def test_a_pin_is_admitted_with_a_warning_naming_what_it_holds(
+    handlers: tuple[FakeApi, dict[str, Handler]], value: str, warning: str
+) -> None:
+    _, found = handlers
+    pinned = body("demo", spec(), STATUS, annotations={"iop.dev/pin-revision": value})
+    warnings = await review(found[WEBHOOK_ID], pinned, "UPDATE")
+    assert warnings[-1] == warning
+    assert all(len(w) <= 256 for w in warnings)
+    unpinned = await review(found[WEBHOOK_ID], body("demo", spec(), STATUS), "UPDATE")
+    assert not any(w.startswith("pinned") for w in unpinned)
+
+
+@pytest.mark.parametrize("value", ["latest", "0", "-1", "03", "2.0", " 2", "1234567890", ""])
+async def test_a_pin_that_is_neither_stable_nor_a_revision_number_is_refused_with_its_path(
+    handlers: tuple[FakeApi, dict[str, Handler]], value: str
+) -> None:
+    _, found = handlers
+    pinned = body("demo", spec(), STATUS, annotations={"iop.dev/pin-revision": value})
+    with pytest.raises(kopf.AdmissionError) as refused:
+        await review(found[WEBHOOK_ID], pinned, "UPDATE")
+    assert str(refused.value) == (
+        f"metadata.annotations[iop.dev/pin-revision]: {value!r} is not a pin; it takes "
+        "'stable' (hold the stable revision) or a revision number (hold that revision; "
+        "docs/rollout.md)"
+    )

@@ -36,6 +36,7 @@ from ..documents import Owner, decode_state
 from ..errors import KubeApiError, KubeNotFound
 from ..kubeapi import FIELD_MANAGER, KubeApi, resource_path
 from ..metrics import OperatorMetrics
+from ..status import read_history
 from ..tokensecrets import SecretCache, read_tokens, reserved_refs
 from ..workers import Workers
 from .plans import admission_message, plan_warnings, unowned_warnings
@@ -113,12 +114,13 @@ def register_webhook(
             count("unowned")
             return
         pin = conventions.pin_of(body)
-        if pin is not None and pin != conventions.PIN_STABLE:
+        if pin is not None and not conventions.is_pin(pin):
             if metrics is not None:
                 metrics.admissions.labels("refused").inc()
             raise kopf.AdmissionError(
                 f"metadata.annotations[{conventions.PIN_ANNOTATION}]: {pin!r} is not a pin; "
-                f"it takes {conventions.PIN_STABLE!r} (hold the stable revision; docs/rollout.md)",
+                f"it takes {conventions.PIN_STABLE!r} (hold the stable revision) or a revision "
+                "number (hold that revision; docs/rollout.md)",
                 code=422,
             )
         spec = dict(body.get("spec") or {})
@@ -146,12 +148,35 @@ def register_webhook(
         if policy is not None:
             warnings.extend(f"policy: {note}" for note in policy.unlisted_names(desired))
         if pin is not None:
-            warnings.append(
-                f"pinned: {conventions.PIN_ANNOTATION}={pin} holds the stable revision in effect; "
-                "this spec is not applied until the annotation is removed"
-            )
+            warnings.append(pin_warning(pin, body))
         if metrics is not None:
             metrics.admissions.labels("allowed").inc()
+
+
+def pin_warning(pin: str, body: Mapping[str, Any]) -> str:
+    """The warning while the EdgeConfig is pinned: the revision it holds, from the history its
+    status shows (the operator says with a `PinIgnored` Event when it cannot hold it)."""
+    held = f"pinned: {conventions.PIN_ANNOTATION}={pin}"
+    number = conventions.pinned_revision(pin)
+    if number is None:
+        return (
+            f"{held} holds the stable revision in effect; this spec is not applied until the "
+            "annotation is removed"
+        )
+    history = read_history(body.get("status") or {})
+    entry = next((e for e in history if e.revision == number), None)
+    if entry is None:
+        listed = (
+            f"revisions {history[-1].revision} to {history[0].revision}" if history else "none yet"
+        )
+        return (
+            f"{held}: revision {number} is not in the history ({listed}); the operator ignores "
+            "the pin and applies this spec"
+        )
+    return (
+        f"{held} holds revision {number} (config {entry.config_hash[:12]}) in effect while its "
+        "config is kept; this spec is not applied until the annotation is removed"
+    )
 
 
 async def _with_tokens(
