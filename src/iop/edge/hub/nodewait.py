@@ -3,8 +3,8 @@
 A new Edge replica that takes OpenAI traffic before its Nodes have found it can only queue or
 fail that traffic, so `NodeWait` holds the Edge's `/readyz` at 503 until every node of its config
 that dials in (not those placed on the Edge) is connected and took its config, or until `wait`
-seconds after the hub started, whichever comes first: a node that is down never keeps an Edge
-out of its Service. Once ready, the Edge stays ready: a node that drops later must not take the
+seconds after the hub started, whichever comes first (a node that is down never keeps an Edge
+unready for good). Once ready, the Edge stays ready: a node that drops later must not take the
 replica out of its Service. `judge` is the rule, pure; docs/edge.md, "Readiness", says why.
 """
 
