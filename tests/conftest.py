@@ -389,10 +389,14 @@ class IopProcesses:
         config: Path,
         *extra: str,
         env: Mapping[str, str] | None = None,
+        log_file: Path | None = None,
     ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
-        """Start an Edge on `config` (`env`: variables on top of the tests'); returns it and its
-        start line (url, hub_port, admin_url)."""
-        process, started = await spawn_edge(config, *extra, startup_timeout=30, env=env)
+        """Start an Edge on `config` (`env`: variables on top of the tests'; `log_file`: where
+        its log goes, else the tests' stderr); returns it and its start line (url, hub_port,
+        admin_url)."""
+        process, started = await spawn_edge(
+            config, *extra, startup_timeout=30, env=env, log_file=log_file
+        )
         stack.push_async_callback(terminate, process)
         return process, started
 

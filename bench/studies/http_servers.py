@@ -52,6 +52,7 @@ async def serve_granian(config_path: str) -> None:
 
     from iop.edge.authenticating import Authenticator
     from iop.edge.http.openaiapp import OpenAIApp
+    from iop.edge.hub import READY
     from iop.edge.hub.protocol import available_providers
     from iop.edge.pool.dispatching import Dispatcher
     from iop.edge.pool.metering import Metrics
@@ -68,7 +69,7 @@ async def serve_granian(config_path: str) -> None:
         authenticator=Authenticator(config.openai),
         metrics=Metrics(dispatcher),
         max_request_bytes=config.openai.max_request_bytes,
-        ready=lambda: True,
+        ready=lambda: READY,
     )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ import yaml
 
 from iop.cli import build_parser
 from iop.edgeconfig.loading import load_data
-from tests.chart.conftest import CHART
+from tests.chart.conftest import CHART, RenderFailed
 
 if TYPE_CHECKING:
     from tests.chart.conftest import ChartTools
@@ -89,6 +89,70 @@ def test_the_node_grace_follows_shutdown_grace_not_the_drain_timeout(
     args = parsed_args(node)
     assert (args.shutdown_grace, args.drain_timeout) == (grace, drain)
     assert node["terminationGracePeriodSeconds"] == grace + 5
+
+
+def test_a_new_edge_waits_for_its_nodes_which_find_it_before_it_is_ready(
+    chart_tools: ChartTools,
+) -> None:
+    """The hub Service lists not-ready Edge pods, so the Nodes reach a new Edge that waits for
+    them (bounded) before it takes traffic; the Nodes look for new Edges every 5 s."""
+    documents = chart_tools.documents()
+    hub = by_kind(documents, "Service")["iop-iop-edge-hub"]["spec"]
+    assert hub["clusterIP"] == "None" and hub["publishNotReadyAddresses"] is True
+    openai = by_kind(documents, "Service")["iop-iop-edge-openai"]["spec"]
+    assert "publishNotReadyAddresses" not in openai  # clients reach only ready Edges
+    edge = by_kind(documents, "Deployment")["iop-iop-edge-edge"]
+    args = parsed_args(edge["spec"]["template"]["spec"])
+    assert args.wait_for_nodes == 20
+    assert args.wait_for_nodes < edge["spec"]["progressDeadlineSeconds"]
+    assert args.peers_service == "iop-iop-edge-hub:7443"
+    assert parsed_args(workload(documents, "iop-iop-edge-node-node-1")).resolve_interval == 5
+
+
+@pytest.mark.parametrize(
+    ("wait", "interval"),
+    [pytest.param(0, 30, id="off"), pytest.param(2.5, 0.5, id="fractions")],
+)
+def test_the_wait_and_the_resolve_interval_follow_the_values(
+    chart_tools: ChartTools, wait: float, interval: float
+) -> None:
+    values = {
+        "edge": {"readiness": {"nodesWaitSeconds": wait}},
+        "nodeDefaults": {"resolveIntervalSeconds": interval},
+    }
+    documents = chart_tools.documents(values=values)
+    assert parsed_args(workload(documents, "iop-iop-edge-edge")).wait_for_nodes == wait
+    node = parsed_args(workload(documents, "iop-iop-edge-node-node-1"))
+    assert node.resolve_interval == interval
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param(
+            {"edge": {"readiness": {"nodesWaitSeconds": 180}}},
+            "edge.readiness.nodesWaitSeconds (180) must stay below "
+            "edge.progressDeadlineSeconds (180)",
+            id="wait-past-the-deadline",
+        ),
+        pytest.param(
+            {"edge": {"readiness": {"nodesWaitSeconds": -1}}},
+            "nodesWaitSeconds",
+            id="negative-wait",
+        ),
+        pytest.param(
+            {"nodeDefaults": {"resolveIntervalSeconds": 0}},
+            "resolveIntervalSeconds",
+            id="no-interval",
+        ),
+    ],
+)
+def test_a_wait_or_interval_that_cannot_work_is_refused(
+    chart_tools: ChartTools, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RenderFailed) as caught:
+        chart_tools.template(values=values)
+    assert message in str(caught.value)
 
 
 def test_tls_can_be_turned_off(chart_tools: ChartTools) -> None:

@@ -1,6 +1,6 @@
 """Where a server listens: `host:port` checked, and its socket bound before the server starts,
 so a taken port fails the command at once; and the addresses a service name lists now (every
-ready pod of a headless Service)."""
+pod a headless Service lists)."""
 
 from __future__ import annotations
 

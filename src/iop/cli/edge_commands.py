@@ -43,6 +43,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="a headless Service listing every Edge replica (the hub Service): the nodes placed "
         "on the Edge share their providers' capacity among the replicas it lists",
     )
+    run.add_argument(
+        "--wait-for-nodes",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="answer /readyz 503 until every node of the config that dials in has connected, "
+        "or for at most SECONDS after the hub starts listening (a node that is down never "
+        "keeps the Edge unready); once ready, it stays ready. Default 0: ready at once",
+    )
     add_policy_option(run, "of the providers of the nodes placed on this Edge")
     run.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     run.set_defaults(run=_run)
@@ -56,6 +65,16 @@ def _service(value: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
     return value
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be 0 or more seconds")
+    return seconds
 
 
 def _run(args: argparse.Namespace) -> int:

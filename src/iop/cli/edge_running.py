@@ -58,6 +58,7 @@ def run_edge(args: argparse.Namespace) -> int:
             config_path=os.path.abspath(args.config),
             peers_service=args.peers_service,
             upstream_policy=policy,
+            wait_for_nodes_s=args.wait_for_nodes,
         )
     except (AdminAuthError, TlsError) as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)

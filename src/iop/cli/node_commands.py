@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvloop
 
@@ -27,6 +28,9 @@ from iop.wire import ClientTls, TlsError
 
 from .policies import PolicyRefused, add_policy_option, policy_for_run
 from .settling import settle
+
+if TYPE_CHECKING:
+    from iop.edgeconfig import UpstreamPolicy
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +67,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--backoff-max", type=float, default=10.0, help="longest wait between reconnects"
+    )
+    run.add_argument(
+        "--resolve-interval",
+        type=_interval,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --edge-service: seconds between two lookups of the Edge replicas while every "
+        "address listed has welcomed this node (it looks every second while one is missing); "
+        "default 30",
     )
     run.add_argument(
         "--shutdown-grace",
@@ -122,17 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     except PolicyRefused:
         return 2
     try:
-        agent = NodeAgent(
-            node_id=args.node_id,
-            token=token,
-            edges=args.edge,
-            services=args.edge_service,
-            alias=args.alias,
-            drain_timeout=args.drain_timeout,
-            backoff_max=args.backoff_max,
-            tls=_tls(args),
-            policy=policy,
-        )
+        agent = _agent(args, token, policy)
     except ValueError as exc:  # TlsError included
         print(f"iop node run: {exc}", file=sys.stderr)
         return 2
@@ -145,6 +148,33 @@ def _run(args: argparse.Namespace) -> int:
             return 2
     uvloop.run(_serve(agent, args.shutdown_grace, health))
     return 0
+
+
+def _agent(args: argparse.Namespace, token: str, policy: UpstreamPolicy | None) -> NodeAgent:
+    """The Node agent of `iop node run ARGS` (not started); ValueError for a bad address or TLS
+    setting."""
+    return NodeAgent(
+        node_id=args.node_id,
+        token=token,
+        edges=args.edge,
+        services=args.edge_service,
+        alias=args.alias,
+        drain_timeout=args.drain_timeout,
+        backoff_max=args.backoff_max,
+        resolve_interval=args.resolve_interval,
+        tls=_tls(args),
+        policy=policy,
+    )
+
+
+def _interval(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be more than 0 seconds")
+    return seconds
 
 
 def _tls(args: argparse.Namespace) -> ClientTls | None:

@@ -4,7 +4,8 @@
 server on the OpenAI listener (`http/server.py`, with the caps of `openai.*`: `http/caps.py`),
 the metrics (`metrics_listen`) and the admin API (`admin_listen`: `iop edge run` passes
 `edge.admin.listen`; an Edge embedded in tests or benchmarks serves none by default), which
-stops first. `refresher` is the live-refresh seam (`refresh/refresher.py`). Signals are the
+stops first. `wait_for_nodes_s` holds its readiness until its nodes have connected, bounded
+(`hub/nodewait.py`). `refresher` is the live-refresh seam (`refresh/refresher.py`). Signals are the
 caller's business (`iop edge run` maps SIGTERM and SIGINT to `stop()`). docs/architecture.md,
 "The Edge", says why the order is so.
 """
@@ -26,7 +27,7 @@ from .authfailures import AuthFailures
 from .bodies import BodyBounds
 from .guardmetrics import GuardCollector
 from .http import AdminApp, AdminAuth, ClientGuard, HttpCaps, HttpServer, MetricsApp, OpenAIApp
-from .hub import Hub, HubCaps, NodeHub, PeerCount, available_providers
+from .hub import Hub, HubCaps, NodeHub, NodeWait, PeerCount, Readiness, available_providers
 from .limits import Limiter
 from .pool import Dispatcher, Metrics, PoolSnapshot
 from .refresh import Refresher, RolloutCollector
@@ -56,12 +57,18 @@ class EdgeServer(AsyncService):
         peers_service: str | None = None,
         resolve: Resolve = resolve_service,
         upstream_policy: UpstreamPolicy | None = None,
+        wait_for_nodes_s: float = 0.0,
     ) -> None:
         self.dispatcher = Dispatcher(PoolSnapshot.build(config))
         self.hub: Hub = (
             hub if hub is not None else NodeHub(config, listen=hub_listen, policy=upstream_policy)
         )
         self.metrics = Metrics(self.dispatcher, self.hub)
+        #: Ready once the nodes that dial in have connected, or `wait_for_nodes_s` after the hub
+        #: started (0: at once). Node ids need a restart, so the set is the starting config's.
+        self.node_wait = NodeWait(
+            self.hub, [node.id for node in config.nodes if not node.on_edge], wait_for_nodes_s
+        )
         # `openai.limits[]`; `clock` (Unix seconds) is where budget periods and buckets read the
         # time: a test moves it to see a budget reset.
         self.limiter = Limiter(self.dispatcher, config, registry=self.metrics.registry, clock=clock)
@@ -98,7 +105,7 @@ class EdgeServer(AsyncService):
             authenticator=authenticator,
             metrics=self.metrics,
             max_request_bytes=config.openai.max_request_bytes,
-            ready=self.ready,
+            ready=self.readiness,
             limiter=self.limiter,
             body_bounds=BodyBounds.of(config.openai),
         )
@@ -134,9 +141,17 @@ class EdgeServer(AsyncService):
         return _url(self.host, self.port)
 
     def ready(self) -> bool:
-        """Config loaded, the hub listening and the HTTP side serving."""
+        """Config loaded, the hub listening, the HTTP side serving and the nodes connected (or
+        waited for long enough: `NodeWait`)."""
+        return self.readiness().ready
+
+    def readiness(self) -> Readiness:
+        """`ready()`, with the nodes still awaited and for how long at most (`/readyz`)."""
+        nodes = self.node_wait.readiness()
         server = self._server
-        return self._hub_started and server is not None and server.started
+        if self._hub_started and server is not None and server.started:
+            return nodes
+        return replace(nodes, ready=False)
 
     @property
     def admin_url(self) -> str | None:
@@ -165,6 +180,7 @@ class EdgeServer(AsyncService):
             await self.limiter.stop()
             raise
         self._hub_started = True
+        self.node_wait.start()
         self.hub.add_listener(self._links_changed)
         self._links_changed()
         self.dispatcher.watch_loads(self.hub.provider_loads())
@@ -237,6 +253,7 @@ class EdgeServer(AsyncService):
                 await self.refresher.rollouts.aclose()  # no rollback while the Edge stops
                 if self._peers is not None:
                     await self._peers.stop()
+                self.node_wait.stop()
                 if self._hub_started:
                     self._hub_started = False
                     await self.hub.stop(grace)

@@ -110,6 +110,12 @@ class NodeAgent(AsyncService):
         self._leaving: dict[str, asyncio.Task[None]] = {}
         self._resolver: asyncio.Task[None] | None = None
 
+    @property
+    def resolve_interval(self) -> float:
+        """Seconds between two lookups of the Edge services while every Edge listed welcomed
+        this Node (`ResolvePacing.interval`)."""
+        return self._pacing.interval
+
     async def start(self) -> None:
         for address in self._edges:
             self._connect(address)

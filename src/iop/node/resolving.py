@@ -1,13 +1,15 @@
 """Where the Edge replicas are: the addresses a service name lists, and when to look again.
 
-A headless Service lists only the *ready* Edge pods, by pod IP, so its answer changes whenever a
-replica starts, stops or is replaced at a new IP; the Node must look again soon after, or it
-keeps dialing an address where no Edge listens. `ResolvePacing` decides when (pure, so a unit
-test drives it with numbers): every `interval` while every address listed has welcomed the Node,
-every `fast` second while none has, or after a link is `lost` until as many Edges as before and
-every address listed welcome it (for at most `fast_for`); the agent also looks at once when a
-link drops or a dial fails, at most every `fast` seconds (`spacing`). docs/reliability.md,
-"Following the Edge replicas", has the figures and why.
+A headless Service lists the Edge pods by pod IP (the chart's lists them before they are ready:
+a new Edge waits for its Nodes), so its answer changes whenever a replica starts, stops or is
+replaced at a new IP; the Node must look again soon after, or it keeps dialing an address where
+no Edge listens, and a new Edge waits for it. `ResolvePacing` decides when (pure, so a unit
+test drives it with numbers): every `interval` (`iop node run --resolve-interval`) while every
+address listed has welcomed the Node, every `fast` second while none has, or after a link is
+`lost` until as many Edges as before and every address listed welcome it (for at most
+`fast_for`); the agent also looks at once when a link drops or a dial fails, at most every
+`fast` seconds (`spacing`). docs/reliability.md, "Following the Edge replicas", has the figures
+and why.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from ..errors import (
     ProviderFailed,
     RouteNotFound,
 )
-from ..hub import NodeRuns, provider_health
+from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
 from ..limits import NO_GRANT, Limiter
 from ..pool import STABLE, Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
 from .asgi import Receive, Scope, Send, header, not_http, send_body
@@ -76,7 +76,7 @@ class OpenAIApp:
         authenticator: Authenticator,
         metrics: Metrics,
         max_request_bytes: int,
-        ready: Callable[[], bool],
+        ready: Callable[[], Readiness],
         limiter: Limiter | None = None,
         body_bounds: BodyBounds | None = None,
     ) -> None:
@@ -129,24 +129,26 @@ class OpenAIApp:
         elif path == "/healthz":
             await send_body(send, 200, b'{"status":"ok"}')
         elif path == "/readyz":
-            ready = self._ready()
+            readiness = self._ready()
             snapshot = self._dispatcher.snapshot
             health = provider_health(
                 {pid: limits.node_id for pid, limits in snapshot.providers.items()},
                 self._hub.connected_providers(),
             )
-            body = orjson.dumps(
-                {
-                    "status": "ready" if ready else "not ready",
-                    "config_generation": snapshot.generation,
-                    "providers_available": sorted(self._dispatcher.available),
-                    "providers": {
-                        pid: {"healthy": link.healthy, "reason": link.reason}
-                        for pid, link in health.items()
-                    },
-                }
-            )
-            await send_body(send, 200 if ready else 503, body)
+            answer: dict[str, object] = {
+                "status": "ready" if readiness.ready else "not ready",
+                "config_generation": snapshot.generation,
+                "providers_available": sorted(self._dispatcher.available),
+                "providers": {
+                    pid: {"healthy": link.healthy, "reason": link.reason}
+                    for pid, link in health.items()
+                },
+            }
+            if not readiness.ready and readiness.awaited:
+                answer["waiting_for_nodes"] = list(readiness.awaited[:MAX_AWAITED_SHOWN])
+                answer["waiting_for_nodes_count"] = len(readiness.awaited)
+                answer["wait_left_s"] = round(readiness.wait_left, 1)
+            await send_body(send, 200 if readiness.ready else 503, orjson.dumps(answer))
         else:
             await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
 

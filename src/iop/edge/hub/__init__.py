@@ -5,11 +5,13 @@
 - `nodehub`: the gRPC server Nodes dial (`NodeHub`), `nodesessions`: one connected Node and one
   run's stream, `caps`: what the hub refuses before a Node is authenticated;
 - `localnodes`: the nodes placed on the Edge, run in this process; `peering`: how many Edge
-  replicas share their capacity.
+  replicas share their capacity;
+- `nodewait`: the Edge is ready once the nodes that dial in have connected (bounded wait).
 """
 
 from .caps import HubCaps
 from .nodehub import NodeHub
+from .nodewait import MAX_AWAITED_SHOWN, READY, NodeWait, Readiness
 from .peering import PeerCount
 from .protocol import (
     ConfigPush,
@@ -24,15 +26,19 @@ from .protocol import (
 )
 
 __all__ = [
+    "MAX_AWAITED_SHOWN",
+    "READY",
     "ConfigPush",
     "Hub",
     "HubCaps",
     "NodeHub",
     "NodeRuns",
     "NodeStatus",
+    "NodeWait",
     "PeerCount",
     "ProviderLink",
     "ProviderLoad",
+    "Readiness",
     "RunEvents",
     "available_providers",
     "provider_health",

@@ -2,11 +2,13 @@
 
 Every Edge replica runs the providers of a node placed on the Edge (`localnodes.py`) and takes
 an equal share of each one's capacity, so it must know how many replicas share it. The Edge
-looks up the headless Service that lists every ready Edge pod (the hub Service the Nodes
-resolve too, `iop edge run --peers-service NAME:PORT`) at start and every `interval` seconds,
-and reports the count whenever it changes. A replica counts itself only once the Service lists
-it (when it is ready): until then, and when the name does not resolve, the count stays what it
-was (1 at start). Without a Service, an Edge counts itself alone.
+looks up the headless Service that lists the Edge pods (the hub Service the Nodes resolve too,
+`iop edge run --peers-service NAME:PORT`) at start and every `interval` seconds, and reports
+the count whenever it changes. The chart's hub Service lists pods that are not ready yet (or
+are stopping) too, so the Nodes find a new Edge that waits for them: counting those makes each
+share smaller for a while, never larger, so the replicas stay within the capacity together.
+When the name lists nothing or does not resolve, the count stays what it was (1 at start).
+Without a Service, an Edge counts itself alone.
 """
 
 from __future__ import annotations
