@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import KubeConflict, KubeNotFound
+from .errors import KubeConflict
 from .kubeapi import KubeApi, resource_path
 
 logger = logging.getLogger(__name__)
@@ -119,10 +119,7 @@ async def ensure_hub_certificates(
     Replicas race at start: the first one's Secret wins, the others keep it."""
     names = list(hostnames)
     path = resource_path("v1", "secrets", namespace, secret)
-    try:
-        found: dict[str, Any] | None = await api.get(path, what=f"read the hub TLS Secret {secret}")
-    except KubeNotFound:
-        found = None
+    found = await api.find(path, what=f"read the hub TLS Secret {secret}")
     if found is not None:
         data = found.get("data") or {}
         current = HubCertificates({k: base64.b64decode(v) for k, v in data.items()})

@@ -18,7 +18,7 @@ from iop.edgeconfig import EdgeConfig
 
 from . import conventions
 from .documents import KeptConfigs, Owner, decode_kept, kept_configmap
-from .errors import KubeApiError, KubeNotFound
+from .errors import KubeApiError
 from .kubeapi import KubeApi, resource_path
 
 logger = logging.getLogger(__name__)
@@ -93,10 +93,7 @@ class ConfigKeeper:
         path = resource_path(
             "v1", "configmaps", owner.namespace, conventions.revisions_configmap_name(owner.name)
         )
-        try:
-            found = await self._api.get(path, what="read the kept configs")
-        except KubeNotFound:
-            found = None
+        found = await self._api.find(path, what="read the kept configs")
         kept, version = KeptConfigs(), ""
         references = (found or {}).get("metadata", {}).get("ownerReferences") or ()
         if found is not None and any(ref.get("uid") == owner.uid for ref in references):

@@ -168,6 +168,13 @@ class KubeApi(AsyncService):
         result: dict[str, Any] = await self.request("GET", path, what=what)
         return result
 
+    async def find(self, path: str, *, what: str = "") -> dict[str, Any] | None:
+        """`get`, or None when the object is not there (404)."""
+        try:
+            return await self.get(path, what=what)
+        except KubeNotFound:
+            return None
+
     async def items(self, path: str, *, selector: str = "", what: str = "") -> list[dict[str, Any]]:
         """The items of a list call, filtered by a label selector."""
         params = {"labelSelector": selector} if selector else None

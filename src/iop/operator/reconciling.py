@@ -60,7 +60,7 @@ from .documents import (
     render_config,
 )
 from .documents import state_configmap as record_configmap
-from .errors import AdminApiError, AdminUnreachable, KubeApiError, KubeNotFound
+from .errors import AdminApiError, AdminUnreachable, KubeApiError
 from .gating import (
     FailedRestart,
     came_through,
@@ -429,10 +429,7 @@ class Reconciler:
         path = resource_path(
             "v1", "configmaps", owner.namespace, conventions.state_configmap_name(owner.name)
         )
-        try:
-            configmap = await self._api.get(path, what="read the applied record")
-        except KubeNotFound:
-            configmap = None
+        configmap = await self._api.find(path, what="read the applied record")
         state = None
         if configmap is not None and _owned_by(configmap, owner):
             state = await asyncio.to_thread(decode_state, configmap)
@@ -449,9 +446,8 @@ class Reconciler:
         path = resource_path(
             "v1", "configmaps", owner.namespace, conventions.edge_configmap_name(owner.name)
         )
-        try:
-            configmap = await self._api.get(path, what="read the Edge ConfigMap")
-        except KubeNotFound:
+        configmap = await self._api.find(path, what="read the Edge ConfigMap")
+        if configmap is None:
             return None
         text = (configmap.get("data") or {}).get(conventions.CONFIG_KEY)
         if not text:
@@ -471,12 +467,7 @@ class Reconciler:
         name = conventions.edge_configmap_name(owner.name)
         path = resource_path("v1", "configmaps", owner.namespace, name)
         rendered = await asyncio.to_thread(render_config, config)
-        try:
-            found: Mapping[str, Any] | None = await self._api.get(
-                path, what="read the Edge ConfigMap"
-            )
-        except KubeNotFound:
-            found = None
+        found = await self._api.find(path, what="read the Edge ConfigMap")
         if found is not None and (found.get("data") or {}).get(conventions.CONFIG_KEY) == rendered:
             self._written = (digest, found["metadata"].get("resourceVersion", ""))
             return

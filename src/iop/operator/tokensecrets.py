@@ -31,7 +31,7 @@ from iop.edgeconfig import (
 
 from . import conventions
 from .documents import Owner
-from .errors import KubeConflict, KubeNotFound
+from .errors import KubeConflict
 from .kubeapi import KubeApi, resource_path
 
 #: Bytes of randomness in a generated token (URL-safe base64: 43 characters).
@@ -185,11 +185,10 @@ def _described(
 
 
 async def _read(api: KubeApi, namespace: str, name: str) -> Mapping[str, str] | None:
-    try:
-        secret = await api.get(
-            resource_path("v1", "secrets", namespace, name), what=f"read the token Secret {name}"
-        )
-    except KubeNotFound:
+    secret = await api.find(
+        resource_path("v1", "secrets", namespace, name), what=f"read the token Secret {name}"
+    )
+    if secret is None:
         return None
     data: Mapping[str, str] = secret.get("data") or {}
     return data
