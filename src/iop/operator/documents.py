@@ -241,23 +241,32 @@ def _stable_of(
 
 
 def _baselines_of(data: Mapping[str, Any]) -> dict[str, NodeBaseline]:
-    found = orjson.loads(data.get("nodeBaselines") or "{}")
-    return {
-        str(scope): NodeBaseline(
-            str(b["configHash"]),
-            frozenset(str(i) for i in b["instances"]),
-            frozenset(str(p) for p in b["healthy"]),
-        )
-        for scope, b in found.items()
-    }
+    try:
+        found = orjson.loads(data.get("nodeBaselines") or "{}")
+        return {
+            str(scope): NodeBaseline(
+                str(b["configHash"]),
+                frozenset(str(i) for i in b["instances"]),
+                frozenset(str(p) for p in b["healthy"]),
+            )
+            for scope, b in found.items()
+        }
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        logger.warning("the node baselines of the applied record are unreadable (%r)", exc)
+        return {}  # the restarts under way are judged by their readiness alone
 
 
 def _edge_baseline_of(data: Mapping[str, Any]) -> EdgeBaseline | None:
-    found = orjson.loads(data.get("edgeBaseline") or "null")
-    if found is None:
+    try:
+        found = orjson.loads(data.get("edgeBaseline") or "null")
+        if found is None:
+            return None
+        replicas = {str(name): Figures.of_counts(c) for name, c in found["replicas"].items()}
+        return EdgeBaseline(str(found["configHash"]), replicas)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        # (Another release's buckets, say): the Edge's restart is judged by readiness alone.
+        logger.warning("the Edge baseline of the applied record is unreadable (%r)", exc)
         return None
-    replicas = {str(name): Figures.of_counts(c) for name, c in found["replicas"].items()}
-    return EdgeBaseline(str(found["configHash"]), replicas)
 
 
 def decode_state(configmap: Mapping[str, Any]) -> AppliedState | None:
