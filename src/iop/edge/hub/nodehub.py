@@ -222,7 +222,7 @@ class NodeHub(AsyncService):
             )
         logger.warning(
             "%d nodes dial this Edge but its node hub admits %d at once: %s; the rest are "
-            "refused (iop_edge_hub_connections_refused_total{reason=\"connections\"})",
+            'refused (iop_edge_hub_connections_refused_total{reason="connections"})',
             dialing,
             admitted,
             why,
