@@ -2,7 +2,8 @@
 Secret is refused with its path; a token Secret that holds no usable token is said (by Secret and
 key, never its content); an EdgeConfig this operator does not serve is admitted with a warning
 naming the one it serves, unless another release's operator writes its status; and the pin
-(`iop.dev/pin-revision`): `stable` or a revision number, warned about while it is set."""
+(`iop.dev/pin-revision`): `stable` or a revision number, warned about while it is set; a spec
+with more dialing nodes than `edge.nodeLink.maxConnections` admits is refused with both numbers."""
 
 from __future__ import annotations
 
