@@ -83,6 +83,25 @@ def test_check_against_an_upstream_policy(tmp_path: Path) -> None:
     assert broken.returncode == 1 and f"{policy}: allow[0]: 'not a host' is not" in broken.stderr
 
 
+def test_check_refuses_more_dialing_nodes_than_the_hub_admits(tmp_path: Path) -> None:
+    """The measured case in small: three nodes dial in, the hub admits two."""
+    path = edited(
+        tmp_path, "capped.yaml", lambda d: d["edge"]["node_link"].update(max_connections=2)
+    )
+    result = iop("config", "check", path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert (
+        "edge.node_link.max_connections: must be >= the 3 nodes that dial in (each keeps one "
+        "connection per Edge replica; nodes with placement edge do not count), got 2"
+    ) in result.stderr
+    document = json.loads(iop("config", "check", path, "--format", "json").stdout)
+    assert [p["path"] for p in document["problems"]] == ["edge.node_link.max_connections"]
+    enough = edited(
+        tmp_path, "enough.yaml", lambda d: d["edge"]["node_link"].update(max_connections=3)
+    )
+    assert iop("config", "check", enough).returncode == 0
+
+
 def test_check_of_a_missing_file() -> None:
     result = iop("config", "check", "/nonexistent/edge.yaml")
     assert result.returncode == 1

@@ -524,3 +524,66 @@ def test_yaml_round_trip_of_the_sample(tmp_path: Path) -> None:
     config = load_file(REPO / "configs" / "edge.yaml")
     dumped = yaml.safe_dump(config.model_dump(mode="json"))
     assert load_text(dumped) == config
+
+
+def _nodes(data: dict[str, Any], count: int, *, max_connections: int | None = None) -> None:
+    """`count` nodes that dial in (beside those of `data`, providers of their own), and the
+    hub's cap when given."""
+    data["nodes"] += [
+        {
+            "id": f"extra-{i}",
+            "token_hash_sha256": f"{i:064x}",
+            "providers": [
+                {"id": f"extra-p{i}", "adapter": {"type": "fake"}, "served_models": ["echo"]}
+            ],
+        }
+        for i in range(count)
+    ]
+    if max_connections is not None:
+        data["edge"]["node_link"] = {"max_connections": max_connections}
+
+
+def test_more_nodes_than_the_hub_admits_are_refused_naming_both_numbers(build: Any) -> None:
+    # The measured case: 2,000 nodes against the default cap of 1,024.
+    assert problems_of(build(lambda d: _nodes(d, 1998))) == [
+        "edge.node_link.max_connections: must be >= the 2000 nodes that dial in (each keeps "
+        "one connection per Edge replica; nodes with placement edge do not count), got 1024"
+    ]
+    (problem,) = problems_of(build(lambda d: _nodes(d, 2, max_connections=3)))
+    assert problem.startswith("edge.node_link.max_connections: must be >= the 4 nodes")
+    assert problem.endswith("got 3")
+
+
+def test_a_cap_that_admits_every_dialing_node_loads(build: Any) -> None:
+    config = load_data(build(lambda d: _nodes(d, 2, max_connections=4)))
+    assert len(config.nodes) == 4 and config.edge.node_link.max_connections == 4
+
+
+def test_nodes_placed_on_the_edge_dial_nothing_and_take_no_connection(build: Any) -> None:
+    def one_on_edge(data: dict[str, Any]) -> None:
+        _nodes(data, 1, max_connections=2)
+        node = data["nodes"][0]
+        del node["token_hash_sha256"]
+        node["placement"] = "edge"
+
+    config = load_data(build(one_on_edge))
+    assert sum(not node.on_edge for node in config.nodes) == 2
+
+
+def test_the_hello_caps_are_not_held_against_the_nodes(build: Any) -> None:
+    # A reconnect storm past them is admitted in turns (each Node retries), not turned away.
+    def storm(data: dict[str, Any]) -> None:
+        _nodes(data, 8, max_connections=10)
+        link = data["edge"]["node_link"]
+        link.update(max_unauthenticated_connections=1, max_unauthenticated_per_client=1)
+
+    assert len(load_data(build(storm)).nodes) == 10
+
+
+def test_the_cap_is_named_in_camel_case_when_the_document_is(build: Any) -> None:
+    def camel(data: dict[str, Any]) -> None:
+        _nodes(data, 1)
+        data["edge"]["nodeLink"] = {"maxConnections": 2}
+
+    (problem,) = problems_of(build(camel))
+    assert problem.startswith("edge.nodeLink.maxConnections: must be >= the 3 nodes")

@@ -1,10 +1,10 @@
 """The metrics of what the Edge turns away to protect itself, read at scrape time.
 
 Failed authentications by listener and reason, attempts refused unheard because their address failed
-too often, requests refused for holding too many in flight, hub connections refused while too many
-waited for their hello, and streams stopped because their client read too little. The counts live in
-the parts that count them (`http/clientguard.py`, `hub/nodehub.py`, `authfailures.py`): nothing here
-runs on the request path.
+too often, requests refused for holding too many in flight, hub connections refused for a cap (too
+many nodes connected, or waiting for their hello), and streams stopped because their client read
+too little. The counts live in the parts that count them (`http/clientguard.py`, `hub/nodehub.py`,
+`hub/caps.py`, `authfailures.py`): nothing here runs on the request path.
 """
 
 from __future__ import annotations
@@ -62,10 +62,20 @@ class GuardCollector(Collector):
                 "address) were waiting for their hello to be checked.",
             )
             crowded.add_metric([], hub.hellos_refused)
+            capped = CounterMetricFamily(
+                "iop_edge_hub_connections_refused",
+                "Node hub connections refused for a cap, by reason: connections "
+                "(edge.node_link.max_connections nodes were connected), unauthenticated "
+                "(max_unauthenticated_connections waited for their hello), per_client "
+                "(max_unauthenticated_per_client from their address waited).",
+                labels=["reason"],
+            )
+            for reason, count in hub.cap_refusals.counts.items():
+                capped.add_metric([reason], count)
             stalled = CounterMetricFamily(
                 "iop_edge_streams_stalled",
                 "Streams stopped (their runs cancelled, their slots freed) because their client "
                 "read too little for openai.stream_stall_timeout_ms.",
             )
             stalled.add_metric([], hub.streams_stalled)
-            yield from (crowded, stalled)
+            yield from (crowded, capped, stalled)

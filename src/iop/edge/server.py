@@ -126,7 +126,7 @@ class EdgeServer(AsyncService):
             if isinstance(self.hub, NodeHub)
             else HubCaps.of(config.edge.node_link).fitted()
         )
-        self.caps = replace(HttpCaps.of(config.openai), reserved_files=hub_caps.max_connections)
+        self.caps = replace(HttpCaps.of(config.openai), reserved_files=hub_caps.connection_bound)
         self.metrics.registry.register(GuardCollector(self.guard, self.hub))
         self._listen = openai_listen or config.openai.listen
         self._grace = shutdown_grace_s

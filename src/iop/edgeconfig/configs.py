@@ -305,9 +305,13 @@ class NodeLinkSection(Spec):
     max_connections: Annotated[
         int,
         restart_edge(
-            "Most connections to the node hub at once, authenticated or not (each Node keeps "
-            "one per Edge); one beyond it is closed at once. The Edge lowers it to fit the "
-            "process's open-file limit, beside the OpenAI listener's connections.",
+            "Most Nodes connected to the node hub at once (each Node keeps one connection per "
+            "Edge replica): must be at least the number of nodes that dial in (placement edge "
+            "does not count). One more is refused after its hello (RESOURCE_EXHAUSTED), "
+            "counted in iop_edge_hub_connections_refused_total and logged. grpc closes "
+            "connections beyond it plus max_unauthenticated_connections at once. The Edge "
+            "lowers it to fit the process's open-file limit, beside the OpenAI listener's "
+            "connections, and warns when it then admits fewer than the config's nodes.",
             ge=1,
         ),
     ] = 1024
@@ -315,7 +319,8 @@ class NodeLinkSection(Spec):
         int,
         restart_edge(
             "Most connections to the node hub whose hello has not been checked yet; one beyond "
-            "it is refused (RESOURCE_EXHAUSTED) without a byte of it read.",
+            "it is refused (RESOURCE_EXHAUSTED) without a byte of it read, and its Node "
+            "retries: a reconnect storm of more Nodes is admitted in turns.",
             ge=1,
         ),
     ] = 64

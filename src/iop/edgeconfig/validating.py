@@ -15,7 +15,14 @@ import orjson
 
 from iop.aiokits import split_listener
 
-from .configs import ANONYMOUS_PRINCIPAL, EVERY_PRINCIPAL, camel_name, is_loopback_listener
+from .configs import (
+    ANONYMOUS_PRINCIPAL,
+    EDGE_PLACEMENT,
+    EVERY_PRINCIPAL,
+    NodeLinkSection,
+    camel_name,
+    is_loopback_listener,
+)
 from .errors import Problem, render_value
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
@@ -82,6 +89,7 @@ def check_document(data: Mapping[str, object]) -> list[Problem]:
     _check_principal_tokens(data, index)
     _check_limits(data, index)
     _check_admin(data, index)
+    _check_node_link(data, index)
     return index.problems
 
 
@@ -403,5 +411,34 @@ def _check_admin(data: Mapping[str, object], index: _Index) -> None:
                 f"edge.{admin_key}.{listen_key}",
                 f'"{listen}" is off loopback, so the admin API needs auth: set '
                 "edge.admin.token_hash_sha256 or edge.admin.token_file",
+            )
+        )
+
+
+def _check_node_link(data: Mapping[str, object], index: _Index) -> None:
+    """Every node that dials in keeps one connection to each Edge replica: the hub must admit
+    them all, or the ones past `edge.node_link.max_connections` are refused for as long as the
+    config holds. Nothing legitimate needs fewer, so it is a refusal, not a warning.
+    `max_unauthenticated_connections` is not held against the nodes: a reconnect storm past
+    it is admitted in turns (each refused Node retries), not turned away."""
+    dialing = 0
+    for _, node in _items(data, "nodes"):
+        _, placement = _get(node, "placement")
+        if placement != EDGE_PLACEMENT:
+            dialing += 1
+    path: list[str] = []
+    section: object = data
+    for name in ("edge", "node_link", "max_connections"):
+        mapping = section if isinstance(section, Mapping) else {}
+        key, section = _get(mapping, name)
+        path.append(key if key in mapping else name)  # an absent key is named in snake_case
+    default = NodeLinkSection.model_fields["max_connections"].default
+    cap = default if section is None else _int(section)
+    if cap is not None and dialing > cap:
+        index.problems.append(
+            Problem(
+                ".".join(path),
+                f"must be >= the {dialing} nodes that dial in (each keeps one connection per "
+                f"Edge replica; nodes with placement edge do not count), got {cap}",
             )
         )

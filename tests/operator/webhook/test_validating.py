@@ -2,7 +2,8 @@
 Secret is refused with its path; a token Secret that holds no usable token is said (by Secret and
 key, never its content); an EdgeConfig this operator does not serve is admitted with a warning
 naming the one it serves, unless another release's operator writes its status; and the pin
-(`iop.dev/pin-revision`): `stable` or a revision number, warned about while it is set."""
+(`iop.dev/pin-revision`): `stable` or a revision number, warned about while it is set; a spec
+with more dialing nodes than `edge.nodeLink.maxConnections` admits is refused with both numbers."""
 
 from __future__ import annotations
 
@@ -207,3 +208,20 @@ async def test_a_pin_that_is_neither_stable_nor_a_revision_number_is_refused_wit
         "'stable' (hold the stable revision) or a revision number (hold that revision; "
         "docs/rollout.md)"
     )
+
+
+async def test_more_dialing_nodes_than_the_hub_admits_is_refused_naming_both_numbers(
+    handlers: tuple[FakeApi, dict[str, Handler]],
+) -> None:
+    _, found = handlers
+    document = edge_document(
+        {"node-1": [provider("pa", served="served-a")], "node-2": [provider("pb")]},
+        {"m": ["pa"]},
+        admin=True,
+        edge={"nodeLink": {"maxConnections": 1}},  # as the CRD spells it
+    )
+    with pytest.raises(kopf.AdmissionError) as refused:
+        await review(found[WEBHOOK_ID], body("demo", document))
+    message = str(refused.value)
+    assert "edge.nodeLink.maxConnections: must be >= the 2 nodes that dial in" in message
+    assert "got 1" in message

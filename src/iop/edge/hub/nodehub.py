@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from iop.aiokits import AsyncService, LogThrottle, guarded_task, stop_tasks
+from iop.aiokits import AsyncService, LogThrottle, guarded_task, open_file_limit, stop_tasks
 from iop.edgeconfig import (
     EdgeConfig,
     NodePayload,
@@ -58,6 +58,8 @@ from ..authfailures import AuthFailures, source_of
 from .caps import (
     AUTH_FAILURES_PER_MINUTE,
     NODE_MESSAGE_BYTES,
+    CapRefusal,
+    CapRefusals,
     HelloGate,
     HubCaps,
     peer_address,
@@ -177,6 +179,10 @@ class NodeHub(AsyncService):
         #: What the hub refuses before a Node is authenticated (`hub/caps.py`).
         self.caps = HubCaps.of(link).fitted()
         self._gate = HelloGate(self.caps)
+        #: Connections turned away for a cap, by reason (`CAP_SETTINGS`), logged throttled.
+        self.cap_refusals = CapRefusals(logger)
+        #: Calls admitted and not ended yet: one per connected Node (two while one supersedes).
+        self._admitted = 0
         #: Failed node authentications per address, throttled.
         self.auth_failures = AuthFailures(
             "the node hub", logger, per_minute=AUTH_FAILURES_PER_MINUTE
@@ -196,6 +202,32 @@ class NodeHub(AsyncService):
         """Connections refused because too many were waiting for their hello to be checked."""
         return self._gate.refused
 
+    def _warn_if_capped(self, config: EdgeConfig) -> None:
+        """Say so when more nodes dial in than this Edge admits: the config's check holds them
+        against `max_connections`, but only the running Edge knows its open-file limit."""
+        dialing = sum(1 for node in config.nodes if not node.on_edge)
+        admitted = self.caps.max_connections
+        if dialing <= admitted:
+            return
+        configured = config.edge.node_link.max_connections
+        if admitted < configured:
+            why = (
+                f"edge.node_link.max_connections ({configured}) lowered to fit the process's "
+                f"open-file limit ({open_file_limit()}, ulimit -n)"
+            )
+        else:
+            why = (
+                f"edge.node_link.max_connections is {admitted} since this Edge started "
+                f"(now {configured}, applied at restart)"
+            )
+        logger.warning(
+            "%d nodes dial this Edge but its node hub admits %d at once: %s; the rest are "
+            'refused (iop_edge_hub_connections_refused_total{reason="connections"})',
+            dialing,
+            admitted,
+            why,
+        )
+
     @property
     def snapshot(self) -> HubSnapshot:
         return self._snapshot
@@ -206,7 +238,7 @@ class NodeHub(AsyncService):
         caps = self.caps
         server = grpc.aio.server(
             options=[*caps.server_options(), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=caps.max_connections + caps.max_unauthenticated,
+            maximum_concurrent_rpcs=caps.connection_bound,
         )
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
         try:
@@ -233,6 +265,7 @@ class NodeHub(AsyncService):
                 "in clear; set edge.tls off a trusted network",
                 self._listen,
             )
+        self._warn_if_capped(self._snapshot.config)
         return port
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -345,6 +378,8 @@ class NodeHub(AsyncService):
         number = self._snapshot.generation + 1 if generation is None else generation
         snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
+        if self._server is not None:
+            self._warn_if_capped(config)
         local = self._apply_local(snapshot) if self._server is not None else {}
         waits: dict[str, asyncio.Future[ConfigAck]] = {}
         loop = asyncio.get_running_loop()
@@ -506,13 +541,17 @@ class NodeHub(AsyncService):
         peer = context.peer()
         hello = await self._admit(context, peer)
         payload = self._snapshot.payloads[hello.node_id]
-        session = self._open(hello, peer, payload)
+        self._admitted += 1
         code: grpc.StatusCode | None = None
         reason = "the node went away"
         try:
-            code, reason = await self._pump(context, session, payload)
+            session = self._open(hello, peer, payload)
+            try:
+                code, reason = await self._pump(context, session, payload)
+            finally:
+                self._close(session, reason)
         finally:
-            self._close(session, reason)
+            self._admitted -= 1
         if code is not None:
             context.set_code(code)
             context.set_details(reason)
@@ -526,7 +565,7 @@ class NodeHub(AsyncService):
         source = source_of(peer_address(peer))
         crowded = self._gate.enter(source)
         if crowded is not None:
-            self._refusals.warning("refused a node from %s: %s", peer, crowded)
+            self.cap_refusals.refused(crowded, peer)
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "too many connections are waiting for their hello; retry shortly",
@@ -563,7 +602,23 @@ class NodeHub(AsyncService):
             else:
                 self._refusals.warning("refused a node from %s: %s", peer, refused.why)
             await context.abort(refused.code, refused.details)
+        full = self._full(hello.node_id)
+        if full is not None:
+            self.cap_refusals.refused(full, peer)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this Edge admits {full.cap} nodes at once (edge.node_link.max_connections) "
+                "and has as many; retry later",
+            )
         return hello
+
+    def _full(self, node_id: str) -> CapRefusal | None:
+        """Why an authenticated Node finds no room, or None. A Node connected already (a redial,
+        a newer instance) is let in: it takes its own place, not a new one."""
+        cap = self.caps.max_connections
+        if self._admitted < cap or node_id in self._sessions:
+            return None
+        return CapRefusal("connections", f"{self._admitted} nodes are connected", cap)
 
     def _open(self, hello: pb.Hello, peer: str, payload: NodePayload) -> NodeSession:
         """The session of an admitted Node, in place of the one it replaces or supersedes."""
