@@ -79,7 +79,7 @@ def node_id(index: int) -> str:
     return f"node-{index:04d}"
 
 
-def document(nodes: int, per_client_hellos: int, max_connections: int | None) -> dict[str, Any]:
+def document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     """N nodes of two fake providers each; model `m-NNNN` over node NNNN's two providers."""
     providers = {
         node_id(i): [
@@ -89,9 +89,12 @@ def document(nodes: int, per_client_hellos: int, max_connections: int | None) ->
         for i in range(nodes)
     }
     models = {f"m-{i:04d}": [f"n{i:04d}-a", f"n{i:04d}-b"] for i in range(nodes)}
-    link: dict[str, Any] = {"max_unauthenticated_per_client": per_client_hellos}
-    if max_connections is not None:
-        link["max_connections"] = max_connections
+    link: dict[str, Any] = {"max_unauthenticated_per_client": args.per_client_hellos}
+    if args.max_connections is not None:
+        link["max_connections"] = args.max_connections
+    if args.heartbeat_ms is not None:  # the deadline keeps the shipped ratio (2,000 / 500)
+        link["heartbeat_interval_ms"] = args.heartbeat_ms
+        link["heartbeat_timeout_ms"] = 4 * args.heartbeat_ms
     return edge_document(
         providers,
         models,
@@ -190,6 +193,42 @@ async def ready_nodes(admin: httpx.AsyncClient) -> tuple[int, int]:
     return sum(n["connected"] for n in nodes), sum(n["ready"] for n in nodes)
 
 
+async def connect_all(
+    admin: httpx.AsyncClient, members: list[FleetNode], began: float, edge: int, timeout: float
+) -> int:
+    """Until the Edge says every node is connected and ready (or `timeout`): the ready count.
+
+    The fleet's own view (every connection welcomed) is read first, which costs the Edge
+    nothing; `GET /status`, which costs it a document of every node, is polled only then."""
+    deadline = began + timeout
+    said = began
+    connected = ready = 0
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        welcomed = sum(m.connection.connected.is_set() for m in members)
+        if welcomed == len(members):
+            connected, ready = await ready_nodes(admin)
+            if ready == len(members):
+                return ready
+        if now - said >= 5:
+            said = now
+            edge_cpu, fleet_cpu = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
+            print(
+                f"  {now - began:.0f} s: {welcomed} of {len(members)} welcomed, Edge CPU "
+                f"{edge_cpu:.1f} s, fleet {fleet_cpu:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        await asyncio.sleep(0.05 if welcomed < len(members) else 0.1)
+    connected, ready = await ready_nodes(admin)
+    print(
+        f"  {len(members)} nodes: {connected} connected, {ready} ready after {timeout:g} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return ready
+
+
 # -- the measures ---------------------------------------------------------------------------------
 
 
@@ -250,7 +289,7 @@ async def load(
 
 async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
     row = Row(nodes)
-    base = document(nodes, args.per_client_hellos, args.max_connections)
+    base = document(nodes, args)
     config = folder / f"edge-{nodes}.yaml"
     config.write_text(yaml.safe_dump(base))
     edge, started = await spawn_edge(config, startup_timeout=120)
@@ -262,21 +301,10 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
             await asyncio.sleep(1.0)
             row.rss_none_kib = rss_kib(edge.pid)
             began = time.monotonic()
-            async with fleet(hub, nodes):
-                deadline = began + args.connect_timeout
-                while True:
-                    connected, ready = await ready_nodes(admin)
-                    if ready == nodes or time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(0.1)
+            async with fleet(hub, nodes) as members:
+                ready = await connect_all(admin, members, began, edge.pid, args.connect_timeout)
                 row.connected = ready
                 if ready < nodes:
-                    print(
-                        f"  {nodes} nodes: {connected} connected, {ready} ready after "
-                        f"{args.connect_timeout:g} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
                     row.rss_all_kib = rss_kib(edge.pid)
                     return row
                 row.connect_s = time.monotonic() - began
@@ -370,13 +398,21 @@ if __name__ == "__main__":
         default=None,
         help="edge.node_link.max_connections (default: the product's, 1,024)",
     )
+    parser.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="edge.node_link.heartbeat_interval_ms, the timeout 4 times it (default: the "
+        "product's, 500 and 2,000)",
+    )
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
     arguments = parser.parse_args()
     logging.basicConfig(level=arguments.log_level, format="%(levelname)s %(name)s: %(message)s")
     load_average = os.getloadavg()
     print(
         f"# bench/fleet.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"average {load_average[0]:.1f}; idle {arguments.idle_seconds:g} s, load "
+        f"average {load_average[0]:.1f}; heartbeats every {arguments.heartbeat_ms or 500} ms; "
+        f"idle {arguments.idle_seconds:g} s, load "
         f"{arguments.seconds:g} s at {arguments.concurrency} clients\n",
         flush=True,
     )
