@@ -73,6 +73,8 @@ logger = logging.getLogger(__name__)
 #: The fake adapter's answer: 8 tokens at once (no pacing: the Edge's cost, not a model's).
 FAKE = {"type": "fake", "completion_tokens": benchkit.MAX_TOKENS}
 CAPACITY = 64
+#: Seconds the fleet has to close its links before the run goes on without waiting.
+STOP_TIMEOUT_S = 30.0
 
 
 def node_id(index: int) -> str:
@@ -184,7 +186,11 @@ async def fleet(hub: str, nodes: int) -> AsyncIterator[list[FleetNode]]:
             started.append(FleetNode.start(hub, index))
         yield started
     finally:
-        await asyncio.gather(*(node.stop() for node in started), return_exceptions=True)
+        stopping = asyncio.gather(*(node.stop() for node in started), return_exceptions=True)
+        # Bounded: a fleet whose links collapsed on a saturated machine can take long to close.
+        done, _ = await asyncio.wait([stopping], timeout=STOP_TIMEOUT_S)
+        if not done:
+            logger.error("the fleet did not stop within %g s; leaving it", STOP_TIMEOUT_S)
 
 
 async def ready_nodes(admin: httpx.AsyncClient) -> tuple[int, int]:
