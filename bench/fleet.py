@@ -346,6 +346,11 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
 # -- the report -----------------------------------------------------------------------------------
 
 
+def ratio(value: float, base: float) -> float:
+    """`value / base`, or nan when the base is 0 (a window too short for one clock tick)."""
+    return value / base if base else float("nan")
+
+
 def print_table(rows: list[Row]) -> None:
     print(
         "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
@@ -368,14 +373,16 @@ def print_table(rows: list[Row]) -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(
-            f"| {r.nodes:,} | {r.nodes / first.nodes:.0f} | {r.connect_s / first.connect_s:.2f} | "
-            f"{r.kib_per_node / first.kib_per_node:.2f} | "
-            f"{r.idle_edge_cores / first.idle_edge_cores:.2f} | "
-            f"{r.apply_s / first.apply_s:.2f} | "
-            f"{r.edge_us_per_request / first.edge_us_per_request:.2f} | "
-            f"{r.edge_us_above_idle / first.edge_us_above_idle:.2f} |"
-        )
+        ratios = [
+            ratio(r.connect_s, first.connect_s),
+            ratio(r.kib_per_node, first.kib_per_node),
+            ratio(r.idle_edge_cores, first.idle_edge_cores),
+            ratio(r.apply_s, first.apply_s),
+            ratio(r.edge_us_per_request, first.edge_us_per_request),
+            ratio(r.edge_us_above_idle, first.edge_us_above_idle),
+        ]
+        cells = " | ".join(f"{value:.2f}" for value in ratios)
+        print(f"| {r.nodes:,} | {r.nodes / first.nodes:.0f} | {cells} |")
     errors = sum(r.errors for r in rows)
     if errors:
         print(f"\n{errors:,} requests were answered with a status other than 200")
