@@ -46,6 +46,7 @@ import copy
 import itertools
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -389,6 +390,11 @@ def print_table(rows: list[Row]) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    # Ctrl-C or SIGTERM cancels the run, so that every `finally` stops the fleet and the Edge.
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for nodes in args.nodes:
@@ -438,4 +444,8 @@ if __name__ == "__main__":
         f"{arguments.seconds:g} s at {arguments.concurrency} clients\n",
         flush=True,
     )
-    uvloop.run(main(arguments))
+    try:
+        uvloop.run(main(arguments))
+    except asyncio.CancelledError:
+        print("interrupted: the fleet and the Edge are stopped", file=sys.stderr)
+        sys.exit(130)
