@@ -2,6 +2,7 @@
 
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
+        [--heartbeat-ms MS] [--connect-timeout 120]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -9,9 +10,9 @@ providers of the built-in `fake` adapter, its `PayloadArbiter` and its `EdgeConn
 own token, dialing the Edge's node hub over loopback in plaintext on a TCP connection of its own
 (`FleetConnection` says why). So every node speaks the wire as deployed: hello with its token,
 welcome, heartbeats at the config's interval both ways, health reports, a config ack for every
-push, and runs answered.
-Each node serves a model of its own (`m-0007` on `n0007-a` and `n0007-b`), so the requests
-below touch the whole fleet while a model's width stays the same at every N.
+push, and runs answered. Each node serves a model of its own (`m-0007` on `n0007-a` and
+`n0007-b`), so the requests below touch the whole fleet while a model's width stays the same at
+every N.
 
 Per N, on a fresh Edge whose config lists the N nodes:
 
