@@ -53,6 +53,7 @@ RUNS = {
     ),
     "grpc_hops": (["--seconds", "0.2", "--rounds", "1", "--in-flight", "1"], "aio-options"),
     "sse_passthrough": (["--tokens", "16", "--repeat", "1"], "passed through"),
+    "fleet": (["--nodes", "3", "--idle-seconds", "0.2", "--seconds", "0.2"], "apply -> acks"),
     "replicas": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "2"], "req/s"),
     "tail": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "1"], "p99"),
     "memory": (["--connections", "5", "--streams", "5", "--cycles", "1"], "KiB"),

@@ -1,0 +1,452 @@
+"""Benchmark: what a fleet of Nodes costs one Edge, at N nodes of two providers each.
+
+    uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
+        [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
+        [--heartbeat-ms MS] [--connect-timeout 120]
+
+One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
+process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
+providers of the built-in `fake` adapter, its `PayloadArbiter` and its `EdgeConnection`, with its
+own token, dialing the Edge's node hub over loopback in plaintext on a TCP connection of its own
+(`FleetConnection` says why). So every node speaks the wire as deployed: hello with its token,
+welcome, heartbeats at the config's interval both ways, health reports, a config ack for every
+push, and runs answered. Each node serves a model of its own (`m-0007` on `n0007-a` and
+`n0007-b`), so the requests below touch the whole fleet while a model's width stays the same at
+every N.
+
+Per N, on a fresh Edge whose config lists the N nodes:
+
+1. connect all: from starting the fleet until the Edge's `GET /status` (admin API) says every
+   node is connected and ready (its payload acknowledged);
+2. RSS per node: (the Edge's RSS with every node connected - its RSS before any dialed) / N;
+3. idle: the Edge's CPU (cores) over `--idle-seconds` of heartbeats alone, and this process's
+   (the fleet's) beside it;
+4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
+   every node's payload: the round trip until the report, which the Edge sends once every push
+   is acknowledged (or timed out), and the pushes acked and failed;
+5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
+   non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
+   for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
+   it spends idle (the heartbeats go on meanwhile). This process is the load generator too.
+
+Every node dials from 127.0.0.1, where a deployed fleet dials from as many addresses: the
+config raises `edge.node_link.max_unauthenticated_per_client` (default 8) to
+`--per-client-hellos` so that the per-address bound does not stand for the fleet-wide one
+(`max_unauthenticated_connections`, 64, kept). `edge.node_link.max_connections` (1,024) is left
+as shipped unless `--max-connections` sets it: a row whose N exceeds it shows how many nodes
+got in by the connect timeout. Prints a table and ratios against the first N. Figures go to
+docs/benchmarks.md ("## A fleet of Nodes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import itertools
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import httpx
+import uvloop
+import yaml
+
+from bench import benchkit
+from iop.aiokits import guarded_task, stop_tasks
+from iop.node import EdgeConnection, NodeIdentity, PayloadArbiter
+from iop.processes import spawn_edge, terminate
+from iop.providers import Runner
+from iop.wire import grpc_options
+from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
+
+logger = logging.getLogger(__name__)
+
+#: The fake adapter's answer: 8 tokens at once (no pacing: the Edge's cost, not a model's).
+FAKE = {"type": "fake", "completion_tokens": benchkit.MAX_TOKENS}
+CAPACITY = 64
+#: Seconds the fleet has to close its links before the run goes on without waiting.
+STOP_TIMEOUT_S = 30.0
+
+
+def node_id(index: int) -> str:
+    return f"node-{index:04d}"
+
+
+def document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
+    """N nodes of two fake providers each; model `m-NNNN` over node NNNN's two providers."""
+    providers = {
+        node_id(i): [
+            provider(f"n{i:04d}-{side}", FAKE, capacity=CAPACITY, max_queue=CAPACITY)
+            for side in ("a", "b")
+        ]
+        for i in range(nodes)
+    }
+    models = {f"m-{i:04d}": [f"n{i:04d}-a", f"n{i:04d}-b"] for i in range(nodes)}
+    link: dict[str, Any] = {"max_unauthenticated_per_client": args.per_client_hellos}
+    if args.max_connections is not None:
+        link["max_connections"] = args.max_connections
+    if args.heartbeat_ms is not None:  # the deadline keeps the shipped ratio (2,000 / 500)
+        link["heartbeat_interval_ms"] = args.heartbeat_ms
+        link["heartbeat_timeout_ms"] = 4 * args.heartbeat_ms
+    return edge_document(
+        providers,
+        models,
+        admin=True,
+        edge={"node_link": link},
+        # Every client connection comes from this one address too.
+        openai={"max_connections_per_client": 1024},
+    )
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+@dataclass
+class Row:
+    nodes: int
+    connected: int = 0
+    connect_s: float = float("nan")
+    rss_none_kib: int = 0
+    rss_all_kib: int = 0
+    idle_edge_cores: float = float("nan")
+    idle_fleet_cores: float = float("nan")
+    apply_s: float = float("nan")
+    acked: int = 0
+    failed: int = 0
+    rps: float = float("nan")
+    edge_us_per_request: float = float("nan")
+    #: The same less what the Edge spends idle (heartbeats) over as long.
+    edge_us_above_idle: float = float("nan")
+    errors: int = 0
+
+    @property
+    def kib_per_node(self) -> float:
+        return (self.rss_all_kib - self.rss_none_kib) / max(self.connected, 1)
+
+
+# -- the fleet ------------------------------------------------------------------------------------
+
+
+class FleetConnection(EdgeConnection):
+    """`EdgeConnection` on a channel of its own: grpc shares one TCP connection between channels
+    of one process to one address (its global subchannel pool), where the hub allows two
+    streams per connection, so the third node of this process would wait for a stream forever.
+    A real Node is a process of its own and never shares; a local subchannel pool makes each
+    simulated one dial its own connection too."""
+
+    def _channel(self) -> grpc.aio.Channel:
+        options = [*grpc_options(), ("grpc.use_local_subchannel_pool", 1)]
+        return grpc.aio.insecure_channel(self.target, options=options)
+
+
+@dataclass
+class FleetNode:
+    """One Node as `NodeAgent` builds it for one Edge: its runner (the fake adapters), its
+    payload arbiter and its connection, kept up by a task."""
+
+    runner: Runner
+    connection: EdgeConnection
+    task: asyncio.Task[None]
+
+    @classmethod
+    def start(cls, hub: str, index: int) -> FleetNode:
+        identity = NodeIdentity(
+            node_id(index),
+            node_token_of(node_id(index)),
+            instance_id=uuid.uuid4().hex[:12],
+            started_at=time.time(),
+        )
+        runner = Runner()
+        connection = FleetConnection(hub, identity, runner, arbiter=PayloadArbiter(runner))
+        task = guarded_task(connection.run(), name=f"fleet-{identity.node_id}", logger=logger)
+        return cls(runner, connection, task)
+
+    async def stop(self) -> None:
+        await stop_tasks([self.task])
+        await self.runner.aclose()
+
+
+@contextlib.asynccontextmanager
+async def fleet(hub: str, nodes: int) -> AsyncIterator[list[FleetNode]]:
+    """N nodes dialing `hub`, started at once; all stopped on the way out."""
+    started: list[FleetNode] = []
+    try:
+        for index in range(nodes):
+            started.append(FleetNode.start(hub, index))
+        yield started
+    finally:
+        stopping = asyncio.gather(*(node.stop() for node in started), return_exceptions=True)
+        # Bounded: a fleet whose links collapsed on a saturated machine can take long to close.
+        done, _ = await asyncio.wait([stopping], timeout=STOP_TIMEOUT_S)
+        if not done:
+            logger.error("the fleet did not stop within %g s; leaving it", STOP_TIMEOUT_S)
+
+
+async def ready_nodes(admin: httpx.AsyncClient) -> tuple[int, int]:
+    """(connected, ready) nodes, as the Edge's `GET /status` says."""
+    nodes = (await admin.get("/status")).json()["nodes"]
+    return sum(n["connected"] for n in nodes), sum(n["ready"] for n in nodes)
+
+
+async def connect_all(
+    admin: httpx.AsyncClient, members: list[FleetNode], began: float, edge: int, timeout: float
+) -> int:
+    """Until the Edge says every node is connected and ready (or `timeout`): the ready count.
+
+    The fleet's own view (every connection welcomed) is read first, which costs the Edge
+    nothing; `GET /status`, which costs it a document of every node, is polled only then."""
+    deadline = began + timeout
+    said = began
+    connected = ready = 0
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        welcomed = sum(m.connection.connected.is_set() for m in members)
+        if welcomed == len(members):
+            connected, ready = await ready_nodes(admin)
+            if ready == len(members):
+                return ready
+        if now - said >= 5:
+            said = now
+            edge_cpu, fleet_cpu = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
+            print(
+                f"  {now - began:.0f} s: {welcomed} of {len(members)} welcomed, Edge CPU "
+                f"{edge_cpu:.1f} s, fleet {fleet_cpu:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        await asyncio.sleep(0.05 if welcomed < len(members) else 0.1)
+    connected, ready = await ready_nodes(admin)
+    print(
+        f"  {len(members)} nodes: {connected} connected, {ready} ready after {timeout:g} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return ready
+
+
+# -- the measures ---------------------------------------------------------------------------------
+
+
+async def apply_capacity(admin: httpx.AsyncClient, base: dict[str, Any], row: Row) -> None:
+    """Every provider's capacity + 1: every node's payload changes, so every node is pushed."""
+    candidate = copy.deepcopy(base)
+    for node in candidate["nodes"]:
+        for entry in node["providers"]:
+            entry["capacity"] += 1
+    began = time.perf_counter()
+    response = await admin.post("/refresh", json={"mode": "apply", "config": candidate})
+    row.apply_s = time.perf_counter() - began
+    report = response.json()
+    if response.status_code != 200 or report["outcome"] != "applied":
+        raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
+    statuses = [push["status"] for push in report["pushes"]]
+    row.acked = statuses.count("acked")
+    row.failed = len(statuses) - row.acked
+
+
+async def load(
+    host: str, port: int, nodes: int, concurrency: int, seconds: float
+) -> tuple[int, int, float]:
+    """`concurrency` keep-alive clients, each request for the next model round the fleet, for
+    `seconds`: (answered, not 200, elapsed seconds)."""
+    target = f"{host}:{port}"
+    payloads = [
+        benchkit.http_request(
+            target, "/v1/chat/completions", benchkit.body(f"m-{i:04d}", False), CLIENT_TOKEN
+        )
+        for i in range(nodes)
+    ]
+    turn = itertools.cycle(range(nodes))
+    loop = asyncio.get_running_loop()
+    connections: list[benchkit.Connection] = []
+    answered = failed = 0
+    try:
+        for _ in range(concurrency):
+            _, connection = await loop.create_connection(benchkit.Connection, host, port)
+            connections.append(connection)
+        end = loop.time() + seconds
+
+        async def worker(connection: benchkit.Connection) -> None:
+            nonlocal answered, failed
+            while loop.time() < end:
+                status = await connection.exchange(payloads[next(turn)])
+                answered += 1
+                failed += status != 200
+
+        began = time.perf_counter()
+        await asyncio.gather(*map(worker, connections))
+        return answered, failed, time.perf_counter() - began
+    finally:
+        for connection in connections:
+            if connection.transport is not None:
+                connection.transport.close()
+
+
+async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
+    row = Row(nodes)
+    base = document(nodes, args)
+    config = folder / f"edge-{nodes}.yaml"
+    config.write_text(yaml.safe_dump(base))
+    edge, started = await spawn_edge(config, startup_timeout=120)
+    try:
+        host, port = benchkit.split_url(started["url"])
+        hub = f"127.0.0.1:{started['hub_port']}"
+        async with httpx.AsyncClient(base_url=started["admin_url"], timeout=120) as admin:
+            await ready_nodes(admin)  # the admin path warmed up before the baseline
+            await asyncio.sleep(1.0)
+            row.rss_none_kib = rss_kib(edge.pid)
+            began = time.monotonic()
+            async with fleet(hub, nodes) as members:
+                ready = await connect_all(admin, members, began, edge.pid, args.connect_timeout)
+                row.connected = ready
+                if ready < nodes:
+                    row.rss_all_kib = rss_kib(edge.pid)
+                    return row
+                row.connect_s = time.monotonic() - began
+                await asyncio.sleep(2.0)  # every node's first heartbeats and health reports in
+                row.rss_all_kib = rss_kib(edge.pid)
+                me = os.getpid()
+                idle_began = time.monotonic()
+                edge_before = benchkit.cpu_seconds(edge.pid)
+                fleet_before = benchkit.cpu_seconds(me)
+                await asyncio.sleep(args.idle_seconds)
+                idle = time.monotonic() - idle_began
+                row.idle_edge_cores = (benchkit.cpu_seconds(edge.pid) - edge_before) / idle
+                row.idle_fleet_cores = (benchkit.cpu_seconds(me) - fleet_before) / idle
+                await apply_capacity(admin, base, row)
+                await load(host, port, nodes, args.concurrency, min(args.seconds, 0.5))  # warm-up
+                edge_before = benchkit.cpu_seconds(edge.pid)
+                answered, row.errors, elapsed = await load(
+                    host, port, nodes, args.concurrency, args.seconds
+                )
+                row.rps = answered / elapsed
+                spent = benchkit.cpu_seconds(edge.pid) - edge_before
+                row.edge_us_per_request = spent / max(answered, 1) * 1e6
+                above = spent - row.idle_edge_cores * elapsed
+                row.edge_us_above_idle = above / max(answered, 1) * 1e6
+    finally:
+        await terminate(edge)
+    return row
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def ratio(value: float, base: float) -> float:
+    """`value / base`, or nan when the base is 0 (a window too short for one clock tick)."""
+    return value / base if base else float("nan")
+
+
+def print_table(rows: list[Row]) -> None:
+    print(
+        "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
+        "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed | req/s "
+        "| Edge CPU us/req | above idle |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r.nodes:,} | {r.connected:,} | {r.connect_s:.2f} | {r.rss_none_kib:,} | "
+            f"{r.rss_all_kib:,} | {r.kib_per_node:.1f} | {r.idle_edge_cores:.3f} | "
+            f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.acked:,} | {r.failed:,} | "
+            f"{r.rps:,.0f} | {r.edge_us_per_request:,.0f} | {r.edge_us_above_idle:,.0f} |"
+        )
+    first = rows[0]
+    print(f"\nRatios against {first.nodes:,} nodes:\n")
+    print(
+        "| nodes | x nodes | connect all | KiB/node | idle Edge cores | apply -> acks | us/req "
+        "| above idle |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratios = [
+            ratio(r.connect_s, first.connect_s),
+            ratio(r.kib_per_node, first.kib_per_node),
+            ratio(r.idle_edge_cores, first.idle_edge_cores),
+            ratio(r.apply_s, first.apply_s),
+            ratio(r.edge_us_per_request, first.edge_us_per_request),
+            ratio(r.edge_us_above_idle, first.edge_us_above_idle),
+        ]
+        cells = " | ".join(f"{value:.2f}" for value in ratios)
+        print(f"| {r.nodes:,} | {r.nodes / first.nodes:.0f} | {cells} |")
+    errors = sum(r.errors for r in rows)
+    if errors:
+        print(f"\n{errors:,} requests were answered with a status other than 200")
+
+
+async def main(args: argparse.Namespace) -> None:
+    # Ctrl-C or SIGTERM cancels the run, so that every `finally` stops the fleet and the Edge.
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for nodes in args.nodes:
+            rows.append(await measure(Path(tmp), nodes, args))
+            print(f"  measured {nodes} nodes", file=sys.stderr, flush=True)
+    print_table(rows)
+
+
+def sizes(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=sizes, default=[10, 100, 500, 1000], help="e.g. 10,100")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="the load's measuring time")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--connect-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--per-client-hellos",
+        type=int,
+        default=64,
+        help="edge.node_link.max_unauthenticated_per_client (every node dials from 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="edge.node_link.max_connections (default: the product's, 1,024)",
+    )
+    parser.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="edge.node_link.heartbeat_interval_ms, the timeout 4 times it (default: the "
+        "product's, 500 and 2,000)",
+    )
+    parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
+    arguments = parser.parse_args()
+    logging.basicConfig(level=arguments.log_level, format="%(levelname)s %(name)s: %(message)s")
+    load_average = os.getloadavg()
+    print(
+        f"# bench/fleet.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
+        f"average {load_average[0]:.1f}; heartbeats every {arguments.heartbeat_ms or 500} ms; "
+        f"idle {arguments.idle_seconds:g} s, load "
+        f"{arguments.seconds:g} s at {arguments.concurrency} clients\n",
+        flush=True,
+    )
+    try:
+        uvloop.run(main(arguments))
+    except asyncio.CancelledError:
+        print("interrupted: the fleet and the Edge are stopped", file=sys.stderr)
+        sys.exit(130)
