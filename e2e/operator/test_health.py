@@ -229,10 +229,12 @@ async def test_a_rollout_past_its_progress_deadline_is_failed_and_rolled_back(
 ) -> None:
     spec = host_spec()
     await ready_with_workloads(host_stack, spec, start_operator, edgeconfigs, workloads, health)
-    # The Edge workload's new pods can land nowhere, and it gives a rollout 2 seconds.
+    # The Edge workload's new pods can land nowhere, and it gives a rollout 2 seconds (the
+    # deadline must be longer than the chart's minReadySeconds, so that goes to 1 s).
     patch = {
         "spec": {
             "progressDeadlineSeconds": 2,
+            "minReadySeconds": 1,
             "template": {"spec": {"nodeSelector": {"iop.dev/e2e": "nowhere"}}},
         }
     }
