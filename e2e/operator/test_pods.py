@@ -97,6 +97,22 @@ class PodStack(Workloads):
                 )
         return found
 
+    def scene(self) -> dict[str, Any]:
+        """What a failed wait shows: each Edge and Node pod (ready, terminating) with its last
+        log lines, and the EdgeConfig's status."""
+        shown: dict[str, Any] = {"status": self.ec().get("status")}
+        for pod in self.get("pods", "-l", "app.kubernetes.io/component in (edge,node)")["items"]:
+            name = pod["metadata"]["name"]
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            log = self.kubectl("logs", name, "--tail=15", check=False)
+            shown[name] = {
+                "ready": conditions.get("Ready"),
+                "terminating": bool(pod["metadata"].get("deletionTimestamp")),
+                "ip": pod["status"].get("podIP"),
+                "log": (log.stdout or log.stderr).splitlines(),
+            }
+        return shown
+
     def leader(self) -> str:
         """Who holds the Lease (the operator that reconciles): `POD_random`, or ""."""
         lease = self.get("lease", f"{NAME}-operator")
@@ -168,7 +184,9 @@ class PodStack(Workloads):
         self.spec = spec
         return self.wait_ready(self.generation)
 
-    def wait_ready(self, generation: int, timeout: float = 180) -> dict[str, Any]:
+    def wait_ready(
+        self, generation: int, timeout: float = 180, show: Callable[[], Any] | None = None
+    ) -> dict[str, Any]:
         found: dict[str, Any] = {}
 
         def ready() -> bool:
@@ -184,7 +202,7 @@ class PodStack(Workloads):
             )
 
         what = f"ec/{NAME} Ready for generation {generation}"
-        wait_for(ready, timeout=timeout, what=what, show=lambda: found.get("status"))
+        wait_for(ready, timeout=timeout, what=what, show=show or (lambda: found.get("status")))
         return found
 
 
@@ -303,17 +321,18 @@ async def node_2_rolled_under_load(
         # machine they can take longer than the new pod takes to start, and then the old pod
         # would have no run to finish.
         await asyncio.to_thread(
-            wait_for, lambda: pods.runs_in_flight("node-2"), timeout=30, what="runs on node-2"
+            wait_for, lambda: pods.runs_in_flight("node-2"), timeout=20, what="runs on node-2"
         )
         await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{NODE_2}")
         await asyncio.to_thread(
-            wait_for, old_pods_gone, timeout=120, what="the old node-2 pod to exit"
+            wait_for, old_pods_gone, timeout=60, what="the old node-2 pod to exit", show=pods.scene
         )
         await asyncio.to_thread(
             wait_for,
             lambda: pods.rolled_out(NODE_2),
-            timeout=60,
+            timeout=20,
             what="node-2's rollout to complete",
+            show=pods.scene,
         )
     return old, outcomes
 
@@ -648,7 +667,8 @@ async def test_an_adapter_change_rolls_only_that_nodes_workload_even_if_the_oper
     # done: the standby takes over and finishes it.
     wait_for(lambda: pods.stamp(NODE_2) != unstamped, timeout=60, what="node-2's workload stamped")
     pods.kubectl("delete", "pod", pods.leader_pod(), "--grace-period=0", "--force", "--wait=false")
-    ec = await asyncio.to_thread(pods.wait_ready, pods.generation, 240)
+    # (Within the test's 120 s: the Lease runs out in 15 s, the roll takes 10 s or so.)
+    ec = await asyncio.to_thread(pods.wait_ready, pods.generation, 90, pods.scene)
 
     assert ec["status"]["lastChange"]["restartScopes"] == ["node:node-2"]
     assert await asyncio.to_thread(pods.revisions) == {

@@ -439,10 +439,15 @@ def test_a_node_restart_fails_its_gate_when_the_new_process_serves_worse_than_th
     assert baseline.instances == {"old"} and baseline.healthy == {"pa"}
     gate = {"node:node-1": baseline}
 
-    # The old process still serves, or the new one has not probed yet, or only pb is down: pass.
+    # The old process still serves, or the new one has not probed yet (or connected and not
+    # ready yet: the Edge says node_disconnected until it has taken its config; or said nothing
+    # of pa yet; or it is being stopped), or only pb is down: pass.
     for outcome in (
         seen("old", set(), {"pa": "probe_failed"}),  # (the old process: not the change's doing)
         seen("new", set(), {"pa": "not_probed", "pb": "not_probed"}),
+        seen("new", set(), {"pa": "node_disconnected", "pb": "node_disconnected"}),
+        seen("new", set(), {"pa": "not_reported"}),
+        seen("new", set(), {"pa": "draining"}),
         seen("new", {"pa"}, {"pb": "probe_failed"}),
     ):
         assert worse_restarts(observation, current, [outcome], gate) == []
@@ -454,10 +459,15 @@ def test_a_node_restart_fails_its_gate_when_the_new_process_serves_worse_than_th
         "Deployment/demo-node-1 (node:node-1): its new process serves worse than the old one: "
         "provider pa probe_failed (healthy before)"
     )
+    # Its adapter cannot run there, or its requests failed: the gate fails too.
+    for reason in ("adapter_error", "request_failures", "unspecified"):
+        (failed,) = worse_restarts(observation, current, [seen("new", set(), {"pa": reason})], gate)
+        assert f"provider pa {reason} (healthy before)" in failed.message
     # A baseline of another config, or none: nothing to compare.
-    assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], {}) == []
+    worse = [seen("new", set(), {"pa": "probe_failed"})]
+    assert worse_restarts(observation, current, worse, {}) == []
     other = {"node:node-1": replace(baseline, config_hash=config_hash(old))}
-    assert worse_restarts(observation, current, [seen("new", set(), {"pa": "x"})], other) == []
+    assert worse_restarts(observation, current, worse, other) == []
 
 
 def serving(name: str, stamp: str, requests: int, failed: int = 0, since: float = 0.0) -> Any:

@@ -21,12 +21,18 @@ from dataclasses import dataclass
 
 from iop.edgeconfig import EdgeConfig
 from iop.verdicts import Figures, judge
-from iop.wire import NOT_PROBED
+from iop.wire import ADAPTER_ERROR, PROBE_FAILED, REQUEST_FAILURES, UNSPECIFIED
 
 from .deciding import Observation, Plan, node_of, workloads_of
 from .documents import AppliedState, EdgeBaseline, NodeBaseline, StableRevision
 from .status import GOOD_OUTCOMES
 from .values import ReplicaOutcome, Workload
+
+
+#: Why a provider is unhealthy that is a verdict on the process serving it. Not the others:
+#: not probed yet, not reported yet, its node connected but not ready yet (the Edge says
+#: `node_disconnected` until the new process has taken its config), draining (being stopped).
+_WORSE_REASONS = frozenset({PROBE_FAILED, REQUEST_FAILURES, ADAPTER_ERROR, UNSPECIFIED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +90,9 @@ def worse_restarts(
 ) -> list[FailedRestart]:
     """The desired config's node restarts whose new process serves worse than the old one did:
     a provider healthy before the restart is unhealthy on the new process (its adapter cannot
-    run there, or its probes or requests failed; not merely "not probed yet"). The other half of
-    a restart's gate, beside its readiness: compared with the old pod's figures, so a provider
-    whose server was already down blames nothing on the change."""
+    run there, or its probes or requests failed; not merely "not known yet": `_WORSE_REASONS`).
+    The other half of a restart's gate, beside its readiness: compared with the old pod's
+    figures, so a provider whose server was already down blames nothing on the change."""
     failed = []
     for record in current.restarts:
         baseline = baselines.get(record.scope)
@@ -108,7 +114,7 @@ def worse_restarts(
                 ):
                     continue
                 for provider, reason, detail in view.unhealthy:
-                    if provider in baseline.healthy and reason != NOT_PROBED:
+                    if provider in baseline.healthy and reason in _WORSE_REASONS:
                         worse.setdefault(provider, f"{reason}: {detail}" if detail else reason)
         if worse:
             said = "; ".join(f"provider {p} {why}" for p, why in sorted(worse.items()))
