@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -130,9 +131,23 @@ async def test_connects_and_disconnects_are_announced(
     assert hub.connected_providers() == {"p1": ProviderLink("p1", "node-1", True, "")}
     await node.stop()
     await until(lambda: not hub.connected_providers())
+    # The listeners hear of it on the loop's next turn.
+    await until(lambda: seen[-1] == {})
     assert seen[0] == {"p1": ProviderLink("p1", "node-1", True, "")}
-    assert seen[-1] == {}
     assert hub.connected_providers() == {}
+
+
+async def test_a_burst_of_changes_is_announced_once(wire_config, start_hub) -> None:
+    """Changes in one turn of the loop (a thousand Nodes reconnecting) reach the listeners once,
+    on the next turn, not once each: every listener reads every provider."""
+    hub = await start_hub(wire_config([{"id": "p1", "adapter": {"type": "fake"}}]))
+    heard: list[int] = []
+    hub.add_listener(lambda: heard.append(len(heard)))
+    for replicas in (2, 3, 4):
+        hub.set_edge_replicas(replicas)
+    assert heard == []
+    await asyncio.sleep(0)
+    assert heard == [0]
 
 
 async def test_a_node_that_goes_away_fails_its_runs_at_once(

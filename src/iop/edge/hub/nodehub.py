@@ -171,6 +171,8 @@ class NodeHub(AsyncService):
         self._superseded: set[NodeSession] = set()
         self._listeners: list[Callable[[], None]] = []
         self._links: Mapping[str, ProviderLink] | None = None
+        #: The listeners are to be told of a change on the loop's next turn (`_changed`).
+        self._telling = False
         self._stopping = False
         #: The nodes placed on this Edge (`nodes[].placement: edge`): run here, no session.
         self._local = LocalNodes(self._changed, policy=policy)
@@ -455,7 +457,22 @@ class NodeHub(AsyncService):
                 self.runs_not_accepted += session.expire_unaccepted(now, self.first_event_timeout)
 
     def _changed(self) -> None:
+        """A node connected or left, or a provider's health changed: the listeners are told once
+        per turn of the event loop however many changed in it, since each of them reads every
+        provider (a thousand Nodes reconnecting at once would otherwise cost a million reads)."""
         self._links = None
+        if self._telling:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (a hub built and changed outside a loop: tell at once)
+            self._tell()
+            return
+        self._telling = True
+        loop.call_soon(self._tell)
+
+    def _tell(self) -> None:
+        self._telling = False
         for callback in list(self._listeners):
             try:
                 callback()
