@@ -28,7 +28,6 @@ from .documents import AppliedState, EdgeBaseline, NodeBaseline, StableRevision
 from .status import GOOD_OUTCOMES
 from .values import ReplicaOutcome, Workload
 
-
 #: Why a provider is unhealthy that is a verdict on the process serving it. Not the others:
 #: not probed yet, not reported yet, its node connected but not ready yet (the Edge says
 #: `node_disconnected` until the new process has taken its config), draining (being stopped).
