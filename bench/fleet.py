@@ -23,7 +23,10 @@ Per N, on a fresh Edge whose config lists the N nodes:
    (the fleet's) beside it;
 4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
    every node's payload: the round trip until the report, which the Edge sends once every push
-   is acknowledged (or timed out), and the pushes acked and failed;
+   is acknowledged (or timed out), and the pushes acked and failed; and the longest any node
+   went without a message from the Edge meanwhile (sampled every 50 ms in this process, so its
+   own delays count too): an Edge whose loop an apply holds past `heartbeat_timeout_ms` (2 s)
+   loses its fleet;
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
    non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
    for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
@@ -129,6 +132,8 @@ class Row:
     apply_s: float = float("nan")
     acked: int = 0
     failed: int = 0
+    #: The longest any node went without a message from the Edge while the apply ran.
+    silence_s: float = float("nan")
     rps: float = float("nan")
     edge_us_per_request: float = float("nan")
     #: The same less what the Edge spends idle (heartbeats) over as long.
@@ -243,15 +248,29 @@ async def connect_all(
 # -- the measures ---------------------------------------------------------------------------------
 
 
-async def apply_capacity(admin: httpx.AsyncClient, base: dict[str, Any], row: Row) -> None:
-    """Every provider's capacity + 1: every node's payload changes, so every node is pushed."""
+async def apply_capacity(
+    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row
+) -> None:
+    """Every provider's capacity + 1: every node's payload changes, so every node is pushed.
+    Meanwhile, every 50 ms, how long each node has gone without a message from the Edge (its
+    heartbeats come every 500 ms): what an apply that holds the Edge's loop shows as."""
     candidate = copy.deepcopy(base)
     for node in candidate["nodes"]:
         for entry in node["providers"]:
             entry["capacity"] += 1
+    loop = asyncio.get_running_loop()
     began = time.perf_counter()
-    response = await admin.post("/refresh", json={"mode": "apply", "config": candidate})
+    applying = asyncio.ensure_future(
+        admin.post("/refresh", json={"mode": "apply", "config": candidate})
+    )
+    longest = 0.0
+    while not applying.done():
+        now = loop.time()
+        longest = max(longest, max(now - m.connection.last_heard for m in members))
+        await asyncio.wait([applying], timeout=0.05)
+    response = applying.result()
     row.apply_s = time.perf_counter() - began
+    row.silence_s = longest
     report = response.json()
     if response.status_code != 200 or report["outcome"] != "applied":
         raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
@@ -329,7 +348,7 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
                 idle = time.monotonic() - idle_began
                 row.idle_edge_cores = (benchkit.cpu_seconds(edge.pid) - edge_before) / idle
                 row.idle_fleet_cores = (benchkit.cpu_seconds(me) - fleet_before) / idle
-                await apply_capacity(admin, base, row)
+                await apply_capacity(admin, base, members, row)
                 await load(host, port, nodes, args.concurrency, min(args.seconds, 0.5))  # warm-up
                 edge_before = benchkit.cpu_seconds(edge.pid)
                 answered, row.errors, elapsed = await load(
@@ -356,16 +375,17 @@ def ratio(value: float, base: float) -> float:
 def print_table(rows: list[Row]) -> None:
     print(
         "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
-        "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed | req/s "
-        "| Edge CPU us/req | above idle |"
+        "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed "
+        "| longest silence s | req/s | Edge CPU us/req | above idle |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r.nodes:,} | {r.connected:,} | {r.connect_s:.2f} | {r.rss_none_kib:,} | "
             f"{r.rss_all_kib:,} | {r.kib_per_node:.1f} | {r.idle_edge_cores:.3f} | "
             f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.acked:,} | {r.failed:,} | "
-            f"{r.rps:,.0f} | {r.edge_us_per_request:,.0f} | {r.edge_us_above_idle:,.0f} |"
+            f"{r.silence_s:.2f} | {r.rps:,.0f} | {r.edge_us_per_request:,.0f} | "
+            f"{r.edge_us_above_idle:,.0f} |"
         )
     first = rows[0]
     print(f"\nRatios against {first.nodes:,} nodes:\n")

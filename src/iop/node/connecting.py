@@ -186,6 +186,11 @@ class EdgeConnection:
         self._leaving = asyncio.Event()
 
     @property
+    def last_heard(self) -> float:
+        """When the Edge last sent anything (the loop's clock); 0 before it ever did."""
+        return self._last_heard
+
+    @property
     def leaving(self) -> bool:
         return self._leaving.is_set()
 

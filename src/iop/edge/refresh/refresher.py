@@ -7,7 +7,10 @@ classify it against the config in use (a dry run stops there; an apply with a re
 path is refused unless the caller restarts that node itself: `restarting`), swap the next
 `PoolSnapshot` into the dispatcher and the hub's snapshot in the same turn of the loop, push
 changed payloads and collect the acks; a change becomes a revision, watched and rolled back when
-it hurts (`rollouts.py`). Applies run one at a time; dry runs never wait for one.
+it hurts (`rollouts.py`). Applies run one at a time; dry runs never wait for one. Loading,
+classifying and building the snapshot run in a worker thread: each is a pure function of the
+configs, and a config of thousands of nodes takes the loop a second or more, long enough for
+its Nodes to take the Edge for dead (their heartbeats wait meanwhile).
 docs/refresh.md, "What an apply does", has each step and why.
 """
 
@@ -169,7 +172,7 @@ class Refresher:
             report = self._invalid(error, context)
         else:
             if mode == "dry_run":
-                report = self._judge(config, context)
+                report = await asyncio.to_thread(self._judge, config, context)
             else:
                 async with self._lock:
                     report = await self._apply(config, context)
@@ -225,7 +228,7 @@ class Refresher:
     def _judge(self, config: EdgeConfig, context: dict[str, Any]) -> RefreshReport:
         """A dry run: what an apply would do."""
         current = self.current
-        change = classify(current.config, config)
+        change = classify(current.config, config)  # (in a worker thread: see `refresh`)
         outcome: Outcome
         if _blocking(change, context["restarting"]):
             outcome, message = "restart_required", _restart_message(change, refused=False)
@@ -255,7 +258,7 @@ class Refresher:
         """Swap `config` in and push it; with `record`, a change is a new revision (a rollback
         puts a revision back and records none)."""
         current = self.current
-        change = classify(current.config, config)
+        change = await asyncio.to_thread(classify, current.config, config)
         held = _held_nodes(change, context["restarting"])
         refusal: tuple[Outcome, str] | None = None
         if _blocking(change, context["restarting"]):
@@ -274,7 +277,12 @@ class Refresher:
                 previous_generation=current.generation,
                 **context,
             )
-        snapshot = PoolSnapshot.build(config, current.generation + 1, current.edge_replicas)
+        snapshot = await asyncio.to_thread(
+            PoolSnapshot.build, config, current.generation + 1, current.edge_replicas
+        )
+        replicas = self.current.edge_replicas
+        if snapshot.edge_replicas != replicas:  # the Edge's peers changed meanwhile
+            snapshot = snapshot.with_edge_replicas(replicas)
         # How the change goes on trial; an apply that changes nothing keeps the trial in
         # progress, a rollback (not recorded) ends it, and a change the caller restarts nodes
         # for is the restart's to roll out (the Edge could not put it back by itself).
