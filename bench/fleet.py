@@ -26,7 +26,7 @@ Per N, on a fresh Edge whose config lists the N nodes:
    is acknowledged (or timed out), and the pushes acked and failed; and the longest any node
    went without a message from the Edge meanwhile (sampled every 50 ms in this process, so its
    own delays count too): an Edge whose loop an apply holds past `heartbeat_timeout_ms` (2 s)
-   loses its fleet;
+   loses its fleet; then a change to one node's provider (one push), until its ack;
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
    non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
    for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
@@ -134,6 +134,8 @@ class Row:
     failed: int = 0
     #: The longest any node went without a message from the Edge while the apply ran.
     silence_s: float = float("nan")
+    #: A change to one node's provider afterwards: until its one ack.
+    apply_one_s: float = float("nan")
     rps: float = float("nan")
     edge_us_per_request: float = float("nan")
     #: The same less what the Edge spends idle (heartbeats) over as long.
@@ -248,16 +250,13 @@ async def connect_all(
 # -- the measures ---------------------------------------------------------------------------------
 
 
-async def apply_capacity(
-    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row
-) -> None:
-    """Every provider's capacity + 1: every node's payload changes, so every node is pushed.
-    Meanwhile, every 50 ms, how long each node has gone without a message from the Edge (its
-    heartbeats come every 500 ms): what an apply that holds the Edge's loop shows as."""
-    candidate = copy.deepcopy(base)
-    for node in candidate["nodes"]:
-        for entry in node["providers"]:
-            entry["capacity"] += 1
+async def apply(
+    admin: httpx.AsyncClient, candidate: dict[str, Any], members: list[FleetNode]
+) -> tuple[float, float, list[str]]:
+    """`POST /refresh` of `candidate`: its round trip (the report comes once every push is
+    acknowledged), the longest any node went without a message from the Edge meanwhile
+    (sampled every 50 ms; heartbeats come every 500 ms: what an apply that holds the Edge's
+    loop shows as), and each push's status."""
     loop = asyncio.get_running_loop()
     began = time.perf_counter()
     applying = asyncio.ensure_future(
@@ -269,14 +268,29 @@ async def apply_capacity(
         longest = max(longest, max(now - m.connection.last_heard for m in members))
         await asyncio.wait([applying], timeout=0.05)
     response = applying.result()
-    row.apply_s = time.perf_counter() - began
-    row.silence_s = longest
+    took = time.perf_counter() - began
     report = response.json()
     if response.status_code != 200 or report["outcome"] != "applied":
         raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
-    statuses = [push["status"] for push in report["pushes"]]
+    return took, longest, [push["status"] for push in report["pushes"]]
+
+
+async def apply_capacity(
+    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row
+) -> None:
+    """Every provider's capacity + 1: every node's payload changes, so every node is pushed;
+    then one node's provider's capacity + 1 more (one push)."""
+    candidate = copy.deepcopy(base)
+    for node in candidate["nodes"]:
+        for entry in node["providers"]:
+            entry["capacity"] += 1
+    row.apply_s, row.silence_s, statuses = await apply(admin, candidate, members)
     row.acked = statuses.count("acked")
     row.failed = len(statuses) - row.acked
+    candidate["nodes"][-1]["providers"][0]["capacity"] += 1
+    row.apply_one_s, _, statuses = await apply(admin, candidate, members)
+    if statuses != ["acked"]:
+        raise RuntimeError(f"the apply to one node pushed {statuses}")
 
 
 async def load(
@@ -376,16 +390,16 @@ def print_table(rows: list[Row]) -> None:
     print(
         "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
         "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed "
-        "| longest silence s | req/s | Edge CPU us/req | above idle |"
+        "| longest silence s | apply one s | req/s | Edge CPU us/req | above idle |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r.nodes:,} | {r.connected:,} | {r.connect_s:.2f} | {r.rss_none_kib:,} | "
             f"{r.rss_all_kib:,} | {r.kib_per_node:.1f} | {r.idle_edge_cores:.3f} | "
             f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.acked:,} | {r.failed:,} | "
-            f"{r.silence_s:.2f} | {r.rps:,.0f} | {r.edge_us_per_request:,.0f} | "
-            f"{r.edge_us_above_idle:,.0f} |"
+            f"{r.silence_s:.2f} | {r.apply_one_s:.3f} | {r.rps:,.0f} | "
+            f"{r.edge_us_per_request:,.0f} | {r.edge_us_above_idle:,.0f} |"
         )
     first = rows[0]
     print(f"\nRatios against {first.nodes:,} nodes:\n")

@@ -31,7 +31,6 @@ from iop.edgeconfig import (
     NodePayload,
     UpstreamPolicy,
     is_loopback_listener,
-    node_payloads,
     token_sha256,
 )
 from iop.wire import (
@@ -90,14 +89,23 @@ class HubSnapshot:
     def of(
         cls, config: EdgeConfig, generation: int, previous: HubSnapshot | None = None
     ) -> HubSnapshot:
-        payloads = node_payloads(config)
+        """The snapshot of `config`; a node whose spec is the same as in `previous` keeps its
+        payload and digest (a live change to one node of thousands builds one payload)."""
+        specs = {n.id: n for n in previous.config.nodes} if previous is not None else {}
+        payloads: dict[str, NodePayload] = {}
         digests: dict[str, str] = {}
-        for node_id, payload in payloads.items():
+        for node in config.nodes:
+            node_id = node.id
+            if previous is not None and specs.get(node_id) == node:
+                payloads[node_id] = previous.payloads[node_id]
+                digests[node_id] = previous.digests[node_id]
+                continue
+            payload = NodePayload.of(node)
             before = previous.payloads.get(node_id) if previous is not None else None
             if previous is not None and before is not None and before == payload:
                 payloads[node_id], digests[node_id] = before, previous.digests[node_id]
             else:
-                digests[node_id] = payload.digest
+                payloads[node_id], digests[node_id] = payload, payload.digest
         return cls(
             config=config,
             generation=generation,
