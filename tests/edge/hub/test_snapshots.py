@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from iop.edge.hub.nodehub import HubSnapshot
 from iop.edgeconfig import EdgeConfig, NodePayload
@@ -11,7 +12,7 @@ from testkit import edge_document, provider
 FAKE = {"type": "fake"}
 
 
-def fleet(nodes: int) -> dict:
+def fleet(nodes: int) -> dict[str, Any]:
     return edge_document(
         {f"node-{i}": [provider(f"p{i}", FAKE)] for i in range(nodes)},
         {f"m{i}": [f"p{i}"] for i in range(nodes)},
