@@ -221,3 +221,54 @@ async def test_an_edge_restarts_new_pod_that_serves_worse_goes_back_across_an_op
         "revision had 0.0%"
     ) in newest["reason"]
     assert "edgeBaseline" not in cluster.fake.objects[RECORD]["data"]  # the restart is over
+
+
+async def test_a_nodes_new_process_welcomed_before_a_replica_took_the_change_gets_it_there(
+    cluster: Cluster,
+    start_edge: Callable[..., Awaitable[EdgeServer]],
+    start_node: Callable[..., Awaitable[NodeAgent]],
+    until: Callable[..., Awaitable[Any]],
+) -> None:
+    """node-1's restart for an adapter change, while Edge pod b is not ready (a pod starting):
+    the operator stamps node-1's workload and applies the change on pod a only. node-1's new
+    process connects to both: pod a welcomes it with the new payload, pod b with the old one.
+    When pod b takes the change, it pushes it to that process (not among the processes the
+    restart replaces, which the operator names from the node's baseline) rather than hold it
+    for a restart that already happened, so the node runs the new payload everywhere."""
+    document = build_document([provider("pa", served="served-a")], admin=True)
+    document["rollout"] = {"mode": "off"}
+    first, late = await start_edge(document), await start_edge(document)
+    old_node = await start_node(first.hub, late.hub)
+    pods = EdgePods()
+    pods.add("demo-edge-a", first, "")
+    pods.add("demo-edge-b", late, "")
+    cluster.finder = pods
+    await cluster.restart()
+    cluster.fake.objects[NODE_DEPLOYMENT] = node_deployment()
+    cluster.set_spec(document)
+    await cluster.reconcile()
+    await cluster.reconcile()  # node-1 as both pods see it: the baseline of its restart
+
+    changed = copy.deepcopy(document)
+    find_provider(changed, "pa")["adapter"]["completion_tokens"] = 5
+    digest = config_hash(load_data(changed))
+    expected = (await admin_call(first, "GET", "/status"))["nodes"][0]["expected_hash"]
+    pods.found.pop()  # pod b is not ready
+    cluster.set_spec(changed)
+    await cluster.reconcile()
+    assert stamp_of(cluster, NODE_DEPLOYMENT) == digest
+    kept = orjson.loads(cluster.fake.objects[RECORD]["data"]["nodeBaselines"])
+    assert kept["node:node-1"]["instances"] == [old_node.identity.instance_id]
+
+    await old_node.stop()
+    new_node = await start_node(first.hub, late.hub)
+    new_payload = (await node_view(first))["expected_hash"]
+    assert new_payload != expected
+    await until(lambda: new_node.runner.registry.digest)
+    pods.add("demo-edge-b", late, "")  # ready now, on the old config
+    await cluster.reconcile()
+
+    await until(lambda: new_node.runner.registry.digest == new_payload)
+    for edge in (first, late):
+        view = await node_view(edge)
+        assert (view["instance_id"], view["current"]) == (new_node.identity.instance_id, True)

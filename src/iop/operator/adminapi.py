@@ -8,7 +8,7 @@ failed and why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -36,9 +36,18 @@ _STATUS_TIMEOUT_S: Final = 5.0
 _CONNECT_TIMEOUT_S: Final = 3.0
 
 
-def apply_body(document: Mapping[str, Any], restarting: Sequence[str]) -> bytes:
-    """The `POST /refresh` body, encoded once and sent to every replica."""
-    return orjson.dumps({"mode": "apply", "config": document, "restarting": list(restarting)})
+def apply_body(
+    document: Mapping[str, Any],
+    restarting: Sequence[str],
+    replacing: Mapping[str, Collection[str]] | None = None,
+) -> bytes:
+    """The `POST /refresh` body, encoded once and sent to every replica (`replacing`: node id
+    -> the instance ids of the processes its restart replaces, where known; only those are
+    held, so a new process that connected before a replica took the change still gets it)."""
+    body: dict[str, Any] = {"mode": "apply", "config": document, "restarting": list(restarting)}
+    if replacing:
+        body["replacing"] = {node: sorted(ids) for node, ids in sorted(replacing.items())}
+    return orjson.dumps(body)
 
 
 def revision_body(revision: int, restarting: Sequence[str] = ()) -> bytes:

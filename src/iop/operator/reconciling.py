@@ -42,6 +42,7 @@ from .deciding import (
     Verdict,
     judge,
     live_targets,
+    node_of,
     plan,
     settled_outcomes,
     stamps_due,
@@ -728,7 +729,13 @@ class Reconciler:
         document = observation.desired.model_dump(mode="json", exclude_unset=True)
         outcomes: list[ReplicaOutcome] = []
         for _ in range(2):
-            body = await asyncio.to_thread(apply_body, document, current.node_restarts())
+            restarting = current.node_restarts()
+            replacing = {
+                node_of(scope): baseline.instances
+                for scope, baseline in self._baselines.items()
+                if scope in restarting and baseline.config_hash == observation.desired_hash
+            }
+            body = await asyncio.to_thread(apply_body, document, restarting, replacing)
             outcomes = await apply_on_replicas(
                 self._admin, ready, body, observation.desired_hash, tokens.admin_token
             )

@@ -473,8 +473,10 @@ async def test_applies_run_one_at_a_time(refresh_stack, refresh_document) -> Non
 class SilentNode:
     """node-2 over a raw stream: acknowledges its welcome, then answers refreshes with `ack`
     (or not at all when `ack` is None). With `late_welcome_ack`, it acknowledges its welcome
-    only once a refresh has arrived (a node still starting up while an apply runs). It sends no
-    heartbeats: its Edge's config (`patient()`) waits a minute before it counts it as gone."""
+    only once a refresh has arrived (a node still starting up while an apply runs). With
+    `runs`, it acknowledges its welcome as pending and keeps that payload (another Edge welcomed
+    it with it). It sends no heartbeats: its Edge's config (`patient()`) waits a minute before
+    it counts it as gone."""
 
     def __init__(
         self,
@@ -483,11 +485,15 @@ class SilentNode:
         ack: pb.ConfigAck | None,
         *,
         late_welcome_ack: bool = False,
+        instance_id: str = "",
+        runs: str = "",
     ) -> None:
         self.port = port
         self.credentials = credentials
         self.ack = ack
         self.late_welcome_ack = late_welcome_ack
+        self.instance_id = instance_id
+        self.runs = runs
         self.refreshes = 0
         self.applied_hash = ""
 
@@ -495,7 +501,10 @@ class SilentNode:
         async with grpc.aio.secure_channel(f"127.0.0.1:{self.port}", self.credentials) as channel:
             call = NodeRuntimeStub(channel).Connect()
             hello = pb.Hello(
-                protocol_version=PROTOCOL_VERSION, node_id="node-2", token="node-2-token"
+                protocol_version=PROTOCOL_VERSION,
+                node_id="node-2",
+                token="node-2-token",
+                instance_id=self.instance_id,
             )
             await call.write(pb.NodeMessage(hello=hello))
             first = await call.read()
@@ -505,8 +514,10 @@ class SilentNode:
                 generation=welcome.config.generation,
                 config_hash=welcome.config.config_hash,
                 ok=True,
+                pending=bool(self.runs),
+                in_use_hash=self.runs,
             )
-            self.applied_hash = welcome.config.config_hash
+            self.applied_hash = self.runs or welcome.config.config_hash
             if not self.late_welcome_ack:
                 await call.write(pb.NodeMessage(acks=[ack]))
             ready.set()
@@ -679,24 +690,82 @@ async def test_a_node_the_caller_restarts_does_not_refuse_the_apply_and_gets_no_
 
 
 @pytest.mark.parametrize(
-    ("edit", "restarting", "status"),
+    ("replacing", "runs_new", "pushed"),
     [
-        pytest.param(adapter_changed, ["node:node-1"], 409, id="another-node"),
+        pytest.param({"node-2": ["old-process"]}, False, True, id="a-process-it-does-not-replace"),
+        pytest.param({"node-2": ["this-process"]}, False, False, id="the-process-it-replaces"),
+        pytest.param(None, True, True, id="a-process-that-runs-the-new-payload"),
+    ],
+)
+async def test_a_node_process_past_its_restart_gets_the_push(
+    start_edge, refresh_document, until, tls, replacing, runs_new, pushed
+) -> None:
+    """The new process of a restarting node that connected before this Edge took the change
+    (welcomed with the old payload here, perhaps with the new one by another Edge) gets it now:
+    holding it would wait for a restart that already happened. Only the processes the restart
+    replaces are held (`replacing`, as the caller knows them), and never one that runs the new
+    payload already."""
+    document = adapter_changed(refresh_document())
+    new_digest = node_payloads(load_data(document))["node-2"].digest
+    edge = await start_edge(patient(refresh_document()))
+    node = SilentNode(
+        edge.hub_port,
+        tls.client().credentials(),
+        pb.ConfigAck(ok=True),
+        instance_id="this-process",
+        runs=new_digest if runs_new else "",
+    )
+    ready = asyncio.Event()
+    task = asyncio.create_task(node.run(ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        await until(lambda: edge.hub.nodes().get("node-2") and edge.hub.nodes()["node-2"].ready)
+        body: dict[str, Any] = {
+            "mode": "apply",
+            "config": patient(document),
+            "restarting": ["node:node-2"],
+        }
+        if replacing is not None:
+            body["replacing"] = replacing
+        async with admin_client(edge) as admin:
+            applied = await admin.post("/refresh", json=body)
+        assert applied.status_code == 200, applied.text
+        (push,) = applied.json()["pushes"]
+        assert (push["status"], node.refreshes) == (("acked", 1) if pushed else ("held", 0))
+        assert (edge.hub.nodes()["node-2"].applied_hash == new_digest) is pushed
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+
+
+@pytest.mark.parametrize(
+    ("edit", "restarting", "replacing", "status"),
+    [
+        pytest.param(adapter_changed, ["node:node-1"], {}, 409, id="another-node"),
         pytest.param(
             lambda d: adapter_changed(d) | {"a2a": {"listen": "127.0.0.1:0"}},
             ["node:node-2"],
+            {},
             409,
             id="an-edge-path-too",
         ),
-        pytest.param(adapter_changed, ["edge"], 400, id="edge-scope"),
-        pytest.param(adapter_changed, ["node:Node_2"], 400, id="not-a-node-id"),
+        pytest.param(adapter_changed, ["edge"], {}, 400, id="edge-scope"),
+        pytest.param(adapter_changed, ["node:Node_2"], {}, 400, id="not-a-node-id"),
+        pytest.param(
+            adapter_changed, ["node:node-1"], {"node-2": ["a"]}, 400, id="replacing-another-node"
+        ),
     ],
 )
 async def test_only_the_named_node_scopes_are_taken_over(
-    start_edge, refresh_document, edit, restarting, status
+    start_edge, refresh_document, edit, restarting, replacing, status
 ) -> None:
     edge = await start_edge(refresh_document())
-    body = {"mode": "apply", "config": edit(refresh_document()), "restarting": restarting}
+    body = {
+        "mode": "apply",
+        "config": edit(refresh_document()),
+        "restarting": restarting,
+        "replacing": replacing,
+    }
     async with admin_client(edge) as admin:
         response = await admin.post("/refresh", json=body)
         assert response.status_code == status

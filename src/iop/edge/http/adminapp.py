@@ -188,6 +188,9 @@ class RefreshBody(BaseModel):
     #: `node:<id>` restart scopes the caller restarts itself. The Edge cannot restart itself
     #: through its own API, so scope `edge` is not accepted here.
     restarting: tuple[str, ...] = ()
+    #: Node id (of a `restarting` scope) -> the instance ids of the processes its restart
+    #: replaces: only those are held; another process of the node is past its restart.
+    replacing: dict[str, tuple[str, ...]] = {}
 
     @field_validator("restarting")
     @classmethod
@@ -217,6 +220,12 @@ class RefreshBody(BaseModel):
             raise ValueError(
                 f"give at most one of config, config_yaml, path and revision, not {given}"
             )
+        for node_id in self.replacing:
+            if f"node:{node_id}" not in self.restarting:
+                raise ValueError(
+                    f"replacing names node {node_id!r}, which restarting does not "
+                    f"(add node:{node_id}, or leave it out of replacing)"
+                )
         return self
 
 
@@ -366,7 +375,11 @@ class AdminApp:
             )
         try:
             report = await self._refresher.refresh(
-                body.mode, candidate, requested_by=who, restarting=body.restarting
+                body.mode,
+                candidate,
+                requested_by=who,
+                restarting=body.restarting,
+                replacing=body.replacing,
             )
         except ConfigFileRefused as refused:
             raise BadRequest(f"path refused: {refused}", code="bad_request") from refused

@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 
 #: Hash compared for an unknown node id, so both refusals cost the same.
 _NO_HASH = "0" * 64
+_NO_HOLD: Mapping[str, Collection[str]] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,14 +374,18 @@ class NodeHub(AsyncService):
         *,
         generation: int | None = None,
         ack_timeout: float = 10.0,
-        hold: Collection[str] = (),
+        hold: Mapping[str, Collection[str]] = _NO_HOLD,
     ) -> dict[str, ConfigAck | None]:
         """Make `config` current and push each connected node's payload if it changed.
 
         A node gets a `NodeConfigRefreshRequest` only when its payload differs from the last one
         it was sent (on welcome or by a push) or from the last one it acknowledged, so a swap
         that changes no payload pushes nothing. Nodes in `hold` get no push: they are about to
-        restart and take the new payload on welcome. `generation` defaults to the next one.
+        restart and take the new payload on welcome. `hold` maps each to the instance ids of the
+        processes its restart replaces (empty: not known); a process not among them, or one that
+        runs the new payload already (another Edge welcomed it with it), is past its restart and
+        gets the push, or it would wait for a restart that already happened. `generation`
+        defaults to the next one.
         Returns node id -> its ack (None when it did not answer within `ack_timeout` or
         disconnected first). Runs in flight are unaffected; nodes no longer in `config` keep
         their connection until restart.
@@ -396,7 +401,7 @@ class NodeHub(AsyncService):
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
             digest = snapshot.digests.get(node_id, "")
-            if payload is None or node_id in hold or _holds(session, digest):
+            if payload is None or _held(session, digest, hold) or _holds(session, digest):
                 continue
             future: asyncio.Future[ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future
@@ -790,6 +795,14 @@ def _refresh(session: NodeSession) -> pb.NodeConfigRefreshRequest:
     """The refresh carrying the payload last given to `session`."""
     config = payload_to_proto(session.payload, session.payload_generation, session.payload_digest)
     return pb.NodeConfigRefreshRequest(config=config)
+
+
+def _held(session: NodeSession, digest: str, hold: Mapping[str, Collection[str]]) -> bool:
+    """`session`'s process is one the restart in `hold` replaces (see `swap_config`)."""
+    replaced = hold.get(session.node_id)
+    if replaced is None or session.in_use_hash == digest:
+        return False
+    return not replaced or session.instance_id in replaced
 
 
 def _holds(session: NodeSession, digest: str) -> bool:

@@ -370,6 +370,9 @@ class NodeSession:
         self.payload_generation = generation
         self.applied_generation = 0
         self.applied_hash = ""
+        #: The digest of the payload the Node process runs, as its last ack said ("" before one):
+        #: the acknowledged one, or what it keeps while its Edges disagree (a pending ack).
+        self.in_use_hash = ""
         self.last_heartbeat: float | None = None
         self.node_in_flight: dict[str, int] = {}
         #: provider id -> its load as the last heartbeat said (what least_load reads).
@@ -590,6 +593,7 @@ class NodeSession:
         if ack.generation >= self.applied_generation:
             self.applied_generation = ack.generation
             self.applied_hash = ack.config_hash
+            self.in_use_hash = ack.in_use_hash if ack.pending else ack.config_hash
         if not self.ready and ack.generation >= self.welcome_generation:
             self.ready = True
             return True

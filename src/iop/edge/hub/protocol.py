@@ -144,10 +144,10 @@ class ConfigPush(Protocol):
         *,
         generation: int | None = ...,
         ack_timeout: float = ...,
-        hold: Collection[str] = ...,
+        hold: Mapping[str, Collection[str]] = ...,
     ) -> Mapping[str, ConfigAck | None]:
         """Make `config` current; push each connected node's changed payload (but to the nodes
-        in `hold`); node id -> ack."""
+        in `hold`, node id -> the processes their restart replaces); node id -> ack."""
         ...
 
     def nodes(self) -> Mapping[str, NodeStatus]:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sized
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from iop.edgeconfig import (
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 #: How many paths a log line names before it says "and N more".
 _LOGGED_PATHS = 12
+_NOTHING_REPLACED: Mapping[str, Collection[str]] = MappingProxyType({})
 
 
 class Refresher:
@@ -151,11 +153,14 @@ class Refresher:
         *,
         requested_by: str = "",
         restarting: Collection[str] = (),
+        replacing: Mapping[str, Collection[str]] = _NOTHING_REPLACED,
     ) -> RefreshReport:
         """Load, validate and classify `candidate`; apply it too when `mode` is "apply".
 
         `restarting`: `node:<id>` scopes the caller restarts itself; their restart-required
-        paths do not refuse the apply, and those nodes get no push.
+        paths do not refuse the apply, and those nodes get no push. `replacing`: node id -> the
+        instance ids of the processes its restart replaces, where the caller knows them; only
+        those are held (any other process of the node is past its restart and gets the push).
         Raises `ConfigFileRefused` for a file a refresh may not read (nothing is reported).
         """
         clock = time.perf_counter()
@@ -175,7 +180,7 @@ class Refresher:
                 report = await asyncio.to_thread(self._judge, config, context)
             else:
                 async with self._lock:
-                    report = await self._apply(config, context)
+                    report = await self._apply(config, context, replacing=replacing)
         return self._finish(report, clock)
 
     async def _restore(
@@ -253,13 +258,18 @@ class Refresher:
         )
 
     async def _apply(
-        self, config: EdgeConfig, context: dict[str, Any], *, record: bool = True
+        self,
+        config: EdgeConfig,
+        context: dict[str, Any],
+        *,
+        record: bool = True,
+        replacing: Mapping[str, Collection[str]] = _NOTHING_REPLACED,
     ) -> RefreshReport:
         """Swap `config` in and push it; with `record`, a change is a new revision (a rollback
         puts a revision back and records none)."""
         current = self.current
         change = await asyncio.to_thread(classify, current.config, config)
-        held = _held_nodes(change, context["restarting"])
+        held = _held_nodes(change, context["restarting"], replacing)
         refusal: tuple[Outcome, str] | None = None
         if _blocking(change, context["restarting"]):
             refusal = "restart_required", _restart_message(change, refused=True)
@@ -397,13 +407,17 @@ def _blocking(change: ChangeReport, restarting: Collection[str]) -> bool:
     return any(path.scope not in restarting for path in change.restart_required_paths)
 
 
-def _held_nodes(change: ChangeReport, restarting: Collection[str]) -> frozenset[str]:
-    """The nodes of the `node:<id>` scopes the caller restarts: they get no push."""
-    return frozenset(
+def _held_nodes(
+    change: ChangeReport, restarting: Collection[str], replacing: Mapping[str, Collection[str]]
+) -> dict[str, frozenset[str]]:
+    """The nodes of the `node:<id>` scopes the caller restarts (they get no push), each with
+    the processes its restart replaces (empty: not known)."""
+    nodes = {
         path.scope.removeprefix("node:")
         for path in change.restart_required_paths
         if path.scope in restarting and path.scope.startswith("node:")
-    )
+    }
+    return {node: frozenset(replacing.get(node, ())) for node in nodes}
 
 
 async def _load(candidate: ConfigSource, files: ConfigFiles) -> EdgeConfig:
