@@ -11,6 +11,7 @@ Lists of names are compared as sets, except those marked ordered (`models[].fall
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from pydantic import BaseModel
@@ -116,37 +117,30 @@ class _Where:
 def _diff(
     old: Any, new: Any, apply: str | None, path: str, where: _Where, out: list[_Change]
 ) -> None:
-    """Append a change for every differing leaf; `apply` is the nearest marker above."""
-    if old == new:
-        return
+    """Append a change for every differing leaf; `apply` is the nearest marker above.
+
+    A list is compared item by item (an equal item skipped whole) rather than whole first, so
+    a config of thousands of nodes is not compared again at every level on the way down."""
     if isinstance(old, BaseModel) and type(old) is type(new):
-        for name, field in type(old).model_fields.items():
-            extra = field.json_schema_extra
-            marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
+        for name, marker, ordered in _fields_of(type(old)):
             before, after = getattr(old, name), getattr(new, name)
-            if is_ordered(field):
-                if before != after:
-                    field_path = f"{path}.{name}" if path else name
-                    apply_here = marker if isinstance(marker, str) else apply
-                    out.append(
-                        _Change(field_path, apply_here, where.node, where.provider, where.model)
-                    )
+            if type(before) is not list and before == after:  # (a list: item by item below)
                 continue
-            _diff(
-                before,
-                after,
-                marker if isinstance(marker, str) else apply,
-                f"{path}.{name}" if path else name,
-                where,
-                out,
-            )
+            field_path = f"{path}.{name}" if path else name
+            apply_here = marker if marker is not None else apply
+            if not ordered:
+                _diff(before, after, apply_here, field_path, where, out)
+            elif before != after:
+                out.append(_Change(field_path, apply_here, where.node, where.provider, where.model))
         return
     if _is_keyed_list(old) and _is_keyed_list(new):
         olds = {item_key(item): item for item in old}
         news = {item_key(item): item for item in new}
         for key in sorted(olds.keys() | news.keys(), key=str):
-            item_path = f"{path}[{key}]"
             before, after = olds.get(key), news.get(key)
+            if before is not None and after is not None and before == after:
+                continue
+            item_path = f"{path}[{key}]"
             sample = before if before is not None else after
             assert sample is not None and key is not None
             inner = where.entering(sample, key)
@@ -154,6 +148,8 @@ def _diff(
                 out.append(_Change(item_path, apply, inner.node, inner.provider, inner.model))
             else:
                 _diff(before, after, apply, item_path, inner, out)
+        return
+    if old == new:
         return
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(old.keys() | new.keys(), key=str):
@@ -167,6 +163,18 @@ def _diff(
     ):
         return  # the same names in another order
     out.append(_Change(path, apply, where.node, where.provider, where.model))
+
+
+@cache
+def _fields_of(cls: type[BaseModel]) -> tuple[tuple[str, str | None, bool], ...]:
+    """Each field of `cls`: its name, its apply marker (None: its parent's) and whether its
+    order means something; read once per class."""
+    fields = []
+    for name, field in cls.model_fields.items():
+        extra = field.json_schema_extra
+        marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
+        fields.append((name, marker if isinstance(marker, str) else None, is_ordered(field)))
+    return tuple(fields)
 
 
 def _is_keyed_list(value: Any) -> bool:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Literal, get_origin
 
 import orjson
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 from .configs import is_ordered
 
@@ -25,28 +25,39 @@ ID_FIELDS = ("id", "token_ref")
 
 def item_key(item: BaseModel) -> str | None:
     """The id a list item is keyed by in paths (`nodes[node-1]`), or None if it has none."""
-    key = getattr(item, "list_key", None)  # an item keyed by several fields (openai.limits[])
-    if isinstance(key, str):
-        return key
-    for name in ID_FIELDS:
-        value = getattr(item, name, None)
+    for name in _key_names(type(item)):
+        value = getattr(item, name)
         if isinstance(value, str):
             return value
     return None
 
 
+@cache
+def _key_names(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The attributes of `cls` that may key its items, in the order tried: `list_key` (an item
+    keyed by several fields, openai.limits[]), then `ID_FIELDS`. Looked up once per class: an
+    attribute a model lacks costs an exception each time it is asked for."""
+    names = ["list_key"] if hasattr(cls, "list_key") else []
+    return (*names, *(name for name in ID_FIELDS if name in cls.model_fields))
+
+
+_LEAVES = frozenset({str, int, float, bool})
+
+
 def to_tree(value: Any, *, defaults: bool = True) -> Any:
     """The canonical plain form of a config value (snake_case keys). `defaults=False` leaves
     out every field at its default (a discriminator such as an adapter's `type` stays)."""
+    if value is None or type(value) in _LEAVES:  # most of a tree: no type tests further down
+        return value
     if isinstance(value, BaseModel):
         tree = {}
-        for name, field in type(value).model_fields.items():
+        for name, ordered, default in _tree_fields(type(value)):
             item = getattr(value, name)
-            if not defaults and _at_default(field, item):
+            if not defaults and default is not _NO_DEFAULT and bool(item == default):
                 continue
             tree[name] = (
                 [to_tree(v, defaults=defaults) for v in item]
-                if is_ordered(field)
+                if ordered
                 else to_tree(item, defaults=defaults)
             )
         return tree
@@ -59,23 +70,23 @@ def to_tree(value: Any, *, defaults: bool = True) -> Any:
     return value
 
 
-#: Each field's default, made once (`_NO_DEFAULT`: a required field, or a discriminator, which
-#: a tree keeps whatever its value): a large config's hash asked pydantic for tens of thousands
-#: of defaults, each a look at its factory's signature.
-_DEFAULTS: dict[int, tuple[FieldInfo, Any]] = {}
 _NO_DEFAULT = object()
 
 
-def _at_default(field: FieldInfo, value: Any) -> bool:
-    known = _DEFAULTS.get(id(field))
-    if known is None or known[0] is not field:
+@cache
+def _tree_fields(cls: type[BaseModel]) -> tuple[tuple[str, bool, Any], ...]:
+    """Each field of `cls`: its name, whether its order means something, and its default
+    (`_NO_DEFAULT`: a required field, or a discriminator, which a tree keeps whatever its
+    value). Made once per class: a large config's hash asked pydantic for tens of thousands of
+    defaults, each a look at its factory's signature."""
+    fields = []
+    for name, field in cls.model_fields.items():
         if field.is_required() or get_origin(field.annotation) is Literal:
             default = _NO_DEFAULT
         else:
             default = field.get_default(call_default_factory=True)
-        known = _DEFAULTS[id(field)] = (field, default)
-    default = known[1]
-    return default is not _NO_DEFAULT and bool(value == default)
+        fields.append((name, is_ordered(field), default))
+    return tuple(fields)
 
 
 def config_hash(value: BaseModel) -> str:
