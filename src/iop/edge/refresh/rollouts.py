@@ -76,13 +76,24 @@ class Rollouts:
         """The outcome tally now (the refresher takes one as it swaps a change in)."""
         return self._outcomes.reading()
 
-    def trial(self, after: PoolSnapshot) -> tuple[Trial, Split | None]:
+    def stable_config(self) -> EdgeConfig:
+        """The config of the revision a change goes on trial against now (see `trial`)."""
+        split = self._dispatcher.split
+        return (split.stable if split is not None else self._dispatcher.snapshot).config
+
+    def trial(
+        self, after: PoolSnapshot, planned: tuple[EdgeConfig, Trial] | None = None
+    ) -> tuple[Trial, Split | None]:
         """How `after` goes on trial against the stable revision (the one serving beside a
         candidate, if a change is on trial now), and the split to swap in with it (None: not
-        watched)."""
+        watched). `planned`: the trial already planned against a stable config (in a worker
+        thread), used while that config is still the stable one."""
         split = self._dispatcher.split
         stable = split.stable if split is not None else self._dispatcher.snapshot
-        trial = plan_trial(stable.config, after.config)
+        if planned is not None and planned[0] is stable.config:
+            trial = planned[1]
+        else:
+            trial = plan_trial(stable.config, after.config)
         rules = after.config.rollout
         if not trial.touched or rules.mode == "off":
             return trial, None
