@@ -284,6 +284,27 @@ class NodeLinkSection(Spec):
             ge=100,
         ),
     ] = 2000
+    idle_heartbeat_interval_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds between heartbeats on a quiet link: one with no run of this Edge in "
+            "flight, whose Node keeps such links quiet (a Node sends sooner when its in-flight "
+            "counts or its servers' load changed). Heartbeats are most of what an idle fleet "
+            "costs the Edge. 0, or not above heartbeat_interval_ms: every link beats every "
+            "heartbeat_interval_ms.",
+            ge=0,
+        ),
+    ] = 5000
+    idle_heartbeat_timeout_ms: Annotated[
+        int,
+        restart_edge(
+            "Milliseconds of silence after which either side counts the other as dead on a "
+            "quiet link (a frozen Node with no run in flight is found by then, or at its next "
+            "run by heartbeat_timeout_ms). Above idle_heartbeat_interval_ms; never less than "
+            "heartbeat_timeout_ms.",
+            ge=100,
+        ),
+    ] = 20000
     first_event_timeout_ms: Annotated[
         int,
         restart_edge(
@@ -339,7 +360,22 @@ class NodeLinkSection(Spec):
                 f"heartbeat_timeout_ms ({self.heartbeat_timeout_ms}) must be above "
                 f"heartbeat_interval_ms ({self.heartbeat_interval_ms})"
             )
+        idle, idle_timeout = self.quiet_link_ms()
+        if idle and idle_timeout <= idle:
+            raise ValueError(
+                f"idle_heartbeat_timeout_ms ({idle_timeout}) must be above "
+                f"idle_heartbeat_interval_ms ({idle})"
+            )
         return self
+
+    def quiet_link_ms(self) -> tuple[int, int]:
+        """(interval, timeout) of a quiet link's heartbeats in effect: (0, 0) when quiet links
+        are off (an idle interval of 0 or not above the heartbeat interval); the timeout is
+        never below the heartbeat timeout."""
+        idle = self.idle_heartbeat_interval_ms
+        if idle <= self.heartbeat_interval_ms:
+            return 0, 0
+        return idle, max(self.idle_heartbeat_timeout_ms, self.heartbeat_timeout_ms)
 
 
 class TlsSection(Spec):

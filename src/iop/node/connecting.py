@@ -269,6 +269,7 @@ class EdgeConnection:
             instance_id=self.identity.instance_id,
             started_at=self.identity.started_at,
             health=[health_to_proto(h) for h in self.runner.health()],
+            quiet_when_idle=True,
         )
         await call.write(pb.NodeMessage(hello=hello))
         first = await call.read()
@@ -424,42 +425,53 @@ class EdgeConnection:
     async def _keep_alive(self, writer: CoalescingWriter[_Outgoing], liveness: Liveness) -> None:
         """Heartbeat every interval; return when the Edge has been silent past the deadline.
 
-        A tick that comes late (this Node's own loop stalled) judges nothing: the Edge's
-        messages may be waiting unread, and the reader catches up first. A failing heartbeat is
-        logged with its traceback and the loop carries on: it must not pass for silence.
+        On a quiet link (no run of this Edge in flight, when the Edge offered quiet links) the
+        heartbeat goes every idle interval, or at the next tick when what it says changed, and
+        the Edge's deadline is the idle one. A tick that comes late (this Node's own loop
+        stalled) judges nothing: the Edge's messages may be waiting unread, and the reader
+        catches up first. A failing heartbeat is logged with its traceback and the loop carries
+        on: it must not pass for silence.
         """
         ticker = Ticker(liveness.heartbeat_interval)
         loop = asyncio.get_running_loop()
+        early = liveness.heartbeat_interval / 2  # a beat is due a little early, not a tick late
+        said: pb.Heartbeat | None = None
+        beat_at = loop.time()
         while True:
             on_time = await ticker.tick()
+            now = loop.time()
+            quiet = not self._runs
             try:
-                in_flight = self.runner.in_flight()
-                mine = self._mine
-                _put_sized(
-                    writer,
-                    pb.Heartbeat(
-                        sent_at=time.time(),
-                        in_flight=in_flight,
-                        server_load={
-                            pid: server_load_to_proto(load)
-                            for pid, load in self.runner.server_loads().items()
-                        },
-                        in_flight_elsewhere={
-                            pid: n - mine.get(pid, 0)
-                            for pid, n in in_flight.items()
-                            if n > mine.get(pid, 0)
-                        },
-                    ),
-                )
+                beat = self._heartbeat()
+                if beat != said or not quiet or now - beat_at >= liveness.interval(quiet) - early:
+                    said, beat_at = beat, now
+                    sent = pb.Heartbeat()
+                    sent.CopyFrom(beat)
+                    sent.sent_at = time.time()
+                    _put_sized(writer, sent)
             except Exception:
                 logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
-            if on_time and loop.time() - self._last_heard > liveness.heartbeat_timeout:
+            if on_time and now - self._last_heard > liveness.timeout(quiet):
                 logger.warning(
                     "edge %s sent nothing for %.1fs: leaving it",
                     self.target,
-                    loop.time() - self._last_heard,
+                    now - self._last_heard,
                 )
                 return
+
+    def _heartbeat(self) -> pb.Heartbeat:
+        """What a heartbeat says now (without its time)."""
+        in_flight = self.runner.in_flight()
+        mine = self._mine
+        return pb.Heartbeat(
+            in_flight=in_flight,
+            server_load={
+                pid: server_load_to_proto(load) for pid, load in self.runner.server_loads().items()
+            },
+            in_flight_elsewhere={
+                pid: n - mine.get(pid, 0) for pid, n in in_flight.items() if n > mine.get(pid, 0)
+            },
+        )
 
     def _start(self, message: pb.RunRequest, writer: CoalescingWriter[_Outgoing]) -> None:
         run_id = message.run_id

@@ -322,12 +322,23 @@ def liveness_to_proto(liveness: Liveness) -> pb.Liveness:
     return pb.Liveness(
         heartbeat_interval_ms=round(liveness.heartbeat_interval * 1000),
         heartbeat_timeout_ms=round(liveness.heartbeat_timeout * 1000),
+        idle_interval_ms=round(liveness.idle_interval * 1000),
+        idle_timeout_ms=round(liveness.idle_timeout * 1000),
     )
 
 
 def liveness_from_proto(message: pb.Liveness, default: Liveness) -> Liveness:
     """The Edge's liveness values; `default` when it sent none or values that make no sense."""
     try:
-        return Liveness(message.heartbeat_interval_ms / 1000, message.heartbeat_timeout_ms / 1000)
+        fast = Liveness(message.heartbeat_interval_ms / 1000, message.heartbeat_timeout_ms / 1000)
     except ValueError:
         return default
+    try:  # (an Edge that predates quiet links sends no idle values: none)
+        return Liveness(
+            fast.heartbeat_interval,
+            fast.heartbeat_timeout,
+            message.idle_interval_ms / 1000,
+            message.idle_timeout_ms / 1000,
+        )
+    except ValueError:
+        return fast

@@ -16,14 +16,39 @@ from typing import Final
 
 @dataclass(frozen=True, slots=True)
 class Liveness:
-    """How often each side sends a heartbeat, and how long a silent peer counts as alive."""
+    """How often each side sends a heartbeat, and how long a silent peer counts as alive; on a
+    quiet link (no run in flight on it, when both sides keep such links quiet: the protocol's
+    "Quiet links"), `idle_interval` and `idle_timeout` instead (0: no quiet links)."""
 
     heartbeat_interval: float
     heartbeat_timeout: float
+    idle_interval: float = 0.0
+    idle_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval < self.heartbeat_timeout:
             raise ValueError("the heartbeat interval must be positive and below the timeout")
+        if self.idle_interval and not (
+            self.heartbeat_interval <= self.idle_interval < self.idle_timeout
+            and self.idle_timeout >= self.heartbeat_timeout
+        ):
+            raise ValueError(
+                "the idle interval must be at least the heartbeat interval and below the idle "
+                "timeout, which must be at least the heartbeat timeout"
+            )
+
+    @property
+    def quiet(self) -> bool:
+        """Links with no run in flight may be quiet."""
+        return self.idle_interval > 0
+
+    def interval(self, quiet: bool) -> float:
+        """Seconds between heartbeats on a link that is `quiet` or not."""
+        return self.idle_interval if quiet and self.quiet else self.heartbeat_interval
+
+    def timeout(self, quiet: bool) -> float:
+        """Seconds of silence after which the peer of a link that is `quiet` or not is dead."""
+        return self.idle_timeout if quiet and self.quiet else self.heartbeat_timeout
 
 
 #: What a Node uses until an Edge's welcome says otherwise (and what edge.node_link defaults to).

@@ -36,6 +36,16 @@ within `first_event_timeout_ms` of being sent fails as retryable on the Edge. Th
 costs no message of its own: it rides with the run's first event, or at the latest with the
 next heartbeat, well inside the deadline.
 
+Quiet links: a link with no run of its Edge in flight says little, and at a thousand Nodes the
+heartbeats alone cost an Edge most of a core. So when the welcome's `Liveness` has an
+`idle_interval_ms` and the Node's hello says `quiet_when_idle`, each side sends its heartbeat
+on such a link only every `idle_interval_ms` (the Node sooner whenever what its heartbeat says
+changed: its in-flight counts or its servers' load), and judges the peer silent after
+`idle_timeout_ms` instead of `heartbeat_timeout_ms`. Each side decides from its own view of
+the link's runs: the Edge sends a run before the Node sees it, and the Node ends a run before
+the Edge sees its end, so while they disagree the side that expects fast heartbeats is never
+the one that sends slow ones. A run on a quiet link is covered by its first-event deadline.
+
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.
 
@@ -164,6 +174,7 @@ class Hello(_message.Message):
     HEALTH_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
+    QUIET_WHEN_IDLE_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     node_id: _builtins.str
     alias: _builtins.str
@@ -180,6 +191,10 @@ class Hello(_message.Message):
     stream with ALREADY_EXISTS, and refuses the older one (ALREADY_EXISTS) while the newer one
     is connected, so neither flaps.
     """
+    quiet_when_idle: _builtins.bool
+    """The Node keeps a link with no run in flight quiet when the Edge's welcome offers it
+    (`Liveness.idle_interval_ms`): an Edge slows its own heartbeats to such a Node only then.
+    """
     @_builtins.property
     def health(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProviderHealth]:
         """Health of the providers the node already runs (after a reconnect); empty on a first start."""
@@ -194,10 +209,11 @@ class Hello(_message.Message):
         health: _abc.Iterable[Global___ProviderHealth] | None = ...,
         instance_id: _builtins.str = ...,
         started_at: _builtins.float = ...,
+        quiet_when_idle: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "health", b"health", "instance_id", b"instance_id", "node_id", b"node_id", "protocol_version", b"protocol_version", "started_at", b"started_at", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "health", b"health", "instance_id", b"instance_id", "node_id", b"node_id", "protocol_version", b"protocol_version", "quiet_when_idle", b"quiet_when_idle", "started_at", b"started_at", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -642,17 +658,26 @@ class Liveness(_message.Message):
 
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    IDLE_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     heartbeat_interval_ms: _builtins.int
     heartbeat_timeout_ms: _builtins.int
+    idle_interval_ms: _builtins.int
+    """A quiet link's heartbeat interval and silence deadline (see "Quiet links"); 0: none, every
+    link beats at heartbeat_interval_ms.
+    """
+    idle_timeout_ms: _builtins.int
     def __init__(
         self,
         *,
         heartbeat_interval_ms: _builtins.int = ...,
         heartbeat_timeout_ms: _builtins.int = ...,
+        idle_interval_ms: _builtins.int = ...,
+        idle_timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "heartbeat_timeout_ms", b"heartbeat_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_ms", b"heartbeat_interval_ms", "heartbeat_timeout_ms", b"heartbeat_timeout_ms", "idle_interval_ms", b"idle_interval_ms", "idle_timeout_ms", b"idle_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -36,6 +36,16 @@ within `first_event_timeout_ms` of being sent fails as retryable on the Edge. Th
 costs no message of its own: it rides with the run's first event, or at the latest with the
 next heartbeat, well inside the deadline.
 
+Quiet links: a link with no run of its Edge in flight says little, and at a thousand Nodes the
+heartbeats alone cost an Edge most of a core. So when the welcome's `Liveness` has an
+`idle_interval_ms` and the Node's hello says `quiet_when_idle`, each side sends its heartbeat
+on such a link only every `idle_interval_ms` (the Node sooner whenever what its heartbeat says
+changed: its in-flight counts or its servers' load), and judges the peer silent after
+`idle_timeout_ms` instead of `heartbeat_timeout_ms`. Each side decides from its own view of
+the link's runs: the Edge sends a run before the Node sees it, and the Node ends a run before
+the Edge sees its end, so while they disagree the side that expects fast heartbeats is never
+the one that sends slow ones. A run on a quiet link is covered by its first-event deadline.
+
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.
 

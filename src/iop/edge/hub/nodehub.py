@@ -163,8 +163,12 @@ class NodeHub(AsyncService):
         self._snapshot = HubSnapshot.of(config, generation=1)
         self._listen = listen or config.edge.listen
         link = config.edge.node_link
+        idle_ms, idle_timeout_ms = link.quiet_link_ms()
         self.liveness = Liveness(
-            link.heartbeat_interval_ms / 1000, link.heartbeat_timeout_ms / 1000
+            link.heartbeat_interval_ms / 1000,
+            link.heartbeat_timeout_ms / 1000,
+            idle_ms / 1000,
+            idle_timeout_ms / 1000,
         )
         self.first_event_timeout = link.first_event_timeout_ms / 1000
         self.stream_buffer_bytes = config.openai.stream_buffer_bytes
@@ -449,14 +453,21 @@ class NodeHub(AsyncService):
         now = asyncio.get_running_loop().time()
         stall_timeout = self._snapshot.config.openai.stream_stall_timeout_ms / 1000
         self.streams_stalled += self._local.tick(now, stall_timeout)
+        # A beat is due a little early rather than a whole tick late.
+        early = liveness.heartbeat_interval / 2
         for session in list(self._every_session()):
-            session.writer_put(beat)
+            quiet = session.quiet_when_idle
+            if now - session.beat_at >= liveness.interval(quiet and not session.runs) - early:
+                session.writer_put(beat)
+                session.beat_at = now
             if session.paused:
                 self.streams_stalled += session.expire_stalled(now, stall_timeout)
             if not on_time:
                 continue
+            # The Node keeps the link quiet until it has a run: until it accepted one (its
+            # message saying so is heard), a run sent is its first-event deadline's to judge.
             silent = now - session.last_heard
-            if silent > liveness.heartbeat_timeout:
+            if silent > liveness.timeout(quiet and len(session.runs) == len(session.unaccepted)):
                 if not session.closing.done():
                     self.silent_nodes += 1
                     logger.warning(
@@ -663,6 +674,7 @@ class NodeHub(AsyncService):
             payload=payload,
             generation=snapshot.generation,
             on_change=self._changed,
+            quiet_when_idle=hello.quiet_when_idle and self.liveness.quiet,
         )
         session.receive_health(hello.health)
         previous = self._sessions.get(node_id)

@@ -343,6 +343,7 @@ class NodeSession:
         payload: NodePayload,
         generation: int,
         on_change: Callable[[], None],
+        quiet_when_idle: bool = False,
     ) -> None:
         self.node_id = node_id
         self.alias = alias
@@ -353,6 +354,10 @@ class NodeSession:
         self._loop = asyncio.get_running_loop()
         #: Loop time of the last message of any kind from the Node.
         self.last_heard = self._loop.time()
+        #: The Node keeps the link quiet while no run is in flight on it (its hello said so).
+        self.quiet_when_idle = quiet_when_idle
+        #: Loop time this side last sent a heartbeat.
+        self.beat_at = self._loop.time()
         #: Runs sent and neither accepted nor answered yet: run id -> loop time sent (in order).
         self.unaccepted: dict[str, float] = {}
         #: Set once a newer instance of the node took over: this session only finishes its runs.
