@@ -8,6 +8,7 @@ import calendar
 import contextlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,6 +46,11 @@ class Clock:
 
 def utc(year: int, month: int, day: int, hour: int, minute: int) -> float:
     return float(calendar.timegm((year, month, day, hour, minute, 0)))
+
+
+#: The year the tests' clocks run in: next year, so that the expiry a real Redis gives a period's
+#: keys (its end plus a day, in Unix time) is never already past when the tests run.
+YEAR = time.gmtime().tm_year + 1
 
 
 def request(words: int = 4) -> ParsedRequest:
@@ -199,7 +205,7 @@ async def test_max_concurrent_counts_requests_until_they_end(edge_of: Any) -> No
 
 
 async def test_a_budget_resets_at_its_time(edge_of: Any) -> None:
-    clock = Clock(utc(2026, 12, 1, 23, 0))
+    clock = Clock(utc(YEAR, 12, 1, 23, 0))
     budget = {"tokens": 100, "period": "day", "reset_at": "06:30"}
     edge = await edge_of([{"principal_ref": "team-search", "budget": budget}], clock)
     grant = await edge.admit(words=10)
@@ -208,27 +214,27 @@ async def test_a_budget_resets_at_its_time(edge_of: Any) -> None:
     error = await edge.refused(words=10)
     assert error.kind == "tokens"
     assert "daily token budget" in error.message and "Used 95, Requested 10" in error.message
-    assert "It resets at 2026-12-02T06:30:00Z." in error.message
+    assert f"It resets at {YEAR}-12-02T06:30:00Z." in error.message
     assert header(error, "retry-after") == str(7 * 3600 + 30 * 60)  # the client will not wait
     (await edge.admit(words=5)).finish(5, True)  # exactly what is left
     await settled(edge)
     await edge.refused(words=1)
-    clock.now = utc(2026, 12, 2, 6, 29) + 59.9
+    clock.now = utc(YEAR, 12, 2, 6, 29) + 59.9
     await edge.refused(words=1)
-    clock.now = utc(2026, 12, 2, 6, 30)  # a new period: the whole budget again
+    clock.now = utc(YEAR, 12, 2, 6, 30)  # a new period: the whole budget again
     (await edge.admit(words=100)).finish(100, True)
     await settled(edge)
     await edge.refused(words=1)
 
 
 async def test_a_monthly_budget_and_a_rule_for_every_principal(edge_of: Any) -> None:
-    clock = Clock(utc(2026, 12, 31, 12, 0))
+    clock = Clock(utc(YEAR, 12, 31, 12, 0))
     budget = {"tokens": 10, "period": "month"}
     edge = await edge_of([{"principal_ref": "*", "budget": budget}], clock)
     (await edge.admit(words=10)).finish(None, True)
     await edge.refused(words=1)
     (await edge.admit(Principal("anonymous", "anonymous"), words=10)).finish(None, True)
-    clock.now = utc(2027, 1, 1, 0, 0)
+    clock.now = utc(YEAR + 1, 1, 1, 0, 0)
     (await edge.admit(words=10)).finish(None, True)
 
 
@@ -301,7 +307,7 @@ async def test_both_stores_say_the_same(
 
 
 async def test_status_shows_each_principals_use(edge_of: Any) -> None:
-    clock = Clock(utc(2026, 12, 1, 12, 0))
+    clock = Clock(utc(YEAR, 12, 1, 12, 0))
     edge = await edge_of(
         [
             {"principal_ref": "team-search", "requests_per_minute": 10, "max_concurrent": 4},
@@ -316,7 +322,7 @@ async def test_status_shows_each_principals_use(edge_of: Any) -> None:
     assert mine["limits"] == {"requests_per_minute": 10, "max_concurrent": 4}
     assert mine["use"] == {"requests_available": 9, "in_progress": 1}
     budget = entries[("*|*|*", "team-search")]
-    assert budget["use"] == {"budget_used": 8, "budget_resets_at": "2027-01-01T00:00:00Z"}
+    assert budget["use"] == {"budget_used": 8, "budget_resets_at": f"{YEAR + 1}-01-01T00:00:00Z"}
     assert entries[("*|*|*", "anonymous")]["use"]["budget_used"] == 0
     assert status["counted"] == ("shared" if edge.limiter.store else "local")
     grant.finish(None, True)
