@@ -2,7 +2,7 @@
 
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
-        [--heartbeat-ms MS] [--connect-timeout 120]
+        [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -23,10 +23,10 @@ Per N, on a fresh Edge whose config lists the N nodes:
    (the fleet's) beside it;
 4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
    every node's payload: the round trip until the report, which the Edge sends once every push
-   is acknowledged (or timed out), and the pushes acked and failed; and the longest any node
-   went without a message from the Edge meanwhile (sampled every 50 ms in this process, so its
-   own delays count too): an Edge whose loop an apply holds past `heartbeat_timeout_ms` (2 s)
-   loses its fleet; then a change to one node's provider (one push), until its ack;
+   is acknowledged (or timed out), and the pushes acked and failed; and the nodes that lost
+   their session meanwhile (each node's own count of sessions it left because the Edge fell
+   silent past its deadline, or that failed): an Edge whose loop an apply holds past a link's
+   deadline loses its fleet; then a change to one node's provider (one push), until its ack;
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
    non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
    for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
@@ -106,6 +106,8 @@ def document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.heartbeat_ms is not None:  # the deadline keeps the shipped ratio (2,000 / 500)
         link["heartbeat_interval_ms"] = args.heartbeat_ms
         link["heartbeat_timeout_ms"] = 4 * args.heartbeat_ms
+    if args.idle_heartbeat_ms is not None:
+        link["idle_heartbeat_interval_ms"] = args.idle_heartbeat_ms
     return edge_document(
         providers,
         models,
@@ -114,6 +116,11 @@ def document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         # Every client connection comes from this one address too.
         openai={"max_connections_per_client": 1024},
     )
+
+
+def _quiet(args: argparse.Namespace) -> str:
+    idle = 5000 if args.idle_heartbeat_ms is None else args.idle_heartbeat_ms
+    return f"{idle} ms" if idle > (args.heartbeat_ms or 500) else "interval (quiet links off)"
 
 
 def rss_kib(pid: int) -> int:
@@ -135,8 +142,8 @@ class Row:
     apply_s: float = float("nan")
     acked: int = 0
     failed: int = 0
-    #: The longest any node went without a message from the Edge while the apply ran.
-    silence_s: float = float("nan")
+    #: Sessions the nodes left or lost while the apply ran (they redial).
+    lost: int = 0
     #: A change to one node's provider afterwards: until its one ack.
     apply_one_s: float = float("nan")
     rps: float = float("nan")
@@ -255,27 +262,22 @@ async def connect_all(
 
 async def apply(
     admin: httpx.AsyncClient, candidate: dict[str, Any], members: list[FleetNode]
-) -> tuple[float, float, list[str]]:
+) -> tuple[float, int, list[str]]:
     """`POST /refresh` of `candidate`: its round trip (the report comes once every push is
-    acknowledged), the longest any node went without a message from the Edge meanwhile
-    (sampled every 50 ms; heartbeats come every 500 ms: what an apply that holds the Edge's
-    loop shows as), and each push's status."""
-    loop = asyncio.get_running_loop()
+    acknowledged), the sessions the nodes left or lost meanwhile (what an apply that holds the
+    Edge's loop past their deadline shows as), and each push's status."""
+
+    def ended() -> int:
+        return sum(m.connection.silences + m.connection.failures for m in members)
+
+    before = ended()
     began = time.perf_counter()
-    applying = asyncio.ensure_future(
-        admin.post("/refresh", json={"mode": "apply", "config": candidate})
-    )
-    longest = 0.0
-    while not applying.done():
-        now = loop.time()
-        longest = max(longest, max(now - m.connection.last_heard for m in members))
-        await asyncio.wait([applying], timeout=0.05)
-    response = applying.result()
+    response = await admin.post("/refresh", json={"mode": "apply", "config": candidate})
     took = time.perf_counter() - began
     report = response.json()
     if response.status_code != 200 or report["outcome"] != "applied":
         raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
-    return took, longest, [push["status"] for push in report["pushes"]]
+    return took, ended() - before, [push["status"] for push in report["pushes"]]
 
 
 async def apply_capacity(
@@ -287,7 +289,7 @@ async def apply_capacity(
     for node in candidate["nodes"]:
         for entry in node["providers"]:
             entry["capacity"] += 1
-    row.apply_s, row.silence_s, statuses = await apply(admin, candidate, members)
+    row.apply_s, row.lost, statuses = await apply(admin, candidate, members)
     row.acked = statuses.count("acked")
     row.failed = len(statuses) - row.acked
     candidate["nodes"][-1]["providers"][0]["capacity"] += 1
@@ -395,7 +397,7 @@ def print_table(rows: list[Row]) -> None:
     print(
         "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
         "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed "
-        "| longest silence s | apply one s | req/s | Edge CPU us/req | above idle |"
+        "| nodes lost | apply one s | req/s | Edge CPU us/req | above idle |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -403,7 +405,7 @@ def print_table(rows: list[Row]) -> None:
             f"| {r.nodes:,} | {r.connected:,} | {r.connect_s:.2f} | {r.rss_none_kib:,} | "
             f"{r.rss_all_kib:,} | {r.kib_per_node:.1f} | {r.idle_edge_cores:.3f} | "
             f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.acked:,} | {r.failed:,} | "
-            f"{r.silence_s:.2f} | {r.apply_one_s:.3f} | {r.rps:,.0f} | "
+            f"{r.lost:,} | {r.apply_one_s:.3f} | {r.rps:,.0f} | "
             f"{r.edge_us_per_request:,.0f} | {r.edge_us_above_idle:,.0f} |"
         )
     first = rows[0]
@@ -473,13 +475,21 @@ if __name__ == "__main__":
         help="edge.node_link.heartbeat_interval_ms, the timeout 4 times it (default: the "
         "product's, 500 and 2,000)",
     )
+    parser.add_argument(
+        "--idle-heartbeat-ms",
+        type=int,
+        default=None,
+        help="edge.node_link.idle_heartbeat_interval_ms, a quiet link's (default: the "
+        "product's, 5,000; 0: quiet links off, every link beats every heartbeat interval)",
+    )
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
     arguments = parser.parse_args()
     logging.basicConfig(level=arguments.log_level, format="%(levelname)s %(name)s: %(message)s")
     load_average = os.getloadavg()
     print(
         f"# bench/fleet.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"average {load_average[0]:.1f}; heartbeats every {arguments.heartbeat_ms or 500} ms; "
+        f"average {load_average[0]:.1f}; heartbeats every {arguments.heartbeat_ms or 500} ms, "
+        f"on a quiet link every {_quiet(arguments)}; "
         f"idle {arguments.idle_seconds:g} s, load "
         f"{arguments.seconds:g} s at {arguments.concurrency} clients\n",
         flush=True,
