@@ -175,6 +175,9 @@ class EdgeConnection:
         self.silences = 0
         self._writer: CoalescingWriter[_Outgoing] | None = None
         self._runs: dict[str, asyncio.Task[None]] = {}
+        #: Runs the Edge cancelled that are still ending here: the Edge no longer counts them,
+        #: so they do not make the link busy (its heartbeats may be a quiet link's already).
+        self._cancelled: set[str] = set()
         #: provider id -> runs of this Edge's in flight (the heartbeat tells it the others').
         self._mine: dict[str, int] = {}
         self._gates: dict[str, RunGate] = {}
@@ -407,6 +410,7 @@ class EdgeConnection:
                 for cancel in message.cancels:
                     task = self._runs.get(cancel.run_id)
                     if task is not None:
+                        self._cancelled.add(cancel.run_id)
                         task.cancel(FIRST_BYTE_TIMEOUT if cancel.first_byte_timeout else None)
                 for run_id in message.pause_runs:
                     gate = self._gates.get(run_id)
@@ -440,7 +444,7 @@ class EdgeConnection:
         while True:
             on_time = await ticker.tick()
             now = loop.time()
-            quiet = not self._runs
+            quiet = len(self._runs) == len(self._cancelled)
             try:
                 beat = self._heartbeat()
                 if beat != said or not quiet or now - beat_at >= liveness.interval(quiet) - early:
@@ -526,6 +530,7 @@ class EdgeConnection:
 
         def done(_: object) -> None:
             self._runs.pop(run_id, None)
+            self._cancelled.discard(run_id)
             self._gates.pop(run_id, None)
             self._mine[provider_id] -= 1
 
