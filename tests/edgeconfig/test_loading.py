@@ -587,3 +587,40 @@ def test_the_cap_is_named_in_camel_case_when_the_document_is(build: Any) -> None
 
     (problem,) = problems_of(build(camel))
     assert problem.startswith("edge.nodeLink.maxConnections: must be >= the 3 nodes")
+
+
+def _link(data: dict[str, Any], **link: int) -> None:
+    data["edge"]["node_link"] = link
+
+
+@pytest.mark.parametrize(
+    ("link", "quiet"),
+    [
+        pytest.param({}, (5000, 20000), id="defaults"),
+        pytest.param({"idle_heartbeat_interval_ms": 0}, (0, 0), id="off"),
+        pytest.param(  # an idle interval not above the heartbeat's: nothing to save
+            {"heartbeat_interval_ms": 20_000, "heartbeat_timeout_ms": 60_000},
+            (0, 0),
+            id="not-above-the-heartbeat",
+        ),
+        pytest.param(  # the idle deadline never shorter than the busy one
+            {"heartbeat_timeout_ms": 30_000, "idle_heartbeat_interval_ms": 8000},
+            (8000, 30_000),
+            id="deadline-raised",
+        ),
+    ],
+)
+def test_a_quiet_links_interval_and_deadline_in_effect(
+    build: Any, link: dict[str, int], quiet: tuple[int, int]
+) -> None:
+    config = load_data(build(lambda d: _link(d, **link)))
+    assert config.edge.node_link.quiet_link_ms() == quiet
+
+
+def test_a_quiet_links_deadline_at_or_below_its_interval_is_refused_naming_both(
+    build: Any,
+) -> None:
+    link = {"idle_heartbeat_interval_ms": 30_000, "idle_heartbeat_timeout_ms": 30_000}
+    (problem,) = problems_of(build(lambda d: _link(d, **link)))
+    assert problem.startswith("edge.node_link: idle_heartbeat_timeout_ms (30000) must be above ")
+    assert "idle_heartbeat_interval_ms (30000)" in problem

@@ -27,11 +27,14 @@ from iop.wire.converting import (
     event_to_proto,
     health_from_proto,
     health_to_proto,
+    liveness_from_proto,
+    liveness_to_proto,
     payload_from_proto,
     payload_to_proto,
     request_from_proto,
     request_to_proto,
 )
+from iop.wire.liveness import DEFAULT_LIVENESS, Liveness
 from iop.wire.texts import MAX_ID_CHARS, MAX_TEXT_CHARS, bounded
 
 counts = st.integers(min_value=0, max_value=2**31)
@@ -192,3 +195,16 @@ def test_a_run_carries_its_answer_bound_and_zero_means_the_default() -> None:
     unbounded = request_to_proto(RunRequest("r", "p", "served", "chat", b"{}", False))
     assert unbounded.max_response_bytes == 0
     assert request_from_proto(unbounded).max_response_bytes is None
+
+
+def test_liveness_with_quiet_links_round_trips_and_an_edge_that_predates_them_offers_none() -> None:
+    quiet = Liveness(0.5, 2.0, 5.0, 20.0)
+    assert liveness_from_proto(liveness_to_proto(quiet), DEFAULT_LIVENESS) == quiet
+    older = pb.Liveness(heartbeat_interval_ms=500, heartbeat_timeout_ms=2000)  # no idle fields
+    taken = liveness_from_proto(older, DEFAULT_LIVENESS)
+    assert (taken, taken.quiet, taken.timeout(quiet=True)) == (Liveness(0.5, 2.0), False, 2.0)
+    # Idle values that make no sense are dropped, the fast ones kept.
+    odd = pb.Liveness(
+        heartbeat_interval_ms=500, heartbeat_timeout_ms=2000, idle_interval_ms=9, idle_timeout_ms=1
+    )
+    assert liveness_from_proto(odd, DEFAULT_LIVENESS) == Liveness(0.5, 2.0)

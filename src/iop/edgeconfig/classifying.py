@@ -11,24 +11,21 @@ Lists of names are compared as sets, except those marked ordered (`models[].fall
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from pydantic import BaseModel
 
 from .configs import (
-    APPLY_KEY,
     LIVE,
     RESTART_NODE,
     EdgeConfig,
     ModelSpec,
     NodeSpec,
     ProviderSpec,
-    is_ordered,
 )
 from .payloads import NodePayload
 from .reports import ChangeReport, RestartPath
-from .trees import item_key
+from .trees import field_specs, item_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +119,7 @@ def _diff(
     A list is compared item by item (an equal item skipped whole) rather than whole first, so
     a config of thousands of nodes is not compared again at every level on the way down."""
     if isinstance(old, BaseModel) and type(old) is type(new):
-        for name, marker, ordered in _fields_of(type(old)):
+        for name, marker, ordered, _ in field_specs(type(old)):
             before, after = getattr(old, name), getattr(new, name)
             if type(before) is not list and before == after:  # (a list: item by item below)
                 continue
@@ -163,18 +160,6 @@ def _diff(
     ):
         return  # the same names in another order
     out.append(_Change(path, apply, where.node, where.provider, where.model))
-
-
-@cache
-def _fields_of(cls: type[BaseModel]) -> tuple[tuple[str, str | None, bool], ...]:
-    """Each field of `cls`: its name, its apply marker (None: its parent's) and whether its
-    order means something; read once per class."""
-    fields = []
-    for name, field in cls.model_fields.items():
-        extra = field.json_schema_extra
-        marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
-        fields.append((name, marker if isinstance(marker, str) else None, is_ordered(field)))
-    return tuple(fields)
 
 
 def _is_keyed_list(value: Any) -> bool:

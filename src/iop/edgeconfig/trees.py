@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, Literal, get_origin
+from typing import Any, Literal, NamedTuple, get_origin
 
 import orjson
 from pydantic import BaseModel
 
-from .configs import is_ordered
+from .configs import APPLY_KEY, is_ordered
 
 #: The field that identifies an item of a list, tried in order.
 ID_FIELDS = ("id", "token_ref")
@@ -51,7 +51,7 @@ def to_tree(value: Any, *, defaults: bool = True) -> Any:
         return value
     if isinstance(value, BaseModel):
         tree = {}
-        for name, ordered, default in _tree_fields(type(value)):
+        for name, _, ordered, default in field_specs(type(value)):
             item = getattr(value, name)
             if not defaults and default is not _NO_DEFAULT and bool(item == default):
                 continue
@@ -73,19 +73,34 @@ def to_tree(value: Any, *, defaults: bool = True) -> Any:
 _NO_DEFAULT = object()
 
 
+class FieldSpec(NamedTuple):
+    """What the tree and the classification read of a model's field, once per class."""
+
+    name: str
+    #: Its apply marker (`configs.APPLY_KEY`); None: its parent's.
+    apply: str | None
+    #: A list whose order means something (see `configs.is_ordered`).
+    ordered: bool
+    #: Its default (`_NO_DEFAULT`: a required field, or a discriminator, which a tree keeps
+    #: whatever its value).
+    default: Any
+
+
 @cache
-def _tree_fields(cls: type[BaseModel]) -> tuple[tuple[str, bool, Any], ...]:
-    """Each field of `cls`: its name, whether its order means something, and its default
-    (`_NO_DEFAULT`: a required field, or a discriminator, which a tree keeps whatever its
-    value). Made once per class: a large config's hash asked pydantic for tens of thousands of
-    defaults, each a look at its factory's signature."""
+def field_specs(cls: type[BaseModel]) -> tuple[FieldSpec, ...]:
+    """Each field of `cls`, made once per class: a large config's hash asked pydantic for tens
+    of thousands of defaults, each a look at its factory's signature, and its classification
+    for as many markers."""
     fields = []
     for name, field in cls.model_fields.items():
         if field.is_required() or get_origin(field.annotation) is Literal:
             default = _NO_DEFAULT
         else:
             default = field.get_default(call_default_factory=True)
-        fields.append((name, is_ordered(field), default))
+        extra = field.json_schema_extra
+        marker = extra.get(APPLY_KEY) if isinstance(extra, dict) else None
+        apply = marker if isinstance(marker, str) else None
+        fields.append(FieldSpec(name, apply, is_ordered(field), default))
     return tuple(fields)
 
 
