@@ -76,7 +76,6 @@ HELP_ONLY = {
     "edgeconfig_sizes": "needs a Kubernetes cluster (bench.edgeconfig_sizes finds e2e/cluster's)",
     "studies.yaml_parsers": "installs its candidates from PyPI first",
     "studies.http_clients": "installs its candidates from PyPI first",
-    "studies.http_servers": "installs granian from PyPI first",
 }
 
 

@@ -193,7 +193,6 @@ class EdgeServer(AsyncService):
                 self.guard,
                 sock,
                 self.caps,
-                "edge-openai-http",
                 f"the OpenAI API on {self._listen}",
             )
             if self._metrics_listen is not None:
@@ -204,7 +203,6 @@ class EdgeServer(AsyncService):
                     MetricsApp(self.metrics),
                     sock,
                     _LOCAL_CAPS,
-                    "edge-metrics-http",
                     f"the metrics on {self._metrics_listen}",
                 )
             if self._admin_auth is not None and self._admin_listen is not None:
@@ -216,7 +214,6 @@ class EdgeServer(AsyncService):
                     admin,
                     sock,
                     _LOCAL_CAPS,
-                    "edge-admin-http",
                     f"the admin API on {self._admin_listen}",
                 )
         except BaseException:
@@ -266,10 +263,9 @@ class EdgeServer(AsyncService):
         app: Callable[..., Awaitable[None]],
         sock: socket.socket,
         caps: HttpCaps,
-        name: str,
         what: str,
     ) -> HttpServer:
-        server = HttpServer(app, sock, caps=caps, name=name, what=what, grace=self._grace)
+        server = HttpServer(app, sock, caps=caps, what=what, grace=self._grace)
         await server.start()
         return server
 

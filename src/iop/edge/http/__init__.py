@@ -2,10 +2,11 @@
 
 - `openaiapp`: the OpenAI API (`OpenAIApp`); `adminapp`: the admin API (refresh, config,
   status); `metricsapp`: `GET /metrics` on a listener of its own;
-- `responses`: the one place an error becomes a status and a body, for all three; `asgi`: the
-  ASGI pieces they share;
-- `server`: the HTTP server (uvicorn with httptools) and `caps`: what it refuses before an app
-  sees a request; `clientguard`: what one client may do (requests at once, failed keys).
+- `responses`: the one place an error becomes a status and a body, for all three;
+- `server`: the HTTP server, `connections`: one client connection (httptools' parser, the caps
+  enforced), `exchanges`: one request and its answer as the apps see them; `caps`: what the
+  server refuses before an app sees a request; `clientguard`: what one client may do (requests
+  at once, failed keys).
 """
 
 from .adminapp import AdminApp, AdminAuth, AdminAuthError

@@ -1,7 +1,7 @@
 """The admin HTTP API: live refresh and the config in use, an operator-local surface.
 
-Served on `edge.admin.listen` (loopback by default) by a second uvicorn server of the Edge
-process, as a raw ASGI app like the OpenAI API: `POST /refresh` (the `Refresher`'s report),
+Served on `edge.admin.listen` (loopback by default) by a second HTTP server of the Edge
+process (`http/server.py`), an app like the OpenAI API: `POST /refresh` (the `Refresher`'s report),
 `GET /config` (secrets redacted), `GET /status` (each node, its providers' health and load,
 dispatch, limits), `GET /refresh/last` and `GET /healthz`; errors in OpenAI's shape with the
 admin API's own `code` (`responses.py`). `AdminAuth` checks a bearer token's SHA-256 against
@@ -44,8 +44,8 @@ from ..hub import Hub, NodeStatus, ProviderLink, provider_health
 from ..limits import Limiter
 from ..pool import Dispatcher
 from ..refresh import ConfigFileRefused, ConfigSource, NoCandidate, Refresher
-from .asgi import Receive, Scope, Send, header, not_http, send_body
-from .responses import report_status, send_error
+from .exchanges import ClientGone, Exchange
+from .responses import answer_error, report_status
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class RolloutBody(BaseModel):
 
 
 class AdminApp:
-    """The ASGI application of the admin API."""
+    """The admin API's app (`await app(exchange)`)."""
 
     def __init__(
         self,
@@ -252,17 +252,15 @@ class AdminApp:
         self._hub = hub
         self._limiter = limiter
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await not_http(scope, receive, send):
-            return
+    async def __call__(self, exchange: Exchange) -> None:
         try:
-            await self._http(scope, receive, send)
+            await self._http(exchange)
         except EdgeError as error:
-            await send_error(send, error)
+            answer_error(exchange, error)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
-        method: str = scope["method"]
+    async def _http(self, exchange: Exchange) -> None:
+        path = exchange.path
+        method = exchange.method
         allowed = {
             "/refresh": "POST",
             "/config": "GET",
@@ -278,13 +276,13 @@ class AdminApp:
         if method != wanted:
             raise MethodNotAllowed(f"use {wanted} {path}", wanted, code="method_not_allowed")
         if path == "/healthz":
-            await send_body(send, 200, b'{"status":"ok"}')
+            exchange.respond(200, b'{"status":"ok"}')
             return
-        who = await self._auth.admit(header(scope, b"authorization"))
-        client = scope.get("client")
+        who = await self._auth.admit(exchange.header(b"authorization"))
+        client = exchange.client
         peer = f"{client[0]}:{client[1]}" if client else "unknown peer"
         if path == "/refresh":
-            await self._refresh(scope, receive, send, f"{peer}, {who}")
+            await self._refresh(exchange, f"{peer}, {who}")
         elif path == "/config":
             snapshot = self._refresher.current
             document = {
@@ -292,25 +290,25 @@ class AdminApp:
                 "generation": snapshot.generation,
                 "config": redacted(snapshot.config),
             }
-            await send_body(send, 200, orjson.dumps(document))
+            exchange.respond(200, orjson.dumps(document))
         elif path == "/revisions":
-            await send_body(send, 200, orjson.dumps(self._refresher.rollouts.status()))
+            exchange.respond(200, orjson.dumps(self._refresher.rollouts.status()))
         elif path == "/rollout":
-            await self._rollout(receive, scope, send, f"{peer}, {who}")
+            await self._rollout(exchange, f"{peer}, {who}")
         elif path == "/status":
             status = self._status_document()
             if self._limiter is not None:
                 status["limits"] = await self._limiter.status()
-            await send_body(send, 200, orjson.dumps(status))
+            exchange.respond(200, orjson.dumps(status))
         else:
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            query = parse_qs(exchange.query.decode("latin-1"))
             mode = query.get("mode", [""])[0]
             if mode not in ("", "apply"):
                 raise BadRequest("mode may only be 'apply'", code="bad_request")
             report = self._refresher.last("apply" if mode else None)
             if report is None:
                 raise RouteNotFound("no refresh has run since the Edge started", code="no_refresh")
-            await send_body(send, 200, orjson.dumps(report.as_dict()))
+            exchange.respond(200, orjson.dumps(report.as_dict()))
 
     def _status_document(self) -> dict[str, Any]:
         """The refresher's status (the config in use; each node's payload: current or not) with
@@ -334,8 +332,8 @@ class AdminApp:
         document["dispatch"] = _dispatch_status(dispatcher)
         return document
 
-    async def _rollout(self, receive: Receive, scope: Scope, send: Send, who: str) -> None:
-        body = _parse(RolloutBody, await _read_body(scope, receive), "rollout")
+    async def _rollout(self, exchange: Exchange, who: str) -> None:
+        body = _parse(RolloutBody, await _read_body(exchange), "rollout")
         rollouts = self._refresher.rollouts
         try:
             if body.action == "promote":
@@ -344,10 +342,10 @@ class AdminApp:
                 revision = await rollouts.roll_back(who)
         except NoCandidate as none:
             raise Conflict(str(none), code="no_candidate") from none
-        await send_body(send, 200, orjson.dumps(revision.as_dict()))
+        exchange.respond(200, orjson.dumps(revision.as_dict()))
 
-    async def _refresh(self, scope: Scope, receive: Receive, send: Send, who: str) -> None:
-        body = _parse(RefreshBody, await _read_body(scope, receive), "refresh")
+    async def _refresh(self, exchange: Exchange, who: str) -> None:
+        body = _parse(RefreshBody, await _read_body(exchange), "refresh")
         if body.revision is not None:
             kept = self._refresher.rollouts.log.get(body.revision)
             if kept is None or kept.config is None:
@@ -383,7 +381,7 @@ class AdminApp:
             )
         except ConfigFileRefused as refused:
             raise BadRequest(f"path refused: {refused}", code="bad_request") from refused
-        await send_body(send, report_status(report), orjson.dumps(report.as_dict()))
+        exchange.respond(report_status(report), orjson.dumps(report.as_dict()))
 
 
 def _parse(model: type[_Body], raw: bytes, what: str) -> _Body:
@@ -501,21 +499,9 @@ def _redact(value: Any, key: str = "") -> Any:
     return value
 
 
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    length = header(scope, b"content-length")
+async def _read_body(exchange: Exchange) -> bytes:
     too_large = PayloadTooLarge(f"the body is larger than {MAX_BODY_BYTES} bytes", code="too_large")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise too_large
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BadRequest("the client went away", code="bad_request")
-        part: bytes = message.get("body", b"")
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        parts.append(part)
-        if not message.get("more_body", False):
-            return b"".join(parts)
+    try:
+        return await exchange.read_body(MAX_BODY_BYTES, too_large)
+    except ClientGone:
+        raise BadRequest("the client went away", code="bad_request") from None

@@ -5,7 +5,7 @@ Anyone who can open a TCP connection to the OpenAI listener can send bytes befor
 (408), the connections (overall, fitted to the open-file limit beside the node hub's, and per
 client address: 503) and a client that reads nothing (`send_timeout`); `Refusals` words each
 refusal in OpenAI's error shape (`http/responses.py`) and logs each kind at most once a minute.
-They hold whichever HTTP server enforces them (uvicorn with httptools today: `http/server.py`).
+The Edge's HTTP protocol (`http/connections.py`) enforces them as it parses.
 docs/reliability.md, "The HTTP listeners", says what each bound does and why.
 """
 

@@ -1,4 +1,4 @@
-"""What one client may do on the OpenAI listener, bounded around the app (an ASGI wrapper).
+"""What one client may do on the OpenAI listener, bounded around the app (which it wraps).
 
 A client is its address (an IPv6 address by its /64) and, once its key is known, its
 principal_ref. `ClientGuard` answers 429 `too_many_auth_failures` to an address that spent
@@ -19,8 +19,8 @@ from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 from ..authenticating import Authenticator
 from ..authfailures import AuthFailures, source_of, token_hint
 from ..errors import EdgeError, TooManyRequests, Unauthorized
-from .asgi import Receive, Scope, Send, header
-from .responses import send_error
+from .exchanges import Exchange
+from .responses import answer_error
 
 _PROBES: Final = frozenset({"/healthz", "/readyz"})
 _BEARER: Final = b"bearer "
@@ -31,7 +31,7 @@ class ClientGuard:
 
     def __init__(
         self,
-        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        app: Callable[[Exchange], Awaitable[None]],
         authenticator: Authenticator,
         auth_failures: AuthFailures,
         *,
@@ -47,16 +47,17 @@ class ClientGuard:
         #: principal).
         self.refused: dict[str, int] = {"address": 0, "principal": 0}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in _PROBES:
-            await self._app(scope, receive, send)
+    async def __call__(self, exchange: Exchange) -> None:
+        path = exchange.path
+        if path in _PROBES:
+            await self._app(exchange)
             return
-        client = scope.get("client")
+        client = exchange.client
         source = source_of(client[0]) if client else ""
         wait = self.auth_failures.retry_after(source)
         if wait is not None:
-            await send_error(
-                send,
+            answer_error(
+                exchange,
                 TooManyRequests(
                     "Too many failed authentications from your address; try again later.",
                     "too_many_auth_failures",
@@ -64,26 +65,26 @@ class ClientGuard:
                 ),
             )
             return
-        if not scope["path"].startswith("/v1/"):
-            await self._app(scope, receive, send)  # no API route: the app says 404
+        if not path.startswith("/v1/"):
+            await self._app(exchange)  # no API route: the app says 404
             return
-        principal = self._principal(scope, source)
-        if scope["method"] != "POST":
-            await self._app(scope, receive, send)
+        principal = self._principal(exchange, source)
+        if exchange.method != "POST":
+            await self._app(exchange)
             return
         refusal = self._hold(source, principal)
         if refusal is not None:
-            await send_error(send, refusal)
+            answer_error(exchange, refusal)
             return
         try:
-            await self._app(scope, receive, send)
+            await self._app(exchange)
         finally:
             self._release(source, principal)
 
-    def _principal(self, scope: Scope, source: str) -> str | None:
+    def _principal(self, exchange: Exchange, source: str) -> str | None:
         """The request's principal_ref when its key is known (anonymous: None); a key the
         Authenticator refuses counts as a failure of `source` (the app answers it 401)."""
-        authorization = header(scope, b"authorization")
+        authorization = exchange.header(b"authorization")
         try:
             principal = self._authenticator.authenticate(authorization).principal_ref
         except Unauthorized:

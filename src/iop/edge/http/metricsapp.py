@@ -8,26 +8,24 @@ from __future__ import annotations
 
 from ..errors import MethodNotAllowed, RouteNotFound
 from ..pool import CONTENT_TYPE, Metrics
-from .asgi import Receive, Scope, Send, not_http, send_body
-from .responses import send_error
+from .exchanges import Exchange
+from .responses import answer_error
 
 
 class MetricsApp:
-    """The ASGI app of the metrics listener: `GET /metrics` (Prometheus) and `GET /healthz`."""
+    """The app of the metrics listener: `GET /metrics` (Prometheus) and `GET /healthz`."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._content_type = CONTENT_TYPE.encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await not_http(scope, receive, send):
-            return
-        path: str = scope["path"]
-        if scope["method"] not in ("GET", "HEAD"):
-            await send_error(send, MethodNotAllowed("use GET", "GET", code="method_not_allowed"))
+    async def __call__(self, exchange: Exchange) -> None:
+        path = exchange.path
+        if exchange.method not in ("GET", "HEAD"):
+            answer_error(exchange, MethodNotAllowed("use GET", "GET", code="method_not_allowed"))
         elif path == "/metrics":
-            await send_body(send, 200, self._metrics.render(), self._content_type)
+            exchange.respond(200, self._metrics.render(), self._content_type)
         elif path == "/healthz":
-            await send_body(send, 200, b'{"status":"ok"}')
+            exchange.respond(200, b'{"status":"ok"}')
         else:
-            await send_error(send, RouteNotFound("no such path", code="not_found"))
+            answer_error(exchange, RouteNotFound("no such path", code="not_found"))

@@ -1,27 +1,26 @@
-"""The OpenAI-compatible HTTP API, as a raw ASGI app (served by uvicorn with httptools).
+"""The OpenAI-compatible HTTP API, as an app of the Edge's own HTTP server (`http/server.py`).
 
 `OpenAIApp` serves `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 `/healthz` and `/readyz` (docs/edge.md, "The API"). A completion goes: auth -> body (413 past
 the limit, from its Content-Length or as it grows) -> JSON and field validation -> model lookup
 -> generation policy and context class -> the limits (`Limiter`) -> `Relay` (slot, run,
 events); every failure is an `EdgeError` rendered by `http/responses.py`. A client that
-disconnects cancels the request's task, hence its run and its slot. A raw ASGI app because it
-measured faster than aiohttp.web on this path (docs/benchmarks.md), and a framework would add a
-layer per request.
+disconnects cancels the request's task (through `Exchange.on_gone`), hence its run
+and its slot. No framework and no ASGI: each measured as a layer per request on this path
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import orjson
 
-from iop.aiokits import LogThrottle, guarded_task
+from iop.aiokits import LogThrottle
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from ..authenticating import Authenticator, Principal
@@ -38,8 +37,8 @@ from ..errors import (
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
 from ..limits import NO_GRANT, Limiter
 from ..pool import STABLE, Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
-from .asgi import Receive, Scope, Send, header, not_http, send_body
-from .responses import error_event, provider_failed, send_error
+from .exchanges import ClientGone, Exchange
+from .responses import answer_error, error_event, provider_failed
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +50,7 @@ _SSE_HEADERS: Final = [
 ]
 _DONE: Final = b"data: [DONE]\n\n"
 _Headers = list[tuple[bytes, bytes]]
+_HEALTHY: Final = b'{"status":"ok"}'
 #: The status recorded for a request whose client went away before its answer.
 _CLIENT_GONE: Final = 499
 
@@ -61,12 +61,9 @@ _COMPLETIONS: Final[dict[str, RunKind]] = {
 }
 
 
-class _ClientGone(Exception):
-    """The client disconnected while its body was being read."""
-
-
 class OpenAIApp:
-    """The ASGI application; one per Edge process, everything injected."""
+    """The OpenAI API's app (`await app(exchange)`); one per Edge process, everything
+    injected."""
 
     def __init__(
         self,
@@ -92,42 +89,40 @@ class OpenAIApp:
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
         self._bugs = LogThrottle(logger)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await not_http(scope, receive, send):
-            return
+    async def __call__(self, exchange: Exchange) -> None:
         try:
-            await self._http(scope, receive, send)
+            await self._http(exchange)
         except Exception as exc:
             self._bugs.error(
                 "a request to %s %s failed with a bug: %r",
-                scope.get("method"),
-                scope.get("path"),
+                exchange.method,
+                exchange.path,
                 exc,
                 exc_info=exc,
             )
-            with contextlib.suppress(Exception):  # the answer may have begun already
-                await self._refuse(send, InternalError("The server failed this request."))
+            if not exchange.started:
+                self._refuse(exchange, InternalError("The server failed this request."))
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
-        method: str = scope["method"]
+    async def _http(self, exchange: Exchange) -> None:
+        path = exchange.path
+        method = exchange.method
         completion = _COMPLETIONS.get(path)
         if completion is not None:
             if method == "POST":
-                await self._completion(completion, scope, receive, send)
+                await self._completion(completion, exchange)
             else:
-                await self._refuse(send, MethodNotAllowed(f"Use POST {path}.", "POST"))
+                self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
             return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/readyz") or path.startswith("/v1/models/"):
-                await self._refuse(send, MethodNotAllowed(f"Use GET {path}.", "GET"))
+                self._refuse(exchange, MethodNotAllowed(f"Use GET {path}.", "GET"))
             else:
-                await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
+                self._refuse(exchange, RouteNotFound(f"Invalid URL ({method} {path})"))
             return
         if path == "/v1/models" or path.startswith("/v1/models/"):
-            await self._models(scope, send, path)
+            self._models(exchange, path)
         elif path == "/healthz":
-            await send_body(send, 200, b'{"status":"ok"}')
+            exchange.respond(200, _HEALTHY)
         elif path == "/readyz":
             readiness = self._ready()
             snapshot = self._dispatcher.snapshot
@@ -148,17 +143,17 @@ class OpenAIApp:
                 answer["waiting_for_nodes"] = list(readiness.awaited[:MAX_AWAITED_SHOWN])
                 answer["waiting_for_nodes_count"] = len(readiness.awaited)
                 answer["wait_left_s"] = round(readiness.wait_left, 1)
-            await send_body(send, 200 if readiness.ready else 503, orjson.dumps(answer))
+            exchange.respond(200 if readiness.ready else 503, orjson.dumps(answer))
         else:
-            await self._refuse(send, RouteNotFound(f"Invalid URL ({method} {path})"))
+            self._refuse(exchange, RouteNotFound(f"Invalid URL ({method} {path})"))
 
     # -- the model catalog ---------------------------------------------------------------------
 
-    async def _models(self, scope: Scope, send: Send, path: str) -> None:
+    def _models(self, exchange: Exchange, path: str) -> None:
         try:
-            principal = self._authenticator.authenticate(header(scope, b"authorization"))
+            principal = self._authenticator.authenticate(exchange.header(b"authorization"))
         except EdgeError as error:
-            await self._refuse(send, error)
+            self._refuse(exchange, error)
             return
         snapshot = self._dispatcher.snapshot
         cache = self._models_cache
@@ -178,33 +173,33 @@ class OpenAIApp:
                 {model_id: orjson.dumps(entry) for model_id, entry in entries.items()},
             )
         if path == "/v1/models":
-            await send_body(send, 200, cache[1])
+            exchange.respond(200, cache[1])
             self._metrics.count_request(principal, "", "", 200)
             return
         model_id = path.removeprefix("/v1/models/")
         entry = cache[2].get(model_id)
         if entry is None:
-            await self._refuse(send, ModelNotFound(model_id), principal)
+            self._refuse(exchange, ModelNotFound(model_id), principal)
         else:
-            await send_body(send, 200, entry)
+            exchange.respond(200, entry)
             self._metrics.count_request(principal, model_id, "", 200)
 
     # -- completions ---------------------------------------------------------------------------
 
-    async def _completion(self, kind: RunKind, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _completion(self, kind: RunKind, exchange: Exchange) -> None:
         arrived = time.perf_counter()
         principal: Principal | None = None
         model = ""  # a metrics label: only ids of the catalog, never what a client made up
         provider = ""
         status = 200
-        watcher: asyncio.Task[None] | None = None
         gone = _Disconnect()
         grant = NO_GRANT
         side = STABLE
         relayed: RelayedRun | None = None
         try:
-            principal = self._authenticator.authenticate(header(scope, b"authorization"))
-            raw = await self._read_body(scope, receive)
+            principal = self._authenticator.authenticate(exchange.header(b"authorization"))
+            limit = self._max_request_bytes
+            raw = await exchange.read_body(limit, PayloadTooLarge(_too_large(limit)))
             request = parse_request(kind, raw, self._body_bounds)
             dispatcher = self._dispatcher
             snapshot = dispatcher.snapshot
@@ -221,26 +216,22 @@ class OpenAIApp:
                 grant = await self._limiter.admit(principal, model, request)
             task = asyncio.current_task()
             assert task is not None
-            watcher = guarded_task(
-                _watch(receive, task, gone),
-                name=f"edge-http-disconnect-{id(task):x}",
-                logger=logger,
-            )
+            gone.task = task
+            exchange.on_gone(gone)
             relayed = self._relay.open(request, long, principal, side)
             async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
                 if request.stream:
                     status = await self._stream(
-                        run, send, arrived, model, request.include_usage, grant.headers
+                        run, exchange, arrived, model, request.include_usage, grant.headers
                     )
                 else:
-                    status = await self._respond(run, send, arrived, model, grant.headers)
-                gone.finished = True
+                    status = await self._respond(run, exchange, arrived, model, grant.headers)
         except EdgeError as error:
-            gone.finished = True  # what the watcher sees next is the end of this answer
-            status = await self._refuse(send, error)
-        except _ClientGone:
+            exchange.on_gone(None)  # what comes next is the end of this answer
+            status = self._refuse(exchange, error)
+        except ClientGone:
             status = _CLIENT_GONE
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -252,42 +243,14 @@ class OpenAIApp:
             status = 500  # a bug: __call__ logs it and answers 500
             raise
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            exchange.on_gone(None)
             grant.finish(relayed.spent if relayed is not None else None, status == 200)
             retried = relayed.retried_tries if relayed is not None else 0
             self._metrics.count_request(principal, model, provider, status, side, retried)
             self._metrics.observe_duration(model, time.perf_counter() - arrived, side)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self._max_request_bytes
-        length = header(scope, b"content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise PayloadTooLarge(_too_large(limit))
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        body: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            if len(body) > limit:
-                raise PayloadTooLarge(_too_large(limit))
-            return body
-        parts = [body]
-        size = len(body)
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            part = message.get("body", b"")
-            size += len(part)
-            if size > limit:
-                raise PayloadTooLarge(_too_large(limit))
-            parts.append(part)
-            if not message.get("more_body", False):
-                return b"".join(parts)
-
     async def _respond(
-        self, run: RelayedRun, send: Send, arrived: float, model: str, headers: _Headers
+        self, run: RelayedRun, exchange: Exchange, arrived: float, model: str, headers: _Headers
     ) -> int:
         """A non-streaming answer: the Node's one chunk is the whole body."""
         body = b""
@@ -296,16 +259,16 @@ class OpenAIApp:
                 body = event.data
                 self._metrics.observe_first_token(model, time.perf_counter() - arrived, run.side)
             elif isinstance(event, RunDone):
-                await send_body(send, 200, body, headers=headers)
+                exchange.respond(200, body, headers=headers)
                 return 200
             elif isinstance(event, RunFailed):
-                return await self._refuse(send, provider_failed(event))
-        return await self._refuse(send, _ended_early())
+                return self._refuse(exchange, provider_failed(event))
+        return self._refuse(exchange, _ended_early())
 
     async def _stream(
         self,
         run: RelayedRun,
-        send: Send,
+        exchange: Exchange,
         arrived: float,
         model: str,
         include_usage: bool,
@@ -332,66 +295,53 @@ class OpenAIApp:
                         self._metrics.observe_first_token(
                             model, time.perf_counter() - arrived, run.side
                         )
-                        await send(
-                            {"type": "http.response.start", "status": 200, "headers": start_headers}
-                        )
+                        exchange.start(200, start_headers)
                     parts.append(event.data if event.sse else b"data: " + event.data + b"\n\n")
                 elif isinstance(event, RunDone):
                     if not started:
-                        await send(
-                            {"type": "http.response.start", "status": 200, "headers": start_headers}
-                        )
+                        exchange.start(200, start_headers)
                     parts.append(_DONE)
-                    await send(
-                        {"type": "http.response.body", "body": b"".join(parts), "more_body": False}
-                    )
+                    await exchange.end(b"".join(parts))
                     return 200
                 elif isinstance(event, RunFailed):
                     error = provider_failed(event)
                     if not started:
-                        return await self._refuse(send, error)
+                        return self._refuse(exchange, error)
                     status, data = error_event(error)
                     parts.append(data)
-                    await send(
-                        {"type": "http.response.body", "body": b"".join(parts), "more_body": False}
-                    )
+                    await exchange.end(b"".join(parts))
                     return status
             if parts:
-                await send(
-                    {"type": "http.response.body", "body": b"".join(parts), "more_body": True}
-                )
+                await exchange.write(b"".join(parts))
         if not started:
-            return await self._refuse(send, _ended_early())
+            return self._refuse(exchange, _ended_early())
         status, data = error_event(_ended_early())
-        await send({"type": "http.response.body", "body": data, "more_body": False})
+        await exchange.end(data)
         return status
 
-    async def _refuse(
-        self, send: Send, error: EdgeError, principal: Principal | None = None
+    def _refuse(
+        self, exchange: Exchange, error: EdgeError, principal: Principal | None = None
     ) -> int:
-        status = await send_error(send, error)
+        status = answer_error(exchange, error)
         if principal is not None:
             self._metrics.count_request(principal, "", "", status)
         return status
 
 
 class _Disconnect:
-    __slots__ = ("finished", "seen")
+    """Called by the connection when the client leaves mid-answer: cancel the request's task
+    (its run and its slot with it), and remember that it was this that cancelled it."""
+
+    __slots__ = ("seen", "task")
 
     def __init__(self) -> None:
         self.seen = False
-        self.finished = False
+        self.task: asyncio.Task[None] | None = None
 
-
-async def _watch(receive: Receive, task: asyncio.Task[Any], gone: _Disconnect) -> None:
-    """Cancel `task` when its client disconnects (the body is read: only that can arrive)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if not gone.finished:
-                gone.seen = True
-                task.cancel()
-            return
+    def __call__(self) -> None:
+        if self.task is not None:
+            self.seen = True
+            self.task.cancel()
 
 
 def _ended_early() -> EdgeError:

@@ -40,7 +40,7 @@ from ..errors import (
     Unauthorized,
 )
 from ..refresh import RefreshReport
-from .asgi import Send
+from .exchanges import Exchange
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -81,7 +81,7 @@ def _class_shape(error: EdgeError) -> tuple[int, str, str | None, str | None, He
             [(b"allow", error.allowed.encode())],
         )
     if isinstance(error, PayloadTooLarge):
-        # The connection stays open: uvicorn's parser drops the rest of the body unbuffered, so
+        # The connection stays open: the server drops the rest of the body unbuffered, so
         # the client can finish sending and read this answer instead of a connection reset.
         return 413, "invalid_request_error", "request_too_large", None, []
     if isinstance(error, RateLimited):
@@ -162,14 +162,11 @@ def provider_failed(failed: RunFailed) -> ProviderFailed:
     return ProviderFailed(failed.message, failed.code, wire_statuses.http_status(failed))
 
 
-async def send_error(send: Send, error: EdgeError) -> int:
-    """Answer `error` on an ASGI `send`; its status."""
-    response = error_response(error)
-    await send(
-        {"type": "http.response.start", "status": response.status, "headers": response.headers}
-    )
-    await send({"type": "http.response.body", "body": response.body, "more_body": False})
-    return response.status
+def answer_error(exchange: Exchange, error: EdgeError) -> int:
+    """Answer `exchange` with `error`; its status."""
+    status, kind, code, param, headers = _shape(error)
+    exchange.respond(status, _body(error, kind, code, param), headers=headers)
+    return status
 
 
 def report_status(report: RefreshReport) -> int:

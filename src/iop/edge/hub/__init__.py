@@ -11,7 +11,7 @@
 
 from .caps import HubCaps
 from .nodehub import NodeHub
-from .nodewait import MAX_AWAITED_SHOWN, READY, NodeWait, Readiness
+from .nodewait import MAX_AWAITED_SHOWN, NodeWait, Readiness
 from .peering import PeerCount
 from .protocol import (
     ConfigPush,
@@ -27,7 +27,6 @@ from .protocol import (
 
 __all__ = [
     "MAX_AWAITED_SHOWN",
-    "READY",
     "ConfigPush",
     "Hub",
     "HubCaps",
