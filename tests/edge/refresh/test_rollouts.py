@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import copy
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -261,7 +262,10 @@ async def test_a_good_change_of_what_serves_a_model_goes_through_its_steps(edge)
         await asyncio.sleep(0.5)
         report = await apply(admin, good)
         assert "canary 10% -> 50% -> 100% for m" in report["message"]
+        deadline = time.monotonic() + 60  # three steps of at most 8 s each, and the bake
         while candidate := (await admin.get("/status")).json()["revisions"]["candidate"]:
+            # A canary that never ends shows where it stands, and how the load fared.
+            assert time.monotonic() < deadline, (candidate, collections.Counter(load.answers))
             assert candidate["mode"] == "canary"
             if not shares or shares[-1] != candidate["share_percent"]:
                 shares.append(candidate["share_percent"])
