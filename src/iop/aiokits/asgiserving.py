@@ -1,10 +1,11 @@
 """One ASGI app served by uvicorn on a socket the caller bound, on the running event loop.
 
-The Edge's listeners and the Node's health endpoints all run uvicorn the same way: in a guarded
-task of the process's one loop, on a socket bound before (`bind_listener`: a taken port fails at
-once), and without uvicorn's signal handlers, since the process decides when it stops (`iop edge
-run` and `iop node run` drain first). `start()` returns once the socket accepts connections;
-`stop()` lets the requests in progress finish, for at most `grace` seconds when given.
+The Node's health endpoints run uvicorn this way (the Edge's listeners have a server of their
+own, `iop.edge.http.server`): in a guarded task of the process's one loop, on a socket bound
+before (`bind_listener`: a taken port fails at once), and without uvicorn's signal handlers,
+since the process decides when it stops (`iop node run` drains first). `start()` returns once
+the socket accepts connections; `stop()` lets the requests in progress finish, for at most
+`grace` seconds when given.
 
 uvicorn is the one import here beyond the standard library; nothing in `iop.aiokits` imports
 this module, so the parts that serve no HTTP never load it.
@@ -39,9 +40,9 @@ class _Server(uvicorn.Server):
 class AsgiServer(AsyncService):
     """`app` on `sock`; `await start()`, `await stop()` (or `async with`).
 
-    `name` names the serving task, `what` the server in errors ("the OpenAI API"); `http` is
-    uvicorn's protocol class (the Edge's enforces its HTTP limits), `interface` what the app is
-    when uvicorn cannot tell (a bound method looks like ASGI 2 to it).
+    `name` names the serving task, `what` the server in errors ("the health endpoints");
+    `interface` what the app is when uvicorn cannot tell (a bound method looks like ASGI 2 to
+    it).
     """
 
     def __init__(
@@ -51,7 +52,6 @@ class AsgiServer(AsyncService):
         *,
         name: str,
         what: str,
-        http: type[asyncio.Protocol] | Literal["auto"] = "auto",
         interface: Literal["auto", "asgi3"] = "auto",
         grace: float | None = None,
     ) -> None:
@@ -60,7 +60,6 @@ class AsgiServer(AsyncService):
             options["timeout_graceful_shutdown"] = math.ceil(grace)
         config = uvicorn.Config(
             app,
-            http=http,
             interface=interface,
             ws="none",
             loop="none",
