@@ -42,7 +42,7 @@ from iop.edgeconfig import (
 )
 from iop.wire import ConfigAck
 
-from ..hub import ConfigPush
+from ..hub import ConfigPush, NodeStatus
 from ..pool import Dispatcher, OutcomeTally, PoolSnapshot
 from .configfiles import ConfigFiles
 from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
@@ -347,10 +347,11 @@ class Refresher:
         """Each targeted node's result: the nodes whose payload changed, and any the hub found
         behind (a node that had not acknowledged an earlier push gets the current one too)."""
         assert self._hub is not None
-        connected = self._hub.nodes()
+        # Read only for a node that did not acknowledge: the status of every node costs a
+        # look at each session, and an apply to thousands of nodes is usually acked by all.
+        connected: Mapping[str, NodeStatus] | None = None
         results: list[NodePush] = []
         for node_id in sorted(set(change.nodes_to_push) | set(acks)):
-            status = connected.get(node_id)
             ack = acks.get(node_id)
             if ack is not None and ack.ok:
                 reason = ""
@@ -362,6 +363,9 @@ class Refresher:
                     )
                 results.append(NodePush(node_id, "acked", reason, generation, ack.config_hash))
                 continue
+            if connected is None:
+                connected = self._hub.nodes()
+            status = connected.get(node_id)
             payload = node_payload(config, node_id)  # the rarer outcomes name the digest too
             digest = payload.digest if payload is not None else ""
             if node_id in held and node_id not in acks:
