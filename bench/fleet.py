@@ -74,7 +74,6 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.node import EdgeConnection, NodeIdentity, PayloadArbiter
 from iop.processes import spawn_edge, terminate
 from iop.providers import Runner
-from iop.wire import grpc_options
 from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 logger = logging.getLogger(__name__)
@@ -168,7 +167,7 @@ class FleetConnection(EdgeConnection):
     simulated one dial its own connection too."""
 
     def _channel(self) -> grpc.aio.Channel:
-        options = [*grpc_options(), ("grpc.use_local_subchannel_pool", 1)]
+        options = [*self.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
         return grpc.aio.insecure_channel(self.target, options=options)
 
 

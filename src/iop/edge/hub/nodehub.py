@@ -252,7 +252,7 @@ class NodeHub(AsyncService):
         credentials = self._credentials
         caps = self.caps
         server = grpc.aio.server(
-            options=[*caps.server_options(), ("grpc.so_reuseport", 0)],
+            options=[*caps.server_options(self.liveness), ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=caps.connection_bound,
         )
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
