@@ -2,7 +2,7 @@
 
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
-        [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120]
+        [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120] [--load-here]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -30,7 +30,9 @@ Per N, on a fresh Edge whose config lists the N nodes:
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
    non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
    for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
-   it spends idle (the heartbeats go on meanwhile). This process is the load generator too.
+   it spends idle (the heartbeats go on meanwhile). The load generator is a process of its
+   own (`--load-here`: this one, beside the fleet, as the runs before 2026-12-03 10:00 were),
+   its clients connected before the Edge's CPU is read.
    A warm-up first asks every model twice: a model's first requests cost the Edge once what
    later ones do not (its Prometheus label children are made), which at 1,000 models in a
    5-second run was most of the difference from 10.
@@ -51,6 +53,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import json
 import logging
 import os
 import signal
@@ -58,7 +61,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,10 +301,17 @@ async def apply_capacity(
 
 
 async def load(
-    host: str, port: int, nodes: int, concurrency: int, seconds: float, at_least: int = 0
+    host: str,
+    port: int,
+    nodes: int,
+    concurrency: int,
+    seconds: float,
+    at_least: int = 0,
+    started: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[int, int, float]:
     """`concurrency` keep-alive clients, each request for the next model round the fleet, for
-    `seconds` and at least `at_least` requests: (answered, not 200, elapsed seconds)."""
+    `seconds` and at least `at_least` requests: (answered, not 200, elapsed seconds). With
+    `started`, it is awaited once every client is connected, before the first request."""
     target = f"{host}:{port}"
     payloads = [
         benchkit.http_request(
@@ -326,6 +336,9 @@ async def load(
                 answered += 1
                 failed += status != 200
 
+        if started is not None:
+            await started()
+            end = loop.time() + seconds
         began = time.perf_counter()
         await asyncio.gather(*map(worker, connections))
         return answered, failed, time.perf_counter() - began
@@ -333,6 +346,61 @@ async def load(
         for connection in connections:
             if connection.transport is not None:
                 connection.transport.close()
+
+
+async def load_measured(
+    edge: int, host: str, port: int, nodes: int, args: argparse.Namespace
+) -> tuple[int, int, float, float]:
+    """`load` in a process of its own, so that the fleet's heartbeats in this one do not slow
+    its clients down: (answered, not 200, elapsed seconds, the Edge's CPU seconds from the
+    clients' first request to their last), the clients connected before the clock starts."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.fleet",
+        "--load-for",
+        f"{host}:{port}",
+        "--nodes",
+        str(nodes),
+        "--concurrency",
+        str(args.concurrency),
+        "--seconds",
+        str(args.seconds),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        if (await child.stdout.readline()).strip() != b"connected":
+            raise RuntimeError("the load generator did not connect")
+        edge_before = benchkit.cpu_seconds(edge)
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+        line = await child.stdout.readline()
+        spent = benchkit.cpu_seconds(edge) - edge_before
+        result = json.loads(line)
+    finally:
+        if child.returncode is None:
+            child.stdin.close()
+            await child.wait()
+    return result["answered"], result["failed"], result["elapsed"], spent
+
+
+async def load_here(target: str, args: argparse.Namespace) -> None:
+    """The child of `load_measured`: connect, say so, wait for "go", load, print the result."""
+    host, _, port = target.rpartition(":")
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    async def started() -> None:
+        print("connected", flush=True)
+        await reader.readline()
+
+    answered, failed, elapsed = await load(
+        host, int(port), args.nodes[0], args.concurrency, args.seconds, started=started
+    )
+    print(json.dumps({"answered": answered, "failed": failed, "elapsed": elapsed}), flush=True)
 
 
 async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
@@ -370,12 +438,17 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
                 # Warm-up: every model twice, so that what a model's first request costs once
                 # (its metrics' label children) is not counted as the fleet's cost per request.
                 await load(host, port, nodes, args.concurrency, 0.5, at_least=2 * nodes)
-                edge_before = benchkit.cpu_seconds(edge.pid)
-                answered, row.errors, elapsed = await load(
-                    host, port, nodes, args.concurrency, args.seconds
-                )
+                if args.load_here:
+                    edge_before = benchkit.cpu_seconds(edge.pid)
+                    answered, row.errors, elapsed = await load(
+                        host, port, nodes, args.concurrency, args.seconds
+                    )
+                    spent = benchkit.cpu_seconds(edge.pid) - edge_before
+                else:
+                    answered, row.errors, elapsed, spent = await load_measured(
+                        edge.pid, host, port, nodes, args
+                    )
                 row.rps = answered / elapsed
-                spent = benchkit.cpu_seconds(edge.pid) - edge_before
                 row.edge_us_per_request = spent / max(answered, 1) * 1e6
                 above = spent - row.idle_edge_cores * elapsed
                 row.edge_us_above_idle = above / max(answered, 1) * 1e6
@@ -481,9 +554,19 @@ if __name__ == "__main__":
         help="edge.node_link.idle_heartbeat_interval_ms, a quiet link's (default: the "
         "product's, 5,000; 0: quiet links off, every link beats every heartbeat interval)",
     )
+    parser.add_argument(
+        "--load-here",
+        action="store_true",
+        help="the load generator in this process, beside the fleet (as before 2026-12-03 "
+        "10:00); by default it runs in a process of its own",
+    )
+    parser.add_argument("--load-for", help=argparse.SUPPRESS)  # HOST:PORT: be the generator
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
     arguments = parser.parse_args()
     logging.basicConfig(level=arguments.log_level, format="%(levelname)s %(name)s: %(message)s")
+    if arguments.load_for:
+        uvloop.run(load_here(arguments.load_for, arguments))
+        sys.exit(0)
     load_average = os.getloadavg()
     print(
         f"# bench/fleet.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
