@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import re
+from functools import cache
 from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -136,11 +137,13 @@ OptionalListener = Annotated[str, AfterValidator(_check_optional_listener)]
 Url = Annotated[str, AfterValidator(_check_url)]
 
 
+@cache
 def camel_name(name: str) -> str:
     """The camelCase spelling of a field (the CRD's): `long_context_slots` -> `longContextSlots`.
 
     Only underscores start a new word, so `a2a` stays `a2a` (pydantic's `to_camel` would give
-    `a2A`, capitalising after the digit).
+    `a2A`, capitalising after the digit). Cached: the cross-reference checks ask it for every
+    optional field a node's provider leaves out, thousands of times per large config.
     """
     first, *rest = name.split("_")
     return first + "".join(word[:1].upper() + word[1:] for word in rest)
