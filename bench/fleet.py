@@ -23,10 +23,12 @@ Per N, on a fresh Edge whose config lists the N nodes:
    (the fleet's) beside it;
 4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
    every node's payload: the round trip until the report, which the Edge sends once every push
-   is acknowledged (or timed out), and the pushes acked and failed; and the nodes that lost
-   their session meanwhile (each node's own count of sessions it left because the Edge fell
-   silent past its deadline, or that failed): an Edge whose loop an apply holds past a link's
-   deadline loses its fleet; then a change to one node's provider (one push), until its ack;
+   is acknowledged (or timed out), the CPU the Edge and the fleet spent meanwhile (the fleet's
+   nodes take their payloads on the Edge's cores here), and the pushes acked and failed; and
+   the nodes that lost their session meanwhile (each node's own count of sessions it left
+   because the Edge fell silent past its deadline, or that failed): an Edge whose loop an
+   apply holds past a link's deadline loses its fleet; then a change to one node's provider
+   (one push), until its ack;
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
    non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
    for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
@@ -142,6 +144,10 @@ class Row:
     idle_edge_cores: float = float("nan")
     idle_fleet_cores: float = float("nan")
     apply_s: float = float("nan")
+    #: CPU seconds the Edge and the fleet (this process) spent during that apply: the fleet's
+    #: is what a thousand machines would spend, here on the Edge's two cores.
+    apply_edge_cpu_s: float = float("nan")
+    apply_fleet_cpu_s: float = float("nan")
     acked: int = 0
     failed: int = 0
     #: Sessions the nodes left or lost while the apply ran (they redial).
@@ -283,7 +289,7 @@ async def apply(
 
 
 async def apply_capacity(
-    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row
+    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row, edge: int
 ) -> None:
     """Every provider's capacity + 1: every node's payload changes, so every node is pushed;
     then one node's provider's capacity + 1 more (one push)."""
@@ -291,7 +297,10 @@ async def apply_capacity(
     for node in candidate["nodes"]:
         for entry in node["providers"]:
             entry["capacity"] += 1
+    edge_before, fleet_before = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
     row.apply_s, row.lost, statuses = await apply(admin, candidate, members)
+    row.apply_edge_cpu_s = benchkit.cpu_seconds(edge) - edge_before
+    row.apply_fleet_cpu_s = benchkit.cpu_seconds(os.getpid()) - fleet_before
     row.acked = statuses.count("acked")
     row.failed = len(statuses) - row.acked
     candidate["nodes"][-1]["providers"][0]["capacity"] += 1
@@ -434,7 +443,7 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
                 idle = time.monotonic() - idle_began
                 row.idle_edge_cores = (benchkit.cpu_seconds(edge.pid) - edge_before) / idle
                 row.idle_fleet_cores = (benchkit.cpu_seconds(me) - fleet_before) / idle
-                await apply_capacity(admin, base, members, row)
+                await apply_capacity(admin, base, members, row, edge.pid)
                 # Warm-up: every model twice, so that what a model's first request costs once
                 # (its metrics' label children) is not counted as the fleet's cost per request.
                 await load(host, port, nodes, args.concurrency, 0.5, at_least=2 * nodes)
@@ -468,15 +477,17 @@ def ratio(value: float, base: float) -> float:
 def print_table(rows: list[Row]) -> None:
     print(
         "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
-        "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed "
-        "| nodes lost | apply one s | req/s | Edge CPU us/req | above idle |"
+        "| idle Edge cores | idle fleet cores | apply -> acks s | apply Edge CPU s "
+        "| apply fleet CPU s | acked | failed | nodes lost | apply one s | req/s "
+        "| Edge CPU us/req | above idle |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:" * 18 + "|")
     for r in rows:
         print(
             f"| {r.nodes:,} | {r.connected:,} | {r.connect_s:.2f} | {r.rss_none_kib:,} | "
             f"{r.rss_all_kib:,} | {r.kib_per_node:.1f} | {r.idle_edge_cores:.3f} | "
-            f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.acked:,} | {r.failed:,} | "
+            f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.apply_edge_cpu_s:.2f} | "
+            f"{r.apply_fleet_cpu_s:.2f} | {r.acked:,} | {r.failed:,} | "
             f"{r.lost:,} | {r.apply_one_s:.3f} | {r.rps:,.0f} | "
             f"{r.edge_us_per_request:,.0f} | {r.edge_us_above_idle:,.0f} |"
         )
