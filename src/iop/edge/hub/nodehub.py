@@ -2,8 +2,9 @@
 
 `NodeHub` is the `Hub` of `hub/protocol.py`: the request path calls `connected_providers`,
 `add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
-the Edge: `localnodes.py`), the refresher `swap_config`, `nodes` and `payload_digests`. Its tick
-sends heartbeats, ends silent sessions, fails runs never accepted and stops stalled streams.
+the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread), `swap_config`, `nodes`
+and `payload_digests`. Its tick sends heartbeats, ends silent sessions, fails runs never
+accepted and stops stalled streams.
 
 docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
 the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
