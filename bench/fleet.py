@@ -357,47 +357,59 @@ async def load(
                 connection.transport.close()
 
 
-async def load_measured(
-    edge: int, host: str, port: int, nodes: int, args: argparse.Namespace
-) -> tuple[int, int, float, float]:
+class LoadGenerator:
     """`load` in a process of its own, so that the fleet's heartbeats in this one do not slow
-    its clients down: (answered, not 200, elapsed seconds, the Edge's CPU seconds from the
-    clients' first request to their last), the clients connected before the clock starts."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.fleet",
-        "--load-for",
-        f"{host}:{port}",
-        "--nodes",
-        str(nodes),
-        "--concurrency",
-        str(args.concurrency),
-        "--seconds",
-        str(args.seconds),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert child.stdin is not None and child.stdout is not None
-    try:
-        if (await child.stdout.readline()).strip() != b"connected":
-            raise RuntimeError("the load generator did not connect")
+    its clients down. One process for the whole run, started before any fleet: a process that
+    grpc's threads run in may crash between fork and exec (grpc's fork handlers: SIGSEGV)."""
+
+    def __init__(self, child: asyncio.subprocess.Process) -> None:
+        self._child = child
+
+    @classmethod
+    async def start(cls) -> LoadGenerator:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.fleet",
+            "--load-generator",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(child)
+
+    async def measured(
+        self, edge: int, host: str, port: int, nodes: int, args: argparse.Namespace
+    ) -> tuple[int, int, float, float]:
+        """(answered, not 200, elapsed seconds, the Edge's CPU seconds from the clients' first
+        request to their last), the clients connected before the clock starts."""
+        child = self._child
+        assert child.stdin is not None and child.stdout is not None
+        job = {"host": host, "port": port, "nodes": nodes}
+        job |= {"concurrency": args.concurrency, "seconds": args.seconds}
+        child.stdin.write(json.dumps(job).encode() + b"\n")
+        await child.stdin.drain()
+        said = (await child.stdout.readline()).strip()
+        if said != b"connected":
+            raise RuntimeError(f"the load generator did not connect: {said!r}")
         edge_before = benchkit.cpu_seconds(edge)
         child.stdin.write(b"go\n")
         await child.stdin.drain()
         line = await child.stdout.readline()
         spent = benchkit.cpu_seconds(edge) - edge_before
         result = json.loads(line)
-    finally:
+        return result["answered"], result["failed"], result["elapsed"], spent
+
+    async def aclose(self) -> None:
+        child = self._child
         if child.returncode is None:
+            assert child.stdin is not None
             child.stdin.close()
             await child.wait()
-    return result["answered"], result["failed"], result["elapsed"], spent
 
 
-async def load_here(target: str, args: argparse.Namespace) -> None:
-    """The child of `load_measured`: connect, say so, wait for "go", load, print the result."""
-    host, _, port = target.rpartition(":")
+async def generate_load() -> None:
+    """The process of `LoadGenerator`: for each job read, connect, say so, wait for "go", load,
+    print the result; until its input ends."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -406,13 +418,23 @@ async def load_here(target: str, args: argparse.Namespace) -> None:
         print("connected", flush=True)
         await reader.readline()
 
-    answered, failed, elapsed = await load(
-        host, int(port), args.nodes[0], args.concurrency, args.seconds, started=started
-    )
-    print(json.dumps({"answered": answered, "failed": failed, "elapsed": elapsed}), flush=True)
+    while line := await reader.readline():
+        job = json.loads(line)
+        answered, failed, elapsed = await load(
+            job["host"],
+            job["port"],
+            job["nodes"],
+            job["concurrency"],
+            job["seconds"],
+            started=started,
+        )
+        result = {"answered": answered, "failed": failed, "elapsed": elapsed}
+        print(json.dumps(result), flush=True)
 
 
-async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
+async def measure(
+    folder: Path, nodes: int, args: argparse.Namespace, generator: LoadGenerator
+) -> Row:
     row = Row(nodes)
     base = document(nodes, args)
     config = folder / f"edge-{nodes}.yaml"
@@ -454,7 +476,7 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
                     )
                     spent = benchkit.cpu_seconds(edge.pid) - edge_before
                 else:
-                    answered, row.errors, elapsed, spent = await load_measured(
+                    answered, row.errors, elapsed, spent = await generator.measured(
                         edge.pid, host, port, nodes, args
                     )
                 row.rps = answered / elapsed
@@ -521,10 +543,14 @@ async def main(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, task.cancel)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for nodes in args.nodes:
-            rows.append(await measure(Path(tmp), nodes, args))
-            print(f"  measured {nodes} nodes", file=sys.stderr, flush=True)
+    generator = await LoadGenerator.start()  # before any fleet: see `LoadGenerator`
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for nodes in args.nodes:
+                rows.append(await measure(Path(tmp), nodes, args, generator))
+                print(f"  measured {nodes} nodes", file=sys.stderr, flush=True)
+    finally:
+        await generator.aclose()
     print_table(rows)
 
 
@@ -571,12 +597,12 @@ if __name__ == "__main__":
         help="the load generator in this process, beside the fleet (as before 2026-12-03 "
         "10:00); by default it runs in a process of its own",
     )
-    parser.add_argument("--load-for", help=argparse.SUPPRESS)  # HOST:PORT: be the generator
+    parser.add_argument("--load-generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
     arguments = parser.parse_args()
     logging.basicConfig(level=arguments.log_level, format="%(levelname)s %(name)s: %(message)s")
-    if arguments.load_for:
-        uvloop.run(load_here(arguments.load_for, arguments))
+    if arguments.load_generator:  # (the process of `LoadGenerator`)
+        uvloop.run(generate_load())
         sys.exit(0)
     load_average = os.getloadavg()
     print(
