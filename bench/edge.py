@@ -60,7 +60,7 @@ from bench.benchkit import (
     wait_available,
 )
 from iop.edge import EdgeServer
-from iop.edge.hub.protocol import NodeStatus, ProviderLink, ProviderLoad
+from iop.edge.hub.protocol import NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
 from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
@@ -201,6 +201,9 @@ class InstantHub:
     async def start(self) -> int:
         return 0
 
+    def prepare(self, config: EdgeConfig, generation: int) -> PreparedSwap:
+        return PreparedSwap(config, generation, config, {}, {})
+
     async def swap_config(
         self,
         config: EdgeConfig,
@@ -208,6 +211,7 @@ class InstantHub:
         generation: int | None = None,
         ack_timeout: float = 0.0,
         hold: Collection[str] = (),
+        prepared: PreparedSwap | None = None,
     ) -> Mapping[str, ConfigAck | None]:
         return {}
 

@@ -2,7 +2,7 @@
 
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
-        [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120]
+        [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120] [--load-here]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -23,14 +23,18 @@ Per N, on a fresh Edge whose config lists the N nodes:
    (the fleet's) beside it;
 4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
    every node's payload: the round trip until the report, which the Edge sends once every push
-   is acknowledged (or timed out), and the pushes acked and failed; and the nodes that lost
-   their session meanwhile (each node's own count of sessions it left because the Edge fell
-   silent past its deadline, or that failed): an Edge whose loop an apply holds past a link's
-   deadline loses its fleet; then a change to one node's provider (one push), until its ack;
+   is acknowledged (or timed out), the CPU the Edge and the fleet spent meanwhile (the fleet's
+   nodes take their payloads on the Edge's cores here), and the pushes acked and failed; and
+   the nodes that lost their session meanwhile (each node's own count of sessions it left
+   because the Edge fell silent past its deadline, or that failed): an Edge whose loop an
+   apply holds past a link's deadline loses its fleet; then a change to one node's provider
+   (one push), until its ack;
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
    non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
    for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
-   it spends idle (the heartbeats go on meanwhile). This process is the load generator too.
+   it spends idle (the heartbeats go on meanwhile). The load generator is a process of its
+   own (`--load-here`: this one, beside the fleet, as the runs before 2026-12-03 10:00 were),
+   its clients connected before the Edge's CPU is read.
    A warm-up first asks every model twice: a model's first requests cost the Edge once what
    later ones do not (its Prometheus label children are made), which at 1,000 models in a
    5-second run was most of the difference from 10.
@@ -51,6 +55,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import json
 import logging
 import os
 import signal
@@ -58,7 +63,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +79,6 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.node import EdgeConnection, NodeIdentity, PayloadArbiter
 from iop.processes import spawn_edge, terminate
 from iop.providers import Runner
-from iop.wire import grpc_options
 from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 logger = logging.getLogger(__name__)
@@ -140,6 +144,10 @@ class Row:
     idle_edge_cores: float = float("nan")
     idle_fleet_cores: float = float("nan")
     apply_s: float = float("nan")
+    #: CPU seconds the Edge and the fleet (this process) spent during that apply: the fleet's
+    #: is what a thousand machines would spend, here on the Edge's two cores.
+    apply_edge_cpu_s: float = float("nan")
+    apply_fleet_cpu_s: float = float("nan")
     acked: int = 0
     failed: int = 0
     #: Sessions the nodes left or lost while the apply ran (they redial).
@@ -168,7 +176,7 @@ class FleetConnection(EdgeConnection):
     simulated one dial its own connection too."""
 
     def _channel(self) -> grpc.aio.Channel:
-        options = [*grpc_options(), ("grpc.use_local_subchannel_pool", 1)]
+        options = [*self.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
         return grpc.aio.insecure_channel(self.target, options=options)
 
 
@@ -281,7 +289,7 @@ async def apply(
 
 
 async def apply_capacity(
-    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row
+    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row, edge: int
 ) -> None:
     """Every provider's capacity + 1: every node's payload changes, so every node is pushed;
     then one node's provider's capacity + 1 more (one push)."""
@@ -289,7 +297,10 @@ async def apply_capacity(
     for node in candidate["nodes"]:
         for entry in node["providers"]:
             entry["capacity"] += 1
+    edge_before, fleet_before = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
     row.apply_s, row.lost, statuses = await apply(admin, candidate, members)
+    row.apply_edge_cpu_s = benchkit.cpu_seconds(edge) - edge_before
+    row.apply_fleet_cpu_s = benchkit.cpu_seconds(os.getpid()) - fleet_before
     row.acked = statuses.count("acked")
     row.failed = len(statuses) - row.acked
     candidate["nodes"][-1]["providers"][0]["capacity"] += 1
@@ -299,10 +310,17 @@ async def apply_capacity(
 
 
 async def load(
-    host: str, port: int, nodes: int, concurrency: int, seconds: float, at_least: int = 0
+    host: str,
+    port: int,
+    nodes: int,
+    concurrency: int,
+    seconds: float,
+    at_least: int = 0,
+    started: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[int, int, float]:
     """`concurrency` keep-alive clients, each request for the next model round the fleet, for
-    `seconds` and at least `at_least` requests: (answered, not 200, elapsed seconds)."""
+    `seconds` and at least `at_least` requests: (answered, not 200, elapsed seconds). With
+    `started`, it is awaited once every client is connected, before the first request."""
     target = f"{host}:{port}"
     payloads = [
         benchkit.http_request(
@@ -327,6 +345,9 @@ async def load(
                 answered += 1
                 failed += status != 200
 
+        if started is not None:
+            await started()
+            end = loop.time() + seconds
         began = time.perf_counter()
         await asyncio.gather(*map(worker, connections))
         return answered, failed, time.perf_counter() - began
@@ -336,7 +357,84 @@ async def load(
                 connection.transport.close()
 
 
-async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
+class LoadGenerator:
+    """`load` in a process of its own, so that the fleet's heartbeats in this one do not slow
+    its clients down. One process for the whole run, started before any fleet: a process that
+    grpc's threads run in may crash between fork and exec (grpc's fork handlers: SIGSEGV)."""
+
+    def __init__(self, child: asyncio.subprocess.Process) -> None:
+        self._child = child
+
+    @classmethod
+    async def start(cls) -> LoadGenerator:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.fleet",
+            "--load-generator",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(child)
+
+    async def measured(
+        self, edge: int, host: str, port: int, nodes: int, args: argparse.Namespace
+    ) -> tuple[int, int, float, float]:
+        """(answered, not 200, elapsed seconds, the Edge's CPU seconds from the clients' first
+        request to their last), the clients connected before the clock starts."""
+        child = self._child
+        assert child.stdin is not None and child.stdout is not None
+        job = {"host": host, "port": port, "nodes": nodes}
+        job |= {"concurrency": args.concurrency, "seconds": args.seconds}
+        child.stdin.write(json.dumps(job).encode() + b"\n")
+        await child.stdin.drain()
+        said = (await child.stdout.readline()).strip()
+        if said != b"connected":
+            raise RuntimeError(f"the load generator did not connect: {said!r}")
+        edge_before = benchkit.cpu_seconds(edge)
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+        line = await child.stdout.readline()
+        spent = benchkit.cpu_seconds(edge) - edge_before
+        result = json.loads(line)
+        return result["answered"], result["failed"], result["elapsed"], spent
+
+    async def aclose(self) -> None:
+        child = self._child
+        if child.returncode is None:
+            assert child.stdin is not None
+            child.stdin.close()
+            await child.wait()
+
+
+async def generate_load() -> None:
+    """The process of `LoadGenerator`: for each job read, connect, say so, wait for "go", load,
+    print the result; until its input ends."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    async def started() -> None:
+        print("connected", flush=True)
+        await reader.readline()
+
+    while line := await reader.readline():
+        job = json.loads(line)
+        answered, failed, elapsed = await load(
+            job["host"],
+            job["port"],
+            job["nodes"],
+            job["concurrency"],
+            job["seconds"],
+            started=started,
+        )
+        result = {"answered": answered, "failed": failed, "elapsed": elapsed}
+        print(json.dumps(result), flush=True)
+
+
+async def measure(
+    folder: Path, nodes: int, args: argparse.Namespace, generator: LoadGenerator
+) -> Row:
     row = Row(nodes)
     base = document(nodes, args)
     config = folder / f"edge-{nodes}.yaml"
@@ -367,16 +465,21 @@ async def measure(folder: Path, nodes: int, args: argparse.Namespace) -> Row:
                 idle = time.monotonic() - idle_began
                 row.idle_edge_cores = (benchkit.cpu_seconds(edge.pid) - edge_before) / idle
                 row.idle_fleet_cores = (benchkit.cpu_seconds(me) - fleet_before) / idle
-                await apply_capacity(admin, base, members, row)
+                await apply_capacity(admin, base, members, row, edge.pid)
                 # Warm-up: every model twice, so that what a model's first request costs once
                 # (its metrics' label children) is not counted as the fleet's cost per request.
                 await load(host, port, nodes, args.concurrency, 0.5, at_least=2 * nodes)
-                edge_before = benchkit.cpu_seconds(edge.pid)
-                answered, row.errors, elapsed = await load(
-                    host, port, nodes, args.concurrency, args.seconds
-                )
+                if args.load_here:
+                    edge_before = benchkit.cpu_seconds(edge.pid)
+                    answered, row.errors, elapsed = await load(
+                        host, port, nodes, args.concurrency, args.seconds
+                    )
+                    spent = benchkit.cpu_seconds(edge.pid) - edge_before
+                else:
+                    answered, row.errors, elapsed, spent = await generator.measured(
+                        edge.pid, host, port, nodes, args
+                    )
                 row.rps = answered / elapsed
-                spent = benchkit.cpu_seconds(edge.pid) - edge_before
                 row.edge_us_per_request = spent / max(answered, 1) * 1e6
                 above = spent - row.idle_edge_cores * elapsed
                 row.edge_us_above_idle = above / max(answered, 1) * 1e6
@@ -396,15 +499,17 @@ def ratio(value: float, base: float) -> float:
 def print_table(rows: list[Row]) -> None:
     print(
         "| nodes | connected | connect all s | Edge RSS none KiB | Edge RSS all KiB | KiB/node "
-        "| idle Edge cores | idle fleet cores | apply -> acks s | acked | failed "
-        "| nodes lost | apply one s | req/s | Edge CPU us/req | above idle |"
+        "| idle Edge cores | idle fleet cores | apply -> acks s | apply Edge CPU s "
+        "| apply fleet CPU s | acked | failed | nodes lost | apply one s | req/s "
+        "| Edge CPU us/req | above idle |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:" * 18 + "|")
     for r in rows:
         print(
             f"| {r.nodes:,} | {r.connected:,} | {r.connect_s:.2f} | {r.rss_none_kib:,} | "
             f"{r.rss_all_kib:,} | {r.kib_per_node:.1f} | {r.idle_edge_cores:.3f} | "
-            f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.acked:,} | {r.failed:,} | "
+            f"{r.idle_fleet_cores:.3f} | {r.apply_s:.3f} | {r.apply_edge_cpu_s:.2f} | "
+            f"{r.apply_fleet_cpu_s:.2f} | {r.acked:,} | {r.failed:,} | "
             f"{r.lost:,} | {r.apply_one_s:.3f} | {r.rps:,.0f} | "
             f"{r.edge_us_per_request:,.0f} | {r.edge_us_above_idle:,.0f} |"
         )
@@ -438,10 +543,14 @@ async def main(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, task.cancel)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for nodes in args.nodes:
-            rows.append(await measure(Path(tmp), nodes, args))
-            print(f"  measured {nodes} nodes", file=sys.stderr, flush=True)
+    generator = await LoadGenerator.start()  # before any fleet: see `LoadGenerator`
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for nodes in args.nodes:
+                rows.append(await measure(Path(tmp), nodes, args, generator))
+                print(f"  measured {nodes} nodes", file=sys.stderr, flush=True)
+    finally:
+        await generator.aclose()
     print_table(rows)
 
 
@@ -482,9 +591,19 @@ if __name__ == "__main__":
         help="edge.node_link.idle_heartbeat_interval_ms, a quiet link's (default: the "
         "product's, 5,000; 0: quiet links off, every link beats every heartbeat interval)",
     )
+    parser.add_argument(
+        "--load-here",
+        action="store_true",
+        help="the load generator in this process, beside the fleet (as before 2026-12-03 "
+        "10:00); by default it runs in a process of its own",
+    )
+    parser.add_argument("--load-generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
     arguments = parser.parse_args()
     logging.basicConfig(level=arguments.log_level, format="%(levelname)s %(name)s: %(message)s")
+    if arguments.load_generator:  # (the process of `LoadGenerator`)
+        uvloop.run(generate_load())
+        sys.exit(0)
     load_average = os.getloadavg()
     print(
         f"# bench/fleet.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "

@@ -14,7 +14,14 @@ import httpx
 import orjson
 import pytest
 
-from iop.edge.hub.protocol import Hub, NodeStatus, ProviderLink, ProviderLoad, RunEvents
+from iop.edge.hub.protocol import (
+    Hub,
+    NodeStatus,
+    PreparedSwap,
+    ProviderLink,
+    ProviderLoad,
+    RunEvents,
+)
 from iop.edgeconfig import EdgeConfig
 from iop.wire import RunChunk, RunDone, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
@@ -234,6 +241,9 @@ class FakeHub:
     async def stop(self, grace: float = 0.0) -> None:
         self.started = False
 
+    def prepare(self, config: EdgeConfig, generation: int) -> PreparedSwap:
+        return PreparedSwap(config, generation, config, {}, {})
+
     async def swap_config(
         self,
         config: EdgeConfig,
@@ -241,6 +251,7 @@ class FakeHub:
         generation: int | None = None,
         ack_timeout: float = 0.0,
         hold: Collection[str] = (),
+        prepared: PreparedSwap | None = None,
     ) -> Mapping[str, ConfigAck | None]:
         return {}  # no Node is connected to a fake hub: nothing to push
 

@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from iop.edgeconfig import EdgeConfig, ModelSpec, RestartPath, classify, config_hash, load_data
+from iop.edgeconfig import (
+    EdgeConfig,
+    ModelSpec,
+    RestartPath,
+    classify,
+    config_hash,
+    load_data,
+    node_payloads,
+)
 
 P0 = "nodes[node-1].providers[vllm-a]"
 
@@ -100,6 +108,16 @@ def test_live_changes(build: Any, mutate: Any, path: str) -> None:
     assert report.live_paths == (path,)
     assert report.restart_required_paths == ()
     assert not report.restart_required
+
+
+@pytest.mark.parametrize(("mutate", "path"), LIVE)
+def test_the_payloads_a_caller_has_classify_as_those_built(
+    build: Any, mutate: Any, path: str
+) -> None:
+    """`payloads` (the hub's, built beside the classification) change nothing in the report."""
+    old, new = load_data(build()), load_data(build(mutate))
+    payloads = (node_payloads(old), node_payloads(new))
+    assert classify(old, new, payloads=payloads) == classify(old, new)
 
 
 RESTART = [

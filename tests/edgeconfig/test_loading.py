@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,23 @@ def test_camel_case_is_the_same_config(config_data: dict[str, Any]) -> None:
     assert "tokenHashSha256" in camel_document["nodes"][0]
     assert "a2a" in camel_document  # only underscores start a word: not "a2A"
     assert load_data(camel_document) == snake
+
+
+def test_sections_compare_by_their_values(config_data: dict[str, Any]) -> None:
+    """`Spec.__eq__` (pydantic's, sped up) keeps pydantic's meaning: equal values, equal
+    sections, whatever the spelling; one value apart, not equal; another type, not equal."""
+    config = load_data(config_data)
+    assert config == load_data(copy.deepcopy(config_data))
+    assert hash(config.nodes[0].providers[0].health) == hash(
+        load_data(config_data).nodes[0].providers[0].health
+    )
+    changed = copy.deepcopy(config_data)
+    changed["nodes"][0]["providers"][0]["capacity"] += 1
+    other = load_data(changed)
+    assert other != config and other.nodes[0] != config.nodes[0]
+    assert other.nodes[0].providers[0].health == config.nodes[0].providers[0].health
+    assert config.nodes[0] != config.nodes[0].providers[0]
+    assert config.nodes[0] != object()
 
 
 def test_camel_case_errors_use_the_camel_path(config_data: dict[str, Any]) -> None:

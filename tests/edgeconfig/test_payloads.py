@@ -13,7 +13,12 @@ import orjson
 import pytest
 
 from iop.edgeconfig import HealthPolicy, OpenAIAdapterSettings, load_data, node_payloads
-from iop.edgeconfig.payloads import ProviderPayload
+from iop.edgeconfig.payloads import (
+    NodePayload,
+    ProviderPayload,
+    _generic_digest,
+    _provider_tree,
+)
 from iop.edgeconfig.trees import to_tree
 from iop.providers import AdapterError, OpenAIAdapter, build_adapter
 
@@ -98,3 +103,52 @@ def test_an_older_node_takes_a_newer_edges_adapter_while_its_new_setting_is_unus
     else:
         with pytest.raises(AdapterError, match="added_later"):
             build_adapter(provider)
+
+
+def _provider(provider_id: str, **fields: Any) -> ProviderPayload:
+    values: dict[str, Any] = {
+        "adapter": {"type": "fake"},
+        "served_models": ("m",),
+        "enabled": True,
+        "capacity": 1,
+        "long_context_slots": None,
+    }
+    return ProviderPayload(id=provider_id, **(values | fields))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(NodePayload(node_id="n", alias=None, providers=(_provider("p"),)), id="plain"),
+        pytest.param(
+            NodePayload(
+                node_id="n",
+                alias="gpu-a",
+                providers=(
+                    _provider(
+                        "b",
+                        adapter={"type": "openai", "base_url": "http://h/v1", "x": [3, 1, "a"]},
+                        served_models=("z", "a", "it's"),
+                        enabled=False,
+                        capacity=8,
+                        long_context_slots=2,
+                        health=HealthPolicy(interval_ms=1000, path="/health"),
+                    ),
+                    _provider("a", served_models=()),
+                ),
+            ),
+            id="every-field-set",
+        ),
+        pytest.param(NodePayload(node_id="n", alias=None, providers=()), id="no-providers"),
+    ],
+)
+def test_the_digest_is_the_generic_trees(payload: NodePayload) -> None:
+    """The digest writes its tree out field by field; it must stay the generic tree's (a Node
+    and an Edge of two releases compare digests)."""
+    assert payload.digest == _generic_digest(payload)
+
+
+def test_the_digests_tree_names_every_field_of_a_provider() -> None:
+    """A field added to `ProviderPayload` must be added to the digest's tree too."""
+    provider = _provider("p", health=HealthPolicy(interval_ms=1000))
+    assert set(_provider_tree(provider)) == set(ProviderPayload.model_fields)

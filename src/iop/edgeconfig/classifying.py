@@ -10,6 +10,7 @@ Lists of names are compared as sets, except those marked ordered (`models[].fall
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,14 @@ class _Change:
     model: str | None
 
 
-def classify(old: EdgeConfig, new: EdgeConfig) -> ChangeReport:
-    """What changed from `old` to `new`, and how each change must be applied."""
+def classify(
+    old: EdgeConfig,
+    new: EdgeConfig,
+    *,
+    payloads: tuple[Mapping[str, NodePayload], Mapping[str, NodePayload]] | None = None,
+) -> ChangeReport:
+    """What changed from `old` to `new`, and how each change must be applied. `payloads`: each
+    node's payload under `old` and under `new`, when the caller has them (else they are built)."""
     changes: list[_Change] = []
     _diff(old, new, None, "", _Where(), changes)
 
@@ -79,19 +86,27 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> ChangeReport:
         changed_models=tuple(sorted(models)),
         live_paths=tuple(sorted(live)),
         restart_required_paths=tuple(sorted(restart, key=lambda p: (p.path, p.scope))),
-        node_payload_changed=_payload_changes(old, new, nodes),
+        node_payload_changed=_payload_changes(old, new, nodes, payloads),
     )
 
 
-def _payload_changes(old: EdgeConfig, new: EdgeConfig, changed: set[str]) -> dict[str, bool]:
+def _payload_changes(
+    old: EdgeConfig,
+    new: EdgeConfig,
+    changed: set[str],
+    payloads: tuple[Mapping[str, NodePayload], Mapping[str, NodePayload]] | None,
+) -> dict[str, bool]:
     """For each node of `new`: does it need a push? Only changed nodes are looked at closely."""
     before = {node.id: node for node in old.nodes}
+    olds, news = payloads if payloads is not None else ({}, {})
     result: dict[str, bool] = {}
     for node in sorted(new.nodes, key=lambda n: n.id):
         previous = before.get(node.id)
-        result[node.id] = node.id in changed and (
-            previous is None or NodePayload.of(previous) != NodePayload.of(node)
-        )
+        if node.id not in changed or previous is None:
+            result[node.id] = node.id in changed
+            continue
+        was = olds.get(node.id) or NodePayload.of(previous)
+        result[node.id] = was != (news.get(node.id) or NodePayload.of(node))
     return result
 
 

@@ -163,6 +163,8 @@ class EdgeConnection:
         self._credentials = credentials
         #: Used until a welcome brings the Edge's values (and for the handshake itself).
         self.default_liveness = liveness
+        #: The liveness of the last welcome: the next dial's keepalive follows it.
+        self.link_liveness: Liveness | None = None
         self.edge_id: str | None = None
         self.connected = asyncio.Event()
         self.welcomes = 0
@@ -255,10 +257,18 @@ class EdgeConnection:
         except Exception:
             logger.exception("the link-down callback of edge %s failed", self.target)
 
+    def channel_options(self) -> list[tuple[str, int]]:
+        """The options of the next dial's channel: the wire's, with a keepalive that follows
+        the liveness the Edge's last welcome gave (the first dial cannot know it)."""
+        return grpc_options(liveness=self.link_liveness)
+
     def _channel(self) -> grpc.aio.Channel:
         if self.tls is None or self._credentials is None:
-            return grpc.aio.insecure_channel(self.target, options=grpc_options())
-        options: list[tuple[str, int | str]] = [*grpc_options(), *self.tls.channel_options()]
+            return grpc.aio.insecure_channel(self.target, options=self.channel_options())
+        options: list[tuple[str, int | str]] = [
+            *self.channel_options(),
+            *self.tls.channel_options(),
+        ]
         return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
     async def _handshake(
@@ -294,6 +304,7 @@ class EdgeConnection:
             liveness = self.default_liveness
             if welcome.HasField("liveness"):
                 liveness = liveness_from_proto(welcome.liveness, self.default_liveness)
+            self.link_liveness = liveness
             self._last_heard = asyncio.get_running_loop().time()
             # The Edge's receive limit (0 from an Edge that predates it: no bound to keep). A
             # batch leaves room for what its items' declared sizes leave out; a chunk larger

@@ -128,7 +128,13 @@ PROTOCOL_VERSION: Final = 2
 MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
 
 
-def grpc_options(*, max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+#: Milliseconds without reads after which a link sends an HTTP/2 keepalive ping, at least.
+KEEPALIVE_MS: Final = 5_000
+
+
+def grpc_options(
+    *, max_receive_bytes: int = MAX_MESSAGE_BYTES, liveness: Liveness | None = None
+) -> list[tuple[str, int]]:
     """Channel and server options both sides use: message sizes, and HTTP/2 keepalive.
 
     The Edge's node hub receives at most `max_receive_bytes` (far less than a Node does: see
@@ -137,17 +143,24 @@ def grpc_options(*, max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
     Keepalive is the transport's backstop behind the application's heartbeats (`liveness.py`):
     it closes a link whose peer stops acknowledging pings, so a half-dead connection does not
     linger once the heartbeat deadline has ended its stream. A ping goes out after
-    `keepalive_time_ms` without reads; the transport closes when its ack has not come within the
-    *ping* timeout: grpc-core (1.85) times a keepalive ping with `http2.ping_timeout_ms`
+    `keepalive_time_ms` without reads: `KEEPALIVE_MS`, or with `liveness` (the link's) longer
+    than a quiet link's heartbeat interval and a tick, so that a live peer's heartbeats keep
+    the pings away (on a quiet link of a longer interval the pings would take the heartbeats'
+    place). The transport closes when its ack has not come within the *ping* timeout:
+    grpc-core (1.85) times a keepalive ping with `http2.ping_timeout_ms`
     (default 60 s) and `keepalive_timeout_ms` alone never closed a link whose peer was frozen,
     so both are set. Each side accepts the other's pings as often as every second
     (`min_ping_interval_without_data_ms`); a stricter receiver would answer them with GOAWAY
     ("too many pings") and end a healthy link.
     """
+    keepalive_ms = KEEPALIVE_MS
+    if liveness is not None and liveness.quiet:
+        quietest = liveness.idle_interval + liveness.heartbeat_interval
+        keepalive_ms = max(keepalive_ms, round(quietest * 1000))
     return [
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 5_000),
+        ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", 3_000),
         ("grpc.http2.ping_timeout_ms", 3_000),
         ("grpc.keepalive_permit_without_calls", 1),

@@ -20,6 +20,7 @@ from iop.edge.hub.caps import (
     peer_address,
 )
 from iop.edgeconfig import NodeLinkSection
+from iop.wire import Liveness
 
 
 def test_the_hub_and_the_openai_listener_share_the_open_files() -> None:
@@ -106,3 +107,15 @@ def test_refusals_are_counted_by_cap_and_logged_once_per_interval_with_the_count
 )
 def test_a_grpc_peer_is_read_as_its_address(peer: str, address: str) -> None:
     assert peer_address(peer) == address
+
+
+def test_keepalive_follows_a_quiet_links_interval() -> None:
+    """A ping waits for a quiet link's heartbeat interval and a tick, never less than 5 s."""
+
+    def keepalive(liveness: Liveness | None) -> int:
+        return dict(HubCaps().server_options(liveness))["grpc.keepalive_time_ms"]
+
+    assert keepalive(None) == 5000
+    assert keepalive(Liveness(0.5, 2.0)) == 5000  # quiet links off
+    assert keepalive(Liveness(0.5, 2.0, 5.0, 20.0)) == 5500
+    assert keepalive(Liveness(0.5, 2.0, 10.0, 30.0)) == 10_500

@@ -106,3 +106,26 @@ async def test_a_run_in_flight_brings_the_fast_heartbeats_back_and_then_quiet(
     assert busy[0] >= 6 and busy[1] >= 6  # every 100 ms while the run is in flight
     assert quiet[0] <= 3 and quiet[1] <= 3  # every second again once it ended
     assert hub.silent_nodes == 0
+
+
+@pytest.mark.parametrize(
+    ("idle_ms", "keepalive_ms"),
+    [
+        pytest.param(10_000, 10_100, id="quiet"),
+        pytest.param(0, 5_000, id="quiet-links-off"),
+    ],
+)
+async def test_keepalive_pings_wait_longer_than_a_quiet_links_heartbeats(
+    start_hub, start_node, wire_config, idle_ms: int, keepalive_ms: int
+) -> None:
+    """A ping goes out after as long without reads; on a quiet link of a longer interval than
+    the transport's 5 s it would take the heartbeats' place. The Node learns the interval in
+    the welcome, so its next dial follows it (its first cannot know it)."""
+    link = {**LINK, "idle_heartbeat_interval_ms": idle_ms, "idle_heartbeat_timeout_ms": 30_000}
+    hub, agent = await connected(start_hub, start_node, wire_config, link)
+    (connection,) = agent.connections.values()
+
+    node_options = dict(connection.channel_options())
+    hub_options = dict(hub.caps.server_options(hub.liveness))
+    assert node_options["grpc.keepalive_time_ms"] == keepalive_ms
+    assert hub_options["grpc.keepalive_time_ms"] == keepalive_ms

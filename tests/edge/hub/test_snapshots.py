@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from iop.edge.hub import NodeHub
 from iop.edge.hub.nodehub import HubSnapshot
 from iop.edgeconfig import EdgeConfig, NodePayload
 from testkit import edge_document, provider
@@ -46,3 +47,24 @@ def test_a_node_added_or_removed_is_built_or_gone() -> None:
     third = HubSnapshot.of(EdgeConfig.model_validate(fleet(1)), 3, second)
     assert set(third.payloads) == set(third.digests) == {"node-0"}
     assert third.payloads["node-0"] is first.payloads["node-0"]
+
+
+async def test_a_swap_prepared_off_the_loop_is_the_snapshot_swapped_in() -> None:
+    """`prepare` (in the refresher's worker thread) builds what `swap_config` swaps in; one of
+    another config or generation is not used."""
+    document = fleet(2)
+    hub = NodeHub(EdgeConfig.model_validate(document))
+    changed = copy.deepcopy(document)
+    changed["nodes"][1]["providers"][0]["capacity"] += 1
+    config = EdgeConfig.model_validate(changed)
+
+    prepared = hub.prepare(config, 2)
+    assert prepared.replaces is hub.snapshot.config is not config
+    assert prepared.replaced_payloads is hub.snapshot.payloads
+    await hub.swap_config(config, generation=2, prepared=prepared)
+    assert hub.snapshot is prepared.snapshot
+    assert hub.snapshot.payloads is prepared.payloads
+
+    stale = hub.prepare(config, 3)
+    await hub.swap_config(config, generation=4, prepared=stale)
+    assert hub.snapshot is not stale.snapshot and hub.snapshot.generation == 4

@@ -20,7 +20,7 @@ from typing import Final
 
 from iop.aiokits import LogThrottle, open_file_room
 from iop.edgeconfig import NodeLinkSection
-from iop.wire import grpc_options
+from iop.wire import Liveness, grpc_options
 
 #: The largest message the hub takes from anyone, a Node included (its welcome says so).
 NODE_MESSAGE_BYTES: Final = 1024 * 1024
@@ -82,12 +82,13 @@ class HubCaps:
             ),
         )
 
-    def server_options(self) -> list[tuple[str, int]]:
+    def server_options(self, liveness: Liveness | None = None) -> list[tuple[str, int]]:
         """grpc.aio server options enforcing what grpc-core can: message size, handshake time,
-        connections, idle connections, streams per connection."""
+        connections, idle connections, streams per connection; keepalive after the links'
+        `liveness` (see `iop.wire.grpc_options`)."""
         timeout_ms = round(self.hello_timeout * 1000)
         return [
-            *grpc_options(max_receive_bytes=NODE_MESSAGE_BYTES),
+            *grpc_options(max_receive_bytes=NODE_MESSAGE_BYTES, liveness=liveness),
             ("grpc.server_handshake_timeout_ms", timeout_ms),
             ("grpc.max_connection_idle_ms", timeout_ms),
             ("grpc.max_allowed_incoming_connections", self.connection_bound),

@@ -2,8 +2,9 @@
 
 `NodeHub` is the `Hub` of `hub/protocol.py`: the request path calls `connected_providers`,
 `add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
-the Edge: `localnodes.py`), the refresher `swap_config`, `nodes` and `payload_digests`. Its tick
-sends heartbeats, ends silent sessions, fails runs never accepted and stops stalled streams.
+the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread), `swap_config`, `nodes`
+and `payload_digests`. Its tick sends heartbeats, ends silent sessions, fails runs never
+accepted and stops stalled streams.
 
 docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
 the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
@@ -65,7 +66,7 @@ from .caps import (
 )
 from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
-from .protocol import InstanceDrain, NodeStatus, ProviderLink, ProviderLoad
+from .protocol import InstanceDrain, NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ class NodeHub(AsyncService):
         credentials = self._credentials
         caps = self.caps
         server = grpc.aio.server(
-            options=[*caps.server_options(), ("grpc.so_reuseport", 0)],
+            options=[*caps.server_options(self.liveness), ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=caps.connection_bound,
         )
         add_NodeRuntimeServicer_to_server(_Servicer(self), server)
@@ -372,6 +373,17 @@ class NodeHub(AsyncService):
         """node id -> digest of the payload the config in use gives that node."""
         return self._snapshot.digests
 
+    def prepare(self, config: EdgeConfig, generation: int) -> PreparedSwap:
+        """The snapshot `swap_config` would build for `config`, built now: in a worker thread,
+        it keeps the event loop free of a walk of every node (at thousands of nodes, long
+        enough to hold the heartbeats). A pure function of `config` and the snapshot in use,
+        whose payloads it reuses for the nodes whose spec did not change."""
+        previous = self._snapshot
+        snapshot = HubSnapshot.of(config, generation, previous)
+        return PreparedSwap(
+            config, generation, previous.config, snapshot.payloads, previous.payloads, snapshot
+        )
+
     async def swap_config(
         self,
         config: EdgeConfig,
@@ -379,6 +391,7 @@ class NodeHub(AsyncService):
         generation: int | None = None,
         ack_timeout: float = 10.0,
         hold: Mapping[str, Collection[str]] = _NO_HOLD,
+        prepared: PreparedSwap | None = None,
     ) -> dict[str, ConfigAck | None]:
         """Make `config` current and push each connected node's payload if it changed.
 
@@ -389,13 +402,18 @@ class NodeHub(AsyncService):
         processes its restart replaces (empty: not known); a process not among them, or one that
         runs the new payload already (another Edge welcomed it with it), is past its restart and
         gets the push, or it would wait for a restart that already happened. `generation`
-        defaults to the next one.
+        defaults to the next one; `prepared` (`prepare`'s) is used when it is of this config and
+        generation.
         Returns node id -> its ack (None when it did not answer within `ack_timeout` or
         disconnected first). Runs in flight are unaffected; nodes no longer in `config` keep
         their connection until restart.
         """
         number = self._snapshot.generation + 1 if generation is None else generation
-        snapshot = HubSnapshot.of(config, number, self._snapshot)
+        ready = prepared.snapshot if prepared is not None else None
+        if isinstance(ready, HubSnapshot) and ready.config is config and ready.generation == number:
+            snapshot = ready
+        else:
+            snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
         if self._server is not None:
             self._warn_if_capped(config)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
-from iop.edgeconfig import EdgeConfig
+from iop.edgeconfig import EdgeConfig, NodePayload
 from iop.wire import NODE_DISCONNECTED, ConfigAck, DrainProgress, RunEvent, RunRequest, ServerLoad
 
 
@@ -135,8 +135,27 @@ class NodeRuns(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedSwap:
+    """What a swap of `config` needs, built off the event loop (`ConfigPush.prepare`): the
+    hub's own snapshot (`snapshot`, opaque to the caller), each node's payload under `config`
+    and under the config it replaces (`replaces`), which a classification reuses."""
+
+    config: EdgeConfig
+    generation: int
+    replaces: EdgeConfig
+    payloads: Mapping[str, NodePayload]
+    replaced_payloads: Mapping[str, NodePayload]
+    snapshot: object = None
+
+
 class ConfigPush(Protocol):
     """The node hub, as the refresher uses it: swap the config, push payloads, report nodes."""
+
+    def prepare(self, config: EdgeConfig, generation: int) -> PreparedSwap:
+        """What `swap_config(config, generation=generation, prepared=...)` swaps in: a pure
+        function of `config` and the config in use, safe in a worker thread."""
+        ...
 
     async def swap_config(
         self,
@@ -145,9 +164,11 @@ class ConfigPush(Protocol):
         generation: int | None = ...,
         ack_timeout: float = ...,
         hold: Mapping[str, Collection[str]] = ...,
+        prepared: PreparedSwap | None = ...,
     ) -> Mapping[str, ConfigAck | None]:
         """Make `config` current; push each connected node's changed payload (but to the nodes
-        in `hold`, node id -> the processes their restart replaces); node id -> ack."""
+        in `hold`, node id -> the processes their restart replaces); node id -> ack.
+        `prepared`: `prepare(config, generation)`'s, used when it is still for that swap."""
         ...
 
     def nodes(self) -> Mapping[str, NodeStatus]:

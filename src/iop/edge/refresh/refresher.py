@@ -8,9 +8,9 @@ path is refused unless the caller restarts that node itself: `restarting`), swap
 `PoolSnapshot` into the dispatcher and the hub's snapshot in the same turn of the loop, push
 changed payloads and collect the acks; a change becomes a revision, watched and rolled back when
 it hurts (`rollouts.py`). Applies run one at a time; dry runs never wait for one. Loading,
-classifying and building the snapshot run in a worker thread: each is a pure function of the
-configs, and a config of thousands of nodes takes the loop a second or more, long enough for
-its Nodes to take the Edge for dead (their heartbeats wait meanwhile).
+classifying and building the snapshots (the pool's and the hub's) run in a worker thread: each
+is a pure function of the configs, and a config of thousands of nodes takes the loop a second
+or more, long enough for its Nodes to take the Edge for dead (their heartbeats wait meanwhile).
 docs/refresh.md, "What an apply does", has each step and why.
 """
 
@@ -42,7 +42,7 @@ from iop.edgeconfig import (
 )
 from iop.wire import ConfigAck
 
-from ..hub import ConfigPush
+from ..hub import ConfigPush, NodeStatus, PreparedSwap
 from ..pool import Dispatcher, OutcomeTally, PoolSnapshot
 from .configfiles import ConfigFiles
 from .reports import ConfigSource, Mode, NodePush, Outcome, RefreshReport
@@ -269,7 +269,7 @@ class Refresher:
         """Swap `config` in and push it; with `record`, a change is a new revision (a rollback
         puts a revision back and records none)."""
         current = self.current
-        change = await asyncio.to_thread(classify, current.config, config)
+        change, prepared = await asyncio.to_thread(_classify, self._hub, current, config)
         held = _held_nodes(change, context["restarting"], replacing)
         refusal: tuple[Outcome, str] | None = None
         if _blocking(change, context["restarting"]):
@@ -310,7 +310,11 @@ class Refresher:
         pushes: tuple[NodePush, ...] = ()
         if self._hub is not None:
             acks = await self._hub.swap_config(
-                config, generation=snapshot.generation, ack_timeout=self.ack_timeout, hold=held
+                config,
+                generation=snapshot.generation,
+                ack_timeout=self.ack_timeout,
+                hold=held,
+                prepared=prepared,
             )
             pushes = self._pushes(config, change, acks, snapshot.generation, held)
         report = RefreshReport(
@@ -347,10 +351,11 @@ class Refresher:
         """Each targeted node's result: the nodes whose payload changed, and any the hub found
         behind (a node that had not acknowledged an earlier push gets the current one too)."""
         assert self._hub is not None
-        connected = self._hub.nodes()
+        # Read only for a node that did not acknowledge: the status of every node costs a
+        # look at each session, and an apply to thousands of nodes is usually acked by all.
+        connected: Mapping[str, NodeStatus] | None = None
         results: list[NodePush] = []
         for node_id in sorted(set(change.nodes_to_push) | set(acks)):
-            status = connected.get(node_id)
             ack = acks.get(node_id)
             if ack is not None and ack.ok:
                 reason = ""
@@ -362,6 +367,9 @@ class Refresher:
                     )
                 results.append(NodePush(node_id, "acked", reason, generation, ack.config_hash))
                 continue
+            if connected is None:
+                connected = self._hub.nodes()
+            status = connected.get(node_id)
             payload = node_payload(config, node_id)  # the rarer outcomes name the digest too
             digest = payload.digest if payload is not None else ""
             if node_id in held and node_id not in acks:
@@ -420,6 +428,21 @@ def _held_nodes(
         if path.scope in restarting and path.scope.startswith("node:")
     }
     return {node: frozenset(replacing.get(node, ())) for node in nodes}
+
+
+def _classify(
+    hub: ConfigPush | None, current: PoolSnapshot, config: EdgeConfig
+) -> tuple[ChangeReport, PreparedSwap | None]:
+    """The classification of `config` against the config in use, and the hub's swap of it
+    prepared beside it, whose payloads the classification reuses (each node's payload is
+    built once per apply): run in a worker thread."""
+    if hub is None:
+        return classify(current.config, config), None
+    prepared = hub.prepare(config, current.generation + 1)
+    payloads = None
+    if prepared.replaces is current.config:  # (the hub swaps with the dispatcher: always so)
+        payloads = (prepared.replaced_payloads, prepared.payloads)
+    return classify(current.config, config, payloads=payloads), prepared
 
 
 def _prepare(
