@@ -85,8 +85,6 @@ from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 MODEL = "bench"
 SERVED = "served"
-SERVERS = 4
-SYSTEM_PROMPTS = 8
 THINK_S = 4.0
 SATURATION = 32
 SYSTEMS = (
@@ -105,6 +103,31 @@ WORDS = (
 
 
 # -- the workload ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A fleet and its conversations: what `--workload` names."""
+
+    name: str
+    servers: int
+    kv_tokens: int
+    system_prompts: int
+    #: Turns of a conversation, at least and at most.
+    turns: tuple[int, int]
+
+    @property
+    def mean_turns(self) -> float:
+        return sum(self.turns) / 2
+
+
+#: `chat`: four servers with room for every live conversation; `long`: twice the servers, a
+#: third of the cache each and conversations twice as long, so a server keeps only some of its
+#: conversations and a moved one pays more.
+SHAPES = {
+    "chat": Shape("chat", servers=4, kv_tokens=96_000, system_prompts=8, turns=(3, 8)),
+    "long": Shape("long", servers=8, kv_tokens=32_000, system_prompts=16, turns=(6, 16)),
+}
 
 
 @dataclass(frozen=True)
@@ -128,20 +151,20 @@ def text_of(rng: random.Random, tokens_wanted: int) -> str:
     return " ".join(words)
 
 
-def system_prompts(seed: int) -> list[str]:
+def system_prompts(seed: int, count: int) -> list[str]:
     rng = random.Random(seed)
     return [
         f"System prompt {i}. You are assistant {i} of the archive. "
         + text_of(rng, rng.randint(500, 1500))
-        for i in range(SYSTEM_PROMPTS)
+        for i in range(count)
     ]
 
 
-def workload(seed: int, rate: float, seconds: float) -> list[Turn]:
+def workload(seed: int, rate: float, seconds: float, shape: Shape = SHAPES["chat"]) -> list[Turn]:
     """Every turn sent in [0, seconds] at an average of `rate` requests a second (see above)."""
     rng = random.Random(seed)
-    systems = system_prompts(seed)
-    mean_turns = 5.5
+    systems = system_prompts(seed, shape.system_prompts)
+    mean_turns = shape.mean_turns
     opening = 0.0
     turns: list[Turn] = []
     conversation = 0
@@ -152,7 +175,7 @@ def workload(seed: int, rate: float, seconds: float) -> list[Turn]:
         conversation += 1
         messages: list[dict[str, str]] = [{"role": "system", "content": rng.choice(systems)}]
         at = opening
-        for index in range(rng.randint(3, 8)):
+        for index in range(rng.randint(*shape.turns)):
             messages.append(
                 {
                     "role": "user",
@@ -169,7 +192,7 @@ def workload(seed: int, rate: float, seconds: float) -> list[Turn]:
 
 def gpu_settings(args: argparse.Namespace, seed: int = 0) -> GpuSettings:
     return GpuSettings(
-        kv_tokens=args.kv_tokens,
+        kv_tokens=args.kv_tokens or SHAPES[args.workload].kv_tokens,
         max_batch=args.max_batch,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         step_ms=args.step_ms,
@@ -183,19 +206,21 @@ def fleet_capacity(args: argparse.Namespace, placement: str = "round_robin") -> 
     """Requests a second the fleet completes in engine time, saturated: `SATURATION`
     conversations a server take their turns back to back (no think time), each turn sent to the
     next server in turn (`round_robin`) or to its conversation's server (`affinity`)."""
-    engines = [GpuEngine(gpu_settings(args, seed=i + 1)) for i in range(SERVERS)]
+    shape = SHAPES[args.workload]
+    servers = shape.servers
+    engines = [GpuEngine(gpu_settings(args, seed=i + 1)) for i in range(servers)]
     conversations: dict[int, list[Turn]] = {}
-    for turn in workload(12345, 40.0, 900.0):
+    for turn in workload(12345, 10.0 * servers, 900.0, shape):
         conversations.setdefault(turn.conversation, []).append(turn)
     fresh = iter([turns for turns in conversations.values() if turns[0].index == 0])
     active: dict[tuple[int, int], tuple[list[Turn], int, int]] = {}
-    busy = [False] * SERVERS
+    busy = [False] * servers
     clock: list[tuple[float, int, int, Any]] = []  # (step end, order, server, step)
     order = itertools.count()
     turn_of = itertools.count()
 
     def submit(turns: list[Turn], position: int, home: int, now: float) -> None:
-        server = next(turn_of) % SERVERS if placement == "round_robin" else home
+        server = next(turn_of) % servers if placement == "round_robin" else home
         turn = turns[position]
         answer = render_answer("".join(tokens(turn.max_tokens)))
         request = engines[server].submit(render_chat(turn.messages), turn.max_tokens, answer)
@@ -209,11 +234,11 @@ def fleet_capacity(args: argparse.Namespace, placement: str = "round_robin") -> 
         if step is not None:
             heapq.heappush(clock, (now + step.duration_s, next(order), server, step))
 
-    for index in range(SATURATION * SERVERS):
-        submit(next(fresh), 0, index % SERVERS, 0.0)
+    for index in range(SATURATION * servers):
+        submit(next(fresh), 0, index % servers, 0.0)
     done = 0
     now = 0.0
-    while done < 3000 * SERVERS:
+    while done < 3000 * servers:
         now, _, server, step = heapq.heappop(clock)
         for request in step.finished:
             done += 1
@@ -456,7 +481,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
     async with contextlib.AsyncExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         servers = []
-        for i in range(SERVERS):
+        shape = SHAPES[args.workload]
+        for i in range(shape.servers):
             gpu = gpu_settings(args, seed=i + 1)
             flags = [
                 *("--gpu", "--gpu-kv-tokens", str(gpu.kv_tokens), "--gpu-max-batch"),
@@ -476,7 +502,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
                 await stack.enter_async_context(spawn_fake_upstream(flags, startup_timeout=120))
             )
         workloads = {
-            load: workload(1000 + round(load * 100), load * capacity, args.seconds)
+            load: workload(1000 + round(load * 100), load * capacity, args.seconds, shape)
             for load in args.loads
         }
         iop: tuple[Target, dict[str, Any]] | None = None
@@ -645,7 +671,16 @@ def main() -> None:
     parser.add_argument(
         "--capacity", type=int, default=24, help="IOP providers' capacity (`iop:<policy>@N`: N)"
     )
-    parser.add_argument("--kv-tokens", type=int, default=96_000)
+    parser.add_argument(
+        "--workload",
+        choices=sorted(SHAPES),
+        default="chat",
+        help="chat: 4 servers, KV 96,000 tokens, 3-8 turns, 8 system prompts; long: 8 servers, "
+        "KV 32,000 tokens, 6-16 turns, 16 system prompts",
+    )
+    parser.add_argument(
+        "--kv-tokens", type=int, help="each server's KV cache (default: the workload's)"
+    )
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--prefill-tokens-per-s", type=float, default=4000.0)
     parser.add_argument("--step-ms", type=float, default=40.0)
@@ -666,7 +701,8 @@ def main() -> None:
         flush=True,
     )
     print(
-        f"# servers: {SERVERS} x (KV {args.kv_tokens} tokens, batch {args.max_batch}, prefill "
+        f"# workload {args.workload}, servers: {SHAPES[args.workload].servers} x (KV "
+        f"{gpu_settings(args).kv_tokens} tokens, batch {args.max_batch}, prefill "
         f"{args.prefill_tokens_per_s:g} tokens/s, step {args.step_ms:g} ms + "
         f"{args.step_ms_per_seq:g} ms a request); prefix_affinity load_factor {args.load_factor}",
         flush=True,
