@@ -277,7 +277,13 @@ def iop_config(servers: list[UpstreamProcess], capacity: int) -> dict[str, Any]:
         )
         for i, server in enumerate(servers, start=1)
     ]
-    return edge_document({"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True)
+    document = edge_document(
+        {"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True
+    )
+    # A policy applied before a cell serves every request of it at once: with the default
+    # rollout, a canary, the cell's first half minute would run partly on the policy before.
+    document["rollout"] = {"mode": "off"}
+    return document
 
 
 @contextlib.asynccontextmanager

@@ -443,6 +443,12 @@ class Dispatcher:
         slots = self._slots.get(provider_id)
         return slots.in_flight if slots is not None else 0
 
+    def pending_prefill(self, provider_id: str) -> int:
+        """Prompt bytes of this Edge's runs on the provider with no first event yet, as
+        `prefix_affinity` weighs them (`Lease.prefill`)."""
+        slots = self._slots.get(provider_id)
+        return slots.prefill if slots is not None else 0
+
     def long_in_flight(self, provider_id: str) -> int:
         slots = self._slots.get(provider_id)
         return slots.long_in_flight if slots is not None else 0
