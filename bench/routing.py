@@ -2,36 +2,39 @@
 
     uv run --frozen python -m bench.routing [--loads 0.5 0.8 0.95] [--seconds 90]
         [--systems iop:round_robin ... vllm-router:cache_aware] [--chart docs/routing-ttft.png]
+        [--workload chat|long]
 
-The fleet: four `iop fake-upstream --gpu` processes, simulated GPU servers (`iop.fakes.
+The fleet: `iop fake-upstream --gpu` processes, simulated GPU servers (`iop.fakes.
 simulating`: a KV/prefix cache of `--kv-tokens` with LRU eviction by blocks, prefill of the
 prompt tokens not in the cache, decoding that slows as the batch grows, a batch of at most
-`--max-batch` and a waiting queue), each with its own seed.
+`--max-batch` and a waiting queue), each with its own seed: four of 96,000 tokens of KV cache
+(`--workload chat`, the default), or eight of 32,000 (`--workload long`, `SHAPES`).
 
 The workload (one seed per load, the same for every system): conversations open as a Poisson
-process; each picks one of `SYSTEM_PROMPTS` shared system prompts and has 3 to 8 turns, a user
-message of 50 to 200 tokens each, answers of 16 to 48 tokens, and a think time (exponential,
-mean `THINK_S`) between one turn's send and the next. Every turn is sent at its scheduled time
-whether or not the turn before it has ended (open loop): a fleet that falls behind gets no
-respite. A turn's prompt is the conversation so far (the fake's answers are deterministic, so
-the client knows them ahead). The rate of requests climbs to its mark within the length of a
-conversation (about 25 s): the first `--warmup` seconds, which also warm the caches, are not
-measured.
+process; each picks one of the workload's shared system prompts (8; `long`: 16) and has 3 to 8
+turns (`long`: 6 to 16), a user message of 50 to 200 tokens each, answers of 16 to 48 tokens,
+and a think time (exponential, mean `THINK_S`) between one turn's send and the next. Every turn
+is sent at its scheduled time whether or not the turn before it has ended (open loop): a fleet
+that falls behind gets no respite. A turn's prompt is the conversation so far (the fake's
+answers are deterministic, so the client knows them ahead). The rate of requests climbs to its
+mark within the length of a conversation (about 25 s; `long`: about 45 s): the first
+`--warmup` seconds, which also warm the caches, are not measured.
 
-The fleet's capacity (what 100% load means): the requests per second the four servers complete
+The fleet's capacity (what 100% load means): the requests per second the servers complete
 in the engines' own time (no network, no clock), saturated (`SATURATION` conversations a server
 taking their turns back to back) with every turn sent to the next server in turn: what the fleet
 serves under round-robin, the specification's rule, which finds a conversation's earlier turns
 in a server's cache only by chance. The same measure with each conversation kept on one server
 is printed beside it: what the same fleet serves when routing keeps the caches warm.
 
-Systems, all in front of the same four servers, each cell after a reset of the servers
+Systems, all in front of the same servers, each cell after a reset of the servers
 (`POST /fake/reset`: empty caches, counts from zero), load by load and every system in turn
 within a load (the machine's other work drifts; this spreads it over the systems alike):
-- `iop:<policy>`: `iop edge run` and one `iop node run` with four `openai` providers of one model,
+- `iop:<policy>`: `iop edge run` and one `iop node run` with an `openai` provider a server,
   capacity `--capacity` each (24: a server's batch of 16 and a short queue of its own; IOP never
   sends a server more), the policy and capacity applied live through the admin API before each
-  cell (through `round_robin`, so `prefix_affinity` starts each cell with no memory);
+  cell (through `round_robin`, so `prefix_affinity` starts each cell with no memory; `rollout`
+  off, so the policy serves the whole cell rather than a canary's share of its start);
   `iop:<policy>@N`: the same with capacity N (`@16`: the batch, so every request past it waits
   at the Edge and takes the first slot that frees, wherever its cache is);
 - `vllm-router:<policy>`: the vLLM project's router (Rust; PyPI `vllm-router`, pinned, its own
@@ -328,7 +331,7 @@ async def apply_policy(
 async def vllm_router(
     command: Path, servers: list[UpstreamProcess], policy: str, folder: Path
 ) -> AsyncIterator[Target]:
-    """`bench.peers`'s router, in front of the four servers, with `policy`."""
+    """`bench.peers`'s router, in front of the servers, with `policy`."""
     workers = [f"http://{server.listen}" for server in servers]
     async with peers.vllm_router(
         command, servers[0].listen, folder, workers=workers, policy=policy
@@ -658,8 +661,8 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8)
     figure.suptitle(
-        "Four simulated GPU servers, multi-turn conversations with shared system prompts "
-        "(IOP solid, vLLM router dashed)"
+        f"{SHAPES[args.workload].servers} simulated GPU servers ({args.workload}), multi-turn "
+        "conversations with shared system prompts (IOP solid, vLLM router dashed)"
     )
     figure.tight_layout(rect=(0, 0.08, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
