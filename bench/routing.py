@@ -2,36 +2,39 @@
 
     uv run --frozen python -m bench.routing [--loads 0.5 0.8 0.95] [--seconds 90]
         [--systems iop:round_robin ... vllm-router:cache_aware] [--chart docs/routing-ttft.png]
+        [--workload chat|long]
 
-The fleet: four `iop fake-upstream --gpu` processes, simulated GPU servers (`iop.fakes.
+The fleet: `iop fake-upstream --gpu` processes, simulated GPU servers (`iop.fakes.
 simulating`: a KV/prefix cache of `--kv-tokens` with LRU eviction by blocks, prefill of the
 prompt tokens not in the cache, decoding that slows as the batch grows, a batch of at most
-`--max-batch` and a waiting queue), each with its own seed.
+`--max-batch` and a waiting queue), each with its own seed: four of 96,000 tokens of KV cache
+(`--workload chat`, the default), or eight of 32,000 (`--workload long`, `SHAPES`).
 
 The workload (one seed per load, the same for every system): conversations open as a Poisson
-process; each picks one of `SYSTEM_PROMPTS` shared system prompts and has 3 to 8 turns, a user
-message of 50 to 200 tokens each, answers of 16 to 48 tokens, and a think time (exponential,
-mean `THINK_S`) between one turn's send and the next. Every turn is sent at its scheduled time
-whether or not the turn before it has ended (open loop): a fleet that falls behind gets no
-respite. A turn's prompt is the conversation so far (the fake's answers are deterministic, so
-the client knows them ahead). The rate of requests climbs to its mark within the length of a
-conversation (about 25 s): the first `--warmup` seconds, which also warm the caches, are not
-measured.
+process; each picks one of the workload's shared system prompts (8; `long`: 16) and has 3 to 8
+turns (`long`: 6 to 16), a user message of 50 to 200 tokens each, answers of 16 to 48 tokens,
+and a think time (exponential, mean `THINK_S`) between one turn's send and the next. Every turn
+is sent at its scheduled time whether or not the turn before it has ended (open loop): a fleet
+that falls behind gets no respite. A turn's prompt is the conversation so far (the fake's
+answers are deterministic, so the client knows them ahead). The rate of requests climbs to its
+mark within the length of a conversation (about 25 s; `long`: about 45 s): the first
+`--warmup` seconds, which also warm the caches, are not measured.
 
-The fleet's capacity (what 100% load means): the requests per second the four servers complete
+The fleet's capacity (what 100% load means): the requests per second the servers complete
 in the engines' own time (no network, no clock), saturated (`SATURATION` conversations a server
 taking their turns back to back) with every turn sent to the next server in turn: what the fleet
 serves under round-robin, the specification's rule, which finds a conversation's earlier turns
 in a server's cache only by chance. The same measure with each conversation kept on one server
 is printed beside it: what the same fleet serves when routing keeps the caches warm.
 
-Systems, all in front of the same four servers, each cell after a reset of the servers
+Systems, all in front of the same servers, each cell after a reset of the servers
 (`POST /fake/reset`: empty caches, counts from zero), load by load and every system in turn
 within a load (the machine's other work drifts; this spreads it over the systems alike):
-- `iop:<policy>`: `iop edge run` and one `iop node run` with four `openai` providers of one model,
+- `iop:<policy>`: `iop edge run` and one `iop node run` with an `openai` provider a server,
   capacity `--capacity` each (24: a server's batch of 16 and a short queue of its own; IOP never
   sends a server more), the policy and capacity applied live through the admin API before each
-  cell (through `round_robin`, so `prefix_affinity` starts each cell with no memory);
+  cell (through `round_robin`, so `prefix_affinity` starts each cell with no memory; `rollout`
+  off, so the policy serves the whole cell rather than a canary's share of its start);
   `iop:<policy>@N`: the same with capacity N (`@16`: the batch, so every request past it waits
   at the Edge and takes the first slot that frees, wherever its cache is);
 - `vllm-router:<policy>`: the vLLM project's router (Rust; PyPI `vllm-router`, pinned, its own
@@ -85,8 +88,6 @@ from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
 
 MODEL = "bench"
 SERVED = "served"
-SERVERS = 4
-SYSTEM_PROMPTS = 8
 THINK_S = 4.0
 SATURATION = 32
 SYSTEMS = (
@@ -105,6 +106,31 @@ WORDS = (
 
 
 # -- the workload ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A fleet and its conversations: what `--workload` names."""
+
+    name: str
+    servers: int
+    kv_tokens: int
+    system_prompts: int
+    #: Turns of a conversation, at least and at most.
+    turns: tuple[int, int]
+
+    @property
+    def mean_turns(self) -> float:
+        return sum(self.turns) / 2
+
+
+#: `chat`: four servers with room for every live conversation; `long`: twice the servers, a
+#: third of the cache each and conversations twice as long, so a server keeps only some of its
+#: conversations and a moved one pays more.
+SHAPES = {
+    "chat": Shape("chat", servers=4, kv_tokens=96_000, system_prompts=8, turns=(3, 8)),
+    "long": Shape("long", servers=8, kv_tokens=32_000, system_prompts=16, turns=(6, 16)),
+}
 
 
 @dataclass(frozen=True)
@@ -128,20 +154,20 @@ def text_of(rng: random.Random, tokens_wanted: int) -> str:
     return " ".join(words)
 
 
-def system_prompts(seed: int) -> list[str]:
+def system_prompts(seed: int, count: int) -> list[str]:
     rng = random.Random(seed)
     return [
         f"System prompt {i}. You are assistant {i} of the archive. "
         + text_of(rng, rng.randint(500, 1500))
-        for i in range(SYSTEM_PROMPTS)
+        for i in range(count)
     ]
 
 
-def workload(seed: int, rate: float, seconds: float) -> list[Turn]:
+def workload(seed: int, rate: float, seconds: float, shape: Shape = SHAPES["chat"]) -> list[Turn]:
     """Every turn sent in [0, seconds] at an average of `rate` requests a second (see above)."""
     rng = random.Random(seed)
-    systems = system_prompts(seed)
-    mean_turns = 5.5
+    systems = system_prompts(seed, shape.system_prompts)
+    mean_turns = shape.mean_turns
     opening = 0.0
     turns: list[Turn] = []
     conversation = 0
@@ -152,7 +178,7 @@ def workload(seed: int, rate: float, seconds: float) -> list[Turn]:
         conversation += 1
         messages: list[dict[str, str]] = [{"role": "system", "content": rng.choice(systems)}]
         at = opening
-        for index in range(rng.randint(3, 8)):
+        for index in range(rng.randint(*shape.turns)):
             messages.append(
                 {
                     "role": "user",
@@ -169,7 +195,7 @@ def workload(seed: int, rate: float, seconds: float) -> list[Turn]:
 
 def gpu_settings(args: argparse.Namespace, seed: int = 0) -> GpuSettings:
     return GpuSettings(
-        kv_tokens=args.kv_tokens,
+        kv_tokens=args.kv_tokens or SHAPES[args.workload].kv_tokens,
         max_batch=args.max_batch,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         step_ms=args.step_ms,
@@ -183,19 +209,21 @@ def fleet_capacity(args: argparse.Namespace, placement: str = "round_robin") -> 
     """Requests a second the fleet completes in engine time, saturated: `SATURATION`
     conversations a server take their turns back to back (no think time), each turn sent to the
     next server in turn (`round_robin`) or to its conversation's server (`affinity`)."""
-    engines = [GpuEngine(gpu_settings(args, seed=i + 1)) for i in range(SERVERS)]
+    shape = SHAPES[args.workload]
+    servers = shape.servers
+    engines = [GpuEngine(gpu_settings(args, seed=i + 1)) for i in range(servers)]
     conversations: dict[int, list[Turn]] = {}
-    for turn in workload(12345, 40.0, 900.0):
+    for turn in workload(12345, 10.0 * servers, 900.0, shape):
         conversations.setdefault(turn.conversation, []).append(turn)
     fresh = iter([turns for turns in conversations.values() if turns[0].index == 0])
     active: dict[tuple[int, int], tuple[list[Turn], int, int]] = {}
-    busy = [False] * SERVERS
+    busy = [False] * servers
     clock: list[tuple[float, int, int, Any]] = []  # (step end, order, server, step)
     order = itertools.count()
     turn_of = itertools.count()
 
     def submit(turns: list[Turn], position: int, home: int, now: float) -> None:
-        server = next(turn_of) % SERVERS if placement == "round_robin" else home
+        server = next(turn_of) % servers if placement == "round_robin" else home
         turn = turns[position]
         answer = render_answer("".join(tokens(turn.max_tokens)))
         request = engines[server].submit(render_chat(turn.messages), turn.max_tokens, answer)
@@ -209,11 +237,11 @@ def fleet_capacity(args: argparse.Namespace, placement: str = "round_robin") -> 
         if step is not None:
             heapq.heappush(clock, (now + step.duration_s, next(order), server, step))
 
-    for index in range(SATURATION * SERVERS):
-        submit(next(fresh), 0, index % SERVERS, 0.0)
+    for index in range(SATURATION * servers):
+        submit(next(fresh), 0, index % servers, 0.0)
     done = 0
     now = 0.0
-    while done < 3000 * SERVERS:
+    while done < 3000 * servers:
         now, _, server, step = heapq.heappop(clock)
         for request in step.finished:
             done += 1
@@ -252,7 +280,13 @@ def iop_config(servers: list[UpstreamProcess], capacity: int) -> dict[str, Any]:
         )
         for i, server in enumerate(servers, start=1)
     ]
-    return edge_document({"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True)
+    document = edge_document(
+        {"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True
+    )
+    # A policy applied before a cell serves every request of it at once: with the default
+    # rollout, a canary, the cell's first half minute would run partly on the policy before.
+    document["rollout"] = {"mode": "off"}
+    return document
 
 
 @contextlib.asynccontextmanager
@@ -297,7 +331,7 @@ async def apply_policy(
 async def vllm_router(
     command: Path, servers: list[UpstreamProcess], policy: str, folder: Path
 ) -> AsyncIterator[Target]:
-    """`bench.peers`'s router, in front of the four servers, with `policy`."""
+    """`bench.peers`'s router, in front of the servers, with `policy`."""
     workers = [f"http://{server.listen}" for server in servers]
     async with peers.vllm_router(
         command, servers[0].listen, folder, workers=workers, policy=policy
@@ -456,7 +490,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
     async with contextlib.AsyncExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         servers = []
-        for i in range(SERVERS):
+        shape = SHAPES[args.workload]
+        for i in range(shape.servers):
             gpu = gpu_settings(args, seed=i + 1)
             flags = [
                 *("--gpu", "--gpu-kv-tokens", str(gpu.kv_tokens), "--gpu-max-batch"),
@@ -476,7 +511,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
                 await stack.enter_async_context(spawn_fake_upstream(flags, startup_timeout=120))
             )
         workloads = {
-            load: workload(1000 + round(load * 100), load * capacity, args.seconds)
+            load: workload(1000 + round(load * 100), load * capacity, args.seconds, shape)
             for load in args.loads
         }
         iop: tuple[Target, dict[str, Any]] | None = None
@@ -626,8 +661,8 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8)
     figure.suptitle(
-        "Four simulated GPU servers, multi-turn conversations with shared system prompts "
-        "(IOP solid, vLLM router dashed)"
+        f"{SHAPES[args.workload].servers} simulated GPU servers ({args.workload}), multi-turn "
+        "conversations with shared system prompts (IOP solid, vLLM router dashed)"
     )
     figure.tight_layout(rect=(0, 0.08, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -645,7 +680,16 @@ def main() -> None:
     parser.add_argument(
         "--capacity", type=int, default=24, help="IOP providers' capacity (`iop:<policy>@N`: N)"
     )
-    parser.add_argument("--kv-tokens", type=int, default=96_000)
+    parser.add_argument(
+        "--workload",
+        choices=sorted(SHAPES),
+        default="chat",
+        help="chat: 4 servers, KV 96,000 tokens, 3-8 turns, 8 system prompts; long: 8 servers, "
+        "KV 32,000 tokens, 6-16 turns, 16 system prompts",
+    )
+    parser.add_argument(
+        "--kv-tokens", type=int, help="each server's KV cache (default: the workload's)"
+    )
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--prefill-tokens-per-s", type=float, default=4000.0)
     parser.add_argument("--step-ms", type=float, default=40.0)
@@ -666,7 +710,8 @@ def main() -> None:
         flush=True,
     )
     print(
-        f"# servers: {SERVERS} x (KV {args.kv_tokens} tokens, batch {args.max_batch}, prefill "
+        f"# workload {args.workload}, servers: {SHAPES[args.workload].servers} x (KV "
+        f"{gpu_settings(args).kv_tokens} tokens, batch {args.max_batch}, prefill "
         f"{args.prefill_tokens_per_s:g} tokens/s, step {args.step_ms:g} ms + "
         f"{args.step_ms_per_seq:g} ms a request); prefix_affinity load_factor {args.load_factor}",
         flush=True,

@@ -939,8 +939,11 @@ class DispatchSettings(Spec):
             "conversation "
             "goes back to the provider that holds its prompt's prefix (a hash of the prompt's "
             "leading blocks, the same on every Edge replica) while that provider's load stays "
-            "within load_factor of its share; past it the least loaded takes the request and "
-            "becomes the prefix's new home."
+            "within load_factor of its share and the prompt bytes waiting for prefill there "
+            "(this Edge's runs before their first event), with the request's own new ones, are "
+            "no more than the whole prompt on another free provider; otherwise the free "
+            "provider with the least prefill waiting, then the least loaded, takes the request "
+            "and becomes the prefix's new home."
         ),
     ] = "round_robin"
     load_factor: Annotated[

@@ -335,3 +335,104 @@ def test_text_prompts_are_cut_in_blocks_and_embeddings_have_no_key() -> None:
     assert short is not None and len(short.points) == 1
     embedding = parse_request("embedding", orjson.dumps({"model": "m", "input": "hi"}))
     assert prefix_key(embedding) is None
+
+
+# -- prefill waiting at a home -------------------------------------------------------------------
+
+
+def homed_at(dispatcher: Dispatcher, home: str, count: int, name: str) -> list[PrefixKey]:
+    """`count` first turns of new conversations whose rendezvous home is `home`."""
+    candidates = dispatcher.snapshot.models["m"].candidates
+    keys = (chat(f"{name} {i}") for i in itertools.count())
+    found = (key for key in keys if rendezvous_order(key.anchor, candidates)[0].provider.id == home)
+    return list(itertools.islice(found, count))
+
+
+async def test_a_home_with_prefill_waiting_passes_the_turn_to_a_free_provider(
+    pool, provider
+) -> None:
+    dispatcher = pool("prefix_affinity", providers=[provider(pid, capacity=8) for pid in "abcd"])
+    turns = conversation_turns("patient", 3)
+    first = await dispatcher.acquire("m", False, prefix=turns[0])
+    home = first.provider_id
+    dispatcher.started(first)
+    dispatcher.release(first)
+    # Two new conversations start at the same home: their whole prompts wait for prefill there,
+    # more bytes than the next turn's whole prompt on an idle provider.
+    others = [
+        await dispatcher.acquire("m", False, prefix=key)
+        for key in homed_at(dispatcher, home, 2, "newcomer")
+    ]
+    assert {lease.provider_id for lease in others} == {home}
+    waiting = sum(lease.prefill for lease in others)
+    assert dispatcher.pending_prefill(home) == waiting > turns[1].size
+    moved = await dispatcher.acquire("m", False, prefix=turns[1])
+    assert moved.provider_id != home
+    assert moved.prefill == turns[1].size  # the whole prompt: nothing of it is known there
+    assert dispatcher.decisions()[("m", "prefix_affinity", "backlog")] == 1
+    dispatcher.started(moved)
+    dispatcher.release(moved)
+    # Their prefill done (a first event each), the newcomers weigh nothing while they run on.
+    for lease in others:
+        dispatcher.started(lease)
+    assert dispatcher.pending_prefill(home) == 0
+    assert [dispatcher.in_flight(home), dispatcher.in_flight(moved.provider_id)] == [2, 0]
+    # The conversation's new home keeps its next turn, with only what is new to prefill there.
+    follow = await dispatcher.acquire("m", False, prefix=turns[2])
+    assert follow.provider_id == moved.provider_id
+    assert follow.prefill == turns[2].size - turns[1].size
+    for lease in (*others, follow):
+        dispatcher.release(lease)
+    assert all(dispatcher.pending_prefill(pid) == 0 for pid in "abcd")
+
+
+async def test_the_home_keeps_a_turn_while_its_waiting_prefill_is_the_cheaper(
+    pool, provider
+) -> None:
+    dispatcher = pool("prefix_affinity", providers=[provider(pid, capacity=8) for pid in "abcd"])
+    turns = conversation_turns("loyal", 2)
+    first = await dispatcher.acquire("m", False, prefix=turns[0])
+    home = first.provider_id
+    dispatcher.release(first)  # given back before its first event: its prefill goes with it
+    assert dispatcher.pending_prefill(home) == 0
+    other = await dispatcher.acquire("m", False, prefix=homed_at(dispatcher, home, 1, "new")[0])
+    # One newcomer's prompt waits there: less than the turn's whole prompt elsewhere.
+    assert other.prefill + (turns[1].size - turns[0].size) < turns[1].size
+    follow = await dispatcher.acquire("m", False, prefix=turns[1])
+    assert follow.provider_id == home
+    assert dispatcher.pending_prefill(home) == other.prefill + follow.prefill
+    for lease in (other, follow):
+        dispatcher.release(lease)
+    assert dispatcher.pending_prefill(home) == 0
+
+
+async def test_a_prompt_never_seen_goes_by_rendezvous_whatever_waits_there(pool, provider) -> None:
+    # Another replica may have sent its conversation's earlier turns there.
+    dispatcher = pool("prefix_affinity", providers=[provider(pid, capacity=8) for pid in "abcd"])
+    held = [
+        await dispatcher.acquire("m", False, prefix=key)
+        for key in homed_at(dispatcher, "a", 3, "crowd")
+    ]
+    assert dispatcher.pending_prefill("a") > 3 * len(SYSTEM)
+    newcomer = homed_at(dispatcher, "a", 4, "crowd")[3]
+    lease = await dispatcher.acquire("m", False, prefix=newcomer)
+    assert lease.provider_id == "a"
+    for each in (*held, lease):
+        dispatcher.release(each)
+
+
+def test_each_point_carries_the_prompt_bytes_it_covers() -> None:
+    turns = conversation_turns("sized", 3)
+    for key in turns:
+        assert len(key.sizes) == len(key.points)
+        assert list(key.sizes) == sorted(set(key.sizes))  # each point covers more
+        assert key.sizes[-1] == key.size  # the last point is the whole prompt
+    # A turn's prompt begins with the turn before it: the sizes of its points carry over.
+    assert turns[1].sizes[: len(turns[0].sizes)] == turns[0].sizes
+    # The system prompt counts in every point's size, though it is no point itself.
+    assert turns[0].size > len(SYSTEM) > 0
+    text = prefix_key(
+        parse_request("completion", orjson.dumps({"model": "m", "prompt": "x" * 600}))
+    )
+    assert text is not None
+    assert (text.sizes, text.size) == ((256, 512), 600)

@@ -4,7 +4,8 @@ The dispatcher (`dispatching.py`) filters candidates and ranks them by priority 
 specification says; this module only picks among the providers of the lowest priority that have
 a free slot, by the model's `dispatch.policy`: `least_load` (the lowest load for its capacity:
 this Edge's runs, plus what Nodes and model servers report) or `prefix_affinity` (the home of
-the prompt's prefix, from `prefixes.py`, within a bounded load). The default, `round_robin`, the
+the prompt's prefix, from `prefixes.py`, within a bounded load, unless the prompt bytes waiting
+for their prefill there, its own included, are more than elsewhere). The default, `round_robin`, the
 dispatcher does inline: nothing here is on its path. docs/edge.md, "Choosing among equals", has
 each policy's rules and the reasons every choice is counted by.
 """
@@ -32,10 +33,13 @@ PREFIX_AFFINITY: Final = "prefix_affinity"
 AFFINITY: Final = "affinity"
 #: The prefix's home was past its bound or full: the least loaded free candidate took it.
 OVERFLOW: Final = "overflow"
+#: The prefix's home had more prompt bytes waiting for their prefill, the request's own
+#: included, than another free candidate with the whole prompt: that one took it.
+BACKLOG: Final = "backlog"
 #: A waiting request took the slot that freed first (any policy).
 FREED_SLOT: Final = "freed_slot"
 #: Every reason of `iop_edge_dispatch_total`, in the order status pages list them.
-DISPATCH_REASONS: Final = (ROUND_ROBIN, LEAST_LOAD, AFFINITY, OVERFLOW, FREED_SLOT)
+DISPATCH_REASONS: Final = (ROUND_ROBIN, LEAST_LOAD, AFFINITY, OVERFLOW, BACKLOG, FREED_SLOT)
 
 #: Seconds a Node's load report counts for (a few heartbeats; a probe interval of the bench's).
 LOAD_REPORT_TTL_S: Final = 3.0
@@ -53,10 +57,14 @@ class PrefixKey:
     `points` are hashes of the prompt's leading parts, each covering more of it than the one
     before (a chat prompt: one per message, from the conversation's first user message on; a text
     prompt: one per full block). `anchor` is the first of them: what identifies the conversation
-    when no point is known. `prefixes.py` has how they are made.
+    when no point is known. `sizes` are the prompt bytes each point covers, and `size` the whole
+    prompt's: what a server that holds a point's prefix still has to prefill is `size` less the
+    point's. `prefixes.py` has how they are made.
     """
 
     points: tuple[bytes, ...]
+    sizes: tuple[int, ...] = ()
+    size: int = 0
 
     @property
     def anchor(self) -> bytes:
@@ -72,6 +80,12 @@ class SlotCounts(Protocol):
     @property
     def last_used(self) -> int: ...
 
+    @property
+    def prefill(self) -> int:
+        """Prompt bytes of this Edge's runs on the provider that have no first event yet, less
+        what each run's server was expected to hold (`Chooser.prefill`)."""
+        ...
+
 
 def rendezvous_order(anchor: bytes, candidates: Sequence[Candidate]) -> list[Candidate]:
     """`candidates` by rendezvous (highest random weight) hashing of `anchor`: the first is the
@@ -84,29 +98,31 @@ def rendezvous_order(anchor: bytes, candidates: Sequence[Candidate]) -> list[Can
 
 
 class _Homes:
-    """One model's memory of where prefix points went, least recently used forgotten first."""
+    """One model's memory of where prefix points went (with the prompt bytes each covers),
+    least recently used forgotten first."""
 
     __slots__ = ("_table",)
 
     def __init__(self) -> None:
-        self._table: OrderedDict[bytes, str] = OrderedDict()
+        self._table: OrderedDict[bytes, tuple[str, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._table)
 
-    def find(self, key: PrefixKey) -> str | None:
-        """Where the deepest known point of `key` went."""
+    def find(self, key: PrefixKey) -> tuple[str, int] | None:
+        """Where the deepest known point of `key` went, and the prompt bytes it covers."""
         table = self._table
         for point in reversed(key.points):
-            provider_id = table.get(point)
-            if provider_id is not None:
-                return provider_id
+            home = table.get(point)
+            if home is not None:
+                return home
         return None
 
     def remember(self, key: PrefixKey, provider_id: str) -> None:
         table = self._table
-        for point in key.points:
-            table[point] = provider_id
+        sizes = key.sizes
+        for index, point in enumerate(key.points):
+            table[point] = (provider_id, sizes[index] if index < len(sizes) else 0)
             table.move_to_end(point)
         while len(table) > PREFIX_HOMES_PER_MODEL:
             table.popitem(last=False)
@@ -161,17 +177,29 @@ class Chooser:
         free: Sequence[Candidate],
         prefix: PrefixKey | None,
         slots: Mapping[str, SlotCounts],
-    ) -> Candidate:
-        """The candidate of `free` (not empty, a subset of `group`) that takes the request."""
+    ) -> tuple[Candidate, int]:
+        """The candidate of `free` (not empty, a subset of `group`) that takes the request, and
+        the prompt bytes it is expected to prefill there (0 where the policy does not weigh
+        them)."""
         policy = pool_model.dispatch.policy
         now = time.monotonic()
+        prefill = 0
         if policy == PREFIX_AFFINITY and prefix is not None:
-            chosen, reason = self._by_prefix(pool_model, group, free, prefix, slots, now)
+            chosen, reason, prefill = self._by_prefix(pool_model, group, free, prefix, slots, now)
             self.remember(pool_model.id, prefix, chosen.provider.id)
         else:
             chosen, reason = self._least_loaded(free, slots, now), LEAST_LOAD
         self.count(pool_model.id, policy, reason)
-        return chosen
+        return chosen, prefill
+
+    def prefill(self, model_id: str, prefix: PrefixKey, provider_id: str) -> int:
+        """The prompt bytes of `prefix` that `provider_id` is expected to prefill: what the
+        deepest known point does not cover there, the whole prompt elsewhere."""
+        homes = self._homes.get(model_id)
+        found = homes.find(prefix) if homes is not None else None
+        if found is not None and found[0] == provider_id:
+            return max(0, prefix.size - found[1])
+        return prefix.size
 
     def remember(self, model_id: str, prefix: PrefixKey, provider_id: str) -> None:
         """The request of `prefix` went to `provider_id`: its points' home from now on."""
@@ -205,19 +233,23 @@ class Chooser:
         prefix: PrefixKey,
         slots: Mapping[str, SlotCounts],
         now: float,
-    ) -> tuple[Candidate, str]:
+    ) -> tuple[Candidate, str, int]:
         loads = {
             c.provider.id: self.load(c.provider.id, slots[c.provider.id].in_flight, now)
             for c in group
         }
         order = rendezvous_order(prefix.anchor, group)
         home: Candidate | None = None
+        held = 0
         homes = self._homes.get(pool_model.id)
-        known = homes.find(prefix) if homes is not None else None
-        if known is not None:
-            home = next((c for c in group if c.provider.id == known), None)
+        found = homes.find(prefix) if homes is not None else None
+        if found is not None:
+            home = next((c for c in group if c.provider.id == found[0]), None)
+            held = found[1] if home is not None else 0
+        known = home is not None
         if home is None:
             home = order[0]
+        within = False
         if home in free:
             total_capacity = sum(c.provider.capacity for c in group)
             busy = max(sum(loads.values()) + 1, total_capacity * _BUSY_SHARE)
@@ -225,11 +257,33 @@ class Chooser:
             bound = math.ceil(
                 pool_model.dispatch.load_factor * busy * limits.capacity / total_capacity
             )
-            if loads[limits.id] + 1 <= bound:
-                return home, AFFINITY
+            within = loads[limits.id] + 1 <= bound
+        size = prefix.size
+        if within and not known:
+            # A prompt this Edge has not seen goes where the rendezvous sends it, as on every
+            # other replica, which may have sent its conversation's earlier turns there.
+            return home, AFFINITY, size
+        # The time to a first token is mostly prefill: the request's own prompt bytes that its
+        # server does not hold, after those of the runs there that have no first token yet.
         rank = {c.provider.id: index for index, c in enumerate(order)}
-        chosen = min(
-            free,
-            key=lambda c: (loads[c.provider.id] / c.provider.capacity, rank[c.provider.id]),
-        )
-        return chosen, OVERFLOW
+        best = home
+        best_key: tuple[int, bool, float, int] | None = None
+        for candidate in free:
+            is_home = candidate is home
+            if is_home and not within:
+                continue
+            limits = candidate.provider
+            own = max(0, size - held) if is_home else size
+            key = (
+                slots[limits.id].prefill + own,
+                not is_home,
+                loads[limits.id] / limits.capacity,
+                rank[limits.id],
+            )
+            if best_key is None or key < best_key:
+                best, best_key = candidate, key
+        if best_key is None:  # only the home is free, past its bound: it takes the request
+            return home, OVERFLOW, max(0, size - held)
+        if best is home:
+            return home, AFFINITY, max(0, size - held)
+        return best, BACKLOG if within else OVERFLOW, size

@@ -57,17 +57,22 @@ class Lease:
     deadline: float
     #: Seconds the request waited in the queue for this lease.
     waited_s: float = 0.0
+    #: Prompt bytes its server is expected to prefill, until the run's first event
+    #: (`Dispatcher.started`); counted for `prefix_affinity` only.
+    prefill: int = 0
     released: bool = field(default=False, repr=False)
 
 
 class _Slots:
     """The mutable counters of one provider, keyed by provider id across snapshots."""
 
-    __slots__ = ("cool_until", "in_flight", "last_used", "long_in_flight")
+    __slots__ = ("cool_until", "in_flight", "last_used", "long_in_flight", "prefill")
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.long_in_flight = 0
+        #: Prompt bytes of runs with no first event yet, as their leases expected.
+        self.prefill = 0
         self.last_used = 0  # dispatch stamp of the last run given to this provider
         self.cool_until = 0.0  # time.monotonic() until which a busy provider sits out
 
@@ -297,11 +302,11 @@ class Dispatcher:
     ) -> Lease | None:
         """A lease on the best free candidate now, or None when every candidate is busy."""
         pool_model = self._route(model_id, long, self._stable_view(model_id, side))
-        candidate = self._select(pool_model, long, prefix=prefix)
-        if candidate is None:
+        chosen = self._select(pool_model, long, prefix=prefix)
+        if chosen is None:
             return None
         loop_time = asyncio.get_running_loop().time()
-        return self._take(pool_model, candidate, long, loop_time + pool_model.queue_timeout_s, 0.0)
+        return self._take(pool_model, *chosen, long, loop_time + pool_model.queue_timeout_s, 0.0)
 
     async def acquire(
         self,
@@ -329,11 +334,11 @@ class Dispatcher:
         now = loop.time()
         if avoid and not self._others_available(pool_model, long, avoid):
             avoid = frozenset()
-        candidate = self._select(pool_model, long, avoid, prefix)
-        if candidate is not None:
+        chosen = self._select(pool_model, long, avoid, prefix)
+        if chosen is not None:
             return self._take(
                 pool_model,
-                candidate,
+                *chosen,
                 long,
                 now + pool_model.queue_timeout_s if deadline is None else deadline,
             )
@@ -376,6 +381,13 @@ class Dispatcher:
         if self._waiting_total:
             self._serve_freed(lease.provider_id)
 
+    def started(self, lease: Lease) -> None:
+        """The lease's run sent its first event: its prompt is prefilled and weighs no more in
+        `prefix_affinity`'s choices."""
+        if lease.prefill and not lease.released:
+            self._slots[lease.provider_id].prefill -= lease.prefill
+            lease.prefill = 0
+
     def refuse(self, lease: Lease) -> None:
         """The Node refused the run as busy: give the slot back and cool the provider down."""
         slots = self._give_back(lease)
@@ -393,6 +405,7 @@ class Dispatcher:
         lease.released = True
         slots = self._slots[lease.provider_id]
         slots.in_flight -= 1
+        slots.prefill -= lease.prefill
         if lease.long:
             slots.long_in_flight -= 1
         return slots
@@ -429,6 +442,12 @@ class Dispatcher:
     def in_flight(self, provider_id: str) -> int:
         slots = self._slots.get(provider_id)
         return slots.in_flight if slots is not None else 0
+
+    def pending_prefill(self, provider_id: str) -> int:
+        """Prompt bytes of this Edge's runs on the provider with no first event yet, as
+        `prefix_affinity` weighs them (`Lease.prefill`)."""
+        slots = self._slots.get(provider_id)
+        return slots.prefill if slots is not None else 0
 
     def long_in_flight(self, provider_id: str) -> int:
         slots = self._slots.get(provider_id)
@@ -516,8 +535,9 @@ class Dispatcher:
         long: bool,
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
-    ) -> Candidate | None:
-        """The candidate that takes the request now (counted as chosen), or None."""
+    ) -> tuple[Candidate, int] | None:
+        """The candidate that takes the request now (counted as chosen) and the prompt bytes it
+        is expected to prefill (`Lease.prefill`), or None."""
         if pool_model.dispatch.policy != ROUND_ROBIN:
             return self._choose(pool_model, long, avoid, prefix)
         available = self._available
@@ -536,13 +556,14 @@ class Dispatcher:
                 continue
             if best is None or slots.last_used < best_used:
                 best, best_used, best_priority = candidate, slots.last_used, limits.priority
-        if best is not None:
-            self._chooser.count(pool_model.id, ROUND_ROBIN, ROUND_ROBIN)
-        return best
+        if best is None:
+            return None
+        self._chooser.count(pool_model.id, ROUND_ROBIN, ROUND_ROBIN)
+        return best, 0
 
     def _choose(
         self, pool_model: PoolModel, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
-    ) -> Candidate | None:
+    ) -> tuple[Candidate, int] | None:
         """`_select` for the policies of `choosing.py`: the same filter and priority, then the
         policy picks among the free candidates of the best priority."""
         available = self._available
@@ -572,6 +593,7 @@ class Dispatcher:
         self,
         pool_model: PoolModel,
         candidate: Candidate,
+        prefill: int,
         long: bool,
         deadline: float,
         waited_s: float = 0.0,
@@ -579,6 +601,7 @@ class Dispatcher:
         limits = candidate.provider
         slots = self._slots[limits.id]
         slots.in_flight += 1
+        slots.prefill += prefill
         if long:
             slots.long_in_flight += 1
         self._stamp += 1
@@ -592,6 +615,7 @@ class Dispatcher:
             snapshot=self._snapshot,
             deadline=deadline,
             waited_s=waited_s,
+            prefill=prefill,
         )
 
     def _enqueue(self, waiter: _Waiter) -> None:
@@ -631,7 +655,9 @@ class Dispatcher:
             waiter.timer.cancel()
         return True
 
-    def _grant(self, waiter: _Waiter, pool_model: PoolModel, candidate: Candidate) -> None:
+    def _grant(
+        self, waiter: _Waiter, pool_model: PoolModel, candidate: Candidate, prefill: int = 0
+    ) -> None:
         model_id = waiter.model_id
         if waiter.tag > self._virtual.get(model_id, 0.0):
             self._virtual[model_id] = waiter.tag
@@ -640,7 +666,7 @@ class Dispatcher:
             return  # cancelled; its task has not resumed yet to abandon it
         waited = time.perf_counter() - waiter.enqueued_at
         waiter.future.set_result(
-            self._take(pool_model, candidate, waiter.long, waiter.deadline, waited)
+            self._take(pool_model, candidate, prefill, waiter.long, waiter.deadline, waited)
         )
 
     def _fail(self, waiter: _Waiter, error: Exception) -> None:
@@ -716,12 +742,14 @@ class Dispatcher:
             if oldest is None or chosen is None:
                 return
             pool_model = chosen[0]
+            prefill = 0
             if not oldest.future.done():
                 policy = pool_model.dispatch.policy
                 self._chooser.count(pool_model.id, policy, FREED_SLOT)
                 if oldest.prefix is not None and policy == PREFIX_AFFINITY:
+                    prefill = self._chooser.prefill(pool_model.id, oldest.prefix, provider_id)
                     self._chooser.remember(pool_model.id, oldest.prefix, provider_id)
-            self._grant(oldest, *chosen)
+            self._grant(oldest, *chosen, prefill)
 
     def _reevaluate(self) -> None:
         """Try every waiting request again (after a swap or a health change): the queues in the
@@ -743,9 +771,9 @@ class Dispatcher:
             avoid = waiter.avoid
             if avoid and not self._others_available(pool_model, waiter.long, avoid):
                 avoid = frozenset()
-            candidate = self._select(pool_model, waiter.long, avoid, waiter.prefix)
-            if candidate is not None:
-                self._grant(waiter, pool_model, candidate)
+            chosen = self._select(pool_model, waiter.long, avoid, waiter.prefix)
+            if chosen is not None:
+                self._grant(waiter, pool_model, *chosen)
 
     def _cooled_down(self, provider_id: str) -> None:
         now = asyncio.get_running_loop().time()

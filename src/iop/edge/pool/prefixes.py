@@ -4,9 +4,11 @@ The Edge hashes the prompt's leading parts into a chain, each hash covering the 
 and one more part: a chat prompt one point per message from the first `user` message on (the
 first point, the anchor, names the conversation: its system prompt and first user message); a
 text prompt a point per full `BLOCK_BYTES` part. At most `MAX_POINTS` points are kept: the anchor
-and the deepest others. BLAKE2b, keyed by nothing, so every Edge replica computes the same points
-for the same prompt. Embeddings get no key (the policy picks the least loaded). docs/edge.md,
-"Choosing among equals", says why a conversation's points are so.
+and the deepest others. Each point carries the prompt bytes it covers (a message's role and
+content, as the Edge reads them), for the prefill a server that holds it is spared. BLAKE2b,
+keyed by nothing, so every Edge replica computes the same points for the same prompt. Embeddings
+get no key (the policy picks the least loaded). docs/edge.md, "Choosing among equals", says why a
+conversation's points are so.
 """
 
 from __future__ import annotations
@@ -41,14 +43,17 @@ def _chat(body: ChatCompletionBody) -> PrefixKey:
     first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
     chain = b""
     points: list[bytes] = []
+    sizes: list[int] = []
+    size = 0
     for index, message in enumerate(messages):
-        chain = hashlib.blake2b(
-            chain + message.role.encode() + b"\0" + _content_bytes(message.content),
-            digest_size=_DIGEST,
-        ).digest()
+        role = message.role.encode()
+        content = _content_bytes(message.content)
+        chain = hashlib.blake2b(chain + role + b"\0" + content, digest_size=_DIGEST).digest()
+        size += len(role) + len(content)
         if index >= first_user:
             points.append(chain)
-    return _key(points)
+            sizes.append(size)
+    return _key(points, sizes, size)
 
 
 def _text(prompt: Any) -> PrefixKey:
@@ -60,19 +65,21 @@ def _text(prompt: Any) -> PrefixKey:
         data = ",".join(map(str, prompt)).encode()
     chain = b""
     points: list[bytes] = []
+    sizes: list[int] = []
     full = len(data) - len(data) % BLOCK_BYTES
     for start in range(0, max(full, BLOCK_BYTES), BLOCK_BYTES):
-        chain = hashlib.blake2b(
-            chain + data[start : start + BLOCK_BYTES], digest_size=_DIGEST
-        ).digest()
+        part = data[start : start + BLOCK_BYTES]
+        chain = hashlib.blake2b(chain + part, digest_size=_DIGEST).digest()
         points.append(chain)
-    return _key(points)
+        sizes.append(start + len(part))
+    return _key(points, sizes, len(data))
 
 
-def _key(points: list[bytes]) -> PrefixKey:
+def _key(points: list[bytes], sizes: list[int], size: int) -> PrefixKey:
     if len(points) > MAX_POINTS:
         points = [points[0], *points[-(MAX_POINTS - 1) :]]
-    return PrefixKey(tuple(points))
+        sizes = [sizes[0], *sizes[-(MAX_POINTS - 1) :]]
+    return PrefixKey(tuple(points), tuple(sizes), size)
 
 
 def _content_bytes(content: Any) -> bytes:

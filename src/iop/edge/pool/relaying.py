@@ -214,6 +214,7 @@ class RelayedRun:
     def _settle(self, lease: Lease, first: RunEvent) -> None:
         """The try that answers: its slot is given back when its run ends."""
         self._first = first
+        self._dispatcher.started(lease)
         stream = self._stream
         if stream is None:  # the try timed out before its first byte: its run is over
             self._dispatcher.release(lease)
