@@ -25,8 +25,10 @@ from typing import Final, cast
 import httptools
 
 from ..authfailures import source_of
+from ..errors import InternalError
 from .caps import Refusals
 from .exchanges import BODY_HIGH_WATER, Exchange, Headers
+from .responses import answer_error
 
 logger = logging.getLogger(__name__)
 
@@ -336,7 +338,7 @@ class Connection(asyncio.Protocol):
         if not exchange.keep_alive:
             transport.close()
             return
-        if not exchange.body_complete_now:
+        if not exchange.body_done:
             exchange.discarding = True  # answered before its body came: drop the rest
             self._resume_reading()
             self._arm_idle_timer()
@@ -374,11 +376,7 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
             return
         exchange.keep_alive = False
-        exchange.respond(
-            500,
-            b'{"error":{"message":"The server failed this request.","type":"server_error",'
-            b'"param":null,"code":"internal_error"}}',
-        )
+        answer_error(exchange, InternalError("The server failed this request."))
 
     def _next(self) -> None:
         """The active exchange is done, answer and body: the next queued one, or wait."""

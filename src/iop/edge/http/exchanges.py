@@ -157,7 +157,8 @@ class Exchange:
         self._wake()
 
     @property
-    def body_complete_now(self) -> bool:
+    def body_done(self) -> bool:
+        """The whole body has arrived (or been dropped)."""
         return self._body_done
 
     @property
