@@ -1,4 +1,4 @@
-"""The body's structure bounds and the input-token estimate, on parsed bodies (no server)."""
+"""The body's structure bounds, its validation and the input-token estimate (no server)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,16 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from iop.edge.bodies import (
+    _MODELS,
     MEDIA_PART_TOKENS,
     BodyBounds,
+    _bad_request,
+    _conforms,
     check_structure,
     estimate_tokens,
     is_long,
@@ -126,3 +132,74 @@ def test_the_estimate_counts_every_part_the_model_reads() -> None:
     # The long-context class reads the same estimate: the tools alone make this request long.
     assert is_long(request, 1_000)
     assert not is_long(parse_request("chat", body(messages=messages[:1], tools=tools)), 2_000)
+
+
+#: Values a checked field may hold: right ones, wrong types, out of bounds, bools for numbers.
+_SCALARS = st.sampled_from(
+    [None, True, False, 0, 1, 2, 128, 129, -1, 0.5, 1.0, 2.5, "", "a", "float", "base64", [], {}]
+)
+_PART = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"])}),
+    st.dictionaries(st.sampled_from(["type", "text"]), _SCALARS, max_size=2),
+    _SCALARS,
+)
+_CONTENT = st.one_of(_SCALARS, st.lists(_PART, max_size=3))
+_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", ""]), "content": _CONTENT}),
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.just("hi")}),
+    st.dictionaries(st.sampled_from(["role", "content", "name"]), _SCALARS, max_size=3),
+    _SCALARS,
+)
+_PROMPT = st.one_of(
+    _SCALARS,
+    st.lists(st.sampled_from(["a", 1, True, 1.0, [1], [True], []]), max_size=3),
+    st.lists(st.lists(st.sampled_from([1, 2, True, "a"]), max_size=2), max_size=3),
+)
+#: Right values of every checked field.
+_GOOD = {
+    "stream": st.booleans(),
+    "stream_options": st.dictionaries(st.just("include_usage"), st.booleans(), max_size=1),
+    "max_tokens": st.integers(1, 5),
+    "max_completion_tokens": st.integers(1, 5),
+    "temperature": st.sampled_from([0, 0.7, 2]),
+    "top_p": st.sampled_from([0, 0.5, 1]),
+    "n": st.sampled_from([1, 128]),
+    "messages": st.lists(_MESSAGE, min_size=1, max_size=3),
+    "prompt": _PROMPT,
+    "input": _PROMPT,
+    "encoding_format": st.sampled_from(["float", "base64"]),
+    "dimensions": st.integers(1, 5),
+    "user": st.just("u"),
+}
+#: Anything in a field, right or wrong.
+_ANY = {
+    **{name: _SCALARS for name in ("model", *_GOOD)},
+    "stream_options": st.one_of(
+        _SCALARS, st.dictionaries(st.just("include_usage"), _SCALARS, max_size=1)
+    ),
+    "messages": st.one_of(_SCALARS, st.lists(_MESSAGE, max_size=3)),
+}
+
+
+@settings(max_examples=1_000, deadline=None)
+@given(
+    kind=st.sampled_from(["chat", "completion", "embedding"]),
+    right=st.fixed_dictionaries({"model": st.just("m")}, optional=_GOOD),
+    wrong=st.fixed_dictionaries({}, optional=_ANY).filter(lambda d: len(d) <= 2),
+)
+def test_the_check_by_hand_accepts_only_what_the_models_accept(
+    kind: RunKind, right: dict[str, Any], wrong: dict[str, Any]
+) -> None:
+    # The hand check decides most bodies alone: it must never let through one the models
+    # refuse, and a body it does not vouch for gets the models' verdict (and their words).
+    document = {**right, **wrong}
+    raw = orjson.dumps(document)
+    try:
+        _MODELS[kind].model_validate(orjson.loads(raw))
+    except ValidationError as exc:
+        with pytest.raises(BadRequest) as caught:
+            parse_request(kind, raw)
+        assert caught.value.param == _bad_request(exc.errors(include_url=False)).param
+        assert not _conforms(kind, orjson.loads(raw))
+    else:
+        assert parse_request(kind, raw).model == document["model"]

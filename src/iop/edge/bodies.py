@@ -1,15 +1,14 @@
-"""OpenAI request bodies: validated with pydantic, passed on as the client sent them.
+"""OpenAI request bodies: validated, passed on as the client sent them.
 
-The models check only the fields the Edge reads or that a client most often gets wrong, with
-strict types; every other field passes through untouched (`extra="ignore"` on the model, while
-the raw document is what is forwarded). The Edge then changes the document in exactly three ways:
-`model` becomes the name the chosen provider serves, and the model's generation policy applies
-(`max_tokens` capped or defaulted, `temperature` and `top_p` defaulted); an embeddings request
-gets only its `model`. The context class and the token limits read one estimate of every part
-the model reads (text as UTF-8 bytes / 4, tools and tool calls as their JSON, media parts at a
-flat cost). Before any of that, a body's structure is bounded (`BodyBounds`) by counting its
-brackets and commas, so no body within the byte limit can hold the event loop for long parsing
-it. docs/edge.md ("The API", "Dispatch") gives the rules.
+The pydantic models say what is checked: the fields the Edge reads or that a client most often
+gets wrong, with strict types; every other field passes through untouched (the raw document is
+what is forwarded). A body is first checked by hand against the same rules (`_conforms`: no
+objects built); only one that fails goes through the models, so every refusal names its field
+in their words. The Edge changes the document in exactly three ways: `model` becomes the served
+name, the model's generation policy applies, and an embeddings request gets only its `model`.
+The context class and the token limits read one estimate of every part the model reads. Before
+any of that a body's structure is bounded (`BodyBounds`) by counting its brackets and commas.
+docs/edge.md ("The API", "Dispatch") gives the rules.
 """
 
 from __future__ import annotations
@@ -254,9 +253,6 @@ class EmbeddingBody(_Body):
     _input = field_validator("input")(_text_or_tokens)
 
 
-#: The text of an embeddings request or a completion: what is counted as input tokens.
-Prompted = CompletionBody | EmbeddingBody
-
 _MODELS: Final[dict[str, type[ChatCompletionBody] | type[CompletionBody] | type[EmbeddingBody]]] = {
     "chat": ChatCompletionBody,
     "completion": CompletionBody,
@@ -273,7 +269,6 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     document: dict[str, Any]
-    body: ChatCompletionBody | CompletionBody | EmbeddingBody
     size: int
     #: What `apply_policy` changed, to undo before another policy: (field, the client's value,
     #: or `_ABSENT`), None while it changed nothing.
@@ -310,23 +305,102 @@ def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -
     if not isinstance(document, dict):
         raise BadRequest("The request body must be a JSON object.")
     _check_fields(kind, document, bounds, containers)
-    try:
-        body = _MODELS[kind].model_validate(document)
-    except ValidationError as exc:
-        raise _bad_request(exc.errors(include_url=False)) from exc
-    if isinstance(body, EmbeddingBody):
-        return ParsedRequest(kind, body.model, False, False, document, body, len(raw))
-    stream = bool(body.stream)
+    if not _conforms(kind, document):
+        try:  # the models accept it after all, or name what is wrong in their words
+            _MODELS[kind].model_validate(document)
+        except ValidationError as exc:
+            raise _bad_request(exc.errors(include_url=False)) from exc
+    model: str = document["model"]
+    if kind == "embedding":
+        return ParsedRequest(kind, model, False, False, document, len(raw))
+    stream = bool(document.get("stream"))
+    options = document.get("stream_options") if stream else None
     return ParsedRequest(
         kind=kind,
-        model=body.model,
+        model=model,
         stream=stream,
-        include_usage=stream
-        and body.stream_options is not None
-        and bool(body.stream_options.include_usage),
+        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
         document=document,
-        body=body,
         size=len(raw),
+    )
+
+
+def _conforms(kind: RunKind, document: dict[str, Any]) -> bool:
+    """Whether the models would accept `document`, judged without them: True only when every
+    field they check holds a value of exactly the type they take, in their bounds; anything
+    else (rare: a wrong body, or an unusual spelling of a right one) goes to the models."""
+    get = document.get
+    model = get("model")
+    if type(model) is not str or not model:
+        return False
+    if kind == "embedding":
+        encoding = get("encoding_format")
+        user = get("user")
+        return (
+            _text_or_token_ids(get("input"))
+            and (encoding is None or encoding == "float" or encoding == "base64")
+            and _optional_int(get("dimensions"), 1, None)
+            and (user is None or type(user) is str)
+        )
+    stream = get("stream")
+    options = get("stream_options")
+    if not (
+        (stream is None or type(stream) is bool)
+        and _optional_int(get("max_tokens"), 1, None)
+        and _optional_number(get("temperature"), 2)
+        and _optional_number(get("top_p"), 1)
+        and _optional_int(get("n"), 1, 128)
+    ):
+        return False
+    if options is not None:
+        if type(options) is not dict:
+            return False
+        usage = options.get("include_usage")
+        if usage is not None and type(usage) is not bool:
+            return False
+    if kind == "completion":
+        return _text_or_token_ids(get("prompt"))
+    messages = get("messages")
+    if type(messages) is not list or not messages:
+        return False
+    for message in messages:
+        if type(message) is not dict:
+            return False
+        role = message.get("role")
+        if type(role) is not str or not role:
+            return False
+        content = message.get("content")
+        if content is None or type(content) is str:
+            continue
+        if type(content) is not list:
+            return False
+        for part in content:
+            if type(part) is not dict or type(part.get("type")) is not str:
+                return False
+    return _optional_int(get("max_completion_tokens"), 1, None)
+
+
+def _optional_int(value: Any, low: int, high: int | None) -> bool:
+    return value is None or (
+        type(value) is int and value >= low and (high is None or value <= high)
+    )
+
+
+def _optional_number(value: Any, high: int) -> bool:
+    return value is None or ((type(value) is float or type(value) is int) and 0 <= value <= high)
+
+
+def _text_or_token_ids(value: Any) -> bool:
+    """What `_text_or_tokens` accepts, in its three shapes of arrays."""
+    if type(value) is str:
+        return True
+    if type(value) is not list or not value:
+        return False
+    first = type(value[0])
+    if first is str or first is int:
+        return all(type(item) is first for item in value)
+    return first is list and all(
+        type(item) is list and all(type(i) is int for i in item) for item in value
     )
 
 
@@ -430,11 +504,10 @@ def estimate_tokens(request: ParsedRequest) -> int:
     bytes / 4; a content part that is not text at a flat `MEDIA_PART_TOKENS`."""
     if request.estimate is not None:
         return request.estimate
-    body = request.body
+    document = request.document
     size = 0
     tokens = 0
-    if isinstance(body, ChatCompletionBody):
-        document = request.document
+    if request.kind == "chat":
         for message in document["messages"]:  # validated: objects with a content
             content = message.get("content")
             if isinstance(content, str):
@@ -457,7 +530,7 @@ def estimate_tokens(request: ParsedRequest) -> int:
             if value is not None:
                 size += _json_len(value)
     else:
-        prompt = _prompt_of(body)
+        prompt = document["prompt" if request.kind == "completion" else "input"]
         for item in [prompt] if isinstance(prompt, str) else prompt:
             if isinstance(item, str):
                 size += _utf8_len(item)
@@ -476,10 +549,6 @@ def is_long(request: ParsedRequest, threshold_tokens: int) -> bool:
 
 def _json_len(value: Any) -> int:
     return len(value) if isinstance(value, str) else len(orjson.dumps(value))
-
-
-def _prompt_of(body: CompletionBody | EmbeddingBody) -> Any:
-    return body.prompt if isinstance(body, CompletionBody) else body.input
 
 
 def _utf8_len(text: str) -> int:

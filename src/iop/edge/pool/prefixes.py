@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import orjson
 
-from ..bodies import ChatCompletionBody, CompletionBody, ParsedRequest
+from ..bodies import ParsedRequest
 from .choosing import PrefixKey
 
 #: Bytes of a text prompt per part (about 64 tokens at the Edge's 4 bytes a token).
@@ -30,24 +30,23 @@ _DIGEST: Final = 16
 
 def prefix_key(request: ParsedRequest) -> PrefixKey | None:
     """The prefix points of a request's prompt; None for a request without one (embeddings)."""
-    body = request.body
-    if isinstance(body, ChatCompletionBody):
-        return _chat(body)
-    if isinstance(body, CompletionBody):
-        return _text(body.prompt)
+    if request.kind == "chat":
+        return _chat(request.document["messages"])
+    if request.kind == "completion":
+        return _text(request.document["prompt"])
     return None
 
 
-def _chat(body: ChatCompletionBody) -> PrefixKey:
-    messages = body.messages
-    first_user = next((i for i, m in enumerate(messages) if m.role == "user"), 0)
+def _chat(messages: list[dict[str, Any]]) -> PrefixKey:
+    """A chat's points (its messages validated: objects with a string `role`)."""
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
     chain = b""
     points: list[bytes] = []
     sizes: list[int] = []
     size = 0
     for index, message in enumerate(messages):
-        role = message.role.encode()
-        content = _content_bytes(message.content)
+        role = message["role"].encode()
+        content = _content_bytes(message.get("content"))
         chain = hashlib.blake2b(chain + role + b"\0" + content, digest_size=_DIGEST).digest()
         size += len(role) + len(content)
         if index >= first_user:

@@ -17,7 +17,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
-from ..bodies import ChatCompletionBody, ParsedRequest
+from ..bodies import ParsedRequest
 
 if TYPE_CHECKING:
     from .snapshots import PoolSnapshot
@@ -74,14 +74,14 @@ def sticky_bucket(request: ParsedRequest, principal_ref: str) -> int:
 
 
 def _opening(request: ParsedRequest) -> bytes:
-    body = request.body
-    if isinstance(body, ChatCompletionBody):
+    if request.kind == "chat":
         parts: list[bytes] = []
-        for message in body.messages:
-            content = message.content
-            parts.append(message.role.encode())
+        for message in request.document["messages"]:  # validated: objects with a role
+            content = message.get("content")
+            role = message["role"]
+            parts.append(role.encode())
             parts.append(content.encode() if isinstance(content, str) else repr(content).encode())
-            if message.role == "user":
+            if role == "user":
                 break
         return b"\0".join(parts)
     prompt = request.document.get("prompt", request.document.get("input", ""))
