@@ -3,7 +3,7 @@
 - `snapshots`: the pool as one immutable value (models, candidates, limits), swapped whole;
 - `dispatching`: the `Dispatcher` (candidates, capacity, the fair queue) and `choosing`
   (among equals: round robin, least load, prefix affinity, with `prefixes`);
-- `relaying`: one request's run, its retries (`retrying`) and fallbacks; `metering`: usage and
+- `relaying`: one request's run, retries (`retrying`), fallbacks; `metering` (`counts`): usage and
   the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
   `splits`: which revision serves a request while a change is on trial.
 """

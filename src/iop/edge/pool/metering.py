@@ -1,53 +1,34 @@
 """Usage metering and the Edge's Prometheus metrics, in a registry owned by one app.
 
 `Metrics` counts per request (outcomes, tokens by `principal_ref`, `token_ref`, `model` and
-`provider`, retries, refused retries, fallbacks; queue waits and time to first token) and reads
-the rest at scrape time from the dispatcher and the node hub, so nothing of it is on the hot
-path. Raw bearer tokens never reach a label: the principal is a `Principal` already. The metrics
-name every principal and token ref, so `MetricsApp` (`http/metricsapp.py`) serves them on a
-listener of their own (`edge.metrics.listen`), never on the public one. docs/edge.md, "Auth and
-metering", lists every metric and says how they are kept.
+`provider`, retries, refused retries, fallbacks; queue waits and time to first token), the
+per-request ones as plain numbers (`counts.py`), and reads the rest at scrape time from the
+dispatcher and the node hub. Raw bearer tokens never reach a label: the principal is a
+`Principal` already. The metrics name every principal and token ref, so `MetricsApp`
+(`http/metricsapp.py`) serves them on a listener of their own (`edge.metrics.listen`), never on
+the public one. docs/edge.md, "Auth and metering", lists every metric and says how they are kept.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from ..authenticating import Principal
 from ..hub import Hub, provider_health
+from .counts import Counts, CountsCollector, Latencies
 from .dispatching import Dispatcher
 from .outcomes import OutcomeCollector, OutcomeTally
 from .splits import STABLE, Side
 
 #: The Content-Type of the Prometheus text exposition served at /metrics.
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
-
-_USAGE_LABELS: Final = ("principal_ref", "token_ref", "model", "provider")
-#: Queue waits and first tokens: from well under a millisecond to a long queue timeout.
-_LATENCY_BUCKETS: Final = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
 
 
 class _PoolCollector(Collector):
@@ -177,53 +158,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         #: The same requests, counted per model for judging a config change (`outcomes.py`).
         self.outcomes = OutcomeTally()
-        self._requests = Counter(
-            "iop_edge_requests",
-            "Requests answered, by outcome (HTTP status).",
-            [*_USAGE_LABELS, "status"],
-            registry=self.registry,
-        )
-        self._prompt = Counter(
-            "iop_edge_prompt_tokens",
-            "Prompt tokens, as the provider reported them (the Edge's estimate of the input for "
-            "a stream whose client left before its usage came).",
-            _USAGE_LABELS,
-            registry=self.registry,
-        )
-        self._completion = Counter(
-            "iop_edge_completion_tokens",
-            "Completion tokens, as the provider reported them (the events delivered, one token "
-            "each, for a stream whose client left before its usage came).",
-            _USAGE_LABELS,
-            registry=self.registry,
-        )
-        self._total = Counter(
-            "iop_edge_total_tokens",
-            "Total tokens, as the provider reported them (or counted at the Edge, as above).",
-            _USAGE_LABELS,
-            registry=self.registry,
-        )
-        self._queue_wait = Histogram(
-            "iop_edge_queue_wait_seconds",
-            "Time a dispatched request waited for a free provider.",
-            ["model", "principal_ref"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self._first_token = Histogram(
-            "iop_edge_time_to_first_token_seconds",
-            "Time from a request's arrival to its first response bytes (first chunk or body).",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self._duration = Histogram(
-            "iop_edge_request_duration_seconds",
-            "Time from a completion request's arrival to the end of its answer, any outcome.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self._counts = Counts()
+        self.registry.register(CountsCollector(self._counts))
         self._refreshes = Counter(
             "iop_edge_refreshes",
             "Refreshes (admin API, SIGHUP) by mode and outcome: applied, valid, "
@@ -257,11 +193,6 @@ class Metrics:
         self.registry.register(OutcomeCollector(self.outcomes))
         if hub is not None:
             self.registry.register(_NodeCollector(dispatcher, hub))
-        self._request_children: dict[tuple[str, ...], Counter] = {}
-        self._usage_children: dict[tuple[str, ...], tuple[Counter, Counter, Counter]] = {}
-        self._wait_children: dict[tuple[str, str], Histogram] = {}
-        self._first_children: dict[str, Histogram] = {}
-        self._duration_children: dict[str, Histogram] = {}
 
     def count_request(
         self,
@@ -281,10 +212,11 @@ class Metrics:
             provider,
             str(status),
         )
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self._requests.labels(*key)
-        child.inc()
+        counted = self._counts.requests.get(key)
+        if counted is None:
+            self._counts.requests[key] = [1, time.time()]
+        else:
+            counted[0] += 1
         self.outcomes.request(model, status, bool(provider), side, retries)
 
     def count_usage(
@@ -297,36 +229,35 @@ class Metrics:
         total_tokens: int,
     ) -> None:
         key = (principal.principal_ref, principal.token_ref, model, provider)
-        children = self._usage_children.get(key)
-        if children is None:
-            children = self._usage_children[key] = (
-                self._prompt.labels(*key),
-                self._completion.labels(*key),
-                self._total.labels(*key),
-            )
-        children[0].inc(prompt_tokens)
-        children[1].inc(completion_tokens)
-        children[2].inc(total_tokens)
+        counted = self._counts.usage.get(key)
+        if counted is None:
+            self._counts.usage[key] = [prompt_tokens, completion_tokens, total_tokens, time.time()]
+        else:
+            counted[0] += prompt_tokens
+            counted[1] += completion_tokens
+            counted[2] += total_tokens
 
     def observe_queue_wait(self, model: str, principal_ref: str, seconds: float) -> None:
         key = (model, principal_ref)
-        child = self._wait_children.get(key)
-        if child is None:
-            child = self._wait_children[key] = self._queue_wait.labels(*key)
-        child.observe(seconds)
+        histogram = self._counts.queue_waits.get(key)
+        if histogram is None:
+            histogram = self._counts.queue_waits[key] = Latencies()
+        histogram.observe(seconds)
 
     def observe_first_token(self, model: str, seconds: float, side: Side = STABLE) -> None:
-        child = self._first_children.get(model)
-        if child is None:
-            child = self._first_children[model] = self._first_token.labels(model)
-        child.observe(seconds)
+        key = (model,)
+        histogram = self._counts.first_tokens.get(key)
+        if histogram is None:
+            histogram = self._counts.first_tokens[key] = Latencies()
+        histogram.observe(seconds)
         self.outcomes.first_token(model, seconds, side)
 
     def observe_duration(self, model: str, seconds: float, side: Side = STABLE) -> None:
-        child = self._duration_children.get(model)
-        if child is None:
-            child = self._duration_children[model] = self._duration.labels(model)
-        child.observe(seconds)
+        key = (model,)
+        histogram = self._counts.durations.get(key)
+        if histogram is None:
+            histogram = self._counts.durations[key] = Latencies()
+        histogram.observe(seconds)
         self.outcomes.duration(model, seconds, side)
 
     def count_refresh(self, mode: str, outcome: str) -> None:
