@@ -111,8 +111,13 @@ class Connection(asyncio.Protocol):
         # Timers and refusals.
         self._lingering = False  # answered by the listener itself: what comes next is dropped
         self._dropped = 0
+        # The head and idle timers are moved, not cancelled, from one request to the next: each
+        # is armed once and, when it fires before its `_due`, armed again for then (a timer
+        # made and cancelled per request cost more than the rest of a keep-alive turn's bounds).
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_due: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_due: float | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes waiting in the transport when the send timer was armed
 
@@ -139,7 +144,7 @@ class Connection(asyncio.Protocol):
             self._source = source
         listener.connections.add(self)
         self._accepted = True
-        self._head_timer = self._loop.call_later(self._caps.header_timeout, self._head_timed_out)
+        self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -169,9 +174,7 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
             return
         self._received = True
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._idle_due = None
         if self._in_head or self._parsing is None:
             self._head_bytes += len(data)
         try:
@@ -213,10 +216,8 @@ class Connection(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._expect_continue = False
-        if self._head_timer is None:
-            self._head_timer = self._loop.call_later(
-                self._caps.header_timeout, self._head_timed_out
-            )
+        if self._head_due is None:
+            self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
         self._head_size += len(url)
@@ -250,9 +251,7 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_due = None
         parser = self._parser
         version = parser.get_http_version()
         url = httptools.parse_url(self._url)
@@ -435,18 +434,39 @@ class Connection(asyncio.Protocol):
         raise _HeadRefused(what)
 
     def _arm_idle_timer(self) -> None:
-        if self._idle_timer is None:
-            self._idle_timer = self._loop.call_later(KEEP_ALIVE_S, self._idle_timed_out)
+        if self._idle_due is None:
+            self._idle_due = due = self._loop.time() + KEEP_ALIVE_S
+            if self._idle_timer is None:
+                self._idle_timer = self._loop.call_at(due, self._idle_timed_out)
 
     def _idle_timed_out(self) -> None:
         """No request began since the last answer (whose body may still be arriving, dropped)."""
         self._idle_timer = None
+        due = self._idle_due
+        if due is None:
+            return  # a request came: the next answer arms it again
+        if self._loop.time() < due:
+            self._idle_timer = self._loop.call_at(due, self._idle_timed_out)
+            return
+        self._idle_due = None
         active = self._active
         if (active is None or active.finished) and not self._in_head and self.transport:
             self.transport.close()
 
+    def _arm_head_timer(self) -> None:
+        self._head_due = due = self._loop.time() + self._caps.header_timeout
+        if self._head_timer is None:
+            self._head_timer = self._loop.call_at(due, self._head_timed_out)
+
     def _head_timed_out(self) -> None:
         self._head_timer = None
+        due = self._head_due
+        if due is None:
+            return  # the head came: the next request arms it again
+        if self._loop.time() < due:
+            self._head_timer = self._loop.call_at(due, self._head_timed_out)
+            return
+        self._head_due = None
         transport = self.transport
         if transport is None or transport.is_closing() or not (self._in_head or self.idle):
             return
@@ -499,6 +519,7 @@ class Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._head_timer = self._idle_timer = self._send_timer = None
+        self._head_due = self._idle_due = None
 
 
 def _reason(error: httptools.HttpParserError) -> str:

@@ -95,11 +95,6 @@ def _head_bound() -> str:
     return f"{MAX_HEAD_BYTES} bytes (the HTTP client's bound, with its interim responses)"
 
 
-def _expire(waiter: asyncio.Future[object]) -> None:
-    if not waiter.done():
-        waiter.set_result(_EXPIRED)
-
-
 class _Connection(asyncio.Protocol):
     """One keep-alive connection and the answer being read on it."""
 
@@ -120,6 +115,12 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[object] | None = None
+        #: When the wait under way expires (loop time). The connection's one timer is moved
+        #: from wait to wait, not made and cancelled for each: when it fires early it is armed
+        #: again for this.
+        self.due = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         #: An exchange is under way and its answer has not ended: bytes are expected.
         self.expecting = False
         #: Bytes of the current answer's heads so far, header lines of its current head, and
@@ -188,6 +189,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_timer()
         if self.answered and not self.complete and self.length is None and not self.chunked:
             self.complete, self.expecting = True, False  # a body delimited by the connection's end
             self._wake()
@@ -271,6 +273,35 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
+        self._stop_timer()
+
+    def watch(self, waiter: asyncio.Future[object], due: float) -> None:
+        """`waiter` waits for news until `due` (loop time), then gets `_EXPIRED`."""
+        self.waiter = waiter
+        self.due = due
+        timer = self._timer
+        if timer is None or due < self._timer_at:
+            if timer is not None:
+                timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(due, self._timed_out)
+            self._timer_at = due
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # no wait under way: the next one arms the timer anew
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.due:
+            self._timer = loop.call_at(self.due, self._timed_out)
+            self._timer_at = self.due
+            return
+        waiter.set_result(_EXPIRED)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -545,13 +576,11 @@ class UpstreamClient:
         """Until `connection` has news, bounded by the read timeout and the deadline."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[object] = loop.create_future()
-        connection.waiter = waiter
         limit, by_deadline = self._bound(loop.time() + self._read_timeout, due)
-        timer = loop.call_at(limit, _expire, waiter)
+        connection.watch(waiter, limit)
         try:
             result = await waiter
         finally:
-            timer.cancel()
             connection.waiter = None
         if result == _EXPIRED:
             if by_deadline:
