@@ -36,7 +36,7 @@ class Served:
 
     @staticmethod
     async def echo(exchange: Exchange) -> None:
-        body = await exchange.read_body(1000, ValueError("too large"))
+        body = await exchange.read_body(1000, lambda: ValueError("too large"))
         method, path = exchange.method.encode(), exchange.path.encode()
         exchange.respond(200, b"%s %s %s" % (method, path, body))
 
@@ -108,7 +108,7 @@ async def test_a_chunked_body_is_read_whole(served: Served, expect: bool) -> Non
 async def test_a_body_past_the_limit_is_refused_and_the_rest_dropped(served: Served) -> None:
     async def limited(exchange: Exchange) -> None:
         try:
-            await exchange.read_body(10, ValueError())
+            await exchange.read_body(10, ValueError)
         except ValueError:
             exchange.respond(413, b"too large")
 
@@ -189,7 +189,7 @@ async def test_a_client_that_left_before_its_app_watched_is_told_at_once(
     told: list[str] = []
 
     async def late_watcher(exchange: Exchange) -> None:
-        await exchange.read_body(100, ValueError())
+        await exchange.read_body(100, ValueError)
         read.set()
         await watch.wait()
         exchange.on_gone(lambda: told.append("gone"))
@@ -213,7 +213,7 @@ async def test_a_client_that_leaves_while_its_body_is_awaited_is_told(served: Se
 
     async def reader_app(exchange: Exchange) -> None:
         try:
-            await exchange.read_body(1000, ValueError())
+            await exchange.read_body(1000, ValueError)
         except ClientGone:
             outcome.append("gone")
         done.set()

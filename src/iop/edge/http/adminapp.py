@@ -500,7 +500,9 @@ def _redact(value: Any, key: str = "") -> Any:
 
 
 async def _read_body(exchange: Exchange) -> bytes:
-    too_large = PayloadTooLarge(f"the body is larger than {MAX_BODY_BYTES} bytes", code="too_large")
+    def too_large() -> PayloadTooLarge:
+        return PayloadTooLarge(f"the body is larger than {MAX_BODY_BYTES} bytes", code="too_large")
+
     try:
         return await exchange.read_body(MAX_BODY_BYTES, too_large)
     except ClientGone:

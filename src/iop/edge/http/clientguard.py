@@ -86,11 +86,12 @@ class ClientGuard:
         Authenticator refuses counts as a failure of `source` (the app answers it 401)."""
         authorization = exchange.header(b"authorization")
         try:
-            principal = self._authenticator.authenticate(authorization).principal_ref
+            principal = exchange.principal = self._authenticator.authenticate(authorization)
         except Unauthorized:
             self.auth_failures.failed(source, *_failure(authorization))
             return None
-        return None if principal == ANONYMOUS_PRINCIPAL else principal
+        ref = principal.principal_ref
+        return None if ref == ANONYMOUS_PRINCIPAL else ref
 
     def _hold(self, source: str, principal: str | None) -> EdgeError | None:
         limit = self._max_requests

@@ -297,9 +297,13 @@ class Connection(asyncio.Protocol):
         if exchange is self._parsing:
             self._resume_reading()
 
-    def head(self, status: int, headers: Headers) -> bytes:
+    def head(self, status: int, headers: Headers, lines: bytes = b"") -> bytes:
+        """An answer's head: its status line, the date, `lines` (header lines made already)
+        and `headers`."""
         line = _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
-        parts = [line, self.listener.date()]
+        if not headers:
+            return line + self.listener.date() + lines + b"\r\n"
+        parts = [line, self.listener.date(), lines]
         parts += [name + b": " + value + b"\r\n" for name, value in headers]
         parts.append(b"\r\n")
         return b"".join(parts)

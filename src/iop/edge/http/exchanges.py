@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
+
+if TYPE_CHECKING:
+    from ..authenticating import Principal
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -37,7 +40,7 @@ class Connection(Protocol):
     #: The client has not taken enough of what was written: wait with `drain()`.
     write_paused: bool
 
-    def head(self, status: int, headers: Headers) -> bytes: ...
+    def head(self, status: int, headers: Headers, lines: bytes = b"") -> bytes: ...
     def write(self, data: bytes) -> None: ...
     def write_part(self, data: bytes) -> None: ...
     async def drain(self) -> None: ...
@@ -68,6 +71,7 @@ class Exchange:
         "keep_alive",
         "method",
         "path",
+        "principal",
         "query",
         "started",
     )
@@ -108,6 +112,9 @@ class Exchange:
         self.discarding = False
         self._chunked = False
         self._on_gone: Callable[[], object] | None = None
+        #: The principal of the request's key, once a layer in front of the app (the client
+        #: guard) authenticated it: the app need not hash the key again.
+        self.principal: Principal | None = None
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of request header `name` (lowercase), or None."""
@@ -118,12 +125,12 @@ class Exchange:
 
     # -- the body --------------------------------------------------------------------------------
 
-    async def read_body(self, limit: int, too_large: Exception) -> bytes:
-        """The whole body; raises `too_large` once it is known to exceed `limit` bytes (from its
-        Content-Length, or as it arrives) and `ClientGone` if the client leaves first."""
+    async def read_body(self, limit: int, too_large: Callable[[], Exception]) -> bytes:
+        """The whole body; raises `too_large()` once it is known to exceed `limit` bytes (from
+        its Content-Length, or as it arrives) and `ClientGone` if the client leaves first."""
         length = self.header(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            raise too_large
+            raise too_large()
         if self._continue:
             self._continue = False
             self._connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -131,7 +138,7 @@ class Exchange:
             if self.gone:
                 raise ClientGone
             if self._body_size > limit:
-                raise too_large
+                raise too_large()
             self._connection.want_body(self)
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -139,7 +146,7 @@ class Exchange:
             finally:
                 self._waiter = None
         if self._body_size > limit:
-            raise too_large
+            raise too_large()
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
         return body
@@ -203,11 +210,15 @@ class Exchange:
         if self.started:
             raise RuntimeError("the answer to this request has begun already")
         self.started = self.finished = True
-        head = self._head(
-            status,
-            [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *headers],
-        )
         connection = self._connection
+        if headers or not self.keep_alive:
+            head = self._head(
+                status,
+                [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *headers],
+            )
+        else:  # the usual answer: its two header lines made at once
+            lines = b"content-type: %b\r\ncontent-length: %d\r\n" % (content_type, len(body))
+            head = connection.head(status, (), lines)
         connection.write(head if self.head_only else head + body)
         connection.answered(self)
 

@@ -197,9 +197,10 @@ class OpenAIApp:
         side = STABLE
         relayed: RelayedRun | None = None
         try:
-            principal = self._authenticator.authenticate(exchange.header(b"authorization"))
-            limit = self._max_request_bytes
-            raw = await exchange.read_body(limit, PayloadTooLarge(_too_large(limit)))
+            principal = exchange.principal or self._authenticator.authenticate(
+                exchange.header(b"authorization")
+            )
+            raw = await exchange.read_body(self._max_request_bytes, self._too_large)
             request = parse_request(kind, raw, self._body_bounds)
             dispatcher = self._dispatcher
             snapshot = dispatcher.snapshot
@@ -319,6 +320,10 @@ class OpenAIApp:
         await exchange.end(data)
         return status
 
+    def _too_large(self) -> PayloadTooLarge:
+        limit = self._max_request_bytes
+        return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+
     def _refuse(
         self, exchange: Exchange, error: EdgeError, principal: Principal | None = None
     ) -> int:
@@ -346,7 +351,3 @@ class _Disconnect:
 
 def _ended_early() -> EdgeError:
     return ProviderFailed("The run ended without a result.", "incomplete_run", 502)
-
-
-def _too_large(limit: int) -> str:
-    return f"The request body is larger than the limit of {limit} bytes."
