@@ -270,6 +270,9 @@ class ParsedRequest:
     include_usage: bool
     document: dict[str, Any]
     size: int
+    #: More input tokens than the estimate can ever come to (`_most_tokens`): a request below a
+    #: threshold by it is below by the estimate, which need not be made.
+    most_tokens: int = 0
     #: What `apply_policy` changed, to undo before another policy: (field, the client's value,
     #: or `_ABSENT`), None while it changed nothing.
     policy_changes: list[tuple[str, Any]] | None = None
@@ -311,8 +314,9 @@ def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -
         except ValidationError as exc:
             raise _bad_request(exc.errors(include_url=False)) from exc
     model: str = document["model"]
+    most = _most_tokens(len(raw), containers)
     if kind == "embedding":
-        return ParsedRequest(kind, model, False, False, document, len(raw))
+        return ParsedRequest(kind, model, False, False, document, len(raw), most)
     stream = bool(document.get("stream"))
     options = document.get("stream_options") if stream else None
     return ParsedRequest(
@@ -322,7 +326,16 @@ def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
         document=document,
         size=len(raw),
+        most_tokens=most,
     )
+
+
+def _most_tokens(size: int, containers: int) -> int:
+    """A bound on `estimate_tokens` of a body of `size` bytes with at most `containers` objects
+    and arrays: text counts a quarter of a token per byte, a token id at most one per byte, JSON
+    re-encoded at most 4.5 bytes per byte (a float such as 1e15), so a quarter of that; a media
+    part `MEDIA_PART_TOKENS` per object."""
+    return 2 * size + MEDIA_PART_TOKENS * containers
 
 
 def _conforms(kind: RunKind, document: dict[str, Any]) -> bool:
@@ -544,6 +557,8 @@ def estimate_tokens(request: ParsedRequest) -> int:
 
 def is_long(request: ParsedRequest, threshold_tokens: int) -> bool:
     """True when the request is `context_class=long`."""
+    if request.most_tokens < threshold_tokens:
+        return False
     return estimate_tokens(request) >= threshold_tokens
 
 
