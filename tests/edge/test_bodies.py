@@ -135,7 +135,7 @@ def test_the_estimate_counts_every_part_the_model_reads() -> None:
 
 
 #: Values a checked field may hold: right ones, wrong types, out of bounds, bools for numbers.
-_SCALARS = st.sampled_from(
+_SCALARS: st.SearchStrategy[Any] = st.sampled_from(
     [None, True, False, 0, 1, 2, 128, 129, -1, 0.5, 1.0, 2.5, "", "a", "float", "base64", [], {}]
 )
 _PART = st.one_of(
