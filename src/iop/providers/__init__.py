@@ -1,8 +1,8 @@
 """What runs a request on a model server, wherever the node runs: in a Node agent or in the Edge.
 
 - `running`: `Runner`, the adapter registry built from a node's payload: capacity, runs
-  (`Runner.execute` pushes a run's events to a Node's stream, `Runner.run_events` yields them to
-  a caller in the same process), swaps with drain, each provider's health;
+  (`Runner.execute` pushes a run's events to a Node's stream, `Runner.run_events` hands them to
+  a caller in the same process, an `AdmittedRun`), swaps with drain, each provider's health;
 - `healthstates`: a provider's verdict from its probes (`probing`) and how its real runs end;
 - `adapters`: how a run reaches a provider (`openai`, `fake`).
 
@@ -12,11 +12,12 @@ A Node agent (`iop.node`) puts a `Runner` behind its gRPC links to every Edge; a
 """
 
 from .adapters import AdapterError, FakeAdapter, OpenAIAdapter, build_adapter
-from .running import FIRST_BYTE_TIMEOUT, Provision, RunGate, Runner
+from .running import FIRST_BYTE_TIMEOUT, AdmittedRun, Provision, RunGate, Runner
 
 __all__ = [
     "FIRST_BYTE_TIMEOUT",
     "AdapterError",
+    "AdmittedRun",
     "FakeAdapter",
     "OpenAIAdapter",
     "Provision",

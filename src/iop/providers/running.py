@@ -3,7 +3,7 @@
 A `Runner` runs in a Node agent (`iop.node`, shared by its links to every Edge) or in the Edge,
 for a node placed there (`iop.edge.hub.localnodes`). `apply` swaps in the registry built from a
 payload (unchanged adapters carried over, replaced ones closed once their runs end);
-`execute` pushes a run's events to a Node's stream and `run_events` yields them in-process; a
+`execute` pushes a run's events to a Node's stream and `run_events` hands them over in-process; a
 run beyond a provider's capacity is refused as the retryable `provider_busy`; `drain` reports
 every provider draining; each provider's health comes from `probing.py` and `healthstates.py`.
 docs/architecture.md, "The providers", says how and why.
@@ -516,35 +516,12 @@ class Runner:
         if self.draining or provision.retired:
             self._report_drain()
 
-    async def run_events(
-        self, request: RunRequest, provision: Provision
-    ) -> AsyncGenerator[RunEvent, None]:
+    def run_events(self, request: RunRequest, provision: Provision) -> AdmittedRun:
         """An admitted run's events, pulled one by one: the run ends after its terminal event
         (`RunDone` or `RunFailed`), which counts toward its provider's health, and releases its
-        slot when the generator ends, however it ends: the caller must close it (`aclose`) if
-        it stops early, which aborts the adapter's work at once."""
-        adapter = provision.adapter
-        assert adapter is not None
-        try:
-            events = adapter.run(request)
-            try:
-                async for event in events:
-                    if isinstance(event, TERMINAL_EVENTS):
-                        self._judge_run(request, provision, event)
-                        yield event
-                        return
-                    yield event
-            finally:
-                await events.aclose()
-            failure = statuses.failure(
-                statuses.INTERNAL_ERROR, "the adapter ended without a result"
-            )
-        except Exception as exc:
-            logger.exception("run %s on %s failed", request.run_id, request.provider_id)
-            failure = statuses.failure(statuses.INTERNAL_ERROR, f"the adapter failed: {exc!r}")
-        finally:
-            self.release(request, provision)
-        yield failure
+        slot then, however it ends: the caller must close it (`aclose`) if it stops early,
+        which aborts the adapter's work at once."""
+        return AdmittedRun(self, request, provision)
 
     def judge_late(self, request: RunRequest, provision: Provision) -> None:
         """Count a run its Edge cancelled for want of a first byte against its provider."""
@@ -582,3 +559,62 @@ class Runner:
             raise
         finally:
             await events.aclose()
+
+
+class AdmittedRun:
+    """The events of a run `Runner.admit` let in (`Runner.run_events`): the adapter's, then a
+    failure if the adapter ended without a result or failed with a bug.
+
+    An iterator of its own rather than an async generator wrapping the adapter's: a generator
+    is one more frame to resume for every event and is registered with the loop at its first
+    step, and the request path pulls every event of every run through it."""
+
+    __slots__ = ("_done", "_events", "_provision", "_request", "_runner")
+
+    def __init__(self, runner: Runner, request: RunRequest, provision: Provision) -> None:
+        adapter = provision.adapter
+        assert adapter is not None
+        self._runner = runner
+        self._request = request
+        self._provision = provision
+        self._events: AsyncGenerator[RunEvent, None] = adapter.run(request)
+        self._done = False
+
+    def __aiter__(self) -> AdmittedRun:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        if self._done:
+            raise StopAsyncIteration
+        request = self._request
+        try:
+            event = await anext(self._events)
+        except StopAsyncIteration:
+            event = statuses.failure(statuses.INTERNAL_ERROR, "the adapter ended without a result")
+        except Exception as exc:
+            logger.exception("run %s on %s failed", request.run_id, request.provider_id)
+            self._release()
+            return statuses.failure(statuses.INTERNAL_ERROR, f"the adapter failed: {exc!r}")
+        except BaseException:
+            self._release()
+            raise
+        else:
+            if not isinstance(event, TERMINAL_EVENTS):
+                return event
+            self._runner._judge_run(request, self._provision, event)
+        await self.aclose()
+        return event
+
+    async def aclose(self) -> None:
+        """End the run (the adapter's work aborted if it is under way) and free its slot."""
+        if self._done:
+            return
+        try:
+            await self._events.aclose()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._runner.release(self._request, self._provision)

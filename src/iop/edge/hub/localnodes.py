@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
 from iop.aiokits import guarded_task
 from iop.edgeconfig import NodePayload, ProviderPayload, UpstreamPolicy, edge_share
-from iop.providers import Provision, Runner
+from iop.providers import AdmittedRun, Provision, Runner
 from iop.wire import (
     TERMINAL_EVENTS,
     UNSPECIFIED,
@@ -60,7 +60,7 @@ class LocalRun:
         self.request = request
         self._local = local
         self._runner = runner
-        self._events: AsyncGenerator[RunEvent, None] | None = None
+        self._events: AdmittedRun | None = None
         self._provision: Provision | None = None
         #: An event to hand out before pulling more (a refusal, or the stall's failure).
         self._pending: RunEvent | None = None
