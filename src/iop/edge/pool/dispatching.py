@@ -2,7 +2,10 @@
 
 `Dispatcher` keeps the rules docs/edge.md, "Dispatch", gives operators: candidates, capacity and
 long slots, the lowest priority, then the model's policy among equals (`choosing.py`); a bounded
-queue per model, fair between principals by weight; a freed slot given at once to the waiting
+queue per model, in strict order of the requests' priority classes (`priorities.py`: a higher
+class always first, a sheddable one refused at a saturated model rather than queued, the lowest
+class's latest request displaced from a full queue by a higher one, each class's wait bounded)
+and fair between principals by weight within a class; a freed slot given at once to the waiting
 request its provider can serve first; `provider_busy` cool-downs (`BUSY_COOLDOWN_S`); the
 providers a retry `avoid`s (`relaying.py`); `swap(snapshot)`, one reference assignment, under
 which leases keep their snapshot and slot counters (per provider id) carry over. While a change
@@ -16,17 +19,37 @@ needs no lock. A dispatch that finds a free candidate costs O(candidates of the 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
-from ..errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
+from ..errors import (
+    Displaced,
+    ModelNotFound,
+    NoProvider,
+    QueueDeadline,
+    QueueFull,
+    QueueTimeout,
+    Shed,
+)
 from ..hub import ProviderLoad
 from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
+from .priorities import (
+    CLASS_WAIT,
+    DEFAULT_PRIORITY,
+    DISPLACED,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    REQUEST_WAIT,
+    SATURATED,
+    ClassTally,
+    Priority,
+)
 from .snapshots import Candidate, PoolModel, PoolSnapshot, ProviderLimits
 from .splits import STABLE, Side, Split
 
@@ -41,6 +64,12 @@ BUSY_COOLDOWN_S: Final = 0.05
 _TIMER_SLACK_S: Final = 0.005
 #: The Retry-After the Edge suggests with a 429 (queue full) or a 503 (queue timeout).
 RETRY_AFTER_S: Final = 1.0
+#: The bounds of the Retry-After estimated from a model's queue (a shed or displaced request).
+_RETRY_AFTER_MIN_S: Final = 0.05
+_RETRY_AFTER_MAX_S: Final = 60.0
+#: Runs ended per model that the drain rate is read from, and how old the newest may be.
+_DRAIN_SAMPLES: Final = 32
+_DRAIN_FRESH_S: Final = 30.0
 
 
 @dataclass(slots=True, eq=False)
@@ -80,13 +109,16 @@ class _Slots:
 class _Waiter:
     __slots__ = (
         "avoid",
+        "by_priority",
         "deadline",
         "enqueued_at",
+        "first",
         "future",
         "long",
         "model_id",
         "prefix",
         "principal",
+        "priority",
         "seq",
         "stable_view",
         "tag",
@@ -104,8 +136,14 @@ class _Waiter:
         avoid: frozenset[str],
         prefix: PrefixKey | None,
         stable_view: bool,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> None:
         self.seq = seq
+        self.priority = priority
+        #: The request's first wait (a retry's is not counted again).
+        self.first = True
+        #: Its deadline is its class's or its own bound, not its providers' queue timeout.
+        self.by_priority = False
         self.stable_view = stable_view
         self.model_id = model_id
         self.long = long
@@ -124,8 +162,8 @@ class _Waiter:
         return (self.tag, self.seq)
 
 
-class _FairQueue:
-    """The waiters of one (model, long) queue: FIFO per principal, principals in tag order."""
+class _Band:
+    """The waiters of one priority in a queue: FIFO per principal, principals in tag order."""
 
     __slots__ = ("by_principal", "size")
 
@@ -164,6 +202,69 @@ class _FairQueue:
             key=lambda waiter: waiter.order,
         )
 
+    def latest(self) -> _Waiter:
+        """The waiter that arrived last (the band is not empty)."""
+        return max(
+            (next(reversed(fifo.values())) for fifo in self.by_principal.values()),
+            key=lambda waiter: waiter.seq,
+        )
+
+
+class _FairQueue:
+    """The waiters of one (model, long, view) queue: the priorities in strict order, highest
+    first, each a `_Band`."""
+
+    __slots__ = ("bands", "levels", "size")
+
+    def __init__(self) -> None:
+        self.bands: dict[int, _Band] = {}
+        #: The levels that have waiters, lowest first.
+        self.levels: list[int] = []
+        self.size = 0
+
+    def push(self, waiter: _Waiter) -> None:
+        level = waiter.priority.level
+        band = self.bands.get(level)
+        if band is None:
+            band = self.bands[level] = _Band()
+            bisect.insort(self.levels, level)
+        band.push(waiter)
+        self.size += 1
+
+    def remove(self, waiter: _Waiter) -> bool:
+        level = waiter.priority.level
+        band = self.bands.get(level)
+        if band is None or not band.remove(waiter):
+            return False
+        if not band.size:
+            del self.bands[level]
+            self.levels.remove(level)
+        self.size -= 1
+        return True
+
+    def head(self) -> _Waiter | None:
+        """The waiter to serve first: the fair head of the highest priority."""
+        return self.bands[self.levels[-1]].head() if self.levels else None
+
+    def in_bands(self) -> list[tuple[int, list[_Waiter]]]:
+        """(level, its waiters in fair order) for each level, highest first."""
+        return [(level, self.bands[level].in_order()) for level in reversed(self.levels)]
+
+    def in_order(self) -> list[_Waiter]:
+        return [waiter for _, waiters in self.in_bands() for waiter in waiters]
+
+    def lowest(self) -> _Waiter | None:
+        """The latest waiter of the lowest priority: the first to give its place up."""
+        return self.bands[self.levels[0]].latest() if self.levels else None
+
+    def principals(self) -> dict[str, int]:
+        """principal_ref -> its waiters here."""
+        counts: dict[str, int] = {}
+        for band in self.bands.values():
+            for principal, fifo in band.by_principal.items():
+                counts[principal] = counts.get(principal, 0) + len(fifo)
+        return counts
+
 
 def _has_room(limits: ProviderLimits, slots: _Slots, long: bool) -> bool:
     """The provider can take the request now: a free slot (and a long one for a long request),
@@ -193,10 +294,15 @@ class Dispatcher:
         # What a freed slot of each provider can serve, made when first needed after a swap.
         self._freed: dict[str, _Freed] = {}
         self._waiting: dict[str, int] = {}
-        # Fair queuing's clocks, per model while it has waiters: its virtual time, and each
-        # principal's last finish tag (both forgotten when the model's queue empties).
-        self._virtual: dict[str, float] = {}
-        self._finish: dict[str, dict[str, float]] = {}
+        # Fair queuing's clocks, per model and priority while the model has waiters: the
+        # virtual time, and each principal's last finish tag (forgotten when its queue empties).
+        self._virtual: dict[str, dict[int, float]] = {}
+        self._finish: dict[str, dict[int, dict[str, float]]] = {}
+        #: What each priority class's requests came to (`priorities.py`).
+        self.classes = ClassTally()
+        # When each model's latest runs ended (time.monotonic()): its drain rate, which a shed
+        # or displaced request's Retry-After is estimated from.
+        self._drains: dict[str, deque[float]] = {}
         self._waiting_total = 0
         self._seq = 0
         self._stamp = 0
@@ -298,15 +404,24 @@ class Dispatcher:
     # -- acquiring and releasing slots ----------------------------------------------------------
 
     def try_acquire(
-        self, model_id: str, long: bool, prefix: PrefixKey | None = None, side: Side = STABLE
+        self,
+        model_id: str,
+        long: bool,
+        prefix: PrefixKey | None = None,
+        side: Side = STABLE,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> Lease | None:
-        """A lease on the best free candidate now, or None when every candidate is busy."""
+        """A lease on the best free candidate now, or None when every candidate is busy (for a
+        sheddable `priority`, also those whose servers are saturated)."""
         pool_model = self._route(model_id, long, self._stable_view(model_id, side))
-        chosen = self._select(pool_model, long, prefix=prefix)
+        chosen = self._select(pool_model, long, prefix=prefix, shed=priority.sheddable)
         if chosen is None:
             return None
+        self.classes.admit(priority)
         loop_time = asyncio.get_running_loop().time()
-        return self._take(pool_model, *chosen, long, loop_time + pool_model.queue_timeout_s, 0.0)
+        return self._take(
+            pool_model, *chosen, long, loop_time + self._wait_s(pool_model, priority)[0], 0.0
+        )
 
     async def acquire(
         self,
@@ -318,6 +433,7 @@ class Dispatcher:
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
         side: Side = STABLE,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
@@ -326,7 +442,9 @@ class Dispatcher:
         request in the queue's fair order. `avoid`: providers this request tried already, no
         candidates while another of the model is available (free or not), candidates again when
         none is. `prefix`: the prompt's prefix points, for `prefix_affinity`. `side`: the
-        revision the request runs on while a change is on trial (`splits.py`).
+        revision the request runs on while a change is on trial (`splits.py`). `priority`: its
+        class (`priorities.py`): its order in the queue and its wait; a sheddable request that
+        finds no room gets `Shed`, never a place in the queue.
         """
         stable_view = self._stable_view(model_id, side)
         pool_model = self._route(model_id, long, stable_view)
@@ -334,22 +452,22 @@ class Dispatcher:
         now = loop.time()
         if avoid and not self._others_available(pool_model, long, avoid):
             avoid = frozenset()
-        chosen = self._select(pool_model, long, avoid, prefix)
+        first = deadline is None
+        chosen = self._select(pool_model, long, avoid, prefix, shed=first and priority.sheddable)
+        wait_s, by_priority = self._wait_s(pool_model, priority)
         if chosen is not None:
+            if first:
+                self.classes.admit(priority)
             return self._take(
-                pool_model,
-                *chosen,
-                long,
-                now + pool_model.queue_timeout_s if deadline is None else deadline,
+                pool_model, *chosen, long, now + wait_s if deadline is None else deadline
             )
         if deadline is None:
+            if priority.sheddable:
+                self.classes.refuse(priority, SATURATED)
+                raise self._shed(model_id, priority)
             if self._waiting.get(model_id, 0) >= pool_model.queue_bound:
-                raise QueueFull(
-                    f"Too many requests are waiting for model `{model_id}` "
-                    f"(queue bound {pool_model.queue_bound}); retry later.",
-                    RETRY_AFTER_S,
-                )
-            deadline = now + pool_model.queue_timeout_s
+                self._displace(model_id, pool_model, priority)
+            deadline = now + wait_s
         elif deadline <= now:
             raise self._timeout(model_id)
         self._seq += 1
@@ -363,7 +481,12 @@ class Dispatcher:
             avoid,
             prefix,
             stable_view,
+            priority,
         )
+        waiter.first = first
+        waiter.by_priority = first and by_priority
+        if first:
+            self.classes.queue(priority)
         self._enqueue(waiter)
         waiter.timer = loop.call_at(deadline, self._expire, waiter)
         try:
@@ -377,6 +500,10 @@ class Dispatcher:
         slots = self._give_back(lease)
         if slots is None:
             return
+        drains = self._drains.get(lease.pool_model.id)
+        if drains is None:
+            drains = self._drains[lease.pool_model.id] = deque(maxlen=_DRAIN_SAMPLES)
+        drains.append(time.monotonic())
         slots.cool_until = 0.0  # one of our runs ended there: the Node has room again
         if self._waiting_total:
             self._serve_freed(lease.provider_id)
@@ -468,10 +595,43 @@ class Dispatcher:
         """(model id, principal_ref) -> requests waiting, for the pairs that have any."""
         depths: dict[tuple[str, str], int] = {}
         for (model_id, _, _), queue in self._queues.items():
-            for principal, fifo in queue.by_principal.items():
+            for principal, waiting in queue.principals().items():
                 key = (model_id, principal)
-                depths[key] = depths.get(key, 0) + len(fifo)
+                depths[key] = depths.get(key, 0) + waiting
         return depths
+
+    def queue_depths_by_class(self) -> Mapping[tuple[str, str], int]:
+        """(model id, priority class) -> requests waiting, for the pairs that have any."""
+        depths: dict[tuple[str, str], int] = {}
+        for (model_id, _, _), queue in self._queues.items():
+            for band in queue.bands.values():
+                for fifo in band.by_principal.values():
+                    for waiter in fifo.values():
+                        key = (model_id, waiter.priority.class_name)
+                        depths[key] = depths.get(key, 0) + 1
+        return depths
+
+    def saturated(self, model_id: str, side: Side = STABLE) -> bool:
+        """True when a sheddable request for the model would be shed now: no candidate has a
+        free slot, or every one with a free slot has a server that reports its own queue."""
+        pool_model = self.model_view(model_id, side)
+        if pool_model is None or not pool_model.candidates:
+            return False
+        return not self._has_free(pool_model, shed=True)
+
+    def retry_after(self, model_id: str) -> float:
+        """Seconds until a slot of the model is likely free for one more request: the requests
+        waiting for it, and one more, at the rate its runs ended lately."""
+        drains = self._drains.get(model_id)
+        now = time.monotonic()
+        if drains is None or len(drains) < 2 or now - drains[-1] > _DRAIN_FRESH_S:
+            return RETRY_AFTER_S
+        span = drains[-1] - drains[0]
+        if span <= 0:
+            return _RETRY_AFTER_MIN_S
+        rate = (len(drains) - 1) / span
+        estimate = (self._waiting.get(model_id, 0) + 1) / rate
+        return min(_RETRY_AFTER_MAX_S, max(_RETRY_AFTER_MIN_S, estimate))
 
     @property
     def waiting(self) -> int:
@@ -529,17 +689,37 @@ class Dispatcher:
                 return True
         return False
 
+    def _server_full(self, provider_id: str) -> bool:
+        """The provider's server reports a queue of its own (`saturation.server_waiting`)."""
+        threshold = self._snapshot.priorities.server_waiting
+        return threshold is not None and self._chooser.server_waiting(provider_id) >= threshold
+
+    def _has_free(self, pool_model: PoolModel, shed: bool) -> bool:
+        """A candidate of the model could take a request now (choosing nothing)."""
+        available = self._available
+        for candidate in pool_model.candidates:
+            limits = candidate.provider
+            if (
+                limits.id in available
+                and _has_room(limits, self._slots[limits.id], False)
+                and not (shed and self._server_full(limits.id))
+            ):
+                return True
+        return False
+
     def _select(
         self,
         pool_model: PoolModel,
         long: bool,
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
+        shed: bool = False,
     ) -> tuple[Candidate, int] | None:
         """The candidate that takes the request now (counted as chosen) and the prompt bytes it
-        is expected to prefill (`Lease.prefill`), or None."""
+        is expected to prefill (`Lease.prefill`), or None. `shed`: a sheddable request, which
+        a provider whose server has a queue of its own does not take."""
         if pool_model.dispatch.policy != ROUND_ROBIN:
-            return self._choose(pool_model, long, avoid, prefix)
+            return self._choose(pool_model, long, avoid, prefix, shed)
         available = self._available
         all_slots = self._slots
         best: Candidate | None = None
@@ -552,7 +732,7 @@ class Dispatcher:
             if limits.id not in available or (avoid and limits.id in avoid):
                 continue
             slots = all_slots[limits.id]
-            if not _has_room(limits, slots, long):
+            if not _has_room(limits, slots, long) or (shed and self._server_full(limits.id)):
                 continue
             if best is None or slots.last_used < best_used:
                 best, best_used, best_priority = candidate, slots.last_used, limits.priority
@@ -562,7 +742,12 @@ class Dispatcher:
         return best, 0
 
     def _choose(
-        self, pool_model: PoolModel, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+        self,
+        pool_model: PoolModel,
+        long: bool,
+        avoid: frozenset[str],
+        prefix: PrefixKey | None,
+        shed: bool = False,
     ) -> tuple[Candidate, int] | None:
         """`_select` for the policies of `choosing.py`: the same filter and priority, then the
         policy picks among the free candidates of the best priority."""
@@ -583,7 +768,9 @@ class Dispatcher:
             if long and not limits.takes_long:
                 continue
             group.append(candidate)
-            if _has_room(limits, all_slots[limits.id], long):
+            if _has_room(limits, all_slots[limits.id], long) and not (
+                shed and self._server_full(limits.id)
+            ):
                 free.append(candidate)
         if not free:
             return None
@@ -618,10 +805,61 @@ class Dispatcher:
             prefill=prefill,
         )
 
+    def _wait_s(self, pool_model: PoolModel, priority: Priority) -> tuple[float, bool]:
+        """How long a request may wait for the model, and whether its class or its own bound
+        (rather than its providers' queue timeout) says so."""
+        bound = priority.max_wait_s
+        if bound is not None and bound < pool_model.queue_timeout_s:
+            return bound, True
+        return pool_model.queue_timeout_s, False
+
+    def _shed(self, model_id: str, priority: Priority) -> Shed:
+        return Shed(
+            f"Model `{model_id}` is saturated and requests of class `{priority.class_name}` "
+            f"(priority {priority.level}, sheddable) are not queued; retry later.",
+            self.retry_after(model_id),
+        )
+
+    def _displace(self, model_id: str, pool_model: PoolModel, priority: Priority) -> None:
+        """Make room in the model's full queue for a request of `priority`: the latest waiter
+        of the lowest priority below it leaves with `Displaced`; with none, `QueueFull`."""
+        victim: _Waiter | None = None
+        for (queued_model, _, _), queue in self._queues.items():
+            if queued_model != model_id:
+                continue
+            lowest = queue.lowest()
+            if lowest is not None and (
+                victim is None
+                or (lowest.priority.level, -lowest.seq) < (victim.priority.level, -victim.seq)
+            ):
+                victim = lowest
+        if victim is None or victim.priority.level >= priority.level:
+            self.classes.refuse(priority, QUEUE_FULL)
+            raise QueueFull(
+                f"Too many requests are waiting for model `{model_id}` "
+                f"(queue bound {pool_model.queue_bound}); retry later.",
+                RETRY_AFTER_S,
+            )
+        self.classes.refuse(victim.priority, DISPLACED)
+        self._fail(
+            victim,
+            Displaced(
+                f"Model `{model_id}`'s queue is full and a request of a higher priority class "
+                f"took this one's place (class `{victim.priority.class_name}`, priority "
+                f"{victim.priority.level}); it had not started. Retry later.",
+                self.retry_after(model_id),
+            ),
+        )
+
     def _enqueue(self, waiter: _Waiter) -> None:
         model_id = waiter.model_id
-        finish = self._finish.setdefault(model_id, {})
-        start = max(self._virtual.get(model_id, 0.0), finish.get(waiter.principal, 0.0))
+        level = waiter.priority.level
+        finishes = self._finish.setdefault(model_id, {})
+        finish = finishes.get(level)
+        if finish is None:
+            finish = finishes[level] = {}
+        virtual = self._virtual.get(model_id)
+        start = max(virtual.get(level, 0.0) if virtual else 0.0, finish.get(waiter.principal, 0.0))
         weight = self._snapshot.principal_weights.get(waiter.principal, 1)
         finish[waiter.principal] = start + 1.0 / weight
         waiter.tag = start
@@ -659,12 +897,16 @@ class Dispatcher:
         self, waiter: _Waiter, pool_model: PoolModel, candidate: Candidate, prefill: int = 0
     ) -> None:
         model_id = waiter.model_id
-        if waiter.tag > self._virtual.get(model_id, 0.0):
-            self._virtual[model_id] = waiter.tag
+        level = waiter.priority.level
+        virtual = self._virtual.setdefault(model_id, {})
+        if waiter.tag > virtual.get(level, 0.0):
+            virtual[level] = waiter.tag
         self._dequeue(waiter)
         if waiter.future.done():
             return  # cancelled; its task has not resumed yet to abandon it
         waited = time.perf_counter() - waiter.enqueued_at
+        if waiter.first:
+            self.classes.admit(waiter.priority, waited)
         waiter.future.set_result(
             self._take(pool_model, candidate, prefill, waiter.long, waiter.deadline, waited)
         )
@@ -675,8 +917,23 @@ class Dispatcher:
             waiter.future.set_exception(error)
 
     def _expire(self, waiter: _Waiter) -> None:
-        if not waiter.future.done():
+        if waiter.future.done():
+            return
+        priority = waiter.priority
+        if not waiter.by_priority:
+            if waiter.first:
+                self.classes.refuse(priority, QUEUE_TIMEOUT)
             self._fail(waiter, self._timeout(waiter.model_id))
+            return
+        own = priority.wait_source.startswith("the request's")
+        self.classes.refuse(priority, REQUEST_WAIT if own else CLASS_WAIT)
+        self._fail(
+            waiter,
+            QueueDeadline(
+                f"No provider of model `{waiter.model_id}` became free within "
+                f"{priority.wait_source}; the request left the queue before reaching a server."
+            ),
+        )
 
     def _timeout(self, model_id: str) -> QueueTimeout:
         return QueueTimeout(
@@ -714,7 +971,8 @@ class Dispatcher:
         return pairs
 
     def _serve_freed(self, provider_id: str) -> None:
-        """Give free slots of `provider_id` to the oldest waiting requests it can serve."""
+        """Give free slots of `provider_id` to the waiting requests it can serve: the highest
+        priority first, the oldest of it first."""
         if provider_id not in self._available:
             return
         pairs = self._freed_pairs(provider_id)
@@ -737,7 +995,10 @@ class Dispatcher:
                 for long in (False, True) if long_ok else (False,):
                     queue = self._queues.get((pool_model.id, long, stable_view))
                     head = queue.head() if queue is not None else None
-                    if head is not None and (oldest is None or head.seq < oldest.seq):
+                    if head is not None and (
+                        oldest is None
+                        or (-head.priority.level, head.seq) < (-oldest.priority.level, oldest.seq)
+                    ):
                         oldest, chosen = head, (pool_model, candidate)
             if oldest is None or chosen is None:
                 return
@@ -752,15 +1013,20 @@ class Dispatcher:
             self._grant(oldest, *chosen, prefill)
 
     def _reevaluate(self) -> None:
-        """Try every waiting request again (after a swap or a health change): the queues in the
-        order of their oldest waiter, each queue in its fair order."""
+        """Try every waiting request again (after a swap or a health change): the highest
+        priority first; within one, the queues in the order of their oldest waiter, each in its
+        fair order."""
         if not self._waiting_total:
             return
-        queues = sorted(
-            (queue.in_order() for queue in self._queues.values()),
-            key=lambda waiters: min(waiter.seq for waiter in waiters),
+        bands = sorted(
+            (
+                (level, waiters)
+                for queue in self._queues.values()
+                for level, waiters in queue.in_bands()
+            ),
+            key=lambda band: (-band[0], min(waiter.seq for waiter in band[1])),
         )
-        for waiter in (waiter for waiters in queues for waiter in waiters):
+        for waiter in (waiter for _, waiters in bands for waiter in waiters):
             if waiter.future.done():
                 continue  # cancelled: its task takes it out of the queue when it resumes
             try:
