@@ -754,16 +754,24 @@ class PrincipalPriority(Spec):
 
 
 class SaturationSettings(Spec):
-    """When a model counts as saturated: what sheds a sheddable request."""
+    """When a model counts as saturated: a sheddable request that arrives then is refused with
+    429 model_saturated instead of queued. A model is saturated when either bound is reached."""
 
+    queue_depth: Annotated[
+        int,
+        live(
+            "Requests (of any class) waiting for the model at this Edge from which it is "
+            "saturated: demand beyond what its providers serve now.",
+            ge=1,
+        ),
+    ] = 1
     server_waiting: Annotated[
         int | None,
         live(
-            "A provider whose model server reports at least this many requests waiting in its "
-            "own queue (vLLM's num_requests_waiting, read by its Node) counts as full for a "
-            "sheddable request even with a free slot at the Edge. null: only the Edge's slots "
-            "count. A model is saturated for a sheddable request when no candidate has room "
-            "by this rule.",
+            "Requests waiting in a model server's own queue (vLLM's num_requests_waiting, read "
+            "by its Node) from which its provider is full for a sheddable request even with a "
+            "free slot at the Edge; the model is saturated when every available candidate is "
+            "so. null: the servers' queues do not count.",
             ge=1,
         ),
     ] = 1

@@ -147,7 +147,7 @@ async def test_a_full_queue_gives_the_latest_lowest_place_to_a_higher_class(
     }
 
 
-async def test_a_sheddable_request_is_refused_at_once_when_saturated(
+async def test_a_sheddable_request_waits_only_while_the_model_is_not_saturated(
     config_of, provider
 ) -> None:
     pool = Pool(priority_config(config_of, provider))
@@ -155,22 +155,29 @@ async def test_a_sheddable_request_is_refused_at_once_when_saturated(
     assert batch.sheddable
     running = await pool.start("batch-running", batch)  # a free slot: admitted
     await running
+    # Busy, but nothing waits: demand has not passed capacity, and the batch request waits.
+    assert not pool.dispatcher.saturated("m")
+    queued = await pool.start("batch-queued", batch)
+    assert pool.dispatcher.queue_depth("m") == 1
+    # A request waits: the model is saturated, and the next batch request is shed at once.
     assert pool.dispatcher.saturated("m")
     with pytest.raises(Shed) as shed:
         await pool.dispatcher.acquire("m", False, priority=batch)
     assert "saturated" in shed.value.message and "batch" in shed.value.message
-    assert pool.dispatcher.queue_depth("m") == 0, "a shed request never takes a queue place"
+    assert pool.dispatcher.try_acquire("m", False, priority=batch) is None
+    assert pool.dispatcher.queue_depth("m") == 1, "a shed request never takes a queue place"
     assert pool.dispatcher.classes.shed == {("batch", "saturated"): 1}
-    # Not sheddable: the same request waits for the slot.
+    # Not sheddable: it waits, and goes before the batch request queued before it.
     waiting = await pool.start("standard", pool.priority("standard"))
-    assert pool.dispatcher.queue_depth("m") == 1
+    assert pool.dispatcher.queue_depth("m") == 2
     await pool.finish_one()
     await waiting
+    await pool.finish_one()
+    await queued
+    assert pool.granted == ["batch-running", "standard", "batch-queued"]
 
 
-async def test_a_server_with_its_own_queue_is_full_for_sheddable_requests(
-    config_of, provider
-) -> None:
+async def test_servers_with_queues_of_their_own_saturate_the_model(config_of, provider) -> None:
     pool = Pool(priority_config(config_of, provider))
     loads = {"a": ProviderLoad(0, ServerLoad(running=16, waiting=3), time.monotonic())}
     pool.dispatcher.watch_loads(loads)
@@ -194,6 +201,7 @@ async def test_the_retry_after_of_a_shed_request_follows_the_drain_rate(
     for _ in range(10):  # runs end quickly: the estimate is short
         pool.dispatcher.release(await pool.dispatcher.acquire("m", False, priority=standard))
     await pool.start("running", standard)
+    await pool.start("waiting", standard)
     with pytest.raises(Shed) as shed:
         await pool.dispatcher.acquire("m", False, priority=pool.priority("batch"))
     assert shed.value.retry_after_s < 0.5
@@ -225,9 +233,7 @@ async def test_a_wait_past_its_bound_leaves_the_queue_with_its_reason(
     assert pool.dispatcher.queue_depth("m") == 0
 
 
-def test_a_request_gets_its_principals_class_its_models_or_the_default(
-    config_of, provider
-) -> None:
+def test_a_request_gets_its_principals_class_its_models_or_the_default(config_of, provider) -> None:
     config = config_of(
         [provider("a")],
         {"m": ["a"], "bulk": ["a"]},

@@ -275,7 +275,9 @@ async def test_a_live_change_of_classes_under_load_loses_no_request(
 
         workers = [asyncio.create_task(worker(p)) for p in ("chat", "web", "web", "locked")]
         changes = [
-            priority_section(principals=[{"principal_ref": "web", "priority_class": "interactive"}]),
+            priority_section(
+                principals=[{"principal_ref": "web", "priority_class": "interactive"}]
+            ),
             priority_section(classes=[*CLASSES, {"name": "gold", "priority": 50}]),
             {},
             priority_section(),

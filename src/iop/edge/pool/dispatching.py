@@ -411,10 +411,12 @@ class Dispatcher:
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
     ) -> Lease | None:
-        """A lease on the best free candidate now, or None when every candidate is busy (for a
-        sheddable `priority`, also those whose servers are saturated)."""
+        """A lease on the best free candidate now, or None when every candidate is busy (or, for
+        a sheddable `priority`, the model is saturated)."""
         pool_model = self._route(model_id, long, self._stable_view(model_id, side))
-        chosen = self._select(pool_model, long, prefix=prefix, shed=priority.sheddable)
+        if priority.sheddable and self._saturated(pool_model):
+            return None
+        chosen = self._select(pool_model, long, prefix=prefix)
         if chosen is None:
             return None
         self.classes.admit(priority)
@@ -444,7 +446,7 @@ class Dispatcher:
         none is. `prefix`: the prompt's prefix points, for `prefix_affinity`. `side`: the
         revision the request runs on while a change is on trial (`splits.py`). `priority`: its
         class (`priorities.py`): its order in the queue and its wait; a sheddable request that
-        finds no room gets `Shed`, never a place in the queue.
+        arrives at a saturated model (`_saturated`) gets `Shed`, never a place in the queue.
         """
         stable_view = self._stable_view(model_id, side)
         pool_model = self._route(model_id, long, stable_view)
@@ -453,7 +455,10 @@ class Dispatcher:
         if avoid and not self._others_available(pool_model, long, avoid):
             avoid = frozenset()
         first = deadline is None
-        chosen = self._select(pool_model, long, avoid, prefix, shed=first and priority.sheddable)
+        if first and priority.sheddable and self._saturated(pool_model):
+            self.classes.refuse(priority, SATURATED)
+            raise self._shed(model_id, priority)
+        chosen = self._select(pool_model, long, avoid, prefix)
         wait_s, by_priority = self._wait_s(pool_model, priority)
         if chosen is not None:
             if first:
@@ -462,9 +467,6 @@ class Dispatcher:
                 pool_model, *chosen, long, now + wait_s if deadline is None else deadline
             )
         if deadline is None:
-            if priority.sheddable:
-                self.classes.refuse(priority, SATURATED)
-                raise self._shed(model_id, priority)
             if self._waiting.get(model_id, 0) >= pool_model.queue_bound:
                 self._displace(model_id, pool_model, priority)
             deadline = now + wait_s
@@ -612,12 +614,9 @@ class Dispatcher:
         return depths
 
     def saturated(self, model_id: str, side: Side = STABLE) -> bool:
-        """True when a sheddable request for the model would be shed now: no candidate has a
-        free slot, or every one with a free slot has a server that reports its own queue."""
+        """True when a sheddable request for the model would be shed now (`_saturated`)."""
         pool_model = self.model_view(model_id, side)
-        if pool_model is None or not pool_model.candidates:
-            return False
-        return not self._has_free(pool_model, shed=True)
+        return pool_model is not None and self._saturated(pool_model)
 
     def retry_after(self, model_id: str) -> float:
         """Seconds until a slot of the model is likely free for one more request: the requests
@@ -694,18 +693,19 @@ class Dispatcher:
         threshold = self._snapshot.priorities.server_waiting
         return threshold is not None and self._chooser.server_waiting(provider_id) >= threshold
 
-    def _has_free(self, pool_model: PoolModel, shed: bool) -> bool:
-        """A candidate of the model could take a request now (choosing nothing)."""
-        available = self._available
-        for candidate in pool_model.candidates:
-            limits = candidate.provider
-            if (
-                limits.id in available
-                and _has_room(limits, self._slots[limits.id], False)
-                and not (shed and self._server_full(limits.id))
-            ):
-                return True
-        return False
+    def _saturated(self, pool_model: PoolModel) -> bool:
+        """The model's demand is past what its providers serve now: requests wait for it at
+        this Edge (`saturation.queue_depth` of them, any class), or every available candidate's
+        server reports a queue of its own (`saturation.server_waiting`)."""
+        priorities = self._snapshot.priorities
+        if self._waiting.get(pool_model.id, 0) >= priorities.queue_depth:
+            return True
+        if priorities.server_waiting is None:
+            return False
+        available = [
+            c.provider.id for c in pool_model.candidates if c.provider.id in self._available
+        ]
+        return bool(available) and all(self._server_full(pid) for pid in available)
 
     def _select(
         self,
@@ -713,13 +713,11 @@ class Dispatcher:
         long: bool,
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
-        shed: bool = False,
     ) -> tuple[Candidate, int] | None:
         """The candidate that takes the request now (counted as chosen) and the prompt bytes it
-        is expected to prefill (`Lease.prefill`), or None. `shed`: a sheddable request, which
-        a provider whose server has a queue of its own does not take."""
+        is expected to prefill (`Lease.prefill`), or None."""
         if pool_model.dispatch.policy != ROUND_ROBIN:
-            return self._choose(pool_model, long, avoid, prefix, shed)
+            return self._choose(pool_model, long, avoid, prefix)
         available = self._available
         all_slots = self._slots
         best: Candidate | None = None
@@ -732,7 +730,7 @@ class Dispatcher:
             if limits.id not in available or (avoid and limits.id in avoid):
                 continue
             slots = all_slots[limits.id]
-            if not _has_room(limits, slots, long) or (shed and self._server_full(limits.id)):
+            if not _has_room(limits, slots, long):
                 continue
             if best is None or slots.last_used < best_used:
                 best, best_used, best_priority = candidate, slots.last_used, limits.priority
@@ -747,7 +745,6 @@ class Dispatcher:
         long: bool,
         avoid: frozenset[str],
         prefix: PrefixKey | None,
-        shed: bool = False,
     ) -> tuple[Candidate, int] | None:
         """`_select` for the policies of `choosing.py`: the same filter and priority, then the
         policy picks among the free candidates of the best priority."""
@@ -768,9 +765,7 @@ class Dispatcher:
             if long and not limits.takes_long:
                 continue
             group.append(candidate)
-            if _has_room(limits, all_slots[limits.id], long) and not (
-                shed and self._server_full(limits.id)
-            ):
+            if _has_room(limits, all_slots[limits.id], long):
                 free.append(candidate)
         if not free:
             return None

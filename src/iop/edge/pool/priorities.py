@@ -68,7 +68,15 @@ def _class_priority(name: str, level: int, max_wait_ms: int) -> Priority:
 class PriorityTable:
     """`openai.priority` of one config, ready to answer a request's class."""
 
-    __slots__ = ("_by_model", "_by_principal", "_default", "_fixed", "classes", "server_waiting")
+    __slots__ = (
+        "_by_model",
+        "_by_principal",
+        "_default",
+        "_fixed",
+        "classes",
+        "queue_depth",
+        "server_waiting",
+    )
 
     def __init__(self, config: EdgeConfig) -> None:
         section = config.openai.priority
@@ -79,6 +87,8 @@ class PriorityTable:
         self.classes: Mapping[str, Priority] = classes
         #: A server with this many requests waiting of its own is full for a sheddable request.
         self.server_waiting = section.saturation.server_waiting
+        #: A model with this many requests waiting at this Edge is saturated.
+        self.queue_depth = section.saturation.queue_depth
         self._default = classes[section.default_class or DEFAULT_PRIORITY_CLASS]
         self._by_principal = {
             entry.principal_ref: (classes[entry.priority_class], entry.lower_per_request)
