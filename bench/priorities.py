@@ -10,9 +10,10 @@ the requests a second the fleet completes saturated. Three clients, each a princ
 with its own conversations (open loop, Poisson, `bench.routing.workload`):
 
 - **interactive** (a chat product): a fixed `--interactive` share of the capacity at every load
-  (0.3 by default); class `interactive`, priority 10;
-- **standard** (an internal tool): `--standard` of the rest of the load (0.35 by default of what
-  is left after interactive); class `standard`, priority 0;
+  (0.25 by default); class `interactive`, priority 10;
+- **standard** (an internal tool): `--standard` of the rest of the load (0.3 by default of what
+  is left after interactive: 0.225 of the capacity at 1x, 0.525 at 2x); class `standard`,
+  priority 0;
 - **batch** (a nightly evaluation): the rest; class `batch`, priority -1 (sheddable). It honours
   a 429's `retry-after-ms` (then `Retry-After`) and sends the request again, up to `--retries`
   times, as the official clients do.
@@ -450,7 +451,8 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
     figure.suptitle(
-        "Priority classes on 4 simulated GPU servers: interactive 0.3x capacity at every load, "
+        f"Priority classes on 4 simulated GPU servers: interactive {args.interactive:g}x capacity "
+        "at every load, "
         "standard and a sheddable batch job the rest (IOP solid, vLLM router dashed)"
     )
     figure.tight_layout(rect=(0, 0.08, 1, 1))
@@ -466,8 +468,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds not measured")
     parser.add_argument("--drain", type=float, default=10.0, help="seconds after the arrivals")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS[:3]))
-    parser.add_argument("--interactive", type=float, default=0.3, help="share of capacity")
-    parser.add_argument("--standard", type=float, default=0.35, help="share of the rest")
+    parser.add_argument("--interactive", type=float, default=0.25, help="share of capacity")
+    parser.add_argument("--standard", type=float, default=0.3, help="share of the rest")
     parser.add_argument("--retries", type=int, default=5, help="a batch request's after 429s")
     parser.add_argument(
         "--no-alone", dest="alone", action="store_false", help="skip interactive alone"

@@ -391,6 +391,16 @@ def _check_limits(data: Mapping[str, object], index: _Index) -> None:
             seen[selector] = limit_path
 
 
+def _principals(openai: Mapping[str, object]) -> set[str]:
+    """The principal_refs `openai.principal_tokens` bills to, and 'anonymous'."""
+    principals = {ANONYMOUS_PRINCIPAL}
+    for _, token in _items(openai, "principal_tokens"):
+        _, principal = _get(token, "principal_ref")
+        if isinstance(principal, str):
+            principals.add(principal)
+    return principals
+
+
 def _check_priority(data: Mapping[str, object], index: _Index) -> None:
     """`openai.priority`: unique class names, and every class named by the default, a principal
     or a model defined; each principal once, and known."""
@@ -417,12 +427,7 @@ def _check_priority(data: Mapping[str, object], index: _Index) -> None:
 
     default_key, default = _get(section, "default_class")
     check_class(f"openai.priority.{default_key}", default)
-    principals = {ANONYMOUS_PRINCIPAL}
-    if isinstance(openai, Mapping):
-        for _, token in _items(openai, "principal_tokens"):
-            _, principal = _get(token, "principal_ref")
-            if isinstance(principal, str):
-                principals.add(principal)
+    principals = _principals(openai) if isinstance(openai, Mapping) else {ANONYMOUS_PRINCIPAL}
     named: dict[str, str] = {}
     for entry_path, entry in _items(section, "principals", "openai.priority."):
         ref_key, ref = _get(entry, "principal_ref")
