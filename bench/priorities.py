@@ -27,6 +27,8 @@ Systems, in front of the same servers, each cell after a reset of the servers:
   (its batch: every request past it waits at the Edge, where the classes order it), the three
   classes applied live before each cell;
 - `iop:none`: the same Edge with the classes removed live (every request in class `default`);
+- `iop:classes@12`: the classes with 12 slots a server (not by default): room kept on every
+  server, what an interactive request's first token gains from it and what the fleet loses;
 - `vllm-router:<policy>`: the vLLM project's router (`bench.peers` installs it), which forwards
   every request at once and leaves the queue to the servers.
 
@@ -64,7 +66,13 @@ from bench.routing import SHAPES, Target, Turn, pct, workload
 from testkit import Client
 
 CLASSES = ("interactive", "standard", "batch")
-SYSTEMS = ("iop:classes", "iop:none", "vllm-router:cache_aware", "vllm-router:round_robin")
+SYSTEMS = (
+    "iop:classes",
+    "iop:none",
+    "vllm-router:cache_aware",
+    "vllm-router:round_robin",
+    "iop:classes@12",
+)
 #: Each class's client: its principal and API key.
 CLIENTS = {name: Client(f"{name}-app", f"sk-bench-{name}", f"team-{name}") for name in CLASSES}
 PRIORITY = {
@@ -129,9 +137,13 @@ def document_of(servers: list[Any]) -> dict[str, Any]:
     return document
 
 
-async def apply(target: Target, document: dict[str, Any], classes: bool) -> None:
-    """Apply the classes (or none) live through the admin API."""
+async def apply(
+    target: Target, document: dict[str, Any], classes: bool, capacity: int = CAPACITY
+) -> None:
+    """Apply the classes (or none) and the providers' `capacity` live through the admin API."""
     document["openai"]["priority"] = PRIORITY if classes else {}
+    for entry in document["nodes"][0]["providers"]:
+        entry["capacity"] = capacity
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -286,7 +298,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
                 cell = Cell(system, load)
                 if kind == "iop":
                     assert iop is not None
-                    await apply(*iop, classes=setting == "classes")
+                    name, _, size = setting.partition("@")
+                    await apply(*iop, classes=name == "classes", capacity=int(size or CAPACITY))
                     await run_cell(iop[0], servers, turns, cell, args)
                 else:
                     assert router is not None
@@ -405,6 +418,7 @@ def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None
 
 COLOURS = {
     "iop:classes": "#08306b",
+    "iop:classes@12": "#6a51a3",
     "iop:none": "#9ecae1",
     "vllm-router:cache_aware": "#00441b",
     "vllm-router:round_robin": "#74c476",

@@ -761,10 +761,12 @@ class SaturationSettings(Spec):
         int,
         live(
             "Requests (of any class) waiting for the model at this Edge from which it is "
-            "saturated: demand beyond what its providers serve now.",
+            "saturated: a backlog, demand beyond what its providers serve now. Below it a "
+            "sheddable request may wait (behind every higher class), so that a busy fleet "
+            "stays full between arrivals.",
             ge=1,
         ),
-    ] = 1
+    ] = 8
     server_waiting: Annotated[
         int | None,
         live(

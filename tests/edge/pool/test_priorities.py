@@ -36,6 +36,7 @@ def priority_config(
     priority = {
         "classes": CLASSES,
         "default_class": "standard",
+        "saturation": {"queue_depth": 1},
         "principals": [
             {"principal_ref": "chat", "priority_class": "interactive"},
             {"principal_ref": "evals", "priority_class": "batch"},
@@ -186,7 +187,9 @@ async def test_servers_with_queues_of_their_own_saturate_the_model(config_of, pr
         await pool.dispatcher.acquire("m", False, priority=pool.priority("batch"))
     lease = await pool.dispatcher.acquire("m", False, priority=pool.priority("standard"))
     pool.dispatcher.release(lease)
-    off = priority_config(config_of, provider, saturation={"server_waiting": None})
+    off = priority_config(
+        config_of, provider, saturation={"queue_depth": 1, "server_waiting": None}
+    )
     pool.dispatcher.swap(PoolSnapshot.build(off))
     assert not pool.dispatcher.saturated("m")
     lease = await pool.dispatcher.acquire("m", False, priority=pool.priority("batch"))

@@ -43,6 +43,7 @@ def priority_section(**changes: Any) -> dict[str, Any]:
     return {
         "classes": CLASSES,
         "default_class": "standard",
+        "saturation": {"queue_depth": 1},
         "principals": [
             {"principal_ref": "chat", "priority_class": "interactive"},
             {"principal_ref": "evals", "priority_class": "batch"},
