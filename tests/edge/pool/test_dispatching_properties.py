@@ -80,8 +80,8 @@ class CheckedDispatcher(Dispatcher):
         super().__init__(snapshot)
         self.over_capacity: list[str] = []
 
-    def _take(self, pool_model, candidate, prefill, long, deadline, waited_s=0.0):
-        lease = super()._take(pool_model, candidate, prefill, long, deadline, waited_s)
+    def _take(self, pool_model, candidate, *args, **kwargs):
+        lease = super()._take(pool_model, candidate, *args, **kwargs)
         if self.in_flight(candidate.provider.id) > candidate.provider.capacity:
             self.over_capacity.append(candidate.provider.id)
         return lease

@@ -196,18 +196,26 @@ async def test_servers_with_queues_of_their_own_saturate_the_model(config_of, pr
     pool.dispatcher.release(lease)
 
 
-async def test_the_retry_after_of_a_shed_request_follows_the_drain_rate(
+async def test_shed_requests_are_told_to_come_back_one_after_the_other(
     config_of, provider
 ) -> None:
     pool = Pool(priority_config(config_of, provider))
-    standard = pool.priority("standard")
-    for _ in range(10):  # runs end quickly: the estimate is short
-        pool.dispatcher.release(await pool.dispatcher.acquire("m", False, priority=standard))
+    batch, standard = pool.priority("batch"), pool.priority("standard")
+    for _ in range(6):  # sheddable runs of 50 ms: their class is served at about 20 a second
+        lease = await pool.dispatcher.acquire("m", False, priority=batch)
+        await asyncio.sleep(0.05)
+        pool.dispatcher.release(lease)
     await pool.start("running", standard)
     await pool.start("waiting", standard)
-    with pytest.raises(Shed) as shed:
-        await pool.dispatcher.acquire("m", False, priority=pool.priority("batch"))
-    assert shed.value.retry_after_s < 0.5
+    waits = []
+    for _ in range(3):
+        with pytest.raises(Shed) as shed:
+            await pool.dispatcher.acquire("m", False, priority=batch)
+        waits.append(shed.value.retry_after_s)
+    # Each is told a later time than the one shed before it (about one run later), not all
+    # the same moment.
+    assert waits == sorted(waits) and len(set(waits)) == 3
+    assert waits[1] - waits[0] >= 0.045
     assert pool.dispatcher.retry_after("other") == 1.0, "no runs ended: the default"
 
 

@@ -89,7 +89,27 @@ class Lease:
     #: Prompt bytes its server is expected to prefill, until the run's first event
     #: (`Dispatcher.started`); counted for `prefix_affinity` only.
     prefill: int = 0
+    #: Its request's class is sheddable (the rate such runs end at times a shed request's
+    #: Retry-After).
+    sheddable: bool = False
     released: bool = field(default=False, repr=False)
+
+
+class _Drain:
+    """When a model's latest runs ended (time.monotonic()): the rate its slots free at."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self) -> None:
+        self.ends: deque[float] = deque(maxlen=_DRAIN_SAMPLES)
+
+    def rate(self, now: float) -> float | None:
+        """Runs ended per second lately; None when too few ended lately to say."""
+        ends = self.ends
+        if len(ends) < 2 or now - ends[-1] > _DRAIN_FRESH_S:
+            return None
+        span = ends[-1] - ends[0]
+        return (len(ends) - 1) / span if span > 0 else None
 
 
 class _Slots:
@@ -266,6 +286,10 @@ class _FairQueue:
         return counts
 
 
+def _bounded_wait(seconds: float) -> float:
+    return min(_RETRY_AFTER_MAX_S, max(_RETRY_AFTER_MIN_S, seconds))
+
+
 def _has_room(limits: ProviderLimits, slots: _Slots, long: bool) -> bool:
     """The provider can take the request now: a free slot (and a long one for a long request),
     and not cooling down after a busy refusal."""
@@ -300,9 +324,12 @@ class Dispatcher:
         self._finish: dict[str, dict[int, dict[str, float]]] = {}
         #: What each priority class's requests came to (`priorities.py`).
         self.classes = ClassTally()
-        # When each model's latest runs ended (time.monotonic()): its drain rate, which a shed
-        # or displaced request's Retry-After is estimated from.
-        self._drains: dict[str, deque[float]] = {}
+        # How fast each model's slots free, for all its runs and for its sheddable ones, and
+        # when the shed requests were told to come back (not yet due): what a shed or
+        # displaced request's Retry-After is estimated from.
+        self._drains: dict[str, _Drain] = {}
+        self._shed_drains: dict[str, _Drain] = {}
+        self._promised: dict[str, deque[float]] = {}
         self._waiting_total = 0
         self._seq = 0
         self._stamp = 0
@@ -421,9 +448,8 @@ class Dispatcher:
             return None
         self.classes.admit(priority)
         loop_time = asyncio.get_running_loop().time()
-        return self._take(
-            pool_model, *chosen, long, loop_time + self._wait_s(pool_model, priority)[0], 0.0
-        )
+        deadline = loop_time + self._wait_s(pool_model, priority)[0]
+        return self._take(pool_model, *chosen, long, deadline, sheddable=priority.sheddable)
 
     async def acquire(
         self,
@@ -464,7 +490,11 @@ class Dispatcher:
             if first:
                 self.classes.admit(priority)
             return self._take(
-                pool_model, *chosen, long, now + wait_s if deadline is None else deadline
+                pool_model,
+                *chosen,
+                long,
+                now + wait_s if deadline is None else deadline,
+                sheddable=priority.sheddable,
             )
         if deadline is None:
             if self._waiting.get(model_id, 0) >= pool_model.queue_bound:
@@ -502,10 +532,17 @@ class Dispatcher:
         slots = self._give_back(lease)
         if slots is None:
             return
-        drains = self._drains.get(lease.pool_model.id)
-        if drains is None:
-            drains = self._drains[lease.pool_model.id] = deque(maxlen=_DRAIN_SAMPLES)
-        drains.append(time.monotonic())
+        model_id = lease.pool_model.id
+        now = time.monotonic()
+        drain = self._drains.get(model_id)
+        if drain is None:
+            drain = self._drains[model_id] = _Drain()
+        drain.ends.append(now)
+        if lease.sheddable:
+            drain = self._shed_drains.get(model_id)
+            if drain is None:
+                drain = self._shed_drains[model_id] = _Drain()
+            drain.ends.append(now)
         slots.cool_until = 0.0  # one of our runs ended there: the Node has room again
         if self._waiting_total:
             self._serve_freed(lease.provider_id)
@@ -621,16 +658,40 @@ class Dispatcher:
     def retry_after(self, model_id: str) -> float:
         """Seconds until a slot of the model is likely free for one more request: the requests
         waiting for it, and one more, at the rate its runs ended lately."""
-        drains = self._drains.get(model_id)
-        now = time.monotonic()
-        if drains is None or len(drains) < 2 or now - drains[-1] > _DRAIN_FRESH_S:
+        drain = self._drains.get(model_id)
+        rate = drain.rate(time.monotonic()) if drain is not None else None
+        if rate is None:
             return RETRY_AFTER_S
-        span = drains[-1] - drains[0]
-        if span <= 0:
-            return _RETRY_AFTER_MIN_S
-        rate = (len(drains) - 1) / span
-        estimate = (self._waiting.get(model_id, 0) + 1) / rate
-        return min(_RETRY_AFTER_MAX_S, max(_RETRY_AFTER_MIN_S, estimate))
+        return _bounded_wait((self._waiting.get(model_id, 0) + 1) / rate)
+
+    def _shed_retry_after(self, model_id: str) -> float:
+        """A shed request's Retry-After: its turn among the sheddable requests, those waiting
+        and those told to come back before it (not yet due), at the rate the model's sheddable
+        runs ended lately (its runs' rate when none did), so that the shed requests that honour
+        it come back about as fast as their class is served rather than all at once."""
+        now = time.monotonic()
+        promised = self._promised.get(model_id)
+        if promised is None:
+            promised = self._promised[model_id] = deque()
+        while promised and promised[0] <= now:
+            promised.popleft()
+        drain = self._shed_drains.get(model_id)
+        rate = drain.rate(now) if drain is not None else None
+        if rate is None:
+            drain = self._drains.get(model_id)
+            rate = drain.rate(now) if drain is not None else None
+        if rate is None:
+            return RETRY_AFTER_S
+        waiting = sum(
+            queue.bands[level].size
+            for (queued, _, _), queue in self._queues.items()
+            if queued == model_id
+            for level in queue.levels
+            if level < 0
+        )
+        wait = _bounded_wait((waiting + len(promised) + 1) / rate)
+        promised.append(now + wait)
+        return wait
 
     @property
     def waiting(self) -> int:
@@ -779,6 +840,7 @@ class Dispatcher:
         long: bool,
         deadline: float,
         waited_s: float = 0.0,
+        sheddable: bool = False,
     ) -> Lease:
         limits = candidate.provider
         slots = self._slots[limits.id]
@@ -798,6 +860,7 @@ class Dispatcher:
             deadline=deadline,
             waited_s=waited_s,
             prefill=prefill,
+            sheddable=sheddable,
         )
 
     def _wait_s(self, pool_model: PoolModel, priority: Priority) -> tuple[float, bool]:
@@ -812,7 +875,7 @@ class Dispatcher:
         return Shed(
             f"Model `{model_id}` is saturated and requests of class `{priority.class_name}` "
             f"(priority {priority.level}, sheddable) are not queued; retry later.",
-            self.retry_after(model_id),
+            self._shed_retry_after(model_id),
         )
 
     def _displace(self, model_id: str, pool_model: PoolModel, priority: Priority) -> None:
@@ -903,7 +966,15 @@ class Dispatcher:
         if waiter.first:
             self.classes.admit(waiter.priority, waited)
         waiter.future.set_result(
-            self._take(pool_model, candidate, prefill, waiter.long, waiter.deadline, waited)
+            self._take(
+                pool_model,
+                candidate,
+                prefill,
+                waiter.long,
+                waiter.deadline,
+                waited,
+                waiter.priority.sheddable,
+            )
         )
 
     def _fail(self, waiter: _Waiter, error: Exception) -> None:
