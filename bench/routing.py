@@ -267,7 +267,7 @@ class Target:
     admin_url: str | None = None
 
 
-def iop_config(servers: list[UpstreamProcess], capacity: int) -> dict[str, Any]:
+def iop_config(servers: list[UpstreamProcess], capacity: int, **options: Any) -> dict[str, Any]:
     providers = [
         provider(
             f"gpu-{i}",
@@ -281,7 +281,7 @@ def iop_config(servers: list[UpstreamProcess], capacity: int) -> dict[str, Any]:
         for i, server in enumerate(servers, start=1)
     ]
     document = edge_document(
-        {"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True
+        {"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True, **options
     )
     # A policy applied before a cell serves every request of it at once: with the default
     # rollout, a canary, the cell's first half minute would run partly on the policy before.
@@ -291,9 +291,14 @@ def iop_config(servers: list[UpstreamProcess], capacity: int) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def iop_stack(
-    servers: list[UpstreamProcess], capacity: int, folder: Path
+    servers: list[UpstreamProcess],
+    capacity: int,
+    folder: Path,
+    document: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Target, dict[str, Any]]]:
-    document = iop_config(servers, capacity)
+    """An Edge and one Node over `servers`, on `document` (default: `iop_config`'s)."""
+    if document is None:
+        document = iop_config(servers, capacity)
     (folder / "edge.yaml").write_text(yaml.safe_dump(document))
     (folder / "token").write_text(node_token_of("node-1"))
     edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
@@ -473,6 +478,27 @@ async def run_cell(
 # -- the run ---------------------------------------------------------------------------------------
 
 
+async def spawn_servers(
+    stack: contextlib.AsyncExitStack, args: argparse.Namespace
+) -> list[UpstreamProcess]:
+    """The workload's simulated GPU servers (`iop fake-upstream --gpu`), stopped by `stack`."""
+    servers = []
+    for i in range(SHAPES[args.workload].servers):
+        gpu = gpu_settings(args, seed=i + 1)
+        flags = [
+            *("--gpu", "--gpu-kv-tokens", str(gpu.kv_tokens), "--gpu-max-batch"),
+            *(str(gpu.max_batch), "--gpu-prefill-tokens-per-s", str(gpu.prefill_tokens_per_s)),
+            *("--gpu-step-ms", str(gpu.step_ms), "--gpu-step-ms-per-seq"),
+            *(str(gpu.step_ms_per_seq), "--gpu-jitter", str(gpu.jitter), "--seed", str(gpu.seed)),
+            # Answers as long as max_tokens asks (at most 48): the next turn repeats them.
+            *("--model", SERVED, "--completion-tokens", "64"),
+        ]
+        servers.append(
+            await stack.enter_async_context(spawn_fake_upstream(flags, startup_timeout=120))
+        )
+    return servers
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
     task = asyncio.current_task()
     assert task is not None
@@ -489,27 +515,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
     cells: list[Cell] = []
     async with contextlib.AsyncExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        servers = []
+        servers = await spawn_servers(stack, args)
         shape = SHAPES[args.workload]
-        for i in range(shape.servers):
-            gpu = gpu_settings(args, seed=i + 1)
-            flags = [
-                *("--gpu", "--gpu-kv-tokens", str(gpu.kv_tokens), "--gpu-max-batch"),
-                *(str(gpu.max_batch), "--gpu-prefill-tokens-per-s", str(gpu.prefill_tokens_per_s)),
-                *("--gpu-step-ms", str(gpu.step_ms), "--gpu-step-ms-per-seq"),
-                *(
-                    str(gpu.step_ms_per_seq),
-                    "--gpu-jitter",
-                    str(gpu.jitter),
-                    "--seed",
-                    str(gpu.seed),
-                ),
-                # Answers as long as max_tokens asks (at most 48): the next turn repeats them.
-                *("--model", SERVED, "--completion-tokens", "64"),
-            ]
-            servers.append(
-                await stack.enter_async_context(spawn_fake_upstream(flags, startup_timeout=120))
-            )
         workloads = {
             load: workload(1000 + round(load * 100), load * capacity, args.seconds, shape)
             for load in args.loads

@@ -69,6 +69,13 @@ RUNS = {
         ["--loads", "0.5", "--seconds", "2", "--warmup", "1", "--systems", "iop:prefix_affinity"],
         "prefix-cache hits",
     ),
+    "priorities": (
+        [
+            *["--loads", "1.5", "--seconds", "3", "--warmup", "1", "--drain", "2"],
+            *["--systems", "iop:classes", "--no-alone"],
+        ],
+        "goodput",
+    ),
 }
 #: name -> why it runs only as far as `--help` here.
 HELP_ONLY = {

@@ -207,6 +207,46 @@ RULES = [
         id="weight-zero",
     ),
     pytest.param(
+        _set(
+            "openai.priority",
+            {"classes": [{"name": "chat", "priority": 5}, {"name": "chat", "priority": 1}]},
+        ),
+        'openai.priority.classes[1].name: duplicate priority class "chat" '
+        "(first at openai.priority.classes[0].name)",
+        id="priority-class-twice",
+    ),
+    pytest.param(
+        _set(
+            "openai.priority",
+            {
+                "classes": [{"name": "batch", "priority": -1}],
+                "principals": [{"principal_ref": "team-a", "priority_class": "bulk"}],
+            },
+        ),
+        'openai.priority.principals[0].priority_class: unknown priority class "bulk" '
+        "(known: batch, default)",
+        id="principal-in-an-unknown-class",
+    ),
+    pytest.param(
+        _set("models[0].priority_class", "batc"),
+        'models[0].priority_class: unknown priority class "batc" (known: default)',
+        id="model-in-an-unknown-class",
+    ),
+    pytest.param(
+        _set(
+            "openai.priority",
+            {"principals": [{"principal_ref": "tema-b", "priority_class": "default"}]},
+        ),
+        "openai.priority.principals[0].principal_ref: no principal_tokens entry bills to "
+        'principal "tema-b"; did you mean "team-a"?',
+        id="class-of-an-unknown-principal",
+    ),
+    pytest.param(
+        _set("openai.priority", {"classes": [{"name": "x", "priority": 1001}]}),
+        "openai.priority.classes[0].priority: must be <= 1000, got 1001",
+        id="priority-class-out-of-range",
+    ),
+    pytest.param(
         _set("openai.principal_tokens[0].token_hash_sha256", "A" * 64),
         "openai.principal_tokens[0].token_hash_sha256: must be 64 lowercase hex characters: the "
         'SHA-256 of the token, never the token itself (printf %s "$TOKEN" | sha256sum) '

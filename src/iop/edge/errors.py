@@ -87,6 +87,33 @@ class QueueTimeout(EdgeError):
         self.retry_after_s = retry_after_s
 
 
+class Shed(EdgeError):
+    """A sheddable request (a class of negative priority) found its model saturated: refused at
+    admission (429 model_saturated), never queued; `retry_after_s` is the queue's estimate."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Displaced(EdgeError):
+    """A waiting request gave its place in a full queue to a request of a higher priority
+    (503 displaced); it had not started anywhere."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueDeadline(EdgeError):
+    """The request waited as long as its class or its own header allow (504
+    queue_wait_exceeded), before it reached a server."""
+
+
+class Forbidden(EdgeError):
+    """The caller may not ask for this (403): `code` says what."""
+
+
 class RateLimited(EdgeError):
     """A limit of `openai.limits[]` has no room for the request (429 rate_limit_exceeded).
 

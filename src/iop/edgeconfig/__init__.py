@@ -16,6 +16,7 @@ all build on it.
 from .classifying import classify
 from .configs import (
     ANONYMOUS_PRINCIPAL,
+    DEFAULT_PRIORITY_CLASS,
     EVERY_PRINCIPAL,
     AdapterSettings,
     AdminSection,
@@ -30,6 +31,7 @@ from .configs import (
     OpenAIAdapterSettings,
     OpenAISection,
     PrincipalLimit,
+    PrioritySection,
     RetrySection,
     RolloutSection,
     SecretKeyRef,
@@ -49,6 +51,7 @@ from .upstreampolicy import UpstreamPolicy, parse_policy
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",
+    "DEFAULT_PRIORITY_CLASS",
     "EVERY_PRINCIPAL",
     "AdapterSettings",
     "AdminSection",
@@ -66,6 +69,7 @@ __all__ = [
     "OpenAIAdapterSettings",
     "OpenAISection",
     "PrincipalLimit",
+    "PrioritySection",
     "Problem",
     "ProviderPayload",
     "RestartPath",

@@ -17,6 +17,7 @@ from iop.aiokits import split_listener
 
 from .configs import (
     ANONYMOUS_PRINCIPAL,
+    DEFAULT_PRIORITY_CLASS,
     EDGE_PLACEMENT,
     EVERY_PRINCIPAL,
     NodeLinkSection,
@@ -88,6 +89,7 @@ def check_document(data: Mapping[str, object]) -> list[Problem]:
     _check_fallbacks(data, index)
     _check_principal_tokens(data, index)
     _check_limits(data, index)
+    _check_priority(data, index)
     _check_admin(data, index)
     _check_node_link(data, index)
     return index.problems
@@ -387,6 +389,63 @@ def _check_limits(data: Mapping[str, object], index: _Index) -> None:
             )
         else:
             seen[selector] = limit_path
+
+
+def _principals(openai: Mapping[str, object]) -> set[str]:
+    """The principal_refs `openai.principal_tokens` bills to, and 'anonymous'."""
+    principals = {ANONYMOUS_PRINCIPAL}
+    for _, token in _items(openai, "principal_tokens"):
+        _, principal = _get(token, "principal_ref")
+        if isinstance(principal, str):
+            principals.add(principal)
+    return principals
+
+
+def _check_priority(data: Mapping[str, object], index: _Index) -> None:
+    """`openai.priority`: unique class names, and every class named by the default, a principal
+    or a model defined; each principal once, and known."""
+    _, openai = _get(data, "openai")
+    _, priority = _get(openai, "priority") if isinstance(openai, Mapping) else ("", None)
+    section = priority if isinstance(priority, Mapping) else {}
+    seen: dict[str, str] = {}
+    for class_path, entry in _items(section, "classes", "openai.priority."):
+        name_key, name = _get(entry, "name")
+        if isinstance(name, str):
+            index.duplicate(seen, name, f"{class_path}.{name_key}", "priority class")
+    classes = sorted(seen)
+
+    def check_class(path: str, name: object) -> None:
+        if isinstance(name, str) and name not in seen and name != DEFAULT_PRIORITY_CLASS:
+            hint = close_match_hint(name, classes)
+            defined = ", ".join(sorted({*classes, DEFAULT_PRIORITY_CLASS}))
+            index.problems.append(
+                Problem(
+                    path,
+                    f"unknown priority class {render_value(name)}{hint} (known: {defined})",
+                )
+            )
+
+    default_key, default = _get(section, "default_class")
+    check_class(f"openai.priority.{default_key}", default)
+    principals = _principals(openai) if isinstance(openai, Mapping) else {ANONYMOUS_PRINCIPAL}
+    named: dict[str, str] = {}
+    for entry_path, entry in _items(section, "principals", "openai.priority."):
+        ref_key, ref = _get(entry, "principal_ref")
+        if isinstance(ref, str):
+            index.duplicate(named, ref, f"{entry_path}.{ref_key}", "principal_ref")
+            if ref not in principals:
+                index.problems.append(
+                    Problem(
+                        f"{entry_path}.{ref_key}",
+                        f"no principal_tokens entry bills to principal {render_value(ref)}"
+                        f"{close_match_hint(ref, sorted(principals))}",
+                    )
+                )
+        class_key, name = _get(entry, "priority_class")
+        check_class(f"{entry_path}.{class_key}", name)
+    for model_path, model in _items(data, "models"):
+        class_key, name = _get(model, "priority_class")
+        check_class(f"{model_path}.{class_key}", name)
 
 
 def _check_admin(data: Mapping[str, object], index: _Index) -> None:

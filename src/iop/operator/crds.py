@@ -24,7 +24,12 @@ from .status import EdgeConfigStatus
 #: Keys of the pydantic JSON schema that a CRD schema either forbids or does not need.
 _DROPPED: Final = frozenset({"title", "default", "x-iop-apply", "discriminator", "$defs"})
 #: The key that identifies items of each keyed list (every other list of objects uses `id`).
-_LIST_KEYS: Final = {"principalTokens": "tokenRef", "conditions": "type"}
+_LIST_KEYS: Final = {
+    "principalTokens": "tokenRef",
+    "conditions": "type",
+    "classes": "name",
+    "principals": "principalRef",
+}
 #: Upper bounds on list sizes: the API server's CEL cost estimate needs them, and they are far
 #: beyond what fits in one object (about 1.5 MiB in etcd), so they never refuse a real config.
 _MAX_ITEMS: Final = {"nodes": 5000, "providers": 64, "models": 10000, "principalTokens": 10000}

@@ -2,8 +2,8 @@
 tried, releases, cancellations, swaps and node changes, under every dispatch policy (each model
 draws its own, and a swap may change it) with prompts of a few prefixes and load reports from the
 Nodes, and changes on trial: a swap may keep the stable snapshot beside the new one for some
-models, requests come on either side, the share moves and the trial ends (a hypothesis state
-machine over a real event loop)."""
+models, requests come on either side, the share moves and the trial ends; and requests of three
+priority classes, one of them sheddable (a hypothesis state machine over a real event loop)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from iop.edge.errors import EdgeError
 from iop.edge.hub.protocol import ProviderLoad
 from iop.edge.pool.choosing import PrefixKey
 from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.priorities import Priority
 from iop.edge.pool.snapshots import PoolSnapshot
 from iop.edge.pool.splits import Side, Split
 from iop.edgeconfig import EdgeConfig
@@ -35,6 +36,14 @@ from iop.wire.nodestates import ServerLoad
 PROVIDERS = ("a", "b", "c")
 MODELS = {"x": ["a", "b"], "y": ["b", "c"], "z": ["c"]}
 POLICIES = ("round_robin", "least_load", "prefix_affinity")
+CLASSES = ("high", "standard", "sheddable")
+PRIORITY = {
+    "classes": [
+        {"name": "high", "priority": 5},
+        {"name": "standard", "priority": 0},
+        {"name": "sheddable", "priority": -1},
+    ]
+}
 #: Prompts of three conversations, a few turns each (None: a request without a prefix).
 PREFIXES = [None] + [
     PrefixKey(tuple(f"{conversation}-{turn}".encode() for turn in range(turns)))
@@ -62,6 +71,22 @@ DISPATCH_SETTINGS = st.fixed_dictionaries(
 )
 
 
+class CheckedDispatcher(Dispatcher):
+    """The dispatcher, each slot it gives checked against its view's capacity as it is given (a
+    request granted on a stable view and one on the candidate's may then share a provider up to
+    the candidate's larger capacity: checked later, the first would look over its own)."""
+
+    def __init__(self, snapshot: PoolSnapshot) -> None:
+        super().__init__(snapshot)
+        self.over_capacity: list[str] = []
+
+    def _take(self, pool_model, candidate, *args, **kwargs):
+        lease = super()._take(pool_model, candidate, *args, **kwargs)
+        if self.in_flight(candidate.provider.id) > candidate.provider.capacity:
+            self.over_capacity.append(candidate.provider.id)
+        return lease
+
+
 class PoolMachine(RuleBasedStateMachine):
     # The conftest helpers, set by the test (a state machine is built without arguments).
     config_of: Callable[..., EdgeConfig]
@@ -75,7 +100,10 @@ class PoolMachine(RuleBasedStateMachine):
         #: Leases ever given (each must be one counted dispatch choice).
         self.given = 0
         self.waiting: list[asyncio.Task[Lease]] = []
-        self.over_capacity: list[str] = []
+        #: A waiting request's (model, long, priority), when it is a first try (not a retry).
+        self.first_tries: dict[asyncio.Task[Lease], tuple[str, bool, Priority]] = {}
+        #: Requests given a slot while one of a higher priority waited for the same candidates.
+        self.overtaken: list[tuple[Priority, Priority]] = []
 
     def config(
         self,
@@ -99,11 +127,13 @@ class PoolMachine(RuleBasedStateMachine):
             model: {"dispatch": {"policy": policy, "load_factor": factor}}
             for model, (policy, factor) in dispatch.items()
         }
-        return self.config_of(providers, MODELS, model_settings=policies)
+        return self.config_of(
+            providers, MODELS, model_settings=policies, openai={"priority": PRIORITY}
+        )
 
     @initialize(settings=PROVIDER_SETTINGS, dispatch=DISPATCH_SETTINGS)
     def start(self, settings, dispatch) -> None:
-        self.dispatcher = Dispatcher(PoolSnapshot.build(self.config(settings, dispatch)))
+        self.dispatcher = CheckedDispatcher(PoolSnapshot.build(self.config(settings, dispatch)))
         self.dispatcher.set_available(PROVIDERS)
         self.loads: dict[str, ProviderLoad] = {}
         self.dispatcher.watch_loads(self.loads)
@@ -114,17 +144,24 @@ class PoolMachine(RuleBasedStateMachine):
                 await asyncio.sleep(0)
 
         self.loop.run_until_complete(spin())
+        granted = []
         for task in [t for t in self.waiting if t.done()]:
             self.waiting.remove(task)
+            first = self.first_tries.pop(task, None)
             if not task.cancelled() and task.exception() is None:
                 self.admitted(task.result())
+                if first is not None:
+                    granted.append(first)
+        if self.dispatcher.split is not None:
+            return  # two views of a model wait for different candidates
+        for model, long, priority in granted:
+            for other_model, other_long, other in self.first_tries.values():
+                if (other_model, other_long) == (model, long) and other.level > priority.level:
+                    self.overtaken.append((priority, other))
 
     def admitted(self, lease: Lease) -> None:
         candidate = lease.pool_model.candidate(lease.provider_id)
         assert candidate is not None  # a lease is on one of the model's candidates in its view
-        limits = candidate.provider
-        if self.dispatcher.in_flight(lease.provider_id) > limits.capacity:
-            self.over_capacity.append(lease.provider_id)
         self.leases.append(lease)
         self.given += 1
 
@@ -133,23 +170,40 @@ class PoolMachine(RuleBasedStateMachine):
         long=st.booleans(),
         prefix=st.sampled_from(PREFIXES),
         side=st.sampled_from([0, 1]),
+        klass=st.sampled_from(CLASSES),
     )
-    def request(self, model: str, long: bool, prefix: PrefixKey | None, side: Side) -> None:
+    def request(
+        self, model: str, long: bool, prefix: PrefixKey | None, side: Side, klass: str
+    ) -> None:
+        priority = self.dispatcher.snapshot.priorities.classes[klass]
+
         async def try_now() -> None:
             try:
-                lease = self.dispatcher.try_acquire(model, long, prefix, side)
+                lease = self.dispatcher.try_acquire(model, long, prefix, side, priority)
             except EdgeError:
                 return
             if lease is not None:
                 self.admitted(lease)
             else:
                 task = asyncio.ensure_future(
-                    self.dispatcher.acquire(model, long, prefix=prefix, side=side)
+                    self.dispatcher.acquire(
+                        model, long, prefix=prefix, side=side, priority=priority
+                    )
                 )
                 self.waiting.append(task)
+                self.first_tries[task] = (model, long, priority)
 
         self.loop.run_until_complete(try_now())
         self.settle()
+
+    @rule(
+        model=st.sampled_from(sorted(MODELS)),
+        classes=st.lists(st.sampled_from(CLASSES), min_size=2, max_size=6),
+    )
+    def crowd(self, model: str, classes: list[str]) -> None:
+        """Requests of several classes at once for one model: a queue of mixed priorities."""
+        for klass in classes:
+            self.request(model, False, None, 0, klass)
 
     @rule(
         model=st.sampled_from(sorted(MODELS)),
@@ -253,7 +307,12 @@ class PoolMachine(RuleBasedStateMachine):
 
     @invariant()
     def admissions_respect_capacity(self) -> None:
-        assert not self.over_capacity
+        if hasattr(self, "dispatcher"):
+            assert not self.dispatcher.over_capacity
+
+    @invariant()
+    def no_request_overtakes_a_higher_class(self) -> None:
+        assert not self.overtaken
 
     @invariant()
     def every_lease_is_one_counted_choice(self) -> None:

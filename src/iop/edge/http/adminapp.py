@@ -330,6 +330,7 @@ class AdminApp:
             for provider in entry["providers"]:
                 provider["load"] = _load_status(dispatcher, provider["provider_id"])
         document["dispatch"] = _dispatch_status(dispatcher)
+        document["priority_classes"] = _priority_status(dispatcher)
         return document
 
     async def _rollout(self, exchange: Exchange, who: str) -> None:
@@ -465,14 +466,45 @@ def _dispatch_status(dispatcher: Dispatcher) -> dict[str, Any]:
     for (model_id, policy, reason), count in dispatcher.decisions().items():
         key = f"{policy}/{reason}"
         decisions.setdefault(model_id, {})[key] = count
+    waiting: dict[str, dict[str, int]] = {}
+    for (model_id, name), count in dispatcher.queue_depths_by_class().items():
+        waiting.setdefault(model_id, {})[name] = count
     return {
         model_id: {
             "policy": pool_model.dispatch.policy,
             "load_factor": pool_model.dispatch.load_factor,
             "choices": dict(sorted(decisions.get(model_id, {}).items())),
             "prefix_points": dispatcher.prefix_homes(model_id),
+            "waiting": dispatcher.queue_depth(model_id),
+            "waiting_by_class": dict(sorted(waiting.get(model_id, {}).items())),
+            "saturated": dispatcher.saturated(model_id),
         }
         for model_id, pool_model in dispatcher.snapshot.models.items()
+    }
+
+
+def _priority_status(dispatcher: Dispatcher) -> dict[str, Any]:
+    """`priority_classes` in `GET /status`: each class of the config in use (and any class
+    that counted requests since the Edge started) with what its requests came to."""
+    tally = dispatcher.classes
+    classes = dispatcher.snapshot.priorities.classes
+    shed: dict[str, dict[str, int]] = {}
+    for (name, reason), count in tally.shed.items():
+        shed.setdefault(name, {})[reason] = count
+    names = sorted({*classes, *tally.admitted, *tally.queued, *shed})
+    return {
+        name: {
+            "priority": classes[name].level if name in classes else None,
+            "max_queue_wait_ms": (
+                round(wait * 1000)
+                if name in classes and (wait := classes[name].max_wait_s) is not None
+                else None
+            ),
+            "admitted": tally.admitted.get(name, 0),
+            "queued": tally.queued.get(name, 0),
+            "shed": dict(sorted(shed.get(name, {}).items())),
+        }
+        for name in names
     }
 
 

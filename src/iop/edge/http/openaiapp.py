@@ -36,7 +36,16 @@ from ..errors import (
 )
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
 from ..limits import NO_GRANT, Limiter
-from ..pool import STABLE, Dispatcher, Metrics, PoolSnapshot, Relay, RelayedRun
+from ..pool import (
+    CLASS_HEADER,
+    MAX_WAIT_HEADER,
+    STABLE,
+    Dispatcher,
+    Metrics,
+    PoolSnapshot,
+    Relay,
+    RelayedRun,
+)
 from .exchanges import ClientGone, Exchange
 from .responses import answer_error, error_event, provider_failed
 
@@ -213,13 +222,19 @@ class OpenAIApp:
             model = pool_model.id
             apply_policy(request, pool_model.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
+            priority = snapshot.priorities.resolve(
+                principal.principal_ref,
+                model,
+                exchange.header(CLASS_HEADER),
+                exchange.header(MAX_WAIT_HEADER),
+            )
             if self._limiter is not None:  # before the request takes a slot or a queue place
                 grant = await self._limiter.admit(principal, model, request)
             task = asyncio.current_task()
             assert task is not None
             gone.task = task
             exchange.on_gone(gone)
-            relayed = self._relay.open(request, long, principal, side)
+            relayed = self._relay.open(request, long, principal, side, priority)
             async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over

@@ -22,7 +22,9 @@ from iop.wire import statuses as wire_statuses
 from ..errors import (
     BadRequest,
     Conflict,
+    Displaced,
     EdgeError,
+    Forbidden,
     HeadersTooLarge,
     HeaderTimeout,
     MalformedRequest,
@@ -31,10 +33,12 @@ from ..errors import (
     NoProvider,
     PayloadTooLarge,
     ProviderFailed,
+    QueueDeadline,
     QueueFull,
     QueueTimeout,
     RateLimited,
     RouteNotFound,
+    Shed,
     TooManyConnections,
     TooManyRequests,
     Unauthorized,
@@ -66,6 +70,8 @@ def _class_shape(error: EdgeError) -> tuple[int, str, str | None, str | None, He
     if isinstance(error, Unauthorized):
         code = "missing_api_key" if error.missing else "invalid_api_key"
         return 401, "invalid_request_error", code, None, [(b"www-authenticate", b"Bearer")]
+    if isinstance(error, Forbidden):
+        return 403, "permission_error", None, None, []
     if isinstance(error, ModelNotFound):
         return 404, "invalid_request_error", "model_not_found", "model", []
     if isinstance(error, RouteNotFound):
@@ -88,6 +94,18 @@ def _class_shape(error: EdgeError) -> tuple[int, str, str | None, str | None, He
         return 429, error.kind, "rate_limit_exceeded", None, error.headers
     if isinstance(error, QueueFull):
         return 429, "rate_limit_error", "queue_full", None, [_retry_after(error.retry_after_s)]
+    if isinstance(error, Shed):
+        return 429, "rate_limit_error", "model_saturated", None, _retry_headers(error.retry_after_s)
+    if isinstance(error, Displaced):
+        return (
+            503,
+            "service_unavailable_error",
+            "displaced",
+            None,
+            _retry_headers(error.retry_after_s),
+        )
+    if isinstance(error, QueueDeadline):
+        return 504, "timeout_error", "queue_wait_exceeded", None, []
     if isinstance(error, TooManyRequests):
         return 429, "rate_limit_error", None, None, [_retry_after(error.retry_after_s)]
     if isinstance(error, QueueTimeout):
@@ -123,6 +141,15 @@ def _class_shape(error: EdgeError) -> tuple[int, str, str | None, str | None, He
 
 def _retry_after(seconds: float) -> tuple[bytes, bytes]:
     return (b"retry-after", str(max(1, math.ceil(seconds))).encode())
+
+
+def _retry_headers(seconds: float) -> Headers:
+    """Retry-After in whole seconds, and the estimate itself in `retry-after-ms`, which the
+    official OpenAI clients honour before Retry-After."""
+    return [
+        _retry_after(seconds),
+        (b"retry-after-ms", str(max(1, math.ceil(seconds * 1000))).encode()),
+    ]
 
 
 def _body(error: EdgeError, kind: str, code: str | None, param: str | None) -> bytes:

@@ -154,6 +154,15 @@ class Chooser:
             load += server.not_ours
         return load
 
+    def server_waiting(self, provider_id: str) -> int:
+        """Requests waiting in the provider's server's own queue, as last reported (fresh)."""
+        report = self.loads.get(provider_id)
+        if report is None or report.server is None:
+            return 0
+        if time.monotonic() - report.reported_at > LOAD_REPORT_TTL_S:
+            return 0
+        return report.server.waiting
+
     def kv_usage(self, provider_id: str, now: float) -> float:
         report = self.loads.get(provider_id)
         if report is None or report.server is None or now - report.reported_at > LOAD_REPORT_TTL_S:

@@ -2,7 +2,10 @@
 
 `Dispatcher` keeps the rules docs/edge.md, "Dispatch", gives operators: candidates, capacity and
 long slots, the lowest priority, then the model's policy among equals (`choosing.py`); a bounded
-queue per model, fair between principals by weight; a freed slot given at once to the waiting
+queue per model, in strict order of the requests' priority classes (`priorities.py`: a higher
+class always first, a sheddable one refused at a saturated model rather than queued, the lowest
+class's latest request displaced from a full queue by a higher one, each class's wait bounded)
+and fair between principals by weight within a class; a freed slot given at once to the waiting
 request its provider can serve first; `provider_busy` cool-downs (`BUSY_COOLDOWN_S`); the
 providers a retry `avoid`s (`relaying.py`); `swap(snapshot)`, one reference assignment, under
 which leases keep their snapshot and slot counters (per provider id) carry over. While a change
@@ -16,17 +19,37 @@ needs no lock. A dispatch that finds a free candidate costs O(candidates of the 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
-from ..errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
+from ..errors import (
+    Displaced,
+    ModelNotFound,
+    NoProvider,
+    QueueDeadline,
+    QueueFull,
+    QueueTimeout,
+    Shed,
+)
 from ..hub import ProviderLoad
 from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
+from .priorities import (
+    CLASS_WAIT,
+    DEFAULT_PRIORITY,
+    DISPLACED,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    REQUEST_WAIT,
+    SATURATED,
+    ClassTally,
+    Priority,
+)
 from .snapshots import Candidate, PoolModel, PoolSnapshot, ProviderLimits
 from .splits import STABLE, Side, Split
 
@@ -41,6 +64,12 @@ BUSY_COOLDOWN_S: Final = 0.05
 _TIMER_SLACK_S: Final = 0.005
 #: The Retry-After the Edge suggests with a 429 (queue full) or a 503 (queue timeout).
 RETRY_AFTER_S: Final = 1.0
+#: The bounds of the Retry-After estimated from a model's queue (a shed or displaced request).
+_RETRY_AFTER_MIN_S: Final = 0.05
+_RETRY_AFTER_MAX_S: Final = 60.0
+#: Runs ended per model that the drain rate is read from, and how old the newest may be.
+_DRAIN_SAMPLES: Final = 32
+_DRAIN_FRESH_S: Final = 30.0
 
 
 @dataclass(slots=True, eq=False)
@@ -60,7 +89,27 @@ class Lease:
     #: Prompt bytes its server is expected to prefill, until the run's first event
     #: (`Dispatcher.started`); counted for `prefix_affinity` only.
     prefill: int = 0
+    #: Its request's class is sheddable (the rate such runs end at times a shed request's
+    #: Retry-After).
+    sheddable: bool = False
     released: bool = field(default=False, repr=False)
+
+
+class _Drain:
+    """When a model's latest runs ended (time.monotonic()): the rate its slots free at."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self) -> None:
+        self.ends: deque[float] = deque(maxlen=_DRAIN_SAMPLES)
+
+    def rate(self, now: float) -> float | None:
+        """Runs ended per second lately; None when too few ended lately to say."""
+        ends = self.ends
+        if len(ends) < 2 or now - ends[-1] > _DRAIN_FRESH_S:
+            return None
+        span = ends[-1] - ends[0]
+        return (len(ends) - 1) / span if span > 0 else None
 
 
 class _Slots:
@@ -80,13 +129,16 @@ class _Slots:
 class _Waiter:
     __slots__ = (
         "avoid",
+        "by_priority",
         "deadline",
         "enqueued_at",
+        "first",
         "future",
         "long",
         "model_id",
         "prefix",
         "principal",
+        "priority",
         "seq",
         "stable_view",
         "tag",
@@ -104,8 +156,14 @@ class _Waiter:
         avoid: frozenset[str],
         prefix: PrefixKey | None,
         stable_view: bool,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> None:
         self.seq = seq
+        self.priority = priority
+        #: The request's first wait (a retry's is not counted again).
+        self.first = True
+        #: Its deadline is its class's or its own bound, not its providers' queue timeout.
+        self.by_priority = False
         self.stable_view = stable_view
         self.model_id = model_id
         self.long = long
@@ -124,8 +182,8 @@ class _Waiter:
         return (self.tag, self.seq)
 
 
-class _FairQueue:
-    """The waiters of one (model, long) queue: FIFO per principal, principals in tag order."""
+class _Band:
+    """The waiters of one priority in a queue: FIFO per principal, principals in tag order."""
 
     __slots__ = ("by_principal", "size")
 
@@ -164,6 +222,73 @@ class _FairQueue:
             key=lambda waiter: waiter.order,
         )
 
+    def latest(self) -> _Waiter:
+        """The waiter that arrived last (the band is not empty)."""
+        return max(
+            (next(reversed(fifo.values())) for fifo in self.by_principal.values()),
+            key=lambda waiter: waiter.seq,
+        )
+
+
+class _FairQueue:
+    """The waiters of one (model, long, view) queue: the priorities in strict order, highest
+    first, each a `_Band`."""
+
+    __slots__ = ("bands", "levels", "size")
+
+    def __init__(self) -> None:
+        self.bands: dict[int, _Band] = {}
+        #: The levels that have waiters, lowest first.
+        self.levels: list[int] = []
+        self.size = 0
+
+    def push(self, waiter: _Waiter) -> None:
+        level = waiter.priority.level
+        band = self.bands.get(level)
+        if band is None:
+            band = self.bands[level] = _Band()
+            bisect.insort(self.levels, level)
+        band.push(waiter)
+        self.size += 1
+
+    def remove(self, waiter: _Waiter) -> bool:
+        level = waiter.priority.level
+        band = self.bands.get(level)
+        if band is None or not band.remove(waiter):
+            return False
+        if not band.size:
+            del self.bands[level]
+            self.levels.remove(level)
+        self.size -= 1
+        return True
+
+    def head(self) -> _Waiter | None:
+        """The waiter to serve first: the fair head of the highest priority."""
+        return self.bands[self.levels[-1]].head() if self.levels else None
+
+    def in_bands(self) -> list[tuple[int, list[_Waiter]]]:
+        """(level, its waiters in fair order) for each level, highest first."""
+        return [(level, self.bands[level].in_order()) for level in reversed(self.levels)]
+
+    def in_order(self) -> list[_Waiter]:
+        return [waiter for _, waiters in self.in_bands() for waiter in waiters]
+
+    def lowest(self) -> _Waiter | None:
+        """The latest waiter of the lowest priority: the first to give its place up."""
+        return self.bands[self.levels[0]].latest() if self.levels else None
+
+    def principals(self) -> dict[str, int]:
+        """principal_ref -> its waiters here."""
+        counts: dict[str, int] = {}
+        for band in self.bands.values():
+            for principal, fifo in band.by_principal.items():
+                counts[principal] = counts.get(principal, 0) + len(fifo)
+        return counts
+
+
+def _bounded_wait(seconds: float) -> float:
+    return min(_RETRY_AFTER_MAX_S, max(_RETRY_AFTER_MIN_S, seconds))
+
 
 def _has_room(limits: ProviderLimits, slots: _Slots, long: bool) -> bool:
     """The provider can take the request now: a free slot (and a long one for a long request),
@@ -193,10 +318,18 @@ class Dispatcher:
         # What a freed slot of each provider can serve, made when first needed after a swap.
         self._freed: dict[str, _Freed] = {}
         self._waiting: dict[str, int] = {}
-        # Fair queuing's clocks, per model while it has waiters: its virtual time, and each
-        # principal's last finish tag (both forgotten when the model's queue empties).
-        self._virtual: dict[str, float] = {}
-        self._finish: dict[str, dict[str, float]] = {}
+        # Fair queuing's clocks, per model and priority while the model has waiters: the
+        # virtual time, and each principal's last finish tag (forgotten when its queue empties).
+        self._virtual: dict[str, dict[int, float]] = {}
+        self._finish: dict[str, dict[int, dict[str, float]]] = {}
+        #: What each priority class's requests came to (`priorities.py`).
+        self.classes = ClassTally()
+        # How fast each model's slots free, for all its runs and for its sheddable ones, and
+        # when the shed requests were told to come back (not yet due): what a shed or
+        # displaced request's Retry-After is estimated from.
+        self._drains: dict[str, _Drain] = {}
+        self._shed_drains: dict[str, _Drain] = {}
+        self._promised: dict[str, deque[float]] = {}
         self._waiting_total = 0
         self._seq = 0
         self._stamp = 0
@@ -298,15 +431,25 @@ class Dispatcher:
     # -- acquiring and releasing slots ----------------------------------------------------------
 
     def try_acquire(
-        self, model_id: str, long: bool, prefix: PrefixKey | None = None, side: Side = STABLE
+        self,
+        model_id: str,
+        long: bool,
+        prefix: PrefixKey | None = None,
+        side: Side = STABLE,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> Lease | None:
-        """A lease on the best free candidate now, or None when every candidate is busy."""
+        """A lease on the best free candidate now, or None when every candidate is busy (or, for
+        a sheddable `priority`, the model is saturated)."""
         pool_model = self._route(model_id, long, self._stable_view(model_id, side))
+        if priority.sheddable and self._saturated(pool_model):
+            return None
         chosen = self._select(pool_model, long, prefix=prefix)
         if chosen is None:
             return None
+        self.classes.admit(priority)
         loop_time = asyncio.get_running_loop().time()
-        return self._take(pool_model, *chosen, long, loop_time + pool_model.queue_timeout_s, 0.0)
+        deadline = loop_time + self._wait_s(pool_model, priority)[0]
+        return self._take(pool_model, *chosen, long, deadline, sheddable=priority.sheddable)
 
     async def acquire(
         self,
@@ -318,6 +461,7 @@ class Dispatcher:
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
         side: Side = STABLE,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
@@ -326,7 +470,9 @@ class Dispatcher:
         request in the queue's fair order. `avoid`: providers this request tried already, no
         candidates while another of the model is available (free or not), candidates again when
         none is. `prefix`: the prompt's prefix points, for `prefix_affinity`. `side`: the
-        revision the request runs on while a change is on trial (`splits.py`).
+        revision the request runs on while a change is on trial (`splits.py`). `priority`: its
+        class (`priorities.py`): its order in the queue and its wait; a sheddable request that
+        arrives at a saturated model (`_saturated`) gets `Shed`, never a place in the queue.
         """
         stable_view = self._stable_view(model_id, side)
         pool_model = self._route(model_id, long, stable_view)
@@ -334,22 +480,26 @@ class Dispatcher:
         now = loop.time()
         if avoid and not self._others_available(pool_model, long, avoid):
             avoid = frozenset()
+        first = deadline is None
+        if first and priority.sheddable and self._saturated(pool_model):
+            self.classes.refuse(priority, SATURATED)
+            raise self._shed(model_id, priority)
         chosen = self._select(pool_model, long, avoid, prefix)
+        wait_s, by_priority = self._wait_s(pool_model, priority)
         if chosen is not None:
+            if first:
+                self.classes.admit(priority)
             return self._take(
                 pool_model,
                 *chosen,
                 long,
-                now + pool_model.queue_timeout_s if deadline is None else deadline,
+                now + wait_s if deadline is None else deadline,
+                sheddable=priority.sheddable,
             )
         if deadline is None:
             if self._waiting.get(model_id, 0) >= pool_model.queue_bound:
-                raise QueueFull(
-                    f"Too many requests are waiting for model `{model_id}` "
-                    f"(queue bound {pool_model.queue_bound}); retry later.",
-                    RETRY_AFTER_S,
-                )
-            deadline = now + pool_model.queue_timeout_s
+                self._displace(model_id, pool_model, priority)
+            deadline = now + wait_s
         elif deadline <= now:
             raise self._timeout(model_id)
         self._seq += 1
@@ -363,7 +513,12 @@ class Dispatcher:
             avoid,
             prefix,
             stable_view,
+            priority,
         )
+        waiter.first = first
+        waiter.by_priority = first and by_priority
+        if first:
+            self.classes.queue(priority)
         self._enqueue(waiter)
         waiter.timer = loop.call_at(deadline, self._expire, waiter)
         try:
@@ -377,6 +532,17 @@ class Dispatcher:
         slots = self._give_back(lease)
         if slots is None:
             return
+        model_id = lease.pool_model.id
+        now = time.monotonic()
+        drain = self._drains.get(model_id)
+        if drain is None:
+            drain = self._drains[model_id] = _Drain()
+        drain.ends.append(now)
+        if lease.sheddable:
+            drain = self._shed_drains.get(model_id)
+            if drain is None:
+                drain = self._shed_drains[model_id] = _Drain()
+            drain.ends.append(now)
         slots.cool_until = 0.0  # one of our runs ended there: the Node has room again
         if self._waiting_total:
             self._serve_freed(lease.provider_id)
@@ -468,10 +634,64 @@ class Dispatcher:
         """(model id, principal_ref) -> requests waiting, for the pairs that have any."""
         depths: dict[tuple[str, str], int] = {}
         for (model_id, _, _), queue in self._queues.items():
-            for principal, fifo in queue.by_principal.items():
+            for principal, waiting in queue.principals().items():
                 key = (model_id, principal)
-                depths[key] = depths.get(key, 0) + len(fifo)
+                depths[key] = depths.get(key, 0) + waiting
         return depths
+
+    def queue_depths_by_class(self) -> Mapping[tuple[str, str], int]:
+        """(model id, priority class) -> requests waiting, for the pairs that have any."""
+        depths: dict[tuple[str, str], int] = {}
+        for (model_id, _, _), queue in self._queues.items():
+            for band in queue.bands.values():
+                for fifo in band.by_principal.values():
+                    for waiter in fifo.values():
+                        key = (model_id, waiter.priority.class_name)
+                        depths[key] = depths.get(key, 0) + 1
+        return depths
+
+    def saturated(self, model_id: str, side: Side = STABLE) -> bool:
+        """True when a sheddable request for the model would be shed now (`_saturated`)."""
+        pool_model = self.model_view(model_id, side)
+        return pool_model is not None and self._saturated(pool_model)
+
+    def retry_after(self, model_id: str) -> float:
+        """Seconds until a slot of the model is likely free for one more request: the requests
+        waiting for it, and one more, at the rate its runs ended lately."""
+        drain = self._drains.get(model_id)
+        rate = drain.rate(time.monotonic()) if drain is not None else None
+        if rate is None:
+            return RETRY_AFTER_S
+        return _bounded_wait((self._waiting.get(model_id, 0) + 1) / rate)
+
+    def _shed_retry_after(self, model_id: str) -> float:
+        """A shed request's Retry-After: its turn among the sheddable requests, those waiting
+        and those told to come back before it (not yet due), at the rate the model's sheddable
+        runs ended lately (its runs' rate when none did), so that the shed requests that honour
+        it come back about as fast as their class is served rather than all at once."""
+        now = time.monotonic()
+        promised = self._promised.get(model_id)
+        if promised is None:
+            promised = self._promised[model_id] = deque()
+        while promised and promised[0] <= now:
+            promised.popleft()
+        drain = self._shed_drains.get(model_id)
+        rate = drain.rate(now) if drain is not None else None
+        if rate is None:
+            drain = self._drains.get(model_id)
+            rate = drain.rate(now) if drain is not None else None
+        if rate is None:
+            return RETRY_AFTER_S
+        waiting = sum(
+            queue.bands[level].size
+            for (queued, _, _), queue in self._queues.items()
+            if queued == model_id
+            for level in queue.levels
+            if level < 0
+        )
+        wait = _bounded_wait((waiting + len(promised) + 1) / rate)
+        promised.append(now + wait)
+        return wait
 
     @property
     def waiting(self) -> int:
@@ -529,6 +749,25 @@ class Dispatcher:
                 return True
         return False
 
+    def _server_full(self, provider_id: str) -> bool:
+        """The provider's server reports a queue of its own (`saturation.server_waiting`)."""
+        threshold = self._snapshot.priorities.server_waiting
+        return threshold is not None and self._chooser.server_waiting(provider_id) >= threshold
+
+    def _saturated(self, pool_model: PoolModel) -> bool:
+        """The model's demand is past what its providers serve now: requests wait for it at
+        this Edge (`saturation.queue_depth` of them, any class), or every available candidate's
+        server reports a queue of its own (`saturation.server_waiting`)."""
+        priorities = self._snapshot.priorities
+        if self._waiting.get(pool_model.id, 0) >= priorities.queue_depth:
+            return True
+        if priorities.server_waiting is None:
+            return False
+        available = [
+            c.provider.id for c in pool_model.candidates if c.provider.id in self._available
+        ]
+        return bool(available) and all(self._server_full(pid) for pid in available)
+
     def _select(
         self,
         pool_model: PoolModel,
@@ -562,7 +801,11 @@ class Dispatcher:
         return best, 0
 
     def _choose(
-        self, pool_model: PoolModel, long: bool, avoid: frozenset[str], prefix: PrefixKey | None
+        self,
+        pool_model: PoolModel,
+        long: bool,
+        avoid: frozenset[str],
+        prefix: PrefixKey | None,
     ) -> tuple[Candidate, int] | None:
         """`_select` for the policies of `choosing.py`: the same filter and priority, then the
         policy picks among the free candidates of the best priority."""
@@ -597,6 +840,7 @@ class Dispatcher:
         long: bool,
         deadline: float,
         waited_s: float = 0.0,
+        sheddable: bool = False,
     ) -> Lease:
         limits = candidate.provider
         slots = self._slots[limits.id]
@@ -616,12 +860,64 @@ class Dispatcher:
             deadline=deadline,
             waited_s=waited_s,
             prefill=prefill,
+            sheddable=sheddable,
+        )
+
+    def _wait_s(self, pool_model: PoolModel, priority: Priority) -> tuple[float, bool]:
+        """How long a request may wait for the model, and whether its class or its own bound
+        (rather than its providers' queue timeout) says so."""
+        bound = priority.max_wait_s
+        if bound is not None and bound < pool_model.queue_timeout_s:
+            return bound, True
+        return pool_model.queue_timeout_s, False
+
+    def _shed(self, model_id: str, priority: Priority) -> Shed:
+        return Shed(
+            f"Model `{model_id}` is saturated and requests of class `{priority.class_name}` "
+            f"(priority {priority.level}, sheddable) are not queued; retry later.",
+            self._shed_retry_after(model_id),
+        )
+
+    def _displace(self, model_id: str, pool_model: PoolModel, priority: Priority) -> None:
+        """Make room in the model's full queue for a request of `priority`: the latest waiter
+        of the lowest priority below it leaves with `Displaced`; with none, `QueueFull`."""
+        victim: _Waiter | None = None
+        for (queued_model, _, _), queue in self._queues.items():
+            if queued_model != model_id:
+                continue
+            lowest = queue.lowest()
+            if lowest is not None and (
+                victim is None
+                or (lowest.priority.level, -lowest.seq) < (victim.priority.level, -victim.seq)
+            ):
+                victim = lowest
+        if victim is None or victim.priority.level >= priority.level:
+            self.classes.refuse(priority, QUEUE_FULL)
+            raise QueueFull(
+                f"Too many requests are waiting for model `{model_id}` "
+                f"(queue bound {pool_model.queue_bound}); retry later.",
+                RETRY_AFTER_S,
+            )
+        self.classes.refuse(victim.priority, DISPLACED)
+        self._fail(
+            victim,
+            Displaced(
+                f"Model `{model_id}`'s queue is full and a request of a higher priority class "
+                f"took this one's place (class `{victim.priority.class_name}`, priority "
+                f"{victim.priority.level}); it had not started. Retry later.",
+                self.retry_after(model_id),
+            ),
         )
 
     def _enqueue(self, waiter: _Waiter) -> None:
         model_id = waiter.model_id
-        finish = self._finish.setdefault(model_id, {})
-        start = max(self._virtual.get(model_id, 0.0), finish.get(waiter.principal, 0.0))
+        level = waiter.priority.level
+        finishes = self._finish.setdefault(model_id, {})
+        finish = finishes.get(level)
+        if finish is None:
+            finish = finishes[level] = {}
+        virtual = self._virtual.get(model_id)
+        start = max(virtual.get(level, 0.0) if virtual else 0.0, finish.get(waiter.principal, 0.0))
         weight = self._snapshot.principal_weights.get(waiter.principal, 1)
         finish[waiter.principal] = start + 1.0 / weight
         waiter.tag = start
@@ -659,14 +955,26 @@ class Dispatcher:
         self, waiter: _Waiter, pool_model: PoolModel, candidate: Candidate, prefill: int = 0
     ) -> None:
         model_id = waiter.model_id
-        if waiter.tag > self._virtual.get(model_id, 0.0):
-            self._virtual[model_id] = waiter.tag
+        level = waiter.priority.level
+        virtual = self._virtual.setdefault(model_id, {})
+        if waiter.tag > virtual.get(level, 0.0):
+            virtual[level] = waiter.tag
         self._dequeue(waiter)
         if waiter.future.done():
             return  # cancelled; its task has not resumed yet to abandon it
         waited = time.perf_counter() - waiter.enqueued_at
+        if waiter.first:
+            self.classes.admit(waiter.priority, waited)
         waiter.future.set_result(
-            self._take(pool_model, candidate, prefill, waiter.long, waiter.deadline, waited)
+            self._take(
+                pool_model,
+                candidate,
+                prefill,
+                waiter.long,
+                waiter.deadline,
+                waited,
+                waiter.priority.sheddable,
+            )
         )
 
     def _fail(self, waiter: _Waiter, error: Exception) -> None:
@@ -675,8 +983,23 @@ class Dispatcher:
             waiter.future.set_exception(error)
 
     def _expire(self, waiter: _Waiter) -> None:
-        if not waiter.future.done():
+        if waiter.future.done():
+            return
+        priority = waiter.priority
+        if not waiter.by_priority:
+            if waiter.first:
+                self.classes.refuse(priority, QUEUE_TIMEOUT)
             self._fail(waiter, self._timeout(waiter.model_id))
+            return
+        own = priority.wait_source.startswith("the request's")
+        self.classes.refuse(priority, REQUEST_WAIT if own else CLASS_WAIT)
+        self._fail(
+            waiter,
+            QueueDeadline(
+                f"No provider of model `{waiter.model_id}` became free within "
+                f"{priority.wait_source}; the request left the queue before reaching a server."
+            ),
+        )
 
     def _timeout(self, model_id: str) -> QueueTimeout:
         return QueueTimeout(
@@ -714,7 +1037,8 @@ class Dispatcher:
         return pairs
 
     def _serve_freed(self, provider_id: str) -> None:
-        """Give free slots of `provider_id` to the oldest waiting requests it can serve."""
+        """Give free slots of `provider_id` to the waiting requests it can serve: the highest
+        priority first, the oldest of it first."""
         if provider_id not in self._available:
             return
         pairs = self._freed_pairs(provider_id)
@@ -737,7 +1061,10 @@ class Dispatcher:
                 for long in (False, True) if long_ok else (False,):
                     queue = self._queues.get((pool_model.id, long, stable_view))
                     head = queue.head() if queue is not None else None
-                    if head is not None and (oldest is None or head.seq < oldest.seq):
+                    if head is not None and (
+                        oldest is None
+                        or (-head.priority.level, head.seq) < (-oldest.priority.level, oldest.seq)
+                    ):
                         oldest, chosen = head, (pool_model, candidate)
             if oldest is None or chosen is None:
                 return
@@ -752,15 +1079,20 @@ class Dispatcher:
             self._grant(oldest, *chosen, prefill)
 
     def _reevaluate(self) -> None:
-        """Try every waiting request again (after a swap or a health change): the queues in the
-        order of their oldest waiter, each queue in its fair order."""
+        """Try every waiting request again (after a swap or a health change): the highest
+        priority first; within one, the queues in the order of their oldest waiter, each in its
+        fair order."""
         if not self._waiting_total:
             return
-        queues = sorted(
-            (queue.in_order() for queue in self._queues.values()),
-            key=lambda waiters: min(waiter.seq for waiter in waiters),
+        bands = sorted(
+            (
+                (level, waiters)
+                for queue in self._queues.values()
+                for level, waiters in queue.in_bands()
+            ),
+            key=lambda band: (-band[0], min(waiter.seq for waiter in band[1])),
         )
-        for waiter in (waiter for waiters in queues for waiter in waiters):
+        for waiter in (waiter for _, waiters in bands for waiter in waiters):
             if waiter.future.done():
                 continue  # cancelled: its task takes it out of the queue when it resumes
             try:

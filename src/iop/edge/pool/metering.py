@@ -11,12 +11,18 @@ the public one. docs/edge.md, "Auth and metering", lists every metric and says h
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -25,6 +31,7 @@ from ..hub import Hub, provider_health
 from .counts import Counts, CountsCollector, Latencies
 from .dispatching import Dispatcher
 from .outcomes import OutcomeCollector, OutcomeTally
+from .priorities import WAIT_BUCKETS
 from .splits import STABLE, Side
 
 #: The Content-Type of the Prometheus text exposition served at /metrics.
@@ -150,6 +157,68 @@ class _NodeCollector(Collector):
         yield from (healthy, reasons, draining, runs_left)
 
 
+class _ClassCollector(Collector):
+    """What each priority class's requests came to (`priorities.py`), read from the dispatcher
+    when Prometheus scrapes."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def collect(self) -> Iterator[Metric]:
+        tally = self._dispatcher.classes
+        admitted = CounterMetricFamily(
+            "iop_edge_class_admitted",
+            "Requests given a slot, at once or after waiting, by priority class.",
+            labels=["class"],
+        )
+        for name, count in sorted(tally.admitted.items()):
+            admitted.add_metric([name], count)
+        queued = CounterMetricFamily(
+            "iop_edge_class_queued",
+            "Requests that waited in a model's queue, by priority class.",
+            labels=["class"],
+        )
+        for name, count in sorted(tally.queued.items()):
+            queued.add_metric([name], count)
+        shed = CounterMetricFamily(
+            "iop_edge_class_shed",
+            "Requests that got no slot, by priority class and reason: saturated (sheddable, "
+            "refused at admission), displaced (gave its place in a full queue to a higher "
+            "class), queue_full, class_wait and request_wait (the class's or the request's wait "
+            "bound ran out), queue_timeout (the providers' queue_timeout_ms ran out).",
+            labels=["class", "reason"],
+        )
+        for (name, reason), count in sorted(tally.shed.items()):
+            shed.add_metric([name, reason], count)
+        waits = HistogramMetricFamily(
+            "iop_edge_class_queue_wait_seconds",
+            "Time a request that waited spent in the queue before its slot, by priority class.",
+            labels=["class"],
+        )
+        for name, histogram in sorted(tally.waits.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*WAIT_BUCKETS, math.inf), histogram.counts, strict=True):
+                cumulative += count
+                buckets.append(("+Inf" if bound == math.inf else repr(bound), cumulative))
+            waits.add_metric([name], buckets, histogram.total)
+        depth = GaugeMetricFamily(
+            "iop_edge_class_queue_depth",
+            "Requests waiting for a free provider, per model and priority class.",
+            labels=["model", "class"],
+        )
+        for (model_id, name), waiting in sorted(self._dispatcher.queue_depths_by_class().items()):
+            depth.add_metric([model_id, name], waiting)
+        saturated = GaugeMetricFamily(
+            "iop_edge_model_saturated",
+            "1 while a sheddable request for the model would be shed (no candidate with room, "
+            "by openai.priority.saturation), else 0.",
+            labels=["model"],
+        )
+        for model_id in sorted(self._dispatcher.snapshot.models):
+            saturated.add_metric([model_id], 1.0 if self._dispatcher.saturated(model_id) else 0.0)
+        yield from (admitted, queued, shed, waits, depth, saturated)
+
+
 class Metrics:
     """The Edge's metrics; `render()` is the /metrics body. Without a `hub` (an app tested
     alone) there are no provider health or node drain metrics."""
@@ -190,6 +259,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_PoolCollector(dispatcher))
+        self.registry.register(_ClassCollector(dispatcher))
         self.registry.register(OutcomeCollector(self.outcomes))
         if hub is not None:
             self.registry.register(_NodeCollector(dispatcher, hub))

@@ -35,6 +35,7 @@ from .choosing import PREFIX_AFFINITY, PrefixKey
 from .dispatching import Dispatcher, Lease
 from .metering import Metrics
 from .prefixes import prefix_key
+from .priorities import DEFAULT_PRIORITY, Priority
 from .retrying import RetryBudget, RetryBudgets, should_retry
 from .snapshots import PoolModel
 from .splits import CANDIDATE, STABLE, Side
@@ -53,9 +54,14 @@ class Relay:
         self._run_prefix = os.urandom(4).hex()
 
     def open(
-        self, request: ParsedRequest, long: bool, principal: Principal, side: Side = STABLE
+        self,
+        request: ParsedRequest,
+        long: bool,
+        principal: Principal,
+        side: Side = STABLE,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> RelayedRun:
-        return RelayedRun(self, request, long, principal, side)
+        return RelayedRun(self, request, long, principal, side, priority)
 
     def next_run_id(self) -> str:
         """A run id unique to this Edge process."""
@@ -97,6 +103,7 @@ class RelayedRun:
         long: bool,
         principal: Principal,
         side: Side = STABLE,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> None:
         self._dispatcher = relay.dispatcher
         self._hub = relay.hub
@@ -106,6 +113,8 @@ class RelayedRun:
         self._request = request
         self._long = long
         self._principal = principal
+        #: Its priority class (`priorities.py`): its place in every queue it waits in.
+        self._priority = priority
         self._model = request.model
         #: The revision the request was given when it arrived (what its outcome counts for).
         self.side = side
@@ -190,6 +199,7 @@ class RelayedRun:
                     avoid=attempts.tried if attempts is not None else _NONE,
                     prefix=self._prefix(dispatcher.model_view(self._model, self._side)),
                     side=self._side,
+                    priority=self._priority,
                 )
         except (QueueTimeout, NoProvider, ModelNotFound):
             if attempts is None or attempts.failure is None:
@@ -304,7 +314,9 @@ class RelayedRun:
         once (`_race`).
         """
         dispatcher = self._dispatcher
-        lease = dispatcher.try_acquire(self._model, self._long, side=self._side)
+        lease = dispatcher.try_acquire(
+            self._model, self._long, side=self._side, priority=self._priority
+        )
         if lease is not None:
             return lease
         fallbacks = [
@@ -333,13 +345,16 @@ class RelayedRun:
             deadline=deadline,
             principal=self._principal.principal_ref,
             side=self._side,
+            priority=self._priority,
         )
 
     def _free_fallback(self, fallbacks: list[str]) -> tuple[str, Lease] | None:
         """The first fallback model with a free slot, and the slot."""
         for model in fallbacks:
             try:
-                lease = self._dispatcher.try_acquire(model, self._long, side=self._side)
+                lease = self._dispatcher.try_acquire(
+                    model, self._long, side=self._side, priority=self._priority
+                )
             except (NoProvider, ModelNotFound):
                 continue
             if lease is not None:
@@ -363,6 +378,7 @@ class RelayedRun:
                 deadline=deadline,
                 principal=self._principal.principal_ref,
                 side=self._side,
+                priority=self._priority,
             )
             racers[asyncio.ensure_future(waiting)] = model
         try:

@@ -24,6 +24,8 @@ from iop.edgeconfig import (
     edge_share,
 )
 
+from .priorities import PriorityTable
+
 
 @dataclass(frozen=True, slots=True)
 class ProviderLimits:
@@ -100,6 +102,8 @@ class PoolSnapshot:
     principal_weights: Mapping[str, int]
     #: Retries before the first byte and their budget (`openai.retries`).
     retries: RetrySection
+    #: The priority classes (`openai.priority`).
+    priorities: PriorityTable
     #: The Edge replicas sharing the capacity of the nodes placed on the Edge (1: alone).
     edge_replicas: int = 1
 
@@ -171,6 +175,7 @@ class PoolSnapshot:
             ),
             principal_weights=MappingProxyType(dict(config.openai.principal_weights)),
             retries=config.openai.retries,
+            priorities=PriorityTable(config),
             edge_replicas=edge_replicas,
         )
 
