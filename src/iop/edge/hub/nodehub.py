@@ -480,9 +480,9 @@ class NodeHub(AsyncService):
         visits = self._visits
         for session in visits.due(now):
             quiet = session.quiet_when_idle
-            if now - session.beat_at >= liveness.interval(quiet and not session.runs) - early:
+            if now - session.last_sent >= liveness.interval(quiet and not session.runs) - early:
                 session.writer_put(beat)
-                session.beat_at = now
+                session.last_sent = now
             if session.paused:
                 self.streams_stalled += session.expire_stalled(now, stall_timeout)
             if on_time:
@@ -490,7 +490,7 @@ class NodeHub(AsyncService):
             if session.runs or not quiet:
                 visits.busy(session)
             else:  # a quiet link: next visited for its next beat or at its deadline
-                next_beat = session.beat_at + liveness.idle_interval - early
+                next_beat = session.last_sent + liveness.idle_interval - early
                 deadline = session.last_heard + liveness.idle_timeout
                 visits.later(session, max(min(next_beat, deadline), now + early))
 
@@ -754,7 +754,12 @@ class NodeHub(AsyncService):
         )
         await context.write(pb.EdgeMessage(welcome=welcome))
 
+        loop = asyncio.get_running_loop()
+
         async def send(batch: Sequence[EdgeItem]) -> None:
+            # A run, a push or a cancel tells the Node this Edge is alive as well as a heartbeat
+            # does: the next heartbeat is due an interval after it (it rides with the run).
+            session.last_sent = loop.time()
             await context.write(edge_message(batch))
 
         async def read(_: CoalescingWriter[EdgeItem]) -> None:
