@@ -24,8 +24,10 @@ Per N, on a fresh Edge whose config lists the N nodes:
    (the fleet's) beside it;
 4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
    every node's payload: the round trip until the report, which the Edge sends once every push
-   is acknowledged (or timed out), the CPU the Edge and the fleet spent meanwhile (the fleet's
-   nodes take their payloads on the Edge's cores here), and the pushes acked and failed; and
+   is acknowledged (or timed out), the CPU the Edge and the fleet spent until it arrived (the
+   fleet's nodes take their payloads on the Edge's cores here; until 2026-12-03 12:00 the
+   fleet's figure also held this process's parse of the report, a document of every push),
+   and the pushes acked and failed; and
    the nodes that lost their session meanwhile (each node's own count of sessions it left
    because the Edge fell silent past its deadline, or that failed): an Edge whose loop an
    apply holds past a link's deadline loses its fleet; then a change to one node's provider
@@ -41,8 +43,8 @@ Per N, on a fresh Edge whose config lists the N nodes:
    5-second run was most of the difference from 10.
 
 `--profile DIR` records the Edge with py-spy (`uvx py-spy`, 200 samples a second, raw stacks)
-over each measured phase: `DIR/N-idle.raw`, `N-apply.raw` (the apply to every node) and
-`N-load.raw`.
+over each measured phase: `DIR/N-idle.raw`, `N-apply.raw` (the apply to every node; and this
+process, the fleet, meanwhile: `N-apply-fleet.raw`) and `N-load.raw`.
 
 Every node dials from 127.0.0.1, where a deployed fleet dials from as many addresses: the
 config raises `edge.node_link.max_unauthenticated_per_client` (default 8) to
@@ -312,10 +314,22 @@ class Profile:
         await child.wait()
 
 
+@dataclass
+class Applied:
+    """What `apply` saw: its round trip, the sessions lost meanwhile, each push's status, and
+    the CPU seconds the Edge and the fleet spent until the report arrived (the fleet's reading
+    of the report, a document of every push, not among them)."""
+
+    seconds: float
+    lost: int
+    statuses: list[str]
+    edge_cpu_s: float
+    fleet_cpu_s: float
+
 
 async def apply(
-    admin: httpx.AsyncClient, candidate: dict[str, Any], members: list[FleetNode]
-) -> tuple[float, int, list[str]]:
+    admin: httpx.AsyncClient, candidate: dict[str, Any], members: list[FleetNode], edge: int
+) -> Applied:
     """`POST /refresh` of `candidate`: its round trip (the report comes once every push is
     acknowledged), the sessions the nodes left or lost meanwhile (what an apply that holds the
     Edge's loop past their deadline shows as), and each push's status."""
@@ -324,13 +338,17 @@ async def apply(
         return sum(m.connection.silences + m.connection.failures for m in members)
 
     before = ended()
+    edge_before, fleet_before = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
     began = time.perf_counter()
     response = await admin.post("/refresh", json={"mode": "apply", "config": candidate})
     took = time.perf_counter() - began
+    edge_cpu = benchkit.cpu_seconds(edge) - edge_before
+    fleet_cpu = benchkit.cpu_seconds(os.getpid()) - fleet_before
     report = response.json()
     if response.status_code != 200 or report["outcome"] != "applied":
         raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
-    return took, ended() - before, [push["status"] for push in report["pushes"]]
+    statuses = [push["status"] for push in report["pushes"]]
+    return Applied(took, ended() - before, statuses, edge_cpu, fleet_cpu)
 
 
 async def apply_capacity(
@@ -348,17 +366,19 @@ async def apply_capacity(
         for entry in node["providers"]:
             entry["capacity"] += 1
     profile = await Profile.start(profiles, f"{len(members)}-apply", edge)
-    edge_before, fleet_before = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
-    row.apply_s, row.lost, statuses = await apply(admin, candidate, members)
-    row.apply_edge_cpu_s = benchkit.cpu_seconds(edge) - edge_before
-    row.apply_fleet_cpu_s = benchkit.cpu_seconds(os.getpid()) - fleet_before
+    fleet_profile = await Profile.start(profiles, f"{len(members)}-apply-fleet", os.getpid())
+    applied = await apply(admin, candidate, members, edge)
     await profile.stop()
-    row.acked = statuses.count("acked")
-    row.failed = len(statuses) - row.acked
+    await fleet_profile.stop()
+    row.apply_s, row.lost = applied.seconds, applied.lost
+    row.apply_edge_cpu_s, row.apply_fleet_cpu_s = applied.edge_cpu_s, applied.fleet_cpu_s
+    row.acked = applied.statuses.count("acked")
+    row.failed = len(applied.statuses) - row.acked
     candidate["nodes"][-1]["providers"][0]["capacity"] += 1
-    row.apply_one_s, _, statuses = await apply(admin, candidate, members)
-    if statuses != ["acked"]:
-        raise RuntimeError(f"the apply to one node pushed {statuses}")
+    one = await apply(admin, candidate, members, edge)
+    row.apply_one_s = one.seconds
+    if one.statuses != ["acked"]:
+        raise RuntimeError(f"the apply to one node pushed {one.statuses}")
 
 
 async def load(
