@@ -3,7 +3,7 @@
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
         [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120] [--load-here]
-        [--profile DIR]
+        [--profile DIR] [--ramp PER_SECOND]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -215,11 +215,15 @@ class FleetNode:
 
 
 @contextlib.asynccontextmanager
-async def fleet(hub: str, nodes: int) -> AsyncIterator[list[FleetNode]]:
-    """N nodes dialing `hub`, started at once; all stopped on the way out."""
+async def fleet(hub: str, nodes: int, ramp: int = 0) -> AsyncIterator[list[FleetNode]]:
+    """N nodes dialing `hub`, started at once, or `ramp` a second (the last batch started
+    before this yields); all stopped on the way out."""
     started: list[FleetNode] = []
     try:
+        batch = max(1, ramp // 10) if ramp else nodes
         for index in range(nodes):
+            if index and index % batch == 0:
+                await asyncio.sleep(0.1)
             started.append(FleetNode.start(hub, index))
         yield started
     finally:
@@ -520,7 +524,7 @@ async def measure(
             await asyncio.sleep(1.0)
             row.rss_none_kib = rss_kib(edge.pid)
             began = time.monotonic()
-            async with fleet(hub, nodes) as members:
+            async with fleet(hub, nodes, args.ramp) as members:
                 ready = await connect_all(admin, members, began, edge.pid, args.connect_timeout)
                 row.connected = ready
                 if ready < nodes:
@@ -672,6 +676,14 @@ if __name__ == "__main__":
         action="store_true",
         help="the load generator in this process, beside the fleet (as before 2026-12-03 "
         "10:00); by default it runs in a process of its own",
+    )
+    parser.add_argument(
+        "--ramp",
+        type=int,
+        default=0,
+        metavar="PER_SECOND",
+        help="start the fleet's nodes this many a second (connect all counts from the first); "
+        "0: all at once, as after an Edge restart",
     )
     parser.add_argument(
         "--profile",
