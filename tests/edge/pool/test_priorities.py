@@ -196,9 +196,7 @@ async def test_servers_with_queues_of_their_own_saturate_the_model(config_of, pr
     pool.dispatcher.release(lease)
 
 
-async def test_shed_requests_are_told_to_come_back_one_after_the_other(
-    config_of, provider
-) -> None:
+async def test_shed_requests_are_told_to_come_back_one_after_the_other(config_of, provider) -> None:
     pool = Pool(priority_config(config_of, provider))
     batch, standard = pool.priority("batch"), pool.priority("standard")
     for _ in range(6):  # sheddable runs of 50 ms: their class is served at about 20 a second
