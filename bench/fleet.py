@@ -3,6 +3,7 @@
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
         [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120] [--load-here]
+        [--profile DIR] [--ramp PER_SECOND]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -23,8 +24,10 @@ Per N, on a fresh Edge whose config lists the N nodes:
    (the fleet's) beside it;
 4. apply: `POST /refresh` of the config with every provider's capacity raised, which changes
    every node's payload: the round trip until the report, which the Edge sends once every push
-   is acknowledged (or timed out), the CPU the Edge and the fleet spent meanwhile (the fleet's
-   nodes take their payloads on the Edge's cores here), and the pushes acked and failed; and
+   is acknowledged (or timed out), the CPU the Edge and the fleet spent until it arrived (the
+   fleet's nodes take their payloads on the Edge's cores here; until 2026-12-03 12:00 the
+   fleet's figure also held this process's parse of the report, a document of every push),
+   and the pushes acked and failed; and
    the nodes that lost their session meanwhile (each node's own count of sessions it left
    because the Edge fell silent past its deadline, or that failed): an Edge whose loop an
    apply holds past a link's deadline loses its fleet; then a change to one node's provider
@@ -38,6 +41,10 @@ Per N, on a fresh Edge whose config lists the N nodes:
    A warm-up first asks every model twice: a model's first requests cost the Edge once what
    later ones do not (its Prometheus label children are made), which at 1,000 models in a
    5-second run was most of the difference from 10.
+
+`--profile DIR` records the Edge with py-spy (`uvx py-spy`, 200 samples a second, raw stacks)
+over each measured phase: `DIR/N-idle.raw`, `N-apply.raw` (the apply to every node; and this
+process, the fleet, meanwhile: `N-apply-fleet.raw`) and `N-load.raw`.
 
 Every node dials from 127.0.0.1, where a deployed fleet dials from as many addresses: the
 config raises `edge.node_link.max_unauthenticated_per_client` (default 8) to
@@ -123,7 +130,7 @@ def document(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _quiet(args: argparse.Namespace) -> str:
-    idle = 5000 if args.idle_heartbeat_ms is None else args.idle_heartbeat_ms
+    idle = 10_000 if args.idle_heartbeat_ms is None else args.idle_heartbeat_ms
     return f"{idle} ms" if idle > (args.heartbeat_ms or 500) else "interval (quiet links off)"
 
 
@@ -208,11 +215,15 @@ class FleetNode:
 
 
 @contextlib.asynccontextmanager
-async def fleet(hub: str, nodes: int) -> AsyncIterator[list[FleetNode]]:
-    """N nodes dialing `hub`, started at once; all stopped on the way out."""
+async def fleet(hub: str, nodes: int, ramp: int = 0) -> AsyncIterator[list[FleetNode]]:
+    """N nodes dialing `hub`, started at once, or `ramp` a second (the last batch started
+    before this yields); all stopped on the way out."""
     started: list[FleetNode] = []
     try:
+        batch = max(1, ramp // 10) if ramp else nodes
         for index in range(nodes):
+            if index and index % batch == 0:
+                await asyncio.sleep(0.1)
             started.append(FleetNode.start(hub, index))
         yield started
     finally:
@@ -268,9 +279,61 @@ async def connect_all(
 # -- the measures ---------------------------------------------------------------------------------
 
 
+class Profile:
+    """py-spy recording the Edge over one phase (`--profile`), or nothing without a folder."""
+
+    def __init__(self, child: asyncio.subprocess.Process | None) -> None:
+        self._child = child
+
+    @classmethod
+    async def start(cls, folder: Path | None, name: str, pid: int) -> Profile:
+        if folder is None:
+            return cls(None)
+        folder.mkdir(parents=True, exist_ok=True)
+        child = await asyncio.create_subprocess_exec(
+            "uvx",
+            "py-spy",
+            "record",
+            "-r",
+            "200",
+            "-f",
+            "raw",
+            "--nonblocking",
+            "-o",
+            str(folder / f"{name}.raw"),
+            "-p",
+            str(pid),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await asyncio.sleep(1.0)  # py-spy attached before the phase begins
+        return cls(child)
+
+    async def stop(self) -> None:
+        """End the recording (py-spy writes its file on SIGINT)."""
+        child = self._child
+        if child is None or child.returncode is not None:
+            return
+        child.send_signal(signal.SIGINT)
+        await child.wait()
+
+
+@dataclass
+class Applied:
+    """What `apply` saw: its round trip, the sessions lost meanwhile, each push's status, and
+    the CPU seconds the Edge and the fleet spent until the report arrived (the fleet's reading
+    of the report, a document of every push, not among them)."""
+
+    seconds: float
+    lost: int
+    statuses: list[str]
+    edge_cpu_s: float
+    fleet_cpu_s: float
+
+
 async def apply(
-    admin: httpx.AsyncClient, candidate: dict[str, Any], members: list[FleetNode]
-) -> tuple[float, int, list[str]]:
+    admin: httpx.AsyncClient, candidate: dict[str, Any], members: list[FleetNode], edge: int
+) -> Applied:
     """`POST /refresh` of `candidate`: its round trip (the report comes once every push is
     acknowledged), the sessions the nodes left or lost meanwhile (what an apply that holds the
     Edge's loop past their deadline shows as), and each push's status."""
@@ -279,17 +342,26 @@ async def apply(
         return sum(m.connection.silences + m.connection.failures for m in members)
 
     before = ended()
+    edge_before, fleet_before = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
     began = time.perf_counter()
     response = await admin.post("/refresh", json={"mode": "apply", "config": candidate})
     took = time.perf_counter() - began
+    edge_cpu = benchkit.cpu_seconds(edge) - edge_before
+    fleet_cpu = benchkit.cpu_seconds(os.getpid()) - fleet_before
     report = response.json()
     if response.status_code != 200 or report["outcome"] != "applied":
         raise RuntimeError(f"apply failed: {response.status_code} {response.text[:500]}")
-    return took, ended() - before, [push["status"] for push in report["pushes"]]
+    statuses = [push["status"] for push in report["pushes"]]
+    return Applied(took, ended() - before, statuses, edge_cpu, fleet_cpu)
 
 
 async def apply_capacity(
-    admin: httpx.AsyncClient, base: dict[str, Any], members: list[FleetNode], row: Row, edge: int
+    admin: httpx.AsyncClient,
+    base: dict[str, Any],
+    members: list[FleetNode],
+    row: Row,
+    edge: int,
+    profiles: Path | None = None,
 ) -> None:
     """Every provider's capacity + 1: every node's payload changes, so every node is pushed;
     then one node's provider's capacity + 1 more (one push)."""
@@ -297,16 +369,20 @@ async def apply_capacity(
     for node in candidate["nodes"]:
         for entry in node["providers"]:
             entry["capacity"] += 1
-    edge_before, fleet_before = benchkit.cpu_seconds(edge), benchkit.cpu_seconds(os.getpid())
-    row.apply_s, row.lost, statuses = await apply(admin, candidate, members)
-    row.apply_edge_cpu_s = benchkit.cpu_seconds(edge) - edge_before
-    row.apply_fleet_cpu_s = benchkit.cpu_seconds(os.getpid()) - fleet_before
-    row.acked = statuses.count("acked")
-    row.failed = len(statuses) - row.acked
+    profile = await Profile.start(profiles, f"{len(members)}-apply", edge)
+    fleet_profile = await Profile.start(profiles, f"{len(members)}-apply-fleet", os.getpid())
+    applied = await apply(admin, candidate, members, edge)
+    await profile.stop()
+    await fleet_profile.stop()
+    row.apply_s, row.lost = applied.seconds, applied.lost
+    row.apply_edge_cpu_s, row.apply_fleet_cpu_s = applied.edge_cpu_s, applied.fleet_cpu_s
+    row.acked = applied.statuses.count("acked")
+    row.failed = len(applied.statuses) - row.acked
     candidate["nodes"][-1]["providers"][0]["capacity"] += 1
-    row.apply_one_s, _, statuses = await apply(admin, candidate, members)
-    if statuses != ["acked"]:
-        raise RuntimeError(f"the apply to one node pushed {statuses}")
+    one = await apply(admin, candidate, members, edge)
+    row.apply_one_s = one.seconds
+    if one.statuses != ["acked"]:
+        raise RuntimeError(f"the apply to one node pushed {one.statuses}")
 
 
 async def load(
@@ -448,7 +524,7 @@ async def measure(
             await asyncio.sleep(1.0)
             row.rss_none_kib = rss_kib(edge.pid)
             began = time.monotonic()
-            async with fleet(hub, nodes) as members:
+            async with fleet(hub, nodes, args.ramp) as members:
                 ready = await connect_all(admin, members, began, edge.pid, args.connect_timeout)
                 row.connected = ready
                 if ready < nodes:
@@ -458,6 +534,7 @@ async def measure(
                 await asyncio.sleep(2.0)  # every node's first heartbeats and health reports in
                 row.rss_all_kib = rss_kib(edge.pid)
                 me = os.getpid()
+                profile = await Profile.start(args.profile, f"{nodes}-idle", edge.pid)
                 idle_began = time.monotonic()
                 edge_before = benchkit.cpu_seconds(edge.pid)
                 fleet_before = benchkit.cpu_seconds(me)
@@ -465,10 +542,12 @@ async def measure(
                 idle = time.monotonic() - idle_began
                 row.idle_edge_cores = (benchkit.cpu_seconds(edge.pid) - edge_before) / idle
                 row.idle_fleet_cores = (benchkit.cpu_seconds(me) - fleet_before) / idle
-                await apply_capacity(admin, base, members, row, edge.pid)
+                await profile.stop()
+                await apply_capacity(admin, base, members, row, edge.pid, args.profile)
                 # Warm-up: every model twice, so that what a model's first request costs once
                 # (its metrics' label children) is not counted as the fleet's cost per request.
                 await load(host, port, nodes, args.concurrency, 0.5, at_least=2 * nodes)
+                profile = await Profile.start(args.profile, f"{nodes}-load", edge.pid)
                 if args.load_here:
                     edge_before = benchkit.cpu_seconds(edge.pid)
                     answered, row.errors, elapsed = await load(
@@ -479,6 +558,7 @@ async def measure(
                     answered, row.errors, elapsed, spent = await generator.measured(
                         edge.pid, host, port, nodes, args
                     )
+                await profile.stop()
                 row.rps = answered / elapsed
                 row.edge_us_per_request = spent / max(answered, 1) * 1e6
                 above = spent - row.idle_edge_cores * elapsed
@@ -589,13 +669,29 @@ if __name__ == "__main__":
         type=int,
         default=None,
         help="edge.node_link.idle_heartbeat_interval_ms, a quiet link's (default: the "
-        "product's, 5,000; 0: quiet links off, every link beats every heartbeat interval)",
+        "product's, 10,000; 0: quiet links off, every link beats every heartbeat interval)",
     )
     parser.add_argument(
         "--load-here",
         action="store_true",
         help="the load generator in this process, beside the fleet (as before 2026-12-03 "
         "10:00); by default it runs in a process of its own",
+    )
+    parser.add_argument(
+        "--ramp",
+        type=int,
+        default=0,
+        metavar="PER_SECOND",
+        help="start the fleet's nodes this many a second (connect all counts from the first); "
+        "0: all at once, as after an Edge restart",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record the Edge with py-spy over each phase into DIR (N-idle.raw, N-apply.raw, "
+        "N-load.raw)",
     )
     parser.add_argument("--load-generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")

@@ -654,7 +654,7 @@ def _link(data: dict[str, Any], **link: int) -> None:
 @pytest.mark.parametrize(
     ("link", "quiet"),
     [
-        pytest.param({}, (5000, 20000), id="defaults"),
+        pytest.param({}, (10_000, 40_000), id="defaults"),
         pytest.param({"idle_heartbeat_interval_ms": 0}, (0, 0), id="off"),
         pytest.param(  # an idle interval not above the heartbeat's: nothing to save
             {"heartbeat_interval_ms": 20_000, "heartbeat_timeout_ms": 60_000},
@@ -662,8 +662,8 @@ def _link(data: dict[str, Any], **link: int) -> None:
             id="not-above-the-heartbeat",
         ),
         pytest.param(  # the idle deadline never shorter than the busy one
-            {"heartbeat_timeout_ms": 30_000, "idle_heartbeat_interval_ms": 8000},
-            (8000, 30_000),
+            {"heartbeat_timeout_ms": 60_000, "idle_heartbeat_interval_ms": 8000},
+            (8000, 60_000),
             id="deadline-raised",
         ),
     ],

@@ -311,21 +311,23 @@ class NodeLinkSection(Spec):
             "Milliseconds between heartbeats on a quiet link: one with no run of this Edge in "
             "flight, whose Node keeps such links quiet (a Node sends sooner when its in-flight "
             "counts or its servers' load changed). Heartbeats are most of what an idle fleet "
-            "costs the Edge. 0, or not above heartbeat_interval_ms: every link beats every "
+            "costs the Edge; the price of a longer interval is a later verdict on a Node that "
+            "freezes while idle (idle_heartbeat_timeout_ms, or its next run's first-event "
+            "deadline). 0, or not above heartbeat_interval_ms: every link beats every "
             "heartbeat_interval_ms.",
             ge=0,
         ),
-    ] = 5000
+    ] = 10_000
     idle_heartbeat_timeout_ms: Annotated[
         int,
         restart_edge(
             "Milliseconds of silence after which either side counts the other as dead on a "
             "quiet link (a frozen Node with no run in flight is found by then, or at its next "
             "run by heartbeat_timeout_ms). Above idle_heartbeat_interval_ms; never less than "
-            "heartbeat_timeout_ms.",
+            "heartbeat_timeout_ms. The default leaves four intervals, as on a busy link.",
             ge=100,
         ),
-    ] = 20000
+    ] = 40_000
     first_event_timeout_ms: Annotated[
         int,
         restart_edge(

@@ -37,6 +37,7 @@ from iop.wire import (
     RunChunk,
     RunEvent,
     RunFailed,
+    ServerLoad,
     StreamPump,
     Ticker,
     chunk_to_pieces,
@@ -125,6 +126,18 @@ def _message(batch: Sequence[_Outgoing]) -> pb.NodeMessage:
         else:
             message.heartbeat.CopyFrom(item)
     return message
+
+
+#: What a heartbeat says that the Edge acts on: in-flight counts, and each server's load but for
+#: its age (which grows at every tick, and would make every beat differ from the last).
+_Said = tuple[dict[str, int], dict[str, tuple[int, int, float, int]]]
+
+
+def _says(in_flight: dict[str, int], loads: dict[str, ServerLoad]) -> _Said:
+    return in_flight, {
+        pid: (load.running, load.waiting, load.kv_cache_usage, load.not_ours)
+        for pid, load in loads.items()
+    }
 
 
 def _put_sized(
@@ -450,20 +463,19 @@ class EdgeConnection:
         ticker = Ticker(liveness.heartbeat_interval)
         loop = asyncio.get_running_loop()
         early = liveness.heartbeat_interval / 2  # a beat is due a little early, not a tick late
-        said: pb.Heartbeat | None = None
+        said: _Said | None = None
         beat_at = loop.time()
+        runner = self.runner
         while True:
             on_time = await ticker.tick()
             now = loop.time()
             quiet = len(self._runs) == len(self._cancelled)
             try:
-                beat = self._heartbeat()
-                if beat != said or not quiet or now - beat_at >= liveness.interval(quiet) - early:
-                    said, beat_at = beat, now
-                    sent = pb.Heartbeat()
-                    sent.CopyFrom(beat)
-                    sent.sent_at = time.time()
-                    _put_sized(writer, sent)
+                in_flight, loads = runner.in_flight(), runner.server_loads()
+                says = _says(in_flight, loads)
+                if says != said or not quiet or now - beat_at >= liveness.interval(quiet) - early:
+                    said, beat_at = says, now
+                    _put_sized(writer, self._heartbeat(in_flight, loads))
             except Exception:
                 logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
             if on_time and now - self._last_heard > liveness.timeout(quiet):
@@ -474,18 +486,16 @@ class EdgeConnection:
                 )
                 return
 
-    def _heartbeat(self) -> pb.Heartbeat:
-        """What a heartbeat says now (without its time)."""
-        in_flight = self.runner.in_flight()
+    def _heartbeat(self, in_flight: dict[str, int], loads: dict[str, ServerLoad]) -> pb.Heartbeat:
+        """The heartbeat that says `in_flight` and `loads` (the runner's), sent now."""
         mine = self._mine
         return pb.Heartbeat(
             in_flight=in_flight,
-            server_load={
-                pid: server_load_to_proto(load) for pid, load in self.runner.server_loads().items()
-            },
+            server_load={pid: server_load_to_proto(load) for pid, load in loads.items()},
             in_flight_elsewhere={
                 pid: n - mine.get(pid, 0) for pid, n in in_flight.items() if n > mine.get(pid, 0)
             },
+            sent_at=time.time(),
         )
 
     def _start(self, message: pb.RunRequest, writer: CoalescingWriter[_Outgoing]) -> None:

@@ -3,7 +3,8 @@
 - `protocol`: the `Hub` Protocol and its values (links, loads, node status), all the rest of
   the Edge sees;
 - `nodehub`: the gRPC server Nodes dial (`NodeHub`), `nodesessions`: one connected Node and one
-  run's stream, `caps`: what the hub refuses before a Node is authenticated;
+  run's stream, `visits`: which sessions its liveness tick looks at, `caps`: what the hub
+  refuses before a Node is authenticated;
 - `localnodes`: the nodes placed on the Edge, run in this process; `peering`: how many Edge
   replicas share their capacity;
 - `nodewait`: the Edge is ready once the nodes that dial in have connected (bounded wait).

@@ -4,7 +4,8 @@
 `add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
 the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread), `swap_config`, `nodes`
 and `payload_digests`. Its tick sends heartbeats, ends silent sessions, fails runs never
-accepted and stops stalled streams.
+accepted and stops stalled streams, visiting the busy sessions and the quiet ones that are due
+(`visits.py`).
 
 docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
 the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
@@ -67,6 +68,7 @@ from .caps import (
 from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 from .protocol import InstanceDrain, NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
+from .visits import Visits
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +185,8 @@ class NodeHub(AsyncService):
         self._sessions: dict[str, NodeSession] = {}
         #: Sessions of older instances that finish their runs before they end.
         self._superseded: set[NodeSession] = set()
+        #: Which sessions the liveness tick visits (`visits.py`): busy ones, quiet ones when due.
+        self._visits: Visits[NodeSession] = Visits()
         self._listeners: list[Callable[[], None]] = []
         self._links: Mapping[str, ProviderLink] | None = None
         #: The listeners are to be told of a change on the loop's next turn (`_changed`).
@@ -473,30 +477,42 @@ class NodeHub(AsyncService):
         self.streams_stalled += self._local.tick(now, stall_timeout)
         # A beat is due a little early rather than a whole tick late.
         early = liveness.heartbeat_interval / 2
-        for session in list(self._every_session()):
+        visits = self._visits
+        for session in visits.due(now):
             quiet = session.quiet_when_idle
-            if now - session.beat_at >= liveness.interval(quiet and not session.runs) - early:
+            if now - session.last_sent >= liveness.interval(quiet and not session.runs) - early:
                 session.writer_put(beat)
-                session.beat_at = now
+                session.last_sent = now
             if session.paused:
                 self.streams_stalled += session.expire_stalled(now, stall_timeout)
-            if not on_time:
-                continue
-            # The Node keeps the link quiet until it has a run: until it accepted one (its
-            # message saying so is heard), a run sent is its first-event deadline's to judge.
-            silent = now - session.last_heard
-            if silent > liveness.timeout(quiet and len(session.runs) == len(session.unaccepted)):
-                if not session.closing.done():
-                    self.silent_nodes += 1
-                    logger.warning(
-                        "node %s (instance %s) sent nothing for %.1fs: ending its session",
-                        session.node_id,
-                        session.instance_id,
-                        silent,
-                    )
-                session.close(statuses.SILENT, f"no message from the node for {silent:.1f}s")
-            elif session.unaccepted:
-                self.runs_not_accepted += session.expire_unaccepted(now, self.first_event_timeout)
+            if on_time:
+                self._judge(session, now, quiet)
+            if session.runs or not quiet:
+                visits.busy(session)
+            else:  # a quiet link: next visited for its next beat or at its deadline
+                next_beat = session.last_sent + liveness.idle_interval - early
+                deadline = session.last_heard + liveness.idle_timeout
+                visits.later(session, max(min(next_beat, deadline), now + early))
+
+    def _judge(self, session: NodeSession, now: float, quiet: bool) -> None:
+        """End `session` if its Node fell silent past its deadline; fail its runs not accepted
+        in time."""
+        liveness = self.liveness
+        # The Node keeps the link quiet until it has a run: until it accepted one (its message
+        # saying so is heard), a run sent is its first-event deadline's to judge.
+        silent = now - session.last_heard
+        if silent > liveness.timeout(quiet and len(session.runs) == len(session.unaccepted)):
+            if not session.closing.done():
+                self.silent_nodes += 1
+                logger.warning(
+                    "node %s (instance %s) sent nothing for %.1fs: ending its session",
+                    session.node_id,
+                    session.instance_id,
+                    silent,
+                )
+            session.close(statuses.SILENT, f"no message from the node for {silent:.1f}s")
+        elif session.unaccepted:
+            self.runs_not_accepted += session.expire_unaccepted(now, self.first_event_timeout)
 
     def _changed(self) -> None:
         """A node connected or left, or a provider's health changed: the listeners are told once
@@ -549,6 +565,7 @@ class NodeHub(AsyncService):
             )
             return
         session.send_run(stream)
+        self._visits.busy(session)
 
     async def _first_message(
         self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
@@ -708,8 +725,10 @@ class NodeHub(AsyncService):
                     len(previous.runs),
                 )
                 self._superseded.add(previous)
+                self._visits.busy(previous)
                 previous.supersede(hello.instance_id)
         self._sessions[node_id] = session
+        self._visits.later(session, asyncio.get_running_loop().time())
         self.sessions_opened += 1
         if previous is not None and previous.ready:
             self._changed()  # its providers wait for the new session to be ready
@@ -735,7 +754,12 @@ class NodeHub(AsyncService):
         )
         await context.write(pb.EdgeMessage(welcome=welcome))
 
+        loop = asyncio.get_running_loop()
+
         async def send(batch: Sequence[EdgeItem]) -> None:
+            # A run, a push or a cancel tells the Node this Edge is alive as well as a heartbeat
+            # does: the next heartbeat is due an interval after it (it rides with the run).
+            session.last_sent = loop.time()
             await context.write(edge_message(batch))
 
         async def read(_: CoalescingWriter[EdgeItem]) -> None:
@@ -765,6 +789,7 @@ class NodeHub(AsyncService):
         else:
             was_ready = False  # superseded or replaced: dispatch moved on already
         self._superseded.discard(session)
+        self._visits.forget(session)
         code_name = statuses.EDGE_STOPPING if self._stopping else statuses.NODE_DISCONNECTED
         session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
         logger.info("node %s disconnected: %s", node_id, reason)

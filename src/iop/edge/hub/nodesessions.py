@@ -356,8 +356,9 @@ class NodeSession:
         self.last_heard = self._loop.time()
         #: The Node keeps the link quiet while no run is in flight on it (its hello said so).
         self.quiet_when_idle = quiet_when_idle
-        #: Loop time this side last sent a heartbeat.
-        self.beat_at = self._loop.time()
+        #: Loop time this side last sent a message: a heartbeat or any other, since each tells
+        #: the Node this Edge is alive (a heartbeat is due an interval after the last of them).
+        self.last_sent = self._loop.time()
         #: Runs sent and neither accepted nor answered yet: run id -> loop time sent (in order).
         self.unaccepted: dict[str, float] = {}
         #: Set once a newer instance of the node took over: this session only finishes its runs.

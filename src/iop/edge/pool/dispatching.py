@@ -19,9 +19,8 @@ needs no lock. A dispatch that finds a free candidate costs O(candidates of the 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -50,6 +49,7 @@ from .priorities import (
     ClassTally,
     Priority,
 )
+from .queues import FairQueue
 from .snapshots import Candidate, PoolModel, PoolSnapshot, ProviderLimits
 from .splits import STABLE, Side, Split
 
@@ -182,110 +182,6 @@ class _Waiter:
         return (self.tag, self.seq)
 
 
-class _Band:
-    """The waiters of one priority in a queue: FIFO per principal, principals in tag order."""
-
-    __slots__ = ("by_principal", "size")
-
-    def __init__(self) -> None:
-        self.by_principal: dict[str, OrderedDict[int, _Waiter]] = {}
-        self.size = 0
-
-    def push(self, waiter: _Waiter) -> None:
-        fifo = self.by_principal.get(waiter.principal)
-        if fifo is None:
-            fifo = self.by_principal[waiter.principal] = OrderedDict()
-        fifo[waiter.seq] = waiter
-        self.size += 1
-
-    def remove(self, waiter: _Waiter) -> bool:
-        fifo = self.by_principal.get(waiter.principal)
-        if fifo is None or fifo.pop(waiter.seq, None) is None:
-            return False
-        if not fifo:
-            del self.by_principal[waiter.principal]
-        self.size -= 1
-        return True
-
-    def head(self) -> _Waiter | None:
-        """The waiter to serve first: the lowest tag among each principal's oldest."""
-        best: _Waiter | None = None
-        for fifo in self.by_principal.values():
-            first = next(iter(fifo.values()))
-            if best is None or first.order < best.order:
-                best = first
-        return best
-
-    def in_order(self) -> list[_Waiter]:
-        return sorted(
-            (waiter for fifo in self.by_principal.values() for waiter in fifo.values()),
-            key=lambda waiter: waiter.order,
-        )
-
-    def latest(self) -> _Waiter:
-        """The waiter that arrived last (the band is not empty)."""
-        return max(
-            (next(reversed(fifo.values())) for fifo in self.by_principal.values()),
-            key=lambda waiter: waiter.seq,
-        )
-
-
-class _FairQueue:
-    """The waiters of one (model, long, view) queue: the priorities in strict order, highest
-    first, each a `_Band`."""
-
-    __slots__ = ("bands", "levels", "size")
-
-    def __init__(self) -> None:
-        self.bands: dict[int, _Band] = {}
-        #: The levels that have waiters, lowest first.
-        self.levels: list[int] = []
-        self.size = 0
-
-    def push(self, waiter: _Waiter) -> None:
-        level = waiter.priority.level
-        band = self.bands.get(level)
-        if band is None:
-            band = self.bands[level] = _Band()
-            bisect.insort(self.levels, level)
-        band.push(waiter)
-        self.size += 1
-
-    def remove(self, waiter: _Waiter) -> bool:
-        level = waiter.priority.level
-        band = self.bands.get(level)
-        if band is None or not band.remove(waiter):
-            return False
-        if not band.size:
-            del self.bands[level]
-            self.levels.remove(level)
-        self.size -= 1
-        return True
-
-    def head(self) -> _Waiter | None:
-        """The waiter to serve first: the fair head of the highest priority."""
-        return self.bands[self.levels[-1]].head() if self.levels else None
-
-    def in_bands(self) -> list[tuple[int, list[_Waiter]]]:
-        """(level, its waiters in fair order) for each level, highest first."""
-        return [(level, self.bands[level].in_order()) for level in reversed(self.levels)]
-
-    def in_order(self) -> list[_Waiter]:
-        return [waiter for _, waiters in self.in_bands() for waiter in waiters]
-
-    def lowest(self) -> _Waiter | None:
-        """The latest waiter of the lowest priority: the first to give its place up."""
-        return self.bands[self.levels[0]].latest() if self.levels else None
-
-    def principals(self) -> dict[str, int]:
-        """principal_ref -> its waiters here."""
-        counts: dict[str, int] = {}
-        for band in self.bands.values():
-            for principal, fifo in band.by_principal.items():
-                counts[principal] = counts.get(principal, 0) + len(fifo)
-        return counts
-
-
 def _bounded_wait(seconds: float) -> float:
     return min(_RETRY_AFTER_MAX_S, max(_RETRY_AFTER_MIN_S, seconds))
 
@@ -314,7 +210,7 @@ class Dispatcher:
         #: The change on trial, if any: which requests the stable revision's view serves.
         self._split: Split | None = None
         # Waiting requests by (model, long, stable view), in fair order.
-        self._queues: dict[_QueueKey, _FairQueue] = {}
+        self._queues: dict[_QueueKey, FairQueue[_Waiter]] = {}
         # What a freed slot of each provider can serve, made when first needed after a swap.
         self._freed: dict[str, _Freed] = {}
         self._waiting: dict[str, int] = {}
@@ -397,7 +293,7 @@ class Dispatcher:
             queue = self._queues.pop(key)
             into = self._queues.get((key[0], key[1], False))
             if into is None:
-                into = self._queues[(key[0], key[1], False)] = _FairQueue()
+                into = self._queues[(key[0], key[1], False)] = FairQueue[_Waiter]()
             for waiter in queue.in_order():
                 waiter.stable_view = False
                 into.push(waiter)
@@ -924,7 +820,7 @@ class Dispatcher:
         key = (model_id, waiter.long, waiter.stable_view)
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _FairQueue()
+            queue = self._queues[key] = FairQueue[_Waiter]()
         queue.push(waiter)
         self._waiting[model_id] = self._waiting.get(model_id, 0) + 1
         self._waiting_total += 1

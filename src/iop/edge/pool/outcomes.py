@@ -14,6 +14,7 @@ their own (`OutcomeCollector`: `revision="stable"|"candidate"`).
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -125,6 +126,26 @@ class OutcomeTally:
         if model:
             totals = self._totals(model, side)
             totals.durations[bisect.bisect_left(DURATION_BOUNDS, seconds)] += 1
+
+    def of(self, models: Iterable[str], side: Side = STABLE) -> Figures:
+        """The totals of `models` on `side` now, summed: `reading().of(models, side)` without a
+        copy of every model's totals first (a watch reads it twice a second, and a change may
+        touch every model of thousands)."""
+        totals_of = self._sides[side]
+        requests = failed = retried = retries = 0
+        first_tokens: list[int] | tuple[int, ...] = Figures().first_tokens
+        durations: list[int] | tuple[int, ...] = Figures().durations
+        for model in models:
+            totals = totals_of.get(model)
+            if totals is None:
+                continue
+            requests += totals.requests
+            failed += totals.failed
+            retried += totals.retried
+            retries += totals.retries
+            first_tokens = list(map(operator.add, first_tokens, totals.first_tokens))
+            durations = list(map(operator.add, durations, totals.durations))
+        return Figures(requests, failed, retried, retries, tuple(first_tokens), tuple(durations))
 
     def reading(self) -> Reading:
         stable, candidate = (

@@ -213,11 +213,18 @@ class Rollouts:
         touched = trial.touched
         started = step_started = time.monotonic()
         step = 0
+        # What the touched models came to before: summed once, not at every tick (a change may
+        # touch every model of thousands).
+        candidate_before = at_apply.of(touched, CANDIDATE)
+        since = self._stable_since
+        stable_before = since.of(touched, STABLE)
         while True:
             await asyncio.sleep(TICK_S)
-            now = self._outcomes.reading()
-            candidate = now.of(touched, CANDIDATE) - at_apply.of(touched, CANDIDATE)
-            baseline = now.of(touched, STABLE) - self._stable_since.of(touched, STABLE)
+            if self._stable_since is not since:
+                since = self._stable_since
+                stable_before = since.of(touched, STABLE)
+            candidate = self._outcomes.of(touched, CANDIDATE) - candidate_before
+            baseline = self._outcomes.of(touched, STABLE) - stable_before
             clock = time.monotonic()
             if trial.shared:
                 judgement = judge_step(
