@@ -54,7 +54,9 @@ def start(runner: Runner, *runs: RunRequest) -> list[asyncio.Task[None]]:
         provision = runner.admit(run)
         assert not isinstance(provision, RunFailed)
         events: list[RunEvent] = []
-        tasks.append(asyncio.create_task(runner.execute(run, provision, events.append)))
+        tasks.append(
+            asyncio.create_task(runner.execute(runner.run_events(run, provision), events.append))
+        )
     return tasks
 
 

@@ -186,7 +186,7 @@ async def test_failing_runs_take_a_provider_out_and_probes_bring_it_back(
                 request = RunRequest(f"r{index}", "p1", "served", "chat", BODY, False)
                 provision = runner.admit(request)
                 assert not isinstance(provision, RunFailed)
-                await runner.execute(request, provision, outcomes.append)
+                await runner.execute(runner.run_events(request, provision), outcomes.append)
             assert all(isinstance(o, RunFailed) and o.status == 500 for o in outcomes)
             assert verdicts.last.reason == nodestates.REQUEST_FAILURES  # at once, no probe
             assert verdicts.last.detail.startswith("3 request(s) in a row failed on the upstream")

@@ -45,7 +45,11 @@ async def test_a_swap_that_keeps_the_adapter_keeps_counting_its_runs(wire_config
     for run_id in ("a", "b"):
         admitted = runner.admit(request(run_id))
         assert not isinstance(admitted, RunFailed)
-        runs.append(asyncio.create_task(runner.execute(request(run_id), admitted, events.append)))
+        runs.append(
+            asyncio.create_task(
+                runner.execute(runner.run_events(request(run_id), admitted), events.append)
+            )
+        )
 
     assert runner.apply(payload(wire_config, **{"capacity": 2, **change}))
     provision = runner.registry.provisions["p1"]

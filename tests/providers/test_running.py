@@ -129,7 +129,9 @@ async def test_capacity_counts_runs_across_a_swap(runner: Runner, wire_config, u
     events: list[RunEvent] = []
     # The slot and the adapter are the run's from `admit`: the swap below finds them taken
     # whether or not the task has reached the adapter yet.
-    running = asyncio.create_task(runner.execute(request("a"), admitted, events.append))
+    running = asyncio.create_task(
+        runner.execute(runner.run_events(request("a"), admitted), events.append)
+    )
     runner.apply(payload(wire_config, capacity=1, adapter={"type": "fake"}))
     assert isinstance(runner.admit(request("b")), RunFailed)  # the old run still holds the slot
     old_adapter: Any = admitted.adapter
@@ -146,10 +148,42 @@ async def test_a_drain_that_times_out_is_reported(wire_config, until) -> None:
     runner.apply(payload(wire_config, adapter={"type": "fake", "latency_ms": 5000}))
     admitted = runner.admit(request("a"))
     assert not isinstance(admitted, RunFailed)
-    running = asyncio.create_task(runner.execute(request("a"), admitted, lambda e: None))
+    running = asyncio.create_task(
+        runner.execute(runner.run_events(request("a"), admitted), lambda e: None)
+    )
     runner.apply(payload(wire_config, adapter={"type": "fake"}))
     await until(lambda: runner.drain_reports)
     assert runner.drain_reports[-1].cut_runs == 1
     running.cancel()
     await asyncio.wait([running])
     await runner.aclose()
+
+
+async def test_a_run_cancelled_before_its_first_step_frees_its_slot(
+    runner: Runner, wire_config
+) -> None:
+    """Seen: a Node's link ended just after a run came; its task, cancelled before it ran,
+    never freed the slot `admit` took, and the Node's drain waited its whole timeout for it."""
+    runner.apply(payload(wire_config, capacity=1, adapter={"type": "fake"}))
+    admitted = runner.admit(request("a"))
+    assert not isinstance(admitted, RunFailed)
+    events = runner.run_events(request("a"), admitted)
+    task = asyncio.create_task(runner.execute(events, lambda e: None))
+    task.add_done_callback(lambda _: events.abandon())  # as the Node's link does
+    task.cancel()  # before its first step: `execute` never runs
+    await asyncio.wait([task])
+    assert task.cancelled()
+    assert runner.running == 0
+    assert not isinstance(runner.admit(request("b")), RunFailed), "the slot is free again"
+
+
+async def test_abandoning_a_run_that_ended_frees_nothing_twice(runner: Runner, wire_config) -> None:
+    runner.apply(payload(wire_config, capacity=2, adapter={"type": "fake"}))
+    admitted = runner.admit(request("a"))
+    assert not isinstance(admitted, RunFailed)
+    other = runner.admit(request("b"))
+    assert not isinstance(other, RunFailed)
+    events = runner.run_events(request("a"), admitted)
+    await runner.execute(events, lambda e: None)
+    events.abandon()
+    assert runner.running == 1, "only the run that ended gave its slot back"

@@ -538,8 +538,9 @@ class EdgeConnection:
             return writer.wait_for_room(WRITER_BACKLOG)
 
         gate = RunGate() if request.stream else None
+        events = self.runner.run_events(request, admitted)
         task = guarded_task(
-            self.runner.execute(request, admitted, emit, gate, room),
+            self.runner.execute(events, emit, gate, room),
             name=f"run-{run_id}",
             logger=logger,
         )
@@ -550,6 +551,9 @@ class EdgeConnection:
             self._gates[run_id] = gate
 
         def done(_: object) -> None:
+            # Cancelled before its first step (the link ended just after the run came), the
+            # task never ran `execute`, which frees the slot: it is freed here then.
+            events.abandon()
             self._runs.pop(run_id, None)
             self._cancelled.discard(run_id)
             self._gates.pop(run_id, None)

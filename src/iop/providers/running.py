@@ -530,20 +530,20 @@ class Runner:
 
     async def execute(
         self,
-        request: RunRequest,
-        provision: Provision,
+        events: AdmittedRun,
         emit: Callable[[RunEvent], object],
         gate: RunGate | None = None,
         room: Callable[[], Awaitable[None] | None] | None = None,
     ) -> None:
-        """Run an admitted request, `emit`ting its events; releases the slot however it ends.
+        """Run an admitted request's `events` (`run_events`), `emit`ting them; releases the slot
+        however it ends (a task of it cancelled before its first step never runs this: its
+        owner calls `events.abandon()` when the task is done).
 
         Between two events the run waits while `gate` is paused, and for what `room()` returns
         when it returns something (the connection's writer bounding what it holds): the next
         event is pulled from the adapter only then. Cancellation (the Edge's Cancel, a lost
         connection) aborts the adapter's work at once and emits nothing more.
         """
-        events = self.run_events(request, provision)
         try:
             async for event in events:
                 emit(event)
@@ -555,7 +555,7 @@ class Runner:
                     await wait
         except asyncio.CancelledError as cancelled:
             if cancelled.args == (FIRST_BYTE_TIMEOUT,):
-                self.judge_late(request, provision)
+                self.judge_late(events.request, events.provision)
             raise
         finally:
             await events.aclose()
@@ -582,6 +582,19 @@ class AdmittedRun:
 
     def __aiter__(self) -> AdmittedRun:
         return self
+
+    @property
+    def request(self) -> RunRequest:
+        return self._request
+
+    @property
+    def provision(self) -> Provision:
+        return self._provision
+
+    def abandon(self) -> None:
+        """Free the slot of a run whose events were never pulled (its task was cancelled before
+        its first step); a run that started has closed itself, and this does nothing."""
+        self._release()
 
     async def __anext__(self) -> RunEvent:
         if self._done:
