@@ -1,0 +1,185 @@
+"""One request's spans on the Edge (`iop.tracing`), when the Edge traces.
+
+The request's span (kind SERVER, named as the GenAI conventions name an inference: `chat
+llama-8b`) continues the client's `traceparent` and holds the conventions' attributes (the
+operation, the requested and the answering model, the provider, token counts, the time to first
+token, the finish reason) and the Edge's own (`iop.*`: principal, priority class, revision side,
+retries). Its children say where the time went before the model server saw the request:
+`iop.limits` (the principal's limits), one `iop.queue` per wait for a slot (the model, the
+candidate given, the dispatch policy, how long), and one `iop.run` (kind CLIENT) per try, from
+its start to the end of its run, with its provider, its Node, its try number and why it was
+tried (a retry's failure, a fallback's reason). The run's `traceparent` goes to the Node, whose
+spans are its children (`providers/running.py`), and on to the model server.
+
+With tracing off nothing here is made: the request path tests `tracer() is None` once, and the
+client's `traceparent`, if well formed, still travels to the model server unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from iop import tracing
+from iop.wire import RunFailed, RunUsage
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from ..authenticating import Principal
+    from ..bodies import ParsedRequest
+    from .dispatching import Lease
+    from .priorities import Priority
+
+
+class RequestTrace:
+    """The spans of one request on this Edge (see the module's docstring)."""
+
+    __slots__ = ("_arrived", "_queue", "_run", "_span", "_tracer", "_tries", "operation")
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        path: str,
+        traceparent: str | None,
+        tracestate: bytes | None,
+        arrived: float,
+    ) -> None:
+        from opentelemetry.trace import SpanKind
+
+        self._tracer = tracer
+        self._arrived = arrived
+        state = tracestate.decode("latin-1") if tracestate else None
+        self._span: Span = tracer.start_span(
+            f"POST {path}",
+            context=tracing.parent_context(traceparent, state),
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": "POST", "url.path": path},
+        )
+        self._queue: Span | None = None
+        self._run: Span | None = None
+        self._tries = 0
+        self.operation = ""
+
+    def request(
+        self,
+        kind: str,
+        model: str,
+        request: ParsedRequest,
+        principal: Principal,
+        priority: Priority,
+    ) -> None:
+        """The request was parsed and its model found."""
+        self.operation = tracing.OPERATIONS.get(kind, kind)
+        document = request.document
+        max_tokens = document.get("max_completion_tokens", document.get("max_tokens"))
+        span = self._span
+        span.update_name(f"{self.operation} {model}")
+        span.set_attribute(tracing.OPERATION, self.operation)
+        span.set_attribute(tracing.REQUEST_MODEL, model)
+        if isinstance(max_tokens, int):
+            span.set_attribute(tracing.REQUEST_MAX_TOKENS, max_tokens)
+        span.set_attribute("iop.principal", principal.principal_ref)
+        span.set_attribute("iop.priority_class", priority.class_name)
+
+    def child(self, name: str) -> Span:
+        """A span under the request's (ended by the caller)."""
+        from opentelemetry.trace import set_span_in_context
+
+        return self._tracer.start_span(name, context=set_span_in_context(self._span))
+
+    def waiting(self, model: str) -> None:
+        """The request waits for a slot of `model`."""
+        queue = self._queue = self.child("iop.queue")
+        queue.set_attribute(tracing.REQUEST_MODEL, model)
+
+    def leased(self, lease: Lease) -> None:
+        """The wait ended with `lease`."""
+        queue, self._queue = self._queue, None
+        if queue is None:
+            return
+        queue.set_attribute("iop.provider", lease.provider_id)
+        queue.set_attribute("iop.dispatch_policy", lease.pool_model.dispatch.policy)
+        queue.set_attribute("iop.queue_wait_ms", round(lease.waited_s * 1000, 3))
+        queue.end()
+
+    def not_leased(self, error: BaseException) -> None:
+        """The wait ended without a slot."""
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            _fail(queue, error)
+            queue.end()
+
+    def run_started(self, lease: Lease, model: str, why: str) -> str:
+        """A try starts on `lease`: its span; the `traceparent` its run carries."""
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        self._tries += 1
+        run = self._run = self._tracer.start_span(
+            "iop.run",
+            context=set_span_in_context(self._span),
+            kind=SpanKind.CLIENT,
+            attributes={
+                tracing.REQUEST_MODEL: model,
+                tracing.RESPONSE_MODEL: lease.served_model,
+                "iop.provider": lease.provider_id,
+                "iop.node": lease.node_id,
+                "iop.try": self._tries,
+                "iop.try_reason": why,
+            },
+        )
+        return tracing.traceparent_of(run)
+
+    def run_ended(self, failed: RunFailed | None = None) -> None:
+        """The try's run ended (`failed`: before its first byte, how)."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        if failed is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            run.set_attribute("error.type", failed.code)
+            run.set_status(Status(StatusCode.ERROR, failed.message[:200]))
+        run.end()
+
+    def answered_by(self, model: str, provider: str, served_model: str) -> None:
+        span = self._span
+        span.set_attribute(tracing.RESPONSE_MODEL, served_model)
+        span.set_attribute("iop.model", model)
+        span.set_attribute("iop.provider", provider)
+
+    def first_token(self) -> None:
+        self._span.set_attribute(
+            tracing.TIME_TO_FIRST_TOKEN, round(time.perf_counter() - self._arrived, 6)
+        )
+
+    def usage(self, usage: RunUsage) -> None:
+        self._span.set_attribute(tracing.INPUT_TOKENS, usage.prompt_tokens)
+        self._span.set_attribute(tracing.OUTPUT_TOKENS, usage.completion_tokens)
+
+    def finished(self, reason: str | None) -> None:
+        if reason:
+            self._span.set_attribute(tracing.RESPONSE_FINISH_REASONS, [reason])
+
+    def end(self, status: int, error: BaseException | None = None, code: str = "") -> None:
+        """The answer's status is known: every span still open ends."""
+        if self._queue is not None:
+            self.not_leased(error or RuntimeError("the request ended while waiting"))
+        self.run_ended()
+        span = self._span
+        span.set_attribute("http.response.status_code", status)
+        span.set_attribute("iop.tries", self._tries)
+        if status >= 400 or error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_attribute("error.type", code or str(status))
+            if status >= 500 or status == 499:
+                span.set_status(Status(StatusCode.ERROR, code or str(status)))
+        span.end()
+
+
+def _fail(span: Span, error: BaseException) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("error.type", type(error).__name__)
+    span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
