@@ -5,7 +5,8 @@ A process turns tracing on with `configure(service_name)` at its start (`iop edg
 tracing is on when an OTLP endpoint is set (`OTEL_EXPORTER_OTLP_ENDPOINT` or
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) and neither `OTEL_SDK_DISABLED=true` nor
 `OTEL_TRACES_EXPORTER=none` says otherwise; the sampler is `OTEL_TRACES_SAMPLER` and its
-argument (parent-based, always on, by default), the service name `OTEL_SERVICE_NAME` if set, and
+argument (parent-based, always on, by default; a Node follows the decision of the Edge that
+sent the run), the service name `OTEL_SERVICE_NAME` if set, and
 the spans go out over OTLP/gRPC in batches (`OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_*`). Off, nothing of
 the SDK is imported, `tracer()` is None and the request path only tests that.
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ OPERATIONS: Final[Mapping[str, str]] = {
 
 _provider: TracerProvider | None = None
 _tracer: Tracer | None = None
+_propagator: TraceContextTextMapPropagator | None = None
 
 
 def enabled_by(environ: Mapping[str, str]) -> bool:
@@ -112,14 +115,22 @@ def valid_traceparent(value: bytes | str | None) -> str | None:
 
 def parent_context(traceparent: str | None, tracestate: str | None = None) -> Context | None:
     """The context a span continues: the remote span `traceparent` names (None: a new trace)."""
+    global _propagator
     if traceparent is None:
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    if _propagator is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+        _propagator = TraceContextTextMapPropagator()
     carrier = {"traceparent": traceparent}
     if tracestate:
         carrier["tracestate"] = tracestate
-    return TraceContextTextMapPropagator().extract(carrier)
+    return _propagator.extract(carrier)
+
+
+def sampled(traceparent: str) -> bool:
+    """Whether a well-formed `traceparent` says its trace is sampled."""
+    return bool(int(traceparent[-2:], 16) & 1)
 
 
 def traceparent_of(span: Span) -> str:

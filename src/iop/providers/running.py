@@ -582,7 +582,9 @@ class AdmittedRun:
         tracer = tracing.tracer()
         #: The run's span, when this process traces (`runtraces.py`).
         self._trace = None
-        if tracer is not None:
+        # A run whose Edge did not sample its trace is not sampled here either (parent-based).
+        traceparent = request.traceparent
+        if tracer is not None and (traceparent is None or tracing.sampled(traceparent)):
             kind = str(provision.payload.adapter.get("type", ""))
             self._trace = RunTrace(tracer, request, kind, adapter.upstream)
         sent = request if self._trace is None else self._trace.request(request)

@@ -211,7 +211,7 @@ class OpenAIApp:
         traceparent = tracing.valid_traceparent(exchange.header(tracing.TRACEPARENT))
         tracer = tracing.tracer()
         if tracer is not None:
-            trace = RequestTrace(
+            trace, traceparent = RequestTrace.start(
                 tracer, exchange.path, traceparent, exchange.header(tracing.TRACESTATE), arrived
             )
         failure: BaseException | None = None

@@ -5,14 +5,17 @@ llama-8b`) continues the client's `traceparent` and holds the conventions' attri
 operation, the requested and the answering model, the provider, token counts, the time to first
 token, the finish reason) and the Edge's own (`iop.*`: principal, priority class, revision side,
 retries). Its children say where the time went before the model server saw the request:
-`iop.limits` (the principal's limits), one `iop.queue` per wait for a slot (the model, the
-candidate given, the dispatch policy, how long), and one `iop.run` (kind CLIENT) per try, from
-its start to the end of its run, with its provider, its Node, its try number and why it was
-tried (a retry's failure, a fallback's reason). The run's `traceparent` goes to the Node, whose
+`iop.limits` (the principal's limits, when it has some), one `iop.queue` per wait for a slot
+that was not given at once (the model, the candidate given, the dispatch policy, how long), and
+one `iop.run` (kind CLIENT) per try, from its start to the end of its run, with its provider, its
+Node, its try number and why it was tried (a retry's failure, a fallback's reason), the dispatch
+policy and its wait. The run's `traceparent` goes to the Node, whose
 spans are its children (`providers/running.py`), and on to the model server.
 
 With tracing off nothing here is made: the request path tests `tracer() is None` once, and the
-client's `traceparent`, if well formed, still travels to the model server unchanged.
+client's `traceparent`, if well formed, still travels to the model server unchanged. A request
+whose trace is not sampled makes its one span (not recorded) and nothing more: its runs carry
+that span's context, flagged not sampled, and the Node makes no span of them either.
 """
 
 from __future__ import annotations
@@ -33,33 +36,44 @@ if TYPE_CHECKING:
 
 
 class RequestTrace:
-    """The spans of one request on this Edge (see the module's docstring)."""
+    """The spans of one sampled request on this Edge (see the module's docstring)."""
 
-    __slots__ = ("_arrived", "_queue", "_run", "_span", "_tracer", "_tries", "operation")
+    __slots__ = ("_arrived", "_run", "_span", "_tracer", "_tries", "_wait", "operation")
 
-    def __init__(
-        self,
+    def __init__(self, tracer: Tracer, span: Span, arrived: float) -> None:
+        self._tracer = tracer
+        self._span = span
+        self._arrived = arrived
+        #: When the current wait for a slot began (`time.time_ns()`) and for which model.
+        self._wait: tuple[int, str] | None = None
+        self._run: Span | None = None
+        self._tries = 0
+        self.operation = ""
+
+    @classmethod
+    def start(
+        cls,
         tracer: Tracer,
         path: str,
         traceparent: str | None,
         tracestate: bytes | None,
         arrived: float,
-    ) -> None:
+    ) -> tuple[RequestTrace | None, str]:
+        """A request's span, continuing the client's `traceparent`: its spans when the trace is
+        sampled (None when not), and the `traceparent` its runs carry if none (the request's
+        span, not sampled: the next hops do not sample it either, and make nothing of it)."""
         from opentelemetry.trace import SpanKind
 
-        self._tracer = tracer
-        self._arrived = arrived
         state = tracestate.decode("latin-1") if tracestate else None
-        self._span: Span = tracer.start_span(
+        span = tracer.start_span(
             f"POST {path}",
             context=tracing.parent_context(traceparent, state),
             kind=SpanKind.SERVER,
             attributes={"http.request.method": "POST", "url.path": path},
         )
-        self._queue: Span | None = None
-        self._run: Span | None = None
-        self._tries = 0
-        self.operation = ""
+        if not span.is_recording():
+            return None, tracing.traceparent_of(span)
+        return cls(tracer, span, arrived), ""
 
     def request(
         self,
@@ -89,15 +103,15 @@ class RequestTrace:
         return self._tracer.start_span(name, context=set_span_in_context(self._span))
 
     def waiting(self, model: str) -> None:
-        """The request waits for a slot of `model`."""
-        queue = self._queue = self.child("iop.queue")
-        queue.set_attribute(tracing.REQUEST_MODEL, model)
+        """The request waits for a slot of `model` (a span is made if it had to wait)."""
+        self._wait = (time.time_ns(), model)
 
     def leased(self, lease: Lease) -> None:
-        """The wait ended with `lease`."""
-        queue, self._queue = self._queue, None
-        if queue is None:
+        """The wait ended with `lease`: an `iop.queue` span if the request waited at all."""
+        wait, self._wait = self._wait, None
+        if wait is None or lease.waited_s <= 0:
             return
+        queue = self._wait_span(wait)
         queue.set_attribute("iop.provider", lease.provider_id)
         queue.set_attribute("iop.dispatch_policy", lease.pool_model.dispatch.policy)
         queue.set_attribute("iop.queue_wait_ms", round(lease.waited_s * 1000, 3))
@@ -105,10 +119,22 @@ class RequestTrace:
 
     def not_leased(self, error: BaseException) -> None:
         """The wait ended without a slot."""
-        queue, self._queue = self._queue, None
-        if queue is not None:
+        wait, self._wait = self._wait, None
+        if wait is not None:
+            queue = self._wait_span(wait)
             _fail(queue, error)
             queue.end()
+
+    def _wait_span(self, wait: tuple[int, str]) -> Span:
+        from opentelemetry.trace import set_span_in_context
+
+        began, model = wait
+        return self._tracer.start_span(
+            "iop.queue",
+            context=set_span_in_context(self._span),
+            attributes={tracing.REQUEST_MODEL: model},
+            start_time=began,
+        )
 
     def run_started(self, lease: Lease, model: str, why: str) -> str:
         """A try starts on `lease`: its span; the `traceparent` its run carries."""
@@ -126,6 +152,8 @@ class RequestTrace:
                 "iop.node": lease.node_id,
                 "iop.try": self._tries,
                 "iop.try_reason": why,
+                "iop.dispatch_policy": lease.pool_model.dispatch.policy,
+                "iop.queue_wait_ms": round(lease.waited_s * 1000, 3),
             },
         )
         return tracing.traceparent_of(run)
@@ -163,7 +191,7 @@ class RequestTrace:
 
     def end(self, status: int, error: BaseException | None = None, code: str = "") -> None:
         """The answer's status is known: every span still open ends."""
-        if self._queue is not None:
+        if self._wait is not None:
             self.not_leased(error or RuntimeError("the request ended while waiting"))
         self.run_ended()
         span = self._span
