@@ -11,6 +11,7 @@ still reaches the model server unchanged; a malformed one never does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ import yaml
 from iop.processes import spawn_fake_upstream
 from testkit import CLIENT_TOKEN, node_token_of, provider
 from testkit.otlp import OtlpReceiver, ReceivedSpan
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -40,23 +42,32 @@ class Stack:
             base_url=f"{self.url}/v1", api_key=CLIENT_TOKEN, max_retries=0, timeout=30
         )
 
-    async def traceparents(self) -> list[str]:
-        """The `traceparent` headers the model server received, oldest first."""
+    async def upstream_stats(self) -> dict[str, Any]:
         root = self.upstream_url.removesuffix("/v1")
         async with httpx.AsyncClient(base_url=root) as http:
-            seen: list[str] = (await http.get("/fake/stats")).json()["traceparents"]
+            stats: dict[str, Any] = (await http.get("/fake/stats")).json()
+        return stats
+
+    async def traceparents(self) -> list[str]:
+        """The `traceparent` headers the model server received, oldest first."""
+        seen: list[str] = (await self.upstream_stats())["traceparents"]
         return seen
 
 
 @contextlib.asynccontextmanager
 async def stack(
-    document_of: Any, processes: Any, folder: Path, placement: str, env: dict[str, str]
+    document_of: Any,
+    processes: Any,
+    folder: Path,
+    placement: str,
+    env: dict[str, str],
+    capacity: int = 4,
 ) -> AsyncIterator[Stack]:
     async with contextlib.AsyncExitStack() as exits:
         upstream = await exits.enter_async_context(spawn_fake_upstream())
         adapter = {"type": "openai", "base_url": upstream.base_url}
         document = document_of(
-            [provider("up-a", adapter, served="meta/llama", capacity=4)],
+            [provider("up-a", adapter, served="meta/llama", capacity=capacity)],
             {"llama": ["up-a"]},
             model_settings={"llama": {"generation": {"max_tokens": 6}}},
             placement=placement,
@@ -184,3 +195,40 @@ async def test_a_sampler_that_drops_every_trace_exports_nothing_and_says_so_down
             (upstream_context,) = await edge.traceparents()
     assert upstream_context.startswith(f"00-{trace_id}-") and upstream_context.endswith("-00")
     assert receiver.spans == []
+
+
+async def test_a_request_that_waits_for_a_slot_has_a_queue_span(
+    document_of, iop_processes, tmp_path
+) -> None:
+    trace_id, client_span, traceparent = client_context()
+    hello = [{"role": "user", "content": "Hello"}]
+    async with OtlpReceiver() as receiver:
+        env = receiver.environment()
+        async with stack(document_of, iop_processes, tmp_path, "edge", env, capacity=1) as edge:
+            async with edge.client() as client:
+                holder = asyncio.create_task(
+                    client.chat.completions.create(
+                        model="llama",
+                        messages=hello,
+                        extra_body={"fake_upstream": {"latency_ms": 1500}},
+                    )
+                )
+
+                async def held() -> bool:
+                    return int((await edge.upstream_stats())["in_flight"]) == 1
+
+                await wait_until(held, 20, 0.05)
+                await client.chat.completions.create(
+                    model="llama", messages=hello, extra_headers={"traceparent": traceparent}
+                )
+                await holder
+            spans = await receiver.wait_for(9)  # the holder's 4, the waiting request's 5
+
+    spans = [s for s in spans if s.trace_id == trace_id]
+    request = one(spans, "chat llama", client_span)
+    queue = one(spans, "iop.queue", request.span_id)
+    assert queue.attributes["gen_ai.request.model"] == "llama"
+    assert queue.attributes["iop.provider"] == "up-a"
+    assert queue.attributes["iop.queue_wait_ms"] > 500  # what was left of the holder's 1.5 s
+    run = one(spans, "iop.run", request.span_id)
+    assert run.attributes["iop.queue_wait_ms"] == queue.attributes["iop.queue_wait_ms"]
