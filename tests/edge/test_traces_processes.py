@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from openai.types.chat import ChatCompletionMessageParam
 
 from iop.processes import spawn_fake_upstream
 from testkit import CLIENT_TOKEN, node_token_of, provider
@@ -201,7 +202,7 @@ async def test_a_request_that_waits_for_a_slot_has_a_queue_span(
     document_of, iop_processes, tmp_path
 ) -> None:
     trace_id, client_span, traceparent = client_context()
-    hello = [{"role": "user", "content": "Hello"}]
+    hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
     async with OtlpReceiver() as receiver:
         env = receiver.environment()
         async with stack(document_of, iop_processes, tmp_path, "edge", env, capacity=1) as edge:
