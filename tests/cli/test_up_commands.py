@@ -49,6 +49,22 @@ async def iop_up(
             os.killpg(process.pid, signal.SIGKILL)
 
 
+async def up_line(process: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The JSON line `iop up --json` prints once serving."""
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 60)
+    assert line, f"iop up exited with {await process.wait()}"
+    up: dict[str, Any] = orjson.loads(line)
+    return up
+
+
+def client_of(up: dict[str, Any]) -> openai.AsyncOpenAI:
+    """The official client, for the stack `iop up` printed."""
+    return openai.AsyncOpenAI(
+        base_url=up["base_url"], api_key=up["api_key"], max_retries=0, timeout=30
+    )
+
+
 def test_the_local_config_keeps_the_pool_and_swaps_what_is_not_local() -> None:
     original = load_file(SAMPLE)
     local = local_config(original, "http://127.0.0.1:9999/v1", port=8123)
@@ -89,13 +105,8 @@ def test_a_node_placed_on_the_edge_gets_no_token_and_no_node() -> None:
 
 async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:
     async with iop_up("--config", str(SAMPLE)) as process:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        assert line, f"iop up exited with {await process.wait()}"
-        up = orjson.loads(line)
-        async with openai.AsyncOpenAI(
-            base_url=up["base_url"], api_key=up["api_key"], max_retries=0, timeout=30
-        ) as client:
+        up = await up_line(process)
+        async with client_of(up) as client:
             assert [m.id for m in (await client.models.list()).data] == up["models"]
             for model in ("demo-echo", "llama-3.1-8b"):  # the fake adapter; the fake upstream
                 reply = await client.chat.completions.create(
@@ -116,10 +127,8 @@ async def test_iop_up_applies_the_edited_config_on_sighup(tmp_path: Path) -> Non
     config = tmp_path / "edge.yaml"
     config.write_text(SAMPLE.read_text())
     async with iop_up("--config", str(config), stderr=asyncio.subprocess.PIPE) as process:
-        assert process.stdout is not None and process.stderr is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        assert line, f"iop up exited with {await process.wait()}"
-        up = orjson.loads(line)
+        assert process.stderr is not None
+        up = await up_line(process)
         async with httpx.AsyncClient(base_url=up["admin_url"]) as admin:
             before = (await admin.get("/config")).json()
             edited = yaml.safe_load(config.read_text())
@@ -144,13 +153,7 @@ async def test_iop_up_traces_when_an_otlp_endpoint_is_set() -> None:
     Edge's spans and the Node's, in one trace."""
     async with OtlpReceiver() as receiver:
         async with iop_up("--config", str(SAMPLE), env=receiver.environment()) as process:
-            assert process.stdout is not None
-            line = await asyncio.wait_for(process.stdout.readline(), 60)
-            assert line, f"iop up exited with {await process.wait()}"
-            up = orjson.loads(line)
-            async with openai.AsyncOpenAI(
-                base_url=up["base_url"], api_key=up["api_key"], max_retries=0, timeout=30
-            ) as client:
+            async with client_of(await up_line(process)) as client:
                 await client.chat.completions.create(
                     model="llama-3.1-8b", messages=[{"role": "user", "content": "Hello!"}]
                 )
