@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from iop.processes import spawn_fake_upstream
-from testkit import Client
+from testkit import Client, node_token_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -298,3 +298,61 @@ async def test_a_live_change_of_classes_under_load_loses_no_request(
         stop.set()
         await asyncio.gather(*workers)
     assert statuses and set(statuses) == {200}
+
+
+async def test_a_sheddable_request_is_refused_at_once_when_every_server_has_a_queue(
+    document_of, iop_processes, tmp_path, until
+) -> None:
+    """Saturation as the model server says it, through a real Node: the simulated GPU server's
+    `vllm:num_requests_waiting`, which the Node reads after each probe and reports on its link.
+    The Edge's own queue is empty all along: its four slots are above the server's batch of
+    one, so the server queues what it cannot run."""
+    probes = {"interval_ms": 200, "timeout_ms": 1000}
+    async with contextlib.AsyncExitStack() as stack:
+        gpu = ["--gpu", "--gpu-max-batch", "1", "--gpu-step-ms", "100"]
+        upstream = await stack.enter_async_context(spawn_fake_upstream(gpu))
+        provider = {
+            "id": "p1",
+            "adapter": {"type": "openai", "base_url": upstream.base_url},
+            "served_models": ["served"],
+            "capacity": 4,
+            "health": probes,
+        }
+        document = document_of(
+            [provider],
+            edge={"admin": {"listen": "127.0.0.1:0"}},
+            placement="node",
+            clients=[Client(f"app-{name}", f"sk-{name}", name) for name in PRINCIPALS],
+            openai={"priority": priority_section()},  # server_waiting: 1, the default
+        )
+        (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
+        (tmp_path / "node.token").write_text(node_token_of("node-1"))
+        _, started = await iop_processes.edge(stack, tmp_path / "edge.yaml")
+        await iop_processes.node(stack, started["hub_port"], "node-1", tmp_path / "node.token")
+        await iop_processes.wait_available(started["url"], ["p1"])
+        admin = await stack.enter_async_context(httpx.AsyncClient(base_url=started["admin_url"]))
+        running = Edge(started["url"], admin, document)
+
+        async def long_chat(principal: str) -> None:
+            async with running.client(principal) as client:
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=20
+                )
+
+        # Three standard requests: one runs on the server, two wait in its own queue.
+        holders = [asyncio.create_task(long_chat("web")) for _ in range(3)]
+
+        async def saturated() -> bool:
+            status = await running.status()
+            return bool(status["dispatch"]["m"]["saturated"])
+
+        await until(saturated, timeout=20)
+        assert await running.waiting() == 0  # nothing waits at the Edge: the server's queue
+        async with running.client("evals") as evals:
+            with pytest.raises(openai.RateLimitError) as shed:
+                await chat(evals)
+        await asyncio.gather(*holders)  # the standard requests are all served
+
+    assert shed.value.code == "model_saturated"
+    assert int(shed.value.response.headers["retry-after"]) >= 1
+    assert "retry-after-ms" in shed.value.response.headers
