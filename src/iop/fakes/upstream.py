@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, cast
+from urllib.parse import unquote
 
 import httptools
 import orjson
@@ -511,6 +512,7 @@ class FakeUpstream(AsyncService):
                 await self._create_response(connection, request)
                 return
             response_id, _, action = rest.partition("/")
+            response_id = unquote(response_id)
             store = self.responses
             if not action and method == b"GET":
                 body = store.retrieve(response_id)
