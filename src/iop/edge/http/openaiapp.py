@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API, as an app of the Edge's own HTTP server (`http/server.py`).
 
 `OpenAIApp` serves `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/healthz` and `/readyz` (docs/edge.md, "The API"). A completion goes: auth -> body (413 past
+`/v1/responses` (and a stored response's retrieve, delete and cancel, on the provider that holds
+it: `pool/responsehomes.py`), `/healthz` and `/readyz` (docs/edge.md, "The API", "The Responses
+API"). A completion goes: auth -> body (413 past
 the limit, from its Content-Length or as it grows) -> JSON and field validation -> model lookup
 -> generation policy and context class -> the limits (`Limiter`) -> `Relay` (slot, run,
 events); every failure is an `EdgeError` rendered by `http/responses.py`. A client that
@@ -21,17 +23,20 @@ from typing import Final
 import orjson
 
 from iop.aiokits import LogThrottle
-from iop.wire import RunChunk, RunDone, RunFailed, RunKind
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind, RunRequest
 
 from ..authenticating import Authenticator, Principal
 from ..bodies import BodyBounds, apply_policy, is_long, parse_request
 from ..errors import (
+    BadRequest,
     EdgeError,
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
     ProviderFailed,
+    ResponseHolderUnavailable,
+    ResponseNotFound,
     RouteNotFound,
 )
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
@@ -42,12 +47,17 @@ from ..pool import (
     STABLE,
     Dispatcher,
     Metrics,
+    PoolModel,
     PoolSnapshot,
     Relay,
     RelayedRun,
+    ResponseHome,
+    ResponseHomes,
+    answer_id,
+    stream_id,
 )
 from .exchanges import ClientGone, Exchange
-from .responses import answer_error, error_event, provider_failed
+from .responses import answer_error, error_event, provider_failed, typed_error_event
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +77,9 @@ _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/responses": "response",
 }
+_RESPONSES: Final = "/v1/responses/"
 
 
 class OpenAIApp:
@@ -85,6 +97,7 @@ class OpenAIApp:
         ready: Callable[[], Readiness],
         limiter: Limiter | None = None,
         body_bounds: BodyBounds | None = None,
+        response_homes: ResponseHomes | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._limiter = limiter
@@ -95,6 +108,8 @@ class OpenAIApp:
         self._max_request_bytes = max_request_bytes
         self._body_bounds = body_bounds or BodyBounds()
         self._ready = ready
+        #: Which provider holds each stored response that passed through (the Responses API).
+        self.response_homes = response_homes if response_homes is not None else ResponseHomes()
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
         self._bugs = LogThrottle(logger)
 
@@ -121,6 +136,9 @@ class OpenAIApp:
                 await self._completion(completion, exchange)
             else:
                 self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
+            return
+        if path.startswith(_RESPONSES):
+            await self._stored_response(exchange, path, method)
             return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/readyz") or path.startswith("/v1/models/"):
@@ -220,6 +238,9 @@ class OpenAIApp:
             if pool_model is None:
                 raise ModelNotFound(request.model)
             model = pool_model.id
+            home = ""
+            if request.previous_response_id is not None:
+                home = self._continued(request.previous_response_id, model, pool_model)
             apply_policy(request, pool_model.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
             priority = snapshot.priorities.resolve(
@@ -234,16 +255,16 @@ class OpenAIApp:
             assert task is not None
             gone.task = task
             exchange.on_gone(gone)
-            relayed = self._relay.open(request, long, principal, side, priority)
+            relayed = self._relay.open(request, long, principal, side, priority, home)
             async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
                 if request.stream:
                     status = await self._stream(
-                        run, exchange, arrived, model, request.include_usage, grant.headers
+                        run, exchange, arrived, model, request.include_usage, grant.headers, kind
                     )
                 else:
-                    status = await self._respond(run, exchange, arrived, model, grant.headers)
+                    status = await self._respond(run, exchange, arrived, model, grant.headers, kind)
         except EdgeError as error:
             exchange.on_gone(None)  # what comes next is the end of this answer
             status = self._refuse(exchange, error)
@@ -266,7 +287,13 @@ class OpenAIApp:
             self._metrics.observe_duration(model, time.perf_counter() - arrived, side)
 
     async def _respond(
-        self, run: RelayedRun, exchange: Exchange, arrived: float, model: str, headers: _Headers
+        self,
+        run: RelayedRun,
+        exchange: Exchange,
+        arrived: float,
+        model: str,
+        headers: _Headers,
+        kind: RunKind = "chat",
     ) -> int:
         """A non-streaming answer: the Node's one chunk is the whole body."""
         body = b""
@@ -275,6 +302,8 @@ class OpenAIApp:
                 body = event.data
                 self._metrics.observe_first_token(model, time.perf_counter() - arrived, run.side)
             elif isinstance(event, RunDone):
+                if kind == "response" and (response_id := answer_id(body)) is not None:
+                    self.response_homes.record(response_id, run.provider_id, model)
                 exchange.respond(200, body, headers=headers)
                 return 200
             elif isinstance(event, RunFailed):
@@ -289,9 +318,11 @@ class OpenAIApp:
         model: str,
         include_usage: bool,
         headers: _Headers,
+        kind: RunKind = "chat",
     ) -> int:
         """An SSE answer: one `data:` event per chunk object (a Node's chunk of whole events,
-        `sse`, as it is), then `data: [DONE]`.
+        `sse`, as it is), then `data: [DONE]`; a Responses stream's typed events as they are,
+        with no `[DONE]` (its last event ends it), its id recorded from its first.
 
         The events that arrived while the previous write was under way go out in one write, as
         the wire's writers do: a stream the Edge keeps up with is written event by event, one it
@@ -300,6 +331,9 @@ class OpenAIApp:
         """
         started = False
         start_headers = [*_SSE_HEADERS, *headers] if headers else _SSE_HEADERS
+        typed = kind == "response"
+        done = b"" if typed else _DONE
+        failure_event = typed_error_event if typed else error_event
         async for first in run:
             parts: list[bytes] = []
             for event in (first, *run.take_ready()):
@@ -311,19 +345,21 @@ class OpenAIApp:
                         self._metrics.observe_first_token(
                             model, time.perf_counter() - arrived, run.side
                         )
+                        if typed and (response_id := stream_id(event.data)) is not None:
+                            self.response_homes.record(response_id, run.provider_id, model)
                         exchange.start(200, start_headers)
                     parts.append(event.data if event.sse else b"data: " + event.data + b"\n\n")
                 elif isinstance(event, RunDone):
                     if not started:
                         exchange.start(200, start_headers)
-                    parts.append(_DONE)
+                    parts.append(done)
                     await exchange.end(b"".join(parts))
                     return 200
                 elif isinstance(event, RunFailed):
                     error = provider_failed(event)
                     if not started:
                         return self._refuse(exchange, error)
-                    status, data = error_event(error)
+                    status, data = failure_event(error)
                     parts.append(data)
                     await exchange.end(b"".join(parts))
                     return status
@@ -331,9 +367,141 @@ class OpenAIApp:
                 await exchange.write(b"".join(parts))
         if not started:
             return self._refuse(exchange, _ended_early())
-        status, data = error_event(_ended_early())
+        status, data = failure_event(_ended_early())
         await exchange.end(data)
         return status
+
+    # -- stored responses (the Responses API) ---------------------------------------------------
+
+    def _continued(self, response_id: str, model: str, pool_model: PoolModel) -> str:
+        """The provider that holds the response a request continues (`previous_response_id`),
+        which must serve the request's model; or the clear error why it cannot run there."""
+        param = "previous_response_id"
+        home = self.response_homes.find(response_id)
+        if home is None:
+            raise BadRequest(
+                f"Previous response with id '{response_id}' not found: it was not answered "
+                "through this Edge, or so long ago that the Edge no longer remembers which "
+                f"server holds it (it remembers the last {self.response_homes.limit}). Send "
+                "the conversation's whole input instead.",
+                param,
+                code="previous_response_not_found",
+            )
+        self._reachable(home, response_id, param)
+        if not any(c.provider.id == home.provider_id for c in pool_model.candidates):
+            raise BadRequest(
+                f"Previous response '{response_id}' is held by provider `{home.provider_id}`, "
+                f"which does not serve model `{model}`: continue it with a model that "
+                f"provider serves (it was answered as `{home.model_id}`).",
+                "model",
+                code="previous_response_model_mismatch",
+            )
+        return home.provider_id
+
+    def _reachable(self, home: ResponseHome, response_id: str, param: str | None) -> None:
+        """Refuse, naming the response, when the provider that holds it has left the config
+        (410: it never comes back) or is out of dispatch now (503: it may)."""
+        dispatcher = self._dispatcher
+        provider = home.provider_id
+        if provider not in dispatcher.snapshot.providers:
+            raise ResponseHolderUnavailable(
+                f"The response '{response_id}' is held by provider `{provider}`, which is no "
+                "longer in the Edge's config: it cannot be continued, retrieved, deleted or "
+                "cancelled through this Edge.",
+                gone=True,
+                param=param,
+            )
+        if provider not in dispatcher.available:
+            raise ResponseHolderUnavailable(
+                f"The response '{response_id}' is held by provider `{provider}`, which is not "
+                "available now (its node is not connected, or the provider is unhealthy or "
+                "disabled); no other server holds it. Retry later.",
+                gone=False,
+                param=param,
+            )
+
+    async def _stored_response(self, exchange: Exchange, path: str, method: str) -> None:
+        """`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, sent to the
+        provider that holds the response (a lookup: no slot, no limit, no retry elsewhere)."""
+        response_id, _, action = path.removeprefix(_RESPONSES).partition("/")
+        kind: RunKind
+        if not response_id or action not in ("", "cancel"):
+            self._refuse(exchange, RouteNotFound(f"Invalid URL ({method} {path})"))
+            return
+        if action == "cancel":
+            if method != "POST":
+                self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
+                return
+            kind = "response_cancel"
+        elif method in ("GET", "HEAD"):
+            kind = "response_retrieve"
+        elif method == "DELETE":
+            kind = "response_delete"
+        else:
+            self._refuse(exchange, MethodNotAllowed(f"Use GET or DELETE {path}.", "GET, DELETE"))
+            return
+        principal: Principal | None = None
+        model = ""
+        provider = ""
+        status = 200
+        gone = _Disconnect()
+        try:
+            principal = exchange.principal or self._authenticator.authenticate(
+                exchange.header(b"authorization")
+            )
+            home = self.response_homes.find(response_id)
+            if home is None:
+                raise ResponseNotFound(
+                    f"No response with id '{response_id}' is known to this Edge: it was not "
+                    "answered through it, or so long ago that the Edge no longer remembers "
+                    f"which server holds it (it remembers the last {self.response_homes.limit})."
+                )
+            self._reachable(home, response_id, None)
+            provider = home.provider_id
+            if home.model_id in self._dispatcher.snapshot.models:
+                model = home.model_id
+            task = asyncio.current_task()
+            assert task is not None
+            gone.task = task
+            exchange.on_gone(gone)
+            request = RunRequest(
+                run_id=self._relay.next_run_id(),
+                provider_id=provider,
+                served_model="",
+                kind=kind,
+                body=b"",
+                stream=False,
+                max_response_bytes=self._dispatcher.snapshot.config.openai.max_response_bytes,
+                response_id=response_id,
+            )
+            status = await self._look_up(request, exchange)
+        except EdgeError as error:
+            exchange.on_gone(None)
+            status = self._refuse(exchange, error)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if gone.seen and task is not None and task.uncancel() == 0:
+                status = _CLIENT_GONE
+            else:
+                raise
+        finally:
+            exchange.on_gone(None)
+            self._metrics.count_request(principal, model, provider, status)
+
+    async def _look_up(self, request: RunRequest, exchange: Exchange) -> int:
+        body = b""
+        async with self._hub.run(request) as run:
+            async for event in run:
+                if isinstance(event, RunChunk):
+                    body += event.data
+                elif isinstance(event, RunDone):
+                    if request.kind == "response_delete":
+                        self.response_homes.forget(request.response_id)
+                    exchange.respond(200, body)
+                    return 200
+                elif isinstance(event, RunFailed):
+                    return self._refuse(exchange, provider_failed(event))
+        return self._refuse(exchange, _ended_early())
 
     def _too_large(self) -> PayloadTooLarge:
         limit = self._max_request_bytes

@@ -7,7 +7,8 @@
 - `relaying`: one request's run, retries (`retrying`), fallbacks; `metering` (`counts`): usage and
   the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
   `splits`: which revision serves a request while a change is on trial; `priorities`: the
-  priority class a request waits in, and what each class's requests came to.
+  priority class a request waits in, and what each class's requests came to; `responsehomes`:
+  which provider holds each stored response of the Responses API.
 """
 
 from .dispatching import Dispatcher
@@ -15,7 +16,8 @@ from .metering import CONTENT_TYPE, Metrics
 from .outcomes import OutcomeTally, Reading
 from .priorities import CLASS_HEADER, MAX_WAIT_HEADER
 from .relaying import Relay, RelayedRun
-from .snapshots import PoolSnapshot
+from .responsehomes import ResponseHome, ResponseHomes, answer_id, stream_id
+from .snapshots import PoolModel, PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
 
 __all__ = [
@@ -27,10 +29,15 @@ __all__ = [
     "Dispatcher",
     "Metrics",
     "OutcomeTally",
+    "PoolModel",
     "PoolSnapshot",
     "Reading",
     "Relay",
     "RelayedRun",
+    "ResponseHome",
+    "ResponseHomes",
     "Side",
     "Split",
+    "answer_id",
+    "stream_id",
 ]

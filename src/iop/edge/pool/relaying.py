@@ -11,6 +11,8 @@ cancellation, when the client disconnects) cancels the run on its Node and relea
 While a change is on trial, a request runs on its side's view of its model (`splits.py`); a try
 of the candidate's that fails before its first byte in a way a config can cause is tried again
 on the stable revision (`_back_to_stable`), so the change's faults cost the client no error.
+A request that continues a stored response (the Responses API) runs on the provider that holds
+it, its `home`, or nowhere: it waits for that provider's slot, and is tried nowhere else.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ class Relay:
         principal: Principal,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        home: str = "",
     ) -> RelayedRun:
-        return RelayedRun(self, request, long, principal, side, priority)
+        return RelayedRun(self, request, long, principal, side, priority, home)
 
     def next_run_id(self) -> str:
         """A run id unique to this Edge process."""
@@ -104,6 +107,7 @@ class RelayedRun:
         principal: Principal,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        home: str = "",
     ) -> None:
         self._dispatcher = relay.dispatcher
         self._hub = relay.hub
@@ -115,6 +119,9 @@ class RelayedRun:
         self._principal = principal
         #: Its priority class (`priorities.py`): its place in every queue it waits in.
         self._priority = priority
+        #: The one provider it may run on (it holds the stored response the request
+        #: continues), or "": then no fallback, and no retry elsewhere.
+        self._home = home
         self._model = request.model
         #: The revision the request was given when it arrived (what its outcome counts for).
         self.side = side
@@ -154,7 +161,7 @@ class RelayedRun:
         budget = self._budgets.count_request(dispatcher.snapshot, asked)
         # Made at the first failure or fallback: most requests never need it.
         attempts: _Attempts | None = None
-        if pool_model is not None and pool_model.fallbacks:
+        if pool_model is not None and pool_model.fallbacks and not self._home:
             attempts = _Attempts((asked, *pool_model.fallbacks))
             self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
@@ -200,6 +207,7 @@ class RelayedRun:
                     prefix=self._prefix(dispatcher.model_view(self._model, self._side)),
                     side=self._side,
                     priority=self._priority,
+                    home=self._home,
                 )
         except (QueueTimeout, NoProvider, ModelNotFound):
             if attempts is None or attempts.failure is None:
@@ -255,6 +263,8 @@ class RelayedRun:
         if failed.code == wire_statuses.PROVIDER_BUSY:
             metrics.count_retry(asked, failed.code)
             return True
+        if self._home:
+            return False  # no other server holds the response it continues
         dispatcher = self._dispatcher
         if self._back_to_stable(failed, deadline):
             attempts.failure = failed  # the answer if the stable side finds no slot in time
