@@ -15,6 +15,7 @@ and its slot. No framework and no ASGI: each measured as a layer per request on 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import orjson
 
 from iop.aiokits import LogThrottle
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind, RunRequest
+from iop.wire import statuses as wire_statuses
 
 from ..authenticating import Authenticator, Principal
 from ..bodies import BodyBounds, apply_policy, is_long, parse_request
@@ -80,6 +82,18 @@ _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/responses": "response",
 }
 _RESPONSES: Final = "/v1/responses/"
+#: A run's failures that say its provider cannot be reached (rather than that it answered).
+_UNREACHABLE: Final = frozenset(
+    {
+        wire_statuses.UPSTREAM_UNAVAILABLE,
+        wire_statuses.NODE_UNAVAILABLE,
+        wire_statuses.NODE_DISCONNECTED,
+        wire_statuses.NOT_ACCEPTED,
+        wire_statuses.UNKNOWN_PROVIDER,
+        wire_statuses.PROVIDER_UNHEALTHY,
+        wire_statuses.EDGE_STOPPING,
+    }
+)
 
 
 class OpenAIApp:
@@ -259,12 +273,24 @@ class OpenAIApp:
             async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
+                failed = functools.partial(
+                    self._run_failed, continued=request.previous_response_id, run=run
+                )
                 if request.stream:
                     status = await self._stream(
-                        run, exchange, arrived, model, request.include_usage, grant.headers, kind
+                        run,
+                        exchange,
+                        arrived,
+                        model,
+                        request.include_usage,
+                        grant.headers,
+                        kind,
+                        failed,
                     )
                 else:
-                    status = await self._respond(run, exchange, arrived, model, grant.headers, kind)
+                    status = await self._respond(
+                        run, exchange, arrived, model, grant.headers, kind, failed
+                    )
         except EdgeError as error:
             exchange.on_gone(None)  # what comes next is the end of this answer
             status = self._refuse(exchange, error)
@@ -294,6 +320,7 @@ class OpenAIApp:
         model: str,
         headers: _Headers,
         kind: RunKind = "chat",
+        failed: Callable[[RunFailed], EdgeError] = provider_failed,
     ) -> int:
         """A non-streaming answer: the Node's one chunk is the whole body."""
         body = b""
@@ -307,7 +334,7 @@ class OpenAIApp:
                 exchange.respond(200, body, headers=headers)
                 return 200
             elif isinstance(event, RunFailed):
-                return self._refuse(exchange, provider_failed(event))
+                return self._refuse(exchange, failed(event))
         return self._refuse(exchange, _ended_early())
 
     async def _stream(
@@ -319,6 +346,7 @@ class OpenAIApp:
         include_usage: bool,
         headers: _Headers,
         kind: RunKind = "chat",
+        failed: Callable[[RunFailed], EdgeError] = provider_failed,
     ) -> int:
         """An SSE answer: one `data:` event per chunk object (a Node's chunk of whole events,
         `sse`, as it is), then `data: [DONE]`; a Responses stream's typed events as they are,
@@ -356,7 +384,7 @@ class OpenAIApp:
                     await exchange.end(b"".join(parts))
                     return 200
                 elif isinstance(event, RunFailed):
-                    error = provider_failed(event)
+                    error = failed(event)
                     if not started:
                         return self._refuse(exchange, error)
                     status, data = failure_event(error)
@@ -372,6 +400,19 @@ class OpenAIApp:
         return status
 
     # -- stored responses (the Responses API) ---------------------------------------------------
+
+    @staticmethod
+    def _run_failed(failed: RunFailed, *, continued: str | None, run: RelayedRun) -> EdgeError:
+        """The error of a failed run; for a continuation whose holder cannot be reached, one
+        that names the response (no other server holds it: a retry elsewhere cannot help)."""
+        if continued is None or failed.code not in _UNREACHABLE:
+            return provider_failed(failed)
+        return ResponseHolderUnavailable(
+            f"The response '{continued}' is held by provider `{run.provider_id}`, which "
+            f"cannot be reached now ({failed.message}); no other server holds it. Retry later.",
+            gone=False,
+            param="previous_response_id",
+        )
 
     def _continued(self, response_id: str, model: str, pool_model: PoolModel) -> str:
         """The provider that holds the response a request continues (`previous_response_id`),
