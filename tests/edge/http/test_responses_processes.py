@@ -264,3 +264,35 @@ async def test_a_holder_whose_node_is_gone_is_named(
             model="m", input="more", previous_response_id=held["p1"]
         )
         assert await edge.holder(turn.id) == "p1"
+
+
+async def test_nodes_placed_on_the_edge_keep_the_affinity(
+    tmp_path: Path, iop_processes: Any, document_of: Callable[..., dict[str, Any]]
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        upstreams = {
+            pid: (await stack.enter_async_context(spawn_fake_upstream())).base_url
+            for pid in ("p1", "p2")
+        }
+        providers = [
+            provider(pid, {"type": "openai", "base_url": upstreams[pid]}, capacity=1)
+            for pid in upstreams
+        ]
+        document = document_of(providers, placement="edge", metrics=True)
+        (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
+        _, started = await iop_processes.edge(stack, tmp_path / "edge.yaml")
+        await iop_processes.wait_available(started["url"], ["p1", "p2"])
+        edge = Stack(started["url"], started["metrics_url"], upstreams, {})
+        async with edge.client() as client:
+            stream = await client.responses.create(model="m", input="x", stream=True)
+            created, *_ = [event async for event in stream]
+            assert created.type == "response.created"
+            holder = await edge.holder(created.response.id)
+            previous = created.response.id
+            for _ in range(4):
+                turn = await client.responses.create(
+                    model="m", input="more", previous_response_id=previous
+                )
+                assert await edge.holder(turn.id) == holder
+                previous = turn.id
+            assert (await client.responses.retrieve(previous)).id == previous
