@@ -11,6 +11,7 @@ errors of docs/edge.md, "The Responses API".
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from iop.processes import spawn_fake_upstream
+from iop.processes import spawn_fake_upstream, spawn_iop, terminate
 from testkit import CLIENT_TOKEN, node_token_of, provider
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
@@ -296,3 +297,55 @@ async def test_nodes_placed_on_the_edge_keep_the_affinity(
                 assert await edge.holder(turn.id) == holder
                 previous = turn.id
             assert (await client.responses.retrieve(previous)).id == previous
+
+
+@pytest.mark.slow
+async def test_replicas_sharing_a_limit_store_find_each_others_responses(
+    tmp_path: Path,
+    iop_processes: Any,
+    document_of: Callable[..., dict[str, Any]],
+    redis_url: str,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        upstreams = {
+            pid: (await stack.enter_async_context(spawn_fake_upstream())).base_url
+            for pid in ("p1", "p2")
+        }
+        providers = [
+            provider(pid, {"type": "openai", "base_url": upstreams[pid]}) for pid in upstreams
+        ]
+        store = {"url": redis_url, "key_prefix": f"responses{os.urandom(4).hex()}"}
+        document = document_of(providers, metrics=True, openai={"limit_store": store})
+        (tmp_path / "edge.yaml").write_text(yaml.safe_dump(document))
+        (tmp_path / "node.token").write_text(node_token_of("node-1"))
+        edges = []
+        hubs = []
+        for _ in range(2):
+            _, started = await iop_processes.edge(stack, tmp_path / "edge.yaml")
+            edges.append(Stack(started["url"], started["metrics_url"], upstreams, {}))
+            hubs.append(f"127.0.0.1:{started['hub_port']}")
+        # One Node dials both replicas, as Nodes do behind a headless Service.
+        node = await spawn_iop(
+            *("node", "run", "--node-id", "node-1", "--token-file", str(tmp_path / "node.token")),
+            *(arg for edge_hub in hubs for arg in ("--edge", edge_hub)),
+            *iop_processes.tls.node_args(),
+            "--log-level",
+            "WARNING",
+        )
+        stack.push_async_callback(terminate, node)
+        for edge in edges:
+            await iop_processes.wait_available(edge.url, ["p1", "p2"])
+        clients = [await stack.enter_async_context(edge.client()) for edge in edges]
+        first = await clients[0].responses.create(model="m", input="hello")
+        holder = await edges[0].holder(first.id)
+        previous = first.id
+        for turn_number in range(1, 7):  # alternating replicas, as a Service's connections would
+            turn = await clients[turn_number % 2].responses.create(
+                model="m", input="more", previous_response_id=previous
+            )
+            assert await edges[0].holder(turn.id) == holder
+            previous = turn.id
+        assert (await clients[1].responses.retrieve(first.id)).id == first.id
+        await clients[1].responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):  # forgotten by every replica
+            await clients[0].responses.retrieve(first.id)

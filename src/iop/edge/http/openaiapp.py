@@ -254,7 +254,7 @@ class OpenAIApp:
             model = pool_model.id
             home = ""
             if request.previous_response_id is not None:
-                home = self._continued(request.previous_response_id, model, pool_model)
+                home = await self._continued(request.previous_response_id, model, pool_model)
             apply_policy(request, pool_model.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
             priority = snapshot.priorities.resolve(
@@ -330,7 +330,7 @@ class OpenAIApp:
                 self._metrics.observe_first_token(model, time.perf_counter() - arrived, run.side)
             elif isinstance(event, RunDone):
                 if kind == "response" and (response_id := answer_id(body)) is not None:
-                    self.response_homes.record(response_id, run.provider_id, model)
+                    self._record_home(response_id, run.provider_id, model)
                 exchange.respond(200, body, headers=headers)
                 return 200
             elif isinstance(event, RunFailed):
@@ -374,7 +374,7 @@ class OpenAIApp:
                             model, time.perf_counter() - arrived, run.side
                         )
                         if typed and (response_id := stream_id(event.data)) is not None:
-                            self.response_homes.record(response_id, run.provider_id, model)
+                            self._record_home(response_id, run.provider_id, model)
                         exchange.start(200, start_headers)
                     parts.append(event.data if event.sse else b"data: " + event.data + b"\n\n")
                 elif isinstance(event, RunDone):
@@ -414,11 +414,28 @@ class OpenAIApp:
             param="previous_response_id",
         )
 
-    def _continued(self, response_id: str, model: str, pool_model: PoolModel) -> str:
+    def _record_home(self, response_id: str, provider_id: str, model_id: str) -> None:
+        self.response_homes.record(response_id, provider_id, model_id)
+        if self._limiter is not None:  # the other replicas learn it through the shared store
+            self._limiter.share_home(response_id, provider_id, model_id)
+
+    async def _find_home(self, response_id: str) -> ResponseHome | None:
+        """Where a stored response lives: as this Edge recorded it, else as another replica
+        did (the shared store's, when there is one)."""
+        home = self.response_homes.find(response_id)
+        if home is not None or self._limiter is None:
+            return home
+        shared = await self._limiter.shared_home(response_id)
+        if shared is None:
+            return None
+        self.response_homes.record(response_id, *shared)
+        return ResponseHome(*shared)
+
+    async def _continued(self, response_id: str, model: str, pool_model: PoolModel) -> str:
         """The provider that holds the response a request continues (`previous_response_id`),
         which must serve the request's model; or the clear error why it cannot run there."""
         param = "previous_response_id"
-        home = self.response_homes.find(response_id)
+        home = await self._find_home(response_id)
         if home is None:
             raise BadRequest(
                 f"Previous response with id '{response_id}' not found: it was not answered "
@@ -490,7 +507,7 @@ class OpenAIApp:
             principal = exchange.principal or self._authenticator.authenticate(
                 exchange.header(b"authorization")
             )
-            home = self.response_homes.find(response_id)
+            home = await self._find_home(response_id)
             if home is None:
                 raise ResponseNotFound(
                     f"No response with id '{response_id}' is known to this Edge: it was not "
@@ -538,6 +555,8 @@ class OpenAIApp:
                 elif isinstance(event, RunDone):
                     if request.kind == "response_delete":
                         self.response_homes.forget(request.response_id)
+                        if self._limiter is not None:
+                            self._limiter.unshare_home(request.response_id)
                     exchange.respond(200, body)
                     return 200
                 elif isinstance(event, RunFailed):
