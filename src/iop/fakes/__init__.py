@@ -21,7 +21,7 @@ from .answers import (
     tokens,
 )
 from .configs import sized_spec
-from .responses import ResponseStore, not_found, parse_response_request
+from .responses import ResponseStore, parse_response_request
 from .simulating import GpuEngine, GpuSettings
 from .upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
 
@@ -36,7 +36,6 @@ __all__ = [
     "ResponseStore",
     "embedding_response",
     "embedding_vector",
-    "not_found",
     "parse_request",
     "parse_response_request",
     "sized_spec",

@@ -66,11 +66,17 @@ def _sum(text: str, name: str) -> float:
 
 @contextlib.asynccontextmanager
 async def stack_of(
-    folder: Path, iop_processes: Any, document_of: Callable[..., dict[str, Any]]
+    folder: Path,
+    iop_processes: Any,
+    document_of: Callable[..., dict[str, Any]],
+    upstream_args: dict[str, list[str]] | None = None,
 ) -> AsyncIterator[Stack]:
+    """Two nodes of one provider each (`p1`, `p2`: model `m`), each before a fake upstream of
+    its own (started with `upstream_args[provider]`)."""
+    args = upstream_args or {}
     async with contextlib.AsyncExitStack() as stack:
         upstreams = {
-            pid: (await stack.enter_async_context(spawn_fake_upstream())).base_url
+            pid: (await stack.enter_async_context(spawn_fake_upstream(args.get(pid, [])))).base_url
             for pid in ("p1", "p2")
         }
         nodes = {
@@ -164,6 +170,42 @@ async def test_a_stream_passes_its_typed_events_and_is_continued(edge: Stack) ->
             assert created.type == "response.created"
             assert await edge.holder(created.response.id) == holder
             response_id = created.response.id
+
+
+async def test_a_failure_mid_stream_ends_it_with_an_error_event(edge: Stack) -> None:
+    async with edge.client() as client:
+        stream = await client.responses.create(
+            model="m",
+            input="x",
+            stream=True,
+            extra_body={"fake_upstream": {"fail": "drop-mid-stream"}},
+        )
+        seen = []
+        with pytest.raises(openai.APIError, match="dropped the connection mid-response"):
+            async for event in stream:
+                seen.append(event.type)
+        assert seen[0] == "response.created" and "response.completed" not in seen
+
+
+async def test_failures_before_the_first_byte_are_retried_elsewhere(
+    tmp_path: Path, iop_processes: Any, document_of: Callable[..., dict[str, Any]]
+) -> None:
+    broken = {"p2": ["--fail-rate", "1"]}  # p2 answers 500 to every response (not its probes)
+    async with (
+        stack_of(tmp_path, iop_processes, document_of, broken) as edge,
+        edge.client() as client,
+    ):
+        for attempt in range(4):
+            if attempt % 2:
+                stream = await client.responses.create(model="m", input="x", stream=True)
+                response_id = [event async for event in stream][-1].response.id  # type: ignore[union-attr]
+            else:
+                response_id = (await client.responses.create(model="m", input="x")).id
+            assert await edge.holder(response_id) == "p1"
+        turn = await client.responses.create(
+            model="m", input="more", previous_response_id=response_id
+        )
+        assert await edge.holder(turn.id) == "p1"
 
 
 async def test_the_raw_stream_is_the_servers_bytes(edge: Stack) -> None:
