@@ -264,6 +264,14 @@ async def test_a_bad_body_is_refused_naming_its_field(
     assert f"'{param}'" in refused.value.message
 
 
+async def test_a_stored_response_is_not_streamed_again(edge: Stack) -> None:
+    async with edge.client() as client:
+        response = await client.responses.create(model="m", input="x")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.retrieve(response.id, stream=True)
+        assert refused.value.param == "stream"
+
+
 async def test_an_id_the_edge_never_saw_is_named(edge: Stack) -> None:
     async with edge.client() as client:
         with pytest.raises(openai.BadRequestError) as refused:

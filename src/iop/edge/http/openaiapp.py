@@ -507,6 +507,12 @@ class OpenAIApp:
             principal = exchange.principal or self._authenticator.authenticate(
                 exchange.header(b"authorization")
             )
+            if kind == "response_retrieve" and b"stream=true" in exchange.query:
+                raise BadRequest(
+                    "Streaming a stored response again (`stream=true`) is not served through "
+                    "the Edge: retrieve it whole.",
+                    "stream",
+                )
             home = await self._find_home(response_id)
             if home is None:
                 raise ResponseNotFound(
