@@ -121,6 +121,10 @@ async def test_a_response_plain_retrieved_and_metered(edge: Stack) -> None:
         assert after[1] - before[1] == response.usage.output_tokens == 5
         again = await client.responses.retrieve(response.id)
         assert (again.id, again.output_text) == (response.id, response.output_text)
+    async with httpx.AsyncClient(base_url=edge.metrics_url) as http:
+        text = (await http.get("/metrics")).text
+    remembered = re.search(r"^iop_edge_response_homes (\S+)$", text, re.MULTILINE)
+    assert remembered is not None and float(remembered.group(1)) >= 1
 
 
 async def test_continuations_land_on_the_server_that_holds_them(edge: Stack) -> None:

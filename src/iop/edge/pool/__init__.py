@@ -16,7 +16,13 @@ from .metering import CONTENT_TYPE, Metrics
 from .outcomes import OutcomeTally, Reading
 from .priorities import CLASS_HEADER, MAX_WAIT_HEADER
 from .relaying import Relay, RelayedRun
-from .responsehomes import ResponseHome, ResponseHomes, answer_id, stream_id
+from .responsehomes import (
+    ResponseHome,
+    ResponseHomes,
+    ResponseHomesCollector,
+    answer_id,
+    stream_id,
+)
 from .snapshots import PoolModel, PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
 
@@ -36,6 +42,7 @@ __all__ = [
     "RelayedRun",
     "ResponseHome",
     "ResponseHomes",
+    "ResponseHomesCollector",
     "Side",
     "Split",
     "answer_id",

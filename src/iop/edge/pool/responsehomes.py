@@ -12,10 +12,13 @@ forgotten or unreachable holder gets.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
 import orjson
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 #: Ids remembered at most by default: about 200 bytes each, a few tens of MB in all.
 DEFAULT_LIMIT: Final = 100_000
@@ -61,6 +64,26 @@ class ResponseHomes:
 
     def forget(self, response_id: str) -> None:
         self._homes.pop(response_id, None)
+
+
+class ResponseHomesCollector(Collector):
+    """`iop_edge_response_homes` and `..._forgotten_total`, read when Prometheus scrapes."""
+
+    def __init__(self, homes: ResponseHomes) -> None:
+        self._homes = homes
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "iop_edge_response_homes",
+            "Stored responses (the Responses API) whose holder this Edge remembers.",
+            value=len(self._homes),
+        )
+        yield CounterMetricFamily(
+            "iop_edge_response_homes_forgotten",
+            "Stored responses whose holder this Edge forgot to stay within its bound (the "
+            "least recently used first).",
+            value=self._homes.forgotten,
+        )
 
 
 def answer_id(body: bytes) -> str | None:
