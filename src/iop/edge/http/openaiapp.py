@@ -44,6 +44,7 @@ from ..errors import (
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
 from ..limits import NO_GRANT, Limiter
 from ..pool import (
+    CANDIDATE,
     CLASS_HEADER,
     MAX_WAIT_HEADER,
     STABLE,
@@ -55,6 +56,7 @@ from ..pool import (
     RelayedRun,
     ResponseHome,
     ResponseHomes,
+    Side,
     answer_id,
     stream_id,
 )
@@ -254,7 +256,9 @@ class OpenAIApp:
             model = pool_model.id
             home = ""
             if request.previous_response_id is not None:
-                home = await self._continued(request.previous_response_id, model, pool_model)
+                home, pool_model, side = await self._continued(
+                    request.previous_response_id, model, pool_model, side
+                )
             apply_policy(request, pool_model.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
             priority = snapshot.priorities.resolve(
@@ -431,9 +435,13 @@ class OpenAIApp:
         self.response_homes.record(response_id, *shared)
         return ResponseHome(*shared)
 
-    async def _continued(self, response_id: str, model: str, pool_model: PoolModel) -> str:
+    async def _continued(
+        self, response_id: str, model: str, pool_model: PoolModel, side: Side
+    ) -> tuple[str, PoolModel, Side]:
         """The provider that holds the response a request continues (`previous_response_id`),
-        which must serve the request's model; or the clear error why it cannot run there."""
+        which must serve the request's model (the view of it and the side: while a change is
+        on trial, the revision whose view has that provider, its own first); or the clear
+        error why it cannot run there."""
         param = "previous_response_id"
         home = await self._find_home(response_id)
         if home is None:
@@ -446,15 +454,22 @@ class OpenAIApp:
                 code="previous_response_not_found",
             )
         self._reachable(home, response_id, param)
-        if not any(c.provider.id == home.provider_id for c in pool_model.candidates):
-            raise BadRequest(
-                f"Previous response '{response_id}' is held by provider `{home.provider_id}`, "
-                f"which does not serve model `{model}`: continue it with a model that "
-                f"provider serves (it was answered as `{home.model_id}`).",
-                "model",
-                code="previous_response_model_mismatch",
-            )
-        return home.provider_id
+        other = CANDIDATE if side == STABLE else STABLE
+        views = [(pool_model, side)]
+        if self._dispatcher.split is not None:
+            other_view = self._dispatcher.model_view(model, other)
+            if other_view is not None:
+                views.append((other_view, other))
+        for view, view_side in views:
+            if any(c.provider.id == home.provider_id for c in view.candidates):
+                return home.provider_id, view, view_side
+        raise BadRequest(
+            f"Previous response '{response_id}' is held by provider `{home.provider_id}`, "
+            f"which does not serve model `{model}`: continue it with a model that "
+            f"provider serves (it was answered as `{home.model_id}`).",
+            "model",
+            code="previous_response_model_mismatch",
+        )
 
     def _reachable(self, home: ResponseHome, response_id: str, param: str | None) -> None:
         """Refuse, naming the response, when the provider that holds it has left the config
