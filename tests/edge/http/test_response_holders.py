@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from iop.edge import EdgeServer
+from iop.edge.pool import PoolSnapshot, ResponseHome, Split
 from testkit import CLIENT_TOKEN, provider
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -59,3 +60,29 @@ async def test_a_holder_that_does_not_serve_the_model_is_named(edge: EdgeServer)
             model="m", input="x", previous_response_id=first.id
         )
         assert turn.previous_response_id == first.id
+
+
+async def test_on_trial_a_continuation_runs_on_the_revision_that_has_its_holder(
+    start_edge: Callable[..., Awaitable[EdgeServer]],
+    document_of: Callable[..., dict[str, Any]],
+    config_of: Callable[..., Any],
+) -> None:
+    providers = [provider("p1"), provider("p2")]
+    edge = await start_edge(document_of(providers, {"m": ["p1", "p2"]}, placement="edge"))
+    stable = edge.dispatcher.snapshot
+    async with client(edge) as openai_client:
+        held = {}
+        while len(held) < 2:
+            response = await openai_client.responses.create(model="m", input="x")
+            held[edge.app.response_homes.find(response.id).provider_id] = response.id  # type: ignore[union-attr]
+        # A change on trial takes p1 out of `m` for every request of it (share 100%).
+        candidate = PoolSnapshot.build(
+            config_of(providers, {"m": ["p2"], "z": ["p1"]}, placement="edge")
+        )
+        edge.dispatcher.swap(candidate, Split(stable, frozenset({"m"}), frozenset({"m"}), 100))
+        turn = await openai_client.responses.create(
+            model="m", input="more", previous_response_id=held["p1"]
+        )
+        assert edge.app.response_homes.find(turn.id) == ResponseHome("p1", "m")
+        fresh = await openai_client.responses.create(model="m", input="new")
+        assert edge.app.response_homes.find(fresh.id) == ResponseHome("p2", "m")
