@@ -71,7 +71,7 @@ async def test_on_trial_a_continuation_runs_on_the_revision_that_has_its_holder(
     edge = await start_edge(document_of(providers, {"m": ["p1", "p2"]}, placement="edge"))
     stable = edge.dispatcher.snapshot
     async with client(edge) as openai_client:
-        held = {}
+        held: dict[str, str] = {}
         while len(held) < 2:
             response = await openai_client.responses.create(model="m", input="x")
             held[edge.app.response_homes.find(response.id).provider_id] = response.id  # type: ignore[union-attr]
