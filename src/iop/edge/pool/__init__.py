@@ -7,8 +7,9 @@
 - `relaying`: one request's run, retries (`retrying`), fallbacks; `metering` (`counts`): usage and
   the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
   `splits`: which revision serves a request while a change is on trial; `priorities`: the
-  priority class a request waits in, and what each class's requests came to; `responsehomes`:
-  which provider holds each stored response of the Responses API.
+  priority class a request waits in, and what each class's requests came to; `traces`: a
+  request's spans, when the Edge traces; `responsehomes`: which provider holds each stored
+  response of the Responses API.
 """
 
 from .dispatching import Dispatcher
@@ -25,6 +26,7 @@ from .responsehomes import (
 )
 from .snapshots import PoolModel, PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
+from .traces import RequestTrace
 
 __all__ = [
     "CANDIDATE",
@@ -40,6 +42,7 @@ __all__ = [
     "Reading",
     "Relay",
     "RelayedRun",
+    "RequestTrace",
     "ResponseHome",
     "ResponseHomes",
     "ResponseHomesCollector",

@@ -41,6 +41,7 @@ from .priorities import DEFAULT_PRIORITY, Priority
 from .retrying import RetryBudget, RetryBudgets, should_retry
 from .snapshots import PoolModel
 from .splits import CANDIDATE, STABLE, Side
+from .traces import RequestTrace
 
 
 class Relay:
@@ -62,9 +63,13 @@ class Relay:
         principal: Principal,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        trace: RequestTrace | None = None,
+        traceparent: str | None = None,
         home: str = "",
     ) -> RelayedRun:
-        return RelayedRun(self, request, long, principal, side, priority, home)
+        """`trace`: the request's spans, when the Edge traces; else `traceparent`, the client's,
+        goes with each run as it came. `home`: the one provider the request may run on."""
+        return RelayedRun(self, request, long, principal, side, priority, trace, traceparent, home)
 
     def next_run_id(self) -> str:
         """A run id unique to this Edge process."""
@@ -107,6 +112,8 @@ class RelayedRun:
         principal: Principal,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        trace: RequestTrace | None = None,
+        traceparent: str | None = None,
         home: str = "",
     ) -> None:
         self._dispatcher = relay.dispatcher
@@ -140,6 +147,10 @@ class RelayedRun:
         #: Its tries that failed before their first byte and were tried again (a busy refusal
         #: is none), counted with the request when it ends (`OutcomeTally.request`).
         self.retried_tries = 0
+        self._trace = trace
+        self._traceparent = traceparent
+        #: Why the next try is made (its span says): the first, a retry's failure, a fallback.
+        self._why = "first"
 
     @property
     def provider_id(self) -> str:
@@ -177,6 +188,8 @@ class RelayedRun:
                 if attempts is None:
                     attempts = _Attempts((asked,))
                 side = self._side
+                if self._trace is not None:
+                    self._trace.run_ended(first)
                 if self._try_again(first, lease, attempts, budget, deadline):
                     await self._close_stream(None, None, None)
                     if self._side != side:  # the candidate's config failed, not the provider
@@ -194,6 +207,9 @@ class RelayedRun:
         """The slot of the next try: the first try's (with fallbacks, `_first_lease`), or a
         retry's within the first try's deadline; None when a retry finds none in time."""
         dispatcher = self._dispatcher
+        trace = self._trace
+        if trace is not None:
+            trace.waiting(self._model)
         try:
             if deadline is None and attempts is not None:
                 lease = await self._first_lease(attempts, budget)
@@ -209,10 +225,16 @@ class RelayedRun:
                     priority=self._priority,
                     home=self._home,
                 )
-        except (QueueTimeout, NoProvider, ModelNotFound):
+        except BaseException as error:
+            if trace is not None:
+                trace.not_leased(error)
+            if not isinstance(error, (QueueTimeout, NoProvider, ModelNotFound)):
+                raise
             if attempts is None or attempts.failure is None:
                 raise
             return None
+        if trace is not None:
+            trace.leased(lease)
         if deadline is None:
             self._metrics.observe_queue_wait(
                 self._model, self._principal.principal_ref, lease.waited_s
@@ -260,6 +282,7 @@ class RelayedRun:
         there."""
         metrics = self._metrics
         asked = attempts.chain[0]
+        self._why = failed.code
         if failed.code == wire_statuses.PROVIDER_BUSY:
             metrics.count_retry(asked, failed.code)
             return True
@@ -470,12 +493,17 @@ class RelayedRun:
         """Hand the request to fallback model `model_id`: its policy, its metrics."""
         self._metrics.count_fallback(self._request.model, model_id, reason)
         self._model = model_id
+        self._why = f"fallback from {self._request.model}: {reason}"
         pool_model = self._dispatcher.model_view(model_id, self._side)
         if pool_model is not None:
             apply_policy(self._request, pool_model.generation)
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
+        trace = self._trace
+        traceparent = self._traceparent
+        if trace is not None:
+            traceparent = trace.run_started(lease, self._model, self._why)
         stream = self._hub.run(
             RunRequest(
                 run_id=self._next_run_id(),
@@ -487,6 +515,7 @@ class RelayedRun:
                 long_context=self._long,
                 max_response_bytes=lease.snapshot.config.openai.max_response_bytes,
                 sse_chunks=request.stream,
+                traceparent=traceparent,
             )
         )
         await stream.__aenter__()
@@ -579,6 +608,8 @@ class RelayedRun:
         lease = self._lease
         assert lease is not None
         self.spent = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+        if self._trace is not None:
+            self._trace.usage(usage)
         self._metrics.count_usage(
             self._principal,
             self._model,

@@ -395,13 +395,21 @@ class UpstreamClient:
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self.closed = False
 
-    async def post(self, path: str, body: bytes, deadline: float | None = None) -> Response:
+    async def post(
+        self, path: str, body: bytes, deadline: float | None = None, head: bytes = b""
+    ) -> Response:
         """Send `body` to `path` (under the base URL's path) and wait for the status line;
-        `deadline` (Unix time) bounds the whole exchange, reads of the body included."""
-        return await self.send(b"POST", path, body, deadline)
+        `deadline` (Unix time) bounds the whole exchange, reads of the body included. `head`:
+        header lines of this request only (each ending in CRLF, checked by the caller)."""
+        return await self.send(b"POST", path, body, deadline, head)
 
     async def send(
-        self, method: bytes, path: str, body: bytes = b"", deadline: float | None = None
+        self,
+        method: bytes,
+        path: str,
+        body: bytes = b"",
+        deadline: float | None = None,
+        head: bytes = b"",
     ) -> Response:
         """`post` with another method (a stored response's GET and DELETE)."""
         loop = asyncio.get_running_loop()
@@ -410,9 +418,10 @@ class UpstreamClient:
         try:
             connection.begin()
             assert connection.transport is not None
-            request = b"%s %s HTTP/1.1\r\n%s%d\r\n\r\n" % (
+            request = b"%s %s HTTP/1.1\r\n%s%s%d\r\n\r\n" % (
                 method,
                 (self._prefix + path).encode("latin-1"),
+                head,
                 self._head,
                 len(body),
             )
