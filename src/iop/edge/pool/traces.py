@@ -86,7 +86,9 @@ class RequestTrace:
         """The request was parsed and its model found."""
         self.operation = tracing.OPERATIONS.get(kind, kind)
         document = request.document
-        max_tokens = document.get("max_completion_tokens", document.get("max_tokens"))
+        max_tokens = document.get(
+            "max_completion_tokens", document.get("max_tokens", document.get("max_output_tokens"))
+        )
         span = self._span
         span.update_name(f"{self.operation} {model}")
         span.set_attribute(tracing.OPERATION, self.operation)
