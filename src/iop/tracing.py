@@ -56,6 +56,7 @@ OPERATIONS: Final[Mapping[str, str]] = {
     "chat": "chat",
     "completion": "text_completion",
     "embedding": "embeddings",
+    "response": "chat",  # the Responses API: a chat, as the conventions' OpenAI spans name it
 }
 
 _provider: TracerProvider | None = None

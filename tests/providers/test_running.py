@@ -54,6 +54,14 @@ async def test_capacity_refuses_with_provider_busy(runner: Runner, wire_config) 
     assert not isinstance(second, RunFailed)
 
 
+async def test_a_stored_responses_lookup_takes_no_slot(runner: Runner, wire_config) -> None:
+    runner.apply(payload(wire_config, capacity=1))
+    assert not isinstance(runner.admit(request("a")), RunFailed)
+    lookup = RunRequest("b", "p1", "", "response_retrieve", b"", False, response_id="resp_1")
+    assert not isinstance(runner.admit(lookup), RunFailed)  # a busy server still answers it
+    assert isinstance(runner.admit(request("c")), RunFailed)
+
+
 async def test_long_runs_also_need_a_long_slot(runner: Runner, wire_config) -> None:
     runner.apply(payload(wire_config, capacity=4, long_context_slots=1))
     assert not isinstance(runner.admit(request("a", long=True)), RunFailed)

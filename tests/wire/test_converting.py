@@ -73,6 +73,23 @@ def test_requests_round_trip_with_relative_deadlines(deadline: float | None) -> 
         assert back.deadline is not None and 1_050 < back.deadline < 1_050.001
 
 
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "chat",
+        "completion",
+        "embedding",
+        "response",
+        "response_retrieve",
+        "response_delete",
+        "response_cancel",
+    ],
+)
+def test_every_kind_round_trips_with_its_response_id(kind) -> None:
+    request = RunRequest("r", "p", "served", kind, b"", False, response_id="resp_1")
+    assert request_from_proto(request_to_proto(request)) == request
+
+
 def test_payloads_round_trip_with_their_digest(wire_config) -> None:
     config = wire_config(
         [

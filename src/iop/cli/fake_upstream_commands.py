@@ -25,9 +25,9 @@ from iop.fakes import FAIL_MODES, FakeUpstream, FakeUpstreamSettings, GpuSetting
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the arguments of `iop fake-upstream` to its parser."""
     parser.description = (
-        "Serve /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings with "
-        "deterministic answers. Once listening it prints one JSON line on stdout: "
-        '{"listen": "HOST:PORT", "base_url": "http://HOST:PORT/v1", "pid": N}.'
+        "Serve /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings and "
+        "/v1/responses with deterministic answers. Once listening it prints one JSON line on "
+        'stdout: {"listen": "HOST:PORT", "base_url": "http://HOST:PORT/v1", "pid": N}.'
     )
     parser.add_argument("--listen", default="127.0.0.1:8000", help="host:port; port 0 picks one")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="time to the first token")

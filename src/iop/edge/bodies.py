@@ -1,14 +1,15 @@
 """OpenAI request bodies: validated, passed on as the client sent them.
 
-The pydantic models say what is checked: the fields the Edge reads or that a client most often
-gets wrong, with strict types; every other field passes through untouched (the raw document is
-what is forwarded). A body is first checked by hand against the same rules (`_conforms`: no
-objects built); only one that fails goes through the models, so every refusal names its field
-in their words. The Edge changes the document in exactly three ways: `model` becomes the served
-name, the model's generation policy applies, and an embeddings request gets only its `model`.
-The context class and the token limits read one estimate of every part the model reads. Before
-any of that a body's structure is bounded (`BodyBounds`) by counting its brackets and commas.
-docs/edge.md ("The API", "Dispatch") gives the rules.
+The pydantic models say what is checked (chat, completions, embeddings and the Responses API):
+the fields the Edge reads or that a client most often gets wrong, with strict types; every
+other field passes through untouched (the raw document is what is forwarded). A body is first
+checked by hand against the same rules (`_conforms`: no objects built); only one that fails
+goes through the models, so every refusal names its field in their words. The Edge changes the
+document in exactly three ways: `model` becomes the served name, the model's generation policy
+applies, and an embeddings request gets only its `model`. The context class and the token
+limits read one estimate of every part the model reads. Before any of that a body's structure
+is bounded (`BodyBounds`) by counting its brackets and commas. docs/edge.md ("The API",
+"Dispatch") gives the rules.
 """
 
 from __future__ import annotations
@@ -138,6 +139,14 @@ def _check_fields(
                 content = message.get("content") if isinstance(message, dict) else None
                 if isinstance(content, list):
                     _at_most(f"messages[{index}].content", len(content), bounds.content_parts)
+    elif kind == "response":
+        items = document.get("input")
+        if isinstance(items, list):
+            _at_most("input", len(items), bounds.inputs)
+            for index, item in enumerate(items):
+                content = item.get("content") if isinstance(item, dict) else None
+                if isinstance(content, list):
+                    _at_most(f"input[{index}].content", len(content), bounds.content_parts)
     else:
         name = "input" if kind == "embedding" else "prompt"
         value = document.get(name)
@@ -253,10 +262,65 @@ class EmbeddingBody(_Body):
     _input = field_validator("input")(_text_or_tokens)
 
 
-_MODELS: Final[dict[str, type[ChatCompletionBody] | type[CompletionBody] | type[EmbeddingBody]]] = {
+class ResponseBody(_Body):
+    """POST /v1/responses (OpenAI's Responses API). `input` is checked by hand
+    (`_input_problem`), so a refusal names the item and the part: `input[2].content[0]`."""
+
+    model: Annotated[str, Field(min_length=1)]
+    input: Any
+    instructions: str | None = None
+    stream: bool | None = None
+    max_output_tokens: Annotated[int | None, Field(ge=1)] = None
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[float | None, Field(ge=0, le=1)] = None
+    previous_response_id: Annotated[str | None, Field(min_length=1)] = None
+    store: bool | None = None
+    background: bool | None = None
+
+
+def _input_problem(value: Any) -> tuple[str, str] | None:
+    """What is wrong with a Responses `input`, as (its path, why); None when nothing is: text,
+    or input items (objects with a string `type` or `role`) whose `content` is text or content
+    parts (objects with a string `type`)."""
+    if type(value) is str:
+        return None
+    if type(value) is not list:
+        return "input", "must be a string or an array of input items"
+    for index, item in enumerate(value):
+        if type(item) is not dict:
+            return f"input[{index}]", "must be an object"
+        role = item.get("role")
+        kind = item.get("type")
+        if role is not None and (type(role) is not str or not role):
+            return f"input[{index}].role", "must be a non-empty string"
+        if kind is not None and (type(kind) is not str or not kind):
+            return f"input[{index}].type", "must be a non-empty string"
+        if role is None and kind is None:
+            return f"input[{index}]", "must have a string 'type' or 'role'"
+        content = item.get("content")
+        if content is None or type(content) is str:
+            continue
+        if type(content) is not list:
+            return f"input[{index}].content", "must be a string or an array of content parts"
+        for number, part in enumerate(content):
+            if type(part) is not dict or type(part.get("type")) is not str:
+                return (
+                    f"input[{index}].content[{number}]",
+                    "must be an object with a string 'type'",
+                )
+    return None
+
+
+_MODELS: Final[
+    dict[
+        str,
+        type[ChatCompletionBody] | type[CompletionBody] | type[EmbeddingBody] | type[ResponseBody],
+    ]
+] = {
     "chat": ChatCompletionBody,
     "completion": CompletionBody,
     "embedding": EmbeddingBody,
+    "response": ResponseBody,
 }
 
 
@@ -278,6 +342,8 @@ class ParsedRequest:
     policy_changes: list[tuple[str, Any]] | None = None
     #: The input-token estimate, once `estimate_tokens` made it.
     estimate: int | None = None
+    #: A Responses request's `previous_response_id`: the stored response it continues.
+    previous_response_id: str | None = None
 
     def encode(self, served_model: str) -> bytes:
         """The body to forward to a provider that serves the model as `served_model`.
@@ -313,10 +379,24 @@ def parse_request(kind: RunKind, raw: bytes, bounds: BodyBounds | None = None) -
             _MODELS[kind].model_validate(document)
         except ValidationError as exc:
             raise _bad_request(exc.errors(include_url=False)) from exc
+        if kind == "response" and (problem := _input_problem(document["input"])):
+            param, reason = problem
+            raise BadRequest(f"Invalid value for '{param}': {reason}.", param)
     model: str = document["model"]
     most = _most_tokens(len(raw), containers)
     if kind == "embedding":
         return ParsedRequest(kind, model, False, False, document, len(raw), most)
+    if kind == "response":
+        return ParsedRequest(
+            kind=kind,
+            model=model,
+            stream=bool(document.get("stream")),
+            include_usage=False,
+            document=document,
+            size=len(raw),
+            most_tokens=most,
+            previous_response_id=document.get("previous_response_id"),
+        )
     stream = bool(document.get("stream"))
     options = document.get("stream_options") if stream else None
     return ParsedRequest(
@@ -356,6 +436,20 @@ def _conforms(kind: RunKind, document: dict[str, Any]) -> bool:
             and (user is None or type(user) is str)
         )
     stream = get("stream")
+    if kind == "response":
+        instructions = get("instructions")
+        previous = get("previous_response_id")
+        return (
+            (stream is None or type(stream) is bool)
+            and (instructions is None or type(instructions) is str)
+            and (previous is None or (type(previous) is str and bool(previous)))
+            and _optional_int(get("max_output_tokens"), 1, None)
+            and _optional_number(get("temperature"), 2)
+            and _optional_number(get("top_p"), 1)
+            and _optional_bool(get("store"))
+            and _optional_bool(get("background"))
+            and _input_problem(get("input")) is None
+        )
     options = get("stream_options")
     if not (
         (stream is None or type(stream) is bool)
@@ -397,6 +491,10 @@ def _optional_int(value: Any, low: int, high: int | None) -> bool:
     return value is None or (
         type(value) is int and value >= low and (high is None or value <= high)
     )
+
+
+def _optional_bool(value: Any) -> bool:
+    return value is None or type(value) is bool
 
 
 def _optional_number(value: Any, high: int) -> bool:
@@ -475,9 +573,12 @@ def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
         changes.clear()
     cap = policy.max_tokens
     if cap is not None:
-        keys = (
-            ("max_completion_tokens", "max_tokens") if request.kind == "chat" else ("max_tokens",)
-        )
+        if request.kind == "chat":
+            keys: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+        elif request.kind == "response":
+            keys = ("max_output_tokens",)
+        else:
+            keys = ("max_tokens",)
         named = False
         for key in keys:
             value = document.get(key)
@@ -486,7 +587,7 @@ def apply_policy(request: ParsedRequest, policy: GenerationPolicy) -> None:
                 if value > cap:
                     _change(request, key, cap)
         if not named:
-            _change(request, "max_tokens", cap)
+            _change(request, keys[-1], cap)
     if policy.temperature is not None and document.get("temperature") is None:
         _change(request, "temperature", policy.temperature)
     if policy.top_p is not None and document.get("top_p") is None:
@@ -542,6 +643,8 @@ def estimate_tokens(request: ParsedRequest) -> int:
             value = document.get(key)
             if value is not None:
                 size += _json_len(value)
+    elif request.kind == "response":
+        size, tokens = _response_input(document)
     else:
         prompt = document["prompt" if request.kind == "completion" else "input"]
         for item in [prompt] if isinstance(prompt, str) else prompt:
@@ -553,6 +656,49 @@ def estimate_tokens(request: ParsedRequest) -> int:
                 tokens += len(item)
     request.estimate = tokens + -(-size // BYTES_PER_TOKEN)
     return request.estimate
+
+
+#: The top-level fields of a Responses request that the model reads besides its input.
+_RESPONSE_EXTRAS: Final = ("tools", "tool_choice", "text")
+#: An input item's fields that are not read as tokens.
+_ITEM_NOT_READ: Final = frozenset({"role", "content", "type", "id", "status"})
+
+
+def _response_input(document: dict[str, Any]) -> tuple[int, int]:
+    """(bytes of text, flat tokens) a Responses request gives its model: its instructions, its
+    input (text, or items: their text parts, media parts at a flat cost, any other field as
+    JSON, as a function call's arguments or output) and its tools."""
+    size = 0
+    tokens = 0
+    instructions = document.get("instructions")
+    if isinstance(instructions, str):
+        size += _utf8_len(instructions)
+    value = document["input"]  # validated: text or items
+    for item in [value] if isinstance(value, str) else value:
+        if isinstance(item, str):
+            size += _utf8_len(item)
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            size += _utf8_len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text")
+                kind = part["type"]
+                if isinstance(text, str):
+                    size += _utf8_len(text)
+                elif _MEDIA.search(kind) or kind == "input_file":
+                    tokens += MEDIA_PART_TOKENS
+                else:
+                    size += _json_len(part)
+        for key, field in item.items():
+            if key not in _ITEM_NOT_READ and field is not None:
+                size += _json_len(field)
+    for key in _RESPONSE_EXTRAS:
+        extra = document.get(key)
+        if extra is not None:
+            size += _json_len(extra)
+    return size, tokens
 
 
 def is_long(request: ParsedRequest, threshold_tokens: int) -> bool:

@@ -67,6 +67,23 @@ class ModelNotFound(EdgeError):
         self.model = model
 
 
+class ResponseNotFound(EdgeError):
+    """A stored response's retrieve, delete or cancel names an id this Edge never saw answered
+    (or has forgotten): it cannot know which server holds it (404 response_not_found)."""
+
+
+class ResponseHolderUnavailable(EdgeError):
+    """The server that holds a stored response cannot be reached: its provider is out of
+    dispatch now (503 response_holder_unavailable, worth a retry), or has left the config
+    (`gone`: 410 response_holder_gone, never worth one). `param` names the request's field
+    that referred to it, when one did."""
+
+    def __init__(self, message: str, *, gone: bool, param: str | None = None) -> None:
+        super().__init__(message)
+        self.gone = gone
+        self.param = param
+
+
 class NoProvider(EdgeError):
     """The model is in the catalog but no enabled provider can ever take this request."""
 

@@ -29,7 +29,7 @@ from .guardmetrics import GuardCollector
 from .http import AdminApp, AdminAuth, ClientGuard, HttpCaps, HttpServer, MetricsApp, OpenAIApp
 from .hub import Hub, HubCaps, NodeHub, NodeWait, PeerCount, Readiness, available_providers
 from .limits import Limiter
-from .pool import Dispatcher, Metrics, PoolSnapshot
+from .pool import Dispatcher, Metrics, PoolSnapshot, ResponseHomesCollector
 from .refresh import Refresher, RolloutCollector
 
 logger = logging.getLogger(__name__)
@@ -128,6 +128,7 @@ class EdgeServer(AsyncService):
         )
         self.caps = replace(HttpCaps.of(config.openai), reserved_files=hub_caps.connection_bound)
         self.metrics.registry.register(GuardCollector(self.guard, self.hub))
+        self.metrics.registry.register(ResponseHomesCollector(self.app.response_homes))
         self._listen = openai_listen or config.openai.listen
         self._grace = shutdown_grace_s
         self._server: HttpServer | None = None

@@ -658,8 +658,10 @@ class LimitStoreSection(Spec):
         str,
         restart_edge(
             "redis://host:port/db (rediss:// for TLS) of a Redis the Edge replicas share, so "
-            "every limit holds fleet-wide and budgets survive restarts; empty means each Edge "
-            "counts on its own. No credentials in it: see password_env.",
+            "every limit holds fleet-wide, budgets survive restarts and every replica finds "
+            "the server that holds a stored response of the Responses API; empty means each "
+            "Edge counts on its own (and knows only the responses answered through it). No "
+            "credentials in it: see password_env.",
             pattern=_REDIS_URL_PATTERN,
         ),
     ] = ""
@@ -1013,7 +1015,10 @@ class OpenAISection(Spec):
     ] = PrioritySection()
     limit_store: Annotated[
         LimitStoreSection,
-        restart_edge("Where the limits count: per Edge process, or in a shared Redis."),
+        restart_edge(
+            "Where the limits count (and where the replicas share which server holds each "
+            "stored response): per Edge process, or in a shared Redis."
+        ),
     ] = LimitStoreSection()
 
 

@@ -2,6 +2,8 @@
 
 - `answers`: OpenAI answers, shared by the `fake` adapter and the fake upstream; both send the
   same bytes for the same request, so a test can predict every one of them.
+- `responses`: OpenAI's Responses API answers (a response, its typed stream events) and the
+  responses a server keeps for `previous_response_id`, retrieve, delete and cancel.
 - `configs`: synthetic EdgeConfigs of a given size (nodes of four providers).
 - `upstream`: `FakeUpstream`, the fake OpenAI-compatible server (`iop fake-upstream`) that stands
   in for GPU servers: those answers (embeddings too) at a configurable latency and speed, and
@@ -22,6 +24,7 @@ from .answers import (
 )
 from .collector import FakeCollector
 from .configs import sized_spec
+from .responses import ResponseStore, parse_response_request
 from .simulating import GpuEngine, GpuSettings
 from .upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
 
@@ -34,9 +37,11 @@ __all__ = [
     "GpuEngine",
     "GpuSettings",
     "OpenAIError",
+    "ResponseStore",
     "embedding_response",
     "embedding_vector",
     "parse_request",
+    "parse_response_request",
     "sized_spec",
     "tokens",
 ]

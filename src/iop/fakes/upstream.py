@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, cast
+from urllib.parse import unquote
 
 import httptools
 import orjson
@@ -37,6 +38,7 @@ from .answers import (
     parse_request,
     tokens,
 )
+from .responses import ResponseAnswer, ResponseStore, parse_response_request
 from .simulating import GpuEngine, GpuSettings, render_answer, render_chat
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ _CHAT: Final = b"/v1/chat/completions"
 _COMPLETIONS: Final = b"/v1/completions"
 _MODELS: Final = b"/v1/models"
 _EMBEDDINGS: Final = b"/v1/embeddings"
+_RESPONSES: Final = b"/v1/responses"
 _DONE: Final = b"data: [DONE]\n\n"
 #: Most distinct bearer tokens `bearer_sha256` keeps.
 _MAX_BEARERS: Final = 64
@@ -330,6 +333,8 @@ class FakeUpstream(AsyncService):
         self._engine_wake = asyncio.Event()
         #: Simulated request id -> where its tokens go (a count per step, -1 at its end).
         self._sims: dict[int, asyncio.Queue[int]] = {}
+        #: The responses of `POST /v1/responses` it keeps (`previous_response_id`, retrieve).
+        self.responses = ResponseStore()
 
     async def start(self) -> int:
         """Listen; returns the bound port (useful with port 0)."""
@@ -398,6 +403,9 @@ class FakeUpstream(AsyncService):
                 self._refuse(connection, request, 405)
                 return
             await self._embed(connection, request)
+            return
+        if path == _RESPONSES or path.startswith(_RESPONSES + b"/"):
+            await self._responses(connection, request, path)
             return
         if path == b"/fake/reset" and request.method == b"POST":
             if self.stats.in_flight:
@@ -500,6 +508,129 @@ class FakeUpstream(AsyncService):
             connection.abort()
         else:
             connection._write_response(200, body, request.keep_alive)
+
+    async def _responses(self, connection: _Connection, request: _Request, path: bytes) -> None:
+        """`POST /v1/responses`, and a kept response's `GET`, `DELETE` and `POST .../cancel`."""
+        keep_alive = request.keep_alive
+        rest = path[len(_RESPONSES) + 1 :].decode("utf-8", "replace")
+        method = request.method
+        try:
+            if not rest:
+                if method != b"POST":
+                    self._refuse(connection, request, 405)
+                    return
+                await self._create_response(connection, request)
+                return
+            response_id, _, action = rest.partition("/")
+            response_id = unquote(response_id)
+            store = self.responses
+            if not action and method == b"GET":
+                body = store.retrieve(response_id)
+            elif not action and method == b"DELETE":
+                body = store.delete(response_id)
+            elif action == "cancel" and method == b"POST":
+                body = store.cancel(response_id)
+            else:
+                self._refuse(connection, request, 404)
+                return
+        except OpenAIError as refusal:
+            connection._write_response(refusal.status, refusal.body, keep_alive)
+            return
+        self.stats.lookups += 1
+        connection._write_response(200, body, keep_alive)
+
+    async def _create_response(self, connection: _Connection, request: _Request) -> None:
+        self.stats.completions += 1
+        answer = parse_response_request(
+            request.body,
+            default_tokens=self.settings.completion_tokens,
+            models=self.settings.models,
+            now=int(time.time()),
+            store=self.responses,
+        )
+        overrides = answer.overrides
+        latency = float(overrides.get("latency_ms", self.settings.latency_ms)) / 1000
+        speed = overrides.get("tokens_per_second", self.settings.tokens_per_second)
+        interval = 1 / float(speed) if speed else 0.0
+        fault, status = self._fault(overrides)
+        stats = self.stats
+        stats.in_flight += 1
+        stats.peak_in_flight = max(stats.peak_in_flight, stats.in_flight)
+        try:
+            if fault is not None:
+                stats.failures_injected += 1
+            if fault == "drop":
+                connection.abort()
+                return
+            if fault == "status":
+                if latency:
+                    await asyncio.sleep(latency)
+                message = f"The server had an error while processing your request (HTTP {status})."
+                connection._write_response(status, error_body(message), request.keep_alive)
+            elif answer.stream:
+                await self._stream_response(connection, request, answer, latency, interval, fault)
+            else:
+                delay = latency + interval * answer.output_tokens
+                if delay:
+                    await asyncio.sleep(delay)
+                body = answer.body()
+                if fault == "drop-mid-stream":
+                    connection.write_partial(200, body, request.keep_alive)
+                    connection.abort()
+                    return
+                if answer.store:
+                    self.responses.keep(answer.document())
+                connection._write_response(200, body, request.keep_alive)
+            if fault is None or fault == "status":
+                stats.completed += 1
+        except asyncio.CancelledError:
+            if connection.lost:
+                stats.disconnects += 1
+            raise
+        except ConnectionResetError:
+            stats.disconnects += 1
+        finally:
+            stats.in_flight -= 1
+
+    async def _stream_response(
+        self,
+        connection: _Connection,
+        request: _Request,
+        answer: ResponseAnswer,
+        latency: float,
+        interval: float,
+        fault: FailMode | None,
+    ) -> None:
+        """The typed events of a streamed response; kept as in progress from its first event
+        (so it can be retrieved or cancelled meanwhile), as it ended at its last."""
+        loop = asyncio.get_running_loop()
+        out = [connection.start_stream(request.keep_alive)]
+        if latency:
+            await connection.write(b"".join(out))
+            out.clear()
+            await asyncio.sleep(latency)
+        if answer.store:
+            self.responses.keep(answer.document(final=False))
+        out += [_chunked_event(event) for event in answer.opening_events()]
+        start = loop.time()
+        drop_at = answer.output_tokens // 2 if fault == "drop-mid-stream" else -1
+        for index, token in enumerate(tokens(answer.output_tokens)):
+            if index == drop_at:
+                await connection.write(b"".join(out))
+                connection.abort()
+                return
+            if interval and index:
+                await connection.write(b"".join(out))
+                out.clear()
+                await asyncio.sleep(max(0.0, start + index * interval - loop.time()))
+            out += [_chunked_event(event) for event in answer.delta_events((token,), index)]
+        out += [_chunked_event(event) for event in answer.closing_events()]
+        out.append(b"0\r\n\r\n")
+        if answer.store:
+            cancelled = self.responses.status(answer.id) == "cancelled"
+            if not cancelled:
+                self.responses.keep(answer.document())
+        await connection.write(b"".join(out))
 
     def _refuse(self, connection: _Connection, request: _Request, status: int) -> None:
         method = request.method.decode()
@@ -693,6 +824,11 @@ class FakeUpstream(AsyncService):
             out += _stream_chunks(completion, (token,))
         out += _stream_end(completion)
         await connection.write(b"".join(out))
+
+
+def _chunked_event(event: bytes) -> bytes:
+    """One whole SSE event (its `event:` and `data:` lines) as one HTTP/1.1 chunk."""
+    return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 def _stream_chunks(

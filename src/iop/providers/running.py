@@ -28,6 +28,7 @@ from iop.edgeconfig import NodePayload, ProviderPayload, UpstreamPolicy
 from iop.wire import (
     ADAPTER_ERROR,
     DRAINING,
+    RESPONSE_LOOKUPS,
     TERMINAL_EVENTS,
     DrainProgress,
     ProviderHealth,
@@ -471,7 +472,10 @@ class Runner:
             )
         pid = request.provider_id
         payload = provision.payload
-        if self._in_flight.get(pid, 0) >= payload.capacity:
+        # A stored response's retrieve, delete or cancel is a lookup, not a generation: it
+        # takes no slot (a busy server still answers it), though it is counted while it runs.
+        busy = self._in_flight.get(pid, 0) >= payload.capacity
+        if busy and request.kind not in RESPONSE_LOOKUPS:
             return statuses.failure(
                 statuses.PROVIDER_BUSY,
                 f"provider {pid} is at capacity ({payload.capacity} runs, across all Edges)",

@@ -50,6 +50,7 @@ from .nodestates import (
 from .pumping import StreamPump
 from .runs import (
     DEFAULT_MAX_RESPONSE_BYTES,
+    RESPONSE_LOOKUPS,
     TERMINAL_EVENTS,
     ProviderHealth,
     RunChunk,
@@ -76,6 +77,7 @@ __all__ = [
     "PROBE_FAILED",
     "PROTOCOL_VERSION",
     "REQUEST_FAILURES",
+    "RESPONSE_LOOKUPS",
     "TERMINAL_EVENTS",
     "UNSPECIFIED",
     "ClientTls",

@@ -39,11 +39,19 @@ _KIND_TO_PROTO: Final[dict[str, pb.RunKind.ValueType]] = {
     "chat": pb.RUN_KIND_CHAT,
     "completion": pb.RUN_KIND_COMPLETION,
     "embedding": pb.RUN_KIND_EMBEDDING,
+    "response": pb.RUN_KIND_RESPONSE,
+    "response_retrieve": pb.RUN_KIND_RESPONSE_RETRIEVE,
+    "response_delete": pb.RUN_KIND_RESPONSE_DELETE,
+    "response_cancel": pb.RUN_KIND_RESPONSE_CANCEL,
 }
 _KIND_FROM_PROTO: Final[dict[int, RunKind]] = {
     pb.RUN_KIND_CHAT: "chat",
     pb.RUN_KIND_COMPLETION: "completion",
     pb.RUN_KIND_EMBEDDING: "embedding",
+    pb.RUN_KIND_RESPONSE: "response",
+    pb.RUN_KIND_RESPONSE_RETRIEVE: "response_retrieve",
+    pb.RUN_KIND_RESPONSE_DELETE: "response_delete",
+    pb.RUN_KIND_RESPONSE_CANCEL: "response_cancel",
 }
 #: A deadline already past still travels as a tiny positive timeout (0 means none on the wire).
 _EXPIRED: Final = 1e-6
@@ -66,6 +74,7 @@ def request_to_proto(request: RunRequest, now: float | None = None) -> pb.RunReq
         max_response_bytes=request.max_response_bytes or 0,
         sse_chunks=request.sse_chunks,
         traceparent=request.traceparent or "",
+        response_id=request.response_id,
     )
 
 
@@ -92,6 +101,7 @@ def request_from_proto(message: pb.RunRequest, now: float | None = None) -> RunR
         max_response_bytes=message.max_response_bytes or None,
         sse_chunks=message.sse_chunks,
         traceparent=valid_traceparent(message.traceparent),
+        response_id=message.response_id,
     )
 
 

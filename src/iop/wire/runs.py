@@ -14,8 +14,22 @@ from typing import Final, Literal, TypeAlias
 #: Edge's `openai.max_response_bytes`, and what a Node applies for an Edge that predates it).
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 
-#: The OpenAI endpoint a run is for: /v1/chat/completions, /v1/completions or /v1/embeddings.
-RunKind: TypeAlias = Literal["chat", "completion", "embedding"]
+#: The OpenAI endpoint a run is for: /v1/chat/completions, /v1/completions, /v1/embeddings,
+#: /v1/responses, or a stored response's retrieve, delete or cancel.
+RunKind: TypeAlias = Literal[
+    "chat",
+    "completion",
+    "embedding",
+    "response",
+    "response_retrieve",
+    "response_delete",
+    "response_cancel",
+]
+#: The kinds that act on a stored response (`RunRequest.response_id`) rather than generate: they
+#: take no capacity slot on their provider.
+RESPONSE_LOOKUPS: Final[frozenset[str]] = frozenset(
+    {"response_retrieve", "response_delete", "response_cancel"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +43,8 @@ class RunRequest:
     one of the provider's long-context slots too. `max_response_bytes` bounds the answer the
     Node reads and sends (a whole body, or one event of a stream); None: the Node's default,
     `DEFAULT_MAX_RESPONSE_BYTES`. `sse_chunks`: the Edge takes a stream's chunks as whole
-    server-sent events (`RunChunk.sse`).
+    server-sent events (`RunChunk.sse`). `response_id`: the stored response a lookup kind
+    (`RESPONSE_LOOKUPS`) is for; its body is empty.
     """
 
     run_id: str
@@ -44,6 +59,7 @@ class RunRequest:
     sse_chunks: bool = False
     #: The W3C `traceparent` the run continues (`iop.tracing`), well formed; None: no trace.
     traceparent: str | None = None
+    response_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

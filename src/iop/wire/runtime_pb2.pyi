@@ -85,6 +85,17 @@ class _RunKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunKind.Value
     """POST /completions"""
     RUN_KIND_EMBEDDING: _RunKind.ValueType  # 3
     """POST /embeddings (never streams)"""
+    RUN_KIND_RESPONSE: _RunKind.ValueType  # 4
+    """POST /responses (OpenAI's Responses API)"""
+    RUN_KIND_RESPONSE_RETRIEVE: _RunKind.ValueType  # 5
+    """The stored response `response_id` names, at the server that holds it (the Edge sends these
+    only to that server's provider; they take no capacity slot: a lookup, not a generation).
+    GET /responses/{response_id}
+    """
+    RUN_KIND_RESPONSE_DELETE: _RunKind.ValueType  # 6
+    """DELETE /responses/{response_id}"""
+    RUN_KIND_RESPONSE_CANCEL: _RunKind.ValueType  # 7
+    """POST /responses/{response_id}/cancel"""
 
 class RunKind(_RunKind, metaclass=_RunKindEnumTypeWrapper): ...
 
@@ -95,6 +106,17 @@ RUN_KIND_COMPLETION: RunKind.ValueType  # 2
 """POST /completions"""
 RUN_KIND_EMBEDDING: RunKind.ValueType  # 3
 """POST /embeddings (never streams)"""
+RUN_KIND_RESPONSE: RunKind.ValueType  # 4
+"""POST /responses (OpenAI's Responses API)"""
+RUN_KIND_RESPONSE_RETRIEVE: RunKind.ValueType  # 5
+"""The stored response `response_id` names, at the server that holds it (the Edge sends these
+only to that server's provider; they take no capacity slot: a lookup, not a generation).
+GET /responses/{response_id}
+"""
+RUN_KIND_RESPONSE_DELETE: RunKind.ValueType  # 6
+"""DELETE /responses/{response_id}"""
+RUN_KIND_RESPONSE_CANCEL: RunKind.ValueType  # 7
+"""POST /responses/{response_id}/cancel"""
 Global___RunKind: _TypeAlias = RunKind  # noqa: Y015
 
 @_typing.final
@@ -792,6 +814,7 @@ class RunRequest(_message.Message):
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _builtins.int
     SSE_CHUNKS_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     provider_id: _builtins.str
     served_model: _builtins.str
@@ -823,6 +846,10 @@ class RunRequest(_message.Message):
     (`traceparent`, version 00): the Edge's span of this run when the Edge traces, else the
     client's header as it came. Empty: none. A Node drops a value that is not well formed.
     """
+    response_id: _builtins.str
+    """The stored response a retrieve, delete or cancel run is for (RUN_KIND_RESPONSE_*); empty
+    for every other kind. A Node that predates these kinds refuses such a run (unknown kind).
+    """
     def __init__(
         self,
         *,
@@ -837,10 +864,11 @@ class RunRequest(_message.Message):
         max_response_bytes: _builtins.int = ...,
         sse_chunks: _builtins.bool = ...,
         traceparent: _builtins.str = ...,
+        response_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "sse_chunks", b"sse_chunks", "stream", b"stream", "timeout_s", b"timeout_s", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "response_id", b"response_id", "run_id", b"run_id", "served_model", b"served_model", "sse_chunks", b"sse_chunks", "stream", b"stream", "timeout_s", b"timeout_s", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -331,7 +331,7 @@ class PoolMachine(RuleBasedStateMachine):
         snapshot = self.dispatcher.snapshot
         split = self.dispatcher.split
         available = self.dispatcher.available
-        for (model, long, stable_view), queue in self.dispatcher._queues.items():
+        for (model, long, stable_view, _), queue in self.dispatcher._queues.items():
             assert queue
             assert not stable_view or (split is not None and model in split.shared)
             view = split.stable if stable_view and split is not None else snapshot

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API, as an app of the Edge's own HTTP server (`http/server.py`).
 
 `OpenAIApp` serves `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/healthz` and `/readyz` (docs/edge.md, "The API"). A completion goes: auth -> body (413 past
+`/v1/responses` (and a stored response's retrieve, delete and cancel, on the provider that holds
+it: `pool/responsehomes.py`), `/healthz` and `/readyz` (docs/edge.md, "The API", "The Responses
+API"). A completion goes: auth -> body (413 past
 the limit, from its Content-Length or as it grows) -> JSON and field validation -> model lookup
 -> generation policy and context class -> the limits (`Limiter`) -> `Relay` (slot, run,
 events); every failure is an `EdgeError` rendered by `http/responses.py`. A client that
@@ -13,6 +15,7 @@ and its slot. No framework and no ASGI: each measured as a layer per request on 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -22,34 +25,45 @@ import orjson
 
 from iop import tracing
 from iop.aiokits import LogThrottle
-from iop.wire import RunChunk, RunDone, RunFailed, RunKind
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind, RunRequest
+from iop.wire import statuses as wire_statuses
 
 from ..authenticating import Authenticator, Principal
 from ..bodies import BodyBounds, ParsedRequest, apply_policy, is_long, parse_request
 from ..errors import (
+    BadRequest,
     EdgeError,
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
     ProviderFailed,
+    ResponseHolderUnavailable,
+    ResponseNotFound,
     RouteNotFound,
 )
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
 from ..limits import NO_GRANT, Grant, Limiter
 from ..pool import (
+    CANDIDATE,
     CLASS_HEADER,
     MAX_WAIT_HEADER,
     STABLE,
     Dispatcher,
     Metrics,
+    PoolModel,
     PoolSnapshot,
     Relay,
     RelayedRun,
     RequestTrace,
+    ResponseHome,
+    ResponseHomes,
+    Side,
+    answer_id,
+    stream_id,
 )
 from .exchanges import ClientGone, Exchange
-from .responses import answer_error, error_event, provider_failed
+from .responses import answer_error, error_event, provider_failed, typed_error_event
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +83,21 @@ _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/responses": "response",
 }
+_RESPONSES: Final = "/v1/responses/"
+#: A run's failures that say its provider cannot be reached (rather than that it answered).
+_UNREACHABLE: Final = frozenset(
+    {
+        wire_statuses.UPSTREAM_UNAVAILABLE,
+        wire_statuses.NODE_UNAVAILABLE,
+        wire_statuses.NODE_DISCONNECTED,
+        wire_statuses.NOT_ACCEPTED,
+        wire_statuses.UNKNOWN_PROVIDER,
+        wire_statuses.PROVIDER_UNHEALTHY,
+        wire_statuses.EDGE_STOPPING,
+    }
+)
 
 
 class OpenAIApp:
@@ -87,6 +115,7 @@ class OpenAIApp:
         ready: Callable[[], Readiness],
         limiter: Limiter | None = None,
         body_bounds: BodyBounds | None = None,
+        response_homes: ResponseHomes | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._limiter = limiter
@@ -97,6 +126,8 @@ class OpenAIApp:
         self._max_request_bytes = max_request_bytes
         self._body_bounds = body_bounds or BodyBounds()
         self._ready = ready
+        #: Which provider holds each stored response that passed through (the Responses API).
+        self.response_homes = response_homes if response_homes is not None else ResponseHomes()
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
         self._bugs = LogThrottle(logger)
 
@@ -123,6 +154,9 @@ class OpenAIApp:
                 await self._completion(completion, exchange)
             else:
                 self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
+            return
+        if path.startswith(_RESPONSES):
+            await self._stored_response(exchange, path, method)
             return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/readyz") or path.startswith("/v1/models/"):
@@ -230,6 +264,11 @@ class OpenAIApp:
             if pool_model is None:
                 raise ModelNotFound(request.model)
             model = pool_model.id
+            home = ""
+            if request.previous_response_id is not None:
+                home, pool_model, side = await self._continued(
+                    request.previous_response_id, model, pool_model, side
+                )
             apply_policy(request, pool_model.generation)
             long = is_long(request, snapshot.long_context_threshold_tokens)
             priority = snapshot.priorities.resolve(
@@ -246,19 +285,32 @@ class OpenAIApp:
             assert task is not None
             gone.task = task
             exchange.on_gone(gone)
-            relayed = self._relay.open(request, long, principal, side, priority, trace, traceparent)
+            relayed = self._relay.open(
+                request, long, principal, side, priority, trace, traceparent, home
+            )
             async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
                 if trace is not None and run.lease is not None:
                     trace.answered_by(model, provider, run.lease.served_model)
+                failed = functools.partial(
+                    self._run_failed, continued=request.previous_response_id, run=run
+                )
                 if request.stream:
                     status = await self._stream(
-                        run, exchange, arrived, model, request.include_usage, grant.headers, trace
+                        run,
+                        exchange,
+                        arrived,
+                        model,
+                        request.include_usage,
+                        grant.headers,
+                        trace,
+                        kind,
+                        failed,
                     )
                 else:
                     status = await self._respond(
-                        run, exchange, arrived, model, grant.headers, trace
+                        run, exchange, arrived, model, grant.headers, trace, kind, failed
                     )
         except EdgeError as error:
             exchange.on_gone(None)  # what comes next is the end of this answer
@@ -293,6 +345,8 @@ class OpenAIApp:
         model: str,
         headers: _Headers,
         trace: RequestTrace | None,
+        kind: RunKind = "chat",
+        failed: Callable[[RunFailed], EdgeError] = provider_failed,
     ) -> int:
         """A non-streaming answer: the Node's one chunk is the whole body."""
         body = b""
@@ -303,12 +357,14 @@ class OpenAIApp:
                 if trace is not None:
                     trace.first_token()
             elif isinstance(event, RunDone):
+                if kind == "response" and (response_id := answer_id(body)) is not None:
+                    self._record_home(response_id, run.provider_id, model)
                 exchange.respond(200, body, headers=headers)
                 if trace is not None:
                     trace.finished(event.finish_reason)
                 return 200
             elif isinstance(event, RunFailed):
-                return self._refuse(exchange, provider_failed(event))
+                return self._refuse(exchange, failed(event))
         return self._refuse(exchange, _ended_early())
 
     async def _stream(
@@ -320,9 +376,12 @@ class OpenAIApp:
         include_usage: bool,
         headers: _Headers,
         trace: RequestTrace | None,
+        kind: RunKind = "chat",
+        failed: Callable[[RunFailed], EdgeError] = provider_failed,
     ) -> int:
         """An SSE answer: one `data:` event per chunk object (a Node's chunk of whole events,
-        `sse`, as it is), then `data: [DONE]`.
+        `sse`, as it is), then `data: [DONE]`; a Responses stream's typed events as they are,
+        with no `[DONE]` (its last event ends it), its id recorded from its first.
 
         The events that arrived while the previous write was under way go out in one write, as
         the wire's writers do: a stream the Edge keeps up with is written event by event, one it
@@ -331,6 +390,9 @@ class OpenAIApp:
         """
         started = False
         start_headers = [*_SSE_HEADERS, *headers] if headers else _SSE_HEADERS
+        typed = kind == "response"
+        done = b"" if typed else _DONE
+        failure_event = typed_error_event if typed else error_event
         async for first in run:
             parts: list[bytes] = []
             for event in (first, *run.take_ready()):
@@ -342,6 +404,8 @@ class OpenAIApp:
                         self._metrics.observe_first_token(
                             model, time.perf_counter() - arrived, run.side
                         )
+                        if typed and (response_id := stream_id(event.data)) is not None:
+                            self._record_home(response_id, run.provider_id, model)
                         if trace is not None:
                             trace.first_token()
                         exchange.start(200, start_headers)
@@ -351,14 +415,14 @@ class OpenAIApp:
                         exchange.start(200, start_headers)
                     if trace is not None:
                         trace.finished(event.finish_reason)
-                    parts.append(_DONE)
+                    parts.append(done)
                     await exchange.end(b"".join(parts))
                     return 200
                 elif isinstance(event, RunFailed):
-                    error = provider_failed(event)
+                    error = failed(event)
                     if not started:
                         return self._refuse(exchange, error)
-                    status, data = error_event(error)
+                    status, data = failure_event(error)
                     parts.append(data)
                     await exchange.end(b"".join(parts))
                     return status
@@ -366,7 +430,7 @@ class OpenAIApp:
                 await exchange.write(b"".join(parts))
         if not started:
             return self._refuse(exchange, _ended_early())
-        status, data = error_event(_ended_early())
+        status, data = failure_event(_ended_early())
         await exchange.end(data)
         return status
 
@@ -385,6 +449,187 @@ class OpenAIApp:
             raise
         trace.limits(began)
         return grant
+
+    # -- stored responses (the Responses API) ---------------------------------------------------
+
+    @staticmethod
+    def _run_failed(failed: RunFailed, *, continued: str | None, run: RelayedRun) -> EdgeError:
+        """The error of a failed run; for a continuation whose holder cannot be reached, one
+        that names the response (no other server holds it: a retry elsewhere cannot help)."""
+        if continued is None or failed.code not in _UNREACHABLE:
+            return provider_failed(failed)
+        return ResponseHolderUnavailable(
+            f"The response '{continued}' is held by provider `{run.provider_id}`, which "
+            f"cannot be reached now ({failed.message}); no other server holds it. Retry later.",
+            gone=False,
+            param="previous_response_id",
+        )
+
+    def _record_home(self, response_id: str, provider_id: str, model_id: str) -> None:
+        self.response_homes.record(response_id, provider_id, model_id)
+        if self._limiter is not None:  # the other replicas learn it through the shared store
+            self._limiter.share_home(response_id, provider_id, model_id)
+
+    async def _find_home(self, response_id: str) -> ResponseHome | None:
+        """Where a stored response lives: as this Edge recorded it, else as another replica
+        did (the shared store's, when there is one)."""
+        home = self.response_homes.find(response_id)
+        if home is not None or self._limiter is None:
+            return home
+        shared = await self._limiter.shared_home(response_id)
+        if shared is None:
+            return None
+        self.response_homes.record(response_id, *shared)
+        return ResponseHome(*shared)
+
+    async def _continued(
+        self, response_id: str, model: str, pool_model: PoolModel, side: Side
+    ) -> tuple[str, PoolModel, Side]:
+        """The provider that holds the response a request continues (`previous_response_id`),
+        which must serve the request's model (the view of it and the side: while a change is
+        on trial, the revision whose view has that provider, its own first); or the clear
+        error why it cannot run there."""
+        param = "previous_response_id"
+        home = await self._find_home(response_id)
+        if home is None:
+            raise BadRequest(
+                f"Previous response with id '{response_id}' not found: it was not answered "
+                "through this Edge, or so long ago that the Edge no longer remembers which "
+                f"server holds it (it remembers the last {self.response_homes.limit}). Send "
+                "the conversation's whole input instead.",
+                param,
+                code="previous_response_not_found",
+            )
+        self._reachable(home, response_id, param)
+        other = CANDIDATE if side == STABLE else STABLE
+        views = [(pool_model, side)]
+        if self._dispatcher.split is not None:
+            other_view = self._dispatcher.model_view(model, other)
+            if other_view is not None:
+                views.append((other_view, other))
+        for view, view_side in views:
+            if any(c.provider.id == home.provider_id for c in view.candidates):
+                return home.provider_id, view, view_side
+        raise BadRequest(
+            f"Previous response '{response_id}' is held by provider `{home.provider_id}`, "
+            f"which does not serve model `{model}`: continue it with a model that "
+            f"provider serves (it was answered as `{home.model_id}`).",
+            "model",
+            code="previous_response_model_mismatch",
+        )
+
+    def _reachable(self, home: ResponseHome, response_id: str, param: str | None) -> None:
+        """Refuse, naming the response, when the provider that holds it has left the config
+        (410: it never comes back) or is out of dispatch now (503: it may)."""
+        dispatcher = self._dispatcher
+        provider = home.provider_id
+        if provider not in dispatcher.snapshot.providers:
+            raise ResponseHolderUnavailable(
+                f"The response '{response_id}' is held by provider `{provider}`, which is no "
+                "longer in the Edge's config: it cannot be continued, retrieved, deleted or "
+                "cancelled through this Edge.",
+                gone=True,
+                param=param,
+            )
+        if provider not in dispatcher.available:
+            raise ResponseHolderUnavailable(
+                f"The response '{response_id}' is held by provider `{provider}`, which is not "
+                "available now (its node is not connected, or the provider is unhealthy or "
+                "disabled); no other server holds it. Retry later.",
+                gone=False,
+                param=param,
+            )
+
+    async def _stored_response(self, exchange: Exchange, path: str, method: str) -> None:
+        """`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, sent to the
+        provider that holds the response (a lookup: no slot, no limit, no retry elsewhere)."""
+        response_id, _, action = path.removeprefix(_RESPONSES).partition("/")
+        kind: RunKind
+        if not response_id or action not in ("", "cancel"):
+            self._refuse(exchange, RouteNotFound(f"Invalid URL ({method} {path})"))
+            return
+        if action == "cancel":
+            if method != "POST":
+                self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
+                return
+            kind = "response_cancel"
+        elif method in ("GET", "HEAD"):
+            kind = "response_retrieve"
+        elif method == "DELETE":
+            kind = "response_delete"
+        else:
+            self._refuse(exchange, MethodNotAllowed(f"Use GET or DELETE {path}.", "GET, DELETE"))
+            return
+        principal: Principal | None = None
+        model = ""
+        provider = ""
+        status = 200
+        gone = _Disconnect()
+        try:
+            principal = exchange.principal or self._authenticator.authenticate(
+                exchange.header(b"authorization")
+            )
+            if kind == "response_retrieve" and b"stream=true" in exchange.query:
+                raise BadRequest(
+                    "Streaming a stored response again (`stream=true`) is not served through "
+                    "the Edge: retrieve it whole.",
+                    "stream",
+                )
+            home = await self._find_home(response_id)
+            if home is None:
+                raise ResponseNotFound(
+                    f"No response with id '{response_id}' is known to this Edge: it was not "
+                    "answered through it, or so long ago that the Edge no longer remembers "
+                    f"which server holds it (it remembers the last {self.response_homes.limit})."
+                )
+            self._reachable(home, response_id, None)
+            provider = home.provider_id
+            if home.model_id in self._dispatcher.snapshot.models:
+                model = home.model_id
+            task = asyncio.current_task()
+            assert task is not None
+            gone.task = task
+            exchange.on_gone(gone)
+            request = RunRequest(
+                run_id=self._relay.next_run_id(),
+                provider_id=provider,
+                served_model="",
+                kind=kind,
+                body=b"",
+                stream=False,
+                max_response_bytes=self._dispatcher.snapshot.config.openai.max_response_bytes,
+                response_id=response_id,
+            )
+            status = await self._look_up(request, exchange)
+        except EdgeError as error:
+            exchange.on_gone(None)
+            status = self._refuse(exchange, error)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if gone.seen and task is not None and task.uncancel() == 0:
+                status = _CLIENT_GONE
+            else:
+                raise
+        finally:
+            exchange.on_gone(None)
+            self._metrics.count_request(principal, model, provider, status)
+
+    async def _look_up(self, request: RunRequest, exchange: Exchange) -> int:
+        body = b""
+        async with self._hub.run(request) as run:
+            async for event in run:
+                if isinstance(event, RunChunk):
+                    body += event.data
+                elif isinstance(event, RunDone):
+                    if request.kind == "response_delete":
+                        self.response_homes.forget(request.response_id)
+                        if self._limiter is not None:
+                            self._limiter.unshare_home(request.response_id)
+                    exchange.respond(200, body)
+                    return 200
+                elif isinstance(event, RunFailed):
+                    return self._refuse(exchange, provider_failed(event))
+        return self._refuse(exchange, _ended_early())
 
     def _too_large(self) -> PayloadTooLarge:
         limit = self._max_request_bytes

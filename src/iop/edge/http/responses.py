@@ -37,6 +37,8 @@ from ..errors import (
     QueueFull,
     QueueTimeout,
     RateLimited,
+    ResponseHolderUnavailable,
+    ResponseNotFound,
     RouteNotFound,
     Shed,
     TooManyConnections,
@@ -118,6 +120,18 @@ def _class_shape(error: EdgeError) -> tuple[int, str, str | None, str | None, He
         )
     if isinstance(error, NoProvider):
         return 503, "service_unavailable_error", "no_provider", None, []
+    if isinstance(error, ResponseNotFound):
+        return 404, "invalid_request_error", "response_not_found", None, []
+    if isinstance(error, ResponseHolderUnavailable):
+        if error.gone:
+            return 410, "invalid_request_error", "response_holder_gone", error.param, []
+        return (
+            503,
+            "service_unavailable_error",
+            "response_holder_unavailable",
+            error.param,
+            [_retry_after(1.0)],
+        )
     if isinstance(error, HeadersTooLarge):
         return 431, "invalid_request_error", "request_header_fields_too_large", None, []
     if isinstance(error, HeaderTimeout):
@@ -182,6 +196,22 @@ def error_event(error: EdgeError) -> tuple[int, bytes]:
     """A failure after a stream began: its status (for metrics) and the SSE event to send."""
     status, kind, code, param, _ = _shape(error)
     return status, b"data: " + _body(error, kind, code, param) + b"\n\n"
+
+
+def typed_error_event(error: EdgeError) -> tuple[int, bytes]:
+    """`error_event` for a stream of typed events (the Responses API): an `error` event, with
+    the fields of OpenAI's and its `error` object too (which the official clients raise)."""
+    status, kind, code, param, _ = _shape(error)
+    body = orjson.dumps(
+        {
+            "type": "error",
+            "code": code,
+            "message": error.message,
+            "param": param,
+            "error": {"message": error.message, "type": kind, "param": param, "code": code},
+        }
+    )
+    return status, b"event: error\ndata: " + body + b"\n\n"
 
 
 def provider_failed(failed: RunFailed) -> ProviderFailed:

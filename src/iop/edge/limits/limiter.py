@@ -134,6 +134,35 @@ class Limiter:
         if self.store is not None:
             await self.store.start()
 
+    # -- where stored responses live, for every replica (the Responses API) -------------------
+
+    def share_home(self, response_id: str, provider_id: str, model_id: str) -> None:
+        """Tell the other replicas (through the shared store, when there is one) which
+        provider holds a stored response."""
+        if self.store is not None:
+            self.store.keep_home(response_id, f"{provider_id}\t{model_id}")
+
+    def unshare_home(self, response_id: str) -> None:
+        if self.store is not None:
+            self.store.forget_home(response_id)
+
+    async def shared_home(self, response_id: str) -> tuple[str, str] | None:
+        """(provider id, model id) of a stored response another replica recorded; None when
+        none did, there is no shared store, or it cannot be asked now."""
+        if self.store is None:
+            return None
+        try:
+            found = await self.store.find_home(response_id)
+        except LimitStoreError as exc:
+            self._store_errors.warning(
+                "the limit store could not say where response %r lives: %s", response_id, exc
+            )
+            return None
+        if found is None or "\t" not in found:
+            return None
+        provider_id, model_id = found.split("\t", 1)
+        return provider_id, model_id
+
     async def stop(self) -> None:
         if self.store is not None:
             await self.store.stop()

@@ -7,7 +7,9 @@ request's end (`settle`) rides along with the next admission's write, or goes wi
 pipeline, and is tried again until it lands or its lease expires. A place of `max_concurrent` is
 a lease the replica renews while the request runs, which the store prunes once expired; an
 admission whose call failed is cancelled by its lease id. Every Redis failure becomes
-`LimitStoreError` here, once; the limiter then counts in its own process for a while.
+`LimitStoreError` here, once; the limiter then counts in its own process for a while. The same
+store keeps which provider holds each stored response of the Responses API (`keep_home`,
+`find_home`), so that every replica finds it: a write that rides along as an end does.
 docs/edge.md, "Limits per principal" ("Across Edge replicas", "Inside the store"), says why a
 shared store, and how its keys are kept; docs/reliability.md, "Shared limits when the store
 stalls", what a stall costs; docs/benchmarks.md has the figures.
@@ -47,6 +49,10 @@ SETTLE_DELAY_S: Final = 0.002
 SETTLE_RETRY_S: Final = 0.25
 #: At most this many leases renewed in one script call.
 _RENEW_BATCH: Final = 512
+#: Seconds a response's home is kept in the store after it was recorded.
+HOME_TTL_S: Final = 7 * 24 * 3600
+#: Most home writes queued while the store does not answer (the oldest are dropped past it).
+_MAX_NOTES: Final = 10_000
 
 _NONE: Final = "-1"
 
@@ -252,6 +258,8 @@ class RedisCounters:
         #: The leases of requests in progress that hold places: their scopes and expiry.
         self._held: dict[str, tuple[tuple[str, ...], float]] = {}
         self._pending: list[_Settlement] = []
+        #: Plain writes (a response's home) that ride along with the next pipeline.
+        self._notes: list[tuple[Any, ...]] = []
         self._wake = asyncio.Event()
         self._sending = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -313,11 +321,17 @@ class RedisCounters:
             ]
         # Request ends waiting to be sent go in the same write (one round trip for both).
         ended = self._take_pending()
-        commands = [*self._settle_commands(ended), self._redis.evalsha_command(self._admit, args)]
+        notes = self._take_notes()
+        commands = [
+            *notes,
+            *self._settle_commands(ended),
+            self._redis.evalsha_command(self._admit, args),
+        ]
         try:
             reply = (await self._pipeline(commands))[-1]
         except (RedisError, LimitStoreError) as exc:
             self._pending[:0] = ended  # tried again with the next admission or by the flusher
+            self._put_back(notes)
             if take:  # Redis may still run it when it wakes: what it takes is given back
                 self._pending.append(
                     _Settlement(lease, tuple(checks), 0, 0, now, now, expires, cancel=True)
@@ -361,6 +375,38 @@ class RedisCounters:
         until = held[1] if held is not None else now + LEASE_S
         self._pending.append(_Settlement(lease, checks, taken, spent, started, now, until))
         self._wake.set()
+
+    # -- where stored responses live (the Responses API) --------------------------------------
+
+    def keep_home(self, response_id: str, home: str) -> None:
+        """Record where a stored response lives (`home`: its provider and model, as text), for
+        `HOME_TTL_S`; the write rides along with the next pipeline."""
+        self._notes.append(("SET", self._home_key(response_id), home, "EX", HOME_TTL_S))
+        self._wake.set()
+
+    def forget_home(self, response_id: str) -> None:
+        self._notes.append(("DEL", self._home_key(response_id)))
+        self._wake.set()
+
+    async def find_home(self, response_id: str) -> str | None:
+        """Where a stored response lives, as some replica recorded it; None when none did."""
+        try:
+            found = await self._redis.call("GET", self._home_key(response_id))
+        except RedisError as exc:
+            raise LimitStoreError(str(exc)) from exc
+        return found.decode() if isinstance(found, bytes) else None
+
+    def _home_key(self, response_id: str) -> str:
+        return f"{self._prefix}:h:{response_id}"
+
+    def _take_notes(self) -> list[tuple[Any, ...]]:
+        notes, self._notes = self._notes, []
+        return notes
+
+    def _put_back(self, notes: list[tuple[Any, ...]]) -> None:
+        self._notes[:0] = notes
+        if len(self._notes) > _MAX_NOTES:
+            del self._notes[: len(self._notes) - _MAX_NOTES]
 
     async def use(self, checks: Sequence[Check], now: float) -> list[ScopeUse]:
         _, states, _ = await self.admit(checks, 0, now, take=False)
@@ -431,6 +477,16 @@ class RedisCounters:
     async def _send_pending(self) -> bool:
         """Send the request ends queued; False when they failed to land (they stay queued)."""
         async with self._sending:
+            notes = self._take_notes()
+            if notes:
+                try:
+                    await self._redis.pipeline(notes)
+                except RedisError as exc:
+                    self._put_back(notes)
+                    self._errors.warning(
+                        "%d response homes wait for the limit store (%s)", len(notes), exc
+                    )
+                    return False
             batch = self._take_pending()
             now = self._clock()
             live = [item for item in batch if item.until > now]

@@ -8,7 +8,8 @@
   the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
   `splits`: which revision serves a request while a change is on trial; `priorities`: the
   priority class a request waits in, and what each class's requests came to; `traces`: a
-  request's spans, when the Edge traces.
+  request's spans, when the Edge traces; `responsehomes`: which provider holds each stored
+  response of the Responses API.
 """
 
 from .dispatching import Dispatcher
@@ -16,7 +17,14 @@ from .metering import CONTENT_TYPE, Metrics
 from .outcomes import OutcomeTally, Reading
 from .priorities import CLASS_HEADER, MAX_WAIT_HEADER
 from .relaying import Relay, RelayedRun
-from .snapshots import PoolSnapshot
+from .responsehomes import (
+    ResponseHome,
+    ResponseHomes,
+    ResponseHomesCollector,
+    answer_id,
+    stream_id,
+)
+from .snapshots import PoolModel, PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
 from .traces import RequestTrace
 
@@ -29,11 +37,17 @@ __all__ = [
     "Dispatcher",
     "Metrics",
     "OutcomeTally",
+    "PoolModel",
     "PoolSnapshot",
     "Reading",
     "Relay",
     "RelayedRun",
     "RequestTrace",
+    "ResponseHome",
+    "ResponseHomes",
+    "ResponseHomesCollector",
     "Side",
     "Split",
+    "answer_id",
+    "stream_id",
 ]

@@ -38,8 +38,18 @@ OVERFLOW: Final = "overflow"
 BACKLOG: Final = "backlog"
 #: A waiting request took the slot that freed first (any policy).
 FREED_SLOT: Final = "freed_slot"
+#: The request continues a stored response: the provider that holds it took it (any policy).
+HOME: Final = "response_home"
 #: Every reason of `iop_edge_dispatch_total`, in the order status pages list them.
-DISPATCH_REASONS: Final = (ROUND_ROBIN, LEAST_LOAD, AFFINITY, OVERFLOW, BACKLOG, FREED_SLOT)
+DISPATCH_REASONS: Final = (
+    ROUND_ROBIN,
+    LEAST_LOAD,
+    AFFINITY,
+    OVERFLOW,
+    BACKLOG,
+    FREED_SLOT,
+    HOME,
+)
 
 #: Seconds a Node's load report counts for (a few heartbeats; a probe interval of the bench's).
 LOAD_REPORT_TTL_S: Final = 3.0

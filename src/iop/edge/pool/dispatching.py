@@ -37,7 +37,7 @@ from ..errors import (
     Shed,
 )
 from ..hub import ProviderLoad
-from .choosing import FREED_SLOT, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
+from .choosing import FREED_SLOT, HOME, PREFIX_AFFINITY, ROUND_ROBIN, Chooser, PrefixKey
 from .priorities import (
     CLASS_WAIT,
     DEFAULT_PRIORITY,
@@ -53,8 +53,9 @@ from .queues import FairQueue
 from .snapshots import Candidate, PoolModel, PoolSnapshot, ProviderLimits
 from .splits import STABLE, Side, Split
 
-#: A queue: (model id, long, on the stable revision's view of a model on trial).
-_QueueKey = tuple[str, bool, bool]
+#: A queue: (model id, long, on the stable revision's view of a model on trial, the one provider
+#: its requests must run on, or "": any).
+_QueueKey = tuple[str, bool, bool, str]
 #: What a freed slot of a provider can serve: (the stable view, the model, its candidate entry).
 _Freed = tuple[tuple[bool, PoolModel, Candidate], ...]
 
@@ -134,6 +135,7 @@ class _Waiter:
         "enqueued_at",
         "first",
         "future",
+        "home",
         "long",
         "model_id",
         "prefix",
@@ -157,8 +159,11 @@ class _Waiter:
         prefix: PrefixKey | None,
         stable_view: bool,
         priority: Priority = DEFAULT_PRIORITY,
+        home: str = "",
     ) -> None:
         self.seq = seq
+        #: The one provider it may run on (a stored response's holder), or "": any.
+        self.home = home
         self.priority = priority
         #: The request's first wait (a retry's is not counted again).
         self.first = True
@@ -291,9 +296,10 @@ class Dispatcher:
         shared = split.shared if split is not None else frozenset()
         for key in [key for key in self._queues if key[2] and key[0] not in shared]:
             queue = self._queues.pop(key)
-            into = self._queues.get((key[0], key[1], False))
+            into_key = (key[0], key[1], False, key[3])
+            into = self._queues.get(into_key)
             if into is None:
-                into = self._queues[(key[0], key[1], False)] = FairQueue[_Waiter]()
+                into = self._queues[into_key] = FairQueue[_Waiter]()
             for waiter in queue.in_order():
                 waiter.stable_view = False
                 into.push(waiter)
@@ -333,13 +339,14 @@ class Dispatcher:
         prefix: PrefixKey | None = None,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        home: str = "",
     ) -> Lease | None:
-        """A lease on the best free candidate now, or None when every candidate is busy (or, for
-        a sheddable `priority`, the model is saturated)."""
+        """A lease on the best free candidate now (`home`'s, when given), or None when every
+        candidate is busy (or, for a sheddable `priority`, the model is saturated)."""
         pool_model = self._route(model_id, long, self._stable_view(model_id, side))
         if priority.sheddable and self._saturated(pool_model):
             return None
-        chosen = self._select(pool_model, long, prefix=prefix)
+        chosen = self._select(pool_model, long, prefix=prefix, home=home)
         if chosen is None:
             return None
         self.classes.admit(priority)
@@ -358,6 +365,7 @@ class Dispatcher:
         prefix: PrefixKey | None = None,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        home: str = "",
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
@@ -369,6 +377,8 @@ class Dispatcher:
         revision the request runs on while a change is on trial (`splits.py`). `priority`: its
         class (`priorities.py`): its order in the queue and its wait; a sheddable request that
         arrives at a saturated model (`_saturated`) gets `Shed`, never a place in the queue.
+        `home`: the one provider the request may run on (it holds the stored response the
+        request continues); it waits for that provider's slot, in the same order as the rest.
         """
         stable_view = self._stable_view(model_id, side)
         pool_model = self._route(model_id, long, stable_view)
@@ -380,7 +390,7 @@ class Dispatcher:
         if first and priority.sheddable and self._saturated(pool_model):
             self.classes.refuse(priority, SATURATED)
             raise self._shed(model_id, priority)
-        chosen = self._select(pool_model, long, avoid, prefix)
+        chosen = self._select(pool_model, long, avoid, prefix, home)
         wait_s, by_priority = self._wait_s(pool_model, priority)
         if chosen is not None:
             if first:
@@ -410,6 +420,7 @@ class Dispatcher:
             prefix,
             stable_view,
             priority,
+            home,
         )
         waiter.first = first
         waiter.by_priority = first and by_priority
@@ -529,7 +540,7 @@ class Dispatcher:
     def queue_depths_by_principal(self) -> Mapping[tuple[str, str], int]:
         """(model id, principal_ref) -> requests waiting, for the pairs that have any."""
         depths: dict[tuple[str, str], int] = {}
-        for (model_id, _, _), queue in self._queues.items():
+        for (model_id, _, _, _), queue in self._queues.items():
             for principal, waiting in queue.principals().items():
                 key = (model_id, principal)
                 depths[key] = depths.get(key, 0) + waiting
@@ -538,7 +549,7 @@ class Dispatcher:
     def queue_depths_by_class(self) -> Mapping[tuple[str, str], int]:
         """(model id, priority class) -> requests waiting, for the pairs that have any."""
         depths: dict[tuple[str, str], int] = {}
-        for (model_id, _, _), queue in self._queues.items():
+        for (model_id, _, _, _), queue in self._queues.items():
             for band in queue.bands.values():
                 for fifo in band.by_principal.values():
                     for waiter in fifo.values():
@@ -580,7 +591,7 @@ class Dispatcher:
             return RETRY_AFTER_S
         waiting = sum(
             queue.bands[level].size
-            for (queued, _, _), queue in self._queues.items()
+            for (queued, _, _, _), queue in self._queues.items()
             if queued == model_id
             for level in queue.levels
             if level < 0
@@ -670,9 +681,12 @@ class Dispatcher:
         long: bool,
         avoid: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
+        home: str = "",
     ) -> tuple[Candidate, int] | None:
         """The candidate that takes the request now (counted as chosen) and the prompt bytes it
-        is expected to prefill (`Lease.prefill`), or None."""
+        is expected to prefill (`Lease.prefill`), or None; only `home` when one is given."""
+        if home:
+            return self._at_home(pool_model, long, home)
         if pool_model.dispatch.policy != ROUND_ROBIN:
             return self._choose(pool_model, long, avoid, prefix)
         available = self._available
@@ -695,6 +709,23 @@ class Dispatcher:
             return None
         self._chooser.count(pool_model.id, ROUND_ROBIN, ROUND_ROBIN)
         return best, 0
+
+    def _at_home(
+        self, pool_model: PoolModel, long: bool, home: str
+    ) -> tuple[Candidate, int] | None:
+        """`home`, the one candidate a request may run on, when it can take it now."""
+        if home not in self._available:
+            return None
+        for candidate in pool_model.candidates:
+            limits = candidate.provider
+            if limits.id == home:
+                if (long and not limits.takes_long) or not _has_room(
+                    limits, self._slots[home], long
+                ):
+                    return None
+                self._chooser.count(pool_model.id, pool_model.dispatch.policy, HOME)
+                return candidate, 0
+        return None
 
     def _choose(
         self,
@@ -778,7 +809,7 @@ class Dispatcher:
         """Make room in the model's full queue for a request of `priority`: the latest waiter
         of the lowest priority below it leaves with `Displaced`; with none, `QueueFull`."""
         victim: _Waiter | None = None
-        for (queued_model, _, _), queue in self._queues.items():
+        for (queued_model, _, _, _), queue in self._queues.items():
             if queued_model != model_id:
                 continue
             lowest = queue.lowest()
@@ -817,7 +848,7 @@ class Dispatcher:
         weight = self._snapshot.principal_weights.get(waiter.principal, 1)
         finish[waiter.principal] = start + 1.0 / weight
         waiter.tag = start
-        key = (model_id, waiter.long, waiter.stable_view)
+        key = (model_id, waiter.long, waiter.stable_view, waiter.home)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = FairQueue[_Waiter]()
@@ -828,7 +859,7 @@ class Dispatcher:
     def _dequeue(self, waiter: _Waiter) -> bool:
         """Take `waiter` out of its queue; False when it was not queued any more."""
         model_id = waiter.model_id
-        key = (model_id, waiter.long, waiter.stable_view)
+        key = (model_id, waiter.long, waiter.stable_view, waiter.home)
         queue = self._queues.get(key)
         if queue is None or not queue.remove(waiter):
             return False
@@ -955,20 +986,22 @@ class Dispatcher:
                     or slots.long_in_flight < limits.long_context_slots
                 )
                 for long in (False, True) if long_ok else (False,):
-                    queue = self._queues.get((pool_model.id, long, stable_view))
-                    head = queue.head() if queue is not None else None
-                    if head is not None and (
-                        oldest is None
-                        or (-head.priority.level, head.seq) < (-oldest.priority.level, oldest.seq)
-                    ):
-                        oldest, chosen = head, (pool_model, candidate)
+                    for home in ("", provider_id):
+                        queue = self._queues.get((pool_model.id, long, stable_view, home))
+                        head = queue.head() if queue is not None else None
+                        if head is not None and (
+                            oldest is None
+                            or (-head.priority.level, head.seq)
+                            < (-oldest.priority.level, oldest.seq)
+                        ):
+                            oldest, chosen = head, (pool_model, candidate)
             if oldest is None or chosen is None:
                 return
             pool_model = chosen[0]
             prefill = 0
             if not oldest.future.done():
                 policy = pool_model.dispatch.policy
-                self._chooser.count(pool_model.id, policy, FREED_SLOT)
+                self._chooser.count(pool_model.id, policy, HOME if oldest.home else FREED_SLOT)
                 if oldest.prefix is not None and policy == PREFIX_AFFINITY:
                     prefill = self._chooser.prefill(pool_model.id, oldest.prefix, provider_id)
                     self._chooser.remember(pool_model.id, oldest.prefix, provider_id)
@@ -999,7 +1032,7 @@ class Dispatcher:
             avoid = waiter.avoid
             if avoid and not self._others_available(pool_model, waiter.long, avoid):
                 avoid = frozenset()
-            chosen = self._select(pool_model, waiter.long, avoid, waiter.prefix)
+            chosen = self._select(pool_model, waiter.long, avoid, waiter.prefix, waiter.home)
             if chosen is not None:
                 self._grant(waiter, pool_model, *chosen)
 

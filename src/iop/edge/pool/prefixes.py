@@ -3,7 +3,8 @@
 The Edge hashes the prompt's leading parts into a chain, each hash covering the one before it
 and one more part: a chat prompt one point per message from the first `user` message on (the
 first point, the anchor, names the conversation: its system prompt and first user message); a
-text prompt a point per full `BLOCK_BYTES` part. At most `MAX_POINTS` points are kept: the anchor
+text prompt a point per full `BLOCK_BYTES` part; a Responses prompt as a chat, its
+instructions the system message. At most `MAX_POINTS` points are kept: the anchor
 and the deepest others. Each point carries the prompt bytes it covers (a message's role and
 content, as the Edge reads them), for the prefill a server that holds it is spared. BLAKE2b,
 keyed by nothing, so every Edge replica computes the same points for the same prompt. Embeddings
@@ -34,7 +35,27 @@ def prefix_key(request: ParsedRequest) -> PrefixKey | None:
         return _chat(request.document["messages"])
     if request.kind == "completion":
         return _text(request.document["prompt"])
+    if request.kind == "response":
+        return _chat(_as_messages(request.document))
     return None
+
+
+def _as_messages(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Responses request's prompt as chat messages, as a server renders it: its
+    `instructions` as the system message, then its input (text: one user message; items:
+    each by its role, or its type for what is not a message, such as a function call)."""
+    messages: list[dict[str, Any]] = []
+    instructions = document.get("instructions")
+    if isinstance(instructions, str):
+        messages.append({"role": "system", "content": instructions})
+    value = document["input"]  # validated: text or items
+    if isinstance(value, str):
+        messages.append({"role": "user", "content": value})
+        return messages
+    for item in value:
+        role = item.get("role") or item["type"]
+        messages.append({"role": role, "content": item.get("content", item)})
+    return messages
 
 
 def _chat(messages: list[dict[str, Any]]) -> PrefixKey:

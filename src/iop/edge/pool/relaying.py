@@ -11,6 +11,8 @@ cancellation, when the client disconnects) cancels the run on its Node and relea
 While a change is on trial, a request runs on its side's view of its model (`splits.py`); a try
 of the candidate's that fails before its first byte in a way a config can cause is tried again
 on the stable revision (`_back_to_stable`), so the change's faults cost the client no error.
+A request that continues a stored response (the Responses API) runs on the provider that holds
+it, its `home`, or nowhere: it waits for that provider's slot, and is tried nowhere else.
 """
 
 from __future__ import annotations
@@ -63,10 +65,11 @@ class Relay:
         priority: Priority = DEFAULT_PRIORITY,
         trace: RequestTrace | None = None,
         traceparent: str | None = None,
+        home: str = "",
     ) -> RelayedRun:
         """`trace`: the request's spans, when the Edge traces; else `traceparent`, the client's,
-        goes with each run as it came."""
-        return RelayedRun(self, request, long, principal, side, priority, trace, traceparent)
+        goes with each run as it came. `home`: the one provider the request may run on."""
+        return RelayedRun(self, request, long, principal, side, priority, trace, traceparent, home)
 
     def next_run_id(self) -> str:
         """A run id unique to this Edge process."""
@@ -111,6 +114,7 @@ class RelayedRun:
         priority: Priority = DEFAULT_PRIORITY,
         trace: RequestTrace | None = None,
         traceparent: str | None = None,
+        home: str = "",
     ) -> None:
         self._dispatcher = relay.dispatcher
         self._hub = relay.hub
@@ -122,6 +126,9 @@ class RelayedRun:
         self._principal = principal
         #: Its priority class (`priorities.py`): its place in every queue it waits in.
         self._priority = priority
+        #: The one provider it may run on (it holds the stored response the request
+        #: continues), or "": then no fallback, and no retry elsewhere.
+        self._home = home
         self._model = request.model
         #: The revision the request was given when it arrived (what its outcome counts for).
         self.side = side
@@ -165,7 +172,7 @@ class RelayedRun:
         budget = self._budgets.count_request(dispatcher.snapshot, asked)
         # Made at the first failure or fallback: most requests never need it.
         attempts: _Attempts | None = None
-        if pool_model is not None and pool_model.fallbacks:
+        if pool_model is not None and pool_model.fallbacks and not self._home:
             attempts = _Attempts((asked, *pool_model.fallbacks))
             self._fall_back_if_unavailable(attempts)
         deadline: float | None = None
@@ -216,6 +223,7 @@ class RelayedRun:
                     prefix=self._prefix(dispatcher.model_view(self._model, self._side)),
                     side=self._side,
                     priority=self._priority,
+                    home=self._home,
                 )
         except BaseException as error:
             if trace is not None:
@@ -278,6 +286,8 @@ class RelayedRun:
         if failed.code == wire_statuses.PROVIDER_BUSY:
             metrics.count_retry(asked, failed.code)
             return True
+        if self._home:
+            return False  # no other server holds the response it continues
         dispatcher = self._dispatcher
         if self._back_to_stable(failed, deadline):
             attempts.failure = failed  # the answer if the stable side finds no slot in time

@@ -99,7 +99,9 @@ class RequestTrace:
         """The request was parsed and its model found."""
         self.operation = tracing.OPERATIONS.get(kind, kind)
         document = request.document
-        max_tokens = document.get("max_completion_tokens", document.get("max_tokens"))
+        max_tokens = document.get(
+            "max_completion_tokens", document.get("max_tokens", document.get("max_output_tokens"))
+        )
         self._span.update_name(f"{self.operation} {model}")
         attributes = self._attributes
         attributes[tracing.OPERATION] = self.operation

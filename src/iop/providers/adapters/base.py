@@ -66,12 +66,17 @@ def client_wants_usage(document: dict[str, Any]) -> bool:
 
 def usage_from(document: dict[str, Any]) -> tuple[int, int, int] | None:
     """(prompt, completion, total) tokens of an OpenAI object's `usage`, when it has one (an
-    embeddings answer's has no completion tokens: 0)."""
+    embeddings answer's has no completion tokens: 0; a Responses answer's are its input and
+    output tokens)."""
     usage = document.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens", 0)
+    if "prompt_tokens" in usage:
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens", 0)
+    else:
+        prompt = usage.get("input_tokens")
+        completion = usage.get("output_tokens", 0)
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     total = usage.get("total_tokens")

@@ -2,7 +2,8 @@
 
 It answers exactly what the fake upstream would (the same module builds the bytes), paced by
 `latency_ms` (time to the first token) and `tokens_per_second`, without any network; embeddings
-come after `latency_ms`.
+come after `latency_ms`. Responses (`/v1/responses`) are kept by the adapter, as a server keeps
+them, for `previous_response_id`, retrieve, delete and cancel.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import time
 from collections.abc import AsyncGenerator
 
 from iop.edgeconfig import FakeAdapterSettings as FakeSettings
-from iop.fakes import OpenAIError, embedding_response, parse_request, tokens
+from iop.fakes import (
+    OpenAIError,
+    ResponseStore,
+    embedding_response,
+    parse_request,
+    parse_response_request,
+    tokens,
+)
 from iop.wire import (
     ADAPTER_ERROR,
     ProviderHealth,
@@ -34,6 +42,7 @@ class FakeAdapter:
         self.provider_id = provider_id
         self.settings = settings
         self.closed = False
+        self.responses = ResponseStore()
 
     @property
     def problem(self) -> str:
@@ -64,6 +73,10 @@ class FakeAdapter:
             yield RunChunk(body)
             yield RunUsage(prompt_tokens, 0, prompt_tokens)
             yield RunDone(None)
+            return
+        if request.kind != "chat" and request.kind != "completion":
+            async for event in self._responses(request):
+                yield event
             return
         try:
             completion = parse_request(
@@ -103,3 +116,56 @@ class FakeAdapter:
                 yield RunChunk(usage_chunk, usage_only=True)
         yield RunUsage(usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
         yield RunDone(completion.finish_reason)
+
+    async def _responses(self, request: RunRequest) -> AsyncGenerator[RunEvent, None]:
+        """The Responses API: a response (kept), or a kept one's retrieve, delete, cancel."""
+        store = self.responses
+        try:
+            if request.kind == "response_retrieve":
+                body = store.retrieve(request.response_id)
+            elif request.kind == "response_delete":
+                body = store.delete(request.response_id)
+            elif request.kind == "response_cancel":
+                body = store.cancel(request.response_id)
+            else:
+                answer = parse_response_request(
+                    request.body,
+                    default_tokens=self.settings.completion_tokens,
+                    models=(),
+                    now=int(time.time()),
+                    store=store,
+                )
+                body = b""
+        except OpenAIError as refusal:
+            yield statuses.upstream_http_failure(refusal.status, refusal.body)
+            return
+        if body:
+            yield RunChunk(body)
+            yield RunDone(None)
+            return
+        latency = self.settings.latency_ms / 1000
+        speed = self.settings.tokens_per_second
+        interval = 1 / speed if speed else 0.0
+        if not answer.stream:
+            delay = latency + interval * answer.output_tokens
+            if delay:
+                await asyncio.sleep(delay)
+            yield RunChunk(answer.body())
+        else:
+            if latency:
+                await asyncio.sleep(latency)
+            if answer.store:
+                store.keep(answer.document(final=False))
+            yield RunChunk(b"".join(answer.opening_events()), sse=True)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            for index, token in enumerate(tokens(answer.output_tokens)):
+                if interval and index:
+                    await asyncio.sleep(max(0.0, start + index * interval - loop.time()))
+                yield RunChunk(b"".join(answer.delta_events((token,), index)), sse=True)
+            yield RunChunk(b"".join(answer.closing_events()), sse=True)
+        if answer.store and store.status(answer.id) != "cancelled":
+            store.keep(answer.document())
+        usage = answer.usage
+        yield RunUsage(usage["input_tokens"], usage["output_tokens"], usage["total_tokens"])
+        yield RunDone(answer.status)

@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any, Final
+from urllib.parse import quote
 
 import orjson
 
@@ -24,6 +25,7 @@ from iop.edgeconfig import UpstreamPolicy
 from iop.wire import (
     ADAPTER_ERROR,
     DEFAULT_MAX_RESPONSE_BYTES,
+    RESPONSE_LOOKUPS,
     ProviderHealth,
     RunChunk,
     RunDone,
@@ -53,10 +55,22 @@ _PATHS: Final = {
     "chat": "/chat/completions",
     "completion": "/completions",
     "embedding": "/embeddings",
+    "response": "/responses",
 }
 _DONE: Final = b"[DONE]"
 #: The list every OpenAI answer of a kind holds: what tells a model server's 2xx from another's.
-_ANSWER_LIST: Final = {"chat": "choices", "completion": "choices", "embedding": "data"}
+_ANSWER_LIST: Final = {
+    "chat": "choices",
+    "completion": "choices",
+    "embedding": "data",
+    "response": "output",
+}
+#: A stored response's routes: (method, the path after /responses/{id}).
+_LOOKUPS: Final = {
+    "response_retrieve": (b"GET", ""),
+    "response_delete": (b"DELETE", ""),
+    "response_cancel": (b"POST", "/cancel"),
+}
 #: Idle seconds after which the pool closes a keep-alive connection instead of using it: below
 #: the 5 s idle timeout of uvicorn (vLLM's server) and most others, so the client, not the
 #: server, ends an idle connection, and a POST (never retried) rarely meets one being closed.
@@ -141,7 +155,11 @@ class OpenAIAdapter:
         body = request.body
         limit = request.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES
         wants_usage = False
-        if request.stream:
+        if request.kind in RESPONSE_LOOKUPS:
+            async for event in self._lookup(request, limit):
+                yield event
+            return
+        if request.stream and request.kind != "response":  # a Responses stream has its usage
             prepared = _asking_for_usage(body)
             if isinstance(prepared, RunFailed):
                 yield prepared
@@ -187,12 +205,15 @@ class OpenAIAdapter:
                     yield RunUsage(*usage)
                 yield RunDone(_finish_reason(document))
                 return
+            if request.kind == "response":
+                decoder: _StreamDecoder | _ResponseEvents = _ResponseEvents(limit)
+            else:
+                decoder = _StreamDecoder(wants_usage, limit, request.sse_chunks)
             # Everything that arrived is split at each turn (often a whole burst of events).
             # Read to the end even after [DONE], which the end of the body follows at once:
             # only a response read to its end gives its connection back to the pool.
             # Comments and empty events are not news: the read timeout bounds the wait for the
             # next chunk, or an upstream sending only those would hold the run for ever.
-            decoder = _StreamDecoder(wants_usage, limit, request.sse_chunks)
             news = time.monotonic()
             while piece := await response.read_some():
                 for chunk in decoder.feed(piece):
@@ -212,6 +233,33 @@ class OpenAIAdapter:
             if response is not None:
                 # A response read to its end gave its connection back to the pool already;
                 # otherwise (cancelled, failed, cut short) this closes the connection at once.
+                response.close()
+
+    async def _lookup(self, request: RunRequest, limit: int) -> AsyncGenerator[RunEvent, None]:
+        """A stored response's retrieve, delete or cancel: the upstream's answer, whole."""
+        method, suffix = _LOOKUPS[request.kind]
+        path = f"/responses/{quote(request.response_id, safe='')}{suffix}"
+        client = self._client
+        if client is None:
+            client = self._client = self._open()
+        response: Response | None = None
+        try:
+            response = await client.send(method, path, b"", request.deadline)
+            if response.status >= 300:
+                detail = await _read_at_most(response, _ERROR_BODY_BYTES) or b""
+                yield statuses.upstream_http_failure(response.status, detail)
+                return
+            data = await _read_at_most(response, limit)
+            if data is None:
+                yield _too_large(limit)
+                return
+            _decode(data)  # an object, as every answer of these routes is
+            yield RunChunk(data)
+            yield RunDone(None)
+        except (UpstreamError, _Malformed) as exc:
+            yield _failure(exc, self.settings, limit)
+        finally:
+            if response is not None:
                 response.close()
 
 
@@ -332,6 +380,10 @@ def _decode(data: bytes) -> dict[str, Any]:
 
 
 def _finish_reason(document: dict[str, Any]) -> str | None:
+    """A choice's finish reason; a response's status (completed, incomplete, failed...)."""
+    status = document.get("status")
+    if isinstance(status, str) and document.get("object") == "response":
+        return status
     choices = document.get("choices")
     if isinstance(choices, list):
         for choice in choices:
@@ -506,7 +558,82 @@ class _StreamDecoder:
             yield data, False
 
 
-def _after_last_event(data: bytes, end: int) -> int:
+#: The events that end a Responses stream, each with the whole response (its usage, its status).
+_RESPONSE_END: Final = re.compile(
+    rb'"type"\s*:\s*"response\.(?:completed|incomplete|failed|cancelled)"'
+)
+
+
+class _ResponseEvents:
+    """A Responses API stream (`event: response.created`, `data: {...}` ...), fed as it
+    arrives: whole events passed through as the upstream wrote them (their `event:` lines
+    too), a read's events in one chunk of at most the limit; only the event that ends the
+    response is parsed, for its usage and status. It has no `[DONE]`, nor a usage-only chunk."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+        self._usage: tuple[int, int, int] | None = None
+        self._status: str | None = None
+
+    def feed(self, piece: bytes) -> Iterator[RunChunk]:
+        """The chunks of whole events `piece` completes; `_TooLarge` past the limit."""
+        buffer = self._buffer
+        buffer += piece
+        if b"\r" in piece:  # CRLF as LF: the blank line between events is then one pattern
+            buffer[:] = buffer.replace(b"\r\n", b"\n")
+        cut = _after_last_event(buffer, len(buffer))
+        if len(buffer) - cut > self._limit:
+            raise _TooLarge
+        if not cut:
+            return iter(())
+        events = bytes(buffer[:cut])
+        del buffer[:cut]
+        return self._chunks(events)
+
+    def end(self) -> Iterator[RunEvent]:
+        rest, self._buffer = bytes(self._buffer), bytearray()
+        if rest.strip():
+            yield from self._chunks(rest.rstrip(b"\n") + b"\n\n")
+        if self._usage is not None:
+            yield RunUsage(*self._usage)
+        yield RunDone(self._status)
+
+    def _chunks(self, events: bytes) -> Iterator[RunChunk]:
+        found = _RESPONSE_END.search(events)
+        if found is not None:
+            self._read_end(events[_after_last_event(events, found.start()) :])
+        limit = self._limit
+        if len(events) <= limit:
+            yield RunChunk(events, sse=True)
+            return
+        parts: list[bytes] = []
+        size = 0
+        for event in events[:-2].split(b"\n\n"):
+            framed = event + b"\n\n"
+            if len(framed) > limit:
+                raise _TooLarge
+            if size + len(framed) > limit and parts:
+                yield RunChunk(b"".join(parts), sse=True)
+                parts, size = [], 0
+            parts.append(framed)
+            size += len(framed)
+        if parts:
+            yield RunChunk(b"".join(parts), sse=True)
+
+    def _read_end(self, events: bytes) -> None:
+        """The usage and status of the response in the first of `events` (the ending one)."""
+        data = _event_data(events[: events.find(b"\n\n")])
+        if data is None:
+            return
+        response = _decode(data).get("response")
+        if isinstance(response, dict):
+            self._usage = usage_from(response) or self._usage
+            status = response.get("status")
+            self._status = status if isinstance(status, str) else self._status
+
+
+def _after_last_event(data: bytes | bytearray, end: int) -> int:
     """Where the bytes after the last blank line before `end` start (0: none before it)."""
     boundary = data.rfind(b"\n\n", 0, end)
     return boundary + 2 if boundary >= 0 else 0

@@ -358,7 +358,7 @@ class Response:
 
 
 class UpstreamClient:
-    """POSTs to one upstream over a pool of keep-alive HTTP/1.1 connections."""
+    """Requests (POSTs, mostly) to one upstream over a pool of keep-alive HTTP/1.1 connections."""
 
     def __init__(
         self,
@@ -401,13 +401,25 @@ class UpstreamClient:
         """Send `body` to `path` (under the base URL's path) and wait for the status line;
         `deadline` (Unix time) bounds the whole exchange, reads of the body included. `head`:
         header lines of this request only (each ending in CRLF, checked by the caller)."""
+        return await self.send(b"POST", path, body, deadline, head)
+
+    async def send(
+        self,
+        method: bytes,
+        path: str,
+        body: bytes = b"",
+        deadline: float | None = None,
+        head: bytes = b"",
+    ) -> Response:
+        """`post` with another method (a stored response's GET and DELETE)."""
         loop = asyncio.get_running_loop()
         due = None if deadline is None else loop.time() + (deadline - time.time())
         connection = await self._acquire(due)
         try:
             connection.begin()
             assert connection.transport is not None
-            request = b"POST %s HTTP/1.1\r\n%s%s%d\r\n\r\n" % (
+            request = b"%s %s HTTP/1.1\r\n%s%s%d\r\n\r\n" % (
+                method,
                 (self._prefix + path).encode("latin-1"),
                 head,
                 self._head,
