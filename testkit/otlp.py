@@ -1,5 +1,5 @@
 """A real OTLP/gRPC trace receiver for the tests and benchmarks: the product's fake collector
-(`iop.fakes.FakeCollector`, the collector's TraceService) in the test's own process, on a
+(`iop.fakes.collector.FakeCollector`, the collector's TraceService) in the test's own process, on a
 loopback port, keeping what the processes under test export.
 
 The processes export with the OpenTelemetry SDK's own OTLP exporter, as they would to a
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from iop.fakes import FakeCollector
+from iop.fakes.collector import FakeCollector
 
 
 @dataclass(frozen=True)

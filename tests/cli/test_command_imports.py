@@ -37,11 +37,12 @@ def imported_by(*argv: str) -> set[str]:
         (["--version"], set()),
         (["--help"], set()),
         (["fake-upstream", "--help"], set()),
+        (["fake-collector", "--help"], set()),
         (["config", "--help"], {"pydantic"}),
         (["node", "run", "--help"], {"grpc", "pydantic", "aiohttp", "uvicorn"}),
         (["edge", "reload", "--help"], {"httpx"}),
     ],
-    ids=["version", "help", "fake-upstream", "config", "node", "edge-reload"],
+    ids=["version", "help", "fake-upstream", "fake-collector", "config", "node", "edge-reload"],
 )
 def test_a_command_imports_only_what_its_job_needs(argv: list[str], expected: set[str]) -> None:
     assert imported_by(*argv) == expected
@@ -54,4 +55,6 @@ def test_the_full_parser_knows_every_command_and_its_arguments() -> None:
         ["node", "run", "--edge", "e:50051", "--node-id", "n", "--token-file", "t"]
     )
     assert args.command == "node" and args.edge == ["e:50051"]
-    assert set(COMMANDS) == {"config", "edge", "up", "node", "operator", "fake-upstream"}
+    assert set(COMMANDS) == {
+        "config", "edge", "up", "node", "operator", "fake-upstream", "fake-collector"
+    }  # fmt: skip

@@ -14,7 +14,6 @@ import orjson
 import uvloop
 
 from iop.aiokits import split_listener
-from iop.fakes import FakeCollector
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +50,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(otlp_listen: str, http_listen: str, max_spans: int) -> None:
+    from iop.fakes.collector import FakeCollector  # grpc and aiohttp: not for --help
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -9,7 +9,9 @@
   in for GPU servers: those answers (embeddings too) at a configurable latency and speed, and
   failures on request (an error status, a connection dropped before or during an answer).
 - `collector`: `FakeCollector`, an OpenTelemetry collector's trace receiver (`iop
-  fake-collector`): OTLP/gRPC in, the spans it got as JSON out, for tests and demos.
+  fake-collector`): OTLP/gRPC in, the spans it got as JSON out, for tests and demos. Imported
+  by its own name (`iop.fakes.collector`), so that grpc and aiohttp load only where spans are
+  received, never with the fake upstream.
 - `simulating`: `GpuEngine`, a simulated GPU model server behind the fake upstream's completions
   when given `GpuSettings` (`iop fake-upstream --gpu`; docs/architecture.md, "The fakes").
 """
@@ -22,7 +24,6 @@ from .answers import (
     parse_request,
     tokens,
 )
-from .collector import FakeCollector
 from .configs import sized_spec
 from .responses import ResponseStore, parse_response_request
 from .simulating import GpuEngine, GpuSettings
@@ -31,7 +32,6 @@ from .upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
 __all__ = [
     "EMBEDDING_DIMENSIONS",
     "FAIL_MODES",
-    "FakeCollector",
     "FakeUpstream",
     "FakeUpstreamSettings",
     "GpuEngine",
