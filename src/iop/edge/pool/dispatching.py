@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -67,6 +67,8 @@ RETRY_AFTER_S: Final = 1.0
 #: The bounds of the Retry-After estimated from a model's queue (a shed or displaced request).
 _RETRY_AFTER_MIN_S: Final = 0.05
 _RETRY_AFTER_MAX_S: Final = 60.0
+#: LoRA adapters remembered per provider as sent there lately (more than a server holds).
+_RECENT_ADAPTERS: Final = 32
 #: Runs ended per model that the drain rate is read from, and how old the newest may be.
 _DRAIN_SAMPLES: Final = 32
 _DRAIN_FRESH_S: Final = 30.0
@@ -115,7 +117,15 @@ class _Drain:
 class _Slots:
     """The mutable counters of one provider, keyed by provider id across snapshots."""
 
-    __slots__ = ("cool_until", "in_flight", "last_used", "long_in_flight", "prefill")
+    __slots__ = (
+        "adapters",
+        "cool_until",
+        "in_flight",
+        "last_used",
+        "long_in_flight",
+        "prefill",
+        "recent",
+    )
 
     def __init__(self) -> None:
         self.in_flight = 0
@@ -124,6 +134,32 @@ class _Slots:
         self.prefill = 0
         self.last_used = 0  # dispatch stamp of the last run given to this provider
         self.cool_until = 0.0  # time.monotonic() until which a busy provider sits out
+        #: Runs in flight by LoRA adapter, and the adapters sent here lately (latest last).
+        self.adapters: dict[str, int] = {}
+        self.recent: list[str] = []
+
+    @property
+    def recent_adapters(self) -> Sequence[str]:
+        return self.recent
+
+    def sent(self, adapter: str) -> None:
+        """A run of `adapter` goes here: its runs counted, and it is the latest adapter sent."""
+        self.adapters[adapter] = self.adapters.get(adapter, 0) + 1
+        recent = self.recent
+        if recent and recent[-1] == adapter:
+            return
+        if adapter in recent:
+            recent.remove(adapter)
+        recent.append(adapter)
+        if len(recent) > _RECENT_ADAPTERS:
+            del recent[0]
+
+    def ended(self, adapter: str) -> None:
+        runs = self.adapters.get(adapter, 0) - 1
+        if runs > 0:
+            self.adapters[adapter] = runs
+        else:
+            self.adapters.pop(adapter, None)
 
 
 class _Waiter:
@@ -470,6 +506,8 @@ class Dispatcher:
         slots.prefill -= lease.prefill
         if lease.long:
             slots.long_in_flight -= 1
+        if lease.pool_model.base_model is not None:
+            slots.ended(lease.pool_model.id)
         return slots
 
     def close(self) -> None:
@@ -673,7 +711,7 @@ class Dispatcher:
     ) -> tuple[Candidate, int] | None:
         """The candidate that takes the request now (counted as chosen) and the prompt bytes it
         is expected to prefill (`Lease.prefill`), or None."""
-        if pool_model.dispatch.policy != ROUND_ROBIN:
+        if pool_model.dispatch.policy != ROUND_ROBIN or pool_model.base_model is not None:
             return self._choose(pool_model, long, avoid, prefix)
         available = self._available
         all_slots = self._slots
@@ -744,6 +782,8 @@ class Dispatcher:
         slots.prefill += prefill
         if long:
             slots.long_in_flight += 1
+        if pool_model.base_model is not None:
+            slots.sent(pool_model.id)
         self._stamp += 1
         slots.last_used = self._stamp
         return Lease(
