@@ -549,6 +549,14 @@ class Dispatcher:
         slots = self._slots.get(provider_id)
         return slots.prefill if slots is not None else 0
 
+    def adapter_runs(self, provider_id: str) -> tuple[Mapping[str, int], Sequence[str]]:
+        """This Edge's runs on the provider by LoRA adapter, and the adapters it sent there
+        lately (latest last)."""
+        slots = self._slots.get(provider_id)
+        if slots is None:
+            return {}, ()
+        return dict(slots.adapters), tuple(slots.recent)
+
     def long_in_flight(self, provider_id: str) -> int:
         slots = self._slots.get(provider_id)
         return slots.long_in_flight if slots is not None else 0
