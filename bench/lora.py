@@ -2,7 +2,7 @@
 router, on a simulated GPU fleet.
 
     uv run --frozen python -m bench.lora [--rates 8 16] [--seconds 30] [--warmup 5]
-        [--systems iop:adapters iop:round_robin vllm-router:round_robin vllm-router:cache_aware]
+        [--systems iop:adapters iop:base iop:round_robin vllm-router:round_robin ...]
 
 The fleet: four `iop fake-upstream --gpu` servers (`iop.fakes.simulating`), each serving one base
 model and `--adapters` LoRA adapters (8) with `--max-loras` adapter slots (2): a request whose
@@ -22,6 +22,8 @@ Systems, in front of the same servers, each cell after a reset of the servers:
   Nodes read `vllm:lora_requests_info` after each probe (every second);
 - `iop:round_robin`: the same Edge with each adapter a model of its own on the four servers, the
   specification's round-robin: what the Edge did before it knew adapters;
+- `iop:base`: the same requests for the base model, round-robin: what the fleet gives the load
+  with no adapter to hold (the floor for the others, not a way to serve adapters);
 - `vllm-router:<policy>`: the vLLM project's router (`bench.peers` installs it, pinned), which
   knows no adapters: `round_robin`, and `cache_aware` (its prompt-prefix tree; the prompts share
   nothing, so it balances by load).
@@ -59,6 +61,7 @@ from testkit import edge_document, provider
 
 SYSTEMS = (
     "iop:adapters",
+    "iop:base",
     "iop:round_robin",
     "vllm-router:round_robin",
     "vllm-router:cache_aware",
@@ -94,6 +97,7 @@ def workload(seed: int, rate: float, seconds: float, adapters: list[str]) -> lis
 
 @dataclass
 class Sample:
+    adapter: str
     at: float
     ttft: float
     e2e: float
@@ -108,6 +112,8 @@ class Cell:
     samples: list[Sample] = field(default_factory=list)
     loads: int = 0
     swaps: int = 0
+    #: IOP's choices for the adapters' requests in the cell, by reason (`adapter_loaded`, ...).
+    choices: dict[str, int] = field(default_factory=dict)
     served: list[int] = field(default_factory=list)
     span: float = 0.0
 
@@ -175,6 +181,19 @@ def iop_document(
     return document
 
 
+async def choices(target: Target) -> dict[str, int]:
+    """The Edge's dispatch choices so far for every model, by reason (from `GET /status`)."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{target.admin_url}/status") as response:
+            status = await response.json()
+    counts: dict[str, int] = {}
+    for model in status["dispatch"].values():
+        for key, count in model["choices"].items():
+            reason = key.partition("/")[2]
+            counts[reason] = counts.get(reason, 0) + count
+    return counts
+
+
 async def apply(target: Target, document: dict[str, Any]) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -202,11 +221,16 @@ async def server_counts(
     """(adapters loaded, of them swapped in, requests completed) of one server."""
     async with session.get(f"http://{server.listen}/fake/stats") as response:
         stats = await response.json()
-    return int(stats["adapter_loads"]), int(stats["adapter_swaps"]), int(stats["completed"])
+    loads, swaps = stats.get("adapter_loads", 0), stats.get("adapter_swaps", 0)
+    return int(loads), int(swaps), int(stats["completed"])
 
 
 async def run_cell(
-    target: Target, servers: list[UpstreamProcess], requests: list[Request], cell: Cell
+    target: Target,
+    servers: list[UpstreamProcess],
+    requests: list[Request],
+    cell: Cell,
+    model: str | None = None,
 ) -> None:
     headers = {"content-type": "application/json"}
     if target.token:
@@ -224,7 +248,7 @@ async def run_cell(
             await asyncio.sleep(max(0.0, began + request.at - loop.time()))
             body = orjson.dumps(
                 {
-                    "model": request.adapter,
+                    "model": model or request.adapter,
                     "prompt": request.prompt,
                     "max_tokens": request.max_tokens,
                     "stream": True,
@@ -247,7 +271,9 @@ async def run_cell(
             except (aiohttp.ClientError, TimeoutError) as exc:
                 why = repr(exc)
             end = time.perf_counter()
-            cell.samples.append(Sample(request.at, (first or end) - start, end - start, ok, why))
+            cell.samples.append(
+                Sample(request.adapter, request.at, (first or end) - start, end - start, ok, why)
+            )
 
         started = time.perf_counter()
         await asyncio.gather(*(send(request) for request in requests))
@@ -288,8 +314,17 @@ async def run(args: argparse.Namespace) -> list[Cell]:
                 cell = Cell(system, rate)
                 if kind == "iop":
                     assert iop is not None
-                    await apply(iop, documents[setting == "adapters"])
-                    await run_cell(iop, servers, requests, cell)
+                    await apply(iop, documents[setting != "round_robin"])
+                    before = await choices(iop)
+                    await run_cell(
+                        iop, servers, requests, cell, MODEL if setting == "base" else None
+                    )
+                    after = await choices(iop)
+                    cell.choices = {
+                        reason: after[reason] - before.get(reason, 0)
+                        for reason in after
+                        if after[reason] > before.get(reason, 0)
+                    }
                 else:
                     assert router is not None
                     async with vllm_router(router, servers, setting, folder) as target:
@@ -300,7 +335,7 @@ async def run(args: argparse.Namespace) -> list[Cell]:
                     f"  {system} at {rate:g} req/s ({len(requests)} requests): TTFT p50 "
                     f"{pct([s.ttft for s in measured], 50) * 1000:.0f} ms, p99 "
                     f"{pct([s.ttft for s in measured], 99) * 1000:.0f} ms, {cell.swaps} swaps, "
-                    f"{cell.errors()} errors",
+                    f"{cell.errors()} errors; {cell.choices or ''}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -317,9 +352,9 @@ def report(cells: list[Cell], args: argparse.Namespace) -> None:
         print(f"\n### {rate:g} requests/s offered\n")
         print(
             "| system | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | adapter loads | swaps "
-            "| requests per server | errors |"
+            "| requests per server | errors | IOP's choices |"
         )
-        print("|---|---:|---:|---:|---:|---:|---|---:|")
+        print("|---|---:|---:|---:|---:|---:|---|---:|---|")
         for cell in row:
             measured = cell.measured(args.warmup)
             firsts = [s.ttft * 1000 for s in measured]
@@ -327,7 +362,8 @@ def report(cells: list[Cell], args: argparse.Namespace) -> None:
             print(
                 f"| {cell.system} | {pct(firsts, 50):,.0f} | {pct(firsts, 99):,.0f} | "
                 f"{pct(e2e, 50):,.0f} | {cell.loads} | {cell.swaps} | "
-                f"{'/'.join(str(n) for n in cell.served)} | {cell.errors()} |"
+                f"{'/'.join(str(n) for n in cell.served)} | {cell.errors()} | "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(cell.choices.items()))} |"
             )
         mine = next((c for c in row if c.system == "iop:adapters"), None)
         if mine is None:

@@ -4,6 +4,7 @@ within capacity and priority, driven straight at the dispatcher on a real event 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -77,7 +78,7 @@ async def hold_idle(dispatcher: Dispatcher, provider_id: str, *adapters: str) ->
     dispatcher.set_available(everyone)
 
 
-async def test_loaded_then_room_then_room_by_eviction_then_swap(pool) -> None:
+async def test_loaded_then_room_then_room_by_eviction_then_wait_rather_than_swap(pool) -> None:
     dispatcher = pool(adapters=["sql", "chat", "law"])
     await hold_idle(dispatcher, "d", "chat", "law")  # d's two slots hold them, idle
     dispatcher.watch_loads(
@@ -89,20 +90,41 @@ async def test_loaded_then_room_then_room_by_eviction_then_swap(pool) -> None:
         }
     )
     leases: list[Lease] = []
-    for _ in range(16):
+    for _ in range(12):
         lease = await dispatcher.acquire("sql", False)
         assert lease.served_model == "sql"
         leases.append(lease)
-    # b until its capacity (4) is taken, then c (loaded from its first run on), then d, then a,
-    # each to its capacity, never past it.
-    assert [lease.provider_id for lease in leases] == ["b"] * 4 + ["c"] * 4 + ["d"] * 4 + ["a"] * 4
+    # b until its capacity (4) is taken, then c (loaded from its first run on), then d, each to
+    # its capacity, never past it.
+    assert [lease.provider_id for lease in leases] == ["b"] * 4 + ["c"] * 4 + ["d"] * 4
+    # a is free but would swap, while b, c and d hold sql: the request waits for one of them.
     assert dispatcher.try_acquire("sql", False) is None
+    waiting = asyncio.create_task(dispatcher.acquire("sql", False))
+    await asyncio.sleep(0)
+    assert dispatcher.queue_depth("sql") == 1
+    # A base model request takes a's free slot meanwhile: only the adapter's requests wait.
+    base = await dispatcher.acquire("m", False)
+    assert base.provider_id == "a"
+    dispatcher.release(leases.pop(5))  # one of c's
+    lease = await waiting
+    assert lease.provider_id == "c"
+    leases += [lease, base]
     decisions = dispatcher.decisions()
-    assert decisions[("sql", "round_robin", "adapter_loaded")] == 13
+    assert decisions[("sql", "round_robin", "adapter_loaded")] == 10
     assert decisions[("sql", "round_robin", "adapter_room")] == 2
-    assert decisions[("sql", "round_robin", "adapter_swap")] == 1
+    assert decisions[("sql", "round_robin", "freed_slot")] == 1
+    assert ("sql", "round_robin", "adapter_swap") not in decisions
     for lease in leases:
         dispatcher.release(lease)
+
+
+async def test_a_swap_when_no_server_holds_the_adapter_or_has_room(pool) -> None:
+    dispatcher = pool(ids="ab")
+    dispatcher.watch_loads({"a": lora(running=("x", "y")), "b": lora(running=("x", "z"))})
+    lease = await dispatcher.acquire("sql", False)
+    assert lease.provider_id in "ab"
+    assert dispatcher.decisions()[("sql", "round_robin", "adapter_swap")] == 1
+    dispatcher.release(lease)
 
 
 async def test_a_free_slot_beats_evicting_an_idle_adapter(pool) -> None:

@@ -276,6 +276,31 @@ class Chooser:
             return 3
         return 1 if len(active | lately) < (limit or 1) else 2
 
+    def only_swaps(
+        self,
+        adapter: str,
+        group: Sequence[Candidate],
+        free: Sequence[Candidate],
+        slots: Mapping[str, SlotCounts],
+    ) -> bool:
+        """True when every free candidate would make a request of `adapter` wait for a swap
+        while a busy one of `group` has it loaded or room for it: the request does better to
+        wait at the Edge for that one's next free slot (a server keeps admitting the requests of
+        the adapters it holds before a swap, so a request sent to swap may wait there for as
+        long as they keep coming)."""
+        now = time.monotonic()
+        if any(
+            self.adapter_tier(adapter, c.provider.id, slots[c.provider.id], now) < 3 for c in free
+        ):
+            return False
+        return any(
+            candidate not in free
+            and slots[candidate.provider.id].in_flight > 0
+            and self.adapter_tier(adapter, candidate.provider.id, slots[candidate.provider.id], now)
+            < 3
+            for candidate in group
+        )
+
     def _by_adapter(
         self, adapter: str, free: Sequence[Candidate], slots: Mapping[str, SlotCounts], now: float
     ) -> tuple[list[Candidate], str]:

@@ -691,6 +691,22 @@ class Dispatcher:
                 return True
         return False
 
+    def _swap_here(self, pool_model: PoolModel, provider_id: str) -> bool:
+        """A request of the adapter `pool_model` would wait for a swap at `provider_id`, while
+        another available candidate of it, busy, has the adapter loaded or room for it."""
+        adapter = pool_model.adapter
+        assert adapter is not None
+        chooser, all_slots = self._chooser, self._slots
+        if chooser.adapter_tier(adapter, provider_id, all_slots[provider_id]) < 3:
+            return False
+        return any(
+            c.provider.id != provider_id
+            and c.provider.id in self._available
+            and all_slots[c.provider.id].in_flight > 0
+            and chooser.adapter_tier(adapter, c.provider.id, all_slots[c.provider.id]) < 3
+            for c in pool_model.candidates
+        )
+
     def _server_full(self, provider_id: str) -> bool:
         """The provider's server reports a queue of its own (`saturation.server_waiting`)."""
         threshold = self._snapshot.priorities.server_waiting
@@ -772,6 +788,9 @@ class Dispatcher:
                 free.append(candidate)
         if not free:
             return None
+        adapter = pool_model.adapter
+        if adapter is not None and self._chooser.only_swaps(adapter, group, free, all_slots):
+            return None  # it waits for a slot of a server that holds its adapter, or has room
         return self._chooser.choose(pool_model, group, free, prefix, all_slots)
 
     def _take(
@@ -998,6 +1017,8 @@ class Dispatcher:
                 limits = candidate.provider
                 if slots.in_flight >= limits.capacity:
                     continue
+                if pool_model.adapter is not None and self._swap_here(pool_model, provider_id):
+                    continue  # its requests wait for a server that holds the adapter
                 long_ok = (
                     limits.long_context_slots is None
                     or slots.long_in_flight < limits.long_context_slots
