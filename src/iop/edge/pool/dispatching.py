@@ -1,7 +1,9 @@
 """Dispatch: which provider runs a request now, and which request a freed slot serves next.
 
 `Dispatcher` keeps the rules docs/edge.md, "Dispatch", gives operators: candidates, capacity and
-long slots, the lowest priority, then the model's policy among equals (`choosing.py`); a bounded
+long slots, the lowest priority, then the model's policy among equals (`choosing.py`; for a LoRA
+adapter's request, after the servers most ready for its adapter, and a wait at the Edge rather
+than a swap while a server that holds it is busy: docs/edge.md, "LoRA adapters"); a bounded
 queue per model, in strict order of the requests' priority classes (`priorities.py`: a higher
 class always first, a sheddable one refused at a saturated model rather than queued, the lowest
 class's latest request displaced from a full queue by a higher one, each class's wait bounded)
