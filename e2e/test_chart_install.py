@@ -127,6 +127,17 @@ def assert_runs_from_the_image(pod: dict[str, Any]) -> None:
         assert "ro" in next(m for m in mounts if m.split()[4] == "/").split()[5].split(",")
 
 
+def pods_left(cluster: KubeCluster, namespace: str) -> list[str]:
+    """Each pod still in `namespace`: its name, phase, node, when its deletion was asked and its
+    owners (what a wait for them to go shows when it times out)."""
+    return [
+        f"{pod['metadata']['name']} {pod['status'].get('phase')} on {pod['spec'].get('nodeName')} "
+        f"deleted at {pod['metadata'].get('deletionTimestamp')} owned by "
+        f"{[owner['name'] for owner in pod['metadata'].get('ownerReferences', [])]}"
+        for pod in cluster.get("pods", "-n", namespace)["items"]
+    ]
+
+
 def secret_data(cluster: KubeCluster, namespace: str) -> dict[str, dict[str, str]]:
     return {
         s["metadata"]["name"]: s.get("data", {})
@@ -226,6 +237,7 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
         lambda: not cluster.get("pods", "-n", namespace)["items"],
         timeout=120,
         what="the release's pods to go",
+        show=lambda: pods_left(cluster, namespace),
     )
     wait_for(
         lambda: (

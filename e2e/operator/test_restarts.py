@@ -21,7 +21,9 @@ from tests.waiting import wait_for
 if TYPE_CHECKING:
     from e2e.operator.conftest import HostStack
 
-pytestmark = pytest.mark.e2e
+# Each test waits for two rollouts and an operator restart: 35-60 s alone, up to 3x that beside
+# the other clusters of a parallel run; the default 120 s bound is for single-step tests.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 EDGE, NODE_1, NODE_2 = "demo-edge", "demo-node-node-1", "demo-node-node-2"
 

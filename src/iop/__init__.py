@@ -8,7 +8,8 @@ Its packages, highest layer first (docs/architecture.md, "Layers"; import-linter
 - `providers`: what runs a request on a model server, in a Node or inside the Edge;
 - `wire`: what the Edge and the Node say to each other; `verdicts`: a change judged by what it
   served (the Edge's canaries, the operator's Edge restarts); `fakes`: deterministic stand-ins;
-- `edgeconfig`: the config model (pure); `aiokits`: asyncio building blocks.
+- `edgeconfig`: the config model (pure); `aiokits`: asyncio building blocks; `tracing`:
+  OpenTelemetry traces, off unless configured.
 """
 
 __all__ = []

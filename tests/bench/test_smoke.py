@@ -52,6 +52,10 @@ RUNS = {
         "iop-local",
     ),
     "grpc_hops": (["--seconds", "0.2", "--rounds", "1", "--in-flight", "1"], "aio-options"),
+    "tracing": (
+        ["--rounds", "1", "--seconds", "0.2", "--concurrency", "1", "--modes", "whole"],
+        "all sampled",
+    ),
     "sse_passthrough": (["--tokens", "16", "--repeat", "1"], "passed through"),
     "fleet": (["--nodes", "3", "--idle-seconds", "0.2", "--seconds", "0.2"], "apply -> acks"),
     "replicas": (["--rounds", "1", "--seconds", "0.2", "--concurrency", "2"], "req/s"),

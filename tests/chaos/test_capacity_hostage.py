@@ -42,6 +42,14 @@ async def in_flight(metrics: httpx.AsyncClient, provider: str) -> float:
     return 0.0
 
 
+def streams_paused(metrics: bytes) -> float:
+    """`iop_edge_streams_paused` in an Edge's /metrics text."""
+    for line in metrics.decode().splitlines():
+        if line.startswith("iop_edge_streams_paused "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no iop_edge_streams_paused in the metrics")
+
+
 async def kit_until(condition: Any, timeout: float) -> None:
     """Until the async `condition` holds (state in another process)."""
     await wait_until(condition, timeout, 0.1)
@@ -151,6 +159,9 @@ async def test_a_stalled_stream_frees_its_slot_and_its_client_gets_its_bytes_the
     try:
         try:
             await until(lambda: edge.dispatcher.in_flight("p1") == 2, timeout=30)
+            # The stall's clock starts once the Edge's buffers for a holder are full: how long
+            # filling them takes is the machine's speed at 5,000 tokens a second, not a bound.
+            await until(lambda: streams_paused(edge.metrics.render()) >= 1, timeout=30)
             async with httpx.AsyncClient(
                 base_url=edge.url, headers={"authorization": f"Bearer {OTHER.key}"}, timeout=60
             ) as http:

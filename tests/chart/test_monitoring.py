@@ -293,3 +293,35 @@ def test_docs_list_every_metric_the_edge_exports() -> None:
         if family not in documented and f"{family}_total" not in documented
     }
     assert not undocumented, f"docs/edge.md does not list {sorted(undocumented)}"
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item.get("value", "") for item in container.get("env", [])}
+
+
+def test_tracing_is_off_by_default_and_sets_the_sdks_variables_on_edge_and_nodes(
+    chart_tools: ChartTools,
+) -> None:
+    deployments = by_kind(chart_tools.documents(), "Deployment")
+    for name in ("iop-iop-edge-edge", "iop-iop-edge-node-node-1"):
+        (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        assert not [key for key in env_of(container) if key.startswith("OTEL_")]
+
+    tracing = {"enabled": True, "endpoint": "http://collector.obs:4317", "samplerArg": "0.1"}
+    deployments = by_kind(chart_tools.documents(values={"tracing": tracing}), "Deployment")
+    for name, service in (
+        ("iop-iop-edge-edge", "iop-edge"),
+        ("iop-iop-edge-node-node-1", "iop-node"),
+    ):
+        (container,) = deployments[name]["spec"]["template"]["spec"]["containers"]
+        env = env_of(container)
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector.obs:4317"
+        assert env["OTEL_EXPORTER_OTLP_INSECURE"] == "true"
+        assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+        assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.1"
+        assert env["OTEL_SERVICE_NAME"] == service
+
+
+def test_the_values_schema_refuses_a_sampler_argument_out_of_range(chart_tools: ChartTools) -> None:
+    with pytest.raises(AssertionError, match="samplerArg"):
+        chart_tools.documents(values={"tracing": {"enabled": True, "samplerArg": "2"}})

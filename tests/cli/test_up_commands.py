@@ -18,22 +18,26 @@ import yaml
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
 from iop.edgeconfig import OpenAIAdapterSettings, load_data, load_file, token_sha256
 from iop.processes import iop_command, terminate
+from testkit.otlp import OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "configs" / "edge.yaml"
 
 
 @contextlib.asynccontextmanager
-async def iop_up(*args: str, **options: Any) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`iop up --json ARGS` in a session of its own: however the test ends (a timeout kills `iop
-    up` before it stopped its children), nothing it started outlives the test."""
+async def iop_up(
+    *args: str, env: dict[str, str] | None = None, **options: Any
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`iop up --json ARGS` in a session of its own (`env`: variables on top of the tests'):
+    however the test ends (a timeout kills `iop up` before it stopped its children), nothing it
+    started outlives the test."""
     process = await asyncio.create_subprocess_exec(
         *iop_command(),
         "up",
         "--json",
         *args,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         start_new_session=True,
         **options,
     )
@@ -133,3 +137,27 @@ async def test_iop_up_applies_the_edited_config_on_sighup(tmp_path: Path) -> Non
         assert after["config"]["nodes"] == before["config"]["nodes"]  # same tokens, same nodes
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+async def test_iop_up_traces_when_an_otlp_endpoint_is_set() -> None:
+    """The standard variables reach every process `iop up` starts: a request's trace has the
+    Edge's spans and the Node's, in one trace."""
+    async with OtlpReceiver() as receiver:
+        async with iop_up("--config", str(SAMPLE), env=receiver.environment()) as process:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            assert line, f"iop up exited with {await process.wait()}"
+            up = orjson.loads(line)
+            async with openai.AsyncOpenAI(
+                base_url=up["base_url"], api_key=up["api_key"], max_retries=0, timeout=30
+            ) as client:
+                await client.chat.completions.create(
+                    model="llama-3.1-8b", messages=[{"role": "user", "content": "Hello!"}]
+                )
+            spans = await receiver.wait_for(3)
+    request = next(s for s in spans if s.name == "chat llama-3.1-8b")
+    trace = [s for s in spans if s.trace_id == request.trace_id]
+    assert {s.service for s in trace} == {"iop-edge", "iop-node"}
+    run = next(s for s in trace if s.name == "iop.run")
+    (node,) = [s for s in trace if s.parent_span_id == run.span_id]
+    assert node.service == "iop-node" and node.kind == "client"

@@ -16,6 +16,7 @@ import sys
 import orjson
 import uvloop
 
+from iop import tracing
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edge import EdgeServer
 from iop.edge.http import AdminAuthError
@@ -63,11 +64,14 @@ def run_edge(args: argparse.Namespace) -> int:
     except (AdminAuthError, TlsError) as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)
         return 1
+    tracing.configure("iop-edge")  # on when OTEL_EXPORTER_OTLP_ENDPOINT says where to
     try:
         uvloop.run(_serve(edge, os.path.abspath(args.config)))
     except OSError as exc:
         print(f"iop edge run: {exc}", file=sys.stderr)
         return 1
+    finally:
+        tracing.shutdown()
     return 0
 
 

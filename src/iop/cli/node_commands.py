@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
+from iop import tracing
 from iop.aiokits import bind_listener, split_listener
 from iop.node import HealthServer, NodeAgent
 from iop.wire import ClientTls, TlsError
@@ -146,7 +147,11 @@ def _run(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as exc:
             print(f"iop node run: --health-listen {args.health_listen}: {exc}", file=sys.stderr)
             return 2
-    uvloop.run(_serve(agent, args.shutdown_grace, health))
+    tracing.configure("iop-node")  # on when OTEL_EXPORTER_OTLP_ENDPOINT says where to
+    try:
+        uvloop.run(_serve(agent, args.shutdown_grace, health))
+    finally:
+        tracing.shutdown()
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .http import ClientGuard
@@ -78,4 +78,11 @@ class GuardCollector(Collector):
                 "read too little for openai.stream_stall_timeout_ms.",
             )
             stalled.add_metric([], hub.streams_stalled)
-            yield from (crowded, capped, stalled)
+            paused = GaugeMetricFamily(
+                "iop_edge_streams_paused",
+                "Streams whose run waits now for its client to read (paused on its Node, or "
+                "not pulled for a heartbeat interval on the Edge); each is stopped once it has "
+                "waited openai.stream_stall_timeout_ms.",
+            )
+            paused.add_metric([], hub.streams_paused())
+            yield from (crowded, capped, stalled, paused)

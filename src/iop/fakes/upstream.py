@@ -54,6 +54,8 @@ _EMBEDDINGS: Final = b"/v1/embeddings"
 _DONE: Final = b"data: [DONE]\n\n"
 #: Most distinct bearer tokens `bearer_sha256` keeps.
 _MAX_BEARERS: Final = 64
+#: Most traceparent headers `UpstreamStats.traceparents` keeps.
+_MAX_TRACEPARENTS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,7 @@ class UpstreamStats:
     it accepted (so a test can see a client's keep-alive pool), `peak_in_flight` the most
     completions it served at once (so a test can check a capacity), `bearer_sha256` the SHA-256
     of each bearer token it was sent, with how often (so a test can tell which key reached it, and
-    never holds one)."""
+    never holds one), `traceparents` the trace context of the latest requests."""
 
     requests: int = 0
     completions: int = 0
@@ -95,6 +97,9 @@ class UpstreamStats:
     connections: int = 0
     peak_in_flight: int = 0
     bearer_sha256: dict[str, int] = field(default_factory=dict)
+    #: The `traceparent` headers of the latest requests that had one (at most
+    #: `_MAX_TRACEPARENTS`, oldest first), so a test can see a trace reach the model server.
+    traceparents: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -172,6 +177,11 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        traceparent = self._headers.get(b"traceparent")
+        if traceparent is not None:
+            seen = self._server.stats.traceparents
+            seen.append(traceparent.decode("latin-1"))
+            del seen[:-_MAX_TRACEPARENTS]
         request = _Request(
             method=self._parser.get_method(),
             target=self._url,

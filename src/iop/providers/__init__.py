@@ -3,6 +3,7 @@
 - `running`: `Runner`, the adapter registry built from a node's payload: capacity, runs
   (`Runner.execute` pushes a run's events to a Node's stream, `Runner.run_events` hands them to
   a caller in the same process, an `AdmittedRun`), swaps with drain, each provider's health;
+- `runtraces`: a run's span, when the process traces;
 - `healthstates`: a provider's verdict from its probes (`probing`) and how its real runs end;
 - `adapters`: how a run reaches a provider (`openai`, `fake`).
 

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 import orjson
 
+from iop import tracing
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import NodePayload, ProviderPayload, UpstreamPolicy
 from iop.wire import (
@@ -41,6 +42,7 @@ from iop.wire import (
 from .adapters import Adapter, AdapterError, build_adapter
 from .healthstates import HealthState
 from .probing import Prober, ProbeTarget
+from .runtraces import RunTrace
 
 logger = logging.getLogger(__name__)
 
@@ -569,7 +571,7 @@ class AdmittedRun:
     is one more frame to resume for every event and is registered with the loop at its first
     step, and the request path pulls every event of every run through it."""
 
-    __slots__ = ("_done", "_events", "_provision", "_request", "_runner")
+    __slots__ = ("_done", "_events", "_provision", "_request", "_runner", "_trace")
 
     def __init__(self, runner: Runner, request: RunRequest, provision: Provision) -> None:
         adapter = provision.adapter
@@ -577,7 +579,16 @@ class AdmittedRun:
         self._runner = runner
         self._request = request
         self._provision = provision
-        self._events: AsyncGenerator[RunEvent, None] = adapter.run(request)
+        tracer = tracing.tracer()
+        #: The run's span, when this process traces (`runtraces.py`).
+        self._trace = None
+        # A run whose Edge did not sample its trace is not sampled here either (parent-based).
+        traceparent = request.traceparent
+        if tracer is not None and (traceparent is None or tracing.sampled(traceparent)):
+            kind = str(provision.payload.adapter.get("type", ""))
+            self._trace = RunTrace(tracer, request, kind, adapter.upstream)
+        sent = request if self._trace is None else self._trace.request(request)
+        self._events: AsyncGenerator[RunEvent, None] = adapter.run(sent)
         self._done = False
 
     def __aiter__(self) -> AdmittedRun:
@@ -612,6 +623,8 @@ class AdmittedRun:
             self._release()
             raise
         else:
+            if self._trace is not None:
+                self._trace.event(event)
             if not isinstance(event, TERMINAL_EVENTS):
                 return event
             self._runner._judge_run(request, self._provision, event)
@@ -630,4 +643,6 @@ class AdmittedRun:
     def _release(self) -> None:
         if not self._done:
             self._done = True
+            if self._trace is not None:
+                self._trace.end()
             self._runner.release(self._request, self._provision)

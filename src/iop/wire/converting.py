@@ -18,6 +18,7 @@ import orjson
 from pydantic import ValidationError
 
 from iop.edgeconfig import HealthPolicy, NodePayload, ProviderPayload
+from iop.tracing import valid_traceparent
 
 from . import runtime_pb2 as pb
 from .liveness import Liveness
@@ -64,6 +65,7 @@ def request_to_proto(request: RunRequest, now: float | None = None) -> pb.RunReq
         long_context=request.long_context,
         max_response_bytes=request.max_response_bytes or 0,
         sse_chunks=request.sse_chunks,
+        traceparent=request.traceparent or "",
     )
 
 
@@ -89,6 +91,7 @@ def request_from_proto(message: pb.RunRequest, now: float | None = None) -> RunR
         long_context=message.long_context,
         max_response_bytes=message.max_response_bytes or None,
         sse_chunks=message.sse_chunks,
+        traceparent=valid_traceparent(message.traceparent),
     )
 
 

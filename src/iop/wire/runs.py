@@ -42,6 +42,8 @@ class RunRequest:
     long_context: bool = False
     max_response_bytes: int | None = None
     sse_chunks: bool = False
+    #: The W3C `traceparent` the run continues (`iop.tracing`), well formed; None: no trace.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -807,6 +807,7 @@ class RunRequest(_message.Message):
     LONG_CONTEXT_FIELD_NUMBER: _builtins.int
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _builtins.int
     SSE_CHUNKS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     provider_id: _builtins.str
     served_model: _builtins.str
@@ -833,6 +834,11 @@ class RunRequest(_message.Message):
     predates it never sets it, and a Node that predates it sends one chunk object per event,
     which the Edge still frames itself.
     """
+    traceparent: _builtins.str
+    """The W3C trace context the Node's spans continue and its model server's request carries
+    (`traceparent`, version 00): the Edge's span of this run when the Edge traces, else the
+    client's header as it came. Empty: none. A Node drops a value that is not well formed.
+    """
     def __init__(
         self,
         *,
@@ -846,10 +852,11 @@ class RunRequest(_message.Message):
         long_context: _builtins.bool = ...,
         max_response_bytes: _builtins.int = ...,
         sse_chunks: _builtins.bool = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "sse_chunks", b"sse_chunks", "stream", b"stream", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "kind", b"kind", "long_context", b"long_context", "max_response_bytes", b"max_response_bytes", "provider_id", b"provider_id", "run_id", b"run_id", "served_model", b"served_model", "sse_chunks", b"sse_chunks", "stream", b"stream", "timeout_s", b"timeout_s", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -402,3 +402,26 @@ operator's webhook checks a config's `apiKeyEnv` against. */}}
 {{- end }}
 {{- dict "keys" $all | toJson }}
 {{- end }}
+
+{{- /* The OTEL_* variables of a container of `service` (iop-edge, iop-node) when tracing is on:
+the SDK reads them (docs/edge.md, "Traces"). Arguments: (list $ service). */}}
+{{- define "iop-edge.tracing-env" -}}
+{{- $root := index . 0 }}
+{{- $service := index . 1 }}
+{{- with $root.Values.tracing }}
+{{- if .enabled }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_INSECURE
+  value: {{ .insecure | toString | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .samplerArg | quote }}
+- name: OTEL_SERVICE_NAME
+  value: {{ $service | quote }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ printf "k8s.namespace.name=%s,service.namespace=%s" $root.Release.Namespace $root.Release.Name | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

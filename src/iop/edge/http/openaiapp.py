@@ -20,11 +20,12 @@ from typing import Final
 
 import orjson
 
+from iop import tracing
 from iop.aiokits import LogThrottle
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from ..authenticating import Authenticator, Principal
-from ..bodies import BodyBounds, apply_policy, is_long, parse_request
+from ..bodies import BodyBounds, ParsedRequest, apply_policy, is_long, parse_request
 from ..errors import (
     EdgeError,
     InternalError,
@@ -35,7 +36,7 @@ from ..errors import (
     RouteNotFound,
 )
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
-from ..limits import NO_GRANT, Limiter
+from ..limits import NO_GRANT, Grant, Limiter
 from ..pool import (
     CLASS_HEADER,
     MAX_WAIT_HEADER,
@@ -45,6 +46,7 @@ from ..pool import (
     PoolSnapshot,
     Relay,
     RelayedRun,
+    RequestTrace,
 )
 from .exchanges import ClientGone, Exchange
 from .responses import answer_error, error_event, provider_failed
@@ -209,6 +211,14 @@ class OpenAIApp:
         grant = NO_GRANT
         side = STABLE
         relayed: RelayedRun | None = None
+        trace: RequestTrace | None = None
+        traceparent = tracing.valid_traceparent(exchange.header(tracing.TRACEPARENT))
+        tracer = tracing.tracer()
+        if tracer is not None:
+            trace, traceparent = RequestTrace.start(
+                tracer, exchange.path, traceparent, exchange.header(tracing.TRACESTATE), arrived
+            )
+        failure: BaseException | None = None
         try:
             principal = exchange.principal or self._authenticator.authenticate(
                 exchange.header(b"authorization")
@@ -232,24 +242,31 @@ class OpenAIApp:
                 exchange.header(CLASS_HEADER),
                 exchange.header(MAX_WAIT_HEADER),
             )
+            if trace is not None:
+                trace.request(kind, model, request, principal, priority)
             if self._limiter is not None:  # before the request takes a slot or a queue place
-                grant = await self._limiter.admit(principal, model, request)
+                grant = await self._admit(principal, model, request, trace)
             task = asyncio.current_task()
             assert task is not None
             gone.task = task
             exchange.on_gone(gone)
-            relayed = self._relay.open(request, long, principal, side, priority)
+            relayed = self._relay.open(request, long, principal, side, priority, trace, traceparent)
             async with relayed as run:
                 provider = run.provider_id
                 model = run.model_id  # a fallback's, when one took over
+                if trace is not None and run.lease is not None:
+                    trace.answered_by(model, provider, run.lease.served_model)
                 if request.stream:
                     status = await self._stream(
-                        run, exchange, arrived, model, request.include_usage, grant.headers
+                        run, exchange, arrived, model, request.include_usage, grant.headers, trace
                     )
                 else:
-                    status = await self._respond(run, exchange, arrived, model, grant.headers)
+                    status = await self._respond(
+                        run, exchange, arrived, model, grant.headers, trace
+                    )
         except EdgeError as error:
             exchange.on_gone(None)  # what comes next is the end of this answer
+            failure = error
             status = self._refuse(exchange, error)
         except ClientGone:
             status = _CLIENT_GONE
@@ -259,10 +276,13 @@ class OpenAIApp:
                 status = _CLIENT_GONE  # our own cancellation: the client left, nothing to send
             else:
                 raise
-        except Exception:
+        except Exception as exc:
             status = 500  # a bug: __call__ logs it and answers 500
+            failure = exc
             raise
         finally:
+            if trace is not None:
+                trace.end(status, failure)
             exchange.on_gone(None)
             grant.finish(relayed.spent if relayed is not None else None, status == 200)
             retried = relayed.retried_tries if relayed is not None else 0
@@ -270,7 +290,13 @@ class OpenAIApp:
             self._metrics.observe_duration(model, time.perf_counter() - arrived, side)
 
     async def _respond(
-        self, run: RelayedRun, exchange: Exchange, arrived: float, model: str, headers: _Headers
+        self,
+        run: RelayedRun,
+        exchange: Exchange,
+        arrived: float,
+        model: str,
+        headers: _Headers,
+        trace: RequestTrace | None,
     ) -> int:
         """A non-streaming answer: the Node's one chunk is the whole body."""
         body = b""
@@ -278,8 +304,12 @@ class OpenAIApp:
             if isinstance(event, RunChunk):
                 body = event.data
                 self._metrics.observe_first_token(model, time.perf_counter() - arrived, run.side)
+                if trace is not None:
+                    trace.first_token()
             elif isinstance(event, RunDone):
                 exchange.respond(200, body, headers=headers)
+                if trace is not None:
+                    trace.finished(event.finish_reason)
                 return 200
             elif isinstance(event, RunFailed):
                 return self._refuse(exchange, provider_failed(event))
@@ -293,6 +323,7 @@ class OpenAIApp:
         model: str,
         include_usage: bool,
         headers: _Headers,
+        trace: RequestTrace | None,
     ) -> int:
         """An SSE answer: one `data:` event per chunk object (a Node's chunk of whole events,
         `sse`, as it is), then `data: [DONE]`.
@@ -315,11 +346,15 @@ class OpenAIApp:
                         self._metrics.observe_first_token(
                             model, time.perf_counter() - arrived, run.side
                         )
+                        if trace is not None:
+                            trace.first_token()
                         exchange.start(200, start_headers)
                     parts.append(event.data if event.sse else b"data: " + event.data + b"\n\n")
                 elif isinstance(event, RunDone):
                     if not started:
                         exchange.start(200, start_headers)
+                    if trace is not None:
+                        trace.finished(event.finish_reason)
                     parts.append(_DONE)
                     await exchange.end(b"".join(parts))
                     return 200
@@ -338,6 +373,16 @@ class OpenAIApp:
         status, data = error_event(_ended_early())
         await exchange.end(data)
         return status
+
+    async def _admit(
+        self, principal: Principal, model: str, request: ParsedRequest, trace: RequestTrace | None
+    ) -> Grant:
+        """The principal's limits for this request (`Limiter.admit`), in a span when traced."""
+        assert self._limiter is not None
+        if trace is None:
+            return await self._limiter.admit(principal, model, request)
+        with trace.child("iop.limits"):
+            return await self._limiter.admit(principal, model, request)
 
     def _too_large(self) -> PayloadTooLarge:
         limit = self._max_request_bytes

@@ -309,6 +309,14 @@ class LocalNodes:
             return None
         return LocalRun(self, self._runners[node_id], request)
 
+    def paused(self, now: float, longer_than: float) -> int:
+        """How many runs' clients have pulled nothing for `longer_than` seconds."""
+        return sum(
+            1
+            for run in self.runs
+            if run.idle_since is not None and now - run.idle_since > longer_than
+        )
+
     def tick(self, now: float, stall_timeout: float) -> int:
         """The hub's heartbeat tick: refresh the loads; stop the runs whose client stalled
         longer than `stall_timeout` (how many)."""

@@ -217,6 +217,15 @@ class NodeHub(AsyncService):
         #: Streams stopped because their client read too little for too long (their slots freed).
         self.streams_stalled = 0
 
+    def streams_paused(self) -> int:
+        """Streams whose run waits for its client to read: paused on its Node, or on this Edge
+        not pulled for a heartbeat interval; each is stopped once it has waited
+        `openai.stream_stall_timeout_ms`. (The loop's clock is `time.monotonic`: a scrape may
+        ask from another thread.)"""
+        now = time.monotonic()
+        on_nodes = sum(len(session.paused) for session in self._sessions.values())
+        return on_nodes + self._local.paused(now, self.liveness.heartbeat_interval)
+
     @property
     def hellos_refused(self) -> int:
         """Connections refused because too many were waiting for their hello to be checked."""

@@ -5,6 +5,6 @@
 - `rediscounters`: the same counters in Redis, for a fleet; `redisclient`: a lean Redis client.
 """
 
-from .limiter import NO_GRANT, Limiter
+from .limiter import NO_GRANT, Grant, Limiter
 
-__all__ = ["NO_GRANT", "Limiter"]
+__all__ = ["NO_GRANT", "Grant", "Limiter"]

@@ -7,7 +7,8 @@
 - `relaying`: one request's run, retries (`retrying`), fallbacks; `metering` (`counts`): usage and
   the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
   `splits`: which revision serves a request while a change is on trial; `priorities`: the
-  priority class a request waits in, and what each class's requests came to.
+  priority class a request waits in, and what each class's requests came to; `traces`: a
+  request's spans, when the Edge traces.
 """
 
 from .dispatching import Dispatcher
@@ -17,6 +18,7 @@ from .priorities import CLASS_HEADER, MAX_WAIT_HEADER
 from .relaying import Relay, RelayedRun
 from .snapshots import PoolSnapshot
 from .splits import CANDIDATE, STABLE, Side, Split
+from .traces import RequestTrace
 
 __all__ = [
     "CANDIDATE",
@@ -31,6 +33,7 @@ __all__ = [
     "Reading",
     "Relay",
     "RelayedRun",
+    "RequestTrace",
     "Side",
     "Split",
 ]

@@ -39,6 +39,7 @@ from .priorities import DEFAULT_PRIORITY, Priority
 from .retrying import RetryBudget, RetryBudgets, should_retry
 from .snapshots import PoolModel
 from .splits import CANDIDATE, STABLE, Side
+from .traces import RequestTrace
 
 
 class Relay:
@@ -60,8 +61,12 @@ class Relay:
         principal: Principal,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        trace: RequestTrace | None = None,
+        traceparent: str | None = None,
     ) -> RelayedRun:
-        return RelayedRun(self, request, long, principal, side, priority)
+        """`trace`: the request's spans, when the Edge traces; else `traceparent`, the client's,
+        goes with each run as it came."""
+        return RelayedRun(self, request, long, principal, side, priority, trace, traceparent)
 
     def next_run_id(self) -> str:
         """A run id unique to this Edge process."""
@@ -104,6 +109,8 @@ class RelayedRun:
         principal: Principal,
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
+        trace: RequestTrace | None = None,
+        traceparent: str | None = None,
     ) -> None:
         self._dispatcher = relay.dispatcher
         self._hub = relay.hub
@@ -133,6 +140,10 @@ class RelayedRun:
         #: Its tries that failed before their first byte and were tried again (a busy refusal
         #: is none), counted with the request when it ends (`OutcomeTally.request`).
         self.retried_tries = 0
+        self._trace = trace
+        self._traceparent = traceparent
+        #: Why the next try is made (its span says): the first, a retry's failure, a fallback.
+        self._why = "first"
 
     @property
     def provider_id(self) -> str:
@@ -170,6 +181,8 @@ class RelayedRun:
                 if attempts is None:
                     attempts = _Attempts((asked,))
                 side = self._side
+                if self._trace is not None:
+                    self._trace.run_ended(first)
                 if self._try_again(first, lease, attempts, budget, deadline):
                     await self._close_stream(None, None, None)
                     if self._side != side:  # the candidate's config failed, not the provider
@@ -187,6 +200,9 @@ class RelayedRun:
         """The slot of the next try: the first try's (with fallbacks, `_first_lease`), or a
         retry's within the first try's deadline; None when a retry finds none in time."""
         dispatcher = self._dispatcher
+        trace = self._trace
+        if trace is not None:
+            trace.waiting(self._model)
         try:
             if deadline is None and attempts is not None:
                 lease = await self._first_lease(attempts, budget)
@@ -201,10 +217,16 @@ class RelayedRun:
                     side=self._side,
                     priority=self._priority,
                 )
-        except (QueueTimeout, NoProvider, ModelNotFound):
+        except BaseException as error:
+            if trace is not None:
+                trace.not_leased(error)
+            if not isinstance(error, (QueueTimeout, NoProvider, ModelNotFound)):
+                raise
             if attempts is None or attempts.failure is None:
                 raise
             return None
+        if trace is not None:
+            trace.leased(lease)
         if deadline is None:
             self._metrics.observe_queue_wait(
                 self._model, self._principal.principal_ref, lease.waited_s
@@ -252,6 +274,7 @@ class RelayedRun:
         there."""
         metrics = self._metrics
         asked = attempts.chain[0]
+        self._why = failed.code
         if failed.code == wire_statuses.PROVIDER_BUSY:
             metrics.count_retry(asked, failed.code)
             return True
@@ -460,12 +483,17 @@ class RelayedRun:
         """Hand the request to fallback model `model_id`: its policy, its metrics."""
         self._metrics.count_fallback(self._request.model, model_id, reason)
         self._model = model_id
+        self._why = f"fallback from {self._request.model}: {reason}"
         pool_model = self._dispatcher.model_view(model_id, self._side)
         if pool_model is not None:
             apply_policy(self._request, pool_model.generation)
 
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
+        trace = self._trace
+        traceparent = self._traceparent
+        if trace is not None:
+            traceparent = trace.run_started(lease, self._model, self._why)
         stream = self._hub.run(
             RunRequest(
                 run_id=self._next_run_id(),
@@ -477,6 +505,7 @@ class RelayedRun:
                 long_context=self._long,
                 max_response_bytes=lease.snapshot.config.openai.max_response_bytes,
                 sse_chunks=request.stream,
+                traceparent=traceparent,
             )
         )
         await stream.__aenter__()
@@ -569,6 +598,8 @@ class RelayedRun:
         lease = self._lease
         assert lease is not None
         self.spent = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+        if self._trace is not None:
+            self._trace.usage(usage)
         self._metrics.count_usage(
             self._principal,
             self._model,

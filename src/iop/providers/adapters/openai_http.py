@@ -157,7 +157,12 @@ class OpenAIAdapter:
         response: Response | None = None
         sent_chunk = False
         try:
-            response = await client.post(_PATHS[request.kind], body, request.deadline)
+            head = (
+                b""
+                if request.traceparent is None
+                else b"traceparent: %s\r\n" % (request.traceparent.encode("ascii"))
+            )
+            response = await client.post(_PATHS[request.kind], body, request.deadline, head)
             if response.status >= 300:  # a redirect's body is not the answer either
                 detail = await _read_at_most(response, _ERROR_BODY_BYTES) or b""
                 yield statuses.upstream_http_failure(response.status, detail)

@@ -395,17 +395,21 @@ class UpstreamClient:
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self.closed = False
 
-    async def post(self, path: str, body: bytes, deadline: float | None = None) -> Response:
+    async def post(
+        self, path: str, body: bytes, deadline: float | None = None, head: bytes = b""
+    ) -> Response:
         """Send `body` to `path` (under the base URL's path) and wait for the status line;
-        `deadline` (Unix time) bounds the whole exchange, reads of the body included."""
+        `deadline` (Unix time) bounds the whole exchange, reads of the body included. `head`:
+        header lines of this request only (each ending in CRLF, checked by the caller)."""
         loop = asyncio.get_running_loop()
         due = None if deadline is None else loop.time() + (deadline - time.time())
         connection = await self._acquire(due)
         try:
             connection.begin()
             assert connection.transport is not None
-            request = b"POST %s HTTP/1.1\r\n%s%d\r\n\r\n" % (
+            request = b"POST %s HTTP/1.1\r\n%s%s%d\r\n\r\n" % (
                 (self._prefix + path).encode("latin-1"),
+                head,
                 self._head,
                 len(body),
             )
