@@ -1019,8 +1019,6 @@ class Dispatcher:
                 limits = candidate.provider
                 if slots.in_flight >= limits.capacity:
                     continue
-                if pool_model.adapter is not None and self._swap_here(pool_model, provider_id):
-                    continue  # its requests wait for a server that holds the adapter
                 long_ok = (
                     limits.long_context_slots is None
                     or slots.long_in_flight < limits.long_context_slots
@@ -1028,9 +1026,18 @@ class Dispatcher:
                 for long in (False, True) if long_ok else (False,):
                     queue = self._queues.get((pool_model.id, long, stable_view))
                     head = queue.head() if queue is not None else None
-                    if head is not None and (
-                        oldest is None
-                        or (-head.priority.level, head.seq) < (-oldest.priority.level, oldest.seq)
+                    if (
+                        head is not None
+                        and (
+                            oldest is None
+                            or (-head.priority.level, head.seq)
+                            < (-oldest.priority.level, oldest.seq)
+                        )
+                        # An adapter's requests wait for a server that holds it, not a swap.
+                        and (
+                            pool_model.adapter is None
+                            or not self._swap_here(pool_model, provider_id)
+                        )
                     ):
                         oldest, chosen = head, (pool_model, candidate)
             if oldest is None or chosen is None:
