@@ -138,6 +138,21 @@ def pods_left(cluster: KubeCluster, namespace: str) -> list[str]:
     ]
 
 
+def chat_trace(cluster: KubeCluster, namespace: str) -> list[dict[str, Any]] | None:
+    """The spans of a chat's trace at the chart's fake collector, once it holds the Edge's span
+    of the request, its run, and the Node's span under that run."""
+    service = cluster.get("service", "iop-fake-collector", "-n", namespace)["spec"]
+    spans: list[dict[str, Any]] = httpx.get(
+        f"http://{service['clusterIP']}:4320/spans", timeout=10
+    ).json()
+    for request in (s for s in spans if s["name"] == "chat llama-3.1-8b"):
+        trace = [s for s in spans if s["trace_id"] == request["trace_id"]]
+        runs = [s for s in trace if s["name"] == "iop.run"]
+        if runs and any(s["parent_span_id"] == runs[0]["span_id"] for s in trace):
+            return trace
+    return None
+
+
 def secret_data(cluster: KubeCluster, namespace: str) -> dict[str, dict[str, str]]:
     return {
         s["metadata"]["name"]: s.get("data", {})
@@ -154,15 +169,27 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
         "--from-literal=vllm-a=not-a-real-key",
     )  # fmt: skip
     values = yaml.safe_load(VALUES.read_text())
+    # Traces on, every one sampled, to the chart's fake collector.
+    values["tracing"] = {"enabled": True, "samplerArg": "1.0"}
+    values["fakeCollector"] = {"enabled": True}
+    installed = tmp_path / "values.yaml"
+    installed.write_text(yaml.safe_dump(values))
 
     # Install: every pod runs, the operator writes the config, the EdgeConfig becomes Ready and
     # the Edge answers through its Service with the chart's generated API key.
     cluster.helm(
-        "install", RELEASE, str(CHART), "-n", namespace, "-f", str(VALUES),
+        "install", RELEASE, str(CHART), "-n", namespace, "-f", str(installed),
         "--wait", "--timeout=240s", timeout=300,
     )  # fmt: skip
     wait_ready(cluster, namespace, 1)
     assert chat(cluster, namespace)["choices"][0]["message"]["content"]
+    # ... and its trace: the Edge pod's spans and the Node pod's, one trace across the gRPC link.
+    trace = wait_for(
+        lambda: chat_trace(cluster, namespace),
+        timeout=60,
+        what="the chat's trace at the fake collector",
+    )
+    assert {span["service"] for span in trace} == {"iop-edge", "iop-node"}
     edge_config = cluster.get("configmap", f"{EC}-edge", "-n", namespace)
     assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["admin"]["listen"] == "0.0.0.0:9090"
     # The Node link is TLS by default, with the certificates the operator made (the chat above
@@ -196,7 +223,7 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     tokens = secret_data(cluster, namespace)
     pods = pod_uids(cluster, namespace)
     assert {name.rsplit("-", 2)[0] for name in pods} == {
-        "iop-edge", "iop-operator", "iop-fake-upstream",
+        "iop-edge", "iop-operator", "iop-fake-upstream", "iop-fake-collector",
         "iop-node-node-1", "iop-node-node-2", "iop-node-node-3",
     }  # fmt: skip
 

@@ -325,3 +325,20 @@ def test_tracing_is_off_by_default_and_sets_the_sdks_variables_on_edge_and_nodes
 def test_the_values_schema_refuses_a_sampler_argument_out_of_range(chart_tools: ChartTools) -> None:
     with pytest.raises(AssertionError, match="samplerArg"):
         chart_tools.documents(values={"tracing": {"enabled": True, "samplerArg": "2"}})
+
+
+def test_tracing_goes_to_the_charts_fake_collector_when_no_endpoint_is_named(
+    chart_tools: ChartTools,
+) -> None:
+    values = {"tracing": {"enabled": True}, "fakeCollector": {"enabled": True}}
+    documents = chart_tools.documents(values=values)
+    (container,) = by_kind(documents, "Deployment")["iop-iop-edge-edge"]["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert env_of(container)["OTEL_EXPORTER_OTLP_ENDPOINT"] == (
+        "http://iop-iop-edge-fake-collector:4317"
+    )
+    service = by_kind(documents, "Service")["iop-iop-edge-fake-collector"]
+    assert [port["port"] for port in service["spec"]["ports"]] == [4317, 4320]
+    with pytest.raises(AssertionError, match=r"tracing\.endpoint"):
+        chart_tools.documents(values={"tracing": {"enabled": True}})

@@ -3,10 +3,10 @@ with the OpenTelemetry SDK over OTLP/gRPC to a real receiver (`testkit.otlp`), d
 official `openai` client with a `traceparent` of its own.
 
 One trace from the client's request to the model server's: the Edge's request span continues the
-client's, its limits and its run are its children, the Node's span of the run is
-the run's child across the gRPC link (or on the Edge, for a node placed there), and the model
-server's request names the Node's span as its parent. With tracing off the client's context
-still reaches the model server unchanged; a malformed one never does.
+client's; its wait for a slot, its limits' refusal and its run are its children; the Node's span
+of the run is the run's child across the gRPC link (or on the Edge, for a node placed there);
+the model server's request names the Node's span as its parent. With tracing off the client's
+context still reaches the model server unchanged; a malformed one never does.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ async def stack(
     placement: str,
     env: dict[str, str],
     capacity: int = 4,
+    **options: Any,
 ) -> AsyncIterator[Stack]:
     async with contextlib.AsyncExitStack() as exits:
         upstream = await exits.enter_async_context(spawn_fake_upstream())
@@ -72,6 +73,7 @@ async def stack(
             {"llama": ["up-a"]},
             model_settings={"llama": {"generation": {"max_tokens": 6}}},
             placement=placement,
+            **options,
         )
         (folder / "edge.yaml").write_text(yaml.safe_dump(document))
         (folder / "node.token").write_text(node_token_of("node-1"))
@@ -121,10 +123,10 @@ async def test_one_trace_from_the_client_to_the_model_server(
                     )
                     assert answer.choices[0].message.content
             upstream_context = (await edge.traceparents())[-1]
-            spans = await receiver.wait_for(4)
+            spans = await receiver.wait_for(3)
 
     spans = [s for s in spans if s.trace_id == trace_id]
-    assert len(spans) == 4, spans
+    assert len(spans) == 3, spans
     request = one(spans, "chat llama", client_span)
     assert (request.kind, request.service) == ("server", "iop-edge")
     attributes = request.attributes
@@ -139,7 +141,9 @@ async def test_one_trace_from_the_client_to_the_model_server(
     assert attributes["iop.principal"] == "team-search"
     assert attributes["iop.tries"] == 1
 
-    one(spans, "iop.limits", request.span_id)  # the principal's limits (the tests' config's)
+    # The principal's limits, checked in the process's own counters: microseconds, no span.
+    assert 0 <= attributes["iop.limits_ms"] < 1
+    assert not [s for s in spans if s.name == "iop.limits"]
     # A slot was free at once: no queue span; the run says how it was dispatched.
     assert not [s for s in spans if s.name == "iop.queue"]
     run = one(spans, "iop.run", request.span_id)
@@ -223,7 +227,7 @@ async def test_a_request_that_waits_for_a_slot_has_a_queue_span(
                     model="llama", messages=hello, extra_headers={"traceparent": traceparent}
                 )
                 await holder
-            spans = await receiver.wait_for(9)  # the holder's 4, the waiting request's 5
+            spans = await receiver.wait_for(7)  # the holder's 3, the waiting request's 4
 
     spans = [s for s in spans if s.trace_id == trace_id]
     request = one(spans, "chat llama", client_span)
@@ -233,3 +237,30 @@ async def test_a_request_that_waits_for_a_slot_has_a_queue_span(
     assert queue.attributes["iop.queue_wait_ms"] > 500  # what was left of the holder's 1.5 s
     run = one(spans, "iop.run", request.span_id)
     assert run.attributes["iop.queue_wait_ms"] == queue.attributes["iop.queue_wait_ms"]
+
+
+async def test_a_request_its_limits_refuse_has_a_limits_span_with_the_error(
+    document_of, iop_processes, tmp_path
+) -> None:
+    trace_id, client_span, traceparent = client_context()
+    once = {"limits": [{"principal_ref": "team-search", "requests_per_minute": 1}]}
+    async with OtlpReceiver() as receiver:
+        env = receiver.environment()
+        async with stack(document_of, iop_processes, tmp_path, "edge", env, openai=once) as edge:
+            async with edge.client() as client:
+                hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+                await client.chat.completions.create(model="llama", messages=hello)
+                with pytest.raises(openai.RateLimitError):
+                    await client.chat.completions.create(
+                        model="llama", messages=hello, extra_headers={"traceparent": traceparent}
+                    )
+            spans = await receiver.wait_for(5)  # the first request's 3, the refused one's 2
+
+    spans = [s for s in spans if s.trace_id == trace_id]
+    request = one(spans, "chat llama", client_span)
+    assert request.attributes["http.response.status_code"] == 429
+    assert request.attributes["error.type"] == "429"
+    limits = one(spans, "iop.limits", request.span_id)
+    assert limits.status == "error"
+    assert limits.attributes["error.type"] == "RateLimited"
+    assert not [s for s in spans if s.name == "iop.run"]  # refused before any slot

@@ -5,7 +5,7 @@ the library called, its results and errors turned into output and exit codes).
   `edge_commands` (`edge_running`: `iop edge run`;
   `reload_commands`: `iop edge reload`; `revision_commands`: `iop edge history` and `iop edge
   rollout`), `node_commands`, `operator_commands`,
-  `fake_upstream_commands`, `up_commands`;
+  `fake_upstream_commands`, `fake_collector_commands`, `up_commands`;
 - `problems`: a config that does not load, shown alike by every command; `policies`: the
   `--upstream-policy` of the commands that run or check providers; `settling`: what a
   long-running process does once it has started; `__main__`: `python -m iop.cli`.
@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fake-upstream": (
         "fake_upstream_commands",
         "serve a fake OpenAI-compatible API (prints its address as one JSON line)",
+    ),
+    "fake-collector": (
+        "fake_collector_commands",
+        "receive OpenTelemetry spans over OTLP and show them as JSON (for tests and demos)",
     ),
 }
 

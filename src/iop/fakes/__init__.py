@@ -6,6 +6,8 @@
 - `upstream`: `FakeUpstream`, the fake OpenAI-compatible server (`iop fake-upstream`) that stands
   in for GPU servers: those answers (embeddings too) at a configurable latency and speed, and
   failures on request (an error status, a connection dropped before or during an answer).
+- `collector`: `FakeCollector`, an OpenTelemetry collector's trace receiver (`iop
+  fake-collector`): OTLP/gRPC in, the spans it got as JSON out, for tests and demos.
 - `simulating`: `GpuEngine`, a simulated GPU model server behind the fake upstream's completions
   when given `GpuSettings` (`iop fake-upstream --gpu`; docs/architecture.md, "The fakes").
 """
@@ -18,6 +20,7 @@ from .answers import (
     parse_request,
     tokens,
 )
+from .collector import FakeCollector
 from .configs import sized_spec
 from .simulating import GpuEngine, GpuSettings
 from .upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
@@ -25,6 +28,7 @@ from .upstream import FAIL_MODES, FakeUpstream, FakeUpstreamSettings
 __all__ = [
     "EMBEDDING_DIMENSIONS",
     "FAIL_MODES",
+    "FakeCollector",
     "FakeUpstream",
     "FakeUpstreamSettings",
     "GpuEngine",

@@ -310,6 +310,7 @@ async def run_operator(
             stack.push_async_callback(election.release)
         tasks.append(guarded_task(_flag(watching, ready), name="ready", logger=logger))
         tasks.append(guarded_task(_signals_stop(watching, stop), name="signals", logger=logger))
+        tasks.append(guarded_task(_stop_on(stop, workers), name="workers-stop", logger=logger))
         await kopf.operator(
             registry=registry,
             settings=build_settings(options, server),
@@ -384,6 +385,15 @@ async def _release_on(stop: asyncio.Event, election: LeaderElection) -> None:
     shutdown (seconds): the standby takes over at its next try."""
     await stop.wait()
     await election.release()
+
+
+async def _stop_on(stop: asyncio.Event, workers: Workers) -> None:
+    """Stop the workers (and their watches) the moment the operator is told to stop: kopf gives
+    every task made after it started 5 s to end by itself before it cancels it, so an operator
+    whose workers still ran took 5.4 s from SIGTERM to its exit (measured in the e2e suite,
+    and more than 15 s once under load)."""
+    await stop.wait()
+    await workers.stop()
 
 
 async def _signals_stop(watching: asyncio.Event, stop: asyncio.Event) -> None:

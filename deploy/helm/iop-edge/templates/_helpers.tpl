@@ -410,8 +410,15 @@ the SDK reads them (docs/edge.md, "Traces"). Arguments: (list $ service). */}}
 {{- $service := index . 1 }}
 {{- with $root.Values.tracing }}
 {{- if .enabled }}
+{{- $endpoint := .endpoint }}
+{{- if and (not $endpoint) $root.Values.fakeCollector.enabled }}
+{{- $endpoint = printf "http://%s:%v" (include "iop-edge.component-name" (list $root "fake-collector")) $root.Values.fakeCollector.otlpPort }}
+{{- end }}
+{{- if not $endpoint }}
+{{- fail "tracing.enabled needs tracing.endpoint (your collector's OTLP/gRPC address) or fakeCollector.enabled" }}
+{{- end }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
-  value: {{ .endpoint | quote }}
+  value: {{ $endpoint | quote }}
 - name: OTEL_EXPORTER_OTLP_INSECURE
   value: {{ .insecure | toString | quote }}
 - name: OTEL_TRACES_SAMPLER

@@ -381,8 +381,14 @@ class OpenAIApp:
         assert self._limiter is not None
         if trace is None:
             return await self._limiter.admit(principal, model, request)
-        with trace.child("iop.limits"):
-            return await self._limiter.admit(principal, model, request)
+        began = time.time_ns()
+        try:
+            grant = await self._limiter.admit(principal, model, request)
+        except BaseException as error:
+            trace.limits(began, error)
+            raise
+        trace.limits(began)
+        return grant
 
     def _too_large(self) -> PayloadTooLarge:
         limit = self._max_request_bytes

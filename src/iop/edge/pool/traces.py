@@ -5,7 +5,8 @@ llama-8b`) continues the client's `traceparent` and holds the conventions' attri
 operation, the requested and the answering model, the provider, token counts, the time to first
 token, the finish reason) and the Edge's own (`iop.*`: principal, priority class, revision side,
 retries). Its children say where the time went before the model server saw the request:
-`iop.limits` (the principal's limits, when it has some), one `iop.queue` per wait for a slot
+`iop.limits` (the principal's limits, when they refused the request or took 1 ms or more:
+a shared store's round trip), one `iop.queue` per wait for a slot
 that was not given at once (the model, the candidate given, the dispatch policy, how long), and
 one `iop.run` (kind CLIENT) per try, from its start to the end of its run, with its provider, its
 Node, its try number and why it was tried (a retry's failure, a fallback's reason), the dispatch
@@ -21,12 +22,13 @@ that span's context, flagged not sampled, and the Node makes no span of them eit
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from iop import tracing
 from iop.wire import RunFailed, RunUsage
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
     from ..authenticating import Principal
@@ -38,7 +40,16 @@ if TYPE_CHECKING:
 class RequestTrace:
     """The spans of one sampled request on this Edge (see the module's docstring)."""
 
-    __slots__ = ("_arrived", "_run", "_span", "_tracer", "_tries", "_wait", "operation")
+    __slots__ = (
+        "_arrived",
+        "_attributes",
+        "_run",
+        "_span",
+        "_tracer",
+        "_tries",
+        "_wait",
+        "operation",
+    )
 
     def __init__(self, tracer: Tracer, span: Span, arrived: float) -> None:
         self._tracer = tracer
@@ -49,6 +60,8 @@ class RequestTrace:
         self._run: Span | None = None
         self._tries = 0
         self.operation = ""
+        #: The request span's attributes, set at its end in one call (each call takes a lock).
+        self._attributes: dict[str, Any] = {}
 
     @classmethod
     def start(
@@ -87,20 +100,20 @@ class RequestTrace:
         self.operation = tracing.OPERATIONS.get(kind, kind)
         document = request.document
         max_tokens = document.get("max_completion_tokens", document.get("max_tokens"))
-        span = self._span
-        span.update_name(f"{self.operation} {model}")
-        span.set_attribute(tracing.OPERATION, self.operation)
-        span.set_attribute(tracing.REQUEST_MODEL, model)
+        self._span.update_name(f"{self.operation} {model}")
+        attributes = self._attributes
+        attributes[tracing.OPERATION] = self.operation
+        attributes[tracing.REQUEST_MODEL] = model
         if isinstance(max_tokens, int):
-            span.set_attribute(tracing.REQUEST_MAX_TOKENS, max_tokens)
-        span.set_attribute("iop.principal", principal.principal_ref)
-        span.set_attribute("iop.priority_class", priority.class_name)
+            attributes[tracing.REQUEST_MAX_TOKENS] = max_tokens
+        attributes["iop.principal"] = principal.principal_ref
+        attributes["iop.priority_class"] = priority.class_name
 
-    def child(self, name: str) -> Span:
-        """A span under the request's (ended by the caller)."""
+    def _context(self) -> Context:
+        """The context of the request's span, its children's parent."""
         from opentelemetry.trace import set_span_in_context
 
-        return self._tracer.start_span(name, context=set_span_in_context(self._span))
+        return set_span_in_context(self._span)
 
     def waiting(self, model: str) -> None:
         """The request waits for a slot of `model` (a span is made if it had to wait)."""
@@ -126,24 +139,22 @@ class RequestTrace:
             queue.end()
 
     def _wait_span(self, wait: tuple[int, str]) -> Span:
-        from opentelemetry.trace import set_span_in_context
-
         began, model = wait
         return self._tracer.start_span(
             "iop.queue",
-            context=set_span_in_context(self._span),
+            context=self._context(),
             attributes={tracing.REQUEST_MODEL: model},
             start_time=began,
         )
 
     def run_started(self, lease: Lease, model: str, why: str) -> str:
         """A try starts on `lease`: its span; the `traceparent` its run carries."""
-        from opentelemetry.trace import SpanKind, set_span_in_context
+        from opentelemetry.trace import SpanKind
 
         self._tries += 1
         run = self._run = self._tracer.start_span(
             "iop.run",
-            context=set_span_in_context(self._span),
+            context=self._context(),
             kind=SpanKind.CLIENT,
             attributes={
                 tracing.REQUEST_MODEL: model,
@@ -171,23 +182,35 @@ class RequestTrace:
         run.end()
 
     def answered_by(self, model: str, provider: str, served_model: str) -> None:
-        span = self._span
-        span.set_attribute(tracing.RESPONSE_MODEL, served_model)
-        span.set_attribute("iop.model", model)
-        span.set_attribute("iop.provider", provider)
+        attributes = self._attributes
+        attributes[tracing.RESPONSE_MODEL] = served_model
+        attributes["iop.model"] = model
+        attributes["iop.provider"] = provider
+
+    def limits(self, began: int, error: BaseException | None = None) -> None:
+        """The principal's limits were checked from `began` (`time.time_ns()`) until now: their
+        time on the request's span, and a span of their own when they refused it or took 1 ms
+        or more (a shared store's round trip; the process's own counters take microseconds)."""
+        ended = time.time_ns()
+        self._attributes["iop.limits_ms"] = round((ended - began) / 1e6, 3)
+        if error is None and ended - began < 1_000_000:
+            return
+        span = self._tracer.start_span("iop.limits", context=self._context(), start_time=began)
+        if error is not None:
+            _fail(span, error)
+        span.end(end_time=ended)
 
     def first_token(self) -> None:
-        self._span.set_attribute(
-            tracing.TIME_TO_FIRST_TOKEN, round(time.perf_counter() - self._arrived, 6)
-        )
+        elapsed = round(time.perf_counter() - self._arrived, 6)
+        self._attributes[tracing.TIME_TO_FIRST_TOKEN] = elapsed
 
     def usage(self, usage: RunUsage) -> None:
-        self._span.set_attribute(tracing.INPUT_TOKENS, usage.prompt_tokens)
-        self._span.set_attribute(tracing.OUTPUT_TOKENS, usage.completion_tokens)
+        self._attributes[tracing.INPUT_TOKENS] = usage.prompt_tokens
+        self._attributes[tracing.OUTPUT_TOKENS] = usage.completion_tokens
 
     def finished(self, reason: str | None) -> None:
         if reason:
-            self._span.set_attribute(tracing.RESPONSE_FINISH_REASONS, [reason])
+            self._attributes[tracing.RESPONSE_FINISH_REASONS] = [reason]
 
     def end(self, status: int, error: BaseException | None = None, code: str = "") -> None:
         """The answer's status is known: every span still open ends."""
@@ -195,14 +218,16 @@ class RequestTrace:
             self.not_leased(error or RuntimeError("the request ended while waiting"))
         self.run_ended()
         span = self._span
-        span.set_attribute("http.response.status_code", status)
-        span.set_attribute("iop.tries", self._tries)
+        attributes = self._attributes
+        attributes["http.response.status_code"] = status
+        attributes["iop.tries"] = self._tries
         if status >= 400 or error is not None:
-            from opentelemetry.trace import Status, StatusCode
-
-            span.set_attribute("error.type", code or str(status))
+            attributes["error.type"] = code or str(status)
             if status >= 500 or status == 499:
+                from opentelemetry.trace import Status, StatusCode
+
                 span.set_status(Status(StatusCode.ERROR, code or str(status)))
+        span.set_attributes(attributes)
         span.end()
 
 
