@@ -69,6 +69,13 @@ RUNS = {
     "hostile": (["--only", "wrong-tokens"], "wrong"),
     "canary": (["--rounds", "1", "--window", "0.3", "--concurrency", "2"], "canary / none"),
     "reliability": (["--rounds", "1", "--only", "headers"], "header"),
+    "lora": (
+        [
+            *["--rates", "4", "--seconds", "1", "--warmup", "0"],
+            *["--systems", "iop:adapters", "iop:round_robin"],
+        ],
+        "iop:adapters",
+    ),
     "routing": (
         ["--loads", "0.5", "--seconds", "2", "--warmup", "1", "--systems", "iop:prefix_affinity"],
         "prefix-cache hits",

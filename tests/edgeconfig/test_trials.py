@@ -116,3 +116,11 @@ def test_the_plan_in_one_line(base) -> None:
     assert both.describe([5, 25, 100]) == (
         "canary 5% -> 25% -> 100% for other; all at once, watched, for m"
     )
+
+
+def test_a_lora_adapter_is_touched_and_shared_with_its_model(base) -> None:
+    base["models"][0]["adapters"] = ["sql"]
+    planned = trial(base, provider_added)
+    assert (planned.touched, planned.shared) == (("m", "sql"), ("m", "sql"))
+    added = trial(base, lambda config: config["models"][0]["adapters"].append("chat"))
+    assert (added.touched, added.shared) == (("chat",), ())  # new: served at once, watched

@@ -173,3 +173,27 @@ async def test_a_reset_empties_the_cache_when_idle_and_waits_otherwise() -> None
         assert upstream.engine.cached_blocks == 0 and upstream.stats.completions == 0
         again = await http.post("/completions", json=body)
         assert again.status_code == 200
+
+
+async def test_adapters_are_listed_served_loaded_and_reported() -> None:
+    settings = GpuSettings(
+        step_ms=2, step_ms_per_seq=0, lora_adapters="sql,chat", max_loras=1, lora_load_ms=1
+    )
+    async with (
+        FakeUpstream(FakeUpstreamSettings(models=("base",), gpu=settings)) as upstream,
+        openai.AsyncOpenAI(base_url=upstream.base_url, api_key="unused", max_retries=0) as client,
+        httpx.AsyncClient() as http,
+    ):
+        listed = {model.id: model.model_dump() for model in (await client.models.list()).data}
+        assert set(listed) == {"base", "sql", "chat"}
+        assert listed["sql"]["parent"] == "base" and listed["sql"]["root"] == "/adapters/sql"
+        assert "parent" not in listed["base"]
+        for adapter in ("sql", "chat", "sql"):
+            answer = await client.completions.create(model=adapter, prompt="hi", max_tokens=2)
+            assert answer.model == adapter
+        with pytest.raises(openai.NotFoundError):
+            await client.completions.create(model="law", prompt="hi", max_tokens=2)
+        stats = (await http.get(f"http://{upstream.address}/fake/stats")).json()
+        assert (stats["adapter_loads"], stats["adapter_swaps"]) == (3, 2)  # one slot
+        metrics = (await http.get(f"http://{upstream.address}/metrics")).text
+    assert 'vllm:lora_requests_info{max_lora="1",running_lora_adapters="",' in metrics

@@ -185,10 +185,100 @@ def test_metrics_use_vllms_names() -> None:
     assert "# TYPE vllm:prefix_cache_hits_total counter" in text
 
 
+# -- LoRA adapters ---------------------------------------------------------------------------
+
+
+def lora_engine(max_loras: int = 2, load_ms: float = 100.0, **settings: object) -> GpuEngine:
+    return GpuEngine(
+        GpuSettings(
+            step_ms=10,
+            step_ms_per_seq=0,
+            prefill_tokens_per_s=1_000_000,
+            lora_adapters="a,b,c",
+            max_loras=max_loras,
+            lora_load_ms=load_ms,
+            **settings,  # type: ignore[arg-type]
+        )
+    )
+
+
+def test_loading_an_adapter_stalls_the_step_that_admits_its_request() -> None:
+    engine = lora_engine()
+    base = engine.submit(b"x" * 64, 4)
+    first = engine.step()
+    assert first is not None and first.adapter_loads == 0
+    lora = engine.submit(b"y" * 64, 4, adapter="a")
+    step = engine.step()
+    assert step is not None and step.adapter_loads == 1
+    assert step.duration_s == pytest.approx(0.010 + 0.100, abs=0.001)
+    drain(engine)
+    # Loaded now: its next request pays nothing.
+    again = engine.submit(b"z" * 64, 4, adapter="a")
+    step = engine.step()
+    assert step is not None and step.adapter_loads == 0
+    assert step.duration_s == pytest.approx(0.010, abs=0.001)
+    drain(engine)
+    assert (engine.adapter_loads, engine.adapter_swaps) == (1, 0)
+    assert all(r.done for r in (base, lora, again))
+
+
+def test_a_request_waits_for_a_swap_while_every_slot_serves_others_and_later_ones_pass() -> None:
+    engine = lora_engine(max_loras=1)
+    long = engine.submit(b"a" * 64, 20, adapter="a")
+    engine.step()
+    blocked = engine.submit(b"b" * 64, 2, adapter="b")
+    later = engine.submit(b"c" * 64, 2)  # the base model needs no slot: it runs at once
+    also_a = engine.submit(b"d" * 64, 2, adapter="a")  # a is loaded: it runs at once too
+    engine.step()
+    assert engine.waiting == 1 and not blocked.prefill_left and blocked in engine._waiting
+    assert engine.running_adapters() == ("a",) and engine.waiting_adapters() == ("b",)
+    # b takes the slot once a's requests are gone: a swap (a out, b in).
+    while not long.done:
+        engine.step()
+    step = engine.step()
+    assert step is not None and step.adapter_loads == 1
+    assert engine.loaded_adapters == ("b",)
+    drain(engine)
+    assert (engine.adapter_loads, engine.adapter_swaps) == (2, 1)
+    assert later.done and also_a.done and blocked.done
+
+
+def test_a_swap_evicts_the_least_recently_used_idle_adapter() -> None:
+    engine = lora_engine(max_loras=2)
+    for adapter in ("a", "b", "a"):  # b is now the least recently used
+        engine.submit(b"p" * 64, 1, adapter=adapter)
+        drain(engine)
+    assert engine.loaded_adapters == ("b", "a")
+    engine.submit(b"q" * 64, 1, adapter="c")
+    drain(engine)
+    assert engine.loaded_adapters == ("a", "c")
+    assert (engine.adapter_loads, engine.adapter_swaps) == (3, 1)
+
+
+def test_lora_requests_info_names_running_and_waiting_adapters() -> None:
+    engine = lora_engine(max_loras=1)
+    engine.submit(b"a" * 64, 20, adapter="a")
+    engine.step()
+    engine.submit(b"b" * 64, 2, adapter="b")
+    engine.submit(b"c" * 64, 2, adapter="c")
+    engine.step()
+    text = engine.metrics_text("base", now=1764700000.5).decode()
+    assert "# TYPE vllm:lora_requests_info gauge" in text
+    assert (
+        'vllm:lora_requests_info{max_lora="1",running_lora_adapters="a",'
+        'waiting_lora_adapters="b,c"} 1764700000.5'
+    ) in text
+    assert "lora_requests_info" not in GpuEngine(GpuSettings()).metrics_text("base").decode()
+
+
 @pytest.mark.parametrize(
     ("settings", "problem"),
     [
         pytest.param({"max_batch": 0}, "max_batch must be >= 1", id="no-batch"),
+        pytest.param(
+            {"lora_adapters": "a,b"}, "lora_adapters need max_loras >= 1", id="adapters-no-slots"
+        ),
+        pytest.param({"max_loras": -1}, "max_loras and lora_load_ms", id="negative-slots"),
         pytest.param({"kv_tokens": 8}, "kv_tokens must be >= block_tokens", id="tiny-cache"),
         pytest.param({"jitter": 1.5}, "jitter must be in [0, 1)", id="jitter"),
         pytest.param({"max_step_tokens": 4}, "max_step_tokens must be >= max_batch", id="budget"),

@@ -52,6 +52,54 @@ def test_a_servers_load_is_read_from_vllms_metrics(text: str, expected: ServerLo
     assert read_server_load(text) == expected
 
 
+LORA_TEXT = """\
+vllm:num_requests_running{engine="0",model_name="llama"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="llama"} 1.0
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql-lora",waiting_lora_adapters=""} \
+1.7645e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql-lora,chat-lora",\
+waiting_lora_adapters="law-lora"} 1.7646e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7644e+09
+""".replace("\\\n", "")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            LORA_TEXT,
+            ServerLoad(3, 1, 0.0, 0, 0, ("sql-lora", "chat-lora"), ("law-lora",), 2),
+            id="latest-sample-wins",
+        ),
+        pytest.param(
+            'vllm:num_requests_running 0\nvllm:lora_requests_info{max_lora="4",'
+            'running_lora_adapters="",waiting_lora_adapters=""} 1.7e9\n',
+            ServerLoad(0, 0, 0.0, max_loras=4),
+            id="idle",
+        ),
+        pytest.param(
+            "vllm:num_requests_running 2\nvllm:lora_requests_info{running_lora_adapters="
+            '" a\\"b , c ",waiting_lora_adapters=",,",max_lora="x"} 1\n',
+            ServerLoad(2, 0, 0.0, running_adapters=('a"b', "c")),
+            id="escaped-spaced-bad-max",
+        ),
+        pytest.param(
+            "vllm:num_requests_running 2\n",
+            ServerLoad(2, 0, 0.0),
+            id="no-lora",
+        ),
+    ],
+)
+def test_a_servers_adapters_are_read_from_lora_requests_info(
+    text: str, expected: ServerLoad
+) -> None:
+    load = read_server_load(text)
+    assert load == expected
+    assert load.active_adapters == set(expected.running_adapters) | set(expected.waiting_adapters)
+
+
 def test_metrics_are_read_on_the_servers_host() -> None:
     assert metrics_url("http://gpu-1:8000/v1") == "http://gpu-1:8000/metrics"
     assert metrics_url("https://u:p@h/openai/v1/") == "https://u:p@h/metrics"

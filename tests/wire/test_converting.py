@@ -33,6 +33,8 @@ from iop.wire.converting import (
     payload_to_proto,
     request_from_proto,
     request_to_proto,
+    server_load_from_proto,
+    server_load_to_proto,
 )
 from iop.wire.liveness import DEFAULT_LIVENESS, Liveness
 from iop.wire.texts import MAX_ID_CHARS, MAX_TEXT_CHARS, bounded
@@ -225,3 +227,18 @@ def test_liveness_with_quiet_links_round_trips_and_an_edge_that_predates_them_of
         heartbeat_interval_ms=500, heartbeat_timeout_ms=2000, idle_interval_ms=9, idle_timeout_ms=1
     )
     assert liveness_from_proto(odd, DEFAULT_LIVENESS) == Liveness(0.5, 2.0)
+
+
+def test_a_servers_adapters_round_trip_and_an_old_nodes_load_has_none() -> None:
+    load = nodestates.ServerLoad(
+        3, 1, 0.5, 0.25, 2, ("sql-lora", "chat-lora"), ("law-lora",), max_loras=2
+    )
+    assert server_load_from_proto(server_load_to_proto(load)) == load
+    old = pb.ServerLoad(running=3, waiting=1)  # a Node that predates adapters
+    assert server_load_from_proto(old) == nodestates.ServerLoad(3, 1)
+
+
+def test_a_servers_adapter_lists_are_bounded() -> None:
+    many = [f"a{i}" for i in range(nodestates.MAX_ADAPTERS + 10)]
+    load = server_load_from_proto(pb.ServerLoad(running_adapters=many, waiting_adapters=many))
+    assert len(load.running_adapters) == len(load.waiting_adapters) == nodestates.MAX_ADAPTERS

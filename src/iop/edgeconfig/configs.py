@@ -1151,6 +1151,20 @@ class ModelSpec(Spec):
             "specification's rule), least_load or prefix_affinity (docs/edge.md)."
         ),
     ] = DispatchSettings()
+    adapters: Annotated[
+        list[ModelId],
+        live(
+            "LoRA adapters of this model that clients ask for by name: a request whose model is "
+            "one of these runs on this model's providers, with the adapter's name as its model "
+            "(the name the server serves it under: vLLM's --lora-modules NAME=PATH), on a "
+            "server that has it loaded when one is free, else on one with room to load it, "
+            "before one that must swap another adapter out; the capacity and priority rules "
+            "stay the same (docs/edge.md, LoRA adapters). Each name is unique among the "
+            "catalog's model ids and adapters; /v1/models lists an adapter with this model as "
+            "its parent. Its requests take this model's generation policy, dispatch policy and "
+            "priority class, and no fallbacks."
+        ),
+    ] = Field(default_factory=list)
 
 
 # -- nodes and their providers -------------------------------------------------------------------

@@ -16,8 +16,9 @@ went. A touched model takes a **canary** (a share of its requests, in steps) whe
   restart-required (the caller restarts the node, which comes back with the new ones), so the
   stable side could not find the provider it had: such a model goes all at once.
 
-The others of the touched models are served by the change at once and watched. docs/rollout.md,
-"Which changes take a canary", has the table.
+The others of the touched models are served by the change at once and watched. A model's LoRA
+adapters (`models[].adapters`) are catalog keys like models, on their model's providers: touched
+and shared with it. docs/rollout.md, "Which changes take a canary", has the table.
 """
 
 from __future__ import annotations
@@ -62,8 +63,7 @@ def plan_trial(stable: EdgeConfig, after: EdgeConfig) -> Trial:
     """The trial of `after` against the stable revision's config; see the module."""
     gone = _provider_changes(stable, after)
     before_providers, after_providers = _providers(stable), _providers(after)
-    before_models = {model.id: model for model in stable.models}
-    after_models = {model.id: model for model in after.models}
+    before_models, after_models = _catalog(stable), _catalog(after)
 
     def view(model: ModelSpec | None, providers: Mapping[str, ProviderSpec]) -> Any:
         if model is None:
@@ -93,6 +93,19 @@ def plan_trial(stable: EdgeConfig, after: EdgeConfig) -> Trial:
         elif _essence(before, before_providers) != _essence(now, after_providers):
             shared.append(model_id)
     return Trial(touched, tuple(shared), tuple(notes))
+
+
+def _catalog(config: EdgeConfig) -> dict[str, ModelSpec]:
+    """Every catalog key and what serves it: a LoRA adapter as its model on the same providers
+    (touched and shared with it), with no fallbacks of its own."""
+    catalog: dict[str, ModelSpec] = {}
+    for model in config.models:
+        catalog[model.id] = model
+        for adapter in model.adapters:
+            catalog[adapter] = model.model_copy(
+                update={"id": adapter, "adapters": [], "fallbacks": []}
+            )
+    return catalog
 
 
 def _providers(config: EdgeConfig) -> dict[str, ProviderSpec]:

@@ -177,6 +177,8 @@ def _check_models(data: Mapping[str, object], index: _Index) -> None:
         id_key, model_id = _get(model, "id")
         if isinstance(model_id, str):
             index.duplicate(model_ids, model_id, f"{model_path}.{id_key}", "model id")
+    _check_adapters(data, index, model_ids)
+    for model_path, model in _items(data, "models"):
         providers_key, mapping = _get(model, "providers")
         if not isinstance(mapping, Mapping):
             continue
@@ -214,6 +216,50 @@ def _check_models(data: Mapping[str, object], index: _Index) -> None:
             )
 
 
+def _adapters(model: Mapping[str, object]) -> tuple[str, list[str]]:
+    """The key of `models[].adapters` and the names it lists (those that are strings)."""
+    key, adapters = _get(model, "adapters")
+    names = (
+        [name for name in adapters if isinstance(name, str)] if isinstance(adapters, list) else []
+    )
+    return key, names
+
+
+def _check_adapters(
+    data: Mapping[str, object], index: _Index, model_ids: Mapping[str, str]
+) -> None:
+    """`models[].adapters`: each name a catalog key of its own (no model id, no other adapter),
+    on a model that has providers to run it."""
+    seen: dict[str, str] = {}
+    for model_path, model in _items(data, "models"):
+        key, adapters = _get(model, "adapters")
+        if not isinstance(adapters, list):
+            continue
+        _, mapping = _get(model, "providers")
+        if adapters and (not isinstance(mapping, Mapping) or not mapping):
+            index.problems.append(
+                Problem(
+                    f"{model_path}.{key}",
+                    "a LoRA adapter runs on its model's providers, and this model has none: "
+                    "map the providers that serve its base model",
+                )
+            )
+        for position, name in enumerate(adapters):
+            if not isinstance(name, str):
+                continue  # the schema reports it
+            path = f"{model_path}.{key}[{position}]"
+            if name in model_ids:
+                index.problems.append(
+                    Problem(
+                        path,
+                        f'adapter "{name}" has the name of a model ({model_ids[name]}): a '
+                        "request's model must name one or the other",
+                    )
+                )
+            else:
+                index.duplicate(seen, name, path, "adapter")
+
+
 def _check_fallbacks(data: Mapping[str, object], index: _Index) -> None:
     """`models[].fallbacks`: known ids, none twice in one list, no model falling back to itself,
     directly or through others (each cycle reported once, where it closes)."""
@@ -224,6 +270,7 @@ def _check_fallbacks(data: Mapping[str, object], index: _Index) -> None:
         if isinstance(model_id, str) and model_id not in edges:
             model_ids.append(model_id)
             edges[model_id] = []
+    adapters = {name for _, model in _items(data, "models") for name in _adapters(model)[1]}
     for model_path, model in _items(data, "models"):
         _, model_id = _get(model, "id")
         key, fallbacks = _get(model, "fallbacks")
@@ -236,6 +283,10 @@ def _check_fallbacks(data: Mapping[str, object], index: _Index) -> None:
                 continue  # the schema reports it
             if fallback == model_id:
                 index.problems.append(Problem(path, "a model cannot fall back to itself"))
+            elif fallback not in edges and fallback in adapters:
+                index.problems.append(
+                    Problem(path, f'"{fallback}" is a LoRA adapter: a fallback is a model')
+                )
             elif fallback not in edges:
                 hint = close_match_hint(fallback, model_ids)
                 index.problems.append(Problem(path, f'unknown model "{fallback}"{hint}'))
@@ -332,6 +383,7 @@ def _check_limits(data: Mapping[str, object], index: _Index) -> None:
         _, model_id = _get(model_entry, "id")
         if isinstance(model_id, str):
             model_ids.append(model_id)
+        model_ids += _adapters(model_entry)[1]  # an adapter is a catalog key too
     seen: dict[str, str] = {}
     for limit_path, limit in _items(openai, "limits", "openai."):
         principal_key, principal = _get(limit, "principal_ref")

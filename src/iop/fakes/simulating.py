@@ -3,16 +3,19 @@
 `GpuEngine` models what decides an LLM fleet's latency, the way vLLM's scheduler works, and
 nothing else: tokens estimated from text (`BYTES_PER_TOKEN`), chats rendered by one template
 (`render_chat`), a KV cache of hashed prefix blocks evicted least recently used, a batch of at
-most `max_batch` admitted first come first served, and engine steps of chunked prefill and
-decoding whose duration grows with the batch. It is pure state: `step()` is a function of what
-was submitted and the seed, so tests drive it with no clock; `upstream.py` runs it in real time
-and serves vLLM's metric names (`metrics_text`). docs/architecture.md, "The fakes", has the model.
+most `max_batch` admitted first come first served, engine steps of chunked prefill and decoding
+whose duration grows with the batch, and LoRA adapters in `max_loras` slots (a load stalls the
+step that needs it; a request whose adapter finds every slot busy waits for a swap). It is pure
+state: `step()` is a function of what was submitted and the seed, so tests drive it with no
+clock; `upstream.py` runs it in real time and serves vLLM's metric names (`metrics_text`).
+docs/architecture.md, "The fakes", has the model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +48,23 @@ class GpuSettings:
     jitter: float = _flag(
         0.0, "each step lasts 1 +- this fraction longer, drawn from --seed (default 0)"
     )
+    lora_adapters: str = _flag(
+        "",
+        "LoRA adapters served, comma-separated: a request whose model names one needs one of "
+        "--gpu-max-loras adapter slots (default: none)",
+    )
+    max_loras: int = _flag(
+        0, "LoRA adapters one batch may hold, each in a slot (vLLM's --max-loras; default 0)"
+    )
+    lora_load_ms: float = _flag(
+        50.0, "what loading an adapter into a slot adds to the step that admits its request"
+    )
     seed: int = 0
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters served (`lora_adapters`, split)."""
+        return tuple(name.strip() for name in self.lora_adapters.split(",") if name.strip())
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,6 +82,10 @@ class GpuSettings:
             problems.append(f"max_step_tokens must be >= max_batch ({self.max_batch})")
         if not 0 <= self.jitter < 1:
             problems.append(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.max_loras < 0 or self.lora_load_ms < 0:
+            problems.append("max_loras and lora_load_ms must be >= 0")
+        if self.adapters and self.max_loras < 1:
+            problems.append("lora_adapters need max_loras >= 1 (a slot to load one in)")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -120,6 +143,8 @@ class SimRequest:
     private_blocks: int = 0
     done: bool = False
     cancelled: bool = False
+    #: The LoRA adapter it runs with (None: the base model).
+    adapter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +158,8 @@ class Step:
     finished: tuple[SimRequest, ...]
     prefill_tokens: int
     running: int
+    #: Adapters loaded into a slot for the requests admitted at this step (each paid for).
+    adapter_loads: int = 0
 
 
 class GpuEngine:
@@ -157,6 +184,11 @@ class GpuEngine:
         self.generation_tokens = 0
         self.finished = 0
         self.evictions = 0
+        #: The LoRA adapters in the GPU's slots, least recently used first (at most max_loras).
+        self._slots: OrderedDict[str, None] = OrderedDict()
+        #: Adapters loaded into a slot, and those of them that took another's slot (swaps).
+        self.adapter_loads = 0
+        self.adapter_swaps = 0
 
     # -- what the server sees -------------------------------------------------------------------
 
@@ -182,10 +214,28 @@ class GpuEngine:
     def cached_blocks(self) -> int:
         return len(self._cached)
 
-    def submit(self, prompt: bytes, output_tokens: int, answer: bytes = b"") -> SimRequest:
-        """Queue a request of `prompt` that generates `output_tokens` (its text: `answer`)."""
+    @property
+    def loaded_adapters(self) -> tuple[str, ...]:
+        """The adapters in the GPU's slots, least recently used first."""
+        return tuple(self._slots)
+
+    def running_adapters(self) -> tuple[str, ...]:
+        """The adapters of the running requests, each once, in their order."""
+        return tuple(dict.fromkeys(r.adapter for r in self._running if r.adapter is not None))
+
+    def waiting_adapters(self) -> tuple[str, ...]:
+        """The adapters of the waiting requests, each once, in their order."""
+        return tuple(dict.fromkeys(r.adapter for r in self._waiting if r.adapter is not None))
+
+    def submit(
+        self, prompt: bytes, output_tokens: int, answer: bytes = b"", adapter: str | None = None
+    ) -> SimRequest:
+        """Queue a request of `prompt` that generates `output_tokens` (its text: `answer`), with
+        the LoRA adapter `adapter` (None: the base model)."""
+        if adapter is not None and self.settings.max_loras < 1:
+            raise ValueError(f"adapter {adapter!r} on a server without adapter slots")
         self._ids += 1
-        request = SimRequest(self._ids, prompt, answer, max(1, output_tokens))
+        request = SimRequest(self._ids, prompt, answer, max(1, output_tokens), adapter=adapter)
         request.prompt_tokens = token_count(prompt)
         request.chain = self._chain(prompt)
         self._waiting.append(request)
@@ -207,7 +257,7 @@ class GpuEngine:
 
     def step(self) -> Step | None:
         """Run one engine step; None when there is nothing to do."""
-        self._admit()
+        loads = self._admit()
         if not self._running:
             return None
         settings = self.settings
@@ -231,6 +281,8 @@ class GpuEngine:
         duration = (
             settings.step_ms + settings.step_ms_per_seq * len(self._running)
         ) / 1000 + prefill / settings.prefill_tokens_per_s
+        # Loading an adapter stalls the whole step, as vLLM's model runner loads it in line.
+        duration += loads * settings.lora_load_ms / 1000
         if settings.jitter:
             duration *= 1 + settings.jitter * (2 * self._random.random() - 1)
         finished = []
@@ -245,37 +297,78 @@ class GpuEngine:
             self._release(request, cache_answer=True)
             request.done = True
             self.finished += 1
-        return Step(duration, tuple(tokens), tuple(finished), prefill, running)
+        return Step(duration, tuple(tokens), tuple(finished), prefill, running, loads)
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Admit waiting requests while the batch and the cache have room; the adapters loaded
+        for them. A request whose adapter is not among the running requests' while those fill
+        every slot is skipped (it waits for a swap) and the next is looked at, as vLLM's
+        scheduler does; one that the cache has no room for stops admission (first come, first
+        served)."""
         settings = self.settings
-        while self._waiting and len(self._running) < settings.max_batch:
-            request = self._waiting[0]
-            hits = 0
-            for block in request.chain:
-                if block not in self._cached:
+        loads = 0
+        skipped: list[SimRequest] = []
+        try:
+            while self._waiting and len(self._running) < settings.max_batch:
+                request = self._waiting[0]
+                if request.adapter is not None:
+                    active = {r.adapter for r in self._running if r.adapter is not None}
+                    if request.adapter not in active and len(active) >= settings.max_loras:
+                        skipped.append(self._waiting.popleft())
+                        continue
+                if not self._admit_one(request):
                     break
-                hits += 1
-            needed = -(-(request.prompt_tokens + request.output_tokens) // settings.block_tokens)
-            own = needed - hits
-            if own > self._room(request.chain[:hits]):
-                if not self._running and own > self._total_blocks:
-                    own = self._total_blocks  # never fits: run it in what there is, not never
-                else:
-                    return  # first come, first served: it waits for room, and so do the rest
-            self._waiting.popleft()
-            for block in request.chain[:hits]:
-                self._hold(block)
-                request.held.append(block)
-            self._evict(own)
-            self._private += own
-            request.private_blocks = own
-            request.cached_tokens = hits * settings.block_tokens
-            request.prefill_left = max(1, request.prompt_tokens - request.cached_tokens)
-            self.prefix_queries += request.prompt_tokens
-            self.prefix_hits += request.cached_tokens
-            self.prompt_tokens += request.prompt_tokens
-            self._running.append(request)
+                if request.adapter is not None:
+                    loads += self._load(request.adapter)
+        finally:
+            self._waiting.extendleft(reversed(skipped))
+        return loads
+
+    def _load(self, adapter: str) -> int:
+        """Put `adapter` in a slot (1: it was not in one), evicting the least recently used
+        adapter that no running request holds when every slot is taken."""
+        slots = self._slots
+        if adapter in slots:
+            slots.move_to_end(adapter)
+            return 0
+        if len(slots) >= self.settings.max_loras:
+            active = {r.adapter for r in self._running}
+            victim = next(name for name in slots if name not in active)
+            del slots[victim]
+            self.adapter_swaps += 1
+        slots[adapter] = None
+        self.adapter_loads += 1
+        return 1
+
+    def _admit_one(self, request: SimRequest) -> bool:
+        """Admit the waiting queue's head when the cache has room for it (False: it waits)."""
+        settings = self.settings
+        hits = 0
+        for block in request.chain:
+            if block not in self._cached:
+                break
+            hits += 1
+        needed = -(-(request.prompt_tokens + request.output_tokens) // settings.block_tokens)
+        own = needed - hits
+        if own > self._room(request.chain[:hits]):
+            if not self._running and own > self._total_blocks:
+                own = self._total_blocks  # never fits: run it in what there is, not never
+            else:
+                return False  # first come, first served: it waits for room, and the rest
+        self._waiting.popleft()
+        for block in request.chain[:hits]:
+            self._hold(block)
+            request.held.append(block)
+        self._evict(own)
+        self._private += own
+        request.private_blocks = own
+        request.cached_tokens = hits * settings.block_tokens
+        request.prefill_left = max(1, request.prompt_tokens - request.cached_tokens)
+        self.prefix_queries += request.prompt_tokens
+        self.prefix_hits += request.cached_tokens
+        self.prompt_tokens += request.prompt_tokens
+        self._running.append(request)
+        return True
 
     def _room(self, hits: Sequence[bytes]) -> int:
         """Blocks a request could take now, after holding its `hits` (free cached ones evicted)."""
@@ -339,8 +432,9 @@ class GpuEngine:
 
     # -- vLLM's metrics ------------------------------------------------------------------------
 
-    def metrics_text(self, model: str) -> bytes:
-        """`/metrics` in Prometheus' text format, with vLLM's names and labels."""
+    def metrics_text(self, model: str, now: float | None = None) -> bytes:
+        """`/metrics` in Prometheus' text format, with vLLM's names and labels; `now`: the
+        Unix time `vllm:lora_requests_info` is stamped with (default: the clock's)."""
         labels = f'{{engine="0",model_name="{_label(model)}"}}'
         lines: list[str] = []
 
@@ -396,6 +490,18 @@ class GpuEngine:
         )
         for name, help_text, value in counters:
             metric(name, "counter", help_text, value())
+        if self.settings.max_loras:
+            # vLLM's one LoRA metric: the adapters of the running and the waiting requests as
+            # labels, the time it was set as its value.
+            running = _label(",".join(self.running_adapters()))
+            waiting = _label(",".join(self.waiting_adapters()))
+            lines.append("# HELP vllm:lora_requests_info Running stats on lora requests.")
+            lines.append("# TYPE vllm:lora_requests_info gauge")
+            lines.append(
+                f'vllm:lora_requests_info{{max_lora="{self.settings.max_loras}",'
+                f'running_lora_adapters="{running}",waiting_lora_adapters="{waiting}"}} '
+                f"{time.time() if now is None else now}"
+            )
         return ("\n".join(lines) + "\n").encode()
 
 

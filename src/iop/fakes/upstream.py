@@ -422,19 +422,22 @@ class FakeUpstream(AsyncService):
             connection._write_response(200, self._models_document(), keep_alive)
         elif path.startswith(_MODELS + b"/"):
             model = path[len(_MODELS) + 1 :].decode("utf-8", "replace")
-            if self.settings.models and model not in self.settings.models:
+            if self.settings.models and model not in self._served:
                 message = f"The model `{model}` does not exist or you do not have access to it."
                 body = error_body(message, type="invalid_request_error", code="model_not_found")
                 connection._write_response(404, body, keep_alive)
             else:
-                connection._write_response(200, orjson.dumps(self._model(model)), keep_alive)
+                connection._write_response(200, orjson.dumps(self._entry(model)), keep_alive)
         elif path == b"/health":
             connection._write_response(200, b"{}", keep_alive)
         elif path == b"/metrics" and self.engine is not None:
-            model = self.settings.models[0] if self.settings.models else "fake-model"
-            connection._write_text(200, self.engine.metrics_text(model), keep_alive)
+            connection._write_text(200, self.engine.metrics_text(self._base), keep_alive)
         elif path == b"/fake/stats":
-            connection._write_response(200, orjson.dumps(asdict(self.stats)), keep_alive)
+            stats = asdict(self.stats)
+            if self.engine is not None and self.engine.settings.max_loras:
+                stats["adapter_loads"] = self.engine.adapter_loads
+                stats["adapter_swaps"] = self.engine.adapter_swaps
+            connection._write_response(200, orjson.dumps(stats), keep_alive)
         else:
             self._refuse(connection, request, 404)
             return
@@ -641,9 +644,28 @@ class FakeUpstream(AsyncService):
     def _model(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": 1700000000, "owned_by": "iop-fake"}
 
+    @property
+    def _served(self) -> tuple[str, ...]:
+        """The models served by name, the simulated server's LoRA adapters included."""
+        gpu = self.settings.gpu
+        return self.settings.models + (gpu.adapters if gpu is not None else ())
+
+    @property
+    def _base(self) -> str:
+        return self.settings.models[0] if self.settings.models else "fake-model"
+
+    def _entry(self, model_id: str) -> dict[str, Any]:
+        """A /v1/models entry; an adapter's as vLLM's: its base model is its parent."""
+        gpu = self.settings.gpu
+        if gpu is not None and model_id in gpu.adapters:
+            return self._model(model_id) | {"root": f"/adapters/{model_id}", "parent": self._base}
+        return self._model(model_id)
+
     def _models_document(self) -> bytes:
-        models = self.settings.models or ("fake-model",)
-        return orjson.dumps({"object": "list", "data": [self._model(m) for m in models]})
+        models = (self.settings.models or ("fake-model",)) + (
+            self.settings.gpu.adapters if self.settings.gpu is not None else ()
+        )
+        return orjson.dumps({"object": "list", "data": [self._entry(m) for m in models]})
 
     def _fault(self, overrides: dict[str, Any]) -> tuple[FailMode | None, int]:
         status = overrides.get("status", self.settings.error_status)
@@ -664,7 +686,7 @@ class FakeUpstream(AsyncService):
                 kind,
                 request.body,
                 default_tokens=self.settings.completion_tokens,
-                models=self.settings.models,
+                models=self._served if self.settings.models else (),
                 now=int(time.time()),
             )
         except OpenAIError as refusal:
@@ -729,7 +751,8 @@ class FakeUpstream(AsyncService):
             raw = document.get("prompt")
             prompt = (raw if isinstance(raw, str) else orjson.dumps(raw).decode()).encode()
         text = "".join(tokens(completion.completion_tokens))
-        sim = engine.submit(prompt, completion.completion_tokens, render_answer(text))
+        adapter = completion.model if completion.model in engine.settings.adapters else None
+        sim = engine.submit(prompt, completion.completion_tokens, render_answer(text), adapter)
         queue: asyncio.Queue[int] = asyncio.Queue()
         self._sims[sim.id] = queue
         self._engine_wake.set()

@@ -130,12 +130,20 @@ def _message(batch: Sequence[_Outgoing]) -> pb.NodeMessage:
 
 #: What a heartbeat says that the Edge acts on: in-flight counts, and each server's load but for
 #: its age (which grows at every tick, and would make every beat differ from the last).
-_Said = tuple[dict[str, int], dict[str, tuple[int, int, float, int]]]
+_Said = tuple[dict[str, int], dict[str, tuple[object, ...]]]
 
 
 def _says(in_flight: dict[str, int], loads: dict[str, ServerLoad]) -> _Said:
     return in_flight, {
-        pid: (load.running, load.waiting, load.kv_cache_usage, load.not_ours)
+        pid: (
+            load.running,
+            load.waiting,
+            load.kv_cache_usage,
+            load.not_ours,
+            load.running_adapters,
+            load.waiting_adapters,
+            load.max_loras,
+        )
         for pid, load in loads.items()
     }
 

@@ -17,9 +17,10 @@ import contextlib
 import ipaddress
 import logging
 import os
+import re
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,7 +29,7 @@ import aiohttp.abc
 
 from iop.aiokits import guarded_task, stop_tasks
 from iop.edgeconfig import HealthPolicy, UpstreamPolicy
-from iop.wire import ServerLoad
+from iop.wire import MAX_ADAPTERS, ServerLoad
 
 from .adapters import Upstream
 
@@ -41,6 +42,10 @@ _METRICS_MAX_BYTES: Final = 4 * 1024 * 1024
 _RUNNING: Final = "vllm:num_requests_running"
 _WAITING: Final = "vllm:num_requests_waiting"
 _KV_USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+#: The LoRA adapters of the server's requests (labels running_lora_adapters,
+#: waiting_lora_adapters, max_lora), its value the time it was set.
+_LORA_INFO: Final = "vllm:lora_requests_info"
+_LABEL: Final = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def metrics_url(base_url: str) -> str:
@@ -54,6 +59,7 @@ def read_server_load(text: str) -> ServerLoad | None:
     running = waiting = 0.0
     usage = 0.0
     found = False
+    lora: tuple[float, str] | None = None  # the latest lora_requests_info: (stamp, its labels)
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -74,9 +80,43 @@ def read_server_load(text: str) -> ServerLoad | None:
             found = True
         elif name in _KV_USAGE:
             usage = max(usage, value)
+        elif name == _LORA_INFO and (lora is None or value >= lora[0]):
+            # vLLM sets a new label set to the time at each update and keeps the old ones:
+            # the sample of the highest value is the server's state now.
+            lora = (value, rest.rpartition("}")[0])
     if not found:
         return None
-    return ServerLoad(int(running), int(waiting), min(max(usage, 0.0), 1.0))
+    load = ServerLoad(int(running), int(waiting), min(max(usage, 0.0), 1.0))
+    if lora is not None:
+        labels = _labels(lora[1])
+        try:
+            max_loras = int(float(labels.get("max_lora") or labels.get("max_loras") or 0))
+        except ValueError:
+            max_loras = 0
+        load = replace(
+            load,
+            running_adapters=_names(labels.get("running_lora_adapters", "")),
+            waiting_adapters=_names(labels.get("waiting_lora_adapters", "")),
+            max_loras=max(0, max_loras),
+        )
+    return load
+
+
+def _labels(text: str) -> dict[str, str]:
+    """The labels of a Prometheus sample (what is between its braces), unescaped."""
+    labels: dict[str, str] = {}
+    for match in _LABEL.finditer(text):
+        value = match.group(2)
+        if "\\" in value:
+            value = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+        labels[match.group(1)] = value
+    return labels
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated list of adapter names (vLLM's labels), bounded, blanks dropped."""
+    names = (name.strip() for name in value.split(","))
+    return tuple(name for name in names if name)[:MAX_ADAPTERS]
 
 
 def probe_url(base_url: str, path: str | None) -> str:

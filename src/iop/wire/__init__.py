@@ -37,6 +37,7 @@ from .liveness import DEFAULT_LIVENESS, Liveness, Ticker
 from .nodestates import (
     ADAPTER_ERROR,
     DRAINING,
+    MAX_ADAPTERS,
     NODE_DISCONNECTED,
     NOT_PROBED,
     NOT_REPORTED,
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_LIVENESS",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DRAINING",
+    "MAX_ADAPTERS",
     "MAX_ID_CHARS",
     "NODE_DISCONNECTED",
     "NOT_PROBED",

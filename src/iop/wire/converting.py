@@ -22,7 +22,7 @@ from iop.tracing import valid_traceparent
 
 from . import runtime_pb2 as pb
 from .liveness import Liveness
-from .nodestates import ConfigAck, DrainProgress, ServerLoad
+from .nodestates import MAX_ADAPTERS, ConfigAck, DrainProgress, ServerLoad
 from .runs import (
     ProviderHealth,
     RunChunk,
@@ -228,6 +228,9 @@ def server_load_to_proto(load: ServerLoad, age_s: float | None = None) -> pb.Ser
         kv_cache_usage=load.kv_cache_usage,
         age_s=load.age_s if age_s is None else age_s,
         not_ours=max(0, load.not_ours),
+        running_adapters=load.running_adapters,
+        waiting_adapters=load.waiting_adapters,
+        max_loras=max(0, load.max_loras),
     )
 
 
@@ -239,6 +242,9 @@ def server_load_from_proto(message: pb.ServerLoad) -> ServerLoad:
         message.kv_cache_usage,
         max(0.0, message.age_s),
         message.not_ours,
+        tuple(message.running_adapters[:MAX_ADAPTERS]),
+        tuple(message.waiting_adapters[:MAX_ADAPTERS]),
+        message.max_loras,
     )
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+#: Most adapter names a server's load carries in each list (a server holds a few at once).
+MAX_ADAPTERS: Final = 64
+
 # -- why a provider is unhealthy (ProviderHealth.reason) ----------------------------------------
 
 #: The Node's probes of the upstream failed `failure_threshold` times in a row.
@@ -96,3 +99,14 @@ class ServerLoad:
     kv_cache_usage: float = 0.0
     age_s: float = 0.0
     not_ours: int = 0
+    #: vLLM's `vllm:lora_requests_info` (its latest sample): the LoRA adapters of the server's
+    #: running requests and of its waiting ones, and the most adapters one batch may hold
+    #: (`--max-loras`); 0 when the server says nothing of adapters.
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()
+    max_loras: int = 0
+
+    @property
+    def active_adapters(self) -> frozenset[str]:
+        """The adapters the server's requests hold or wait for: loaded, or about to be."""
+        return frozenset(self.running_adapters) | frozenset(self.waiting_adapters)

@@ -641,6 +641,9 @@ class ServerLoad(_message.Message):
     KV_CACHE_USAGE_FIELD_NUMBER: _builtins.int
     AGE_S_FIELD_NUMBER: _builtins.int
     NOT_OURS_FIELD_NUMBER: _builtins.int
+    RUNNING_ADAPTERS_FIELD_NUMBER: _builtins.int
+    WAITING_ADAPTERS_FIELD_NUMBER: _builtins.int
+    MAX_LORAS_FIELD_NUMBER: _builtins.int
     running: _builtins.int
     """vllm:num_requests_running"""
     waiting: _builtins.int
@@ -653,6 +656,16 @@ class ServerLoad(_message.Message):
     """Of running + waiting, the requests that were not this Node's runs when it read them: other
     clients of the same server.
     """
+    max_loras: _builtins.int
+    @_builtins.property
+    def running_adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """vllm:lora_requests_info, its latest sample: the LoRA adapters of the server's running and
+        waiting requests, and how many adapters a batch may hold (0: the server told none, so it
+        says nothing of adapters). Names as the server serves them; an older Node sends none.
+        """
+
+    @_builtins.property
+    def waiting_adapters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -661,10 +674,13 @@ class ServerLoad(_message.Message):
         kv_cache_usage: _builtins.float = ...,
         age_s: _builtins.float = ...,
         not_ours: _builtins.int = ...,
+        running_adapters: _abc.Iterable[_builtins.str] | None = ...,
+        waiting_adapters: _abc.Iterable[_builtins.str] | None = ...,
+        max_loras: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_s", b"age_s", "kv_cache_usage", b"kv_cache_usage", "not_ours", b"not_ours", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_s", b"age_s", "kv_cache_usage", b"kv_cache_usage", "max_loras", b"max_loras", "not_ours", b"not_ours", "running", b"running", "running_adapters", b"running_adapters", "waiting", b"waiting", "waiting_adapters", b"waiting_adapters"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

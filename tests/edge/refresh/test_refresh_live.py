@@ -260,3 +260,24 @@ async def test_served_models(refresh_stack, refresh_document) -> None:
         "served-x",
     )
     assert stack.served(await stack.chat()) == "served-x"
+
+
+async def test_a_lora_adapter_added_is_served_at_once_and_gone_once_removed(
+    refresh_stack, refresh_document
+) -> None:
+    stack = await refresh_stack()
+    assert (await stack.chat("sql")).status_code == 404
+
+    document = refresh_document()
+    document["models"][0]["adapters"] = ["sql"]
+    report = await stack.refresh(document)
+    assert report["live_paths"] == ["models[m].adapters"]
+    acked(report)  # the Edge's alone: nothing to push
+    # Its model's providers serve it under its own name, as vLLM serves an adapter.
+    assert {stack.served(await stack.chat("sql")) for _ in range(4)} == {"sql"}
+    listed = {m["id"]: m for m in (await stack.http.get("/v1/models")).json()["data"]}
+    assert listed["sql"]["parent"] == "m" and "parent" not in listed["m"]
+
+    document["models"][0]["adapters"] = []
+    acked(await stack.refresh(document))
+    assert (await stack.chat("sql")).status_code == 404

@@ -453,11 +453,30 @@ def _load_status(dispatcher: Dispatcher, provider_id: str) -> dict[str, Any]:
                 "not_ours": server.not_ours,
                 "kv_cache_usage": round(server.kv_cache_usage, 4),
                 "age_s": round(server.age_s, 3),
+                **(
+                    {
+                        "running_adapters": list(server.running_adapters),
+                        "waiting_adapters": list(server.waiting_adapters),
+                        "max_loras": server.max_loras,
+                    }
+                    if server.max_loras
+                    else {}
+                ),
             }
             if server is not None
             else None
         ),
+        **_adapter_status(dispatcher, provider_id),
     }
+
+
+def _adapter_status(dispatcher: Dispatcher, provider_id: str) -> dict[str, Any]:
+    """What this Edge knows of a provider's LoRA adapters: its runs by adapter, the adapters it
+    sent there lately (latest last); nothing for a provider that never ran one."""
+    runs, recent = dispatcher.adapter_runs(provider_id)
+    if not recent:
+        return {}
+    return {"edge_adapter_runs": dict(runs), "edge_recent_adapters": list(recent)}
 
 
 def _dispatch_status(dispatcher: Dispatcher) -> dict[str, Any]:

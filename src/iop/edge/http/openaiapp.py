@@ -203,7 +203,7 @@ class OpenAIApp:
         snapshot = self._dispatcher.snapshot
         cache = self._models_cache
         if cache is None or cache[0] is not snapshot:
-            entries = {
+            entries: dict[str, dict[str, object]] = {
                 model_id: {
                     "id": model_id,
                     "object": "model",
@@ -212,6 +212,10 @@ class OpenAIApp:
                 }
                 for model_id in snapshot.models
             }
+            for model_id, pool_model in snapshot.models.items():
+                if pool_model.base_model is not None:
+                    # A LoRA adapter, as vLLM lists one: its base model is its parent.
+                    entries[model_id] |= {"root": model_id, "parent": pool_model.base_model}
             cache = self._models_cache = (
                 snapshot,
                 orjson.dumps({"object": "list", "data": list(entries.values())}),

@@ -6,8 +6,11 @@ a free slot, by the model's `dispatch.policy`: `least_load` (the lowest load for
 this Edge's runs, plus what Nodes and model servers report) or `prefix_affinity` (the home of
 the prompt's prefix, from `prefixes.py`, within a bounded load, unless the prompt bytes waiting
 for their prefill there, its own included, are more than elsewhere). The default, `round_robin`, the
-dispatcher does inline: nothing here is on its path. docs/edge.md, "Choosing among equals", has
-each policy's rules and the reasons every choice is counted by.
+dispatcher does inline for a model: nothing here is on its path. A LoRA adapter's request first
+narrows the free candidates to the servers most ready for its adapter (loaded, then room to load
+it, then a swap: `Chooser.adapter_tier`), then its model's policy picks among those.
+docs/edge.md, "Choosing among equals" and "LoRA adapters", has each policy's rules and the
+reasons every choice is counted by.
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ BACKLOG: Final = "backlog"
 FREED_SLOT: Final = "freed_slot"
 #: The request continues a stored response: the provider that holds it took it (any policy).
 HOME: Final = "response_home"
+#: A LoRA adapter's request went to a server that has the adapter loaded (or on its way).
+ADAPTER_LOADED: Final = "adapter_loaded"
+#: ... to a server with room to load it now (no free candidate had it loaded).
+ADAPTER_ROOM: Final = "adapter_room"
+#: ... to a server whose adapter slots all serve other adapters' requests: it waits for a swap
+#: there (every free candidate was so).
+ADAPTER_SWAP: Final = "adapter_swap"
 #: Every reason of `iop_edge_dispatch_total`, in the order status pages list them.
 DISPATCH_REASONS: Final = (
     ROUND_ROBIN,
@@ -49,10 +59,19 @@ DISPATCH_REASONS: Final = (
     BACKLOG,
     FREED_SLOT,
     HOME,
+    ADAPTER_LOADED,
+    ADAPTER_ROOM,
+    ADAPTER_SWAP,
 )
+#: The adapter tiers, best first: loaded, a free adapter slot, room by evicting an idle
+#: adapter, a swap to wait for; and the reason each is counted by.
+_TIER_REASONS: Final = (ADAPTER_LOADED, ADAPTER_ROOM, ADAPTER_ROOM, ADAPTER_SWAP)
 
 #: Seconds a Node's load report counts for (a few heartbeats; a probe interval of the bench's).
 LOAD_REPORT_TTL_S: Final = 3.0
+#: Seconds a server's word on its LoRA adapters counts for: which adapters it holds changes
+#: slowly (at swaps), and its probe reads it only every few seconds (5 s by default).
+ADAPTER_REPORT_TTL_S: Final = 15.0
 #: The least share of the group's capacity its load counts as, for prefix_affinity's bound.
 _BUSY_SHARE: Final = 0.5
 #: Prefix points remembered per model (least recently used forgotten first): about 16 MB of
@@ -94,6 +113,16 @@ class SlotCounts(Protocol):
     def prefill(self) -> int:
         """Prompt bytes of this Edge's runs on the provider that have no first event yet, less
         what each run's server was expected to hold (`Chooser.prefill`)."""
+        ...
+
+    @property
+    def adapters(self) -> Mapping[str, int]:
+        """This Edge's runs on the provider by LoRA adapter (adapters with none left out)."""
+        ...
+
+    @property
+    def recent_adapters(self) -> Sequence[str]:
+        """The LoRA adapters this Edge sent the provider lately, each once, the latest last."""
         ...
 
 
@@ -202,14 +231,93 @@ class Chooser:
         them)."""
         policy = pool_model.dispatch.policy
         now = time.monotonic()
+        adapter = pool_model.adapter
+        by_adapter = ""
+        if adapter is not None:
+            # A LoRA adapter's request: the candidates of the best tier, then the policy.
+            free, by_adapter = self._by_adapter(adapter, free, slots, now)
         prefill = 0
         if policy == PREFIX_AFFINITY and prefix is not None:
             chosen, reason, prefill = self._by_prefix(pool_model, group, free, prefix, slots, now)
             self.remember(pool_model.id, prefix, chosen.provider.id)
+        elif policy == ROUND_ROBIN:
+            chosen = min(free, key=lambda c: slots[c.provider.id].last_used)
+            reason = ROUND_ROBIN
         else:
             chosen, reason = self._least_loaded(free, slots, now), LEAST_LOAD
-        self.count(pool_model.id, policy, reason)
+        self.count(pool_model.id, policy, by_adapter or reason)
         return chosen, prefill
+
+    def adapter_tier(
+        self, adapter: str, provider_id: str, counts: SlotCounts, now: float | None = None
+    ) -> int:
+        """How ready the provider's server is for a request of the LoRA adapter `adapter`:
+        0 loaded (a request of it runs or waits there, or this Edge sent it there among the
+        server's last `max_loras` adapters: still in its slots, least recently used going
+        first), 1 a free adapter slot, 2 room by evicting an idle adapter, 3 every slot held by
+        other adapters' requests (it waits there for a swap).
+
+        The server's word (`vllm:lora_requests_info`, fresh) and this Edge's own runs are
+        joined: a report comes a probe interval late, this Edge's runs are always current.
+        Without the server's `max_loras`, one slot is assumed.
+        """
+        report = self.loads.get(provider_id)
+        server = None
+        if report is not None and report.server is not None:
+            age = (time.monotonic() if now is None else now) - report.reported_at
+            if age <= ADAPTER_REPORT_TTL_S and report.server.age_s <= ADAPTER_REPORT_TTL_S:
+                server = report.server
+        active = {name for name, runs in counts.adapters.items() if runs > 0}
+        limit = 0
+        if server is not None:
+            active |= server.active_adapters
+            limit = server.max_loras
+        lately = set(counts.recent_adapters[-(limit or 1) :])
+        if adapter in active or adapter in lately:
+            return 0
+        if limit and len(active) >= limit:
+            return 3
+        return 1 if len(active | lately) < (limit or 1) else 2
+
+    def only_swaps(
+        self,
+        adapter: str,
+        group: Sequence[Candidate],
+        free: Sequence[Candidate],
+        slots: Mapping[str, SlotCounts],
+    ) -> bool:
+        """True when every free candidate would make a request of `adapter` wait for a swap
+        while a busy one of `group` has it loaded or room for it: the request does better to
+        wait at the Edge for that one's next free slot (a server keeps admitting the requests of
+        the adapters it holds before a swap, so a request sent to swap may wait there for as
+        long as they keep coming)."""
+        now = time.monotonic()
+        if any(
+            self.adapter_tier(adapter, c.provider.id, slots[c.provider.id], now) < 3 for c in free
+        ):
+            return False
+        return any(
+            candidate not in free
+            and slots[candidate.provider.id].in_flight > 0
+            and self.adapter_tier(adapter, candidate.provider.id, slots[candidate.provider.id], now)
+            < 3
+            for candidate in group
+        )
+
+    def _by_adapter(
+        self, adapter: str, free: Sequence[Candidate], slots: Mapping[str, SlotCounts], now: float
+    ) -> tuple[list[Candidate], str]:
+        """The free candidates of the best adapter tier (`adapter_tier`), and its reason."""
+        best: list[Candidate] = []
+        best_tier = len(_TIER_REASONS)
+        for candidate in free:
+            provider_id = candidate.provider.id
+            tier = self.adapter_tier(adapter, provider_id, slots[provider_id], now)
+            if tier < best_tier:
+                best, best_tier = [candidate], tier
+            elif tier == best_tier:
+                best.append(candidate)
+        return best, _TIER_REASONS[best_tier]
 
     def prefill(self, model_id: str, prefix: PrefixKey, provider_id: str) -> int:
         """The prompt bytes of `prefix` that `provider_id` is expected to prefill: what the

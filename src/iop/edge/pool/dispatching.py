@@ -1,7 +1,9 @@
 """Dispatch: which provider runs a request now, and which request a freed slot serves next.
 
 `Dispatcher` keeps the rules docs/edge.md, "Dispatch", gives operators: candidates, capacity and
-long slots, the lowest priority, then the model's policy among equals (`choosing.py`); a bounded
+long slots, the lowest priority, then the model's policy among equals (`choosing.py`; for a LoRA
+adapter's request, after the servers most ready for its adapter, and a wait at the Edge rather
+than a swap while a server that holds it is busy: docs/edge.md, "LoRA adapters"); a bounded
 queue per model, in strict order of the requests' priority classes (`priorities.py`: a higher
 class always first, a sheddable one refused at a saturated model rather than queued, the lowest
 class's latest request displaced from a full queue by a higher one, each class's wait bounded)
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -68,6 +70,8 @@ RETRY_AFTER_S: Final = 1.0
 #: The bounds of the Retry-After estimated from a model's queue (a shed or displaced request).
 _RETRY_AFTER_MIN_S: Final = 0.05
 _RETRY_AFTER_MAX_S: Final = 60.0
+#: LoRA adapters remembered per provider as sent there lately (more than a server holds).
+_RECENT_ADAPTERS: Final = 32
 #: Runs ended per model that the drain rate is read from, and how old the newest may be.
 _DRAIN_SAMPLES: Final = 32
 _DRAIN_FRESH_S: Final = 30.0
@@ -116,7 +120,15 @@ class _Drain:
 class _Slots:
     """The mutable counters of one provider, keyed by provider id across snapshots."""
 
-    __slots__ = ("cool_until", "in_flight", "last_used", "long_in_flight", "prefill")
+    __slots__ = (
+        "adapters",
+        "cool_until",
+        "in_flight",
+        "last_used",
+        "long_in_flight",
+        "prefill",
+        "recent",
+    )
 
     def __init__(self) -> None:
         self.in_flight = 0
@@ -125,6 +137,32 @@ class _Slots:
         self.prefill = 0
         self.last_used = 0  # dispatch stamp of the last run given to this provider
         self.cool_until = 0.0  # time.monotonic() until which a busy provider sits out
+        #: Runs in flight by LoRA adapter, and the adapters sent here lately (latest last).
+        self.adapters: dict[str, int] = {}
+        self.recent: list[str] = []
+
+    @property
+    def recent_adapters(self) -> Sequence[str]:
+        return self.recent
+
+    def sent(self, adapter: str) -> None:
+        """A run of `adapter` goes here: its runs counted, and it is the latest adapter sent."""
+        self.adapters[adapter] = self.adapters.get(adapter, 0) + 1
+        recent = self.recent
+        if recent and recent[-1] == adapter:
+            return
+        if adapter in recent:
+            recent.remove(adapter)
+        recent.append(adapter)
+        if len(recent) > _RECENT_ADAPTERS:
+            del recent[0]
+
+    def ended(self, adapter: str) -> None:
+        runs = self.adapters.get(adapter, 0) - 1
+        if runs > 0:
+            self.adapters[adapter] = runs
+        else:
+            self.adapters.pop(adapter, None)
 
 
 class _Waiter:
@@ -481,6 +519,8 @@ class Dispatcher:
         slots.prefill -= lease.prefill
         if lease.long:
             slots.long_in_flight -= 1
+        if lease.pool_model.base_model is not None:
+            slots.ended(lease.pool_model.id)
         return slots
 
     def close(self) -> None:
@@ -521,6 +561,14 @@ class Dispatcher:
         `prefix_affinity` weighs them (`Lease.prefill`)."""
         slots = self._slots.get(provider_id)
         return slots.prefill if slots is not None else 0
+
+    def adapter_runs(self, provider_id: str) -> tuple[Mapping[str, int], Sequence[str]]:
+        """This Edge's runs on the provider by LoRA adapter, and the adapters it sent there
+        lately (latest last)."""
+        slots = self._slots.get(provider_id)
+        if slots is None:
+            return {}, ()
+        return dict(slots.adapters), tuple(slots.recent)
 
     def long_in_flight(self, provider_id: str) -> int:
         slots = self._slots.get(provider_id)
@@ -656,6 +704,22 @@ class Dispatcher:
                 return True
         return False
 
+    def _swap_here(self, pool_model: PoolModel, provider_id: str) -> bool:
+        """A request of the adapter `pool_model` would wait for a swap at `provider_id`, while
+        another available candidate of it, busy, has the adapter loaded or room for it."""
+        adapter = pool_model.adapter
+        assert adapter is not None
+        chooser, all_slots = self._chooser, self._slots
+        if chooser.adapter_tier(adapter, provider_id, all_slots[provider_id]) < 3:
+            return False
+        return any(
+            c.provider.id != provider_id
+            and c.provider.id in self._available
+            and all_slots[c.provider.id].in_flight > 0
+            and chooser.adapter_tier(adapter, c.provider.id, all_slots[c.provider.id]) < 3
+            for c in pool_model.candidates
+        )
+
     def _server_full(self, provider_id: str) -> bool:
         """The provider's server reports a queue of its own (`saturation.server_waiting`)."""
         threshold = self._snapshot.priorities.server_waiting
@@ -687,7 +751,7 @@ class Dispatcher:
         is expected to prefill (`Lease.prefill`), or None; only `home` when one is given."""
         if home:
             return self._at_home(pool_model, long, home)
-        if pool_model.dispatch.policy != ROUND_ROBIN:
+        if pool_model.dispatch.policy != ROUND_ROBIN or pool_model.base_model is not None:
             return self._choose(pool_model, long, avoid, prefix)
         available = self._available
         all_slots = self._slots
@@ -757,6 +821,9 @@ class Dispatcher:
                 free.append(candidate)
         if not free:
             return None
+        adapter = pool_model.adapter
+        if adapter is not None and self._chooser.only_swaps(adapter, group, free, all_slots):
+            return None  # it waits for a slot of a server that holds its adapter, or has room
         return self._chooser.choose(pool_model, group, free, prefix, all_slots)
 
     def _take(
@@ -775,6 +842,8 @@ class Dispatcher:
         slots.prefill += prefill
         if long:
             slots.long_in_flight += 1
+        if pool_model.base_model is not None:
+            slots.sent(pool_model.id)
         self._stamp += 1
         slots.last_used = self._stamp
         return Lease(
@@ -989,10 +1058,18 @@ class Dispatcher:
                     for home in ("", provider_id):
                         queue = self._queues.get((pool_model.id, long, stable_view, home))
                         head = queue.head() if queue is not None else None
-                        if head is not None and (
-                            oldest is None
-                            or (-head.priority.level, head.seq)
-                            < (-oldest.priority.level, oldest.seq)
+                        if (
+                            head is not None
+                            and (
+                                oldest is None
+                                or (-head.priority.level, head.seq)
+                                < (-oldest.priority.level, oldest.seq)
+                            )
+                            # An adapter's requests wait for a server that holds it, not a swap.
+                            and (
+                                pool_model.adapter is None
+                                or not self._swap_here(pool_model, provider_id)
+                            )
                         ):
                             oldest, chosen = head, (pool_model, candidate)
             if oldest is None or chosen is None:

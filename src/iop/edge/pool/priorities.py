@@ -95,9 +95,10 @@ class PriorityTable:
             for entry in section.principals
         }
         self._by_model = {
-            model.id: classes[model.priority_class]
+            name: classes[model.priority_class]
             for model in config.models
             if model.priority_class is not None
+            for name in (model.id, *model.adapters)  # an adapter takes its model's class
         }
         #: Every request gets the default class unless it asks otherwise (no class named).
         self._fixed = not self._by_principal and not self._by_model

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from iop.edgeconfig import (
@@ -74,6 +74,15 @@ class PoolModel:
     first_byte_timeout_s: float | None = None
     #: How the model chooses among its best free candidates (`models[].dispatch`).
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+    #: For a LoRA adapter (`models[].adapters`): the model it adapts, whose providers serve it
+    #: under the adapter's name (the id). None for a model.
+    base_model: str | None = None
+
+    @property
+    def adapter(self) -> str | None:
+        """The LoRA adapter's name when this entry is one (its requests prefer the servers that
+        have it loaded: `choosing.py`), else None."""
+        return self.id if self.base_model is not None else None
 
     def candidate(self, provider_id: str) -> Candidate | None:
         for candidate in self.candidates:
@@ -93,7 +102,7 @@ class PoolSnapshot:
     #: Unix time the snapshot was built (the `created` of /v1/models entries).
     created: int
     long_context_threshold_tokens: int
-    #: The catalog, in config order.
+    #: The catalog, in config order (a model's adapters right after it).
     models: Mapping[str, PoolModel]
     providers: Mapping[str, ProviderLimits]
     #: For each enabled provider, the models it is a candidate of (with its candidate entry).
@@ -159,9 +168,23 @@ class PoolSnapshot:
                 ),
                 dispatch=model.dispatch,
             )
-            models[model.id] = pool_model
-            for candidate in candidates:
-                by_provider.setdefault(candidate.provider.id, []).append((pool_model, candidate))
+            entries = [pool_model]
+            # An adapter is a catalog entry of its own (its queue, metrics and limits by its
+            # name) on its base model's providers, which serve it under its name.
+            entries += [
+                replace(
+                    pool_model,
+                    id=adapter,
+                    candidates=tuple(replace(c, served_model=adapter) for c in candidates),
+                    fallbacks=(),
+                    base_model=model.id,
+                )
+                for adapter in model.adapters
+            ]
+            for entry in entries:
+                models[entry.id] = entry
+                for candidate in entry.candidates:
+                    by_provider.setdefault(candidate.provider.id, []).append((entry, candidate))
         return cls(
             config=config,
             config_hash=config_hash(config),
