@@ -209,12 +209,6 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
         what="the chat's trace at the fake collector",
     )
     assert {span["service"] for span in trace} == {"iop-edge", "iop-node"}
-    # The adapter is a model of the catalog, served by its model's providers under its name.
-    assert chat(cluster, namespace, "sql-lora")["model"] == "sql-lora"
-    # The Responses API through the pool (a continuation that reaches the other Edge replica
-    # needs the limit store, which this release has not: tests/edge/http covers both).
-    first = respond(cluster, namespace, {"model": "llama-3.1-8b", "input": "Hello!"})
-    assert first["object"] == "response" and first["status"] == "completed"
     edge_config = cluster.get("configmap", f"{EC}-edge", "-n", namespace)
     assert json.loads(edge_config["data"]["edge.yaml"])["edge"]["admin"]["listen"] == "0.0.0.0:9090"
     # The Node link is TLS by default, with the certificates the operator made (the chat above
@@ -240,6 +234,13 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
     assert "iop_edge_requests_total" in httpx.get(service_url, timeout=10).text
     openai = cluster.get("service", "iop-openai", "-n", namespace)["spec"]["clusterIP"]
     assert httpx.get(f"http://{openai}:8080/metrics", timeout=10).status_code == 404
+
+    # The adapter is a model of the catalog, served by its model's providers under its name.
+    assert chat(cluster, namespace, "sql-lora")["model"] == "sql-lora"
+    # The Responses API through the pool (a continuation that reaches the other Edge replica
+    # needs the limit store, which this release has not: tests/edge/http covers both).
+    first = respond(cluster, namespace, {"model": "llama-3.1-8b", "input": "Hello!"})
+    assert first["object"] == "response" and first["status"] == "completed"
 
     # Every pod of the chart is a process of the image, as its security contexts say.
     for pod in cluster.pods(namespace, "app.kubernetes.io/instance=" + RELEASE):

@@ -1,7 +1,8 @@
 """Requests in and out: the Edge's three HTTP apps, the server they run on and its caps.
 
-- `openaiapp`: the OpenAI API (`OpenAIApp`); `adminapp`: the admin API (refresh, config,
-  status); `metricsapp`: `GET /metrics` on a listener of its own;
+- `openaiapp`: the OpenAI API (`OpenAIApp`), with `storedresponses`: where each stored response
+  of the Responses API lives, and the errors that name one; `adminapp`: the admin API (refresh,
+  config, status); `metricsapp`: `GET /metrics` on a listener of its own;
 - `responses`: the one place an error becomes a status and a body, for all three;
 - `server`: the HTTP server, `connections`: one client connection (httptools' parser, the caps
   enforced), `exchanges`: one request and its answer as the apps see them; `caps`: what the

@@ -26,7 +26,6 @@ import orjson
 from iop import tracing
 from iop.aiokits import LogThrottle
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind, RunRequest
-from iop.wire import statuses as wire_statuses
 
 from ..authenticating import Authenticator, Principal
 from ..bodies import BodyBounds, ParsedRequest, apply_policy, is_long, parse_request
@@ -38,32 +37,28 @@ from ..errors import (
     ModelNotFound,
     PayloadTooLarge,
     ProviderFailed,
-    ResponseHolderUnavailable,
     ResponseNotFound,
     RouteNotFound,
 )
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
 from ..limits import NO_GRANT, Grant, Limiter
 from ..pool import (
-    CANDIDATE,
     CLASS_HEADER,
     MAX_WAIT_HEADER,
     STABLE,
     Dispatcher,
     Metrics,
-    PoolModel,
     PoolSnapshot,
     Relay,
     RelayedRun,
     RequestTrace,
-    ResponseHome,
     ResponseHomes,
-    Side,
     answer_id,
     stream_id,
 )
 from .exchanges import ClientGone, Exchange
 from .responses import answer_error, error_event, provider_failed, typed_error_event
+from .storedresponses import ResponseHolders, failure_of
 
 logger = logging.getLogger(__name__)
 
@@ -86,18 +81,6 @@ _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/responses": "response",
 }
 _RESPONSES: Final = "/v1/responses/"
-#: A run's failures that say its provider cannot be reached (rather than that it answered).
-_UNREACHABLE: Final = frozenset(
-    {
-        wire_statuses.UPSTREAM_UNAVAILABLE,
-        wire_statuses.NODE_UNAVAILABLE,
-        wire_statuses.NODE_DISCONNECTED,
-        wire_statuses.NOT_ACCEPTED,
-        wire_statuses.UNKNOWN_PROVIDER,
-        wire_statuses.PROVIDER_UNHEALTHY,
-        wire_statuses.EDGE_STOPPING,
-    }
-)
 
 
 class OpenAIApp:
@@ -128,6 +111,7 @@ class OpenAIApp:
         self._ready = ready
         #: Which provider holds each stored response that passed through (the Responses API).
         self.response_homes = response_homes if response_homes is not None else ResponseHomes()
+        self._holders = ResponseHolders(dispatcher, limiter, self.response_homes)
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
         self._bugs = LogThrottle(logger)
 
@@ -270,7 +254,7 @@ class OpenAIApp:
             model = pool_model.id
             home = ""
             if request.previous_response_id is not None:
-                home, pool_model, side = await self._continued(
+                home, pool_model, side = await self._holders.continued(
                     request.previous_response_id, model, pool_model, side
                 )
             apply_policy(request, pool_model.generation)
@@ -298,7 +282,7 @@ class OpenAIApp:
                 if trace is not None and run.lease is not None:
                     trace.answered_by(model, provider, run.lease.served_model)
                 failed = functools.partial(
-                    self._run_failed, continued=request.previous_response_id, run=run
+                    failure_of, continued=request.previous_response_id, provider=run.provider_id
                 )
                 if request.stream:
                     status = await self._stream(
@@ -362,7 +346,7 @@ class OpenAIApp:
                     trace.first_token()
             elif isinstance(event, RunDone):
                 if kind == "response" and (response_id := answer_id(body)) is not None:
-                    self._record_home(response_id, run.provider_id, model)
+                    self._holders.record(response_id, run.provider_id, model)
                 exchange.respond(200, body, headers=headers)
                 if trace is not None:
                     trace.finished(event.finish_reason)
@@ -409,7 +393,7 @@ class OpenAIApp:
                             model, time.perf_counter() - arrived, run.side
                         )
                         if typed and (response_id := stream_id(event.data)) is not None:
-                            self._record_home(response_id, run.provider_id, model)
+                            self._holders.record(response_id, run.provider_id, model)
                         if trace is not None:
                             trace.first_token()
                         exchange.start(200, start_headers)
@@ -456,94 +440,6 @@ class OpenAIApp:
 
     # -- stored responses (the Responses API) ---------------------------------------------------
 
-    @staticmethod
-    def _run_failed(failed: RunFailed, *, continued: str | None, run: RelayedRun) -> EdgeError:
-        """The error of a failed run; for a continuation whose holder cannot be reached, one
-        that names the response (no other server holds it: a retry elsewhere cannot help)."""
-        if continued is None or failed.code not in _UNREACHABLE:
-            return provider_failed(failed)
-        return ResponseHolderUnavailable(
-            f"The response '{continued}' is held by provider `{run.provider_id}`, which "
-            f"cannot be reached now ({failed.message}); no other server holds it. Retry later.",
-            gone=False,
-            param="previous_response_id",
-        )
-
-    def _record_home(self, response_id: str, provider_id: str, model_id: str) -> None:
-        self.response_homes.record(response_id, provider_id, model_id)
-        if self._limiter is not None:  # the other replicas learn it through the shared store
-            self._limiter.share_home(response_id, provider_id, model_id)
-
-    async def _find_home(self, response_id: str) -> ResponseHome | None:
-        """Where a stored response lives: as this Edge recorded it, else as another replica
-        did (the shared store's, when there is one)."""
-        home = self.response_homes.find(response_id)
-        if home is not None or self._limiter is None:
-            return home
-        shared = await self._limiter.shared_home(response_id)
-        if shared is None:
-            return None
-        self.response_homes.record(response_id, *shared)
-        return ResponseHome(*shared)
-
-    async def _continued(
-        self, response_id: str, model: str, pool_model: PoolModel, side: Side
-    ) -> tuple[str, PoolModel, Side]:
-        """The provider that holds the response a request continues (`previous_response_id`),
-        which must serve the request's model (the view of it and the side: while a change is
-        on trial, the revision whose view has that provider, its own first); or the clear
-        error why it cannot run there."""
-        param = "previous_response_id"
-        home = await self._find_home(response_id)
-        if home is None:
-            raise BadRequest(
-                f"Previous response with id '{response_id}' not found: it was not answered "
-                "through this Edge, or so long ago that the Edge no longer remembers which "
-                f"server holds it (it remembers the last {self.response_homes.limit}). Send "
-                "the conversation's whole input instead.",
-                param,
-                code="previous_response_not_found",
-            )
-        self._reachable(home, response_id, param)
-        other = CANDIDATE if side == STABLE else STABLE
-        views = [(pool_model, side)]
-        if self._dispatcher.split is not None:
-            other_view = self._dispatcher.model_view(model, other)
-            if other_view is not None:
-                views.append((other_view, other))
-        for view, view_side in views:
-            if any(c.provider.id == home.provider_id for c in view.candidates):
-                return home.provider_id, view, view_side
-        raise BadRequest(
-            f"Previous response '{response_id}' is held by provider `{home.provider_id}`, "
-            f"which does not serve model `{model}`: continue it with a model that "
-            f"provider serves (it was answered as `{home.model_id}`).",
-            "model",
-            code="previous_response_model_mismatch",
-        )
-
-    def _reachable(self, home: ResponseHome, response_id: str, param: str | None) -> None:
-        """Refuse, naming the response, when the provider that holds it has left the config
-        (410: it never comes back) or is out of dispatch now (503: it may)."""
-        dispatcher = self._dispatcher
-        provider = home.provider_id
-        if provider not in dispatcher.snapshot.providers:
-            raise ResponseHolderUnavailable(
-                f"The response '{response_id}' is held by provider `{provider}`, which is no "
-                "longer in the Edge's config: it cannot be continued, retrieved, deleted or "
-                "cancelled through this Edge.",
-                gone=True,
-                param=param,
-            )
-        if provider not in dispatcher.available:
-            raise ResponseHolderUnavailable(
-                f"The response '{response_id}' is held by provider `{provider}`, which is not "
-                "available now (its node is not connected, or the provider is unhealthy or "
-                "disabled); no other server holds it. Retry later.",
-                gone=False,
-                param=param,
-            )
-
     async def _stored_response(self, exchange: Exchange, path: str, method: str) -> None:
         """`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, sent to the
         provider that holds the response (a lookup: no slot, no limit, no retry elsewhere)."""
@@ -579,14 +475,14 @@ class OpenAIApp:
                     "the Edge: retrieve it whole.",
                     "stream",
                 )
-            home = await self._find_home(response_id)
+            home = await self._holders.find(response_id)
             if home is None:
                 raise ResponseNotFound(
                     f"No response with id '{response_id}' is known to this Edge: it was not "
                     "answered through it, or so long ago that the Edge no longer remembers "
                     f"which server holds it (it remembers the last {self.response_homes.limit})."
                 )
-            self._reachable(home, response_id, None)
+            self._holders.reachable(home, response_id, None)
             provider = home.provider_id
             if home.model_id in self._dispatcher.snapshot.models:
                 model = home.model_id
@@ -626,9 +522,7 @@ class OpenAIApp:
                     body += event.data
                 elif isinstance(event, RunDone):
                     if request.kind == "response_delete":
-                        self.response_homes.forget(request.response_id)
-                        if self._limiter is not None:
-                            self._limiter.unshare_home(request.response_id)
+                        self._holders.forget(request.response_id)
                     exchange.respond(200, body)
                     return 200
                 elif isinstance(event, RunFailed):
