@@ -10,6 +10,7 @@ within 100 ms instead of the SDK's 5 s).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -60,13 +61,27 @@ class OtlpReceiver:
         self.spans.extend(ReceivedSpan(**span) for span in spans)
         self._arrived.set()
 
-    async def wait_for(self, count: int, timeout: float = 20.0) -> list[ReceivedSpan]:
-        """Until at least `count` spans arrived in all (TimeoutError after `timeout`)."""
+    async def wait_until(
+        self, holds: Callable[[list[ReceivedSpan]], bool], timeout: float = 30.0
+    ) -> list[ReceivedSpan]:
+        """Until `holds(spans)` of every span arrived (TimeoutError after `timeout`)."""
         async with asyncio.timeout(timeout):
-            while len(self.spans) < count:
+            while not holds(self.spans):
                 self._arrived.clear()
                 await self._arrived.wait()
         return self.spans
+
+    async def wait_for_trace(
+        self, trace_id: str, names: Collection[str], timeout: float = 30.0
+    ) -> list[ReceivedSpan]:
+        """Until the trace `trace_id` has a span of each of `names`; that trace's spans (others
+        may still come: a process exports its spans in batches of its own)."""
+
+        def complete(spans: list[ReceivedSpan]) -> bool:
+            return set(names) <= {span.name for span in spans if span.trace_id == trace_id}
+
+        spans = await self.wait_until(complete, timeout)
+        return [span for span in spans if span.trace_id == trace_id]
 
     async def __aenter__(self) -> Self:
         self.port, _ = await self._collector.start("127.0.0.1:0")

@@ -18,7 +18,7 @@ import yaml
 from iop.cli.up_commands import LOCAL_TOKEN_REF, local_config
 from iop.edgeconfig import OpenAIAdapterSettings, load_data, load_file, token_sha256
 from iop.processes import iop_command, terminate
-from testkit.otlp import OtlpReceiver
+from testkit.otlp import OtlpReceiver, ReceivedSpan
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "configs" / "edge.yaml"
@@ -157,7 +157,13 @@ async def test_iop_up_traces_when_an_otlp_endpoint_is_set() -> None:
                 await client.chat.completions.create(
                     model="llama-3.1-8b", messages=[{"role": "user", "content": "Hello!"}]
                 )
-            spans = await receiver.wait_for(3)
+
+            def traced(spans: list[ReceivedSpan]) -> bool:
+                """The request's span has arrived, and a Node's span of its trace."""
+                ids = {s.trace_id for s in spans if s.name == "chat llama-3.1-8b"}
+                return any(s.service == "iop-node" and s.trace_id in ids for s in spans)
+
+            spans = await receiver.wait_until(traced)
     request = next(s for s in spans if s.name == "chat llama-3.1-8b")
     trace = [s for s in spans if s.trace_id == request.trace_id]
     assert {s.service for s in trace} == {"iop-edge", "iop-node"}

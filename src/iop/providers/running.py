@@ -588,7 +588,7 @@ class AdmittedRun:
         self._trace = None
         # A run whose Edge did not sample its trace is not sampled here either (parent-based).
         traceparent = request.traceparent
-        if tracer is not None and (traceparent is None or tracing.sampled(traceparent)):
+        if tracer is not None and (not traceparent or tracing.sampled(traceparent)):
             kind = str(provision.payload.adapter.get("type", ""))
             self._trace = RunTrace(tracer, request, kind, adapter.upstream)
         sent = request if self._trace is None else self._trace.request(request)

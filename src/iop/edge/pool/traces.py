@@ -71,10 +71,11 @@ class RequestTrace:
         traceparent: str | None,
         tracestate: bytes | None,
         arrived: float,
-    ) -> tuple[RequestTrace | None, str]:
+    ) -> tuple[RequestTrace | None, str | None]:
         """A request's span, continuing the client's `traceparent`: its spans when the trace is
-        sampled (None when not), and the `traceparent` its runs carry if none (the request's
-        span, not sampled: the next hops do not sample it either, and make nothing of it)."""
+        sampled (None when not), and the `traceparent` its runs carry if not (the request's
+        span, not sampled: the next hops do not sample it either, and make nothing of it;
+        None when sampled: each run carries its own span's)."""
         from opentelemetry.trace import SpanKind
 
         state = tracestate.decode("latin-1") if tracestate else None
@@ -86,7 +87,7 @@ class RequestTrace:
         )
         if not span.is_recording():
             return None, tracing.traceparent_of(span)
-        return cls(tracer, span, arrived), ""
+        return cls(tracer, span, arrived), None
 
     def request(
         self,

@@ -175,11 +175,8 @@ class OpenAIAdapter:
         response: Response | None = None
         sent_chunk = False
         try:
-            head = (
-                b""
-                if request.traceparent is None
-                else b"traceparent: %s\r\n" % (request.traceparent.encode("ascii"))
-            )
+            traceparent = request.traceparent
+            head = b"traceparent: %s\r\n" % traceparent.encode("ascii") if traceparent else b""
             response = await client.post(_PATHS[request.kind], body, request.deadline, head)
             if response.status >= 300:  # a redirect's body is not the answer either
                 detail = await _read_at_most(response, _ERROR_BODY_BYTES) or b""
