@@ -113,6 +113,12 @@ async def test_iop_up_serves_the_sample_config_until_interrupted() -> None:
                     model=model, messages=[{"role": "user", "content": "Hello!"}]
                 )
                 assert reply.choices[0].message.content
+                # The Responses API, and a continuation on the server that holds the first.
+                first = await client.responses.create(model=model, input="Hello!")
+                second = await client.responses.create(
+                    model=model, input="And then?", previous_response_id=first.id
+                )
+                assert second.previous_response_id == first.id and second.output_text
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 30) == 0
         for pid in up["pids"].values():  # every process it started has ended
