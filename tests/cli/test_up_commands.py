@@ -176,3 +176,19 @@ async def test_iop_up_traces_when_an_otlp_endpoint_is_set() -> None:
     run = next(s for s in trace if s.name == "iop.run")
     (node,) = [s for s in trace if s.parent_span_id == run.span_id]
     assert node.service == "iop-node" and node.kind == "client"
+
+
+async def test_iop_up_serves_a_lora_adapter_of_its_config(tmp_path: Path) -> None:
+    config = tmp_path / "edge.yaml"
+    document = yaml.safe_load(SAMPLE.read_text())
+    llama = next(m for m in document["models"] if m["id"] == "llama-3.1-8b")
+    llama["adapters"] = ["sql-lora"]
+    config.write_text(yaml.safe_dump(document))
+    async with iop_up("--config", str(config)) as process:
+        async with client_of(await up_line(process)) as client:
+            listed = {m.id: m for m in (await client.models.list()).data}
+            assert (listed["sql-lora"].model_extra or {})["parent"] == "llama-3.1-8b"
+            reply = await client.chat.completions.create(
+                model="sql-lora", messages=[{"role": "user", "content": "Hello!"}]
+            )
+            assert reply.model == "sql-lora" and reply.choices[0].message.content
