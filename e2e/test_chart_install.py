@@ -146,13 +146,21 @@ def assert_runs_from_the_image(pod: dict[str, Any]) -> None:
 
 def pods_left(cluster: KubeCluster, namespace: str) -> list[str]:
     """Each pod still in `namespace`: its name, phase, node, when its deletion was asked and its
-    owners (what a wait for them to go shows when it times out)."""
-    return [
-        f"{pod['metadata']['name']} {pod['status'].get('phase')} on {pod['spec'].get('nodeName')} "
-        f"deleted at {pod['metadata'].get('deletionTimestamp')} owned by "
-        f"{[owner['name'] for owner in pod['metadata'].get('ownerReferences', [])]}"
-        for pod in cluster.get("pods", "-n", namespace)["items"]
-    ]
+    owners, with the process kubelet's last lines about it (what a wait for them to go shows
+    when it times out)."""
+    kubelet_log = cluster.kubeconfig.parent / "logs" / "kubelet.log"
+    lines = kubelet_log.read_text(errors="replace").splitlines() if kubelet_log.exists() else []
+    left = []
+    for pod in cluster.get("pods", "-n", namespace)["items"]:
+        name = pod["metadata"]["name"]
+        said = [line for line in lines if name in line][-12:]
+        left.append(
+            f"{name} {pod['status'].get('phase')} on {pod['spec'].get('nodeName')} "
+            f"deleted at {pod['metadata'].get('deletionTimestamp')} owned by "
+            f"{[owner['name'] for owner in pod['metadata'].get('ownerReferences', [])]}; "
+            f"the kubelet said: {said}"
+        )
+    return left
 
 
 def chat_trace(cluster: KubeCluster, namespace: str) -> list[dict[str, Any]] | None:
