@@ -8,6 +8,8 @@
   lists the providers);
 - the pinned tools: `ensure_venv` builds a virtual environment of pinned packages (and a checkout)
   under `default_cache`, never touching the project's;
+- open-loop streams: `timed_stream` sends one streaming request on an aiohttp session and times
+  its first byte and its end (`bench.routing`, `bench.lora`);
 - processes: `cpu_seconds` (from /proc), `started_line` (the JSON line an `iop` process prints
   once it listens), `until`; `module_command` runs a benchmark module as a child process.
 
@@ -242,6 +244,32 @@ async def measure(host: str, port: int, payload: bytes, concurrency: int, second
         assert connection.transport is not None
         connection.transport.close()
     return Cell(len(latencies) / elapsed, latencies, firsts)
+
+
+async def timed_stream(session: Any, url: str, body: bytes) -> tuple[float, float, bool, str]:
+    """POST the streaming request `body` to `url` on the aiohttp `session`, reading it to its
+    end: seconds to its first byte and to its end, whether it ended `data: [DONE]` with a 200,
+    and why not."""
+    import aiohttp
+
+    start = time.perf_counter()
+    first = 0.0
+    ok = False
+    why = ""
+    try:
+        async with session.post(url, data=body) as response:
+            tail = b""
+            async for piece in response.content.iter_any():
+                if not first:
+                    first = time.perf_counter()
+                tail = (tail + piece)[-200:]
+            ok = response.status == 200 and tail.endswith(b"data: [DONE]\n\n")
+            if not ok:
+                why = f"HTTP {response.status}: {tail[-160:].decode(errors='replace')}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        why = repr(exc)
+    end = time.perf_counter()
+    return (first or end) - start, end - start, ok, why
 
 
 def pct(values: list[float], q: int) -> float:

@@ -254,26 +254,8 @@ async def run_cell(
                     "stream": True,
                 }
             )
-            start = time.perf_counter()
-            first = 0.0
-            ok = False
-            why = ""
-            try:
-                async with session.post(url, data=body) as response:
-                    tail = b""
-                    async for piece in response.content.iter_any():
-                        if not first:
-                            first = time.perf_counter()
-                        tail = (tail + piece)[-200:]
-                    ok = response.status == 200 and tail.endswith(b"data: [DONE]\n\n")
-                    if not ok:
-                        why = f"HTTP {response.status}: {tail[-160:].decode(errors='replace')}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                why = repr(exc)
-            end = time.perf_counter()
-            cell.samples.append(
-                Sample(request.adapter, request.at, (first or end) - start, end - start, ok, why)
-            )
+            timed = await benchkit.timed_stream(session, url, body)
+            cell.samples.append(Sample(request.adapter, request.at, *timed))
 
         started = time.perf_counter()
         await asyncio.gather(*(send(request) for request in requests))
