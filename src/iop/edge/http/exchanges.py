@@ -25,10 +25,34 @@ _CLOSE: Final = (b"connection", b"close")
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 #: What the parser buffers of a body the app has not asked for yet before it stops reading.
 BODY_HIGH_WATER: Final = 64 * 1024
+#: The status recorded for a request whose client went away before its answer.
+CLIENT_GONE: Final = 499
 
 
 class ClientGone(Exception):
     """The client disconnected before its request's body arrived."""
+
+
+class Disconnect:
+    """Given to `Exchange.on_gone`: when the client leaves mid-answer, cancel the request's
+    task (its run and its slot with it), and remember that it was this that cancelled it."""
+
+    __slots__ = ("seen", "task")
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.task: asyncio.Task[None] | None = None
+
+    def __call__(self) -> None:
+        if self.task is not None:
+            self.seen = True
+            self.task.cancel()
+
+    def cancelled_it(self) -> bool:
+        """In the request's task, handling its CancelledError: whether the client's leaving
+        cancelled it (and nothing else did: the cancellation is then consumed)."""
+        task = asyncio.current_task()
+        return self.seen and task is not None and task.uncancel() == 0
 
 
 class Connection(Protocol):

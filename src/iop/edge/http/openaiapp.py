@@ -1,14 +1,13 @@
 """The OpenAI-compatible HTTP API, as an app of the Edge's own HTTP server (`http/server.py`).
 
 `OpenAIApp` serves `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-`/v1/responses` (and a stored response's retrieve, delete and cancel, on the provider that holds
-it: `pool/responsehomes.py`), `/healthz` and `/readyz` (docs/edge.md, "The API", "The Responses
-API"). A completion goes: auth -> body (413 past
-the limit, from its Content-Length or as it grows) -> JSON and field validation -> model lookup
--> generation policy and context class -> the limits (`Limiter`) -> `Relay` (slot, run,
-events); every failure is an `EdgeError` rendered by `http/responses.py`. A client that
-disconnects cancels the request's task (through `Exchange.on_gone`), hence its run
-and its slot. No framework and no ASGI: each measured as a layer per request on this path
+`/v1/responses` (a stored response's retrieve, delete and cancel: `http/storedresponses.py`),
+`/healthz` and `/readyz` (docs/edge.md, "The API", "The Responses API"). A completion goes:
+auth -> body (413 past the limit, from its Content-Length or as it grows) -> JSON and field
+validation -> model lookup -> generation policy and context class -> the limits (`Limiter`) ->
+`Relay` (slot, run, events); every failure is an `EdgeError` rendered by `http/responses.py`.
+A client that disconnects cancels the request's task (through `Exchange.on_gone`), hence its
+run and its slot. No framework and no ASGI: each measured as a layer per request on this path
 (docs/benchmarks.md).
 """
 
@@ -25,19 +24,16 @@ import orjson
 
 from iop import tracing
 from iop.aiokits import LogThrottle
-from iop.wire import RunChunk, RunDone, RunFailed, RunKind, RunRequest
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from ..authenticating import Authenticator, Principal
 from ..bodies import BodyBounds, ParsedRequest, apply_policy, is_long, parse_request
 from ..errors import (
-    BadRequest,
     EdgeError,
     InternalError,
     MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
-    ProviderFailed,
-    ResponseNotFound,
     RouteNotFound,
 )
 from ..hub import MAX_AWAITED_SHOWN, NodeRuns, Readiness, provider_health
@@ -56,9 +52,14 @@ from ..pool import (
     answer_id,
     stream_id,
 )
-from .exchanges import ClientGone, Exchange
-from .responses import answer_error, error_event, provider_failed, typed_error_event
-from .storedresponses import ResponseHolders, failure_of
+from .exchanges import CLIENT_GONE, ClientGone, Disconnect, Exchange
+from .responses import answer_error, ended_early, error_event, provider_failed, typed_error_event
+from .storedresponses import (
+    STORED_RESPONSES,
+    ResponseHolders,
+    StoredResponseRoutes,
+    failure_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,6 @@ _SSE_HEADERS: Final = [
 _DONE: Final = b"data: [DONE]\n\n"
 _Headers = list[tuple[bytes, bytes]]
 _HEALTHY: Final = b'{"status":"ok"}'
-#: The status recorded for a request whose client went away before its answer.
-_CLIENT_GONE: Final = 499
 
 _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/chat/completions": "chat",
@@ -80,7 +79,6 @@ _COMPLETIONS: Final[dict[str, RunKind]] = {
     "/v1/embeddings": "embedding",
     "/v1/responses": "response",
 }
-_RESPONSES: Final = "/v1/responses/"
 
 
 class OpenAIApp:
@@ -112,6 +110,14 @@ class OpenAIApp:
         #: Which provider holds each stored response that passed through (the Responses API).
         self.response_homes = response_homes if response_homes is not None else ResponseHomes()
         self._holders = ResponseHolders(dispatcher, limiter, self.response_homes)
+        self._stored_responses = StoredResponseRoutes(
+            dispatcher=dispatcher,
+            hub=hub,
+            authenticator=authenticator,
+            metrics=metrics,
+            holders=self._holders,
+            run_id=self._relay.next_run_id,
+        )
         self._models_cache: tuple[PoolSnapshot, bytes, dict[str, bytes]] | None = None
         self._bugs = LogThrottle(logger)
 
@@ -139,8 +145,8 @@ class OpenAIApp:
             else:
                 self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
             return
-        if path.startswith(_RESPONSES):
-            await self._stored_response(exchange, path, method)
+        if path.startswith(STORED_RESPONSES):
+            await self._stored_responses(exchange, path, method)
             return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/readyz") or path.startswith("/v1/models/"):
@@ -225,7 +231,7 @@ class OpenAIApp:
         model = ""  # a metrics label: only ids of the catalog, never what a client made up
         provider = ""
         status = 200
-        gone = _Disconnect()
+        gone = Disconnect()
         grant = NO_GRANT
         side = STABLE
         relayed: RelayedRun | None = None
@@ -269,9 +275,7 @@ class OpenAIApp:
                 trace.request(kind, model, request, principal, priority)
             if self._limiter is not None:  # before the request takes a slot or a queue place
                 grant = await self._admit(principal, model, request, trace)
-            task = asyncio.current_task()
-            assert task is not None
-            gone.task = task
+            gone.task = asyncio.current_task()
             exchange.on_gone(gone)
             relayed = self._relay.open(
                 request, long, principal, side, priority, trace, traceparent, home
@@ -305,13 +309,11 @@ class OpenAIApp:
             failure = error
             status = self._refuse(exchange, error)
         except ClientGone:
-            status = _CLIENT_GONE
+            status = CLIENT_GONE
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if gone.seen and task is not None and task.uncancel() == 0:
-                status = _CLIENT_GONE  # our own cancellation: the client left, nothing to send
-            else:
+            if not gone.cancelled_it():
                 raise
+            status = CLIENT_GONE  # our own cancellation: the client left, nothing to send
         except Exception as exc:
             status = 500  # a bug: __call__ logs it and answers 500
             failure = exc
@@ -353,7 +355,7 @@ class OpenAIApp:
                 return 200
             elif isinstance(event, RunFailed):
                 return self._refuse(exchange, failed(event))
-        return self._refuse(exchange, _ended_early())
+        return self._refuse(exchange, ended_early())
 
     async def _stream(
         self,
@@ -417,8 +419,8 @@ class OpenAIApp:
             if parts:
                 await exchange.write(b"".join(parts))
         if not started:
-            return self._refuse(exchange, _ended_early())
-        status, data = failure_event(_ended_early())
+            return self._refuse(exchange, ended_early())
+        status, data = failure_event(ended_early())
         await exchange.end(data)
         return status
 
@@ -438,97 +440,6 @@ class OpenAIApp:
         trace.limits(began)
         return grant
 
-    # -- stored responses (the Responses API) ---------------------------------------------------
-
-    async def _stored_response(self, exchange: Exchange, path: str, method: str) -> None:
-        """`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, sent to the
-        provider that holds the response (a lookup: no slot, no limit, no retry elsewhere)."""
-        response_id, _, action = path.removeprefix(_RESPONSES).partition("/")
-        kind: RunKind
-        if not response_id or action not in ("", "cancel"):
-            self._refuse(exchange, RouteNotFound(f"Invalid URL ({method} {path})"))
-            return
-        if action == "cancel":
-            if method != "POST":
-                self._refuse(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
-                return
-            kind = "response_cancel"
-        elif method in ("GET", "HEAD"):
-            kind = "response_retrieve"
-        elif method == "DELETE":
-            kind = "response_delete"
-        else:
-            self._refuse(exchange, MethodNotAllowed(f"Use GET or DELETE {path}.", "GET, DELETE"))
-            return
-        principal: Principal | None = None
-        model = ""
-        provider = ""
-        status = 200
-        gone = _Disconnect()
-        try:
-            principal = exchange.principal or self._authenticator.authenticate(
-                exchange.header(b"authorization")
-            )
-            if kind == "response_retrieve" and b"stream=true" in exchange.query:
-                raise BadRequest(
-                    "Streaming a stored response again (`stream=true`) is not served through "
-                    "the Edge: retrieve it whole.",
-                    "stream",
-                )
-            home = await self._holders.find(response_id)
-            if home is None:
-                raise ResponseNotFound(
-                    f"No response with id '{response_id}' is known to this Edge: it was not "
-                    "answered through it, or so long ago that the Edge no longer remembers "
-                    f"which server holds it (it remembers the last {self.response_homes.limit})."
-                )
-            self._holders.reachable(home, response_id, None)
-            provider = home.provider_id
-            if home.model_id in self._dispatcher.snapshot.models:
-                model = home.model_id
-            task = asyncio.current_task()
-            assert task is not None
-            gone.task = task
-            exchange.on_gone(gone)
-            request = RunRequest(
-                run_id=self._relay.next_run_id(),
-                provider_id=provider,
-                served_model="",
-                kind=kind,
-                body=b"",
-                stream=False,
-                max_response_bytes=self._dispatcher.snapshot.config.openai.max_response_bytes,
-                response_id=response_id,
-            )
-            status = await self._look_up(request, exchange)
-        except EdgeError as error:
-            exchange.on_gone(None)
-            status = self._refuse(exchange, error)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if gone.seen and task is not None and task.uncancel() == 0:
-                status = _CLIENT_GONE
-            else:
-                raise
-        finally:
-            exchange.on_gone(None)
-            self._metrics.count_request(principal, model, provider, status)
-
-    async def _look_up(self, request: RunRequest, exchange: Exchange) -> int:
-        body = b""
-        async with self._hub.run(request) as run:
-            async for event in run:
-                if isinstance(event, RunChunk):
-                    body += event.data
-                elif isinstance(event, RunDone):
-                    if request.kind == "response_delete":
-                        self._holders.forget(request.response_id)
-                    exchange.respond(200, body)
-                    return 200
-                elif isinstance(event, RunFailed):
-                    return self._refuse(exchange, provider_failed(event))
-        return self._refuse(exchange, _ended_early())
-
     def _too_large(self) -> PayloadTooLarge:
         limit = self._max_request_bytes
         return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
@@ -540,23 +451,3 @@ class OpenAIApp:
         if principal is not None:
             self._metrics.count_request(principal, "", "", status)
         return status
-
-
-class _Disconnect:
-    """Called by the connection when the client leaves mid-answer: cancel the request's task
-    (its run and its slot with it), and remember that it was this that cancelled it."""
-
-    __slots__ = ("seen", "task")
-
-    def __init__(self) -> None:
-        self.seen = False
-        self.task: asyncio.Task[None] | None = None
-
-    def __call__(self) -> None:
-        if self.task is not None:
-            self.seen = True
-            self.task.cancel()
-
-
-def _ended_early() -> EdgeError:
-    return ProviderFailed("The run ended without a result.", "incomplete_run", 502)

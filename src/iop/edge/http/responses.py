@@ -219,6 +219,11 @@ def provider_failed(failed: RunFailed) -> ProviderFailed:
     return ProviderFailed(failed.message, failed.code, wire_statuses.http_status(failed))
 
 
+def ended_early() -> ProviderFailed:
+    """The error of a run that ended with neither a result nor a failure."""
+    return ProviderFailed("The run ended without a result.", "incomplete_run", 502)
+
+
 def answer_error(exchange: Exchange, error: EdgeError) -> int:
     """Answer `exchange` with `error`; its status."""
     status, kind, code, param, headers = _shape(error)

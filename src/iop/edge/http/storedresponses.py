@@ -1,25 +1,50 @@
-"""Where each stored response of the Responses API lives, as the OpenAI app asks it
-(docs/edge.md, "The Responses API").
+"""Where each stored response of the Responses API lives, and its own routes (docs/edge.md,
+"The Responses API").
 
 `ResponseHolders` joins this Edge's record (`pool.ResponseHomes`: the provider that answered
 each response that passed through) with the shared store's (`openai.limit_store`, where every
 replica records its own), and turns what it finds into where a continuation, a retrieve, a
 delete or a cancel must run, or into the error that names the response: unknown (400 or 404),
 its holder gone from the config (410), out of dispatch or unreachable (503), or not serving the
-request's model (400).
+request's model (400). `StoredResponseRoutes` serves `GET`/`DELETE /v1/responses/{id}` and
+`POST /v1/responses/{id}/cancel` on the provider that holds the response.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Final
 
-from iop.wire import RunFailed
+from iop.wire import RunChunk, RunDone, RunFailed, RunKind, RunRequest
 from iop.wire import statuses as wire_statuses
 
-from ..errors import BadRequest, EdgeError, ResponseHolderUnavailable
+from ..authenticating import Authenticator, Principal
+from ..errors import (
+    BadRequest,
+    EdgeError,
+    MethodNotAllowed,
+    ResponseHolderUnavailable,
+    ResponseNotFound,
+    RouteNotFound,
+)
+from ..hub import NodeRuns
 from ..limits import Limiter
-from ..pool import CANDIDATE, STABLE, Dispatcher, PoolModel, ResponseHome, ResponseHomes, Side
-from .responses import provider_failed
+from ..pool import (
+    CANDIDATE,
+    STABLE,
+    Dispatcher,
+    Metrics,
+    PoolModel,
+    ResponseHome,
+    ResponseHomes,
+    Side,
+)
+from .exchanges import CLIENT_GONE, Disconnect, Exchange
+from .responses import answer_error, ended_early, provider_failed
+
+#: The prefix of a stored response's routes.
+STORED_RESPONSES: Final = "/v1/responses/"
 
 #: A run's failures that say its provider cannot be reached (rather than that it answered).
 _UNREACHABLE: Final = frozenset(
@@ -140,3 +165,108 @@ class ResponseHolders:
         self.homes.forget(response_id)
         if self._limiter is not None:
             self._limiter.unshare_home(response_id)
+
+
+class StoredResponseRoutes:
+    """`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, sent to the
+    provider that holds the response: a lookup (no slot, no limit, no retry elsewhere)."""
+
+    def __init__(
+        self,
+        *,
+        dispatcher: Dispatcher,
+        hub: NodeRuns,
+        authenticator: Authenticator,
+        metrics: Metrics,
+        holders: ResponseHolders,
+        run_id: Callable[[], str],
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._hub = hub
+        self._authenticator = authenticator
+        self._metrics = metrics
+        self._holders = holders
+        self._run_id = run_id
+
+    async def __call__(self, exchange: Exchange, path: str, method: str) -> None:
+        response_id, _, action = path.removeprefix(STORED_RESPONSES).partition("/")
+        kind: RunKind
+        if not response_id or action not in ("", "cancel"):
+            answer_error(exchange, RouteNotFound(f"Invalid URL ({method} {path})"))
+            return
+        if action == "cancel":
+            if method != "POST":
+                answer_error(exchange, MethodNotAllowed(f"Use POST {path}.", "POST"))
+                return
+            kind = "response_cancel"
+        elif method in ("GET", "HEAD"):
+            kind = "response_retrieve"
+        elif method == "DELETE":
+            kind = "response_delete"
+        else:
+            answer_error(exchange, MethodNotAllowed(f"Use GET or DELETE {path}.", "GET, DELETE"))
+            return
+        principal: Principal | None = None
+        model = ""
+        provider = ""
+        status = 200
+        gone = Disconnect()
+        try:
+            principal = exchange.principal or self._authenticator.authenticate(
+                exchange.header(b"authorization")
+            )
+            if kind == "response_retrieve" and b"stream=true" in exchange.query:
+                raise BadRequest(
+                    "Streaming a stored response again (`stream=true`) is not served through "
+                    "the Edge: retrieve it whole.",
+                    "stream",
+                )
+            home = await self._holders.find(response_id)
+            if home is None:
+                raise ResponseNotFound(
+                    f"No response with id '{response_id}' is known to this Edge: it was not "
+                    "answered through it, or so long ago that the Edge no longer remembers "
+                    f"which server holds it (it remembers the last {self._holders.homes.limit})."
+                )
+            self._holders.reachable(home, response_id, None)
+            provider = home.provider_id
+            if home.model_id in self._dispatcher.snapshot.models:
+                model = home.model_id
+            gone.task = asyncio.current_task()
+            exchange.on_gone(gone)
+            request = RunRequest(
+                run_id=self._run_id(),
+                provider_id=provider,
+                served_model="",
+                kind=kind,
+                body=b"",
+                stream=False,
+                max_response_bytes=self._dispatcher.snapshot.config.openai.max_response_bytes,
+                response_id=response_id,
+            )
+            status = await self._look_up(request, exchange)
+        except EdgeError as error:
+            exchange.on_gone(None)
+            status = answer_error(exchange, error)
+        except asyncio.CancelledError:
+            if not gone.cancelled_it():
+                raise
+            status = CLIENT_GONE
+        finally:
+            exchange.on_gone(None)
+            self._metrics.count_request(principal, model, provider, status)
+
+    async def _look_up(self, request: RunRequest, exchange: Exchange) -> int:
+        body = b""
+        async with self._hub.run(request) as run:
+            async for event in run:
+                if isinstance(event, RunChunk):
+                    body += event.data
+                elif isinstance(event, RunDone):
+                    if request.kind == "response_delete":
+                        self._holders.forget(request.response_id)
+                    exchange.respond(200, body)
+                    return 200
+                elif isinstance(event, RunFailed):
+                    return answer_error(exchange, provider_failed(event))
+        return answer_error(exchange, ended_early())
