@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from iop.edge import EdgeServer
-from iop.edge.http.adminapp import AdminAuthError
+from iop.edge.http.adminauth import AdminAuthError
 from iop.edgeconfig import config_hash, load_data, node_payloads, token_sha256
 from iop.operator.adminapi import EdgeAdmin
 from iop.operator.values import EdgeReplica
