@@ -30,7 +30,7 @@ import orjson
 
 from iop.aiokits import AsyncService, guarded_task, stop_tasks
 
-from .answers import (
+from ..answers import (
     Completion,
     OpenAIError,
     embedding_response,
@@ -38,8 +38,8 @@ from .answers import (
     parse_request,
     tokens,
 )
-from .responses import ResponseAnswer, ResponseStore, parse_response_request
-from .simulating import GpuEngine, GpuSettings, render_answer, render_chat
+from ..responses import ResponseAnswer, ResponseStore, parse_response_request
+from ..simulating import GpuEngine, GpuSettings, render_answer, render_chat
 
 logger = logging.getLogger(__name__)
 
