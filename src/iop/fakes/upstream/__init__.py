@@ -8,8 +8,8 @@ request; docs/architecture.md, "The fakes", says how and why.
   (`fake_upstream` in its body) change its latency, speed and failure.
 - `stats`: what it saw (`GET /fake/stats`).
 - `connection`: one client connection: requests parsed, responses and streams written.
-- `streaming`: the SSE chunks of completion and Responses API streams, and the one paced writer
-  they share.
+- `streaming`: the SSE chunks of completion and Responses API streams, the one paced writer
+  they share, and its counterpart for a whole answer.
 - `gpuclock`: the simulated GPU server (`simulating.GpuEngine`) run in real time, and the
   completions it times.
 """
