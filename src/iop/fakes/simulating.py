@@ -7,7 +7,8 @@ most `max_batch` admitted first come first served, engine steps of chunked prefi
 whose duration grows with the batch, and LoRA adapters in `max_loras` slots (a load stalls the
 step that needs it; a request whose adapter finds every slot busy waits for a swap). It is pure
 state: `step()` is a function of what was submitted and the seed, so tests drive it with no
-clock; `upstream.py` runs it in real time and serves vLLM's metric names (`metrics_text`).
+clock; the fake upstream runs it in real time (`upstream/gpuclock.py`) and serves vLLM's metric
+names (`metrics_text`).
 docs/architecture.md, "The fakes", has the model.
 """
 
