@@ -3,6 +3,8 @@
 - the load generator: `measure` keeps one HTTP/1.1 keep-alive `Connection` per worker, parsed by
   httptools so that the client costs as little CPU as possible, and returns a `Cell` (requests/s,
   latencies, times to the first body byte); `http_request`, `body` and `pct` go with it;
+- percentiles: `pct` interpolates between ranks (statistics' inclusive method), `nearest_rank`
+  picks a value that was measured (nan for none);
 - the config: `edge_config` (the Edge, node-1 with p-http and p-fake, built with testkit's
   builder: a client sends testkit's CLIENT_TOKEN), `split_url`, `wait_available` (until /readyz
   lists the providers);
@@ -10,8 +12,10 @@
   under `default_cache`, never touching the project's;
 - open-loop streams: `timed_stream` sends one streaming request on an aiohttp session and times
   its first byte and its end (`bench.routing`, `bench.lora`);
-- processes: `cpu_seconds` (from /proc), `started_line` (the JSON line an `iop` process prints
-  once it listens), `until`; `module_command` runs a benchmark module as a child process.
+- processes: `cpu_seconds` and `rss_kib` (from /proc), `started_line` (the JSON line an `iop`
+  process prints once it listens), `until`, `cancel_on_sigterm`; `module_command` runs a
+  benchmark module as a child process;
+- the machine: `opening` and `closing`, a run's first and last lines (cores, time, load average).
 
 Importing it needs the standard library only, since it also runs inside the pinned tools' own
 environments (the studies' `--inner` and `--serve` runs): httptools, `iop` and `testkit` are
@@ -25,11 +29,12 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +112,41 @@ def cpu_seconds(*pids: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    """The resident memory of the process `pid` in KiB (Linux); 0 once it has exited."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0  # a process that has exited and not yet been reaped has no VmRSS
+
+
+def cancel_on_sigterm() -> None:
+    """SIGTERM cancels the running task, so that every process it started is stopped on the way
+    out (by its `async with` and `finally`)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+
+def load_average(figures: int = 3) -> str:
+    """The machine's 1-, 5- and 15-minute load averages (the first `figures` of them)."""
+    return " ".join(f"{value:.1f}" for value in os.getloadavg()[:figures])
+
+
+def opening(script: str, figures: int = 3) -> str:
+    """A run's first line up to its own details: `# <script> on <cores> cores, <date and time>,
+    load average <figures>`."""
+    return (
+        f"# {script} on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"load average {load_average(figures)}"
+    )
+
+
+def closing(figures: int = 3) -> str:
+    """A run's last line before its tables: the load average it ended with."""
+    return f"# load average at the end: {load_average(figures)}"
 
 
 async def started_line(
@@ -273,7 +313,16 @@ async def timed_stream(session: Any, url: str, body: bytes) -> tuple[float, floa
 
 
 def pct(values: list[float], q: int) -> float:
+    """The `q`th percentile, interpolated between ranks; 0 for fewer than two values."""
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
+
+
+def nearest_rank(values: Iterable[float], q: float) -> float:
+    """The `q`th percentile by nearest rank: always a value that was measured; nan for none."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict[str, Any]:

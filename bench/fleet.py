@@ -134,13 +134,6 @@ def _quiet(args: argparse.Namespace) -> str:
     return f"{idle} ms" if idle > (args.heartbeat_ms or 500) else "interval (quiet links off)"
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
 @dataclass
 class Row:
     nodes: int
@@ -522,17 +515,17 @@ async def measure(
         async with httpx.AsyncClient(base_url=started["admin_url"], timeout=120) as admin:
             await ready_nodes(admin)  # the admin path warmed up before the baseline
             await asyncio.sleep(1.0)
-            row.rss_none_kib = rss_kib(edge.pid)
+            row.rss_none_kib = benchkit.rss_kib(edge.pid)
             began = time.monotonic()
             async with fleet(hub, nodes, args.ramp) as members:
                 ready = await connect_all(admin, members, began, edge.pid, args.connect_timeout)
                 row.connected = ready
                 if ready < nodes:
-                    row.rss_all_kib = rss_kib(edge.pid)
+                    row.rss_all_kib = benchkit.rss_kib(edge.pid)
                     return row
                 row.connect_s = time.monotonic() - began
                 await asyncio.sleep(2.0)  # every node's first heartbeats and health reports in
-                row.rss_all_kib = rss_kib(edge.pid)
+                row.rss_all_kib = benchkit.rss_kib(edge.pid)
                 me = os.getpid()
                 profile = await Profile.start(args.profile, f"{nodes}-idle", edge.pid)
                 idle_began = time.monotonic()
@@ -700,10 +693,9 @@ if __name__ == "__main__":
     if arguments.load_generator:  # (the process of `LoadGenerator`)
         uvloop.run(generate_load())
         sys.exit(0)
-    load_average = os.getloadavg()
     print(
-        f"# bench/fleet.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"average {load_average[0]:.1f}; heartbeats every {arguments.heartbeat_ms or 500} ms, "
+        f"{benchkit.opening('bench/fleet.py', 1)}; heartbeats every "
+        f"{arguments.heartbeat_ms or 500} ms, "
         f"on a quiet link every {_quiet(arguments)}; "
         f"idle {arguments.idle_seconds:g} s, load "
         f"{arguments.seconds:g} s at {arguments.concurrency} clients\n",

@@ -218,11 +218,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 32])
     args = parser.parse_args()
-    load = os.getloadavg()
     print(
         f"# bench/grpc_hops.py, grpcio {grpc.__version__}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load[0]:.1f} {load[1]:.1f} "
-        f"{load[2]:.1f}, {args.rounds} rounds of {args.seconds:g} s",
+        f"{time.strftime('%Y-%m-%d %H:%M')}, load average {benchkit.load_average()}, "
+        f"{args.rounds} rounds of {args.seconds:g} s",
         flush=True,
     )
     cells: dict[tuple[int, str], list[tuple[float, float, float, float]]] = {}
@@ -238,8 +237,7 @@ def main() -> None:
                 print(
                     f"  round {round_ + 1} {variant} in flight {in_flight}: {cell}", file=sys.stderr
                 )
-    load = os.getloadavg()
-    print(f"# load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
+    print(benchkit.closing() + "\n")
     print(
         "| in flight | variant | round trips/s | p50 ms | CPU us per round trip: client "
         "| server | both | both / aio's |"

@@ -74,10 +74,7 @@ def iop() -> list[str]:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return benchkit.rss_kib(pid) / 1024
 
 
 def open_files(pid: int) -> int:

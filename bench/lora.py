@@ -39,9 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
-import signal
 import sys
 import tempfile
 import time
@@ -55,7 +53,8 @@ import orjson
 import uvloop
 
 from bench import benchkit, peers, routing
-from bench.routing import Target, pct
+from bench.benchkit import nearest_rank
+from bench.routing import Target
 from iop.processes import UpstreamProcess, spawn_fake_upstream
 from testkit import edge_document, provider
 
@@ -271,9 +270,7 @@ async def run_cell(
 
 
 async def run(args: argparse.Namespace) -> list[Cell]:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    benchkit.cancel_on_sigterm()
     adapters = [f"lora-{i}" for i in range(1, args.adapters + 1)]
     routers = [s for s in args.systems if s.startswith("vllm-router:")]
     router = peers.ensure_vllm_router(args.cache) if routers else None
@@ -315,8 +312,9 @@ async def run(args: argparse.Namespace) -> list[Cell]:
                 measured = cell.measured(args.warmup)
                 print(
                     f"  {system} at {rate:g} req/s ({len(requests)} requests): TTFT p50 "
-                    f"{pct([s.ttft for s in measured], 50) * 1000:.0f} ms, p99 "
-                    f"{pct([s.ttft for s in measured], 99) * 1000:.0f} ms, {cell.swaps} swaps, "
+                    f"{nearest_rank([s.ttft for s in measured], 50) * 1000:.0f} ms, p99 "
+                    f"{nearest_rank([s.ttft for s in measured], 99) * 1000:.0f} ms, "
+                    f"{cell.swaps} swaps, "
                     f"{cell.errors()} errors; {cell.choices or ''}",
                     file=sys.stderr,
                     flush=True,
@@ -342,8 +340,9 @@ def report(cells: list[Cell], args: argparse.Namespace) -> None:
             firsts = [s.ttft * 1000 for s in measured]
             e2e = [s.e2e * 1000 for s in measured]
             print(
-                f"| {cell.system} | {pct(firsts, 50):,.0f} | {pct(firsts, 99):,.0f} | "
-                f"{pct(e2e, 50):,.0f} | {cell.loads} | {cell.swaps} | "
+                f"| {cell.system} | {nearest_rank(firsts, 50):,.0f} | "
+                f"{nearest_rank(firsts, 99):,.0f} | "
+                f"{nearest_rank(e2e, 50):,.0f} | {cell.loads} | {cell.swaps} | "
                 f"{'/'.join(str(n) for n in cell.served)} | {cell.errors()} | "
                 f"{', '.join(f'{k} {v}' for k, v in sorted(cell.choices.items()))} |"
             )
@@ -359,8 +358,8 @@ def report(cells: list[Cell], args: argparse.Namespace) -> None:
                 continue
             theirs = [s.ttft for s in other.measured(args.warmup)]
             print(
-                f"| {other.system} | {pct(ours, 50) / pct(theirs, 50):.2f} | "
-                f"{pct(ours, 99) / pct(theirs, 99):.2f} |"
+                f"| {other.system} | {nearest_rank(ours, 50) / nearest_rank(theirs, 50):.2f} | "
+                f"{nearest_rank(ours, 99) / nearest_rank(theirs, 99):.2f} |"
             )
 
 
@@ -382,12 +381,9 @@ def main() -> None:
         "--cache", type=Path, default=benchkit.default_cache("peers"), help="the router's venv"
     )
     args = parser.parse_args()
-    load = os.getloadavg()
     print(
-        f"# bench/lora.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, vllm-router "
-        f"{peers.VLLM_ROUTER_VERSION}, {args.seconds:g} s of arrivals a cell ({args.warmup:g} s "
-        "warm-up)",
+        f"{benchkit.opening('bench/lora.py')}, vllm-router {peers.VLLM_ROUTER_VERSION}, "
+        f"{args.seconds:g} s of arrivals a cell ({args.warmup:g} s warm-up)",
         flush=True,
     )
     print(
@@ -398,8 +394,7 @@ def main() -> None:
         flush=True,
     )
     cells = uvloop.run(run(args))
-    load = os.getloadavg()
-    print(f"# load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(benchkit.closing())
     report(cells, args)
 
 

@@ -38,13 +38,6 @@ from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
 def config(upstream_url: str, size: int, placement: Placement) -> dict[str, Any]:
     adapter = {"type": "openai", "base_url": upstream_url, "max_connections": size}
     return edge_document(
@@ -85,18 +78,18 @@ async def cycle(
     host: str, port: int, pids: dict[str, int], args: argparse.Namespace
 ) -> dict[str, float]:
     found: dict[str, float] = {}
-    before = rss_kib(pids["edge"])
+    before = benchkit.rss_kib(pids["edge"])
     idle = []
     for _ in range(args.connections):
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         idle.append((reader, writer))
     await asyncio.gather(*(read_until(r, b'{"status":"ok"}') for r, _ in idle))
-    found["idle_kib"] = (rss_kib(pids["edge"]) - before) / args.connections
+    found["idle_kib"] = (benchkit.rss_kib(pids["edge"]) - before) / args.connections
     for _, writer in idle:
         writer.close()
     await settle()
-    before_streams = {name: rss_kib(pid) for name, pid in pids.items()}
+    before_streams = {name: benchkit.rss_kib(pid) for name, pid in pids.items()}
     streams = []
     payload = completion(f"{host}:{port}", True, args.tokens_per_second)
     for _ in range(args.streams):
@@ -105,12 +98,12 @@ async def cycle(
         streams.append((reader, writer))
     await asyncio.gather(*(read_until(r, b"data: ") for r, _ in streams))
     for name, pid in pids.items():
-        found[f"stream_{name}_kib"] = (rss_kib(pid) - before_streams[name]) / args.streams
+        found[f"stream_{name}_kib"] = (benchkit.rss_kib(pid) - before_streams[name]) / args.streams
     for _, writer in streams:
         writer.close()
     await settle(3.0)
     for name, pid in pids.items():
-        found[f"after_{name}_kib"] = rss_kib(pid)
+        found[f"after_{name}_kib"] = benchkit.rss_kib(pid)
     return found
 
 
@@ -147,7 +140,7 @@ async def main(args: argparse.Namespace) -> None:
                     await read_until(reader, b'"usage"')
                 writer.close()
                 await settle()
-                start = {name: rss_kib(pid) for name, pid in pids.items()}
+                start = {name: benchkit.rss_kib(pid) for name, pid in pids.items()}
                 print(
                     f"# bench/memory.py, {time.strftime('%Y-%m-%d %H:%M')}, load average "
                     f"{os.getloadavg()[0]:.1f}; {args.connections} idle connections, "

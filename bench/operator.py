@@ -40,10 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench.benchkit import nearest_rank
 from e2e.cluster.layout import LAUNCHER, python_command, python_env
 from iop.edgeconfig import token_sha256
 from iop.operator import OperatorOptions, PassTimings, run_operator
@@ -115,14 +115,6 @@ def spec(nodes: int) -> dict[str, Any]:
             for n in range(nodes)
         ],
     }
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def ready_generation(api: KubeApi, path: str, generation: int, timeout: float) -> float:
@@ -303,10 +295,10 @@ def report(rows: list[dict[str, float | str]]) -> None:
     for kind in ("capacity", "priority"):
         groups[kind] = [r for r in rows if r["kind"] == kind]
     for label, group in groups.items():
-        cells = [f"{percentile((float(r[c]) for r in group), 50):.1f}" for c in columns]
-        p99 = percentile((float(r["total"]) for r in group), 99)
+        cells = [f"{nearest_rank((float(r[c]) for r in group), 50):.1f}" for c in columns]
+        p99 = nearest_rank((float(r["total"]) for r in group), 99)
         print(f"| {label} | {len(group)} | {' | '.join(cells)} | {p99:.1f} |")
-    acks = percentile((float(r["replica apply"]) for r in groups["capacity"]), 50) - percentile(
+    acks = nearest_rank((float(r["replica apply"]) for r in groups["capacity"]), 50) - nearest_rank(
         (float(r["replica apply"]) for r in groups["priority"]), 50
     )
     print(f"\nnode acks (capacity minus priority, the replica's own apply time): {acks:.1f} ms")

@@ -57,7 +57,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -75,7 +74,7 @@ import uvloop
 import yaml
 
 from bench import benchkit
-from bench.benchkit import MAX_TOKENS
+from bench.benchkit import MAX_TOKENS, nearest_rank
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
 
@@ -406,13 +405,6 @@ class Series:
         return statistics.median(c.cpu_us.get(name, 0.0) for c in self.cells)
 
 
-def pct(values: Sequence[float], q: float) -> float:
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
 Key = tuple[str, int, str]  # (mode, concurrency, path)
 
 
@@ -429,10 +421,7 @@ def path_order(args: argparse.Namespace) -> list[str]:
 
 async def run(args: argparse.Namespace) -> dict[Key, Series]:
     results: dict[Key, Series] = defaultdict(Series)
-    task = asyncio.current_task()
-    assert task is not None
-    # SIGTERM cancels the run, so every process it started is stopped on the way out.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    benchkit.cancel_on_sigterm()
     litellm = ensure_litellm(args.cache) if "litellm" in args.paths else None
     router = ensure_vllm_router(args.cache) if "vllm-router" in args.paths else None
     async with contextlib.AsyncExitStack() as stack:
@@ -507,14 +496,14 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
             for path in order:
                 series = results[(mode.name, conc, path)]
                 lat = series.latencies
-                p50, p99 = pct(lat, 50), pct(lat, 99)
+                p50, p99 = nearest_rank(lat, 50), nearest_rank(lat, 99)
                 low, high = series.rps_range
-                ttft = pct(series.firsts, 50) if mode.stream else float("nan")
+                ttft = nearest_rank(series.firsts, 50) if mode.stream else float("nan")
                 added = added_ttft = "-"
                 if direct is not None and path != "direct":
-                    added = f"{p50 - pct(direct.latencies, 50):+.2f}"
+                    added = f"{p50 - nearest_rank(direct.latencies, 50):+.2f}"
                     if mode.stream:
-                        added_ttft = f"{ttft - pct(direct.firsts, 50):+.2f}"
+                        added_ttft = f"{ttft - nearest_rank(direct.firsts, 50):+.2f}"
                 print(
                     f"| {mode.name} | {conc} | {path} | {series.rps:,.0f} | "
                     f"{low:,.0f}-{high:,.0f} | {p50:.2f} | {p99:.2f} | {p99 / p50:.1f} | "
@@ -563,22 +552,22 @@ def report(results: dict[Key, Series], args: argparse.Namespace) -> None:
     for mode in args.modes:
         for conc in args.concurrency:
             direct = results.get((mode.name, conc, "direct"))
-            d50 = pct(direct.latencies, 50) if direct else float("nan")
+            d50 = nearest_rank(direct.latencies, 50) if direct else float("nan")
             for path in iops:
                 iop = results[(mode.name, conc, path)]
-                gap = pct(iop.latencies, 50) - d50
+                gap = nearest_rank(iop.latencies, 50) - d50
                 cols = [f"{iop.rps / direct.rps:.2f}" if direct else "-"]
                 cols += [f"{iop.rps / results[(mode.name, conc, p)].rps:.2f}x" for p in peers]
                 cols.append(f"{gap:+.2f} ms" if direct else "-")
                 cols += [
-                    f"{pct(results[(mode.name, conc, p)].latencies, 50) - d50:+.2f} ms"
+                    f"{nearest_rank(results[(mode.name, conc, p)].latencies, 50) - d50:+.2f} ms"
                     if direct
                     else "-"
                     for p in peers
                 ]
                 if "vllm-router" in peers:
                     router = results[(mode.name, conc, "vllm-router")]
-                    router_added = pct(router.latencies, 50) - d50
+                    router_added = nearest_rank(router.latencies, 50) - d50
                     cols.append(f"{gateway_cpu(iop) / gateway_cpu(router):.1f}x")
                     cols.append(f"{gap / router_added:.1f}x" if router_added > 0 else "-")
                 print(f"| {mode.name} | {conc} | {path} | " + " | ".join(cols) + " |")
@@ -699,17 +688,13 @@ def main() -> None:
     )
     parser.add_argument("--charts", type=Path, metavar="DIR", help="draw PNG charts into DIR")
     args = parser.parse_args()
-    load = os.getloadavg()
     print(
-        f"# bench/peers.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, LiteLLM {LITELLM_VERSION}, "
-        f"vllm-router {VLLM_ROUTER_VERSION}, "
-        f"{args.rounds} rounds of {args.seconds:g} s per cell",
+        f"{benchkit.opening('bench/peers.py')}, LiteLLM {LITELLM_VERSION}, vllm-router "
+        f"{VLLM_ROUTER_VERSION}, {args.rounds} rounds of {args.seconds:g} s per cell",
         flush=True,
     )
     results = uvloop.run(run(args))
-    load = os.getloadavg()
-    print(f"# load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
+    print(benchkit.closing() + "\n")
     report(results, args)
     if args.charts is not None:
         charts(results, args, args.charts)

@@ -48,8 +48,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -62,7 +60,8 @@ import orjson
 import uvloop
 
 from bench import benchkit, peers, routing
-from bench.routing import SHAPES, Target, Turn, pct, workload
+from bench.benchkit import nearest_rank
+from bench.routing import SHAPES, Target, Turn, workload
 from testkit import Client
 
 CLASSES = ("interactive", "standard", "batch")
@@ -260,9 +259,7 @@ async def run_cell(
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    benchkit.cancel_on_sigterm()
     args.workload = "chat"
     capacity = routing.fleet_capacity(args, "round_robin")
     print(f"# fleet capacity (engine time, saturated): {capacity:.1f} requests/s", flush=True)
@@ -327,10 +324,10 @@ def class_figures(cell: Cell, klass: str, args: argparse.Namespace) -> dict[str,
     return {
         "sent": len(samples),
         "completed": len(done),
-        "ttft_p50_ms": pct([s.ttft for s in done], 50) * 1000,
-        "ttft_p99_ms": pct([s.ttft for s in done], 99) * 1000,
+        "ttft_p50_ms": nearest_rank([s.ttft for s in done], 50) * 1000,
+        "ttft_p99_ms": nearest_rank([s.ttft for s in done], 99) * 1000,
         "shed": len(shed),
-        "shed_p99_ms": pct(shed, 99) * 1000 if shed else float("nan"),
+        "shed_p99_ms": nearest_rank(shed, 99) * 1000 if shed else float("nan"),
         "retry_first_ok": sum(1 for s in retried if s.retried_ok_first) / len(retried)
         if retried
         else float("nan"),
@@ -509,17 +506,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chart", type=Path, help="draw the chart (PNG) here")
     parser.add_argument("--json", type=Path, help="write every sample here")
     args = parser.parse_args(argv)
-    load = os.getloadavg()
     print(
-        f"# bench/priorities.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, vllm-router "
-        f"{peers.VLLM_ROUTER_VERSION}, {args.seconds:g} s of arrivals a cell ({args.warmup:g} s "
-        f"warm-up, {args.drain:g} s drain)",
+        f"{benchkit.opening('bench/priorities.py')}, vllm-router {peers.VLLM_ROUTER_VERSION}, "
+        f"{args.seconds:g} s of arrivals a cell ({args.warmup:g} s warm-up, {args.drain:g} s "
+        "drain)",
         flush=True,
     )
     cells, capacity = uvloop.run(run(args))
-    load = os.getloadavg()
-    print(f"# load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(benchkit.closing())
     report(cells, capacity, args)
     if args.json is not None:
         args.json.write_text(

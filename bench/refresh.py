@@ -110,10 +110,6 @@ class Applier:
         into.reported.append(report["duration_ms"])
 
 
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
-
-
 # -- the processes --------------------------------------------------------------------------------
 
 
@@ -233,9 +229,9 @@ async def main(
         count = len(rows.round_trips)
         costs = f"{used[0] / count * 1000:.1f} | {used[1] / count * 1000:.1f}" if used else "- | -"
         print(
-            f"| {name} | {pushed} | {count} | {pct(rows.round_trips, 50):.1f} | "
-            f"{pct(rows.round_trips, 99):.1f} | {pct(rows.reported, 50):.1f} | "
-            f"{pct(rows.reported, 99):.1f} | {costs} |"
+            f"| {name} | {pushed} | {count} | {benchkit.pct(rows.round_trips, 50):.1f} | "
+            f"{benchkit.pct(rows.round_trips, 99):.1f} | {benchkit.pct(rows.reported, 50):.1f} | "
+            f"{benchkit.pct(rows.reported, 99):.1f} | {costs} |"
         )
     # Each window against the mean of the steady windows around it (drift cancels out); for a
     # steady window, its steady neighbours two places away: that spread is the noise.

@@ -313,25 +313,20 @@ async def slow_clients(folder: Path, rounds: int) -> None:
                 async with client(started["url"]) as http:
                     await benchkit.until(lambda: _ready(http), 30)
                     edge_pid, node_pid = started["process"].pid, nodes["node-1"].pid
-                    before = (_rss(edge_pid), _rss(node_pid))
+                    before = (benchkit.rss_kib(edge_pid), benchkit.rss_kib(node_pid))
                     sockets = [await _stalled(started["url"]) for _ in range(4)]
                     peak = before
                     for _ in range(40):  # 10 s
                         await asyncio.sleep(0.25)
-                        peak = (max(peak[0], _rss(edge_pid)), max(peak[1], _rss(node_pid)))
+                        rss = (benchkit.rss_kib(edge_pid), benchkit.rss_kib(node_pid))
+                        peak = (max(peak[0], rss[0]), max(peak[1], rss[1]))
                     for sock in sockets:
                         sock.close()
+            grown = [(high - low) / 1024 for high, low in zip(peak, before, strict=True)]  # MB
             print(
                 f"slow clients, 4 stopped readers of ~35 MB answers for 10 s, {label}: Edge "
-                f"+{peak[0] - before[0]:.0f} MB, Node +{peak[1] - before[1]:.0f} MB"
+                f"+{grown[0]:.0f} MB, Node +{grown[1]:.0f} MB"
             )
-
-
-def _rss(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def _stalled(url: str) -> socket.socket:

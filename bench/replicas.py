@@ -22,11 +22,9 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,10 +166,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[32])
     arguments = parser.parse_args()
-    load = os.getloadavg()
     print(
-        f"# bench/replicas.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"average {load[0]:.1f}; {arguments.rounds} rounds of {arguments.seconds:g} s per cell\n"
+        f"{benchkit.opening('bench/replicas.py', 1)}; {arguments.rounds} rounds of "
+        f"{arguments.seconds:g} s per cell\n"
     )
     uvloop.run(main(arguments))
-    print(f"\n# load average at the end: {os.getloadavg()[0]:.1f}")
+    print("\n" + benchkit.closing(1))

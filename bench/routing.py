@@ -58,13 +58,11 @@ import contextlib
 import heapq
 import itertools
 import json
-import os
 import random
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +73,7 @@ import uvloop
 import yaml
 
 from bench import benchkit, peers
+from bench.benchkit import nearest_rank
 from iop.fakes import tokens
 from iop.fakes.simulating import GpuEngine, GpuSettings, render_answer, render_chat
 from iop.processes import (
@@ -376,13 +375,6 @@ class Cell:
         return sum(1 for s in self.measured(warmup) if not s.ok)
 
 
-def pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
 async def reset_servers(session: aiohttp.ClientSession, servers: list[UpstreamProcess]) -> None:
     for server in servers:
         for _ in range(600):
@@ -484,9 +476,7 @@ async def spawn_servers(
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    benchkit.cancel_on_sigterm()
     capacity = fleet_capacity(args, "round_robin")
     best = fleet_capacity(args, "affinity")
     print(
@@ -544,8 +534,8 @@ async def measure(
     measured = cell.measured(ARGS.warmup)
     print(
         f"  {system} at {load:.0%} ({cell.rate:.1f} req/s, {len(turns)} requests): "
-        f"TTFT p50 {pct([s.ttft for s in measured], 50) * 1000:.0f} ms, "
-        f"p99 {pct([s.ttft for s in measured], 99) * 1000:.0f} ms, "
+        f"TTFT p50 {nearest_rank([s.ttft for s in measured], 50) * 1000:.0f} ms, "
+        f"p99 {nearest_rank([s.ttft for s in measured], 99) * 1000:.0f} ms, "
         f"hit rate {cell.hits / max(cell.queries, 1):.0%}, {cell.errors(ARGS.warmup)} errors",
         file=sys.stderr,
         flush=True,
@@ -575,8 +565,9 @@ def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None
             e2e = [s.e2e * 1000 for s in measured if s.ok]
             served = sum(1 for s in cell.samples if s.ok) / cell.span if cell.span else 0.0
             print(
-                f"| {cell.system} | {pct(firsts, 50):,.0f} | {pct(firsts, 99):,.0f} | "
-                f"{pct(e2e, 50):,.0f} | {pct(e2e, 99):,.0f} | {served:.1f} | "
+                f"| {cell.system} | {nearest_rank(firsts, 50):,.0f} | "
+                f"{nearest_rank(firsts, 99):,.0f} | "
+                f"{nearest_rank(e2e, 50):,.0f} | {nearest_rank(e2e, 99):,.0f} | {served:.1f} | "
                 f"{cell.hits / max(cell.queries, 1):.0%} | "
                 f"{'/'.join(str(n) for n in cell.served)} | {max(cell.peaks)} | "
                 f"{cell.errors(args.warmup)} |"
@@ -604,7 +595,7 @@ def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None
 
 def ttft(cell: Cell, q: float, warmup: float) -> float:
     """The cell's TTFT percentile `q` over its measured, successful requests, in ms."""
-    return pct([s.ttft for s in cell.measured(warmup) if s.ok], q) * 1000
+    return nearest_rank([s.ttft for s in cell.measured(warmup) if s.ok], q) * 1000
 
 
 def best(group: list[Cell], q: float, warmup: float) -> Cell:
@@ -636,7 +627,8 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
         style = "-" if system.startswith("iop:") else "--"
         for ax, q in zip(axes[:2], (50, 99), strict=True):
             values = [
-                pct([s.ttft for s in c.measured(args.warmup) if s.ok], q) * 1000 for c in mine
+                nearest_rank([s.ttft for s in c.measured(args.warmup) if s.ok], q) * 1000
+                for c in mine
             ]
             ax.plot(loads, values, style, marker="o", color=COLOURS[system], label=system)
         hit = [c.hits / max(c.queries, 1) * 100 for c in mine]
@@ -692,12 +684,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every cell's figures here")
     args = parser.parse_args()
     ARGS.__dict__.update(vars(args))
-    load = os.getloadavg()
     print(
-        f"# bench/routing.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, vllm-router "
-        f"{peers.VLLM_ROUTER_VERSION}, {args.seconds:g} s of arrivals a cell "
-        f"({args.warmup:g} s warm-up)",
+        f"{benchkit.opening('bench/routing.py')}, vllm-router {peers.VLLM_ROUTER_VERSION}, "
+        f"{args.seconds:g} s of arrivals a cell ({args.warmup:g} s warm-up)",
         flush=True,
     )
     print(
@@ -708,8 +697,7 @@ def main() -> None:
         flush=True,
     )
     cells, capacity = uvloop.run(run(args))
-    load = os.getloadavg()
-    print(f"# load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(benchkit.closing())
     report(cells, capacity, args)
     if args.json is not None:
         args.json.write_text(

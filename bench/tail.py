@@ -444,15 +444,13 @@ def main() -> None:
         sys.exit(child(args.child, args.variant, rest[1:] if rest[:1] == ["--"] else rest))
     if "baseline" in args.variants and not args.baseline:
         parser.error("the baseline variant needs --baseline PYTHON")
-    load = os.getloadavg()
     print(
-        f"# bench/tail.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, load "
-        f"average {load[0]:.1f}; {args.rounds} rounds of {args.seconds:g} s per cell\n",
+        f"{benchkit.opening('bench/tail.py', 1)}; {args.rounds} rounds of {args.seconds:g} s "
+        "per cell\n",
         flush=True,
     )
     uvloop.run(drive(args))
-    load = os.getloadavg()
-    print(f"\n# load average at the end: {load[0]:.1f}")
+    print("\n" + benchkit.closing(1))
 
 
 if __name__ == "__main__":

@@ -21,13 +21,11 @@ docs/benchmarks.md ("## Traces").
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
 import uvloop
 
-from bench import peers
+from bench import benchkit, peers
 from testkit.otlp import OtlpReceiver
 
 SAMPLERS = {
@@ -78,11 +76,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.cache = None  # no peer gateway runs here
-    load = os.getloadavg()
     print(
-        f"# bench/tracing.py on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
-        f"{args.rounds} rounds of {args.seconds:g} s per cell",
+        f"{benchkit.opening('bench/tracing.py')}, {args.rounds} rounds of {args.seconds:g} s "
+        "per cell",
         flush=True,
     )
     results, spans = uvloop.run(run(args))

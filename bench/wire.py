@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import orjson
 import uvloop
 
+from bench.benchkit import pct
 from iop.edge.hub.nodehub import NodeHub
 from iop.edgeconfig import FakeAdapterSettings, OpenAIAdapterSettings, load_data
 from iop.processes import spawn_fake_upstream, spawn_node, terminate
@@ -69,10 +69,6 @@ async def measure(
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return len(latencies) / (time.perf_counter() - began), latencies
-
-
-def percentile(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
 
 
 @contextlib.asynccontextmanager
@@ -148,10 +144,10 @@ async def run_table(
                     concurrency,
                     direct_rps,
                     wire_rps,
-                    percentile(direct_lat, 50),
-                    percentile(wire_lat, 50),
-                    percentile(direct_lat, 99),
-                    percentile(wire_lat, 99),
+                    pct(direct_lat, 50),
+                    pct(wire_lat, 50),
+                    pct(direct_lat, 99),
+                    pct(wire_lat, 99),
                 )
             )
             print(f"  measured {rows[-1][0]} c={concurrency}", file=sys.stderr, flush=True)

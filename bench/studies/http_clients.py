@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 from collections import defaultdict
@@ -205,11 +204,9 @@ def main() -> None:
     import uvloop
 
     python = benchkit.ensure_venv(args.cache / "venv", PACKAGES)
-    load = os.getloadavg()
     print(
-        f"# bench.studies.http_clients on {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}, "
-        f"load average {load[0]:.1f}; {args.rounds} rounds of {args.seconds:g} s per cell\n"
+        f"{benchkit.opening('bench.studies.http_clients', 1)}; {args.rounds} rounds of "
+        f"{args.seconds:g} s per cell\n"
     )
     summary = uvloop.run(outer(args, python))
     print("| mode | conc | client | req/s | x aiohttp | p50 ms | p99 ms | CPU us/req | errors |")
@@ -224,8 +221,7 @@ def main() -> None:
                     f"{row['rps'] / base['rps']:.2f} | {row['p50']:.2f} | {row['p99']:.2f} | "
                     f"{row['cpu_us']:,.0f} | {row['errors']:.0f} |"
                 )
-    load = os.getloadavg()
-    print(f"\n# load average at the end: {load[0]:.1f}")
+    print("\n" + benchkit.closing(1))
 
 
 if __name__ == "__main__":
