@@ -6,15 +6,16 @@
 - percentiles: `pct` interpolates between ranks (statistics' inclusive method), `nearest_rank`
   picks a value that was measured (nan for none);
 - the config: `edge_config` (the Edge, node-1 with p-http and p-fake, built with testkit's
-  builder: a client sends testkit's CLIENT_TOKEN), `split_url`, `wait_available` (until /readyz
-  lists the providers);
+  builder: a client sends testkit's CLIENT_TOKEN), `write_stack` (it and node-1's token in a
+  folder), `split_url`, `wait_available` (until /readyz lists the providers);
 - the pinned tools: `ensure_venv` builds a virtual environment of pinned packages (and a checkout)
   under `default_cache`, never touching the project's;
 - open-loop streams: `timed_stream` sends one streaming request on an aiohttp session and times
   its first byte and its end (`bench.routing`, `bench.lora`);
 - processes: `cpu_seconds` and `rss_kib` (from /proc), `started_line` (the JSON line an `iop`
   process prints once it listens), `until`, `cancel_on_sigterm`; `module_command` runs a
-  benchmark module as a child process;
+  benchmark module as a child process, `child_rounds` a round of children, each printing its
+  figures, `stub_edge` `bench.edge`'s Edge whose hub answers at once;
 - the machine: `opening` and `closing`, a run's first and last lines (cores, time, load average).
 
 Importing it needs the standard library only, since it also runs inside the pinned tools' own
@@ -25,6 +26,7 @@ imported by the functions that use them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +36,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,43 @@ def module_command(python: str, name: str, *args: str) -> list[str]:
     """The command that runs `bench.<name>` with `python` (another checkout's interpreter for a
     baseline: its own `iop`, this checkout's benchmark), to be started with `cwd=REPO`."""
     return [python, "-m", f"bench.{name}", *args]
+
+
+async def child_rounds(
+    part: str, rounds: int, commands: dict[str, list[str]]
+) -> dict[str, list[Any]]:
+    """Each of `commands` (by variant) once a round, `rounds` times, from REPO: each prints a JSON
+    list, and a variant's lists are joined in the order of the rounds."""
+    joined: dict[str, list[Any]] = defaultdict(list)
+    for round_ in range(rounds):
+        for name, command in commands.items():
+            child = await asyncio.create_subprocess_exec(
+                *command, stdout=asyncio.subprocess.PIPE, cwd=REPO
+            )
+            out, _ = await child.communicate()
+            joined[name] += json.loads(out)
+        print(f"  {part}: round {round_ + 1} done", file=sys.stderr, flush=True)
+    return joined
+
+
+@contextlib.asynccontextmanager
+async def stub_edge(python: str, config: Path) -> AsyncIterator[tuple[str, int, int]]:
+    """`bench.edge --stub-edge` run by `python` on `config` (an `edge_config`): an Edge whose hub
+    answers every run at once. Its host, port and pid once /readyz lists both providers."""
+    from iop.processes import terminate  # here: see Connection
+
+    process = await asyncio.create_subprocess_exec(
+        *module_command(python, "edge", "--stub-edge", str(config)),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=REPO,
+    )
+    try:
+        host, port = split_url((await started_line(process))["url"])
+        await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
+        yield host, port, process.pid
+    finally:
+        await terminate(process)
 
 
 def default_cache(name: str) -> Path:
@@ -343,6 +383,18 @@ def edge_config(upstream_url: str, probe_interval_ms: int | None = None) -> dict
     ]
     models = {"openai": ["p-http"], "node-fake": ["p-fake"]}
     return edge_document({"node-1": providers}, models, admin=True)
+
+
+def write_stack(folder: Path, document: dict[str, Any]) -> Path:
+    """`document` as `folder`/edge.yaml and node-1's token as `folder`/token, what `iop edge run`
+    and `iop node run` read; the config's path."""
+    import yaml  # here: see Connection
+
+    from testkit import node_token_of
+
+    (folder / "edge.yaml").write_text(yaml.safe_dump(document))
+    (folder / "token").write_text(node_token_of("node-1"))
+    return folder / "edge.yaml"
 
 
 def split_url(url: object) -> tuple[str, int]:

@@ -46,7 +46,6 @@ from typing import Any
 
 import orjson
 import uvloop
-import yaml
 
 from bench import benchkit
 from bench.benchkit import (
@@ -65,7 +64,7 @@ from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
-from testkit import CLIENT_TOKEN, node_token_of
+from testkit import CLIENT_TOKEN
 
 
 @contextlib.asynccontextmanager
@@ -88,18 +87,8 @@ async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, in
 @contextlib.asynccontextmanager
 async def stub_edge(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
     """This module as an Edge process whose hub answers every run at once (`--stub-edge`)."""
-    process = await asyncio.create_subprocess_exec(
-        *benchkit.module_command(sys.executable, "edge", "--stub-edge", str(folder / "edge.yaml")),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=benchkit.REPO,
-    )
-    try:
-        host, port = split_url((await benchkit.started_line(process))["url"])
-        await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
-        yield host, port, {"edge": process.pid}
-    finally:
-        await terminate(process)
+    async with benchkit.stub_edge(sys.executable, folder / "edge.yaml") as (host, port, pid):
+        yield host, port, {"edge": pid}
 
 
 # -- the stub hub of `--stub-edge` ---------------------------------------------------------------
@@ -239,8 +228,7 @@ async def main(
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            (folder / "edge.yaml").write_text(yaml.safe_dump(edge_config(upstream.base_url)))
-            (folder / "token").write_text(node_token_of("node-1"))
+            benchkit.write_stack(folder, edge_config(upstream.base_url))
             up_host, up_port = split_url(upstream.listen)
             runs: list[tuple[str, str, Callable[..., Any], Path]] = []
             for index, interval in enumerate(probe_intervals or [None]):
@@ -249,9 +237,7 @@ async def main(
                     label = f"openai, probes {f'{interval} ms' if interval else 'off'}"
                     where = folder / f"probes-{index}"
                     where.mkdir()
-                    config = edge_config(upstream.base_url, interval)
-                    (where / "edge.yaml").write_text(yaml.safe_dump(config))
-                    (where / "token").write_text(node_token_of("node-1"))
+                    benchkit.write_stack(where, edge_config(upstream.base_url, interval))
                 runs.append((label, "openai", edge_stack, where))
             runs += [
                 ("node fake", "node-fake", edge_stack, folder),

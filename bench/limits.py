@@ -32,7 +32,6 @@ Figures go to docs/benchmarks.md ("## Limits per principal").
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import json
@@ -53,7 +52,7 @@ import yaml
 
 from bench import benchkit
 from bench.edge import InstantHub
-from iop.processes import free_port, terminate
+from iop.processes import free_port
 from testkit import CLIENT_TOKEN, CLIENTS
 
 #: Limits the bench never reaches: every check passes, so the figures are the counting's cost.
@@ -203,17 +202,11 @@ async def in_process(part: str, args: argparse.Namespace, redis_url: str) -> Non
     variants = {"none": sys.executable, "local": sys.executable, "redis": sys.executable}
     if part == "relay":
         variants = {"baseline": args.baseline, **variants}
-    times: dict[str, list[list[float]]] = defaultdict(list)
-    for round_ in range(args.rounds):
-        for name, python in variants.items():
-            child = await asyncio.create_subprocess_exec(
-                *benchkit.module_command(python, "limits", f"--{part}-child", name, redis_url),
-                stdout=asyncio.subprocess.PIPE,
-                cwd=benchkit.REPO,
-            )
-            out, _ = await child.communicate()
-            times[name] += json.loads(out)
-        print(f"  {part}: round {round_ + 1} done", file=sys.stderr, flush=True)
+    commands = {
+        name: benchkit.module_command(python, "limits", f"--{part}-child", name, redis_url)
+        for name, python in variants.items()
+    }
+    times = await benchkit.child_rounds(part, args.rounds, commands)
     print(
         f"\n{part}:\n\n| variant | wall us per request, min | median | CPU us per request, "
         "median |\n|---|---:|---:|---:|"
@@ -234,19 +227,8 @@ async def stub_edge(
     """bench.edge's `--stub-edge` Edge, run by `python`, on the variant's config."""
     path = folder / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(config("none" if variant == "baseline" else variant, redis_url)))
-    edge = await asyncio.create_subprocess_exec(
-        *benchkit.module_command(python, "edge", "--stub-edge", str(path)),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=benchkit.REPO,
-    )
-    try:
-        started = await benchkit.started_line(edge)
-        host, port = benchkit.split_url(started["url"])
-        await benchkit.wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
-        yield host, port, edge.pid
-    finally:
-        await terminate(edge)
+    async with benchkit.stub_edge(python, path) as started:
+        yield started
 
 
 async def processes(args: argparse.Namespace, redis_url: str, redis_pid: int) -> None:

@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-import yaml
 
 from bench import benchkit
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
+from testkit import CLIENT_TOKEN, Placement, edge_document, provider
 
 
 def config(upstream_url: str, size: int, placement: Placement) -> dict[str, Any]:
@@ -113,26 +112,18 @@ async def main(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             document = config(upstream.base_url, size, args.placement)
-            (folder / "edge.yaml").write_text(yaml.safe_dump(document))
-            (folder / "token").write_text(node_token_of("node-1"))
-            edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
+            edge, started = await spawn_edge(
+                benchkit.write_stack(folder, document), startup_timeout=120
+            )
             node = None
             if args.placement == "node":
                 node = await spawn_node(started["hub_port"], "node-1", folder / "token")
             try:
-                host, _, port_text = str(started["url"]).removeprefix("http://").rpartition(":")
-                port = int(port_text)
+                host, port = benchkit.split_url(started["url"])
                 pids = {"edge": edge.pid}
                 if node is not None:
                     pids["node"] = node.pid
-                for _ in range(600):
-                    reader, writer = await asyncio.open_connection(host, port)
-                    writer.write(f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-                    answer = await reader.read(4096)
-                    writer.close()
-                    if b'"providers_available":["p"]' in answer:
-                        break
-                    await asyncio.sleep(0.05)
+                await benchkit.wait_available(host, port, b'"providers_available":["p"]')
                 # warm-up: a few hundred requests, so lazily built things exist before measuring
                 reader, writer = await asyncio.open_connection(host, port)
                 for _ in range(200):

@@ -76,7 +76,7 @@ import yaml
 from bench import benchkit
 from bench.benchkit import MAX_TOKENS, nearest_rank
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-from testkit import CLIENT_TOKEN, Placement, edge_document, node_token_of, provider
+from testkit import CLIENT_TOKEN, Placement, edge_document, provider
 
 #: The newest LiteLLM whose `proxy` extra resolves on PyPI as served here (later ones pin
 #: `litellm-proxy-extras` releases that are not published); docs/benchmarks.md's figures used
@@ -268,8 +268,7 @@ async def iop_stack(
 ) -> AsyncIterator[Target]:
     """An Edge and a Node, or (`placement="edge"`) an Edge alone running the providers."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "edge.yaml").write_text(yaml.safe_dump(iop_config(upstream_url, placement)))
-    (folder / "token").write_text(node_token_of("node-1"))
+    benchkit.write_stack(folder, iop_config(upstream_url, placement))
     with environment(env or {}):
         edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
     node: asyncio.subprocess.Process | None = None

@@ -50,12 +50,11 @@ from typing import Any
 
 import httpx
 import uvloop
-import yaml
 
 from bench import benchkit
 from bench.edge import InstantHub
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-from testkit import CLIENT_TOKEN, CLIENTS, edge_document, node_token_of, provider
+from testkit import CLIENT_TOKEN, CLIENTS, edge_document, provider
 
 FAIL_MODES = ("status", "drop", "drop-mid-stream")
 
@@ -65,20 +64,16 @@ async def edge_stack(
     python: str, folder: Path, path: str
 ) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
     """An Edge (and for `node-fake` a Node) run by `python`'s installation of `iop`."""
-    iop = str(Path(python).with_name("iop"))
     config = folder / "edge.yaml"
     if path == "edge-alone":
-        edge = await asyncio.create_subprocess_exec(
-            *benchkit.module_command(python, "edge", "--stub-edge", str(config)),
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            cwd=benchkit.REPO,
-        )
-    else:
-        edge = await asyncio.create_subprocess_exec(
-            iop, "edge", "run", "--config", str(config), "--log-level", "WARNING",
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        async with benchkit.stub_edge(python, config) as (host, port, pid):
+            yield host, port, {"edge": pid}
+        return
+    iop = str(Path(python).with_name("iop"))
+    edge = await asyncio.create_subprocess_exec(
+        iop, "edge", "run", "--config", str(config), "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
     node: asyncio.subprocess.Process | None = None
     try:
         started = await benchkit.started_line(edge)
@@ -112,9 +107,7 @@ async def cost(args: argparse.Namespace) -> None:
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            config = benchkit.edge_config(upstream.base_url)
-            (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-            (folder / "token").write_text(node_token_of("node-1"))
+            benchkit.write_stack(folder, benchkit.edge_config(upstream.base_url))
             for path, model in (("edge-alone", "openai"), ("node-fake", "node-fake")):
                 async with contextlib.AsyncExitStack() as exits:
                     stacks = {
@@ -205,17 +198,11 @@ def relay_child() -> None:
 
 async def relay(args: argparse.Namespace) -> None:
     variants = {"today": sys.executable, "baseline": args.baseline}
-    times: dict[str, list[float]] = defaultdict(list)
-    for round_ in range(args.rounds):
-        for name, python in variants.items():
-            child = await asyncio.create_subprocess_exec(
-                *benchkit.module_command(python, "retries", "--relay-child"),
-                stdout=asyncio.subprocess.PIPE,
-                cwd=benchkit.REPO,
-            )
-            out, _ = await child.communicate()
-            times[name] += json.loads(out)
-        print(f"  relay: round {round_ + 1} done", file=sys.stderr, flush=True)
+    commands = {
+        name: benchkit.module_command(python, "retries", "--relay-child")
+        for name, python in variants.items()
+    }
+    times = await benchkit.child_rounds("relay", args.rounds, commands)
     print("\n| variant | us per request, min | median |")
     print("|---|---:|---:|")
     for name, values in times.items():
@@ -306,9 +293,7 @@ async def errors(args: argparse.Namespace) -> None:
                 folder = Path(exits.enter_context(tempfile.TemporaryDirectory()))
                 retries = {} if retries_on else {"max_per_request": 0}
                 config = pool_config({n: u.base_url for n, u in upstreams.items()}, retries)
-                (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-                (folder / "token").write_text(node_token_of("node-1"))
-                edge, started = await spawn_edge(folder / "edge.yaml")
+                edge, started = await spawn_edge(benchkit.write_stack(folder, config))
                 exits.push_async_callback(terminate, edge)
                 node = await spawn_node(started["hub_port"], "node-1", folder / "token")
                 exits.push_async_callback(terminate, node)

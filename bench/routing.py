@@ -70,7 +70,6 @@ from typing import Any
 import aiohttp
 import orjson
 import uvloop
-import yaml
 
 from bench import benchkit, peers
 from bench.benchkit import nearest_rank
@@ -83,7 +82,7 @@ from iop.processes import (
     spawn_node,
     terminate,
 )
-from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
+from testkit import CLIENT_TOKEN, edge_document, provider
 
 MODEL = "bench"
 SERVED = "served"
@@ -298,9 +297,7 @@ async def iop_stack(
     """An Edge and one Node over `servers`, on `document` (default: `iop_config`'s)."""
     if document is None:
         document = iop_config(servers, capacity)
-    (folder / "edge.yaml").write_text(yaml.safe_dump(document))
-    (folder / "token").write_text(node_token_of("node-1"))
-    edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=120)
+    edge, started = await spawn_edge(benchkit.write_stack(folder, document), startup_timeout=120)
     node: asyncio.subprocess.Process | None = None
     try:
         node = await spawn_node(started["hub_port"], "node-1", folder / "token")

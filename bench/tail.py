@@ -47,10 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-import yaml
 
 from bench import benchkit
-from testkit import CLIENT_TOKEN, node_token_of
+from testkit import CLIENT_TOKEN
 
 VARIANTS = ("today", "baseline", "gc-relaxed", "switch-1ms")
 
@@ -264,9 +263,7 @@ async def drive(args: argparse.Namespace) -> None:
     async with spawn_fake_upstream() as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            config = benchkit.edge_config(upstream.base_url)
-            (folder / "edge.yaml").write_text(yaml.safe_dump(config))
-            (folder / "token").write_text(node_token_of("node-1"))
+            benchkit.write_stack(folder, benchkit.edge_config(upstream.base_url))
             async with contextlib.AsyncExitStack() as exits:
                 stacks = {
                     v: await exits.enter_async_context(
