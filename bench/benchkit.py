@@ -326,7 +326,12 @@ async def measure(host: str, port: int, payload: bytes, concurrency: int, second
     return Cell(len(latencies) / elapsed, latencies, firsts)
 
 
-async def timed_stream(session: Any, url: str, body: bytes) -> tuple[float, float, bool, str]:
+#: `timed_stream`'s figures of one request: seconds to its first byte and to its end, whether it
+#: ended well, and why not.
+Timed = tuple[float, float, bool, str]
+
+
+async def timed_stream(session: Any, url: str, body: bytes) -> Timed:
     """POST the streaming request `body` to `url` on the aiohttp `session`, reading it to its
     end: seconds to its first byte and to its end, whether it ended `data: [DONE]` with a 200,
     and why not."""

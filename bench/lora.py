@@ -37,13 +37,10 @@ compare cells of one run with each other.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import random
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +52,8 @@ import uvloop
 from bench import benchkit, peers, routing
 from bench.benchkit import nearest_rank
 from bench.routing import Target
-from iop.processes import UpstreamProcess, spawn_fake_upstream
-from testkit import edge_document, provider
+from iop.processes import UpstreamProcess
+from testkit import edge_document
 
 SYSTEMS = (
     "iop:adapters",
@@ -126,42 +123,12 @@ class Cell:
 # -- the fleet and the systems -----------------------------------------------------------------
 
 
-async def spawn_servers(
-    stack: contextlib.AsyncExitStack, args: argparse.Namespace, adapters: list[str]
-) -> list[UpstreamProcess]:
-    servers = []
-    for i in range(SERVERS):
-        flags = [
-            *("--gpu", "--gpu-max-batch", str(args.max_batch), "--gpu-step-ms", str(args.step_ms)),
-            *("--gpu-step-ms-per-seq", str(args.step_ms_per_seq), "--gpu-jitter", "0.05"),
-            *("--gpu-prefill-tokens-per-s", str(args.prefill_tokens_per_s)),
-            *("--gpu-lora-adapters", ",".join(adapters), "--gpu-max-loras", str(args.max_loras)),
-            *("--gpu-lora-load-ms", str(args.load_ms), "--seed", str(i + 1)),
-            *("--model", SERVED, "--completion-tokens", "64"),
-        ]
-        servers.append(
-            await stack.enter_async_context(spawn_fake_upstream(flags, startup_timeout=120))
-        )
-    return servers
-
-
 def iop_document(
     servers: list[UpstreamProcess], adapters: list[str], capacity: int, aware: bool
 ) -> dict[str, Any]:
     """The Edge's config: the adapters named by the base model (`aware`), or each a model of
     its own on every server (round-robin, as before adapters were known)."""
-    providers = [
-        provider(
-            f"gpu-{i}",
-            {"type": "openai", "base_url": server.base_url},
-            served=SERVED,
-            capacity=capacity,
-            max_queue=4096,
-            queue_timeout_ms=600_000,
-            health={"interval_ms": 1000},
-        )
-        for i, server in enumerate(servers, start=1)
-    ]
+    providers = routing.gpu_providers(servers, capacity)
     for entry in providers:
         entry["served_models"] = [SERVED, *adapters]
     ids = [p["id"] for p in providers]
@@ -193,24 +160,6 @@ async def choices(target: Target) -> dict[str, int]:
     return counts
 
 
-async def apply(target: Target, document: dict[str, Any]) -> None:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"{target.admin_url}/refresh", json={"mode": "apply", "config": document}
-        ) as response:
-            report = await response.json()
-    if report.get("outcome") not in ("applied", "unchanged"):
-        raise RuntimeError(f"the config was not applied: {report}")
-
-
-@contextlib.asynccontextmanager
-async def vllm_router(
-    command: Path, servers: list[UpstreamProcess], policy: str, folder: Path
-) -> AsyncIterator[Target]:
-    async with routing.vllm_router(command, servers, policy, folder) as target:
-        yield target
-
-
 # -- one cell -----------------------------------------------------------------------------------
 
 
@@ -231,34 +180,26 @@ async def run_cell(
     cell: Cell,
     model: str | None = None,
 ) -> None:
-    headers = {"content-type": "application/json"}
-    if target.token:
-        headers["authorization"] = f"Bearer {target.token}"
     url = f"{target.url}/v1/completions"
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
-    async with aiohttp.ClientSession(
-        connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=600)
-    ) as session:
-        await routing.reset_servers(session, servers)
-        loop = asyncio.get_running_loop()
-        began = loop.time() + 0.5
-
-        async def send(request: Request) -> None:
-            await asyncio.sleep(max(0.0, began + request.at - loop.time()))
-            body = orjson.dumps(
-                {
-                    "model": model or request.adapter,
-                    "prompt": request.prompt,
-                    "max_tokens": request.max_tokens,
-                    "stream": True,
-                }
+    async with routing.cell_session(target, servers) as session:
+        bodies = [
+            (
+                request.at,
+                orjson.dumps(
+                    {
+                        "model": model or request.adapter,
+                        "prompt": request.prompt,
+                        "max_tokens": request.max_tokens,
+                        "stream": True,
+                    }
+                ),
             )
-            timed = await benchkit.timed_stream(session, url, body)
-            cell.samples.append(Sample(request.adapter, request.at, *timed))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(send(request) for request in requests))
-        cell.span = time.perf_counter() - started
+            for request in requests
+        ]
+        ended, cell.span = await routing.replay(session, url, bodies)
+        cell.samples += [
+            Sample(requests[index].adapter, requests[index].at, *timed) for index, timed in ended
+        ]
         for server in servers:
             loads, swaps, served = await server_counts(session, server)
             cell.loads += loads
@@ -277,7 +218,11 @@ async def run(args: argparse.Namespace) -> list[Cell]:
     cells: list[Cell] = []
     async with contextlib.AsyncExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        servers = await spawn_servers(stack, args, adapters)
+        lora_flags = [
+            *("--gpu-lora-adapters", ",".join(adapters), "--gpu-max-loras", str(args.max_loras)),
+            *("--gpu-lora-load-ms", str(args.load_ms)),
+        ]
+        servers = await routing.spawn_gpu_servers(stack, args, SERVERS, lora_flags)
         documents = {
             aware: iop_document(servers, adapters, args.capacity, aware) for aware in (True, False)
         }
@@ -293,7 +238,9 @@ async def run(args: argparse.Namespace) -> list[Cell]:
                 cell = Cell(system, rate)
                 if kind == "iop":
                     assert iop is not None
-                    await apply(iop, documents[setting != "round_robin"])
+                    await routing.apply_config(
+                        iop, documents[setting != "round_robin"], "the config"
+                    )
                     before = await choices(iop)
                     await run_cell(
                         iop, servers, requests, cell, MODEL if setting == "base" else None
@@ -306,7 +253,7 @@ async def run(args: argparse.Namespace) -> list[Cell]:
                     }
                 else:
                     assert router is not None
-                    async with vllm_router(router, servers, setting, folder) as target:
+                    async with routing.vllm_router(router, servers, setting, folder) as target:
                         await run_cell(target, servers, requests, cell)
                 cells.append(cell)
                 measured = cell.measured(args.warmup)

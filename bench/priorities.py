@@ -145,15 +145,7 @@ async def apply(
     document["openai"]["priority"] = PRIORITY if classes else {}
     for entry in document["nodes"][0]["providers"]:
         entry["capacity"] = capacity
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{target.admin_url}/refresh", json={"mode": "apply", "config": document}
-        ) as response,
-    ):
-        report = await response.json()
-    if report.get("outcome") not in ("applied", "unchanged"):
-        raise RuntimeError(f"the classes were not applied: {report}")
+    await routing.apply_config(target, document, "the classes")
 
 
 async def batch_queued(target: Target) -> int | None:
@@ -174,18 +166,14 @@ async def run_cell(
     args: argparse.Namespace,
 ) -> None:
     url = f"{target.url}/v1/chat/completions"
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=900)
-    ) as session:
-        await routing.reset_servers(session, servers)
+    async with routing.cell_session(target, servers, total=900) as session:
         loop = asyncio.get_running_loop()
         began = loop.time() + 0.5
 
         async def once(klass: str, turn: Turn) -> tuple[int, float, float, bytes]:
             """One try: (status, when its first byte came, when it ended (perf_counter), the
             answer's tail; for a 429, the seconds it says to wait instead)."""
-            headers = {"content-type": "application/json"}
+            headers: dict[str, str] = {}  # the session's, and this class's key for an Edge
             if target.token is not None:
                 headers["authorization"] = f"Bearer {CLIENTS[klass].key}"
             body = orjson.dumps(

@@ -62,7 +62,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,8 +265,10 @@ class Target:
     admin_url: str | None = None
 
 
-def iop_config(servers: list[UpstreamProcess], capacity: int, **options: Any) -> dict[str, Any]:
-    providers = [
+def gpu_providers(servers: list[UpstreamProcess], capacity: int) -> list[dict[str, Any]]:
+    """An `openai` provider a server, `gpu-1` on: `capacity` requests at once, a long queue and
+    a long wait before the Edge gives up on one, probed every second."""
+    return [
         provider(
             f"gpu-{i}",
             {"type": "openai", "base_url": server.base_url},
@@ -278,6 +280,10 @@ def iop_config(servers: list[UpstreamProcess], capacity: int, **options: Any) ->
         )
         for i, server in enumerate(servers, start=1)
     ]
+
+
+def iop_config(servers: list[UpstreamProcess], capacity: int, **options: Any) -> dict[str, Any]:
+    providers = gpu_providers(servers, capacity)
     document = edge_document(
         {"node-1": providers}, {MODEL: [p["id"] for p in providers]}, admin=True, **options
     )
@@ -312,6 +318,22 @@ async def iop_stack(
         await terminate(edge)
 
 
+async def apply_config(
+    target: Target, document: dict[str, Any], what: str, *, unchanged: bool = True
+) -> None:
+    """Apply `document` live through the Edge's admin API (`POST /refresh`); `what` names it in
+    the error raised when the Edge did not apply it (nor, with `unchanged`, found it the same)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{target.admin_url}/refresh", json={"mode": "apply", "config": document}
+        ) as response,
+    ):
+        report = await response.json()
+    if report.get("outcome") not in (("applied", "unchanged") if unchanged else ("applied",)):
+        raise RuntimeError(f"{what} was not applied: {report}")
+
+
 async def apply_policy(
     target: Target, document: dict[str, Any], policy: str, factor: float, capacity: int
 ) -> None:
@@ -319,13 +341,7 @@ async def apply_policy(
     document["models"][0]["dispatch"] = {"policy": policy, "load_factor": factor}
     for entry in document["nodes"][0]["providers"]:
         entry["capacity"] = capacity
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"{target.admin_url}/refresh", json={"mode": "apply", "config": document}
-        ) as response:
-            report = await response.json()
-    if report.get("outcome") != "applied":
-        raise RuntimeError(f"the policy {policy} was not applied: {report}")
+    await apply_config(target, document, f"the policy {policy}", unchanged=False)
 
 
 @contextlib.asynccontextmanager
@@ -404,42 +420,68 @@ async def server_counts(
     )
 
 
+@contextlib.asynccontextmanager
+async def cell_session(
+    target: Target, servers: list[UpstreamProcess], total: float = 600
+) -> AsyncIterator[aiohttp.ClientSession]:
+    """A cell's client session, sending JSON with the target's token, after a reset of the
+    servers; `total` seconds at most a request."""
+    headers = {"content-type": "application/json"}
+    if target.token:
+        headers["authorization"] = f"Bearer {target.token}"
+    # Idle connections closed before the servers close them (uvicorn: 5 s): a POST on a
+    # connection the server is closing fails, and nothing retries it.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+    async with aiohttp.ClientSession(
+        connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=total)
+    ) as session:
+        await reset_servers(session, servers)
+        yield session
+
+
+async def replay(
+    session: aiohttp.ClientSession, url: str, arrivals: Sequence[tuple[float, bytes]]
+) -> tuple[list[tuple[int, benchkit.Timed]], float]:
+    """Send each (at, body) streaming request `at` seconds after the start (half a second from
+    now), whether or not those before it have ended (open loop): each one's index and
+    `benchkit.timed_stream` figures in the order they ended, and the seconds it all took."""
+    loop = asyncio.get_running_loop()
+    began = loop.time() + 0.5
+    ended: list[tuple[int, benchkit.Timed]] = []
+
+    async def send(index: int, at: float, body: bytes) -> None:
+        await asyncio.sleep(max(0.0, began + at - loop.time()))
+        ended.append((index, await benchkit.timed_stream(session, url, body)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(send(index, *arrival) for index, arrival in enumerate(arrivals)))
+    return ended, time.perf_counter() - started
+
+
 async def run_cell(
     target: Target,
     servers: list[UpstreamProcess],
     turns: list[Turn],
     cell: Cell,
 ) -> None:
-    headers = {"content-type": "application/json"}
-    if target.token:
-        headers["authorization"] = f"Bearer {target.token}"
     url = f"{target.url}/v1/chat/completions"
-    # Idle connections closed before the servers close them (uvicorn: 5 s): a POST on a
-    # connection the server is closing fails, and nothing retries it.
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
-    async with aiohttp.ClientSession(
-        connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=600)
-    ) as session:
-        await reset_servers(session, servers)
-        loop = asyncio.get_running_loop()
-        began = loop.time() + 0.5
-
-        async def send(turn: Turn) -> None:
-            await asyncio.sleep(max(0.0, began + turn.at - loop.time()))
-            body = orjson.dumps(
-                {
-                    "model": target.model,
-                    "messages": list(turn.messages),
-                    "max_tokens": turn.max_tokens,
-                    "stream": True,
-                }
+    async with cell_session(target, servers) as session:
+        bodies = [
+            (
+                turn.at,
+                orjson.dumps(
+                    {
+                        "model": target.model,
+                        "messages": list(turn.messages),
+                        "max_tokens": turn.max_tokens,
+                        "stream": True,
+                    }
+                ),
             )
-            timed = await benchkit.timed_stream(session, url, body)
-            cell.samples.append(Sample(turn.at, *timed))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(send(turn) for turn in turns))
-        cell.span = time.perf_counter() - started
+            for turn in turns
+        ]
+        ended, cell.span = await replay(session, url, bodies)
+        cell.samples += [Sample(turns[index].at, *timed) for index, timed in ended]
         for server in servers:
             hits, queries, served, peak = await server_counts(session, server)
             cell.hits += hits
@@ -451,25 +493,33 @@ async def run_cell(
 # -- the run ---------------------------------------------------------------------------------------
 
 
-async def spawn_servers(
-    stack: contextlib.AsyncExitStack, args: argparse.Namespace
+async def spawn_gpu_servers(
+    stack: contextlib.AsyncExitStack, args: argparse.Namespace, count: int, extra: Sequence[str]
 ) -> list[UpstreamProcess]:
-    """The workload's simulated GPU servers (`iop fake-upstream --gpu`), stopped by `stack`."""
+    """`count` simulated GPU servers (`iop fake-upstream --gpu`, seeds 1 on) with the engine
+    `args` sets (`--max-batch`, `--prefill-tokens-per-s`, `--step-ms`, `--step-ms-per-seq`) and
+    the flags `extra`, stopped by `stack`."""
     servers = []
-    for i in range(SHAPES[args.workload].servers):
-        gpu = gpu_settings(args, seed=i + 1)
+    for i in range(count):
         flags = [
-            *("--gpu", "--gpu-kv-tokens", str(gpu.kv_tokens), "--gpu-max-batch"),
-            *(str(gpu.max_batch), "--gpu-prefill-tokens-per-s", str(gpu.prefill_tokens_per_s)),
-            *("--gpu-step-ms", str(gpu.step_ms), "--gpu-step-ms-per-seq"),
-            *(str(gpu.step_ms_per_seq), "--gpu-jitter", str(gpu.jitter), "--seed", str(gpu.seed)),
+            *("--gpu", "--gpu-max-batch", str(args.max_batch), "--gpu-step-ms", str(args.step_ms)),
+            *("--gpu-step-ms-per-seq", str(args.step_ms_per_seq), "--gpu-jitter", "0.05"),
+            *("--gpu-prefill-tokens-per-s", str(args.prefill_tokens_per_s), *extra),
             # Answers as long as max_tokens asks (at most 48): the next turn repeats them.
-            *("--model", SERVED, "--completion-tokens", "64"),
+            *("--model", SERVED, "--completion-tokens", "64", "--seed", str(i + 1)),
         ]
         servers.append(
             await stack.enter_async_context(spawn_fake_upstream(flags, startup_timeout=120))
         )
     return servers
+
+
+async def spawn_servers(
+    stack: contextlib.AsyncExitStack, args: argparse.Namespace
+) -> list[UpstreamProcess]:
+    """The workload's simulated GPU servers, stopped by `stack`."""
+    kv_tokens = ["--gpu-kv-tokens", str(gpu_settings(args).kv_tokens)]
+    return await spawn_gpu_servers(stack, args, SHAPES[args.workload].servers, kv_tokens)
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
