@@ -2,7 +2,8 @@
 
 - the load generator: `measure` keeps one HTTP/1.1 keep-alive `Connection` per worker, parsed by
   httptools so that the client costs as little CPU as possible, and returns a `Cell` (requests/s,
-  latencies, times to the first body byte); `http_request`, `body` and `pct` go with it;
+  latencies, times to the first body byte), `measure_cpu` with the CPU the processes spent per
+  request; `http_request`, `chat_request`, `body` and `pct` go with it;
 - percentiles: `pct` interpolates between ranks (statistics' inclusive method), `nearest_rank`
   picks a value that was measured (nan for none);
 - the config: `edge_config` (the Edge, node-1 with p-http and p-fake, built with testkit's
@@ -280,6 +281,14 @@ def http_request(host: str, path: str, body: bytes, token: str | None) -> bytes:
     ).encode() + body
 
 
+def chat_request(host: str, model: str, stream: bool) -> bytes:
+    """A chat completion of `model` (`body`) to `host` ("host:port") with testkit's client
+    token."""
+    from testkit import CLIENT_TOKEN  # here: see Connection
+
+    return http_request(host, "/v1/chat/completions", body(model, stream), CLIENT_TOKEN)
+
+
 def body(model: str, stream: bool, *, tokens: int = MAX_TOKENS, pace: float | None = None) -> bytes:
     """A chat completion request for `model` of `tokens` tokens; with `pace`, the fake upstream
     writes them at that many tokens/s (its per-request hook, which gateways forward untouched)."""
@@ -329,6 +338,19 @@ async def measure(host: str, port: int, payload: bytes, concurrency: int, second
 #: `timed_stream`'s figures of one request: seconds to its first byte and to its end, whether it
 #: ended well, and why not.
 Timed = tuple[float, float, bool, str]
+
+
+async def measure_cpu(
+    host: str, port: int, payload: bytes, concurrency: int, seconds: float, pids: dict[str, int]
+) -> tuple[Cell, dict[str, float]]:
+    """`measure`, and the CPU each of the processes `pids` (by name) spent meanwhile, in
+    microseconds per request."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    cell = await measure(host, port, payload, concurrency, seconds)
+    served = len(cell.latencies)
+    return cell, {
+        name: (cpu_seconds(pid) - before[name]) / served * 1e6 for name, pid in pids.items()
+    }
 
 
 async def timed_stream(session: Any, url: str, body: bytes) -> Timed:

@@ -64,7 +64,6 @@ from iop.edgeconfig import EdgeConfig, load_file
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
-from testkit import CLIENT_TOKEN
 
 
 @contextlib.asynccontextmanager
@@ -252,11 +251,8 @@ async def main(
                         direct_payload = http_request(
                             upstream.listen, "/v1/chat/completions", body("served", stream), None
                         )
-                        edge_payload = http_request(
-                            f"{edge_host}:{edge_port}",
-                            "/v1/chat/completions",
-                            body(model, stream),
-                            CLIENT_TOKEN,
+                        edge_payload = benchkit.chat_request(
+                            f"{edge_host}:{edge_port}", model, stream
                         )
                         for concurrency in concurrencies:
                             # warm-up, then both paths in turn
@@ -265,15 +261,9 @@ async def main(
                             direct = await measure(
                                 up_host, up_port, direct_payload, concurrency, seconds
                             )
-                            before = {name: benchkit.cpu_seconds(pid) for name, pid in pids.items()}
-                            edge = await measure(
-                                edge_host, edge_port, edge_payload, concurrency, seconds
+                            edge, cpu = await benchkit.measure_cpu(
+                                edge_host, edge_port, edge_payload, concurrency, seconds, pids
                             )
-                            served = len(edge.latencies)
-                            cpu = {
-                                name: (benchkit.cpu_seconds(pid) - before[name]) / served * 1e6
-                                for name, pid in pids.items()
-                            }
                             mode = f"{label}, {'stream' if stream else 'whole'}"
                             rows.append((mode, concurrency, direct, edge, cpu))
                             print(f"  measured {mode} c={concurrency}", file=sys.stderr, flush=True)

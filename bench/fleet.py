@@ -86,7 +86,7 @@ from iop.aiokits import guarded_task, stop_tasks
 from iop.node import EdgeConnection, NodeIdentity, PayloadArbiter
 from iop.processes import spawn_edge, terminate
 from iop.providers import Runner
-from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
+from testkit import edge_document, node_token_of, provider
 
 logger = logging.getLogger(__name__)
 
@@ -391,12 +391,7 @@ async def load(
     `seconds` and at least `at_least` requests: (answered, not 200, elapsed seconds). With
     `started`, it is awaited once every client is connected, before the first request."""
     target = f"{host}:{port}"
-    payloads = [
-        benchkit.http_request(
-            target, "/v1/chat/completions", benchkit.body(f"m-{i:04d}", False), CLIENT_TOKEN
-        )
-        for i in range(nodes)
-    ]
+    payloads = [benchkit.chat_request(target, f"m-{i:04d}", False) for i in range(nodes)]
     turn = itertools.cycle(range(nodes))
     loop = asyncio.get_running_loop()
     connections: list[benchkit.Connection] = []

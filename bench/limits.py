@@ -53,7 +53,7 @@ import yaml
 from bench import benchkit
 from bench.edge import InstantHub
 from iop.processes import free_port
-from testkit import CLIENT_TOKEN, CLIENTS
+from testkit import CLIENTS
 
 #: Limits the bench never reaches: every check passes, so the figures are the counting's cost.
 LIMIT = {
@@ -248,23 +248,17 @@ async def processes(args: argparse.Namespace, redis_url: str, redis_pid: int) ->
                     mode = "stream" if stream else "whole"
                     for conc in args.concurrency:
                         for name, (host, port, pid) in stacks.items():
-                            payload = benchkit.http_request(
-                                f"{host}:{port}",
-                                "/v1/chat/completions",
-                                benchkit.body("openai", stream),
-                                CLIENT_TOKEN,
-                            )
+                            payload = benchkit.chat_request(f"{host}:{port}", "openai", stream)
                             await benchkit.measure(host, port, payload, conc, 0.5)
-                            before = benchkit.cpu_seconds(pid)
-                            redis_before = benchkit.cpu_seconds(redis_pid)
-                            cell = await benchkit.measure(host, port, payload, conc, args.seconds)
-                            count = len(cell.latencies)
+                            pids = {"edge": pid, "redis": redis_pid}
+                            cell, cpu = await benchkit.measure_cpu(
+                                host, port, payload, conc, args.seconds, pids
+                            )
                             row = rows[(mode, conc, name)]
                             row["rps"].append(cell.rps)
                             row["latencies"].extend(cell.latencies)
-                            row["edge"].append((benchkit.cpu_seconds(pid) - before) / count * 1e6)
-                            redis = benchkit.cpu_seconds(redis_pid) - redis_before
-                            row["redis"].append(redis / count * 1e6)
+                            row["edge"].append(cpu["edge"])
+                            row["redis"].append(cpu["redis"])
                 print(f"  processes: round {round_ + 1} done", file=sys.stderr, flush=True)
     print(
         "\nprocesses:\n\n| mode | conc | variant | req/s (median) | /baseline | p50 ms | p99 ms "

@@ -46,7 +46,7 @@ import yaml
 
 from bench import benchkit
 from iop.processes import spawn_edge, spawn_node, terminate
-from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
+from testkit import edge_document, node_token_of, provider
 
 
 def document(nodes: int) -> dict[str, Any]:
@@ -62,14 +62,9 @@ def document(nodes: int) -> dict[str, Any]:
 # -- the load -------------------------------------------------------------------------------------
 
 
-def request(host: str, stream: bool) -> bytes:
-    body = benchkit.body("m", stream)
-    return benchkit.http_request(host, "/v1/chat/completions", body, CLIENT_TOKEN)
-
-
 def payloads(host: str, concurrency: int) -> list[bytes]:
     """One request per connection, half of them streaming."""
-    return [request(host, stream=index % 2 == 0) for index in range(concurrency)]
+    return [benchkit.chat_request(host, "m", index % 2 == 0) for index in range(concurrency)]
 
 
 # -- the applies ----------------------------------------------------------------------------------

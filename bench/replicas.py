@@ -35,7 +35,7 @@ import yaml
 
 from bench import benchkit
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_iop, terminate
-from testkit import CLIENT_TOKEN, edge_document, node_token_of, provider
+from testkit import edge_document, node_token_of, provider
 
 TOPOLOGIES = {"1 edge + 1 node": 1, "2 edges + 2 nodes": 2}
 
@@ -99,15 +99,7 @@ async def measure(
     target: Topology, stream: bool, concurrency: int, seconds: float, row: Row
 ) -> None:
     share = concurrency // len(target.edges)
-    payloads = [
-        benchkit.http_request(
-            f"{host}:{port}",
-            "/v1/chat/completions",
-            benchkit.body("m", stream),
-            CLIENT_TOKEN,
-        )
-        for host, port in target.edges
-    ]
+    payloads = [benchkit.chat_request(f"{host}:{port}", "m", stream) for host, port in target.edges]
     await asyncio.gather(
         *(
             benchkit.measure(host, port, payload, share, 0.3)

@@ -54,7 +54,7 @@ import uvloop
 from bench import benchkit
 from bench.edge import InstantHub
 from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
-from testkit import CLIENT_TOKEN, CLIENTS, edge_document, provider
+from testkit import CLIENTS, edge_document, provider
 
 FAIL_MODES = ("status", "drop", "drop-mid-stream")
 
@@ -119,22 +119,15 @@ async def cost(args: argparse.Namespace) -> None:
                             mode = "stream" if stream else "whole"
                             for conc in args.concurrency:
                                 for name, (host, port, pids) in stacks.items():
-                                    payload = benchkit.http_request(
-                                        f"{host}:{port}",
-                                        "/v1/chat/completions",
-                                        benchkit.body(model, stream),
-                                        CLIENT_TOKEN,
-                                    )
+                                    payload = benchkit.chat_request(f"{host}:{port}", model, stream)
                                     await benchkit.measure(host, port, payload, conc, 0.5)
-                                    before = benchkit.cpu_seconds(pids["edge"])
-                                    cell = await benchkit.measure(
-                                        host, port, payload, conc, args.seconds
+                                    cell, cpu = await benchkit.measure_cpu(
+                                        host, port, payload, conc, args.seconds, pids
                                     )
                                     row = rows[(path, mode, name, conc)]
                                     row.rps.append(cell.rps)
                                     row.latencies.extend(cell.latencies)
-                                    spent = benchkit.cpu_seconds(pids["edge"]) - before
-                                    row.edge_cpu_us.append(spent / len(cell.latencies) * 1e6)
+                                    row.edge_cpu_us.append(cpu["edge"])
                         print(f"  {path}: round {round_ + 1} done", file=sys.stderr, flush=True)
     print("\n| path | mode | conc | variant | req/s (median) | p50 ms | p99 ms | edge CPU us/req |")
     print("|---|---|---:|---|---:|---:|---:|---:|")
@@ -232,9 +225,7 @@ async def drive_requests(host: str, port: int, stream: bool, count: int, conc: i
     """`count` requests over `conc` keep-alive connections; a failure is a status other than
     200 or a stream that does not end with [DONE]."""
     loop = asyncio.get_running_loop()
-    payload = benchkit.http_request(
-        f"{host}:{port}", "/v1/chat/completions", benchkit.body("m", stream), CLIENT_TOKEN
-    )
+    payload = benchkit.chat_request(f"{host}:{port}", "m", stream)
     left = count
     failed = 0
     latencies: list[float] = []

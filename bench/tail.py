@@ -49,7 +49,6 @@ from typing import Any
 import uvloop
 
 from bench import benchkit
-from testkit import CLIENT_TOKEN
 
 VARIANTS = ("today", "baseline", "gc-relaxed", "switch-1ms")
 
@@ -290,20 +289,15 @@ async def drive(args: argparse.Namespace) -> None:
 
 
 async def measure_cell(target: Stack, stream: bool, conc: int, seconds: float, row: Row) -> None:
-    payload = benchkit.http_request(
-        f"{target.host}:{target.port}",
-        "/v1/chat/completions",
-        benchkit.body("openai", stream),
-        CLIENT_TOKEN,
-    )
+    payload = benchkit.chat_request(f"{target.host}:{target.port}", "openai", stream)
     await benchkit.measure(target.host, target.port, payload, conc, 0.3)  # warm-up
     await collect(target)  # resets the instruments
-    before = {name: benchkit.cpu_seconds(pid) for name, pid in target.pids.items()}
-    cell = await benchkit.measure(target.host, target.port, payload, conc, seconds)
+    cell, cpu = await benchkit.measure_cpu(
+        target.host, target.port, payload, conc, seconds, target.pids
+    )
     seen = await collect(target)
-    served = len(cell.latencies)
-    for name, pid in target.pids.items():
-        row.cpu[name].append((benchkit.cpu_seconds(pid) - before[name]) / served * 1e6)
+    for name, used in cpu.items():
+        row.cpu[name].append(used)
     row.rps.append(cell.rps)
     row.latencies.extend(cell.latencies)
     row.seen.append(seen)
@@ -361,12 +355,7 @@ def report(rows: dict[tuple[str, str, int], Row], args: argparse.Namespace) -> N
 async def profile(target: Stack, args: argparse.Namespace) -> None:
     """py-spy over the Edge and the Node while c=32 load runs, streaming and not."""
     for stream in (False, True):
-        payload = benchkit.http_request(
-            f"{target.host}:{target.port}",
-            "/v1/chat/completions",
-            benchkit.body("openai", stream),
-            CLIENT_TOKEN,
-        )
+        payload = benchkit.chat_request(f"{target.host}:{target.port}", "openai", stream)
         with tempfile.TemporaryDirectory() as tmp:
             outputs = {name: Path(tmp) / f"{name}.txt" for name in target.pids}
             spies = [
