@@ -8,7 +8,8 @@
   picks a value that was measured (nan for none);
 - the config: `edge_config` (the Edge, node-1 with p-http and p-fake, built with testkit's
   builder: a client sends testkit's CLIENT_TOKEN), `write_stack` (it and node-1's token in a
-  folder), `split_url`, `wait_available` (until /readyz lists the providers);
+  folder) and `start_stack` (an Edge and a Node on it), `split_url`, `wait_available` (until
+  /readyz lists the providers);
 - the pinned tools: `ensure_venv` builds a virtual environment of pinned packages (and a checkout)
   under `default_cache`, never touching the project's;
 - open-loop streams: `timed_stream` sends one streaming request on an aiohttp session and times
@@ -429,9 +430,11 @@ def split_url(url: object) -> tuple[str, int]:
     return host, int(port)
 
 
-async def wait_available(host: str, port: int, wanted: bytes) -> None:
+async def wait_available(host: str, port: int, wanted: bytes, timeout: float = 30.0) -> None:
+    """Poll the Edge's /readyz until its answer holds `wanted` (`"providers_available":[...]`)."""
     request = f"GET /readyz HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
-    for _ in range(600):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
         reader, writer = await asyncio.open_connection(host, port)
         writer.write(request)
         answer = await reader.read()
@@ -440,6 +443,31 @@ async def wait_available(host: str, port: int, wanted: bytes) -> None:
             return
         await asyncio.sleep(0.05)
     raise RuntimeError("the node never connected")
+
+
+@contextlib.asynccontextmanager
+async def start_stack(
+    folder: Path, wanted: bytes, *, node: bool = True, timeout: float = 60.0
+) -> AsyncIterator[tuple[dict[str, Any], dict[str, int]]]:
+    """`iop edge run` and (with `node`) `iop node run` as node-1 on the folder `write_stack`
+    wrote, each given `timeout` seconds to start and the providers to be available (`wanted`, as
+    `wait_available` takes it): the Edge's started line and the processes' ids by name."""
+    from iop.processes import spawn_edge, spawn_node, terminate  # here: see Connection
+
+    edge, started = await spawn_edge(folder / "edge.yaml", startup_timeout=timeout)
+    process: asyncio.subprocess.Process | None = None
+    try:
+        pids = {"edge": edge.pid}
+        if node:
+            process = await spawn_node(started["hub_port"], "node-1", folder / "token")
+            pids["node"] = process.pid
+        host, port = split_url(started["url"])
+        await wait_available(host, port, wanted, timeout)
+        yield started, pids
+    finally:
+        if process is not None:
+            await terminate(process)
+        await terminate(edge)
 
 
 @dataclass

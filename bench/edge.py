@@ -56,12 +56,11 @@ from bench.benchkit import (
     measure,
     pct,
     split_url,
-    wait_available,
 )
 from iop.edge import EdgeServer
 from iop.edge.hub.protocol import NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
 from iop.edgeconfig import EdgeConfig, load_file
-from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from iop.processes import spawn_fake_upstream
 from iop.wire import RunChunk, RunDone, RunEvent, RunRequest, RunUsage
 from iop.wire.nodestates import ConfigAck
 
@@ -70,17 +69,10 @@ from iop.wire.nodestates import ConfigAck
 async def edge_stack(folder: Path) -> AsyncIterator[tuple[str, int, dict[str, int]]]:
     """`iop edge run` and `iop node run` processes; yields the Edge's OpenAI host and port and
     the processes' ids."""
-    edge, started = await spawn_edge(folder / "edge.yaml")
-    node: asyncio.subprocess.Process | None = None
-    try:
-        node = await spawn_node(started["hub_port"], "node-1", folder / "token")
+    wanted = b'"providers_available":["p-fake","p-http"]'
+    async with benchkit.start_stack(folder, wanted) as (started, pids):
         host, port = split_url(started["url"])
-        await wait_available(host, port, b'"providers_available":["p-fake","p-http"]')
-        yield host, port, {"edge": edge.pid, "node": node.pid}
-    finally:
-        if node is not None:
-            await terminate(node)
-        await terminate(edge)
+        yield host, port, pids
 
 
 @contextlib.asynccontextmanager

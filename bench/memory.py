@@ -33,7 +33,7 @@ from typing import Any
 import uvloop
 
 from bench import benchkit
-from iop.processes import spawn_edge, spawn_fake_upstream, spawn_node, terminate
+from iop.processes import spawn_fake_upstream
 from testkit import CLIENT_TOKEN, Placement, edge_document, provider
 
 
@@ -111,19 +111,12 @@ async def main(args: argparse.Namespace) -> None:
     async with spawn_fake_upstream(startup_timeout=120) as upstream:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            document = config(upstream.base_url, size, args.placement)
-            edge, started = await spawn_edge(
-                benchkit.write_stack(folder, document), startup_timeout=120
-            )
-            node = None
-            if args.placement == "node":
-                node = await spawn_node(started["hub_port"], "node-1", folder / "token")
-            try:
+            benchkit.write_stack(folder, config(upstream.base_url, size, args.placement))
+            node = args.placement == "node"
+            wanted = b'"providers_available":["p"]'
+            async with benchkit.start_stack(folder, wanted, node=node, timeout=120) as stack:
+                started, pids = stack
                 host, port = benchkit.split_url(started["url"])
-                pids = {"edge": edge.pid}
-                if node is not None:
-                    pids["node"] = node.pid
-                await benchkit.wait_available(host, port, b'"providers_available":["p"]')
                 # warm-up: a few hundred requests, so lazily built things exist before measuring
                 reader, writer = await asyncio.open_connection(host, port)
                 for _ in range(200):
@@ -153,10 +146,6 @@ async def main(args: argparse.Namespace) -> None:
                         f"{found.get('after_node_kib', float('nan')):,.0f} |",
                         flush=True,
                     )
-            finally:
-                if node is not None:
-                    await terminate(node)
-                await terminate(edge)
 
 
 if __name__ == "__main__":

@@ -77,10 +77,7 @@ from iop.fakes import tokens
 from iop.fakes.simulating import GpuEngine, GpuSettings, render_answer, render_chat
 from iop.processes import (
     UpstreamProcess,
-    spawn_edge,
     spawn_fake_upstream,
-    spawn_node,
-    terminate,
 )
 from testkit import CLIENT_TOKEN, edge_document, provider
 
@@ -303,19 +300,12 @@ async def iop_stack(
     """An Edge and one Node over `servers`, on `document` (default: `iop_config`'s)."""
     if document is None:
         document = iop_config(servers, capacity)
-    edge, started = await spawn_edge(benchkit.write_stack(folder, document), startup_timeout=120)
-    node: asyncio.subprocess.Process | None = None
-    try:
-        node = await spawn_node(started["hub_port"], "node-1", folder / "token")
-        url = str(started["url"])
-        wanted = json.dumps([f"gpu-{i}" for i in range(1, len(servers) + 1)]).replace(" ", "")
-        answer = f'"providers_available":{wanted}'.encode()
-        await peers.wait_http(f"{url}/readyz", answer, 120, edge)
-        yield Target(url, CLIENT_TOKEN, MODEL, str(started["admin_url"])), document
-    finally:
-        if node is not None:
-            await terminate(node)
-        await terminate(edge)
+    benchkit.write_stack(folder, document)
+    ids = json.dumps([f"gpu-{i}" for i in range(1, len(servers) + 1)]).replace(" ", "")
+    wanted = f'"providers_available":{ids}'.encode()
+    async with benchkit.start_stack(folder, wanted, timeout=120) as (started, _):
+        target = Target(str(started["url"]), CLIENT_TOKEN, MODEL, str(started["admin_url"]))
+        yield target, document
 
 
 async def apply_config(
