@@ -18,7 +18,8 @@
   process prints once it listens), `until`, `cancel_on_sigterm`; `module_command` runs a
   benchmark module as a child process, `child_rounds` a round of children, each printing its
   figures, `stub_edge` `bench.edge`'s Edge whose hub answers at once;
-- the machine: `opening` and `closing`, a run's first and last lines (cores, time, load average).
+- the machine: `opening` and `closing`, a run's first and last lines (cores, time, load average);
+- charts: `figure`, a matplotlib figure saved as a PNG.
 
 Importing it needs the standard library only, since it also runs inside the pinned tools' own
 environments (the studies' `--inner` and `--serve` runs): httptools, `iop` and `testkit` are
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -499,3 +500,23 @@ async def keep_loading(
     for connection in connections:
         assert connection.transport is not None
         connection.transport.close()
+
+
+@contextlib.contextmanager
+def figure(
+    path: Path, rows: int, columns: int, size: tuple[float, float], **options: Any
+) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure of `rows` x `columns` axes (`options` go to `subplots`) for the block
+    to draw: saved to `path` as a PNG when it ends, and closed."""
+    import matplotlib  # here: only a run that draws needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn, axes = plt.subplots(rows, columns, figsize=size, **options)
+    try:
+        yield drawn, axes
+        path.parent.mkdir(parents=True, exist_ok=True)
+        drawn.savefig(path, dpi=110)
+    finally:
+        plt.close(drawn)

@@ -598,67 +598,58 @@ def charts(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -
 
 
 def throughput_chart(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     order = [p for p in PATHS if p in args.paths]
-    folder.mkdir(parents=True, exist_ok=True)
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, mode in zip(axes, ("whole", "stream"), strict=True):
-        width = 0.8 / len(order)
-        for i, path in enumerate(order):
-            values = [results[(mode, c, path)].rps for c in args.concurrency]
-            xs = [j + (i - (len(order) - 1) / 2) * width for j in range(len(args.concurrency))]
-            bars = ax.bar(xs, values, width, label=LABELS[path], color=COLOURS[path])
-            ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, rotation=90)
-        ax.set_xticks(range(len(args.concurrency)), [f"c={c}" for c in args.concurrency])
-        ax.set_yscale("log")
-        ax.set_title("non-streaming" if mode == "whole" else f"streaming ({MAX_TOKENS} chunks)")
-        ax.grid(axis="y", which="both", alpha=0.3)
-    every = [
-        results[(m, c, p)].rps for m in ("whole", "stream") for c in args.concurrency for p in order
-    ]
-    axes[0].set_ylim(min(every) / 2, max(every) * 4)  # every bar shown, room for the labels
-    axes[0].set_ylabel("requests/s (log scale, median of rounds)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=9)
-    figure.suptitle("Throughput by concurrency, one closed-loop client, same fake upstream")
-    figure.tight_layout(rect=(0, 0.07, 1, 1))
-    figure.savefig(folder / "peers-throughput.png", dpi=110)
-    plt.close(figure)
+    png = folder / "peers-throughput.png"
+    with benchkit.figure(png, 1, 2, (11, 4.2), sharey=True) as (figure, axes):
+        for ax, mode in zip(axes, ("whole", "stream"), strict=True):
+            width = 0.8 / len(order)
+            for i, path in enumerate(order):
+                values = [results[(mode, c, path)].rps for c in args.concurrency]
+                xs = [j + (i - (len(order) - 1) / 2) * width for j in range(len(args.concurrency))]
+                bars = ax.bar(xs, values, width, label=LABELS[path], color=COLOURS[path])
+                ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7, rotation=90)
+            ax.set_xticks(range(len(args.concurrency)), [f"c={c}" for c in args.concurrency])
+            ax.set_yscale("log")
+            ax.set_title("non-streaming" if mode == "whole" else f"streaming ({MAX_TOKENS} chunks)")
+            ax.grid(axis="y", which="both", alpha=0.3)
+        every = [
+            results[(m, c, p)].rps
+            for m in ("whole", "stream")
+            for c in args.concurrency
+            for p in order
+        ]
+        axes[0].set_ylim(min(every) / 2, max(every) * 4)  # every bar shown, room for the labels
+        axes[0].set_ylabel("requests/s (log scale, median of rounds)")
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=9)
+        figure.suptitle("Throughput by concurrency, one closed-loop client, same fake upstream")
+        figure.tight_layout(rect=(0, 0.07, 1, 1))
 
 
 def latency_chart(results: dict[Key, Series], args: argparse.Namespace, folder: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     order = [p for p in PATHS if p in args.paths]
     concs = [c for c in args.concurrency if c in (1, 32)] or args.concurrency[:2]
-    figure, axes = plt.subplots(len(concs), 2, figsize=(11, 3.6 * len(concs)), squeeze=False)
-    for row, conc in enumerate(concs):
-        for col, mode in enumerate(("whole", "stream")):
-            ax = axes[row][col]
-            for path in order:
-                lat = sorted(results[(mode, conc, path)].latencies)
-                if not lat:
-                    continue
-                ys = [(i + 1) / len(lat) for i in range(len(lat))]
-                ax.plot(lat, ys, label=LABELS[path], color=COLOURS[path])
-            ax.set_xscale("log")
-            ax.set_xlabel("latency, request to last byte (ms, log scale)")
-            ax.set_ylabel("fraction of requests")
-            ax.set_title(f"{'non-streaming' if mode == 'whole' else 'streaming'}, c={conc}")
-            ax.axhline(0.99, color="black", linewidth=0.5, linestyle=":")
-            ax.grid(which="both", alpha=0.3)
-            ax.legend(fontsize=8, loc="lower right")
-    figure.suptitle("Latency CDFs (dotted line: p99)")
-    figure.tight_layout()
-    figure.savefig(folder / "peers-latency-cdf.png", dpi=110)
-    plt.close(figure)
+    png = folder / "peers-latency-cdf.png"
+    size = (11, 3.6 * len(concs))
+    with benchkit.figure(png, len(concs), 2, size, squeeze=False) as (figure, axes):
+        for row, conc in enumerate(concs):
+            for col, mode in enumerate(("whole", "stream")):
+                ax = axes[row][col]
+                for path in order:
+                    lat = sorted(results[(mode, conc, path)].latencies)
+                    if not lat:
+                        continue
+                    ys = [(i + 1) / len(lat) for i in range(len(lat))]
+                    ax.plot(lat, ys, label=LABELS[path], color=COLOURS[path])
+                ax.set_xscale("log")
+                ax.set_xlabel("latency, request to last byte (ms, log scale)")
+                ax.set_ylabel("fraction of requests")
+                ax.set_title(f"{'non-streaming' if mode == 'whole' else 'streaming'}, c={conc}")
+                ax.axhline(0.99, color="black", linewidth=0.5, linestyle=":")
+                ax.grid(which="both", alpha=0.3)
+                ax.legend(fontsize=8, loc="lower right")
+        figure.suptitle("Latency CDFs (dotted line: p99)")
+        figure.tight_layout()
 
 
 def main() -> None:

@@ -421,53 +421,47 @@ COLOURS = {
 
 
 def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    for system in [s for s in SYSTEMS if any(c.system == s for c in cells)]:
-        mine = sorted((c for c in cells if c.system == system), key=lambda c: c.load)
-        loads = [c.load for c in mine]
-        style = "-" if system.startswith("iop:") else "--"
-        for ax, q in zip(axes[:2], ("ttft_p50_ms", "ttft_p99_ms"), strict=True):
-            values = [class_figures(c, "interactive", args)[q] for c in mine]
-            ax.plot(loads, values, style, marker="o", color=COLOURS[system], label=system)
-        axes[2].plot(
-            loads,
-            [goodput(c, args) for c in mine],
-            style,
-            marker="o",
-            color=COLOURS[system],
-            label=system,
-        )
-    alone = next((c for c in cells if "alone" in c.system), None)
-    if alone is not None:
-        for ax, q in zip(axes[:2], ("ttft_p50_ms", "ttft_p99_ms"), strict=True):
-            ax.axhline(class_figures(alone, "interactive", args)[q], color="grey", linestyle=":")
-            ax.axhline(
-                1.25 * class_figures(alone, "interactive", args)[q], color="red", linestyle=":"
+    with benchkit.figure(path, 1, 3, (14, 4.2)) as (figure, axes):
+        for system in [s for s in SYSTEMS if any(c.system == s for c in cells)]:
+            mine = sorted((c for c in cells if c.system == system), key=lambda c: c.load)
+            loads = [c.load for c in mine]
+            style = "-" if system.startswith("iop:") else "--"
+            for ax, q in zip(axes[:2], ("ttft_p50_ms", "ttft_p99_ms"), strict=True):
+                values = [class_figures(c, "interactive", args)[q] for c in mine]
+                ax.plot(loads, values, style, marker="o", color=COLOURS[system], label=system)
+            axes[2].plot(
+                loads,
+                [goodput(c, args) for c in mine],
+                style,
+                marker="o",
+                color=COLOURS[system],
+                label=system,
             )
-    titles = ("interactive TTFT p50", "interactive TTFT p99", "goodput (completion tokens/s)")
-    for ax, title in zip(axes, titles, strict=True):
-        ax.set_title(title)
-        ax.set_xlabel("offered load, x the fleet's capacity")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("ms (log scale; dotted: alone, red: 1.25x alone)")
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    figure.suptitle(
-        f"Priority classes on 4 simulated GPU servers: interactive {args.interactive:g}x capacity "
-        "at every load, "
-        "standard and a sheddable batch job the rest (IOP solid, vLLM router dashed)"
-    )
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        alone = next((c for c in cells if "alone" in c.system), None)
+        if alone is not None:
+            for ax, q in zip(axes[:2], ("ttft_p50_ms", "ttft_p99_ms"), strict=True):
+                ax.axhline(
+                    class_figures(alone, "interactive", args)[q], color="grey", linestyle=":"
+                )
+                ax.axhline(
+                    1.25 * class_figures(alone, "interactive", args)[q], color="red", linestyle=":"
+                )
+        titles = ("interactive TTFT p50", "interactive TTFT p99", "goodput (completion tokens/s)")
+        for ax, title in zip(axes, titles, strict=True):
+            ax.set_title(title)
+            ax.set_xlabel("offered load, x the fleet's capacity")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("ms (log scale; dotted: alone, red: 1.25x alone)")
+        axes[0].set_yscale("log")
+        axes[1].set_yscale("log")
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+        figure.suptitle(
+            "Priority classes on 4 simulated GPU servers: interactive "
+            f"{args.interactive:g}x capacity at every load, standard and a sheddable batch job "
+            "the rest (IOP solid, vLLM router dashed)"
+        )
+        figure.tight_layout(rect=(0, 0.08, 1, 1))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

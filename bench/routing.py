@@ -651,43 +651,35 @@ COLOURS = {
 
 
 def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    systems = [s for s in SYSTEMS if any(c.system == s for c in cells)]
-    for system in systems:
-        mine = sorted((c for c in cells if c.system == system), key=lambda c: c.load)
-        loads = [c.load * 100 for c in mine]
-        style = "-" if system.startswith("iop:") else "--"
-        for ax, q in zip(axes[:2], (50, 99), strict=True):
-            values = [
-                nearest_rank([s.ttft for s in c.measured(args.warmup) if s.ok], q) * 1000
-                for c in mine
-            ]
-            ax.plot(loads, values, style, marker="o", color=COLOURS[system], label=system)
-        hit = [c.hits / max(c.queries, 1) * 100 for c in mine]
-        axes[2].plot(loads, hit, style, marker="o", color=COLOURS[system], label=system)
-    for ax, title in zip(axes, ("TTFT p50", "TTFT p99", "prefix-cache hit rate"), strict=True):
-        ax.set_title(title)
-        ax.set_xlabel("offered load, % of the fleet's capacity")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("ms (log scale)")
-    axes[0].set_yscale("log")
-    axes[1].set_yscale("log")
-    axes[2].set_ylabel("% of prompt tokens")
-    handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8)
-    figure.suptitle(
-        f"{SHAPES[args.workload].servers} simulated GPU servers ({args.workload}), multi-turn "
-        "conversations with shared system prompts (IOP solid, vLLM router dashed)"
-    )
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    with benchkit.figure(path, 1, 3, (14, 4.2)) as (figure, axes):
+        systems = [s for s in SYSTEMS if any(c.system == s for c in cells)]
+        for system in systems:
+            mine = sorted((c for c in cells if c.system == system), key=lambda c: c.load)
+            loads = [c.load * 100 for c in mine]
+            style = "-" if system.startswith("iop:") else "--"
+            for ax, q in zip(axes[:2], (50, 99), strict=True):
+                values = [
+                    nearest_rank([s.ttft for s in c.measured(args.warmup) if s.ok], q) * 1000
+                    for c in mine
+                ]
+                ax.plot(loads, values, style, marker="o", color=COLOURS[system], label=system)
+            hit = [c.hits / max(c.queries, 1) * 100 for c in mine]
+            axes[2].plot(loads, hit, style, marker="o", color=COLOURS[system], label=system)
+        for ax, title in zip(axes, ("TTFT p50", "TTFT p99", "prefix-cache hit rate"), strict=True):
+            ax.set_title(title)
+            ax.set_xlabel("offered load, % of the fleet's capacity")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("ms (log scale)")
+        axes[0].set_yscale("log")
+        axes[1].set_yscale("log")
+        axes[2].set_ylabel("% of prompt tokens")
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8)
+        figure.suptitle(
+            f"{SHAPES[args.workload].servers} simulated GPU servers ({args.workload}), multi-turn "
+            "conversations with shared system prompts (IOP solid, vLLM router dashed)"
+        )
+        figure.tight_layout(rect=(0, 0.08, 1, 1))
 
 
 def main() -> None:
