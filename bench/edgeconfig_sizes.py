@@ -29,39 +29,24 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster.layout import LAUNCHER, python_command, python_env
+from bench.operator import CRD, cluster_env
 from iop.fakes import sized_spec
 from iop.processes import iop_command, spawn_edge, terminate
 
-REPO = Path(__file__).resolve().parents[1]
-CRD = REPO / "deploy" / "crds" / "edgeconfigs.iop.dev.yaml"
 TOKEN = "bench-admin-token"
 
 
 class Cluster:
     def __init__(self) -> None:
-        status = subprocess.run(
-            python_command(LAUNCHER, "status", "--json"),
-            env=python_env(),
-            capture_output=True,
-            text=True,
-        )
-        if status.returncode != 0:
-            sys.exit("no healthy cluster: run e2e/cluster/up first")
-        report = json.loads(status.stdout)
-        self.kubeconfig = report["kubeconfig"]
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": report["kubeconfig"],
-            "PATH": f"{report['bin_dir']}{os.pathsep}{os.environ['PATH']}",
-        }
+        found = cluster_env()
+        self.kubeconfig = found["KUBECONFIG"]
+        self.env = {**os.environ, **found}
 
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120

@@ -57,6 +57,7 @@ NAME = "bench"
 
 
 def cluster_env() -> dict[str, str]:
+    """`KUBECONFIG` and `PATH` (its kubectl first) of e2e/cluster's running cluster, or exit."""
     status = subprocess.run(
         python_command(LAUNCHER, "status", "--json"),
         env=python_env(),
