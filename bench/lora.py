@@ -51,7 +51,7 @@ import uvloop
 
 from bench import benchkit, peers, routing
 from bench.benchkit import nearest_rank
-from bench.routing import Target
+from bench.routing import Sample, Target
 from iop.processes import UpstreamProcess
 from testkit import edge_document
 
@@ -89,16 +89,6 @@ def workload(seed: int, rate: float, seconds: float, adapters: list[str]) -> lis
         requests.append(Request(at, rng.choice(adapters), prompt, rng.randint(16, 48)))
         at += rng.expovariate(rate)
     return requests
-
-
-@dataclass
-class Sample:
-    adapter: str
-    at: float
-    ttft: float
-    e2e: float
-    ok: bool
-    why: str = ""
 
 
 @dataclass
@@ -197,9 +187,7 @@ async def run_cell(
             for request in requests
         ]
         ended, cell.span = await routing.replay(session, url, bodies)
-        cell.samples += [
-            Sample(requests[index].adapter, requests[index].at, *timed) for index, timed in ended
-        ]
+        cell.samples += [Sample(requests[index].at, *timed) for index, timed in ended]
         for server in servers:
             loads, swaps, served = await server_counts(session, server)
             cell.loads += loads
@@ -321,12 +309,7 @@ def main() -> None:
     parser.add_argument("--load-ms", type=float, default=100.0, help="an adapter's load")
     parser.add_argument("--capacity", type=int, default=16, help="IOP providers' capacity")
     parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--prefill-tokens-per-s", type=float, default=4000.0)
-    parser.add_argument("--step-ms", type=float, default=40.0)
-    parser.add_argument("--step-ms-per-seq", type=float, default=2.0)
-    parser.add_argument(
-        "--cache", type=Path, default=benchkit.default_cache("peers"), help="the router's venv"
-    )
+    routing.add_engine_arguments(parser)
     args = parser.parse_args()
     print(
         f"{benchkit.opening('bench/lora.py')}, vllm-router {peers.VLLM_ROUTER_VERSION}, "

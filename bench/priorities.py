@@ -479,12 +479,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--max-batch", type=int, default=CAPACITY)
     parser.add_argument("--kv-tokens", type=int, default=None)
-    parser.add_argument("--prefill-tokens-per-s", type=float, default=4000.0)
-    parser.add_argument("--step-ms", type=float, default=40.0)
-    parser.add_argument("--step-ms-per-seq", type=float, default=2.0)
-    parser.add_argument(
-        "--cache", type=Path, default=benchkit.default_cache("peers"), help="the router's venv"
-    )
+    routing.add_engine_arguments(parser)
     parser.add_argument("--chart", type=Path, help="draw the chart (PNG) here")
     parser.add_argument("--json", type=Path, help="write every sample here")
     args = parser.parse_args(argv)

@@ -682,6 +682,17 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
         figure.tight_layout(rect=(0, 0.08, 1, 1))
 
 
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulated servers' engine (`spawn_gpu_servers` reads them, with `--max-batch`) and
+    where the vLLM router is installed."""
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=4000.0)
+    parser.add_argument("--step-ms", type=float, default=40.0)
+    parser.add_argument("--step-ms-per-seq", type=float, default=2.0)
+    parser.add_argument(
+        "--cache", type=Path, default=benchkit.default_cache("peers"), help="the router's venv"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.8, 0.95])
@@ -703,12 +714,7 @@ def main() -> None:
         "--kv-tokens", type=int, help="each server's KV cache (default: the workload's)"
     )
     parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--prefill-tokens-per-s", type=float, default=4000.0)
-    parser.add_argument("--step-ms", type=float, default=40.0)
-    parser.add_argument("--step-ms-per-seq", type=float, default=2.0)
-    parser.add_argument(
-        "--cache", type=Path, default=benchkit.default_cache("peers"), help="the router's venv"
-    )
+    add_engine_arguments(parser)
     parser.add_argument("--chart", type=Path, help="draw the TTFT and hit-rate chart (PNG) here")
     parser.add_argument("--json", type=Path, help="write every cell's figures here")
     args = parser.parse_args()
