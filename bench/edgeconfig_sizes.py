@@ -177,31 +177,21 @@ async def by_operator(
 
         if not await asyncio.to_thread(wait, trusted, 60):
             return False, "the operator never configured its webhook: " + _tail(log), {}
-        created = cluster.kubectl(
-            "apply",
-            "--server-side",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            stdin=json.dumps(body),
-            check=False,
-        )
+
+        def apply() -> subprocess.CompletedProcess[str]:
+            """`kubectl apply --server-side` of the EdgeConfig as `body` stands."""
+            stdin = json.dumps(body)
+            return cluster.kubectl(
+                "apply", "--server-side", "-n", namespace, "-f", "-", stdin=stdin, check=False
+            )
+
+        created = apply()
         if created.returncode != 0:
             return False, _why(created.stderr), {}
         if not await asyncio.to_thread(wait, lambda: ready(cluster, namespace, 1), 300):
             return False, "not Ready: " + _tail(log), {}
         body["spec"]["nodes"][0]["providers"][0]["capacity"] = 9
-        changed = cluster.kubectl(
-            "apply",
-            "--server-side",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-            stdin=json.dumps(body),
-            check=False,
-        )
+        changed = apply()
         if changed.returncode != 0:
             return False, "the change: " + _why(changed.stderr), {}
         if "Warning: live: nodes[node-0000].providers[n0000-vllm].capacity" not in changed.stderr:

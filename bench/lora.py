@@ -254,8 +254,7 @@ async def run(args: argparse.Namespace) -> list[Cell]:
                     file=sys.stderr,
                     flush=True,
                 )
-                for sample in [s for s in cell.samples if not s.ok][:3]:
-                    print(f"    failed at {sample.at:.1f} s: {sample.why}", file=sys.stderr)
+                routing.print_failures(cell.samples)
     return cells
 
 

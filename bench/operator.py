@@ -135,13 +135,20 @@ async def ready_generation(api: KubeApi, path: str, generation: int, timeout: fl
     raise TimeoutError(f"generation {generation} not Ready in {timeout}s")
 
 
-async def live(args: argparse.Namespace, env: dict[str, str]) -> None:
-    """Host mode: an Edge and its Nodes as processes here, the operator told their admin URL."""
+def prepare(env: dict[str, str]) -> str:
+    """The cluster's environment in this process's, the CRD applied and established, and a
+    namespace of this run's own: its name."""
     os.environ.update(env)
     namespace = f"bench-{os.getpid()}"
     kubectl(env, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     kubectl(env, "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev")
     kubectl(env, "create", "namespace", namespace)
+    return namespace
+
+
+async def live(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Host mode: an Edge and its Nodes as processes here, the operator told their admin URL."""
+    namespace = prepare(env)
     document = spec(args.nodes)
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "edge.yaml"
@@ -166,11 +173,7 @@ async def pods(args: argparse.Namespace, env: dict[str, str]) -> None:
     operator here finds the replicas as pods, as in a cluster. The chart names everything after
     the EdgeConfig (fullnameOverride) and generates the Nodes' tokens, whose hashes go into the
     spec this benchmark creates."""
-    os.environ.update(env)
-    namespace = f"bench-{os.getpid()}"
-    kubectl(env, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl(env, "wait", "--for=condition=Established", "crd/edgeconfigs.iop.dev")
-    kubectl(env, "create", "namespace", namespace)
+    namespace = prepare(env)
     document = spec(args.nodes)
     document["edge"]["listen"] = "0.0.0.0:7443"
     document["edge"]["admin"] = {"listen": "0.0.0.0:9090", "tokenFile": "/etc/iop/admin/token"}

@@ -577,9 +577,14 @@ async def measure(
         file=sys.stderr,
         flush=True,
     )
-    for sample in [s for s in cell.samples if not s.ok][:3]:
-        print(f"    failed at {sample.at:.1f} s: {sample.why}", file=sys.stderr, flush=True)
+    print_failures(cell.samples)
     return cell
+
+
+def print_failures(samples: list[Sample]) -> None:
+    """A cell's first three failed requests, on stderr: when each was sent and why it failed."""
+    for sample in [s for s in samples if not s.ok][:3]:
+        print(f"    failed at {sample.at:.1f} s: {sample.why}", file=sys.stderr, flush=True)
 
 
 ARGS = argparse.Namespace()
