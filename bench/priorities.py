@@ -421,7 +421,15 @@ COLOURS = {
 
 
 def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
-    with benchkit.figure(path, 1, 3, (14, 4.2)) as (figure, axes):
+    titles = ("interactive TTFT p50", "interactive TTFT p99", "goodput (completion tokens/s)")
+    ylabel = "ms (log scale; dotted: alone, red: 1.25x alone)"
+    suptitle = (
+        "Priority classes on 4 simulated GPU servers: interactive "
+        f"{args.interactive:g}x capacity at every load, standard and a sheddable batch job "
+        "the rest (IOP solid, vLLM router dashed)"
+    )
+    xlabel = "offered load, x the fleet's capacity"
+    with routing.load_chart(path, titles, xlabel, ylabel, suptitle, 4) as axes:
         for system in [s for s in SYSTEMS if any(c.system == s for c in cells)]:
             mine = sorted((c for c in cells if c.system == system), key=lambda c: c.load)
             loads = [c.load for c in mine]
@@ -446,22 +454,6 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
                 ax.axhline(
                     1.25 * class_figures(alone, "interactive", args)[q], color="red", linestyle=":"
                 )
-        titles = ("interactive TTFT p50", "interactive TTFT p99", "goodput (completion tokens/s)")
-        for ax, title in zip(axes, titles, strict=True):
-            ax.set_title(title)
-            ax.set_xlabel("offered load, x the fleet's capacity")
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("ms (log scale; dotted: alone, red: 1.25x alone)")
-        axes[0].set_yscale("log")
-        axes[1].set_yscale("log")
-        handles, labels = axes[0].get_legend_handles_labels()
-        figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-        figure.suptitle(
-            "Priority classes on 4 simulated GPU servers: interactive "
-            f"{args.interactive:g}x capacity at every load, standard and a sheddable batch job "
-            "the rest (IOP solid, vLLM router dashed)"
-        )
-        figure.tight_layout(rect=(0, 0.08, 1, 1))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -62,7 +62,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -655,9 +655,41 @@ COLOURS = {
 }
 
 
-def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
+@contextlib.contextmanager
+def load_chart(
+    path: Path,
+    titles: Sequence[str],
+    xlabel: str,
+    ylabel: str,
+    suptitle: str,
+    legend_columns: int,
+) -> Iterator[Any]:
+    """Three charts side by side over the offered load, for the block to draw (TTFT p50 and p99
+    on log scales, then a third), titled, their legend below, saved to `path` as a PNG."""
     with benchkit.figure(path, 1, 3, (14, 4.2)) as (figure, axes):
-        systems = [s for s in SYSTEMS if any(c.system == s for c in cells)]
+        yield axes
+        for ax, title in zip(axes, titles, strict=True):
+            ax.set_title(title)
+            ax.set_xlabel(xlabel)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel(ylabel)
+        axes[0].set_yscale("log")
+        axes[1].set_yscale("log")
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="lower center", ncol=legend_columns, fontsize=8)
+        figure.suptitle(suptitle)
+        figure.tight_layout(rect=(0, 0.08, 1, 1))
+
+
+def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
+    systems = [s for s in SYSTEMS if any(c.system == s for c in cells)]
+    titles = ("TTFT p50", "TTFT p99", "prefix-cache hit rate")
+    suptitle = (
+        f"{SHAPES[args.workload].servers} simulated GPU servers ({args.workload}), multi-turn "
+        "conversations with shared system prompts (IOP solid, vLLM router dashed)"
+    )
+    xlabel = "offered load, % of the fleet's capacity"
+    with load_chart(path, titles, xlabel, "ms (log scale)", suptitle, len(systems)) as axes:
         for system in systems:
             mine = sorted((c for c in cells if c.system == system), key=lambda c: c.load)
             loads = [c.load * 100 for c in mine]
@@ -670,21 +702,7 @@ def chart(cells: list[Cell], args: argparse.Namespace, path: Path) -> None:
                 ax.plot(loads, values, style, marker="o", color=COLOURS[system], label=system)
             hit = [c.hits / max(c.queries, 1) * 100 for c in mine]
             axes[2].plot(loads, hit, style, marker="o", color=COLOURS[system], label=system)
-        for ax, title in zip(axes, ("TTFT p50", "TTFT p99", "prefix-cache hit rate"), strict=True):
-            ax.set_title(title)
-            ax.set_xlabel("offered load, % of the fleet's capacity")
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("ms (log scale)")
-        axes[0].set_yscale("log")
-        axes[1].set_yscale("log")
         axes[2].set_ylabel("% of prompt tokens")
-        handles, labels = axes[0].get_legend_handles_labels()
-        figure.legend(handles, labels, loc="lower center", ncol=len(systems), fontsize=8)
-        figure.suptitle(
-            f"{SHAPES[args.workload].servers} simulated GPU servers ({args.workload}), multi-turn "
-            "conversations with shared system prompts (IOP solid, vLLM router dashed)"
-        )
-        figure.tight_layout(rect=(0, 0.08, 1, 1))
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
