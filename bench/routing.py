@@ -48,6 +48,10 @@ servers; each server's peak of requests at once (running and waiting). It prints
 table per load, the ratios of IOP's best policy to the router's best, and draws a chart
 (`--chart`). The machine's other work shares the cores, so cells of one run are compared with
 each other, never with another run's.
+
+`bench.lora` and `bench.priorities` run on this fleet with this module's parts: the servers
+(`spawn_gpu_servers`), the Edge (`gpu_providers`, `iop_stack`, `apply_config`), the router
+(`vllm_router`), a cell's open loop (`cell_session`, `replay`) and the charts (`load_chart`).
 """
 
 from __future__ import annotations
@@ -75,10 +79,7 @@ from bench import benchkit, peers
 from bench.benchkit import nearest_rank
 from iop.fakes import tokens
 from iop.fakes.simulating import GpuEngine, GpuSettings, render_answer, render_chat
-from iop.processes import (
-    UpstreamProcess,
-    spawn_fake_upstream,
-)
+from iop.processes import UpstreamProcess, spawn_fake_upstream
 from testkit import CLIENT_TOKEN, edge_document, provider
 
 MODEL = "bench"
