@@ -96,19 +96,31 @@ def chat(cluster: KubeCluster, namespace: str, model: str = "llama-3.1-8b") -> d
     return body
 
 
-def respond(cluster: KubeCluster, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    """One `POST /v1/responses` through the Edge's OpenAI Service, as `chat` sends its own."""
+def respond(
+    cluster: KubeCluster,
+    namespace: str,
+    body: dict[str, Any] | None = None,
+    *,
+    host: str | None = None,
+    path: str = "/v1/responses",
+    status: int = 200,
+) -> dict[str, Any]:
+    """One `POST /v1/responses` (or a `GET` of `path` when `body` is None) through the Edge's
+    OpenAI Service, or to one Edge pod at `host`, as `chat` sends its own; its JSON answer,
+    whose status must be `status`."""
     key = cluster.kubectl(
         "get", "secret", "iop-api-keys", "-n", namespace, "-o", "jsonpath={.data.search-chat}"
     ).stdout
-    service = cluster.get("service", "iop-openai", "-n", namespace)
-    response = httpx.post(
-        f"http://{service['spec']['clusterIP']}:8080/v1/responses",
+    if host is None:
+        host = cluster.get("service", "iop-openai", "-n", namespace)["spec"]["clusterIP"]
+    response = httpx.request(
+        "GET" if body is None else "POST",
+        f"http://{host}:8080{path}",
         headers={"Authorization": f"Bearer {base64.b64decode(key).decode()}"},
         json=body,
         timeout=30,
     )
-    assert response.status_code == 200, response.text
+    assert response.status_code == status, response.text
     answer: dict[str, Any] = response.json()
     return answer
 
@@ -245,10 +257,23 @@ def test_install_serve_upgrade_live_and_restart_helm_test_and_uninstall(
 
     # The adapter is a model of the catalog, served by its model's providers under its name.
     assert chat(cluster, namespace, "sql-lora")["model"] == "sql-lora"
-    # The Responses API through the pool (a continuation that reaches the other Edge replica
-    # needs the limit store, which this release has not: tests/edge/http covers both).
+    # The Responses API through the pool. A continuation reaches the server that holds the
+    # response it continues through the replica that answered it; the other replica knows it
+    # only through the shared store (`limitStore`, which this cluster cannot pull: the two
+    # replicas sharing one are in tests/edge/http), and says so rather than ask another server.
     first = respond(cluster, namespace, {"model": "llama-3.1-8b", "input": "Hello!"})
     assert first["object"] == "response" and first["status"] == "completed"
+    one, other = (pod["status"]["podIP"] for pod in edge_pods)
+    opened = respond(cluster, namespace, {"model": "llama-3.1-8b", "input": "Hi"}, host=one)
+    continued = {"model": "llama-3.1-8b", "input": "And?", "previous_response_id": opened["id"]}
+    second = respond(cluster, namespace, continued, host=one)
+    assert second["status"] == "completed" and second["previous_response_id"] == opened["id"]
+    assert (
+        respond(cluster, namespace, host=one, path=f"/v1/responses/{opened['id']}")["id"]
+        == (opened["id"])
+    )
+    unknown = respond(cluster, namespace, continued, host=other, status=400)
+    assert unknown["error"]["code"] == "previous_response_not_found", unknown
 
     # Every pod of the chart is a process of the image, as its security contexts say.
     for pod in cluster.pods(namespace, "app.kubernetes.io/instance=" + RELEASE):
