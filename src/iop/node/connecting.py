@@ -65,6 +65,12 @@ WRITER_BACKLOG: Final = 4096
 #: leave out (framing, ids, small fields beyond `ITEM_OVERHEAD`).
 _MESSAGE_MARGIN: Final = 64 * 1024
 
+#: What a first dial's keepalive assumes of the Edge's links, which no welcome told yet:
+#: edge.node_link's defaults, quiet links included. A one-way quiet link reads nothing from the
+#: Edge, so the Node's pings go every keepalive interval there: at the wire's 5 s they would be
+#: twice as many as the Node's own beats on an idle fleet's first links, which are most links.
+FIRST_DIAL_LIVENESS: Final = Liveness(0.5, 2.0, idle_interval=10.0, idle_timeout=40.0)
+
 #: Called after every session that ended and every dial that failed, except when leaving:
 #: (the connection, whether that session had been welcomed).
 LinkDown = Callable[["EdgeConnection", bool], None]
@@ -284,8 +290,8 @@ class EdgeConnection:
 
     def channel_options(self) -> list[tuple[str, int]]:
         """The options of the next dial's channel: the wire's, with a keepalive that follows
-        the liveness the Edge's last welcome gave (the first dial cannot know it)."""
-        return grpc_options(liveness=self.link_liveness)
+        the liveness the Edge's last welcome gave (the first dial assumes the defaults)."""
+        return grpc_options(liveness=self.link_liveness or FIRST_DIAL_LIVENESS)
 
     def _channel(self) -> grpc.aio.Channel:
         if self.tls is None or self._credentials is None:

@@ -17,9 +17,10 @@ import pytest
 from iop.edge.hub import NodeHub, nodehub
 from iop.edge.hub.nodesessions import NodeSession
 from iop.edgeconfig import EdgeConfig
+from iop.edgeconfig.configs import NodeLinkSection
 from iop.node import NodeAgent
-from iop.node.connecting import EdgeConnection
-from iop.wire import RunDone, RunRequest
+from iop.node.connecting import FIRST_DIAL_LIVENESS, EdgeConnection
+from iop.wire import Liveness, RunDone, RunRequest, grpc_options
 from iop.wire import runtime_pb2 as pb
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
@@ -177,3 +178,19 @@ async def test_keepalive_pings_wait_longer_than_a_quiet_links_heartbeats(
     hub_options = dict(hub.caps.server_options(hub.liveness))
     assert node_options["grpc.keepalive_time_ms"] == keepalive_ms
     assert hub_options["grpc.keepalive_time_ms"] == keepalive_ms
+
+
+def test_a_first_dial_pings_no_more_often_than_a_default_edges_quiet_links_beat() -> None:
+    """A Node's first dial cannot know the Edge's quiet interval: its keepalive assumes
+    edge.node_link's defaults, so the pings of a one-way quiet link (the Node reads nothing
+    there) go every 10.5 s rather than every 5 s."""
+    link = NodeLinkSection()
+    idle_ms, idle_timeout_ms = link.quiet_link_ms()
+    defaults = Liveness(
+        link.heartbeat_interval_ms / 1000,
+        link.heartbeat_timeout_ms / 1000,
+        idle_ms / 1000,
+        idle_timeout_ms / 1000,
+    )
+    assert FIRST_DIAL_LIVENESS == defaults
+    assert dict(grpc_options(liveness=FIRST_DIAL_LIVENESS))["grpc.keepalive_time_ms"] == 10_500
