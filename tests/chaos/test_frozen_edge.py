@@ -144,8 +144,9 @@ async def test_a_frozen_edge_on_a_quiet_link_is_left_when_the_transport_finds_it
 async def test_a_node_keeps_a_quiet_link_to_an_edge_whose_event_loop_is_held(
     wire_config, start_hub, iop_processes, until, node_token, monkeypatch, tmp_path: Path, one_way
 ) -> None:
-    """The Edge's event loop held for twice a quiet link's deadline (this test's loop is the
-    hub's) while grpc-core's threads still answer the transport's pings: a real Node process
+    """The Edge's event loop held for four times a quiet link's deadline and past a keepalive
+    ping's whole course (this test's loop is the hub's) while grpc-core's threads still answer
+    the transport's pings: a real Node process
     on a one-way quiet link stays, so a held Edge loop does not make a fleet leave. With an
     Edge that beats on quiet links (as one that predates one-way links does) the Node judges it
     by the deadline, leaves and redials."""
@@ -167,7 +168,7 @@ async def test_a_node_keeps_a_quiet_link_to_an_edge_whose_event_loop_is_held(
         assert session.quiet_one_way is one_way
         await until(lambda: session.last_heartbeat is not None, timeout=10)
 
-        time.sleep(6.0)  # the Edge's loop held (twice the quiet deadline, past a keepalive)
+        time.sleep(14.0)  # the Edge's loop held past a ping's 10.5 s and its 3 s for an ack
         released = time.monotonic()
 
         if not one_way:
