@@ -10,10 +10,10 @@ process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner
 providers of the built-in `fake` adapter, its `PayloadArbiter` and its `EdgeConnection`, with its
 own token, dialing the Edge's node hub over loopback in plaintext on a TCP connection of its own
 (`FleetConnection` says why). So every node speaks the wire as deployed: hello with its token,
-welcome, heartbeats at the config's interval both ways, health reports, a config ack for every
-push, and runs answered. Each node serves a model of its own (`m-0007` on `n0007-a` and
-`n0007-b`), so the requests below touch the whole fleet while a model's width stays the same at
-every N.
+welcome, heartbeats at the config's intervals (on a quiet link from the node alone, when both
+sides keep its beats one way), health reports, a config ack for every push, and runs
+answered. Each node serves a model of its own (`m-0007` on `n0007-a` and `n0007-b`), so the
+requests below touch the whole fleet while a model's width stays the same at every N.
 
 Per N, on a fresh Edge whose config lists the N nodes:
 

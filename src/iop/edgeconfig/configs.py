@@ -291,8 +291,9 @@ class NodeLinkSection(Spec):
     heartbeat_interval_ms: Annotated[
         int,
         restart_edge(
-            "Milliseconds between heartbeats, sent both ways on every Node link (Nodes get "
-            "the value on welcome).",
+            "Milliseconds between heartbeats, sent both ways on every Node link with a run in "
+            "flight, or on every link when quiet links are off (idle_heartbeat_interval_ms; "
+            "Nodes get the value on welcome).",
             ge=50,
         ),
     ] = 500
@@ -308,23 +309,26 @@ class NodeLinkSection(Spec):
     idle_heartbeat_interval_ms: Annotated[
         int,
         restart_edge(
-            "Milliseconds between heartbeats on a quiet link: one with no run of this Edge in "
-            "flight, whose Node keeps such links quiet (a Node sends sooner when its in-flight "
-            "counts or its servers' load changed). Heartbeats are most of what an idle fleet "
-            "costs the Edge; the price of a longer interval is a later verdict on a Node that "
-            "freezes while idle (idle_heartbeat_timeout_ms, or its next run's first-event "
-            "deadline). 0, or not above heartbeat_interval_ms: every link beats every "
-            "heartbeat_interval_ms.",
+            "Milliseconds between a Node's heartbeats on a quiet link: one with no run of this "
+            "Edge in flight, whose Node keeps such links quiet (a Node sends sooner when its "
+            "in-flight counts or its servers' load changed). The Edge sends none of its own on "
+            "a quiet link, but to a Node that predates that, as often. Heartbeats are most of "
+            "what an idle fleet costs the Edge; the price of a longer interval is a later "
+            "verdict on a Node that freezes while idle (idle_heartbeat_timeout_ms, or its next "
+            "run's first-event deadline). 0, or not above heartbeat_interval_ms: every link "
+            "beats every heartbeat_interval_ms.",
             ge=0,
         ),
     ] = 10_000
     idle_heartbeat_timeout_ms: Annotated[
         int,
         restart_edge(
-            "Milliseconds of silence after which either side counts the other as dead on a "
-            "quiet link (a frozen Node with no run in flight is found by then, or at its next "
-            "run by heartbeat_timeout_ms). Above idle_heartbeat_interval_ms; never less than "
-            "heartbeat_timeout_ms. The default leaves four intervals, as on a busy link.",
+            "Milliseconds of silence after which the Edge counts a Node as dead on a quiet link "
+            "(a frozen Node with no run in flight is found by then, or at its next run by "
+            "heartbeat_timeout_ms); a Node that predates one-way quiet links judges the Edge so "
+            "too, the others by the transport's keepalive there. Above "
+            "idle_heartbeat_interval_ms; never less than heartbeat_timeout_ms. The default "
+            "leaves four intervals, as on a busy link.",
             ge=100,
         ),
     ] = 40_000

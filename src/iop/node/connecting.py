@@ -3,8 +3,9 @@
 Per connection: one bidirectional stream, one reader, one `CoalescingWriter` and one keep-alive
 task, shared by its runs, each a task the connection owns (a Cancel or the connection's loss
 cancels it, aborting the upstream request). The keep-alive task sends heartbeats and leaves an
-Edge silent past the deadline; admitted runs are listed in `accepted_runs`; the Edge's pause
-reaches a run's `RunGate`. `leave()` ends a link on purpose without losing a message: it ends its
+Edge silent past the deadline (none on a quiet link whose beats go one way: the transport finds
+a stopped Edge there); admitted runs are listed in `accepted_runs`; the Edge's pause reaches a
+run's `RunGate`. `leave()` ends a link on purpose without losing a message: it ends its
 half of the stream and waits for the Edge to close it. docs/reliability.md ("Liveness of the
 Node links", "Node drain") says why; docs/architecture.md, "The Node", has the rest.
 """
@@ -63,6 +64,12 @@ WRITER_BACKLOG: Final = 4096
 #: Bytes of the Edge's message bound a batch leaves free for what its items' declared sizes
 #: leave out (framing, ids, small fields beyond `ITEM_OVERHEAD`).
 _MESSAGE_MARGIN: Final = 64 * 1024
+
+#: What a first dial's keepalive assumes of the Edge's links, which no welcome told yet:
+#: edge.node_link's defaults, quiet links included. A one-way quiet link reads nothing from the
+#: Edge, so the Node's pings go every keepalive interval there: at the wire's 5 s they would be
+#: twice as many as the Node's own beats on an idle fleet's first links, which are most links.
+FIRST_DIAL_LIVENESS: Final = Liveness(0.5, 2.0, idle_interval=10.0, idle_timeout=40.0)
 
 #: Called after every session that ended and every dial that failed, except when leaving:
 #: (the connection, whether that session had been welcomed).
@@ -186,6 +193,9 @@ class EdgeConnection:
         self.default_liveness = liveness
         #: The liveness of the last welcome: the next dial's keepalive follows it.
         self.link_liveness: Liveness | None = None
+        #: The last welcome said this Edge sends no heartbeat on a quiet link (the hello asked):
+        #: a quiet link's Edge is judged by the transport and what it sends, with no deadline.
+        self.quiet_one_way = False
         self.edge_id: str | None = None
         self.connected = asyncio.Event()
         self.welcomes = 0
@@ -280,8 +290,8 @@ class EdgeConnection:
 
     def channel_options(self) -> list[tuple[str, int]]:
         """The options of the next dial's channel: the wire's, with a keepalive that follows
-        the liveness the Edge's last welcome gave (the first dial cannot know it)."""
-        return grpc_options(liveness=self.link_liveness)
+        the liveness the Edge's last welcome gave (the first dial assumes the defaults)."""
+        return grpc_options(liveness=self.link_liveness or FIRST_DIAL_LIVENESS)
 
     def _channel(self) -> grpc.aio.Channel:
         if self.tls is None or self._credentials is None:
@@ -292,10 +302,8 @@ class EdgeConnection:
         ]
         return grpc.aio.secure_channel(self.target, self._credentials, options=options)
 
-    async def _handshake(
-        self, call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage]
-    ) -> pb.Welcome:
-        hello = pb.Hello(
+    def _hello(self) -> pb.Hello:
+        return pb.Hello(
             protocol_version=PROTOCOL_VERSION,
             node_id=self.identity.node_id,
             alias=self.identity.alias or "",
@@ -304,8 +312,13 @@ class EdgeConnection:
             started_at=self.identity.started_at,
             health=[health_to_proto(h) for h in self.runner.health()],
             quiet_when_idle=True,
+            quiet_one_way=True,
         )
-        await call.write(pb.NodeMessage(hello=hello))
+
+    async def _handshake(
+        self, call: grpc.aio.StreamStreamCall[pb.NodeMessage, pb.EdgeMessage]
+    ) -> pb.Welcome:
+        await call.write(pb.NodeMessage(hello=self._hello()))
         first = await call.read()
         if not isinstance(first, pb.EdgeMessage) or not first.HasField("welcome"):
             raise _StreamEnded("the Edge ended the stream without a welcome")
@@ -326,6 +339,7 @@ class EdgeConnection:
             if welcome.HasField("liveness"):
                 liveness = liveness_from_proto(welcome.liveness, self.default_liveness)
             self.link_liveness = liveness
+            self.quiet_one_way = welcome.quiet_one_way and liveness.quiet
             self._last_heard = asyncio.get_running_loop().time()
             # The Edge's receive limit (0 from an Edge that predates it: no bound to keep). A
             # batch leaves room for what its items' declared sizes leave out; a chunk larger
@@ -360,7 +374,9 @@ class EdgeConnection:
         self.runner.add_health_listener(self._on_health)
         self.runner.add_drain_listener(self._on_drain)
         keeper = guarded_task(
-            self._keep_alive(writer, liveness), name=f"node-keepalive-{self.target}", logger=logger
+            self._keep_alive(writer, liveness, one_way=self.quiet_one_way),
+            name=f"node-keepalive-{self.target}",
+            logger=logger,
         )
         leaving = guarded_task(
             self._leaving.wait(), name=f"node-leaving-{self.target}", logger=logger
@@ -458,15 +474,20 @@ class EdgeConnection:
         except (grpc.aio.AioRpcError, _StreamEnded) as exc:
             return exc
 
-    async def _keep_alive(self, writer: CoalescingWriter[_Outgoing], liveness: Liveness) -> None:
+    async def _keep_alive(
+        self, writer: CoalescingWriter[_Outgoing], liveness: Liveness, *, one_way: bool
+    ) -> None:
         """Heartbeat every interval; return when the Edge has been silent past the deadline.
 
         On a quiet link (no run of this Edge in flight, when the Edge offered quiet links) the
         heartbeat goes every idle interval, or at the next tick when what it says changed, and
-        the Edge's deadline is the idle one. A tick that comes late (this Node's own loop
-        stalled) judges nothing: the Edge's messages may be waiting unread, and the reader
-        catches up first. A failing heartbeat is logged with its traceback and the loop carries
-        on: it must not pass for silence.
+        the Edge's deadline is the idle one; when its beats go `one_way` (the welcome said so)
+        there is none: the Edge sends no heartbeat there, and the transport's keepalive finds
+        an Edge process that stopped, while an Edge whose loop is held but whose transport
+        answers pings is not left (docs/reliability.md, "Quiet links"). A tick that comes late
+        (this Node's own loop stalled) judges nothing: the Edge's messages may be waiting
+        unread, and the reader catches up first. A failing heartbeat is logged with its
+        traceback and the loop carries on: it must not pass for silence.
         """
         ticker = Ticker(liveness.heartbeat_interval)
         loop = asyncio.get_running_loop()
@@ -486,7 +507,8 @@ class EdgeConnection:
                     _put_sized(writer, self._heartbeat(in_flight, loads))
             except Exception:
                 logger.exception("a heartbeat to edge %s failed; carrying on", self.target)
-            if on_time and now - self._last_heard > liveness.timeout(quiet):
+            judged = not (quiet and one_way)
+            if on_time and judged and now - self._last_heard > liveness.timeout(quiet):
                 logger.warning(
                     "edge %s sent nothing for %.1fs: leaving it",
                     self.target,

@@ -3,8 +3,10 @@
 A frozen peer keeps its TCP connection open, so only what its *application* sends can say it is
 alive: each side sends a heartbeat every `heartbeat_interval` and counts a peer it heard nothing
 from for `heartbeat_timeout` as dead; the Edge's values (`edge.node_link`) travel in the
-welcome. A side whose own ticker woke late by more than a tick judges nobody on that tick: the
-peer's messages may still sit unread. docs/reliability.md, "Liveness of the Node links", says why.
+welcome. On a quiet link (no run in flight) the beats are slower, and one way when both sides
+say so: the Node beats, and judges the Edge there by the transport's keepalive instead. A side
+whose own ticker woke late by more than a tick judges nobody on that tick: the peer's messages
+may still sit unread. docs/reliability.md, "Liveness of the Node links", says why.
 """
 
 from __future__ import annotations

@@ -45,6 +45,11 @@ changed: its in-flight counts or its servers' load), and judges the peer silent 
 the link's runs: the Edge sends a run before the Node sees it, and the Node ends a run before
 the Edge sees its end, so while they disagree the side that expects fast heartbeats is never
 the one that sends slow ones. A run on a quiet link is covered by its first-event deadline.
+When the hello also says `quiet_one_way` and the welcome answers it, a quiet link's beats go
+one way: the Node beats as above, the Edge sends none of its own there, and the Node judges
+the Edge on such a link by the transport (HTTP/2 keepalive pings, which a stopped process
+does not acknowledge) and by whatever the Edge does send, with no silence deadline: an Edge
+whose event loop is held while its transport still answers pings keeps its Nodes.
 
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.
@@ -197,6 +202,7 @@ class Hello(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     STARTED_AT_FIELD_NUMBER: _builtins.int
     QUIET_WHEN_IDLE_FIELD_NUMBER: _builtins.int
+    QUIET_ONE_WAY_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     node_id: _builtins.str
     alias: _builtins.str
@@ -217,6 +223,12 @@ class Hello(_message.Message):
     """The Node keeps a link with no run in flight quiet when the Edge's welcome offers it
     (`Liveness.idle_interval_ms`): an Edge slows its own heartbeats to such a Node only then.
     """
+    quiet_one_way: _builtins.bool
+    """On a quiet link this Node needs no heartbeat from the Edge ("Quiet links"): it beats there
+    itself, and judges the Edge by the transport's keepalive and by what the Edge sends. An Edge
+    stops its own heartbeats on quiet links only when its welcome says so
+    (`Welcome.quiet_one_way`); one that predates it beats every idle interval as before.
+    """
     @_builtins.property
     def health(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProviderHealth]:
         """Health of the providers the node already runs (after a reconnect); empty on a first start."""
@@ -232,10 +244,11 @@ class Hello(_message.Message):
         instance_id: _builtins.str = ...,
         started_at: _builtins.float = ...,
         quiet_when_idle: _builtins.bool = ...,
+        quiet_one_way: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "health", b"health", "instance_id", b"instance_id", "node_id", b"node_id", "protocol_version", b"protocol_version", "quiet_when_idle", b"quiet_when_idle", "started_at", b"started_at", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alias", b"alias", "health", b"health", "instance_id", b"instance_id", "node_id", b"node_id", "protocol_version", b"protocol_version", "quiet_one_way", b"quiet_one_way", "quiet_when_idle", b"quiet_when_idle", "started_at", b"started_at", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -786,6 +799,7 @@ class Welcome(_message.Message):
     CONFIG_FIELD_NUMBER: _builtins.int
     LIVENESS_FIELD_NUMBER: _builtins.int
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    QUIET_ONE_WAY_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.int
     edge_id: _builtins.str
     max_message_bytes: _builtins.int
@@ -793,6 +807,12 @@ class Welcome(_message.Message):
     on a message's length prefix, before the hello's token is: so the Edge keeps it small for
     everyone, and a Node splits its batches, and chunks too large for one message (see
     RunChunk.more), to fit. 0 (an Edge that predates it): the Node sends as it always did.
+    """
+    quiet_one_way: _builtins.bool
+    """This Edge sends no heartbeat of its own on this Node's quiet links: the hello asked
+    (`Hello.quiet_one_way`) and both keep quiet links. False (an Edge that predates it, quiet
+    links off, or a Node that did not ask): the Edge beats every idle interval on a quiet link,
+    and the Node counts it dead after `Liveness.idle_timeout_ms` of silence.
     """
     @_builtins.property
     def config(self) -> Global___NodeConfig: ...
@@ -806,10 +826,11 @@ class Welcome(_message.Message):
         config: Global___NodeConfig | None = ...,
         liveness: Global___Liveness | None = ...,
         max_message_bytes: _builtins.int = ...,
+        quiet_one_way: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "liveness", b"liveness"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "edge_id", b"edge_id", "liveness", b"liveness", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "edge_id", b"edge_id", "liveness", b"liveness", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version", "quiet_one_way", b"quiet_one_way"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -45,6 +45,11 @@ changed: its in-flight counts or its servers' load), and judges the peer silent 
 the link's runs: the Edge sends a run before the Node sees it, and the Node ends a run before
 the Edge sees its end, so while they disagree the side that expects fast heartbeats is never
 the one that sends slow ones. A run on a quiet link is covered by its first-event deadline.
+When the hello also says `quiet_one_way` and the welcome answers it, a quiet link's beats go
+one way: the Node beats as above, the Edge sends none of its own there, and the Node judges
+the Edge on such a link by the transport (HTTP/2 keepalive pings, which a stopped process
+does not acknowledge) and by whatever the Edge does send, with no silence deadline: an Edge
+whose event loop is held while its transport still answers pings keeps its Nodes.
 
 Ordering: events of one run arrive in the order the Node produced them; a run ends with exactly
 one terminal event (done or error). The Edge never sends a run id twice on one connection.

@@ -489,7 +489,10 @@ class NodeHub(AsyncService):
         visits = self._visits
         for session in visits.due(now):
             quiet = session.quiet_when_idle
-            if now - session.last_sent >= liveness.interval(quiet and not session.runs) - early:
+            idle = quiet and not session.runs
+            # A quiet link whose beats go one way gets none from this side: its Node needs none.
+            beats = not (idle and session.quiet_one_way)
+            if beats and now - session.last_sent >= liveness.interval(idle) - early:
                 session.writer_put(beat)
                 session.last_sent = now
             if session.paused:
@@ -498,10 +501,11 @@ class NodeHub(AsyncService):
                 self._judge(session, now, quiet)
             if session.runs or not quiet:
                 visits.busy(session)
-            else:  # a quiet link: next visited for its next beat or at its deadline
-                next_beat = session.last_sent + liveness.idle_interval - early
-                deadline = session.last_heard + liveness.idle_timeout
-                visits.later(session, max(min(next_beat, deadline), now + early))
+            else:  # a quiet link: next visited for its next beat (if it beats) or its deadline
+                when = session.last_heard + liveness.idle_timeout
+                if not session.quiet_one_way:
+                    when = min(when, session.last_sent + liveness.idle_interval - early)
+                visits.later(session, max(when, now + early))
 
     def _judge(self, session: NodeSession, now: float, quiet: bool) -> None:
         """End `session` if its Node fell silent past its deadline; fail its runs not accepted
@@ -719,6 +723,7 @@ class NodeHub(AsyncService):
             generation=snapshot.generation,
             on_change=self._changed,
             quiet_when_idle=hello.quiet_when_idle and self.liveness.quiet,
+            quiet_one_way=hello.quiet_one_way,
         )
         session.receive_health(hello.health)
         previous = self._sessions.get(node_id)
@@ -760,6 +765,7 @@ class NodeHub(AsyncService):
             config=payload_to_proto(payload, snapshot.generation, snapshot.digests[node_id]),
             liveness=liveness_to_proto(self.liveness),
             max_message_bytes=NODE_MESSAGE_BYTES,
+            quiet_one_way=session.quiet_one_way,
         )
         await context.write(pb.EdgeMessage(welcome=welcome))
 

@@ -344,6 +344,7 @@ class NodeSession:
         generation: int,
         on_change: Callable[[], None],
         quiet_when_idle: bool = False,
+        quiet_one_way: bool = False,
     ) -> None:
         self.node_id = node_id
         self.alias = alias
@@ -356,6 +357,9 @@ class NodeSession:
         self.last_heard = self._loop.time()
         #: The Node keeps the link quiet while no run is in flight on it (its hello said so).
         self.quiet_when_idle = quiet_when_idle
+        #: ... and needs no heartbeat from this Edge on it then (its hello asked, the welcome
+        #: says so): this side sends none of its own while the link is quiet.
+        self.quiet_one_way = quiet_when_idle and quiet_one_way
         #: Loop time this side last sent a message: a heartbeat or any other, since each tells
         #: the Node this Edge is alive (a heartbeat is due an interval after the last of them).
         self.last_sent = self._loop.time()

@@ -4,7 +4,8 @@ A quiet link (no run in flight) has nothing for the tick to do between its heart
 for its deadline, so a tick that looked at every session twice a second spent most of its time
 on links with nothing due. A session with a run in flight (or whose Node keeps no link quiet)
 is visited on every tick, as before; a quiet one waits in a heap for its next heartbeat or its
-silence deadline, whichever comes first, and a run sent on it makes it busy at once.
+silence deadline, whichever comes first (only the deadline when its beats go one way, from the
+Node), and a run sent on it makes it busy at once.
 docs/architecture.md (the table of the Edge's modules) says where this sits.
 """
 
