@@ -112,7 +112,14 @@ class Cell:
     load: float
     samples: list[Sample] = field(default_factory=list)
     span: float = 0.0
-    batch_queued: int | None = None
+    #: Each class's counts at the Edge (`GET /status`'s `priority_classes`) over the cell, as
+    #: (admitted, waited, waited_ms_total) ; None for a system that is not an Edge.
+    edge: dict[str, tuple[int, int, float]] | None = None
+
+    @property
+    def batch_queued(self) -> int | None:
+        """Batch requests that waited in the Edge's queue during the cell."""
+        return None if self.edge is None else self.edge.get("batch", (0, 0, 0.0))[1]
 
     def of(self, klass: str, warmup: float) -> list[Sample]:
         return [s for s in self.samples if s.klass == klass and s.at >= warmup]
@@ -148,14 +155,29 @@ async def apply(
     await routing.apply_config(target, document, "the classes")
 
 
-async def batch_queued(target: Target) -> int | None:
-    """`iop_edge_class_queued_total{class="batch"}` of the Edge, or None (not an Edge)."""
+async def edge_classes(target: Target) -> dict[str, tuple[int, int, float]] | None:
+    """Each class's (admitted, waited, waited_ms_total) at the Edge since it started, from its
+    `GET /status`; None for a system that is not an Edge."""
     if target.admin_url is None:
         return None
     status_url = f"{target.admin_url}/status"
     async with aiohttp.ClientSession() as session, session.get(status_url) as response:
         status = await response.json()
-    return int(status["priority_classes"].get("batch", {}).get("queued", 0))
+    return {
+        name: (counts["admitted"], counts["waited"], counts["waited_ms_total"])
+        for name, counts in status["priority_classes"].items()
+    }
+
+
+def edge_line(cell: Cell) -> str:
+    """What each class's requests waited at the Edge over the cell (warm-up included)."""
+    parts = []
+    for klass in CLASSES:
+        admitted, waited, total_ms = (cell.edge or {}).get(klass, (0, 0, 0.0))
+        if admitted:
+            mean = total_ms / waited if waited else 0.0
+            parts.append(f"{klass} {waited}/{admitted} waited, mean {mean:,.0f} ms")
+    return "; ".join(parts)
 
 
 async def run_cell(
@@ -166,6 +188,7 @@ async def run_cell(
     args: argparse.Namespace,
 ) -> None:
     url = f"{target.url}/v1/chat/completions"
+    before = await edge_classes(target)
     async with routing.cell_session(target, servers, total=900) as session:
         loop = asyncio.get_running_loop()
         began = loop.time() + 0.5
@@ -243,7 +266,12 @@ async def run_cell(
             if not sample.ok and not sample.why:
                 sample.why = "cut: no answer when the cell ended"
         cell.span = time.perf_counter() - started
-    cell.batch_queued = await batch_queued(target)
+    after = await edge_classes(target)
+    if before is not None and after is not None:
+        cell.edge = {}
+        for name, (admitted, waited, total_ms) in after.items():
+            was = before.get(name, (0, 0, 0.0))
+            cell.edge[name] = (admitted - was[0], waited - was[1], total_ms - was[2])
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
@@ -349,6 +377,8 @@ def show(cell: Cell, args: argparse.Namespace) -> None:
         + "; ".join(parts),
         flush=True,
     )
+    if cell.edge:
+        print(f"    at the Edge: {edge_line(cell)}", flush=True)
 
 
 def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None:

@@ -193,6 +193,8 @@ async def test_a_higher_class_is_served_first_and_a_lower_request_cannot_raise_i
     assert "unknown priority class" in unknown.value.message
     classes = status["priority_classes"]
     assert classes["interactive"]["admitted"] == 2 and classes["interactive"]["queued"] == 2
+    # Both waited behind the holder, and were given their slot: their waits are counted.
+    assert classes["interactive"]["waited"] == 2 and classes["interactive"]["waited_ms_total"] > 0
     assert classes["batch"]["shed"] == {"saturated": 1}
 
 

@@ -161,21 +161,22 @@ def _priority_status(dispatcher: Dispatcher) -> dict[str, Any]:
     shed: dict[str, dict[str, int]] = {}
     for (name, reason), count in tally.shed.items():
         shed.setdefault(name, {})[reason] = count
-    names = sorted({*classes, *tally.admitted, *tally.queued, *shed})
-    return {
-        name: {
-            "priority": classes[name].level if name in classes else None,
-            "max_queue_wait_ms": (
-                round(wait * 1000)
-                if name in classes and (wait := classes[name].max_wait_s) is not None
-                else None
-            ),
+    document: dict[str, Any] = {}
+    for name in sorted({*classes, *tally.admitted, *tally.queued, *shed}):
+        klass = classes.get(name)
+        wait = klass.max_wait_s if klass is not None else None
+        waits = tally.waits.get(name)
+        document[name] = {
+            "priority": klass.level if klass is not None else None,
+            "max_queue_wait_ms": round(wait * 1000) if wait is not None else None,
             "admitted": tally.admitted.get(name, 0),
             "queued": tally.queued.get(name, 0),
+            # Of the queued, those given a slot, and the time they waited in all.
+            "waited": sum(waits.counts) if waits is not None else 0,
+            "waited_ms_total": round(waits.total * 1000, 1) if waits is not None else 0.0,
             "shed": dict(sorted(shed.get(name, {}).items())),
         }
-        for name in names
-    }
+    return document
 
 
 def redacted(config: EdgeConfig) -> dict[str, Any]:
