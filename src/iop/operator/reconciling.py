@@ -132,7 +132,7 @@ class Reconciler:
         self._secrets = SecretCache()
         #: Secrets no token may come from (the certificates the operator makes).
         self._reserved = frozenset(reserved_secrets)
-        self._record = Recorder(api)
+        self._recorder = Recorder(api)
         self._announcer = Announcer(api, events)
         self._nodes_recheck = 1.0
         #: The replicas' outcomes of the last pass (how each saw the nodes then).
@@ -140,7 +140,7 @@ class Reconciler:
         #: The configs of the revisions, kept for a pin to a revision number.
         self._keeper = ConfigKeeper(api)
         self._pinner = Pinner(
-            recorder=self._record,
+            recorder=self._recorder,
             keeper=self._keeper,
             announcer=self._announcer,
             policy=policy,
@@ -149,7 +149,7 @@ class Reconciler:
         self._repairer = Repairer(
             api=api,
             name=name,
-            recorder=self._record,
+            recorder=self._recorder,
             secrets=self._secrets,
             keeper=self._keeper,
             wake=lambda: self.wake(),
@@ -158,14 +158,14 @@ class Reconciler:
     @property
     def applied(self) -> AppliedState | None:
         """The record of what was last applied, once a pass has read it."""
-        return self._record.state
+        return self._recorder.state
 
     async def stop(self) -> None:
         await self._repairer.stop()
 
     @property
     def health(self) -> EdgeConfigHealth:
-        state = self._record.state
+        state = self._recorder.state
         applied_at = state.applied_at if state is not None else 0.0
         return EdgeConfigHealth(self.namespace, self.name, applied_at, self._last_success)
 
@@ -241,20 +241,20 @@ class Reconciler:
         """Write, roll and apply what `plan` asks (not a config an Edge rolled back: the replicas
         that serve it are put back on the stable one); the verdict on the results, and the
         history's step."""
-        api, record, announcer = self._api, self._record, self._announcer
+        api, recorder, announcer = self._api, self._recorder, self._announcer
         current = plan(observation)
         if observation.new_change:
             announcer.validated(owner, observation, current)
         history = announcer.history_of(owner, previous)
         held = held_back(history, observation.desired_hash) is not None
-        await record.write_configmap(owner, *pods_config(observation, current, held))
+        await recorder.write_configmap(owner, *pods_config(observation, current, held))
         stamps = dict(observation.applied.stamps) if observation.applied is not None else {}
         observation = await self._roll(owner, observation, current, stamps)
         failed_gate = ""
         gate = failed_restarts(observation, current)
         if gate and can_go_back(observation):
             observation, current, stamps, failed_gate = await fail_gate(
-                api, record, owner, observation, current, gate
+                api, recorder, owner, observation, current, gate
             )
             held = True
         asked, ready = live_targets(observation)
@@ -262,15 +262,15 @@ class Reconciler:
             outcomes = await read_replicas(self._admin, ready, tokens.admin_token)
         else:
             outcomes, current = await apply_live(
-                self._admin, record.baselines, observation, current, ready, tokens
+                self._admin, recorder.baselines, observation, current, ready, tokens
             )
             worse = [
-                *worse_restarts(observation, current, outcomes, record.baselines),
-                *worse_edge(observation, current, outcomes, record.edge_baseline, time.time()),
+                *worse_restarts(observation, current, outcomes, recorder.baselines),
+                *worse_edge(observation, current, outcomes, recorder.edge_baseline, time.time()),
             ]
             if worse and can_go_back(observation):
                 observation, current, stamps, failed_gate = await fail_gate(
-                    api, record, owner, observation, current, worse
+                    api, recorder, owner, observation, current, worse
                 )
                 held = True
         timings.replica_apply_ms += [o.report.duration_ms for o in outcomes if o.report]
@@ -279,7 +279,7 @@ class Reconciler:
             views = await read_logs(self._admin, outcomes, tokens.admin_token)
             outcomes = await converge(
                 self._admin,
-                record.state,
+                recorder.state,
                 history,
                 observation.desired_hash,
                 outcomes,
@@ -311,9 +311,9 @@ class Reconciler:
                 if outcome.report is not None or outcome.state in ("Failed", "Unreachable"):
                     self._metrics.live_applies.labels(outcome.state).inc()
         if verdict.record is not None:
-            await record.save(owner, verdict.record)
-        elif record.lost and record.state is not None:
-            await record.save(owner, record.state)
+            await recorder.save(owner, verdict.record)
+        elif recorder.lost and recorder.state is not None:
+            await recorder.save(owner, recorder.state)
         taken = (observation.new_change and verdict.record is not None) or any(
             o.rolled_back or (o.state == "Applied" and o.config_hash == observation.desired_hash)
             for o in outcomes
@@ -334,20 +334,20 @@ class Reconciler:
         settled = None
         if (
             newest is not None
-            and record.state is not None
-            and newest.config_hash == record.state.config_hash
+            and recorder.state is not None
+            and newest.config_hash == recorder.state.config_hash
         ):
             settled = newest.outcome
-        through = came_through(record.state, settled)
+        through = came_through(recorder.state, settled)
         if through is not None:
-            await record.save(owner, through)
+            await recorder.save(owner, through)
             observation = replace(observation, applied=through)
-            await record.write_configmap(owner, *pods_config(observation, current, held))
+            await recorder.write_configmap(owner, *pods_config(observation, current, held))
         self._last_outcomes = outcomes
-        record.close_baselines(current.restarts)
-        state = record.state
-        if state is not None and record.baselines_changed(state):
-            await record.save(owner, state)  # a baseline noted, or one done with
+        recorder.close_baselines(current.restarts)
+        state = recorder.state
+        if state is not None and recorder.baselines_changed(state):
+            await recorder.save(owner, state)  # a baseline noted, or one done with
         return verdict, step
 
     async def _roll(
@@ -355,7 +355,7 @@ class Reconciler:
     ) -> Observation:
         return await roll(
             self._api,
-            self._record,
+            self._recorder,
             self._announcer,
             owner,
             observation,
@@ -370,10 +370,10 @@ class Reconciler:
     ) -> Observation:
         desired = await asyncio.to_thread(with_token_hashes, spec, tokens.hashes)
         desired_hash = config_hash(desired)
-        applied = await self._record.load(owner)
+        applied = await self._recorder.load(owner)
         base = applied.config if applied is not None else None
         if applied is None:
-            base = await self._record.configmap_base(owner)
+            base = await self._recorder.configmap_base(owner)
         admin_port = split_listener(desired.edge.admin.listen)[1]
         edges = await edge_workloads(self._api, owner.namespace, owner.name)
         nodes = await node_workloads(self._api, owner.namespace, owner.name)
@@ -400,7 +400,7 @@ class Reconciler:
     ) -> None:
         """A config that came into effect as a new revision is kept (`keeping.py`)."""
         known = {observation.desired_hash: observation.desired}
-        if (record := self._record.state) is not None:
+        if (record := self._recorder.state) is not None:
             known.setdefault(record.config_hash, record.config)
             if record.stable is not None:
                 known.setdefault(record.stable.config_hash, record.stable.config)

@@ -72,8 +72,8 @@ class Repairer:
         what to forget so the next pass looks again."""
         version = ((obj or {}).get("metadata") or {}).get("resourceVersion", "")
         gone = kind == "DELETED"
-        record = self.recorder
-        if target.name in record.writing:
+        recorder = self.recorder
+        if target.name in recorder.writing:
             return False  # the write under way is the newest word on it
         if target.plural == "secrets":
             data = None if gone else (obj or {}).get("data") or {}
@@ -82,9 +82,9 @@ class Repairer:
             self.secrets.forget(target.name)
             return True
         if target.name == conventions.edge_configmap_name(self.name):
-            if record.written is None or (not gone and record.written[1] == version):
+            if recorder.written is None or (not gone and recorder.written[1] == version):
                 return False
-            record.written = None
+            recorder.written = None
             self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
             return True
         if target.name == conventions.revisions_configmap_name(self.name):
@@ -92,9 +92,9 @@ class Repairer:
                 return False
             self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
             return True
-        if record.state is None or (not gone and record.version == version):
+        if recorder.state is None or (not gone and recorder.version == version):
             return False
-        record.lost = True
+        recorder.lost = True
         self._repairs.append(f"ConfigMap {target.name} was {_what(kind)}; written again")
         return True
 
