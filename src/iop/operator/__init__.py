@@ -3,9 +3,11 @@
 - `running`: `iop operator run`; `workers`: a task per EdgeConfig; `leading`: the Lease; `metrics`;
   `hubcertificates`: the Node link's TLS Secret, made at start;
 - a pass: `reconciling` (observe, act, report) and `deciding` (pure, on the `values` a pass
-  observes), with `gating` (the restart gates and the stable revision, pure), `revisions` (the
-  cluster revisions and their outcomes, pure), `keeping` (their configs, for a pin), `tokensecrets`,
-  `watching`, `documents`, `rolling`, `liveapplying` and `discovering`;
+  observes), with `restarting` (stamp the workloads, apply live), `restoring` (back to the stable
+  revision), `recording` (the applied record), `announcing` (Events and status), `pinning`,
+  `repairing` (drift repair), `gating` (the restart gates and the stable revision, pure),
+  `revisions` (the cluster revisions and their outcomes, pure), `keeping` (their configs, for a
+  pin), `tokensecrets`, `watching`, `documents`, `rolling`, `liveapplying` and `discovering`;
 - `webhook/`: the validating webhook, its plan, its HTTPS server and certificate;
 - `status/`: the status model, a pass's findings as status, what is written, Events;
 - `adminapi`, `kubeapi`: the clients of the Edge's admin API and of Kubernetes; `errors`;

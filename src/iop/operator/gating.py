@@ -10,8 +10,8 @@ old pods serving beside the first new one while it is judged). A failed gate put
 workload back on the stable revision's stamp (`stamps_back`). The stable revision is the newest
 config that came through (`came_through`); the Edge ConfigMap holds it while a newer config is
 on trial or was rolled back (`pods_config`). The reconcile pass acts on these
-(`reconciling.py`); docs/operator.md, "Revisions", has the rules; tests/operator/test_deciding.py
-and tests/operator/test_restart_baselines.py drive them.
+(`reconciling.py`; a failed gate: `restoring.py`); docs/operator.md, "Revisions", has the rules;
+tests/operator/test_deciding.py and tests/operator/test_restart_baselines.py drive them.
 """
 
 from __future__ import annotations
