@@ -1,7 +1,8 @@
 """The EdgeConfig: its model, loading with complete validation, hashing and change classification.
 
-- `configs`: the pydantic model (edge.yaml, the CRD spec, `kubectl explain`); `loading`: text,
-  a file or a document to an `EdgeConfig`, or a `ConfigError` (`errors`) with every problem;
+- `configs`: the pydantic model (edge.yaml, the CRD spec, `kubectl explain`), made of what
+  `fields` holds (apply markers, value types, the base); `loading`: text, a file or a document
+  to an `EdgeConfig`, or a `ConfigError` (`errors`) with every problem;
 - `validating`: the checks between values; `secrets`: what counts as a secret; `tokens`: tokens
   named by a Kubernetes Secret; `payloads`: what one Node receives;
 - `trees`: the id-keyed tree and its hash; `classifying`: every change live or restart-required,
@@ -33,12 +34,10 @@ from .configs import (
     PrincipalLimit,
     RetrySection,
     RolloutSection,
-    SecretKeyRef,
     TokenBudget,
-    camel_path,
-    is_loopback_listener,
 )
 from .errors import ConfigError, Problem
+from .fields import SecretKeyRef, camel_path, is_loopback_listener
 from .loading import load_data, load_file, load_text, parse_yaml
 from .payloads import NodePayload, ProviderPayload, edge_share, node_payload, node_payloads
 from .reports import ChangeReport, RestartPath

@@ -17,13 +17,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from .configs import (
-    LIVE,
-    RESTART_NODE,
     EdgeConfig,
     ModelSpec,
     NodeSpec,
     ProviderSpec,
 )
+from .fields import LIVE, RESTART_NODE
 from .payloads import NodePayload
 from .reports import ChangeReport, RestartPath
 from .trees import field_specs, item_key

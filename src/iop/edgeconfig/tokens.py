@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from .configs import AdminSection, EdgeConfig, NodeSpec, PrincipalToken, SecretKeyRef
+from .configs import AdminSection, EdgeConfig, NodeSpec, PrincipalToken
 from .errors import ConfigError, Problem
+from .fields import SecretKeyRef
 
 
 def token_sha256(token: str | bytes) -> str:

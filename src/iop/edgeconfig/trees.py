@@ -17,7 +17,7 @@ from typing import Any, Literal, NamedTuple, get_origin
 import orjson
 from pydantic import BaseModel
 
-from .configs import APPLY_KEY, is_ordered
+from .fields import APPLY_KEY, is_ordered
 
 #: The field that identifies an item of a list, tried in order.
 ID_FIELDS = ("id", "token_ref")

@@ -35,8 +35,9 @@ import orjson
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .configs import EdgeConfig, EnvName, Name, OpenAIAdapterSettings, camel_name
+from .configs import EdgeConfig, OpenAIAdapterSettings
 from .errors import ConfigError, Problem
+from .fields import EnvName, Name, camel_name
 
 #: The `allow` entry for every globally routable address.
 PUBLIC: Final = "public"

@@ -21,10 +21,9 @@ from .configs import (
     EDGE_PLACEMENT,
     EVERY_PRINCIPAL,
     NodeLinkSection,
-    camel_name,
-    is_loopback_listener,
 )
 from .errors import Problem, render_value
+from .fields import camel_name, is_loopback_listener
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
 # Keys ending like a secret's name, or values starting like one (a superset of the walk's rules).
