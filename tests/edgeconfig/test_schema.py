@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from iop.edgeconfig import EdgeConfig
-from iop.edgeconfig.configs import APPLY_KEY
+from iop.edgeconfig.fields import APPLY_KEY
 
 
 def fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:

@@ -1,9 +1,10 @@
 """Classify every change between two configs as live or restart-required.
 
-The rule for each field is the `x-iop-apply` marker on it in `configs.py` (the nearest marker up
-the path wins); a path without one is restart-required for the Edge (fail safe). Lists of items
-with ids are compared by id, so reordering is no change; an item added or removed takes the
-marker of its list: a node is an Edge restart, a provider its node's restart, a model is live.
+The rule for each field is the `x-iop-apply` marker on it in the model (`configs.py` and the
+section modules beside it; the nearest marker up the path wins); a path without one is
+restart-required for the Edge (fail safe). Lists of items with ids are compared by id, so
+reordering is no change; an item added or removed takes the marker of its list: a node is an
+Edge restart, a provider its node's restart, a model is live.
 A node's restart is the Edge's when the node is placed on the Edge (`placement: edge`).
 Lists of names are compared as sets, except those marked ordered (`models[].fallbacks`).
 """
@@ -16,14 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .configs import (
-    LIVE,
-    RESTART_NODE,
-    EdgeConfig,
-    ModelSpec,
-    NodeSpec,
-    ProviderSpec,
-)
+from .configs import EdgeConfig
+from .fields import LIVE, RESTART_NODE
+from .modelspecs import ModelSpec
+from .nodespecs import NodeSpec, ProviderSpec
 from .payloads import NodePayload
 from .reports import ChangeReport, RestartPath
 from .trees import field_specs, item_key

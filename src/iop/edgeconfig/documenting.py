@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from .configs import _SUFFIX, APPLY_KEY, EdgeConfig
+from .configs import EdgeConfig
+from .fields import _SUFFIX, APPLY_KEY
 
 _APPLY_WORDS = {"live": "live", "restart:edge": "restart (Edge)", "restart:node": "restart (node)"}
 

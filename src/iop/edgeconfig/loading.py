@@ -24,8 +24,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from .configs import PATTERN_MESSAGES, EdgeConfig
+from .configs import EdgeConfig
 from .errors import ConfigError, Problem, render_value
+from .fields import PATTERN_MESSAGES
 from .secrets import is_secret_field
 from .validating import check_document, close_match_hint
 

@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, field_validator
 
-from .configs import AdapterSettings, EdgeConfig, HealthPolicy, NodeSpec, ProviderSpec
+from .configs import EdgeConfig
+from .nodespecs import AdapterSettings, HealthPolicy, NodeSpec, ProviderSpec
 from .trees import to_tree
 
 _DEFAULT_HEALTH = HealthPolicy()

@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from .configs import AdminSection, EdgeConfig, NodeSpec, PrincipalToken, SecretKeyRef
+from .configs import EdgeConfig
+from .edgesections import AdminSection
 from .errors import ConfigError, Problem
+from .fields import SecretKeyRef
+from .nodespecs import NodeSpec
+from .openaisections import PrincipalToken
 
 
 def token_sha256(token: str | bytes) -> str:

@@ -4,7 +4,7 @@ Lists of things that have an id (nodes, providers, models, principal tokens; a l
 its selector, `principal|token_ref|model`) become mappings
 `{"[id]": item}`, and lists of names (served_models) become sorted lists, so that reordering
 them is no change: two configs that mean the same have the same tree and the same hash. A list
-whose order means something (`models[].fallbacks`, marked ordered in `configs.py`) keeps it.
+whose order means something (`models[].fallbacks`, marked ordered in `modelspecs.py`) keeps it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal, NamedTuple, get_origin
 import orjson
 from pydantic import BaseModel
 
-from .configs import APPLY_KEY, is_ordered
+from .fields import APPLY_KEY, is_ordered
 
 #: The field that identifies an item of a list, tried in order.
 ID_FIELDS = ("id", "token_ref")

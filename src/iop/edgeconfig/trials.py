@@ -27,7 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .configs import EdgeConfig, ModelSpec, ProviderSpec
+from .configs import EdgeConfig
+from .modelspecs import ModelSpec
+from .nodespecs import ProviderSpec
 from .payloads import ProviderPayload
 
 

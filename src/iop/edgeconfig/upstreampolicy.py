@@ -35,8 +35,10 @@ import orjson
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .configs import EdgeConfig, EnvName, Name, OpenAIAdapterSettings, camel_name
+from .configs import EdgeConfig
 from .errors import ConfigError, Problem
+from .fields import EnvName, Name, camel_name
+from .nodespecs import OpenAIAdapterSettings
 
 #: The `allow` entry for every globally routable address.
 PUBLIC: Final = "public"

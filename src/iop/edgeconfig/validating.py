@@ -15,16 +15,13 @@ import orjson
 
 from iop.aiokits import split_listener
 
-from .configs import (
-    ANONYMOUS_PRINCIPAL,
-    DEFAULT_PRIORITY_CLASS,
-    EDGE_PLACEMENT,
-    EVERY_PRINCIPAL,
-    NodeLinkSection,
-    camel_name,
-    is_loopback_listener,
-)
+from .edgesections import NodeLinkSection
 from .errors import Problem, render_value
+from .fields import camel_name, is_loopback_listener
+from .limitsections import EVERY_PRINCIPAL
+from .nodespecs import EDGE_PLACEMENT
+from .openaisections import ANONYMOUS_PRINCIPAL
+from .prioritysections import DEFAULT_PRIORITY_CLASS
 from .secrets import RAW_SECRET_KEYS, RAW_SECRET_VALUE, normalized_key
 
 # Keys ending like a secret's name, or values starting like one (a superset of the walk's rules).

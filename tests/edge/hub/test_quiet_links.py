@@ -16,8 +16,7 @@ import pytest
 
 from iop.edge.hub import NodeHub, nodehub
 from iop.edge.hub.nodesessions import NodeSession
-from iop.edgeconfig import EdgeConfig
-from iop.edgeconfig.configs import NodeLinkSection
+from iop.edgeconfig import EdgeConfig, NodeLinkSection
 from iop.node import NodeAgent
 from iop.node.connecting import FIRST_DIAL_LIVENESS, EdgeConnection
 from iop.wire import Liveness, RunDone, RunRequest, grpc_options
