@@ -15,6 +15,7 @@ and the API key the chart generated.
 - an adapter change on one node -> only that node's workload rolls;
 - the operator killed in the middle of a roll -> it converges on restart, nothing rolls twice;
 - a node's rollout under load -> no request lost, and its drain counted in the status;
+- the Edge's rollout under load -> no connection through its Service lost;
 - the webhook through its Service: an invalid spec refused with every path, the plan on a dry run.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import copy
 import functools
@@ -339,6 +341,49 @@ async def node_2_rolled_under_load(
             show=pods.scene,
         )
     return old, outcomes
+
+
+async def test_an_edge_rollout_under_load_loses_no_connection(pods: PodStack) -> None:
+    # Clients that open a connection for each request through the Service, and never retry one,
+    # while both Edge pods are replaced: kube-proxy follows the endpoints a moment after an old
+    # pod is deleted, and the pod's preStop sleep (edge.preStopSleepSeconds) keeps it serving
+    # until then; without it, a connection routed to it is refused (its listener closed at
+    # SIGTERM) or, once it is gone, lost until the connect times out.
+    old = {name for name in await asyncio.to_thread(pods.identities) if name.startswith(EDGE)}
+    done = asyncio.Event()
+    outcomes: list[str] = []
+    url = f"{await asyncio.to_thread(pods.base_url)}/chat/completions"
+    body = {"model": "n", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {pods.api_key}"}
+
+    async def load() -> None:
+        while not done.is_set():
+            try:
+                async with httpx.AsyncClient(timeout=httpx.Timeout(30, connect=5)) as http:
+                    answer = await http.post(url, json=body, headers=headers)
+                outcomes.append(str(answer.status_code))
+            except httpx.TransportError as error:
+                outcomes.append(f"failed: {error!r}")
+
+    def old_pods_gone() -> bool:
+        return not {p["metadata"]["name"] for p in pods.get("pods")["items"]} & old
+
+    tasks = [asyncio.create_task(load(), name=f"load-{i}") for i in range(4)]
+    try:
+        await asyncio.to_thread(pods.kubectl, "rollout", "restart", f"deployment/{EDGE}")
+        await asyncio.to_thread(
+            wait_for, old_pods_gone, timeout=150, what="the old Edge pods to exit", show=pods.scene
+        )
+        await asyncio.to_thread(
+            wait_for, lambda: pods.rolled_out(EDGE), timeout=20, what="the Edge's rollout"
+        )
+    finally:
+        done.set()
+        await asyncio.gather(*tasks)
+    lost = collections.Counter(o for o in outcomes if o != "200")
+    assert not lost, f"{sum(lost.values())} of {len(outcomes)} requests lost: {dict(lost)}"
+    assert len(outcomes) > 50
+    print(f"{len(outcomes)} requests through the Edge's rollout, none lost")
 
 
 async def test_created_ready_and_serving_every_model(pods: PodStack) -> None:

@@ -71,6 +71,17 @@ def test_every_process_drains_within_its_pods_grace(chart_tools: ChartTools) -> 
 
     edge = workload(documents, "iop-iop-edge-edge")
     assert parsed_args(edge).shutdown_grace == 20
+    # Deleted, it serves on for 5 s while the Service's endpoints follow, then drains.
+    (container,) = edge["containers"]
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert edge["terminationGracePeriodSeconds"] == 30
+
+
+def test_an_edge_without_a_pre_stop_sleep(chart_tools: ChartTools) -> None:
+    documents = chart_tools.documents(values={"edge": {"preStopSleepSeconds": 0}})
+    edge = workload(documents, "iop-iop-edge-edge")
+    (container,) = edge["containers"]
+    assert "lifecycle" not in container
     assert edge["terminationGracePeriodSeconds"] == 25
 
 
