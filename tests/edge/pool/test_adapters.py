@@ -14,7 +14,8 @@ import pytest
 
 from iop.edge.hub.protocol import ProviderLoad
 from iop.edge.pool.choosing import ADAPTER_REPORT_TTL_S
-from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.dispatching import Dispatcher
+from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
 from iop.wire.nodestates import ServerLoad
 

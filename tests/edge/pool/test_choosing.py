@@ -16,8 +16,9 @@ import pytest
 from iop.edge.bodies import parse_request
 from iop.edge.hub.protocol import ProviderLoad
 from iop.edge.pool.choosing import LOAD_REPORT_TTL_S, PrefixKey, rendezvous_order
-from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.dispatching import Dispatcher
 from iop.edge.pool.prefixes import prefix_key
+from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
 from iop.wire.nodestates import ServerLoad
 

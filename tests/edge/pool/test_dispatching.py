@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from iop.edge.errors import ModelNotFound, NoProvider, QueueFull, QueueTimeout
-from iop.edge.pool.dispatching import BUSY_COOLDOWN_S, Dispatcher, Lease
+from iop.edge.pool.dispatching import BUSY_COOLDOWN_S, Dispatcher
+from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")

@@ -26,8 +26,10 @@ from hypothesis.stateful import (
 from iop.edge.errors import EdgeError
 from iop.edge.hub.protocol import ProviderLoad
 from iop.edge.pool.choosing import PrefixKey
-from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.dispatching import Dispatcher
 from iop.edge.pool.priorities import Priority
+from iop.edge.pool.selecting import Selector
+from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
 from iop.edge.pool.splits import Side, Split
 from iop.edgeconfig import EdgeConfig
@@ -71,8 +73,8 @@ DISPATCH_SETTINGS = st.fixed_dictionaries(
 )
 
 
-class CheckedDispatcher(Dispatcher):
-    """The dispatcher, each slot it gives checked against its view's capacity as it is given (a
+class CheckedSelector(Selector):
+    """The selector, each slot it gives checked against its view's capacity as it is given (a
     request granted on a stable view and one on the candidate's may then share a provider up to
     the candidate's larger capacity: checked later, the first would look over its own)."""
 
@@ -80,11 +82,20 @@ class CheckedDispatcher(Dispatcher):
         super().__init__(snapshot)
         self.over_capacity: list[str] = []
 
-    def _take(self, pool_model, candidate, *args, **kwargs):
-        lease = super()._take(pool_model, candidate, *args, **kwargs)
-        if self.in_flight(candidate.provider.id) > candidate.provider.capacity:
+    def take(self, pool_model, candidate, *args, **kwargs):
+        lease = super().take(pool_model, candidate, *args, **kwargs)
+        if self.slots[candidate.provider.id].in_flight > candidate.provider.capacity:
             self.over_capacity.append(candidate.provider.id)
         return lease
+
+
+class CheckedDispatcher(Dispatcher):
+    """The dispatcher over a `CheckedSelector`."""
+
+    def __init__(self, snapshot: PoolSnapshot) -> None:
+        super().__init__(snapshot)
+        self._selector = CheckedSelector(snapshot)
+        self.over_capacity = self._selector.over_capacity
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -331,7 +342,7 @@ class PoolMachine(RuleBasedStateMachine):
         snapshot = self.dispatcher.snapshot
         split = self.dispatcher.split
         available = self.dispatcher.available
-        for (model, long, stable_view, _), queue in self.dispatcher._queues.items():
+        for (model, long, stable_view, _), queue in self.dispatcher._waiters.queues.items():
             assert queue
             assert not stable_view or (split is not None and model in split.shared)
             view = split.stable if stable_view and split is not None else snapshot

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.dispatching import Dispatcher
+from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig
 from testkit import Client

@@ -15,8 +15,9 @@ import pytest
 
 from iop.edge.errors import BadRequest, Displaced, Forbidden, QueueDeadline, QueueFull, Shed
 from iop.edge.hub import ProviderLoad
-from iop.edge.pool.dispatching import Dispatcher, Lease
+from iop.edge.pool.dispatching import Dispatcher
 from iop.edge.pool.priorities import DEFAULT_PRIORITY, Priority
+from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
 from iop.edgeconfig import EdgeConfig
 from iop.wire import ServerLoad

@@ -1,9 +1,12 @@
 """Where a request runs: the pool's snapshot, dispatch, and one request's trip.
 
 - `snapshots`: the pool as one immutable value (models, candidates, limits), swapped whole;
-- `dispatching`: the `Dispatcher` (candidates, capacity, its queues: `queues`, fair by
-  principal and strict by priority class) and `choosing` (among equals: round robin, least
-  load, prefix affinity, with `prefixes`);
+- `dispatching`: the `Dispatcher` (a slot now or a place in the queue, shedding, displacement,
+  which waiting request a freed slot serves) over `selecting` (the candidate that takes a request
+  now: capacity, long slots, priority), `slots` (a provider's slot counters, a run's lease),
+  `waiters` (the waiting requests in their queues: `queues`, fair by principal and strict by
+  priority class) and `choosing` (among equals: round robin, least load, prefix affinity, with
+  `prefixes`);
 - `relaying`: one request's run, retries (`retrying`), fallbacks; `metering` (`counts`): usage and
   the pool's metrics; `outcomes`: what each model's requests came to, for judging a change;
   `splits`: which revision serves a request while a change is on trial; `priorities`: the

@@ -1,6 +1,6 @@
 """Choosing among equals: which of a model's best free candidates takes a request.
 
-The dispatcher (`dispatching.py`) filters candidates and ranks them by priority exactly as the
+The dispatcher's `Selector` (`selecting.py`) filters candidates and ranks them by priority as the
 specification says; this module only picks among the providers of the lowest priority that have
 a free slot, by the model's `dispatch.policy`: `least_load` (the lowest load for its capacity:
 this Edge's runs, plus what Nodes and model servers report) or `prefix_affinity` (the home of

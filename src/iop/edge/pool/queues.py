@@ -1,9 +1,9 @@
 """A model's waiting requests: strict order between priority classes, fair share between
 principals within one (docs/edge.md, "Dispatch" and "Priority classes").
 
-`FairQueue` holds the waiters of one queue of the dispatcher (`dispatching.py`) by priority level,
+`FairQueue` holds the waiters of one queue of the dispatcher (`waiters.py`) by priority level,
 each level a `Band`: FIFO per principal, the principals in the order of their virtual start tags
-(start-time fair queuing; the dispatcher keeps the clocks and stamps each waiter's `tag`).
+(start-time fair queuing; `Waiters` keeps the clocks and stamps each waiter's `tag`).
 """
 
 from __future__ import annotations

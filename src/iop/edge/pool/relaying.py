@@ -34,11 +34,12 @@ from ..bodies import ParsedRequest, apply_policy, estimate_tokens
 from ..errors import ModelNotFound, NoProvider, QueueTimeout
 from ..hub import NodeRuns, RunEvents
 from .choosing import PREFIX_AFFINITY, PrefixKey
-from .dispatching import Dispatcher, Lease
+from .dispatching import Dispatcher
 from .metering import Metrics
 from .prefixes import prefix_key
 from .priorities import DEFAULT_PRIORITY, Priority
 from .retrying import RetryBudget, RetryBudgets, should_retry
+from .slots import Lease
 from .snapshots import PoolModel
 from .splits import CANDIDATE, STABLE, Side
 from .traces import RequestTrace

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
     from ..authenticating import Principal
     from ..bodies import ParsedRequest
-    from .dispatching import Lease
     from .priorities import Priority
+    from .slots import Lease
 
 
 class RequestTrace:
