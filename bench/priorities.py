@@ -22,13 +22,19 @@ So at 1x the three fill the fleet, and at 1.5x and 2x the batch job alone is the
 cell: `--seconds` of arrivals, the first `--warmup` not measured; a request still unanswered
 when the arrivals end plus `--drain` seconds is cut (counted as not completed).
 
-Systems, in front of the same servers, each cell after a reset of the servers:
+Systems, in front of the same servers (run with `--gpu-scheduling-policy priority`, which
+changes nothing for a request without a priority: first come first served), each cell after a
+reset of the servers:
 - `iop:classes`: `iop edge run` and one `iop node run`, `prefix_affinity`, capacity 16 a server
   (its batch: every request past it waits at the Edge, where the classes order it), the three
   classes applied live before each cell;
 - `iop:none`: the same Edge with the classes removed live (every request in class `default`);
 - `iop:classes@12`: the classes with 12 slots a server (not by default): room kept on every
   server, what an interactive request's first token gains from it and what the fleet loses;
+- `iop:classes+engine`: the classes, and each provider's `engine_priority`: the servers get each
+  request's class as vLLM's `priority` and schedule by it (their queue and prefill by class, a
+  running request of a lower class preempted for a higher one's); `iop:classes+engine@20`: the
+  same with 20 slots a server, so each server holds a short queue of its own that it orders;
 - `vllm-router:<policy>`: the vLLM project's router (`bench.peers` installs it), which forwards
   every request at once and leaves the queue to the servers.
 
@@ -71,6 +77,8 @@ SYSTEMS = (
     "vllm-router:cache_aware",
     "vllm-router:round_robin",
     "iop:classes@12",
+    "iop:classes+engine",
+    "iop:classes+engine@20",
 )
 #: Each class's client: its principal and API key.
 CLIENTS = {name: Client(f"{name}-app", f"sk-bench-{name}", f"team-{name}") for name in CLASSES}
@@ -146,12 +154,18 @@ def document_of(servers: list[Any]) -> dict[str, Any]:
 
 
 async def apply(
-    target: Target, document: dict[str, Any], classes: bool, capacity: int = CAPACITY
+    target: Target,
+    document: dict[str, Any],
+    classes: bool,
+    capacity: int = CAPACITY,
+    engine: bool = False,
 ) -> None:
-    """Apply the classes (or none) and the providers' `capacity` live through the admin API."""
+    """Apply the classes (or none), the providers' `capacity` and whether they send the class to
+    the server as its `priority` (`engine`) live through the admin API."""
     document["openai"]["priority"] = PRIORITY if classes else {}
     for entry in document["nodes"][0]["providers"]:
         entry["capacity"] = capacity
+        entry["engine_priority"] = engine
     await routing.apply_config(target, document, "the classes")
 
 
@@ -294,7 +308,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
 
     async with contextlib.AsyncExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        servers = await routing.spawn_servers(stack, args)
+        servers = await routing.spawn_servers(stack, args, "--gpu-scheduling-policy", "priority")
         iop: tuple[Target, dict[str, Any]] | None = None
         if any(s.startswith("iop:") for s in args.systems) or args.alone:
             document = document_of(servers)
@@ -316,7 +330,12 @@ async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
                 if kind == "iop":
                     assert iop is not None
                     name, _, size = setting.partition("@")
-                    await apply(*iop, classes=name == "classes", capacity=int(size or CAPACITY))
+                    await apply(
+                        *iop,
+                        classes=name.startswith("classes"),
+                        capacity=int(size or CAPACITY),
+                        engine=name.endswith("+engine"),
+                    )
                     await run_cell(iop[0], servers, turns, cell, args)
                 else:
                     assert router is not None
@@ -412,7 +431,8 @@ def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None
     alone = next((c for c in cells if "alone" in c.system), None)
     top = max(args.loads)
     print("\nThe goals at the highest load:\n")
-    for cell in [c for c in cells if c.load == top and c.system == "iop:classes"]:
+    for cell in [c for c in cells if c.load == top and c.system.startswith("iop:classes")]:
+        print(f"{cell.system}:")
         mine = class_figures(cell, "interactive", args)
         if alone is not None:
             solo = class_figures(alone, "interactive", args)
@@ -444,6 +464,8 @@ def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None
 COLOURS = {
     "iop:classes": "#08306b",
     "iop:classes@12": "#6a51a3",
+    "iop:classes+engine": "#e6550d",
+    "iop:classes+engine@20": "#fd8d3c",
     "iop:none": "#9ecae1",
     "vllm-router:cache_aware": "#00441b",
     "vllm-router:round_robin": "#74c476",

@@ -506,11 +506,11 @@ async def spawn_gpu_servers(
 
 
 async def spawn_servers(
-    stack: contextlib.AsyncExitStack, args: argparse.Namespace
+    stack: contextlib.AsyncExitStack, args: argparse.Namespace, *extra: str
 ) -> list[UpstreamProcess]:
-    """The workload's simulated GPU servers, stopped by `stack`."""
-    kv_tokens = ["--gpu-kv-tokens", str(gpu_settings(args).kv_tokens)]
-    return await spawn_gpu_servers(stack, args, SHAPES[args.workload].servers, kv_tokens)
+    """The workload's simulated GPU servers with the flags `extra`, stopped by `stack`."""
+    flags = ["--gpu-kv-tokens", str(gpu_settings(args).kv_tokens), *extra]
+    return await spawn_gpu_servers(stack, args, SHAPES[args.workload].servers, flags)
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:

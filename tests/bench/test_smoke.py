@@ -83,7 +83,7 @@ RUNS = {
     "priorities": (
         [
             *["--loads", "1.5", "--seconds", "3", "--warmup", "1", "--drain", "2"],
-            *["--systems", "iop:classes", "--no-alone"],
+            *["--systems", "iop:classes+engine", "--no-alone"],
         ],
         "goodput",
     ),

@@ -232,3 +232,17 @@ def test_the_bound_on_the_estimate_holds(document: dict[str, Any]) -> None:
     kind: RunKind = "chat" if "messages" in document else "completion"
     request = parse_request(kind, body(**document))
     assert request.most_tokens >= estimate_tokens(request)
+
+
+@pytest.mark.parametrize("client", [{}, {"priority": -100}], ids=["none", "the-clients"])
+def test_the_engine_priority_replaces_the_clients_and_goes_when_the_next_try_has_none(
+    client: dict[str, Any],
+) -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **client})
+    request = parse_request("chat", raw)
+    # A try on a server that schedules by priority gets the class's, never the client's ...
+    assert orjson.loads(request.encode("served-a", -10))["priority"] == -10
+    assert orjson.loads(request.encode("served-a", 0))["priority"] == 0
+    # ... and a retry on one that does not gets the body as the client sent it.
+    again = orjson.loads(request.encode("served-b"))
+    assert again == {**orjson.loads(raw), "model": "served-b"}

@@ -197,3 +197,45 @@ async def test_adapters_are_listed_served_loaded_and_reported() -> None:
         assert (stats["adapter_loads"], stats["adapter_swaps"]) == (3, 2)  # one slot
         metrics = (await http.get(f"http://{upstream.address}/metrics")).text
     assert 'vllm:lora_requests_info{max_lora="1",running_lora_adapters="",' in metrics
+
+
+async def test_a_priority_is_refused_first_come_first_served_and_ordered_by_priority(
+    gpu_upstream: FakeUpstream, until
+) -> None:
+    # As vLLM: a nonzero `priority` needs --scheduling-policy priority; 0 is always fine.
+    async with openai.AsyncOpenAI(base_url=gpu_upstream.base_url, api_key="k") as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.completions.create(
+                model="served", prompt="go", max_tokens=2, extra_body={"priority": 3}
+            )
+        assert "Got priority 3 but Priority scheduling is not enabled." in str(refused.value)
+        done = await client.completions.create(
+            model="served", prompt="go", max_tokens=2, extra_body={"priority": 0}
+        )
+        assert done.choices[0].text
+    # With it, a batch of one: a request of priority 0 sent while one of priority 1 runs is
+    # answered first, the other preempted and finished after it.
+    settings = GpuSettings(step_ms=20, step_ms_per_seq=0, max_batch=1, scheduling_policy="priority")
+    async with (
+        FakeUpstream(FakeUpstreamSettings(gpu=settings)) as upstream,
+        openai.AsyncOpenAI(base_url=upstream.base_url, api_key="k") as client,
+    ):
+        engine = upstream.engine
+        assert engine is not None
+        finished: list[str] = []
+
+        async def complete(name: str, priority: int, tokens: int) -> None:
+            await client.completions.create(
+                model="fake-model",
+                prompt=name,
+                max_tokens=tokens,
+                extra_body={"priority": priority},
+            )
+            finished.append(name)
+
+        background = asyncio.ensure_future(complete("batch", 1, 30))
+        await until(lambda: engine.running == 1)
+        await complete("urgent", 0, 2)
+        await background
+        assert finished == ["urgent", "batch"]
+        assert engine.preemptions == 1

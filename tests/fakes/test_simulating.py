@@ -271,6 +271,59 @@ def test_lora_requests_info_names_running_and_waiting_adapters() -> None:
     assert "lora_requests_info" not in GpuEngine(GpuSettings()).metrics_text("base").decode()
 
 
+def test_by_priority_the_queue_and_the_prefill_go_lowest_first_then_by_arrival() -> None:
+    engine = GpuEngine(GpuSettings(max_batch=2, max_step_tokens=64, scheduling_policy="priority"))
+    low = engine.submit(b"x" * 4 * 200, 3, priority=5)  # 200 tokens: 4 steps of prefill
+    engine.step()
+    assert low.prefill_left == 200 - 64
+    # 40 tokens each: one step's budget prefills one of them and part of another.
+    first, second = (
+        engine.submit(b"a" * 160, 3, priority=1),
+        engine.submit(b"b" * 160, 3, priority=1),
+    )
+    urgent = engine.submit(b"c" * 160, 3, priority=0)
+    # The queue is urgent, first, second: urgent takes the free place, first takes low's
+    # (preempted: it goes back to the queue, after second), and urgent is prefilled first.
+    step = engine.step()
+    assert step is not None
+    assert [r for r, _ in step.tokens] == [urgent]
+    assert (low.preempted, engine.preemptions, engine.running, engine.waiting) == (1, 1, 2, 2)
+    served = []
+    while (step := engine.step()) is not None:
+        served += [r for r, count in step.tokens if r.produced == count]  # first tokens
+    assert served.index(first) < served.index(second) < served.index(low)
+    assert all(r.done for r in (low, first, second, urgent))
+
+
+def test_a_preempted_request_recomputes_what_it_had_and_keeps_its_tokens() -> None:
+    engine = GpuEngine(GpuSettings(max_batch=1, scheduling_policy="priority"))
+    batch = engine.submit(b"p" * 4 * 100, 10, priority=1)
+    for _ in range(4):  # its prefill, then three more tokens
+        engine.step()
+    assert batch.produced == 4
+    urgent = engine.submit(b"q" * 4 * 10, 2, priority=0)
+    step = engine.step()
+    assert step is not None and [r for r, _ in step.tokens] == [urgent]
+    assert batch.preempted == 1 and engine.waiting == 1
+    drain(engine)
+    # Back in the batch it prefilled again its prompt's uncached tokens and its 4 tokens, and
+    # generated the 6 it had left: 10 in all, none twice.
+    assert batch.produced == 10 and batch.done
+    assert engine.prompt_tokens == 100 + 10  # each prompt counted once, as vLLM counts them
+
+
+def test_first_come_first_served_never_preempts_and_refuses_a_priority() -> None:
+    engine = GpuEngine(GpuSettings(max_batch=1))
+    engine.submit(b"first", 5)
+    engine.step()
+    later = engine.submit(b"later", 1)
+    engine.step()
+    assert (engine.preemptions, later.produced) == (0, 0)
+    with pytest.raises(ValueError, match="priority 3 without priority scheduling"):
+        engine.submit(b"x", 1, priority=3)
+    assert "vllm:num_preemptions_total" in engine.metrics_text("m").decode()
+
+
 @pytest.mark.parametrize(
     ("settings", "problem"),
     [
@@ -282,6 +335,9 @@ def test_lora_requests_info_names_running_and_waiting_adapters() -> None:
         pytest.param({"kv_tokens": 8}, "kv_tokens must be >= block_tokens", id="tiny-cache"),
         pytest.param({"jitter": 1.5}, "jitter must be in [0, 1)", id="jitter"),
         pytest.param({"max_step_tokens": 4}, "max_step_tokens must be >= max_batch", id="budget"),
+        pytest.param(
+            {"scheduling_policy": "lifo"}, "scheduling_policy must be fcfs or priority", id="policy"
+        ),
     ],
 )
 def test_settings_that_cannot_work_are_refused(settings: dict[str, object], problem: str) -> None:

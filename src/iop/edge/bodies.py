@@ -344,16 +344,32 @@ class ParsedRequest:
     estimate: int | None = None
     #: A Responses request's `previous_response_id`: the stored response it continues.
     previous_response_id: str | None = None
+    #: The client's own `priority` (or `_ABSENT`) while `encode` has put the Edge's there;
+    #: None while it has not.
+    client_priority: Any = None
 
-    def encode(self, served_model: str) -> bytes:
-        """The body to forward to a provider that serves the model as `served_model`.
+    def encode(self, served_model: str, priority: int | None = None) -> bytes:
+        """The body to forward to a provider that serves the model as `served_model`, with
+        `priority` as its `priority` field (vLLM's: lower is served first) in place of the
+        client's; None leaves the client's (put back if an earlier try replaced it).
 
         A document nested deeper than the serializer goes (orjson stops at 255 levels, while
         its parser reads 1,024) is the client's problem, not the Edge's: a 400.
         """
-        self.document["model"] = served_model
+        document = self.document
+        document["model"] = served_model
+        if priority is not None:
+            if self.client_priority is None:
+                self.client_priority = document.get("priority", _ABSENT)
+            document["priority"] = priority
+        elif self.client_priority is not None:
+            if self.client_priority is _ABSENT:
+                del document["priority"]
+            else:
+                document["priority"] = self.client_priority
+            self.client_priority = None
         try:
-            return orjson.dumps(self.document)
+            return orjson.dumps(document)
         except orjson.JSONEncodeError as exc:
             raise BadRequest(
                 f"The request body cannot be forwarded: {exc}. Nest it less deeply."

@@ -204,6 +204,17 @@ class ProviderSpec(Spec):
     queue_timeout_ms: Annotated[
         int, live("Milliseconds a request may wait for this provider before a 503.", gt=0)
     ] = 30_000
+    engine_priority: Annotated[
+        bool,
+        live(
+            "Send each request's priority class to this server as the body's `priority`, "
+            "vLLM's (lower is served first: the class's priority negated, so `interactive` at "
+            "10 goes as -10), in place of any the client sent. For a vLLM server run with "
+            "`--scheduling-policy priority`, which then orders its queue and prefill by class "
+            "and preempts a lower class's running request for a higher one's; a server that "
+            "schedules first come first served refuses a nonzero priority (400)."
+        ),
+    ] = False
     health: Annotated[
         HealthPolicy,
         live(

@@ -9,8 +9,9 @@ went. A touched model takes a **canary** (a share of its requests, in steps) whe
 `rollout.mode: canary`:
 
 - it is in both configs and what serves it changed, not only how much: its providers, served
-  names, policy, fallbacks, timeouts or generation policy (a change of capacity, priority or
-  queues alone applies to all at once and is watched: it should not take a minute to apply);
+  names, policy, fallbacks, timeouts, generation policy or its providers' `engine_priority` (a
+  change of capacity, priority or queues alone applies to all at once and is watched: it should
+  not take a minute to apply);
 - every provider the stable revision sends it to is still on its node with the same adapter
   settings. A Node process holds one adapter per provider, and a change of adapter settings is
   restart-required (the caller restarts the node, which comes back with the new ones), so the
@@ -124,7 +125,10 @@ def _mapped(model: ModelSpec | None, providers: Mapping[str, ProviderSpec]) -> l
 def _essence(model: ModelSpec, providers: Mapping[str, ProviderSpec]) -> tuple[Any, ...]:
     """What serves a model, without how much: a change of limits alone leaves it equal."""
     return (
-        frozenset((pid, model.providers[pid]) for pid in _mapped(model, providers)),
+        frozenset(
+            (pid, model.providers[pid], providers[pid].engine_priority)
+            for pid in _mapped(model, providers)
+        ),
         model.generation,
         tuple(model.fallbacks),
         model.first_byte_timeout_ms,

@@ -5,7 +5,11 @@ nothing else: tokens estimated from text (`BYTES_PER_TOKEN`), chats rendered by 
 (`render_chat`), a KV cache of hashed prefix blocks evicted least recently used, a batch of at
 most `max_batch` admitted first come first served, engine steps of chunked prefill and decoding
 whose duration grows with the batch, and LoRA adapters in `max_loras` slots (a load stalls the
-step that needs it; a request whose adapter finds every slot busy waits for a swap). It is pure
+step that needs it; a request whose adapter finds every slot busy waits for a swap). With
+`scheduling_policy="priority"` (vLLM's `--scheduling-policy priority`) each request's `priority`
+(lower first) orders the waiting queue and the prefill chunks, and a waiting request that finds
+the batch or the cache full preempts the running request of the lowest priority below its own
+(the latest admitted of those), which goes back to the queue and recomputes what it had. It is pure
 state: `step()` is a function of what was submitted and the seed, so tests drive it with no
 clock; the fake upstream runs it in real time (`upstream/gpuclock.py`) and serves vLLM's metric
 names (`metrics_text`).
@@ -60,7 +64,17 @@ class GpuSettings:
     lora_load_ms: float = _flag(
         50.0, "what loading an adapter into a slot adds to the step that admits its request"
     )
+    scheduling_policy: str = _flag(
+        "fcfs",
+        "fcfs, or priority: each request's priority (lower first) orders the queue and the "
+        "prefill, and preempts a running request of a lower one (vLLM's --scheduling-policy); "
+        "with fcfs a request with a nonzero priority gets 400, as from vLLM",
+    )
     seed: int = 0
+
+    @property
+    def by_priority(self) -> bool:
+        return self.scheduling_policy == "priority"
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -87,8 +101,16 @@ class GpuSettings:
             problems.append("max_loras and lora_load_ms must be >= 0")
         if self.adapters and self.max_loras < 1:
             problems.append("lora_adapters need max_loras >= 1 (a slot to load one in)")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            problems.append(
+                f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}"
+            )
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def _by_priority(request: SimRequest) -> int:
+    return request.priority
 
 
 def token_count(text: bytes) -> int:
@@ -146,6 +168,10 @@ class SimRequest:
     cancelled: bool = False
     #: The LoRA adapter it runs with (None: the base model).
     adapter: str | None = None
+    #: Its place in the queue with `scheduling_policy="priority"`: lower goes first.
+    priority: int = 0
+    #: Times it was preempted (and went back to the queue to recompute what it had).
+    preempted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +216,8 @@ class GpuEngine:
         #: Adapters loaded into a slot, and those of them that took another's slot (swaps).
         self.adapter_loads = 0
         self.adapter_swaps = 0
+        #: Running requests sent back to the queue for a waiting one of a higher priority.
+        self.preemptions = 0
 
     # -- what the server sees -------------------------------------------------------------------
 
@@ -229,18 +257,38 @@ class GpuEngine:
         return tuple(dict.fromkeys(r.adapter for r in self._waiting if r.adapter is not None))
 
     def submit(
-        self, prompt: bytes, output_tokens: int, answer: bytes = b"", adapter: str | None = None
+        self,
+        prompt: bytes,
+        output_tokens: int,
+        answer: bytes = b"",
+        adapter: str | None = None,
+        priority: int = 0,
     ) -> SimRequest:
         """Queue a request of `prompt` that generates `output_tokens` (its text: `answer`), with
-        the LoRA adapter `adapter` (None: the base model)."""
+        the LoRA adapter `adapter` (None: the base model) and `priority` (lower first; only
+        with `scheduling_policy="priority"`, which else refuses any but 0)."""
         if adapter is not None and self.settings.max_loras < 1:
             raise ValueError(f"adapter {adapter!r} on a server without adapter slots")
+        if priority and not self.settings.by_priority:
+            raise ValueError(f"priority {priority} without priority scheduling")
         self._ids += 1
-        request = SimRequest(self._ids, prompt, answer, max(1, output_tokens), adapter=adapter)
+        request = SimRequest(
+            self._ids, prompt, answer, max(1, output_tokens), adapter=adapter, priority=priority
+        )
         request.prompt_tokens = token_count(prompt)
         request.chain = self._chain(prompt)
-        self._waiting.append(request)
+        self._queue(request)
         return request
+
+    def _queue(self, request: SimRequest) -> None:
+        """Into the waiting queue: at its end, or, by priority, after every request of the same
+        or a higher one (lower `priority`) and before the rest; by arrival within one."""
+        waiting = self._waiting
+        if not self.settings.by_priority or not waiting or waiting[-1].priority <= request.priority:
+            waiting.append(request)
+            return
+        at = next(i for i, queued in enumerate(waiting) if queued.priority > request.priority)
+        waiting.insert(at, request)
 
     def cancel(self, request: SimRequest) -> None:
         """The client left: the request stops and frees what it held."""
@@ -267,7 +315,10 @@ class GpuEngine:
         decoding = [r for r in self._running if r.prefill_left == 0]
         budget -= len(decoding)
         prefill = 0
-        for request in self._running:
+        prefilling = self._running
+        if settings.by_priority:  # a stable sort: by arrival within one priority
+            prefilling = sorted(prefilling, key=_by_priority)
+        for request in prefilling:
             if request.prefill_left == 0 or budget <= 0:
                 continue
             chunk = min(request.prefill_left, budget)
@@ -310,20 +361,43 @@ class GpuEngine:
         loads = 0
         skipped: list[SimRequest] = []
         try:
-            while self._waiting and len(self._running) < settings.max_batch:
+            while self._waiting:
                 request = self._waiting[0]
+                if len(self._running) >= settings.max_batch:
+                    if not self._preempt_for(request):
+                        break
+                    continue
                 if request.adapter is not None:
                     active = {r.adapter for r in self._running if r.adapter is not None}
                     if request.adapter not in active and len(active) >= settings.max_loras:
                         skipped.append(self._waiting.popleft())
                         continue
                 if not self._admit_one(request):
-                    break
+                    if not self._preempt_for(request):
+                        break
+                    continue
                 if request.adapter is not None:
                     loads += self._load(request.adapter)
         finally:
             self._waiting.extendleft(reversed(skipped))
         return loads
+
+    def _preempt_for(self, request: SimRequest) -> bool:
+        """With priority scheduling: send the running request of the lowest priority below
+        `request`'s (the latest admitted of those) back to the queue, its blocks freed, to
+        recompute its prompt and what it generated when admitted again (vLLM's recompute
+        preemption); False when none is below it."""
+        if not self.settings.by_priority:
+            return False
+        victim = max(reversed(self._running), key=_by_priority, default=None)
+        if victim is None or victim.priority <= request.priority:
+            return False
+        self._running.remove(victim)
+        self._release(victim, cache_answer=False)
+        victim.preempted += 1
+        self.preemptions += 1
+        self._queue(victim)
+        return True
 
     def _load(self, adapter: str) -> int:
         """Put `adapter` in a slot (1: it was not in one), evicting the least recently used
@@ -364,10 +438,13 @@ class GpuEngine:
         self._private += own
         request.private_blocks = own
         request.cached_tokens = hits * settings.block_tokens
+        # A preempted request recomputes its prompt and the tokens it had generated.
         request.prefill_left = max(1, request.prompt_tokens - request.cached_tokens)
-        self.prefix_queries += request.prompt_tokens
-        self.prefix_hits += request.cached_tokens
-        self.prompt_tokens += request.prompt_tokens
+        request.prefill_left += request.produced
+        if not request.preempted:
+            self.prefix_queries += request.prompt_tokens
+            self.prefix_hits += request.cached_tokens
+            self.prompt_tokens += request.prompt_tokens
         self._running.append(request)
         return True
 
@@ -487,6 +564,11 @@ class GpuEngine:
                 "vllm:request_success_total",
                 "Count of successfully processed requests.",
                 lambda: self.finished,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+                lambda: self.preemptions,
             ),
         )
         for name, help_text, value in counters:

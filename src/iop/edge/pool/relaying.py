@@ -499,6 +499,12 @@ class RelayedRun:
         if pool_model is not None:
             apply_policy(self._request, pool_model.generation)
 
+    def _engine_priority(self, lease: Lease) -> int | None:
+        """The `priority` the lease's server gets (vLLM's: lower first), or None: the server
+        does not schedule by one (`providers[].engine_priority`)."""
+        limits = lease.snapshot.providers.get(lease.provider_id)
+        return -self._priority.level if limits is not None and limits.engine_priority else None
+
     async def _start(self, lease: Lease) -> RunEvent:
         request = self._request
         trace = self._trace
@@ -511,7 +517,7 @@ class RelayedRun:
                 provider_id=lease.provider_id,
                 served_model=lease.served_model,
                 kind=request.kind,
-                body=request.encode(lease.served_model),
+                body=request.encode(lease.served_model, self._engine_priority(lease)),
                 stream=request.stream,
                 long_context=self._long,
                 max_response_bytes=lease.snapshot.config.openai.max_response_bytes,

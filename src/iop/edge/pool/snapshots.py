@@ -40,6 +40,8 @@ class ProviderLimits:
     priority: int
     max_queue: int
     queue_timeout_ms: int
+    #: Its server schedules by the request's `priority` field: the Edge sends the class's.
+    engine_priority: bool = False
 
     @property
     def takes_long(self) -> bool:
@@ -136,6 +138,7 @@ class PoolSnapshot:
                 priority=spec.priority,
                 max_queue=spec.max_queue,
                 queue_timeout_ms=spec.queue_timeout_ms,
+                engine_priority=spec.engine_priority,
             )
             for node in config.nodes
             for spec in node.providers

@@ -13,7 +13,7 @@ import orjson
 
 from iop.aiokits import guarded_task
 
-from ..answers import Completion, tokens
+from ..answers import Completion, error_body, tokens
 from ..simulating import GpuEngine, GpuSettings, render_answer, render_chat
 from .connection import Connection, Request
 from .streaming import completion_chunks, completion_end
@@ -49,6 +49,22 @@ class GpuClock:
         done, one more per engine step; the whole body at the end when it does not stream."""
         engine = self.engine
         document = orjson.loads(request.body)
+        priority = document.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            refusal = error_body(
+                "priority must be an integer", type="BadRequestError", param="priority"
+            )
+            connection.write_response(400, refusal, request.keep_alive)
+            return
+        if priority and not engine.settings.by_priority:
+            # vLLM's words for a priority sent to a server that schedules first come first served.
+            refusal = error_body(
+                f"Got priority {priority} but Priority scheduling is not enabled.",
+                type="BadRequestError",
+                param="priority",
+            )
+            connection.write_response(400, refusal, request.keep_alive)
+            return
         if completion.kind == "chat":
             prompt = render_chat(document.get("messages") or [])
         else:
@@ -56,7 +72,9 @@ class GpuClock:
             prompt = (raw if isinstance(raw, str) else orjson.dumps(raw).decode()).encode()
         text = "".join(tokens(completion.completion_tokens))
         adapter = completion.model if completion.model in engine.settings.adapters else None
-        sim = engine.submit(prompt, completion.completion_tokens, render_answer(text), adapter)
+        sim = engine.submit(
+            prompt, completion.completion_tokens, render_answer(text), adapter, priority
+        )
         queue: asyncio.Queue[int] = asyncio.Queue()
         self._sims[sim.id] = queue
         self._wake.set()
