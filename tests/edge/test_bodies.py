@@ -10,17 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from iop.edge.bodies import (
-    _MODELS,
-    MEDIA_PART_TOKENS,
-    BodyBounds,
-    _bad_request,
-    _conforms,
-    check_structure,
-    estimate_tokens,
-    is_long,
-    parse_request,
-)
+from iop.edge.bodies import MEDIA_PART_TOKENS, estimate_tokens, is_long, parse_request
+from iop.edge.bodybounds import BodyBounds, check_structure
+from iop.edge.bodymodels import MODELS, bad_request, conforms
 from iop.edge.errors import BadRequest
 from iop.wire import RunKind
 
@@ -203,12 +195,12 @@ def test_the_check_by_hand_accepts_only_what_the_models_accept(
     document = {**right, **wrong}
     raw = orjson.dumps(document)
     try:
-        _MODELS[kind].model_validate(orjson.loads(raw))
+        MODELS[kind].model_validate(orjson.loads(raw))
     except ValidationError as exc:
         with pytest.raises(BadRequest) as caught:
             parse_request(kind, raw)
-        assert caught.value.param == _bad_request(exc.errors(include_url=False)).param
-        assert not _conforms(kind, orjson.loads(raw))
+        assert caught.value.param == bad_request(exc.errors(include_url=False)).param
+        assert not conforms(kind, orjson.loads(raw))
     else:
         assert parse_request(kind, raw).model == document["model"]
 

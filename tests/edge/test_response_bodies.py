@@ -11,16 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from iop.edge.bodies import (
-    MEDIA_PART_TOKENS,
-    BodyBounds,
-    ResponseBody,
-    _conforms,
-    _input_problem,
-    apply_policy,
-    estimate_tokens,
-    parse_request,
-)
+from iop.edge.bodies import MEDIA_PART_TOKENS, apply_policy, estimate_tokens, parse_request
+from iop.edge.bodybounds import BodyBounds
+from iop.edge.bodymodels import ResponseBody, conforms, input_problem
 from iop.edge.errors import BadRequest
 from iop.edge.pool.prefixes import prefix_key
 from iop.edgeconfig import GenerationPolicy
@@ -193,12 +186,12 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-1, 3), st.just("x"), 
 def test_the_check_by_hand_accepts_only_what_the_rules_accept(document: dict[str, Any]) -> None:
     try:
         ResponseBody.model_validate(document)
-        valid = _input_problem(document["input"]) is None
+        valid = input_problem(document["input"]) is None
     except ValidationError:
         valid = False
     if valid:
         assert parse_request("response", orjson.dumps(document)).model == "m"
     else:
-        assert not _conforms("response", document)
+        assert not conforms("response", document)
         with pytest.raises(BadRequest):
             parse_request("response", orjson.dumps(document))

@@ -7,7 +7,9 @@ pyproject.toml; docs/architecture.md draws them):
   of what the Edge turns away;
 - `http`: requests in and out; `refresh`: a live refresh; `limits`: `openai.limits[]`;
 - `pool`: where a request runs; `hub`: the Nodes, remote or placed on the Edge;
-- a request's values: `errors` (the one exception hierarchy), `bodies` (request bodies),
+- a request's values: `errors` (the one exception hierarchy), `bodies` (request bodies: parsed,
+  the generation policy, the token estimate), `bodymodels` (what a body must be, by hand and by
+  the pydantic models), `bodybounds` (its bulk, bounded before and as it is parsed),
   `authenticating` (API keys to principals) and `authfailures` (failed keys per address).
 """
 

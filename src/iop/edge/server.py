@@ -24,7 +24,7 @@ from iop.edgeconfig import EdgeConfig, UpstreamPolicy
 
 from .authenticating import Authenticator
 from .authfailures import AuthFailures
-from .bodies import BodyBounds
+from .bodybounds import BodyBounds
 from .guardmetrics import GuardCollector
 from .http import AdminApp, AdminAuth, ClientGuard, HttpCaps, HttpServer, MetricsApp, OpenAIApp
 from .hub import Hub, HubCaps, NodeHub, NodeWait, PeerCount, Readiness, available_providers

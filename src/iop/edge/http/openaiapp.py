@@ -27,7 +27,8 @@ from iop.aiokits import LogThrottle
 from iop.wire import RunChunk, RunDone, RunFailed, RunKind
 
 from ..authenticating import Authenticator, Principal
-from ..bodies import BodyBounds, ParsedRequest, apply_policy, is_long, parse_request
+from ..bodies import ParsedRequest, apply_policy, is_long, parse_request
+from ..bodybounds import BodyBounds
 from ..errors import (
     EdgeError,
     InternalError,
