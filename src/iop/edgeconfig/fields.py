@@ -169,20 +169,27 @@ class Spec(BaseModel):
     )
 
     def __eq__(self, other: object) -> bool:
-        # pydantic's own comparison, sped up: a live change to a config of thousands of nodes
-        # compares tens of thousands of sections (the classification, the hub's and the pool's
-        # snapshots), and pydantic looks at its generic origin and private and extra values
-        # first. A section has no extra values (`extra="forbid"`); with no private attributes
-        # and nothing cached beside its fields, its fields are its `__dict__`.
-        if type(other) is type(self) and not self.__private_attributes__:
-            mine, theirs = self.__dict__, other.__dict__
-            if mine == theirs:
-                return True
-            if len(mine) == len(theirs) == len(type(self).__pydantic_fields__):
-                return False
-        return super().__eq__(other)
+        # A live change to a config of thousands of nodes compares tens of thousands of
+        # sections (the classification, the hub's and the pool's snapshots).
+        same = fields_equal(self, other)
+        return super().__eq__(other) if same is None else same
 
     __hash__ = BaseModel.__hash__
+
+
+def fields_equal(model: BaseModel, other: object) -> bool | None:
+    """pydantic's comparison of two models without extra values, sped up, or None when only
+    pydantic's own can tell. pydantic looks at the generic origin and the private and extra
+    values first; with no private attributes and nothing cached beside its fields (no extra
+    values: `extra="forbid"` or "ignore"), a model's fields are its `__dict__`."""
+    if type(other) is not type(model) or model.__private_attributes__:
+        return None
+    mine, theirs = model.__dict__, other.__dict__
+    if mine == theirs:
+        return True
+    if len(mine) == len(theirs) == len(type(model).__pydantic_fields__):
+        return False
+    return None
 
 
 # -- tokens held in Kubernetes Secrets ----------------------------------------------------------

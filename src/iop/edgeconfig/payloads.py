@@ -20,13 +20,26 @@ import orjson
 from pydantic import BaseModel, field_validator
 
 from .configs import EdgeConfig
+from .fields import fields_equal
 from .nodespecs import AdapterSettings, HealthPolicy, NodeSpec, ProviderSpec
 from .trees import to_tree
 
 _DEFAULT_HEALTH = HealthPolicy()
 
 
-class ProviderPayload(BaseModel, frozen=True):
+class _Payload(BaseModel, frozen=True):
+    """Compared as `Spec`s are (`fields.fields_equal`): an apply that changes every node of
+    thousands compares each node's new payload with its last one twice (the hub's snapshot and
+    the classification), and pydantic's own comparison cost most of that."""
+
+    def __eq__(self, other: object) -> bool:
+        same = fields_equal(self, other)
+        return super().__eq__(other) if same is None else same
+
+    __hash__ = BaseModel.__hash__
+
+
+class ProviderPayload(_Payload, frozen=True):
     """One provider as its Node sees it."""
 
     id: str
@@ -73,7 +86,7 @@ class ProviderPayload(BaseModel, frozen=True):
         return _DEFAULT_HEALTH if self.health is None else self.health
 
 
-class NodePayload(BaseModel, frozen=True):
+class NodePayload(_Payload, frozen=True):
     """Everything one Node needs from the config; equal payloads mean nothing to push."""
 
     node_id: str

@@ -55,15 +55,21 @@ def to_tree(value: Any, *, defaults: bool = True) -> Any:
             item = getattr(value, name)
             if not defaults and default is not _NO_DEFAULT and bool(item == default):
                 continue
-            tree[name] = (
-                [to_tree(v, defaults=defaults) for v in item]
-                if ordered
-                else to_tree(item, defaults=defaults)
-            )
+            if ordered:
+                tree[name] = [to_tree(v, defaults=defaults) for v in item]
+            elif item is None or type(item) in _LEAVES:  # (most fields: no call for them)
+                tree[name] = item
+            else:
+                tree[name] = to_tree(item, defaults=defaults)
         return tree
     if isinstance(value, list | tuple):
-        if value and all(isinstance(v, BaseModel) and item_key(v) is not None for v in value):
-            return {f"[{item_key(v)}]": to_tree(v, defaults=defaults) for v in value}
+        # Each item's key looked up once (a config's hash keys every node and provider).
+        keys = [item_key(v) if isinstance(v, BaseModel) else None for v in value]
+        if value and None not in keys:
+            return {
+                f"[{key}]": to_tree(v, defaults=defaults)
+                for key, v in zip(keys, value, strict=True)
+            }
         return sorted((to_tree(v, defaults=defaults) for v in value), key=repr)
     if isinstance(value, Mapping):
         return {str(k): to_tree(v, defaults=defaults) for k, v in value.items()}
