@@ -312,6 +312,19 @@ def test_a_preempted_request_recomputes_what_it_had_and_keeps_its_tokens() -> No
     assert engine.prompt_tokens == 100 + 10  # each prompt counted once, as vLLM counts them
 
 
+def test_a_preempted_request_goes_back_ahead_of_later_ones_of_its_priority() -> None:
+    engine = GpuEngine(GpuSettings(max_batch=1, scheduling_policy="priority"))
+    early = engine.submit(b"early", 5, priority=1)
+    engine.step()
+    late = engine.submit(b"late", 5, priority=1)
+    urgent = engine.submit(b"urgent", 2, priority=0)
+    finished = []
+    while (step := engine.step()) is not None:
+        finished += step.finished
+    assert finished == [urgent, early, late]
+    assert early.preempted == 1 and late.preempted == 0
+
+
 def test_first_come_first_served_never_preempts_and_refuses_a_priority() -> None:
     engine = GpuEngine(GpuSettings(max_batch=1))
     engine.submit(b"first", 5)

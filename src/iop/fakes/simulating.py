@@ -281,13 +281,19 @@ class GpuEngine:
         return request
 
     def _queue(self, request: SimRequest) -> None:
-        """Into the waiting queue: at its end, or, by priority, after every request of the same
-        or a higher one (lower `priority`) and before the rest; by arrival within one."""
+        """Into the waiting queue: at its end, or, by priority, in (priority, arrival) order, as
+        vLLM's priority queue keeps it: a new request after every one of its priority or a
+        higher (lower `priority`), a preempted one back in its place by arrival."""
         waiting = self._waiting
-        if not self.settings.by_priority or not waiting or waiting[-1].priority <= request.priority:
+        key = (request.priority, request.id)
+        if (
+            not self.settings.by_priority
+            or not waiting
+            or ((waiting[-1].priority, waiting[-1].id) < key)
+        ):
             waiting.append(request)
             return
-        at = next(i for i, queued in enumerate(waiting) if queued.priority > request.priority)
+        at = next(i for i, queued in enumerate(waiting) if (queued.priority, queued.id) > key)
         waiting.insert(at, request)
 
     def cancel(self, request: SimRequest) -> None:
