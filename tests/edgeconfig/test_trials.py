@@ -58,6 +58,10 @@ def policy(config: dict[str, Any]) -> None:
     config["models"][0]["dispatch"] = {"policy": "least_load"}
 
 
+def engine_priority(config: dict[str, Any]) -> None:
+    find_provider(config, "pc")["engine_priority"] = True
+
+
 def url_moved(config: dict[str, Any]) -> None:
     find_provider(config, "pa")["adapter"] = {"type": "openai", "base_url": "http://127.0.0.1:9/v1"}
     config["models"][0]["providers"] = {"pa": "pa-served"}
@@ -71,6 +75,8 @@ def url_moved(config: dict[str, Any]) -> None:
         pytest.param(served_name, ("other",), ("other",), id="served-name-canary"),
         pytest.param(provider_added, ("m",), ("m",), id="new-provider-canary"),
         pytest.param(policy, ("m",), ("m",), id="policy-canary"),
+        # A server that schedules first come first served refuses a class sent as `priority`.
+        pytest.param(engine_priority, ("other",), ("other",), id="engine-priority-canary"),
     ],
 )
 def test_what_serves_a_model_takes_a_canary_how_much_does_not(
