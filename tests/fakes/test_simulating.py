@@ -318,7 +318,7 @@ def test_a_preempted_request_goes_back_ahead_of_later_ones_of_its_priority() -> 
     engine.step()
     late = engine.submit(b"late", 5, priority=1)
     urgent = engine.submit(b"urgent", 2, priority=0)
-    finished = []
+    finished: list[SimRequest] = []
     while (step := engine.step()) is not None:
         finished += step.finished
     assert finished == [urgent, early, late]
