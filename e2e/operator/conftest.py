@@ -52,8 +52,9 @@ def host_spec() -> dict[str, Any]:
 
     - model `m`: pa (priority 0, no long-context slot) and pb (priority 10, one long slot), on
       node-1: which one answers shows priority, `enabled` and the long-context threshold;
-    - model `solo`: pd alone on node-1, slow (300 ms), capacity 1, no queue: two requests at
-      once show the capacity;
+    - model `solo`: pd alone on node-1, slow (1 s: a change that moves `m` to it fails the
+      first-token check even on a loaded machine, whose baseline p95 reached 250 ms), capacity
+      1, no queue: two requests at once show the capacity;
     - model `n`: pc on node-2 (the background load's model).
 
     A live change applies to all at once (watched, `rollout.mode: watch`), so a test sees each
@@ -103,7 +104,7 @@ def host_spec() -> dict[str, Any]:
                     fake("pb", priority=10, longContextSlots=1),
                     fake(
                         "pd",
-                        adapter={"type": "fake", "latencyMs": 300},
+                        adapter={"type": "fake", "latencyMs": 1000},
                         capacity=1,
                         maxQueue=0,
                     ),

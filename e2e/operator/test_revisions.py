@@ -126,7 +126,7 @@ async def test_a_change_that_hurts_is_rolled_back_and_a_new_spec_starts_over(
     for _ in range(3):  # the stable revision's own first tokens: pa answers at once
         await one_request(stack)
     slow = copy.deepcopy(spec)
-    slow["models"][0]["providers"] = {"pd": "served-d"}  # m moved to the 300 ms provider
+    slow["models"][0]["providers"] = {"pd": "served-d"}  # m moved to the 1 s provider
     await asyncio.to_thread(edgeconfigs.apply, "demo", slow)
 
     ec = await serve_until(stack, edgeconfigs, "RolledBack")
