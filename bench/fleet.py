@@ -3,7 +3,7 @@
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
         [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120] [--load-here]
-        [--profile DIR] [--ramp PER_SECOND]
+        [--profile DIR] [--ramp PER_SECOND] [--chart docs/fleet.png]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -51,8 +51,8 @@ config raises `edge.node_link.max_unauthenticated_per_client` (default 8) to
 `--per-client-hellos` so that the per-address bound does not stand for the fleet-wide one
 (`max_unauthenticated_connections`, 64, kept). `edge.node_link.max_connections` (1,024) is left
 as shipped unless `--max-connections` sets it: a row whose N exceeds it shows how many nodes
-got in by the connect timeout. Prints a table and ratios against the first N. Figures go to
-docs/benchmarks.md ("## A fleet of Nodes").
+got in by the connect timeout. Prints a table and ratios against the first N (`--chart`: each
+cost against N, with the goals). Figures go to docs/benchmarks.md ("## A fleet of Nodes").
 """
 
 from __future__ import annotations
@@ -604,6 +604,63 @@ def print_table(rows: list[Row]) -> None:
         print(f"\n{errors:,} requests were answered with a status other than 200")
 
 
+#: Issue 35's goals, drawn on the chart: (panel, nodes, value); a None nodes is every N.
+GOALS: dict[str, list[tuple[int | None, float]]] = {
+    "connect_s": [(1000, 3.0)],
+    "kib_per_node": [(None, 64.0)],
+    "idle_edge_cores": [(1000, 0.05)],
+    "apply_s": [(1000, 0.3), (5000, 1.5)],
+}
+
+
+def chart(rows: list[Row], path: Path) -> None:
+    """Each cost against N (log scales but for the two that should stay flat), the goals as red
+    marks: a cross where a goal is set at one N, a dotted line where it holds at every N (CPU
+    per request: 1.1x the first N's)."""
+    panels = (
+        ("connect_s", "connect all (s)"),
+        ("kib_per_node", "Edge RSS per node (KiB)"),
+        ("idle_edge_cores", "idle Edge CPU (cores)"),
+        ("apply_s", "live apply until every ack (s)"),
+        ("apply_one_s", "apply to one node (s)"),
+        ("edge_us_per_request", "Edge CPU per request (us)"),
+    )
+    done = [r for r in rows if r.connected == r.nodes]
+    with benchkit.figure(path, 2, 3, (13, 7.5)) as (figure, axes):
+        for ax, (name, title) in zip(axes.flat, panels, strict=True):
+            nodes = [r.nodes for r in done]
+            ax.plot(nodes, [getattr(r, name) for r in done], "-o", color="#08306b", label="IOP")
+            if name == "edge_us_per_request":
+                ax.plot(
+                    nodes,
+                    [r.edge_us_above_idle for r in done],
+                    "--o",
+                    color="#4292c6",
+                    label="above idle",
+                )
+                if done:
+                    ax.axhline(1.1 * done[0].edge_us_per_request, color="red", linestyle=":")
+                ax.legend(fontsize=8)
+            for at, value in GOALS.get(name, []):
+                if at is None:
+                    ax.axhline(value, color="red", linestyle=":")
+                else:
+                    ax.plot([at], [value], "x", color="red", markersize=9, mew=2)
+            ax.set_title(title)
+            ax.set_xscale("log")
+            if name in ("kib_per_node", "edge_us_per_request"):  # flat where it should be
+                ax.set_ylim(bottom=0)
+            else:
+                ax.set_yscale("log")
+            ax.set_xlabel("nodes")
+            ax.grid(alpha=0.3, which="both")
+        figure.suptitle(
+            "What a fleet of Nodes costs one Edge (2 cores shared with the fleet's process); "
+            "red: issue 35's goals"
+        )
+        figure.tight_layout()
+
+
 async def main(args: argparse.Namespace) -> None:
     # Ctrl-C or SIGTERM cancels the run, so that every `finally` stops the fleet and the Edge.
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
@@ -620,6 +677,8 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await generator.aclose()
     print_table(rows)
+    if args.chart is not None:
+        chart(rows, args.chart)
 
 
 def sizes(text: str) -> list[int]:
@@ -680,6 +739,9 @@ if __name__ == "__main__":
         metavar="DIR",
         help="record the Edge with py-spy over each phase into DIR (N-idle.raw, N-apply.raw, "
         "N-load.raw)",
+    )
+    parser.add_argument(
+        "--chart", type=Path, default=None, help="draw each cost against N into this PNG"
     )
     parser.add_argument("--load-generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="ERROR", help="this process's (the fleet's) log")
