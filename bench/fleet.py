@@ -3,7 +3,7 @@
     uv run --frozen python -m bench.fleet [--nodes 10,100,500,1000] [--idle-seconds 10]
         [--seconds 5] [--concurrency 32] [--per-client-hellos 64] [--max-connections N]
         [--heartbeat-ms MS] [--idle-heartbeat-ms MS] [--connect-timeout 120] [--load-here]
-        [--profile DIR] [--ramp PER_SECOND] [--chart docs/fleet.png]
+        [--profile DIR] [--ramp PER_SECOND] [--load-models K] [--chart docs/fleet.png]
 
 One `iop edge run` child per N (its CPU and RSS read from /proc, alone), and N Nodes in this
 process: each what `NodeAgent` (`iop node run`) builds for one Edge, its `Runner` with two
@@ -33,11 +33,11 @@ Per N, on a fresh Edge whose config lists the N nodes:
    apply holds past a link's deadline loses its fleet; then a change to one node's provider
    (one push), until its ack;
 5. load: `--concurrency` keep-alive clients (bench/benchkit.py's `Connection`) sending
-   non-streaming chat completions of 8 tokens, each request for the next model round the fleet,
-   for `--seconds`: requests/s and the Edge's CPU time per request, as measured and less what
-   it spends idle (the heartbeats go on meanwhile). The load generator is a process of its
-   own (`--load-here`: this one, beside the fleet, as the runs before 2026-12-03 10:00 were),
-   its clients connected before the Edge's CPU is read.
+   non-streaming chat completions of 8 tokens, each request for the next model round the fleet
+   (`--load-models K`: round the first K), for `--seconds`: requests/s and the Edge's CPU time
+   per request, as measured and less what it spends idle (the heartbeats go on meanwhile).
+   The load generator is a process of its own (`--load-here`: this one, beside the fleet, as
+   the runs before 2026-12-03 10:00 were), its clients connected before the Edge's CPU is read.
    A warm-up first asks every model twice: a model's first requests cost the Edge once what
    later ones do not (its Prometheus label children are made), which at 1,000 models in a
    5-second run was most of the difference from 10.
@@ -536,15 +536,16 @@ async def measure(
                 # (its metrics' label children) is not counted as the fleet's cost per request.
                 await load(host, port, nodes, args.concurrency, 0.5, at_least=2 * nodes)
                 profile = await Profile.start(args.profile, f"{nodes}-load", edge.pid)
+                models = min(nodes, args.load_models or nodes)
                 if args.load_here:
                     edge_before = benchkit.cpu_seconds(edge.pid)
                     answered, row.errors, elapsed = await load(
-                        host, port, nodes, args.concurrency, args.seconds
+                        host, port, models, args.concurrency, args.seconds
                     )
                     spent = benchkit.cpu_seconds(edge.pid) - edge_before
                 else:
                     answered, row.errors, elapsed, spent = await generator.measured(
-                        edge.pid, host, port, nodes, args
+                        edge.pid, host, port, models, args
                     )
                 await profile.stop()
                 row.rps = answered / elapsed
@@ -692,6 +693,14 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=5.0, help="the load's measuring time")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--connect-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--load-models",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the measured load asks the first K models only (default: every node's): at K=10 "
+        "a large fleet's cost per request is its connected sessions', not its models'",
+    )
     parser.add_argument(
         "--per-client-hellos",
         type=int,
