@@ -48,6 +48,7 @@ from iop.wire.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServic
 from ..authfailures import AuthFailures
 from .admission import Admission
 from .caps import NODE_MESSAGE_BYTES, CapRefusals, HubCaps
+from .changes import Changes
 from .keepalive import KeepAlive
 from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
@@ -93,6 +94,7 @@ class NodeHub(AsyncService):
             idle_ms / 1000,
             idle_timeout_ms / 1000,
         )
+        self.first_event_timeout = link.first_event_timeout_ms / 1000
         self.stream_buffer_bytes = config.openai.stream_buffer_bytes
         tls = config.edge.tls
         self._tls = (
@@ -104,19 +106,17 @@ class NodeHub(AsyncService):
         self._sessions: dict[str, NodeSession] = {}
         #: Sessions of older instances that finish their runs before they end.
         self._superseded: set[NodeSession] = set()
-        self._listeners: list[Callable[[], None]] = []
-        self._links: Mapping[str, ProviderLink] | None = None
-        #: The listeners are to be told of a change on the loop's next turn (`_changed`).
-        self._telling = False
         self._stopping = False
+        #: What changed, told to the listeners once per turn of the loop (`changes.py`).
+        self._changes = Changes(logger)
         #: The nodes placed on this Edge (`nodes[].placement: edge`): run here, no session.
-        self._local = LocalNodes(self._changed, policy=policy)
+        self._local = LocalNodes(self._changes.changed, policy=policy)
         #: Who may open a session (`admission.py`): the caps, the hello check, their counters.
         self._admission = Admission(link, lambda: self._snapshot.token_hashes, logger)
         #: The liveness tick (`keepalive.py`): the sessions due a visit, judged alive or dead.
         self._keepalive = KeepAlive(
             self.liveness,
-            link.first_event_timeout_ms / 1000,
+            self.first_event_timeout,
             config.openai.stream_stall_timeout_ms / 1000,
             self._local,
             logger,
@@ -155,11 +155,6 @@ class NodeHub(AsyncService):
     def hellos_refused(self) -> int:
         """Connections refused because too many were waiting for their hello to be checked."""
         return self._admission.hellos_refused
-
-    @property
-    def first_event_timeout(self) -> float:
-        """How long a run sent waits for its node to accept it, in seconds."""
-        return self._keepalive.first_event_timeout
 
     @property
     def silent_nodes(self) -> int:
@@ -238,7 +233,7 @@ class NodeHub(AsyncService):
 
     def connected_providers(self) -> Mapping[str, ProviderLink]:
         """provider id -> link, for the providers of every connected (and configured) node."""
-        links = self._links
+        links = self._changes.links
         if links is None:
             found: dict[str, ProviderLink] = {}
             payloads = self._snapshot.payloads
@@ -259,12 +254,12 @@ class NodeHub(AsyncService):
                         )
                     found[provider.id] = link
             found.update(self._local.links())
-            links = self._links = MappingProxyType(found)
+            links = self._changes.links = MappingProxyType(found)
         return links
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback()` whenever nodes connect or disconnect or a provider's health changes."""
-        self._listeners.append(callback)
+        self._changes.add_listener(callback)
 
     def provider_loads(self) -> Mapping[str, ProviderLoad]:
         """provider id -> what its Node's last heartbeat said of its load: a live view of the
@@ -283,20 +278,8 @@ class NodeHub(AsyncService):
         for older in self._superseded:
             superseded.setdefault(older.node_id, []).append(older.instance_drain())
         return self._local.nodes() | {
-            node_id: NodeStatus(
-                node_id,
-                s.alias,
-                s.instance_id,
-                s.peer,
-                s.ready,
-                s.applied_generation,
-                s.applied_hash,
-                len(s.runs),
-                s.connected_at,
-                s.drain,
-                tuple(sorted(superseded.get(node_id, ()), key=lambda d: d.instance_id)),
-            )
-            for node_id, s in self._sessions.items()
+            node_id: session.status(superseded.get(node_id, ()))
+            for node_id, session in self._sessions.items()
         }
 
     def payload_digests(self) -> Mapping[str, str]:
@@ -363,7 +346,7 @@ class NodeHub(AsyncService):
             # No writer yet (its welcome is being written): `_serve` sends it right after.
             session.writer_put(refresh_request(session))
             waits[node_id] = future
-        self._changed()
+        self._changes.changed()
         results: dict[str, ConfigAck | None] = {**local, **dict.fromkeys(waits)}
         if waits:
             await asyncio.wait(waits.values(), timeout=ack_timeout)
@@ -380,29 +363,6 @@ class NodeHub(AsyncService):
         yield from self._sessions.values()
         yield from self._superseded
 
-    def _changed(self) -> None:
-        """A node connected or left, or a provider's health changed: the listeners are told once
-        per turn of the event loop however many changed in it, since each of them reads every
-        provider (a thousand Nodes reconnecting at once would otherwise cost a million reads)."""
-        self._links = None
-        if self._telling:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # (a hub built and changed outside a loop: tell at once)
-            self._tell()
-            return
-        self._telling = True
-        loop.call_soon(self._tell)
-
-    def _tell(self) -> None:
-        self._telling = False
-        for callback in list(self._listeners):
-            try:
-                callback()
-            except Exception:
-                logger.exception("node hub listener %r failed", callback)
-
     def _apply_local(self, snapshot: HubSnapshot) -> dict[str, ConfigAck]:
         """Give the nodes placed on this Edge their payloads (their acks, at once)."""
         placed = {node.id for node in snapshot.config.nodes if node.on_edge}
@@ -414,7 +374,7 @@ class NodeHub(AsyncService):
     def set_edge_replicas(self, replicas: int) -> None:
         """How many Edge replicas share the nodes placed on the Edge (their capacity)."""
         if self._local.set_replicas(replicas):
-            self._changed()
+            self._changes.changed()
 
     def _start_run(self, stream: RunStream) -> None:
         request = stream.request
@@ -466,7 +426,7 @@ class NodeHub(AsyncService):
             peer=peer,
             payload=payload,
             generation=snapshot.generation,
-            on_change=self._changed,
+            on_change=self._changes.changed,
             quiet_when_idle=hello.quiet_when_idle and self.liveness.quiet,
             quiet_one_way=hello.quiet_one_way,
         )
@@ -490,7 +450,7 @@ class NodeHub(AsyncService):
         self._keepalive.visits.later(session, asyncio.get_running_loop().time())
         self.sessions_opened += 1
         if previous is not None and previous.ready:
-            self._changed()  # its providers wait for the new session to be ready
+            self._changes.changed()  # its providers wait for the new session to be ready
         logger.info("node %s connected from %s (instance %s)", node_id, peer, hello.instance_id)
         return session
 
@@ -554,7 +514,7 @@ class NodeHub(AsyncService):
         session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
         logger.info("node %s disconnected: %s", node_id, reason)
         if was_ready:
-            self._changed()
+            self._changes.changed()
 
     async def _read(
         self,
@@ -574,7 +534,7 @@ class NodeHub(AsyncService):
                     session.node_id,
                     session.applied_generation,
                 )
-                self._changed()
+                self._changes.changed()
 
 
 class _LoadView(Mapping[str, ProviderLoad]):
