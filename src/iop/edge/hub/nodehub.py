@@ -3,9 +3,10 @@
 `NodeHub` is the `Hub` of `hub/protocol.py`: the request path calls `connected_providers`,
 `add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
 the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread), `swap_config`, `nodes`
-and `payload_digests`. It holds the sessions of the connected Nodes; `Admission`
-(`admission.py`) says which calls it serves, `KeepAlive` (`keepalive.py`) ticks over the sessions
-that are due, and a swap's `HubSnapshot` (`snapshots.py`) says which Nodes get a push.
+and `payload_digests`. It holds the sessions of the connected Nodes and the parts that own the
+rest: `Admission` (`admission.py`) says which calls it serves, `KeepAlive` (`keepalive.py`) ticks
+over the sessions that are due, `Changes` (`changes.py`) tells its listeners, and a swap's
+`HubSnapshot` (`snapshots.py`) says which Nodes get a push.
 
 docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
 the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
