@@ -147,7 +147,7 @@ async def test_connections_past_the_hello_caps_are_counted_by_reason_and_logged_
     async with silent_calls(hub.port, credentials, waiting) as calls:
         for call in calls:
             await call.wait_for_connection()
-        await until(lambda: hub._gate.pending == waiting)
+        await until(lambda: hub._admission._gate.pending == waiting)
         async with silent_calls(hub.port, credentials, 3) as extra:
             for call in extra:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from iop.edge.hub import NodeHub
-from iop.edge.hub.nodehub import HubSnapshot
+from iop.edge.hub.snapshots import HubSnapshot
 from iop.edgeconfig import EdgeConfig, NodePayload
 from testkit import edge_document, provider
 

@@ -3,9 +3,10 @@
 `NodeHub` is the `Hub` of `hub/protocol.py`: the request path calls `connected_providers`,
 `add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
 the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread), `swap_config`, `nodes`
-and `payload_digests`. Its tick sends heartbeats, ends silent sessions, fails runs never
-accepted and stops stalled streams, visiting the busy sessions and the quiet ones that are due
-(`visits.py`).
+and `payload_digests`. It holds the sessions of the connected Nodes and the parts that own the
+rest: `Admission` (`admission.py`) says which calls it serves, `KeepAlive` (`keepalive.py`) ticks
+over the sessions that are due, `Changes` (`changes.py`) tells its listeners, and a swap's
+`HubSnapshot` (`snapshots.py`) says which Nodes get a push.
 
 docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
 the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
@@ -15,26 +16,17 @@ clients", and "Hostile peers" for what is refused before a node is authenticated
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from math import ceil
 from types import MappingProxyType
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from iop.aiokits import AsyncService, LogThrottle, guarded_task, open_file_limit, stop_tasks
-from iop.edgeconfig import (
-    EdgeConfig,
-    NodePayload,
-    UpstreamPolicy,
-    is_loopback_listener,
-    token_sha256,
-)
+from iop.aiokits import AsyncService
+from iop.edgeconfig import EdgeConfig, NodePayload, UpstreamPolicy, is_loopback_listener
 from iop.wire import (
     MAX_ID_CHARS,
     NOT_REPORTED,
@@ -46,7 +38,6 @@ from iop.wire import (
     RunRequest,
     ServerTls,
     StreamPump,
-    Ticker,
     bounded,
     liveness_to_proto,
     payload_to_proto,
@@ -55,88 +46,19 @@ from iop.wire import (
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2_grpc import NodeRuntimeServicer, add_NodeRuntimeServicer_to_server
 
-from ..authfailures import AuthFailures, source_of
-from .caps import (
-    AUTH_FAILURES_PER_MINUTE,
-    NODE_MESSAGE_BYTES,
-    CapRefusal,
-    CapRefusals,
-    HelloGate,
-    HubCaps,
-    peer_address,
-)
+from ..authfailures import AuthFailures
+from .admission import Admission
+from .caps import NODE_MESSAGE_BYTES, CapRefusals, HubCaps
+from .changes import Changes
+from .keepalive import KeepAlive
 from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 from .protocol import InstanceDrain, NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
-from .visits import Visits
+from .snapshots import HubSnapshot, needs_push, refresh_request
 
 logger = logging.getLogger(__name__)
 
-#: Hash compared for an unknown node id, so both refusals cost the same.
-_NO_HASH = "0" * 64
 _NO_HOLD: Mapping[str, Collection[str]] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class HubSnapshot:
-    """Everything the hub reads from the config, swapped as one reference."""
-
-    config: EdgeConfig
-    generation: int
-    payloads: Mapping[str, NodePayload]
-    #: node id -> `payloads[node].digest`, computed once per payload (hashing is not free).
-    digests: Mapping[str, str]
-    provider_nodes: Mapping[str, str]
-    token_hashes: Mapping[str, str]
-
-    @classmethod
-    def of(
-        cls, config: EdgeConfig, generation: int, previous: HubSnapshot | None = None
-    ) -> HubSnapshot:
-        """The snapshot of `config`; a node whose spec is the same as in `previous` keeps its
-        payload and digest (a live change to one node of thousands builds one payload)."""
-        specs = {n.id: n for n in previous.config.nodes} if previous is not None else {}
-        payloads: dict[str, NodePayload] = {}
-        digests: dict[str, str] = {}
-        for node in config.nodes:
-            node_id = node.id
-            if previous is not None and specs.get(node_id) == node:
-                payloads[node_id] = previous.payloads[node_id]
-                digests[node_id] = previous.digests[node_id]
-                continue
-            payload = NodePayload.of(node)
-            before = previous.payloads.get(node_id) if previous is not None else None
-            if previous is not None and before is not None and before == payload:
-                payloads[node_id], digests[node_id] = before, previous.digests[node_id]
-            else:
-                payloads[node_id], digests[node_id] = payload, payload.digest
-        return cls(
-            config=config,
-            generation=generation,
-            payloads=MappingProxyType(payloads),
-            digests=MappingProxyType(digests),
-            provider_nodes=MappingProxyType(
-                {p.id: node.id for node in config.nodes for p in node.providers}
-            ),
-            token_hashes=MappingProxyType(
-                {n.id: n.token_hash_sha256 for n in config.nodes if n.token_hash_sha256}
-            ),
-        )
-
-
-class _Refused(Exception):
-    """A connection the hub turns away: the status and details the node gets, and (for the log
-    only) what exactly was wrong. `failure`: the reason it counts as a failed authentication
-    of its address (a metric label), or "" when it does not count."""
-
-    def __init__(
-        self, code: grpc.StatusCode, details: str, why: str = "", *, failure: str = ""
-    ) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.why = why or details
-        self.failure = failure
 
 
 class _Servicer(NodeRuntimeServicer):
@@ -185,37 +107,24 @@ class NodeHub(AsyncService):
         self._sessions: dict[str, NodeSession] = {}
         #: Sessions of older instances that finish their runs before they end.
         self._superseded: set[NodeSession] = set()
-        #: Which sessions the liveness tick visits (`visits.py`): busy ones, quiet ones when due.
-        self._visits: Visits[NodeSession] = Visits()
-        self._listeners: list[Callable[[], None]] = []
-        self._links: Mapping[str, ProviderLink] | None = None
-        #: The listeners are to be told of a change on the loop's next turn (`_changed`).
-        self._telling = False
         self._stopping = False
+        #: What changed, told to the listeners once per turn of the loop (`changes.py`).
+        self._changes = Changes(logger)
         #: The nodes placed on this Edge (`nodes[].placement: edge`): run here, no session.
-        self._local = LocalNodes(self._changed, policy=policy)
-        self._liveness_task: asyncio.Task[None] | None = None
-        self._refusals = LogThrottle(logger, interval=60.0)
-        #: What the hub refuses before a Node is authenticated (`hub/caps.py`).
-        self.caps = HubCaps.of(link).fitted()
-        self._gate = HelloGate(self.caps)
-        #: Connections turned away for a cap, by reason (`CAP_SETTINGS`), logged throttled.
-        self.cap_refusals = CapRefusals(logger)
-        #: Calls admitted and not ended yet: one per connected Node (two while one supersedes).
-        self._admitted = 0
-        #: Failed node authentications per address, throttled.
-        self.auth_failures = AuthFailures(
-            "the node hub", logger, per_minute=AUTH_FAILURES_PER_MINUTE
+        self._local = LocalNodes(self._changes.changed, policy=policy)
+        #: Who may open a session (`admission.py`): the caps, the hello check, their counters.
+        self._admission = Admission(link, lambda: self._snapshot.token_hashes, logger)
+        #: The liveness tick (`keepalive.py`): the sessions due a visit, judged alive or dead.
+        self._keepalive = KeepAlive(
+            self.liveness,
+            self.first_event_timeout,
+            config.openai.stream_stall_timeout_ms / 1000,
+            self._local,
+            logger,
         )
         self.port: int | None = None
         #: Sessions opened since start (a node flapping between two processes shows here).
         self.sessions_opened = 0
-        #: Sessions the hub ended because their node fell silent past the heartbeat deadline.
-        self.silent_nodes = 0
-        #: Runs failed because their node never accepted them in time.
-        self.runs_not_accepted = 0
-        #: Streams stopped because their client read too little for too long (their slots freed).
-        self.streams_stalled = 0
 
     def streams_paused(self) -> int:
         """Streams whose run waits for its client to read: paused on its Node, or on this Edge
@@ -226,36 +135,42 @@ class NodeHub(AsyncService):
         on_nodes = sum(len(session.paused) for session in self._sessions.values())
         return on_nodes + self._local.paused(now, self.liveness.heartbeat_interval)
 
+    # The counters and bounds of the parts, as the metrics and the tests read them.
+
+    @property
+    def caps(self) -> HubCaps:
+        """What the hub refuses before a Node is authenticated (`hub/caps.py`)."""
+        return self._admission.caps
+
+    @property
+    def cap_refusals(self) -> CapRefusals:
+        """Connections turned away for a cap, by reason (`CAP_SETTINGS`), logged throttled."""
+        return self._admission.cap_refusals
+
+    @property
+    def auth_failures(self) -> AuthFailures:
+        """Failed node authentications per address, throttled."""
+        return self._admission.auth_failures
+
     @property
     def hellos_refused(self) -> int:
         """Connections refused because too many were waiting for their hello to be checked."""
-        return self._gate.refused
+        return self._admission.hellos_refused
 
-    def _warn_if_capped(self, config: EdgeConfig) -> None:
-        """Say so when more nodes dial in than this Edge admits: the config's check holds them
-        against `max_connections`, but only the running Edge knows its open-file limit."""
-        dialing = sum(1 for node in config.nodes if not node.on_edge)
-        admitted = self.caps.max_connections
-        if dialing <= admitted:
-            return
-        configured = config.edge.node_link.max_connections
-        if admitted < configured:
-            why = (
-                f"edge.node_link.max_connections ({configured}) lowered to fit the process's "
-                f"open-file limit ({open_file_limit()}, ulimit -n)"
-            )
-        else:
-            why = (
-                f"edge.node_link.max_connections is {admitted} since this Edge started "
-                f"(now {configured}, applied at restart)"
-            )
-        logger.warning(
-            "%d nodes dial this Edge but its node hub admits %d at once: %s; the rest are "
-            'refused (iop_edge_hub_connections_refused_total{reason="connections"})',
-            dialing,
-            admitted,
-            why,
-        )
+    @property
+    def silent_nodes(self) -> int:
+        """Sessions the hub ended because their node fell silent past the heartbeat deadline."""
+        return self._keepalive.silent_nodes
+
+    @property
+    def runs_not_accepted(self) -> int:
+        """Runs failed because their node never accepted them in time."""
+        return self._keepalive.runs_not_accepted
+
+    @property
+    def streams_stalled(self) -> int:
+        """Streams stopped because their client read too little for too long (slots freed)."""
+        return self._keepalive.streams_stalled
 
     @property
     def snapshot(self) -> HubSnapshot:
@@ -283,7 +198,7 @@ class NodeHub(AsyncService):
         self._server = server
         self.port = port
         self._apply_local(self._snapshot)
-        self._liveness_task = guarded_task(self._keep_alive(), name="hub-liveness", logger=logger)
+        self._keepalive.start()
         security = "plaintext"
         if self._tls is not None:
             security = "mutual TLS" if self._tls.client_ca_file else "TLS"
@@ -294,7 +209,7 @@ class NodeHub(AsyncService):
                 "in clear; set edge.tls off a trusted network",
                 self._listen,
             )
-        self._warn_if_capped(self._snapshot.config)
+        self._admission.warn_if_capped(self._snapshot.config)
         return port
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -310,9 +225,7 @@ class NodeHub(AsyncService):
             await asyncio.sleep(0.02)
         for session in list(self._every_session()):
             session.close(statuses.REFUSED_STOPPING, "the Edge is stopping")
-        if self._liveness_task is not None:
-            await stop_tasks([self._liveness_task])
-            self._liveness_task = None
+        await self._keepalive.stop()
         await self._server.stop(grace=0.5)
         self._server = None
         await self._local.aclose()
@@ -321,7 +234,7 @@ class NodeHub(AsyncService):
 
     def connected_providers(self) -> Mapping[str, ProviderLink]:
         """provider id -> link, for the providers of every connected (and configured) node."""
-        links = self._links
+        links = self._changes.links
         if links is None:
             found: dict[str, ProviderLink] = {}
             payloads = self._snapshot.payloads
@@ -342,12 +255,12 @@ class NodeHub(AsyncService):
                         )
                     found[provider.id] = link
             found.update(self._local.links())
-            links = self._links = MappingProxyType(found)
+            links = self._changes.links = MappingProxyType(found)
         return links
 
     def add_listener(self, callback: Callable[[], None]) -> None:
         """Call `callback()` whenever nodes connect or disconnect or a provider's health changes."""
-        self._listeners.append(callback)
+        self._changes.add_listener(callback)
 
     def provider_loads(self) -> Mapping[str, ProviderLoad]:
         """provider id -> what its Node's last heartbeat said of its load: a live view of the
@@ -366,20 +279,8 @@ class NodeHub(AsyncService):
         for older in self._superseded:
             superseded.setdefault(older.node_id, []).append(older.instance_drain())
         return self._local.nodes() | {
-            node_id: NodeStatus(
-                node_id,
-                s.alias,
-                s.instance_id,
-                s.peer,
-                s.ready,
-                s.applied_generation,
-                s.applied_hash,
-                len(s.runs),
-                s.connected_at,
-                s.drain,
-                tuple(sorted(superseded.get(node_id, ()), key=lambda d: d.instance_id)),
-            )
-            for node_id, s in self._sessions.items()
+            node_id: session.status(superseded.get(node_id, ()))
+            for node_id, session in self._sessions.items()
         }
 
     def payload_digests(self) -> Mapping[str, str]:
@@ -428,24 +329,25 @@ class NodeHub(AsyncService):
         else:
             snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
+        self._keepalive.stall_timeout = config.openai.stream_stall_timeout_ms / 1000
         if self._server is not None:
-            self._warn_if_capped(config)
+            self._admission.warn_if_capped(config)
         local = self._apply_local(snapshot) if self._server is not None else {}
         waits: dict[str, asyncio.Future[ConfigAck]] = {}
         loop = asyncio.get_running_loop()
         for node_id, session in self._sessions.items():
             payload = snapshot.payloads.get(node_id)
             digest = snapshot.digests.get(node_id, "")
-            if payload is None or _held(session, digest, hold) or _holds(session, digest):
+            if payload is None or not needs_push(session, digest, hold):
                 continue
             future: asyncio.Future[ConfigAck] = loop.create_future()
             session.acks[snapshot.generation] = future
             session.payload, session.payload_digest = payload, digest
             session.payload_generation = snapshot.generation
             # No writer yet (its welcome is being written): `_serve` sends it right after.
-            session.writer_put(_refresh(session))
+            session.writer_put(refresh_request(session))
             waits[node_id] = future
-        self._changed()
+        self._changes.changed()
         results: dict[str, ConfigAck | None] = {**local, **dict.fromkeys(waits)}
         if waits:
             await asyncio.wait(waits.values(), timeout=ack_timeout)
@@ -462,94 +364,6 @@ class NodeHub(AsyncService):
         yield from self._sessions.values()
         yield from self._superseded
 
-    async def _keep_alive(self) -> None:
-        """Heartbeats to every node; ends silent sessions; fails runs never accepted in time.
-
-        A tick that comes late (this Edge's own loop stalled) judges nobody: what the nodes sent
-        meanwhile may still wait unread, and the readers catch up before the next tick. Only
-        cancellation ends the loop: a failing tick is logged with its traceback and the next
-        one runs, since an Edge without this loop would never notice a frozen node again.
-        """
-        ticker = Ticker(self.liveness.heartbeat_interval)
-        while True:
-            on_time = await ticker.tick()
-            try:
-                self._tick(on_time)
-            except Exception:
-                logger.exception("the hub's liveness tick failed; carrying on")
-
-    def _tick(self, on_time: bool) -> None:
-        liveness = self.liveness
-        beat = pb.Heartbeat(sent_at=time.time())
-        now = asyncio.get_running_loop().time()
-        stall_timeout = self._snapshot.config.openai.stream_stall_timeout_ms / 1000
-        self.streams_stalled += self._local.tick(now, stall_timeout)
-        # A beat is due a little early rather than a whole tick late.
-        early = liveness.heartbeat_interval / 2
-        visits = self._visits
-        for session in visits.due(now):
-            quiet = session.quiet_when_idle
-            idle = quiet and not session.runs
-            # A quiet link whose beats go one way gets none from this side: its Node needs none.
-            beats = not (idle and session.quiet_one_way)
-            if beats and now - session.last_sent >= liveness.interval(idle) - early:
-                session.writer_put(beat)
-                session.last_sent = now
-            if session.paused:
-                self.streams_stalled += session.expire_stalled(now, stall_timeout)
-            if on_time:
-                self._judge(session, now, quiet)
-            if session.runs or not quiet:
-                visits.busy(session)
-            else:  # a quiet link: next visited for its next beat (if it beats) or its deadline
-                when = session.last_heard + liveness.idle_timeout
-                if not session.quiet_one_way:
-                    when = min(when, session.last_sent + liveness.idle_interval - early)
-                visits.later(session, max(when, now + early))
-
-    def _judge(self, session: NodeSession, now: float, quiet: bool) -> None:
-        """End `session` if its Node fell silent past its deadline; fail its runs not accepted
-        in time."""
-        liveness = self.liveness
-        # The Node keeps the link quiet until it has a run: until it accepted one (its message
-        # saying so is heard), a run sent is its first-event deadline's to judge.
-        silent = now - session.last_heard
-        if silent > liveness.timeout(quiet and len(session.runs) == len(session.unaccepted)):
-            if not session.closing.done():
-                self.silent_nodes += 1
-                logger.warning(
-                    "node %s (instance %s) sent nothing for %.1fs: ending its session",
-                    session.node_id,
-                    session.instance_id,
-                    silent,
-                )
-            session.close(statuses.SILENT, f"no message from the node for {silent:.1f}s")
-        elif session.unaccepted:
-            self.runs_not_accepted += session.expire_unaccepted(now, self.first_event_timeout)
-
-    def _changed(self) -> None:
-        """A node connected or left, or a provider's health changed: the listeners are told once
-        per turn of the event loop however many changed in it, since each of them reads every
-        provider (a thousand Nodes reconnecting at once would otherwise cost a million reads)."""
-        self._links = None
-        if self._telling:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # (a hub built and changed outside a loop: tell at once)
-            self._tell()
-            return
-        self._telling = True
-        loop.call_soon(self._tell)
-
-    def _tell(self) -> None:
-        self._telling = False
-        for callback in list(self._listeners):
-            try:
-                callback()
-            except Exception:
-                logger.exception("node hub listener %r failed", callback)
-
     def _apply_local(self, snapshot: HubSnapshot) -> dict[str, ConfigAck]:
         """Give the nodes placed on this Edge their payloads (their acks, at once)."""
         placed = {node.id for node in snapshot.config.nodes if node.on_edge}
@@ -561,7 +375,7 @@ class NodeHub(AsyncService):
     def set_edge_replicas(self, replicas: int) -> None:
         """How many Edge replicas share the nodes placed on the Edge (their capacity)."""
         if self._local.set_replicas(replicas):
-            self._changed()
+            self._changes.changed()
 
     def _start_run(self, stream: RunStream) -> None:
         request = stream.request
@@ -578,136 +392,28 @@ class NodeHub(AsyncService):
             )
             return
         session.send_run(stream)
-        self._visits.busy(session)
-
-    async def _first_message(
-        self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
-    ) -> object:
-        """The call's first message (its hello, unchecked), read within the hello timeout."""
-        timeout = self.caps.hello_timeout
-        try:
-            return await asyncio.wait_for(context.read(), timeout)
-        except TimeoutError:
-            raise _Refused(
-                statuses.REFUSED_NO_HELLO,
-                f"no hello within {timeout:g}s",
-                failure="hello_timeout",
-            ) from None
-
-    def _authenticate(self, first: object) -> pb.Hello:
-        if not isinstance(first, pb.NodeMessage) or not first.HasField("hello"):
-            raise _Refused(
-                statuses.REFUSED_NO_HELLO,
-                "the first message must carry a hello",
-                failure="no_hello",
-            )
-        hello = first.hello
-        if hello.protocol_version != PROTOCOL_VERSION:
-            raise _Refused(
-                statuses.REFUSED_VERSION,
-                f"this Edge speaks runtime protocol {PROTOCOL_VERSION}, the node "
-                f"{hello.protocol_version}",
-            )
-        expected = self._snapshot.token_hashes.get(hello.node_id)
-        given = token_sha256(hello.token)
-        matches = hmac.compare_digest(given, expected or _NO_HASH)
-        if expected is None or not matches:
-            # One answer for both, so a caller cannot probe which node ids exist; the log (an
-            # operator's surface) says which it was.
-            why = "unknown node id" if expected is None else "wrong token"
-            raise _Refused(
-                statuses.REFUSED_CREDENTIALS,
-                statuses.REFUSED_CREDENTIALS_DETAILS,
-                f"{why} (node id {hello.node_id[:64]!r}, token sha256 {given[:8]}...)",
-                failure="unknown_node" if expected is None else "wrong_token",
-            )
-        return hello
+        self._keepalive.visits.busy(session)
 
     async def _serve(
         self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage]
     ) -> None:
         """One Node's stream: admitted (or refused), then served until either side ends it."""
         peer = context.peer()
-        hello = await self._admit(context, peer)
+        if self._stopping:
+            await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
+        hello = await self._admission.admit(context, peer, self._sessions)
         payload = self._snapshot.payloads[hello.node_id]
-        self._admitted += 1
         code: grpc.StatusCode | None = None
         reason = "the node went away"
-        try:
+        with self._admission.seat():
             session = self._open(hello, peer, payload)
             try:
                 code, reason = await self._pump(context, session, payload)
             finally:
                 self._close(session, reason)
-        finally:
-            self._admitted -= 1
         if code is not None:
             context.set_code(code)
             context.set_details(reason)
-
-    async def _admit(
-        self, context: grpc.aio.ServicerContext[pb.NodeMessage, pb.EdgeMessage], peer: str
-    ) -> pb.Hello:
-        """The call's hello, authenticated; a refusal aborts the call with its status."""
-        if self._stopping:
-            await context.abort(statuses.REFUSED_STOPPING, "the Edge is stopping")
-        source = source_of(peer_address(peer))
-        crowded = self._gate.enter(source)
-        if crowded is not None:
-            self.cap_refusals.refused(crowded, peer)
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "too many connections are waiting for their hello; retry shortly",
-            )
-        try:
-            try:
-                # Every refusal waits for the call's first message: ending a call while the
-                # client's write of its hello is in flight makes a grpc.aio client report its
-                # own INTERNAL instead of the refusal (its failed write overrides the status).
-                first = await self._first_message(context)
-            finally:
-                self._gate.leave(source)
-            wait = self.auth_failures.retry_after(source)
-            if wait is not None:  # throttled: refused without looking at the token
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"too many failed authentications from this address; retry in {ceil(wait)}s",
-                )
-            hello = self._authenticate(first)
-            previous = self._sessions.get(hello.node_id)
-            if (
-                previous is not None
-                and previous.instance_id != hello.instance_id
-                and previous.rank > (hello.started_at, hello.instance_id)
-            ):
-                raise _Refused(
-                    statuses.SUPERSEDED,
-                    f"a newer instance ({previous.instance_id}) of node {hello.node_id} is "
-                    "connected",
-                )
-        except _Refused as refused:
-            if refused.failure:
-                self.auth_failures.failed(source, refused.failure, refused.why)
-            else:
-                self._refusals.warning("refused a node from %s: %s", peer, refused.why)
-            await context.abort(refused.code, refused.details)
-        full = self._full(hello.node_id)
-        if full is not None:
-            self.cap_refusals.refused(full, peer)
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this Edge admits {full.cap} nodes at once (edge.node_link.max_connections) "
-                "and has as many; retry later",
-            )
-        return hello
-
-    def _full(self, node_id: str) -> CapRefusal | None:
-        """Why an authenticated Node finds no room, or None. A Node connected already (a redial,
-        a newer instance) is let in: it takes its own place, not a new one."""
-        cap = self.caps.max_connections
-        if self._admitted < cap or node_id in self._sessions:
-            return None
-        return CapRefusal("connections", f"{self._admitted} nodes are connected", cap)
 
     def _open(self, hello: pb.Hello, peer: str, payload: NodePayload) -> NodeSession:
         """The session of an admitted Node, in place of the one it replaces or supersedes."""
@@ -721,7 +427,7 @@ class NodeHub(AsyncService):
             peer=peer,
             payload=payload,
             generation=snapshot.generation,
-            on_change=self._changed,
+            on_change=self._changes.changed,
             quiet_when_idle=hello.quiet_when_idle and self.liveness.quiet,
             quiet_one_way=hello.quiet_one_way,
         )
@@ -739,13 +445,13 @@ class NodeHub(AsyncService):
                     len(previous.runs),
                 )
                 self._superseded.add(previous)
-                self._visits.busy(previous)
+                self._keepalive.visits.busy(previous)
                 previous.supersede(hello.instance_id)
         self._sessions[node_id] = session
-        self._visits.later(session, asyncio.get_running_loop().time())
+        self._keepalive.visits.later(session, asyncio.get_running_loop().time())
         self.sessions_opened += 1
         if previous is not None and previous.ready:
-            self._changed()  # its providers wait for the new session to be ready
+            self._changes.changed()  # its providers wait for the new session to be ready
         logger.info("node %s connected from %s (instance %s)", node_id, peer, hello.instance_id)
         return session
 
@@ -784,7 +490,7 @@ class NodeHub(AsyncService):
             session.writer = pump.writer
             try:
                 if session.payload is not payload:  # a swap pushed while the welcome was written
-                    pump.writer.put(_refresh(session))
+                    pump.writer.put(refresh_request(session))
                 await pump.wait(session.closing)
             finally:
                 session.writer = None
@@ -804,12 +510,12 @@ class NodeHub(AsyncService):
         else:
             was_ready = False  # superseded or replaced: dispatch moved on already
         self._superseded.discard(session)
-        self._visits.forget(session)
+        self._keepalive.visits.forget(session)
         code_name = statuses.EDGE_STOPPING if self._stopping else statuses.NODE_DISCONNECTED
         session.fail_runs(code_name, f"node {node_id} disconnected: {reason}")
         logger.info("node %s disconnected: %s", node_id, reason)
         if was_ready:
-            self._changed()
+            self._changes.changed()
 
     async def _read(
         self,
@@ -829,7 +535,7 @@ class NodeHub(AsyncService):
                     session.node_id,
                     session.applied_generation,
                 )
-                self._changed()
+                self._changes.changed()
 
 
 class _LoadView(Mapping[str, ProviderLoad]):
@@ -859,24 +565,3 @@ class _LoadView(Mapping[str, ProviderLoad]):
     def __len__(self) -> int:
         sessions = self._hub._sessions.values()
         return len(self._hub._local.loads) + sum(len(session.loads) for session in sessions)
-
-
-def _refresh(session: NodeSession) -> pb.NodeConfigRefreshRequest:
-    """The refresh carrying the payload last given to `session`."""
-    config = payload_to_proto(session.payload, session.payload_generation, session.payload_digest)
-    return pb.NodeConfigRefreshRequest(config=config)
-
-
-def _held(session: NodeSession, digest: str, hold: Mapping[str, Collection[str]]) -> bool:
-    """`session`'s process is one the restart in `hold` replaces (see `swap_config`)."""
-    replaced = hold.get(session.node_id)
-    if replaced is None or session.in_use_hash == digest:
-        return False
-    return not replaced or session.instance_id in replaced
-
-
-def _holds(session: NodeSession, digest: str) -> bool:
-    """The node was sent the payload of `digest` last and (once welcomed) acknowledged it."""
-    if session.payload_digest != digest:
-        return False
-    return not session.ready or session.applied_hash == digest

@@ -47,7 +47,7 @@ from iop.wire import (
 )
 from iop.wire import runtime_pb2 as pb
 
-from .protocol import InstanceDrain, ProviderLoad
+from .protocol import InstanceDrain, NodeStatus, ProviderLoad
 
 logger = logging.getLogger(__name__)
 
@@ -412,6 +412,22 @@ class NodeSession:
                 left[provider_id] = left.get(provider_id, 0) + 1
             drain = DrainProgress(False, left)
         return InstanceDrain(self.instance_id, len(self.runs), drain)
+
+    def status(self, superseded: Iterable[InstanceDrain]) -> NodeStatus:
+        """This session for status pages, with the older instances of its node (`superseded`)."""
+        return NodeStatus(
+            self.node_id,
+            self.alias,
+            self.instance_id,
+            self.peer,
+            self.ready,
+            self.applied_generation,
+            self.applied_hash,
+            len(self.runs),
+            self.connected_at,
+            self.drain,
+            tuple(sorted(superseded, key=lambda d: d.instance_id)),
+        )
 
     def writer_put(self, item: EdgeItem) -> bool:
         writer = self.writer
