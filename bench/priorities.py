@@ -123,6 +123,9 @@ class Cell:
     #: Each class's counts at the Edge (`GET /status`'s `priority_classes`) over the cell, as
     #: (admitted, waited, waited_ms_total) ; None for a system that is not an Edge.
     edge: dict[str, tuple[int, int, float]] | None = None
+    #: The servers' prefix-cache hits and queries over the cell (warm-up included), in tokens.
+    hits: float = 0.0
+    queries: float = 0.0
 
     @property
     def batch_queued(self) -> int | None:
@@ -280,6 +283,10 @@ async def run_cell(
             if not sample.ok and not sample.why:
                 sample.why = "cut: no answer when the cell ended"
         cell.span = time.perf_counter() - started
+        for server in servers:
+            hits, queries, _, _ = await routing.server_counts(session, server)
+            cell.hits += hits
+            cell.queries += queries
     after = await edge_classes(target)
     if before is not None and after is not None:
         cell.edge = {}
@@ -392,8 +399,8 @@ def show(cell: Cell, args: argparse.Namespace) -> None:
                 f"429s {figures['shed']}, failed {figures['failed']}"
             )
     print(
-        f"  {cell.system} at {cell.load:g}x: goodput {goodput(cell, args):.0f} tokens/s; "
-        + "; ".join(parts),
+        f"  {cell.system} at {cell.load:g}x: goodput {goodput(cell, args):.0f} tokens/s, "
+        f"prefix-cache hits {cell.hits / max(cell.queries, 1):.0%}; " + "; ".join(parts),
         flush=True,
     )
     if cell.edge:
