@@ -54,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -126,6 +127,8 @@ class Cell:
     #: The servers' prefix-cache hits and queries over the cell (warm-up included), in tokens.
     hits: float = 0.0
     queries: float = 0.0
+    #: The servers' running requests, summed over the fleet, sampled every 0.2 s after warm-up.
+    running: list[float] = field(default_factory=list)
 
     @property
     def batch_queued(self) -> int | None:
@@ -268,6 +271,19 @@ async def run_cell(
                 sample.why = repr(exc)
             sample.end = loop.time() - began
 
+        async def sample_running() -> None:
+            await asyncio.sleep(max(0.0, began + args.warmup - loop.time()))
+            while True:
+                total = 0.0
+                for server in servers:
+                    async with session.get(f"http://{server.listen}/metrics") as response:
+                        for line in (await response.text()).splitlines():
+                            if line.startswith("vllm:num_requests_running"):
+                                total += float(line.rsplit(" ", 1)[1])
+                cell.running.append(total)
+                await asyncio.sleep(0.2)
+
+        sampler = asyncio.ensure_future(sample_running())
         started = time.perf_counter()
         sends = [
             asyncio.ensure_future(send(klass, turn))
@@ -276,9 +292,10 @@ async def run_cell(
         ]
         deadline = began + args.seconds + args.drain
         _, pending = await asyncio.wait(sends, timeout=max(0.0, deadline - loop.time()))
+        sampler.cancel()
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(sampler, *pending, return_exceptions=True)
         for sample in cell.samples:
             if not sample.ok and not sample.why:
                 sample.why = "cut: no answer when the cell ended"
@@ -400,7 +417,9 @@ def show(cell: Cell, args: argparse.Namespace) -> None:
             )
     print(
         f"  {cell.system} at {cell.load:g}x: goodput {goodput(cell, args):.0f} tokens/s, "
-        f"prefix-cache hits {cell.hits / max(cell.queries, 1):.0%}; " + "; ".join(parts),
+        f"prefix-cache hits {cell.hits / max(cell.queries, 1):.0%}, servers running "
+        f"{statistics.fmean(cell.running) if cell.running else float('nan'):.1f} on average; "
+        + "; ".join(parts),
         flush=True,
     )
     if cell.edge:
