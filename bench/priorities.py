@@ -127,7 +127,8 @@ class Cell:
     #: The servers' prefix-cache hits and queries over the cell (warm-up included), in tokens.
     hits: float = 0.0
     queries: float = 0.0
-    #: The servers' running requests, summed over the fleet, sampled every 0.2 s after warm-up.
+    #: The servers' running requests, summed over the fleet, sampled every 0.2 s from the end
+    #: of the warm-up to the end of the arrivals.
     running: list[float] = field(default_factory=list)
 
     @property
@@ -273,7 +274,7 @@ async def run_cell(
 
         async def sample_running() -> None:
             await asyncio.sleep(max(0.0, began + args.warmup - loop.time()))
-            while True:
+            while loop.time() < began + args.seconds:  # the arrivals' time, not the drain's
                 total = 0.0
                 for server in servers:
                     async with session.get(f"http://{server.listen}/metrics") as response:
