@@ -22,6 +22,12 @@ So at 1x the three fill the fleet, and at 1.5x and 2x the batch job alone is the
 cell: `--seconds` of arrivals, the first `--warmup` not measured; a request still unanswered
 when the arrivals end plus `--drain` seconds is cut (counted as not completed).
 
+Conversations are causal (`--turns causal`, the default): a turn's prompt holds the answer to
+the turn before it, so it is sent at its time or when that answer came, whichever is later, and
+not at all once a turn of its conversation failed for good (counted as "not sent").
+`--turns scheduled` sends every turn at its time whatever became of the one before, as this
+benchmark did until 2026-12-05: a shed turn's successors then reach the servers before it.
+
 Systems, in front of the same servers (run with `--gpu-scheduling-policy priority`, which
 changes nothing for a request without a priority: first come first served), each cell after a
 reset of the servers:
@@ -45,6 +51,9 @@ Per cell and class: requests sent, completed, TTFT p50/p99 of those completed, 4
 answer time p99), their honoured retries that succeeded (at the first retry, and within
 `--retries`), other failures (503 displaced, 504 queue_wait_exceeded, cut); goodput, the
 completion tokens of requests completed within the measured window per second, all classes.
+Over that window also: the servers' tokens generated and prompt tokens (and of them cached),
+their requests finished, their running requests (sampled every 0.2 s), and for each class the
+tokens streamed to it and the share of its completed requests' prompts the servers had cached.
 The machine's other work shares the cores, so cells of one run are compared with each other.
 """
 
@@ -107,6 +116,15 @@ class Sample:
     ok: bool
     tokens: int
     status: int = 0
+    #: Tokens streamed to it within the measured window (its `data:` chunks with content).
+    window_tokens: int = 0
+    #: Its prompt's tokens, and those the server had in its prefix cache (its answer's usage).
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    #: Its conversation and turn, and when its last try was sent (seconds into the cell).
+    conversation: int = 0
+    index: int = 0
+    sent: float = 0.0
     #: Seconds each 429 took to answer, and whether the retry after it succeeded.
     shed_answers: list[float] = field(default_factory=list)
     retried_ok_first: bool | None = None
@@ -130,6 +148,11 @@ class Cell:
     #: The servers' running requests, summed over the fleet, sampled every 0.2 s from the end
     #: of the warm-up to the end of the arrivals.
     running: list[float] = field(default_factory=list)
+    #: Turns not sent per class, their conversation ended by an earlier turn's failure
+    #: (`--turns causal`).
+    abandoned: dict[str, int] = field(default_factory=dict)
+    #: The servers' counters (`vllm:*_total`, summed over the fleet) gained over that window.
+    window: dict[str, float] = field(default_factory=dict)
 
     @property
     def batch_queued(self) -> int | None:
@@ -213,8 +236,9 @@ async def run_cell(
     async with routing.cell_session(target, servers, total=900) as session:
         loop = asyncio.get_running_loop()
         began = loop.time() + 0.5
+        window = (began + args.warmup, began + args.seconds)
 
-        async def once(klass: str, turn: Turn) -> tuple[int, float, float, bytes]:
+        async def once(klass: str, turn: Turn, sample: Sample) -> tuple[int, float, float, bytes]:
             """One try: (status, when its first byte came, when it ended (perf_counter), the
             answer's tail; for a 429, the seconds it says to wait instead)."""
             headers: dict[str, str] = {}  # the session's, and this class's key for an Edge
@@ -226,6 +250,7 @@ async def run_cell(
                     "messages": list(turn.messages),
                     "max_tokens": turn.max_tokens,
                     "stream": True,
+                    "stream_options": {"include_usage": True},
                 }
             )
             first = 0.0
@@ -234,7 +259,9 @@ async def run_cell(
                 async for piece in response.content.iter_any():
                     if not first:
                         first = time.perf_counter()
-                    tail = (tail + piece)[-400:]
+                    tail = (tail + piece)[-1000:]
+                    if window[0] <= loop.time() <= window[1]:
+                        sample.window_tokens += piece.count(b'"content":"')
                 end = time.perf_counter()
                 if response.status == 429:
                     wait_ms = response.headers.get("retry-after-ms")
@@ -246,15 +273,36 @@ async def run_cell(
                     tail = str(wait).encode()
             return response.status, first or end, end, tail
 
+        #: Each turn's outcome (completed or not), which the conversation's next turn waits for.
+        outcomes: dict[tuple[str, int, int], asyncio.Future[bool]] = {
+            (klass, turn.conversation, turn.index): loop.create_future()
+            for klass, class_turns in turns.items()
+            for turn in class_turns
+        }
+
         async def send(klass: str, turn: Turn) -> None:
+            outcome = outcomes[klass, turn.conversation, turn.index]
+            try:
+                await try_turn(klass, turn, outcome)
+            finally:
+                if not outcome.done():
+                    outcome.set_result(False)
+
+        async def try_turn(klass: str, turn: Turn, outcome: asyncio.Future[bool]) -> None:
+            previous = outcomes.get((klass, turn.conversation, turn.index - 1))
+            if args.turns == "causal" and previous is not None and not await previous:
+                cell.abandoned[klass] = cell.abandoned.get(klass, 0) + 1
+                return  # its prompt holds an answer its client never got: the conversation ends
             await asyncio.sleep(max(0.0, began + turn.at - loop.time()))
             sample = Sample(klass, turn.at, 0.0, 0.0, False, turn.max_tokens)
+            sample.conversation, sample.index = turn.conversation, turn.index
             cell.samples.append(sample)
             arrived = time.perf_counter()
             try:
                 for attempt in range(args.retries + 1):
                     tried = time.perf_counter()
-                    status, first, end, tail = await once(klass, turn)
+                    sample.sent = loop.time() - began
+                    status, first, end, tail = await once(klass, turn, sample)
                     sample.status = status
                     if attempt == 1:
                         sample.retried_ok_first = status == 200
@@ -266,15 +314,19 @@ async def run_cell(
                     await asyncio.sleep(float(tail))
                 sample.ttft = first - arrived
                 sample.ok = status == 200 and tail.endswith(b"data: [DONE]\n\n")
+                if sample.ok:
+                    sample.prompt_tokens, sample.cached_tokens = usage_of(tail)
                 if not sample.ok:
                     sample.why = f"HTTP {status}: {tail[-160:].decode(errors='replace')}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 sample.why = repr(exc)
             sample.end = loop.time() - began
+            outcome.set_result(sample.ok)
 
         async def sample_running() -> None:
-            await asyncio.sleep(max(0.0, began + args.warmup - loop.time()))
-            while loop.time() < began + args.seconds:  # the arrivals' time, not the drain's
+            await asyncio.sleep(max(0.0, window[0] - loop.time()))
+            at_start = await server_totals(session, servers)
+            while loop.time() < window[1]:  # the arrivals' time, not the drain's
                 total = 0.0
                 for server in servers:
                     async with session.get(f"http://{server.listen}/metrics") as response:
@@ -283,6 +335,8 @@ async def run_cell(
                                 total += float(line.rsplit(" ", 1)[1])
                 cell.running.append(total)
                 await asyncio.sleep(0.2)
+            at_end = await server_totals(session, servers)
+            cell.window = {name: at_end[name] - at_start.get(name, 0.0) for name in at_end}
 
         sampler = asyncio.ensure_future(sample_running())
         started = time.perf_counter()
@@ -311,6 +365,28 @@ async def run_cell(
         for name, (admitted, waited, total_ms) in after.items():
             was = before.get(name, (0, 0, 0.0))
             cell.edge[name] = (admitted - was[0], waited - was[1], total_ms - was[2])
+
+
+def usage_of(tail: bytes) -> tuple[int, int]:
+    """(prompt tokens, cached prompt tokens) from a stream's last chunk with a usage."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage":{' in line:
+            usage = orjson.loads(line[6:])["usage"]
+            details = usage.get("prompt_tokens_details") or {}
+            return int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0)
+    return 0, 0
+
+
+async def server_totals(session: aiohttp.ClientSession, servers: list[Any]) -> dict[str, float]:
+    """Each `vllm:*_total` counter of the servers, summed over the fleet."""
+    totals: dict[str, float] = {}
+    for server in servers:
+        async with session.get(f"http://{server.listen}/metrics") as response:
+            for line in (await response.text()).splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name.startswith("vllm:") and name.endswith("_total"):
+                    totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Cell], float]:
@@ -415,6 +491,11 @@ def show(cell: Cell, args: argparse.Namespace) -> None:
                 f"{klass} {figures['completed']}/{figures['sent']} TTFT p50 "
                 f"{figures['ttft_p50_ms']:.0f} p99 {figures['ttft_p99_ms']:.0f} ms, "
                 f"429s {figures['shed']}, failed {figures['failed']}"
+                + (
+                    f", {cell.abandoned[klass]} turns not sent (an earlier turn failed)"
+                    if cell.abandoned.get(klass)
+                    else ""
+                )
             )
     print(
         f"  {cell.system} at {cell.load:g}x: goodput {goodput(cell, args):.0f} tokens/s, "
@@ -423,8 +504,50 @@ def show(cell: Cell, args: argparse.Namespace) -> None:
         + "; ".join(parts),
         flush=True,
     )
+    if cell.window:
+        print(f"    over the window: {window_line(cell, args)}", flush=True)
     if cell.edge:
         print(f"    at the Edge: {edge_line(cell)}", flush=True)
+
+
+def cached_share(samples: list[Sample]) -> float:
+    return sum(s.cached_tokens for s in samples) / max(1, sum(s.prompt_tokens for s in samples))
+
+
+def window_line(cell: Cell, args: argparse.Namespace) -> str:
+    """What the servers did over the measured window (tokens generated and prefilled, requests
+    finished, preemptions, a second), and the tokens each class was streamed in it."""
+    span = args.seconds - args.warmup
+    counts = cell.window
+    parts = []
+    for klass in CLASSES:
+        mine = [s for s in cell.samples if s.klass == klass]
+        done = [s for s in mine if s.ok and args.warmup <= s.end <= args.seconds]
+        prompt = sum(s.prompt_tokens for s in done)
+        shed = [s for s in done if s.shed_answers]
+        ended = {(s.conversation, s.index): s.end for s in mine}
+        early = [s for s in done if ended.get((s.conversation, s.index - 1), 0.0) > s.sent]
+        parts.append(
+            f"{klass} {sum(s.window_tokens for s in mine) / span:.0f} "
+            f"(completed: {prompt / span:,.0f} prompt tokens/s, {cached_share(done):.0%} cached"
+            + (f"; after a 429: {len(shed)}, {cached_share(shed):.0%} cached" if shed else "")
+            + (
+                f"; sent before the turn before it ended: {len(early)}, "
+                f"{cached_share(early):.0%} cached"
+                if args.turns == "scheduled"
+                else ""
+            )
+            + ")"
+        )
+    streamed = ", ".join(parts)
+    return (
+        f"servers generated {counts.get('vllm:generation_tokens_total', 0) / span:.0f} tokens/s, "
+        f"prompt tokens {counts.get('vllm:prompt_tokens_total', 0) / span:,.0f} "
+        f"(cached {counts.get('vllm:prefix_cache_hits_total', 0) / span:,.0f}), "
+        f"finished {counts.get('vllm:request_success_total', 0) / span:.1f} requests/s, "
+        f"preempted {counts.get('vllm:num_preemptions_total', 0):.0f}; "
+        f"streamed tokens/s: {streamed}"
+    )
 
 
 def report(cells: list[Cell], capacity: float, args: argparse.Namespace) -> None:
@@ -545,6 +668,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--interactive", type=float, default=0.25, help="share of capacity")
     parser.add_argument("--standard", type=float, default=0.3, help="share of the rest")
     parser.add_argument("--retries", type=int, default=5, help="a batch request's after 429s")
+    parser.add_argument(
+        "--turns",
+        choices=("causal", "scheduled"),
+        default="causal",
+        help="causal: a conversation's turn is sent at its time or when the turn before it ends, "
+        "whichever is later, and not at all after one that failed (its prompt holds that "
+        "answer); scheduled: every turn at its time",
+    )
     parser.add_argument(
         "--no-alone", dest="alone", action="store_false", help="skip interactive alone"
     )
