@@ -15,6 +15,7 @@ import logging
 import time
 
 from iop.aiokits import guarded_task, stop_tasks
+from iop.edgeconfig import EdgeConfig
 from iop.wire import Liveness, Ticker, statuses
 from iop.wire import runtime_pb2 as pb
 
@@ -23,10 +24,15 @@ from .nodesessions import NodeSession
 from .visits import Visits
 
 
+def stall_timeout_of(config: EdgeConfig) -> float:
+    """Seconds a stream's client may leave its data unread: `openai.stream_stall_timeout_ms`."""
+    return config.openai.stream_stall_timeout_ms / 1000
+
+
 class KeepAlive:
     """The tick over the hub's sessions (and its nodes placed on the Edge), and its loop.
-    `stall_timeout`: the config's `openai.stream_stall_timeout_ms` in seconds, set by the hub
-    on every swap."""
+    `stall_timeout`: the config's `openai.stream_stall_timeout_ms` in seconds
+    (`stall_timeout_of`), set by the hub on every swap."""
 
     def __init__(
         self,

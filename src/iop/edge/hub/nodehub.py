@@ -50,7 +50,7 @@ from ..authfailures import AuthFailures
 from .admission import Admission
 from .caps import NODE_MESSAGE_BYTES, CapRefusals, HubCaps
 from .changes import Changes
-from .keepalive import KeepAlive
+from .keepalive import KeepAlive, stall_timeout_of
 from .localnodes import LocalNodes, LocalRun
 from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
 from .protocol import InstanceDrain, NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
@@ -118,7 +118,7 @@ class NodeHub(AsyncService):
         self._keepalive = KeepAlive(
             self.liveness,
             self.first_event_timeout,
-            config.openai.stream_stall_timeout_ms / 1000,
+            stall_timeout_of(config),
             self._local,
             logger,
         )
@@ -329,7 +329,7 @@ class NodeHub(AsyncService):
         else:
             snapshot = HubSnapshot.of(config, number, self._snapshot)
         self._snapshot = snapshot
-        self._keepalive.stall_timeout = config.openai.stream_stall_timeout_ms / 1000
+        self._keepalive.stall_timeout = stall_timeout_of(config)
         if self._server is not None:
             self._admission.warn_if_capped(config)
         local = self._apply_local(snapshot) if self._server is not None else {}
