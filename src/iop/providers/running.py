@@ -2,11 +2,11 @@
 
 A `Runner` runs in a Node agent (`iop.node`, shared by its links to every Edge) or in the Edge,
 for a node placed there (`iop.edge.hub.localnodes`). `apply` swaps in the registry built from a
-payload (unchanged adapters carried over, replaced ones closed once their runs end);
-`execute` pushes a run's events to a Node's stream and `run_events` hands them over in-process; a
-run beyond a provider's capacity is refused as the retryable `provider_busy`; `drain` reports
-every provider draining; each provider's health comes from `probing.py` and `healthstates.py`.
-docs/architecture.md, "The providers", says how and why.
+payload (`provisions.py`; unchanged adapters carried over, replaced ones closed once their runs
+end); `execute` pushes a run's events to a Node's stream and `run_events` hands them over
+in-process (`admittedruns.py`); a run beyond a provider's capacity is refused as the retryable
+`provider_busy`; `drain` reports every provider draining; each provider's health comes from
+`probing.py` and `healthstates.py`. docs/architecture.md, "The providers", says how and why.
 """
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import orjson
 
-from iop import tracing
 from iop.aiokits import guarded_task, stop_tasks
-from iop.edgeconfig import NodePayload, ProviderPayload, UpstreamPolicy
+from iop.edgeconfig import NodePayload, UpstreamPolicy
 from iop.wire import (
-    ADAPTER_ERROR,
     DRAINING,
     RESPONSE_LOOKUPS,
     TERMINAL_EVENTS,
@@ -40,10 +38,10 @@ from iop.wire import (
     statuses,
 )
 
-from .adapters import Adapter, AdapterError, build_adapter
-from .healthstates import HealthState
-from .probing import Prober, ProbeTarget
-from .runtraces import RunTrace
+from .adapters import AdapterError, build_adapter
+from .admittedruns import AdmittedRun
+from .probing import Prober
+from .provisions import Provision, Registry
 
 logger = logging.getLogger(__name__)
 
@@ -59,92 +57,6 @@ FIRST_BYTE_TIMEOUT = "first_byte_timeout"
 HealthListener = Callable[[list[ProviderHealth]], None]
 #: Called with the drain progress whenever it changes.
 DrainListener = Callable[[DrainProgress], None]
-
-
-class AdapterRuns:
-    """The runs using one adapter, shared by every registry that carries the adapter over.
-
-    A run releases through the `Provision` it was admitted with, which may belong to a registry
-    swapped out since; sharing the counter keeps the count right in the registry in use.
-    """
-
-    __slots__ = ("active", "idle")
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-
-@dataclass(eq=False, slots=True)
-class Provision:
-    """One provider in a registry: its payload, its adapter, the runs using that adapter and
-    its health verdict (shared, like the runs, by every registry that carries the adapter)."""
-
-    payload: ProviderPayload
-    adapter: Adapter | None
-    #: Why no adapter could be built from the payload's settings (`adapter` is None then).
-    build_error: str = ""
-    runs: AdapterRuns = field(default_factory=AdapterRuns)
-    state: HealthState | None = None
-    #: A swap replaced it: its runs finish on it, and each one that ends is drain progress.
-    retired: bool = False
-
-    @property
-    def active(self) -> int:
-        return self.runs.active
-
-    @property
-    def settings_key(self) -> bytes:
-        return orjson.dumps(self.payload.adapter, option=orjson.OPT_SORT_KEYS)
-
-    @property
-    def problem(self) -> str:
-        """Why this provider cannot run on this node: adapter settings that cannot be built here,
-        or what its adapter found wrong in the node's environment (`Adapter.problem`); empty
-        when it can run. Its model server's health (probes, failing runs) is not part of it."""
-        return self.build_error if self.adapter is None else self.adapter.problem
-
-    @property
-    def health(self) -> ProviderHealth:
-        if self.adapter is None:
-            return ProviderHealth(self.payload.id, False, self.build_error, ADAPTER_ERROR)
-        health = self.adapter.health
-        if not health.healthy or self.state is None:
-            return health
-        return self.state.health
-
-    def judge(self, previous: HealthState | None) -> None:
-        """Give the provision its health state: `previous` (carried over) reconfigured for the
-        payload's policy, or a new one."""
-        policy = self.payload.health_policy
-        probed = self.adapter is not None and self.adapter.upstream is not None
-        if previous is None:
-            self.state = HealthState(self.payload.id, policy, probed=probed)
-        else:
-            previous.reconfigure(policy, probed=probed)
-            self.state = previous
-
-    @property
-    def probe(self) -> ProbeTarget | None:
-        """What to probe for this provider, or None when it is not probed."""
-        upstream = self.adapter.upstream if self.adapter is not None else None
-        if upstream is None or self.state is None or not self.state.probed:
-            return None
-        return ProbeTarget.of(self.payload.id, upstream, self.payload.health_policy)
-
-
-@dataclass(frozen=True, slots=True)
-class Registry:
-    """An immutable provider id -> `Provision` map, with the payload it was built from."""
-
-    provisions: Mapping[str, Provision]
-    payload: NodePayload | None
-    digest: str
-
-    @classmethod
-    def empty(cls) -> Registry:
-        return cls(MappingProxyType({}), None, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,10 +407,11 @@ class Runner:
         provision.runs.idle.clear()
         return provision
 
-    def _judge_run(
+    def judge_run(
         self, request: RunRequest, provision: Provision, end: RunDone | RunFailed
     ) -> None:
-        """Outlier detection: how a real run ended counts toward its provider's health."""
+        """Outlier detection: how a real run ended counts toward its provider's health (an
+        `AdmittedRun` calls it with its terminal event)."""
         state = provision.state
         if state is None or provision.retired:
             return
@@ -532,7 +445,7 @@ class Runner:
     def judge_late(self, request: RunRequest, provision: Provision) -> None:
         """Count a run its Edge cancelled for want of a first byte against its provider."""
         late = "the Edge cancelled the run: no first byte within the model's deadline"
-        self._judge_run(request, provision, statuses.failure(statuses.UPSTREAM_TIMEOUT, late))
+        self.judge_run(request, provision, statuses.failure(statuses.UPSTREAM_TIMEOUT, late))
 
     async def execute(
         self,
@@ -565,88 +478,3 @@ class Runner:
             raise
         finally:
             await events.aclose()
-
-
-class AdmittedRun:
-    """The events of a run `Runner.admit` let in (`Runner.run_events`): the adapter's, then a
-    failure if the adapter ended without a result or failed with a bug.
-
-    An iterator of its own rather than an async generator wrapping the adapter's: a generator
-    is one more frame to resume for every event and is registered with the loop at its first
-    step, and the request path pulls every event of every run through it."""
-
-    __slots__ = ("_done", "_events", "_provision", "_request", "_runner", "_trace")
-
-    def __init__(self, runner: Runner, request: RunRequest, provision: Provision) -> None:
-        adapter = provision.adapter
-        assert adapter is not None
-        self._runner = runner
-        self._request = request
-        self._provision = provision
-        tracer = tracing.tracer()
-        #: The run's span, when this process traces (`runtraces.py`).
-        self._trace = None
-        # A run whose Edge did not sample its trace is not sampled here either (parent-based).
-        traceparent = request.traceparent
-        if tracer is not None and (not traceparent or tracing.sampled(traceparent)):
-            kind = str(provision.payload.adapter.get("type", ""))
-            self._trace = RunTrace(tracer, request, kind, adapter.upstream)
-        sent = request if self._trace is None else self._trace.request(request)
-        self._events: AsyncGenerator[RunEvent, None] = adapter.run(sent)
-        self._done = False
-
-    def __aiter__(self) -> AdmittedRun:
-        return self
-
-    @property
-    def request(self) -> RunRequest:
-        return self._request
-
-    @property
-    def provision(self) -> Provision:
-        return self._provision
-
-    def abandon(self) -> None:
-        """Free the slot of a run whose events were never pulled (its task was cancelled before
-        its first step); a run that started has closed itself, and this does nothing."""
-        self._release()
-
-    async def __anext__(self) -> RunEvent:
-        if self._done:
-            raise StopAsyncIteration
-        request = self._request
-        try:
-            event = await anext(self._events)
-        except StopAsyncIteration:
-            event = statuses.failure(statuses.INTERNAL_ERROR, "the adapter ended without a result")
-        except Exception as exc:
-            logger.exception("run %s on %s failed", request.run_id, request.provider_id)
-            self._release()
-            return statuses.failure(statuses.INTERNAL_ERROR, f"the adapter failed: {exc!r}")
-        except BaseException:
-            self._release()
-            raise
-        else:
-            if self._trace is not None:
-                self._trace.event(event)
-            if not isinstance(event, TERMINAL_EVENTS):
-                return event
-            self._runner._judge_run(request, self._provision, event)
-        await self.aclose()
-        return event
-
-    async def aclose(self) -> None:
-        """End the run (the adapter's work aborted if it is under way) and free its slot."""
-        if self._done:
-            return
-        try:
-            await self._events.aclose()
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        if not self._done:
-            self._done = True
-            if self._trace is not None:
-                self._trace.end()
-            self._runner.release(self._request, self._provision)

@@ -11,7 +11,7 @@ that was not given at once (the model, the candidate given, the dispatch policy,
 one `iop.run` (kind CLIENT) per try, from its start to the end of its run, with its provider, its
 Node, its try number and why it was tried (a retry's failure, a fallback's reason), the dispatch
 policy and its wait. The run's `traceparent` goes to the Node, whose
-spans are its children (`providers/running.py`), and on to the model server.
+spans are its children (`providers/runtraces.py`), and on to the model server.
 
 With tracing off nothing here is made: the request path tests `tracer() is None` once, and the
 client's `traceparent`, if well formed, still travels to the model server unchanged. A request
