@@ -3,13 +3,13 @@
     uv run --frozen python -m bench.sse_passthrough [--tokens 256] [--repeat 5]
 
 The Node's `openai` adapter turns an upstream's SSE body into run events
-(`iop.providers.adapters.openai_http._StreamDecoder`): one parsed JSON object per event (for an Edge
-that predates `RunChunk.sse`), or each read's whole events passed through as one chunk of bytes
-with only the read's last events parsed (`sse`). This script feeds the decoder the fake upstream's
-own events for a chat stream of `--tokens` tokens with the usage chunk (the bytes `iop
-fake-upstream` writes), in two shapes: the whole stream in one read (a fast server's burst) and
-one event per read (a GPU server's pace), and prints the decoder's CPU per event, each way, the
-best of `--repeat` timings. It measures the adapter's parsing alone; `bench/peers.py` measures
+(`iop.providers.adapters.streamdecoding.StreamDecoder`): one parsed JSON object per event (for an
+Edge that predates `RunChunk.sse`), or each read's whole events passed through as one chunk of
+bytes with only the read's last events parsed (`sse`). This script feeds the decoder the fake
+upstream's own events for a chat stream of `--tokens` tokens with the usage chunk (the bytes
+`iop fake-upstream` writes), in two shapes: the whole stream in one read (a fast server's burst)
+and one event per read (a GPU server's pace), and prints the decoder's CPU per event, each way,
+the best of `--repeat` timings. It measures the adapter's parsing alone; `bench/peers.py` measures
 the whole path.
 """
 
@@ -24,7 +24,7 @@ import timeit
 import orjson
 
 from iop.fakes.answers import parse_request, tokens
-from iop.providers.adapters.openai_http import _StreamDecoder
+from iop.providers.adapters.streamdecoding import StreamDecoder
 
 
 def stream_events(count: int) -> list[bytes]:
@@ -47,7 +47,7 @@ def stream_events(count: int) -> list[bytes]:
 
 def decode(reads: list[bytes], sse: bool) -> int:
     """Feed `reads` to a decoder; how many chunk events it made."""
-    decoder = _StreamDecoder(False, 32 * 1024 * 1024, sse)
+    decoder = StreamDecoder(False, 32 * 1024 * 1024, sse)
     made = 0
     for read in reads:
         made += sum(1 for _ in decoder.feed(read))

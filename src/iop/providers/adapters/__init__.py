@@ -4,7 +4,9 @@
 
 - `base`: the seam, the `Adapter` protocol and the `Upstream` a probe dials;
 - `openai_http`: `OpenAIAdapter` (`type: openai`), any OpenAI-compatible HTTP server, over
-  `upstreams`, a lean HTTP/1.1 client;
+  `upstreams`, a lean HTTP/1.1 client; `streamdecoding` reads its answers (a body's JSON
+  object, a stream's events as run events) and `upstreamfailures` turns what goes wrong into
+  the run's `RunFailed`, once;
 - `fake`: `FakeAdapter` (`type: fake`), a deterministic generator in the runner's process.
 """
 
