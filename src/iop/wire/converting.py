@@ -2,8 +2,9 @@
 
 These are the conversions of what a run, a health report, a drain, a load, a payload and the
 liveness settings carry; the envelopes around them (hello, welcome, heartbeats, cancels, acks)
-are built and read at the two ends themselves: the Edge's `hub/nodehub.py` and
-`hub/nodesessions.py`, the Node's `connecting.py`. Nothing above those ends sees a message.
+are built and read at the two ends themselves: the Edge's `hub/nodehub.py`,
+`hub/nodesessions.py` and `hub/runstreams.py`, the Node's `connecting.py`. Nothing above those
+ends sees a message.
 
 These functions run for every run and event on both sides, so they stay plain: no reflection,
 no intermediate dicts.

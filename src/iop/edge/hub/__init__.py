@@ -2,9 +2,10 @@
 
 - `protocol`: the `Hub` Protocol and its values (links, loads, node status), all the rest of
   the Edge sees;
-- `nodehub`: the gRPC server Nodes dial (`NodeHub`), `nodesessions`: one connected Node and one
-  run's stream, `snapshots`: what the hub reads of the config in use and whom a swap pushes to,
-  `changes`: what changed, told to the hub's listeners once per turn of the loop;
+- `nodehub`: the gRPC server Nodes dial (`NodeHub`), `nodesessions`: one connected Node,
+  `runstreams`: one run's stream (its events and their pace), `snapshots`: what the hub reads
+  of the config in use and whom a swap pushes to, `changes`: what changed, told to the hub's
+  listeners once per turn of the loop;
 - `admission`: who may open a session, `caps`: what the hub refuses before a Node is
   authenticated; `keepalive`: the hub's liveness tick, `visits`: which sessions it looks at;
 - `localnodes`: the nodes placed on the Edge, run in this process; `peering`: how many Edge

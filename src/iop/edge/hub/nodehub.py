@@ -1,12 +1,13 @@
 """The node hub: the Edge's gRPC server that Nodes dial, and the one call dispatch uses to run.
 
 `NodeHub` is the `Hub` of `hub/protocol.py`: the request path calls `connected_providers`,
-`add_listener`, `provider_loads` and `run` (a `RunStream`, or a `LocalRun` for a node placed on
-the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread), `swap_config`, `nodes`
-and `payload_digests`. It holds the sessions of the connected Nodes and the parts that own the
-rest: `Admission` (`admission.py`) says which calls it serves, `KeepAlive` (`keepalive.py`) ticks
-over the sessions that are due, `Changes` (`changes.py`) tells its listeners, and a swap's
-`HubSnapshot` (`snapshots.py`) says which Nodes get a push.
+`add_listener`, `provider_loads` and `run` (a `RunStream`: `runstreams.py`, or a `LocalRun` for
+a node placed on the Edge: `localnodes.py`), the refresher `prepare` (in a worker thread),
+`swap_config`, `nodes` and `payload_digests`. It holds the sessions of the connected Nodes
+(`nodesessions.py`) and the parts that own the rest: `Admission` (`admission.py`) says which
+calls it serves, `KeepAlive` (`keepalive.py`) ticks over the sessions that are due, `Changes`
+(`changes.py`) tells its listeners, and a swap's `HubSnapshot` (`snapshots.py`) says which
+Nodes get a push.
 
 docs/reliability.md says what it guarantees: "Node sessions" (authentication, placing a run,
 the snapshot), "Liveness of the Node links", "One node id, two processes", "Slow stream
@@ -52,8 +53,9 @@ from .caps import NODE_MESSAGE_BYTES, CapRefusals, HubCaps
 from .changes import Changes
 from .keepalive import KeepAlive, stall_timeout_of
 from .localnodes import LocalNodes, LocalRun
-from .nodesessions import EdgeItem, NodeSession, RunStream, edge_message
+from .nodesessions import EdgeItem, NodeSession, edge_message
 from .protocol import InstanceDrain, NodeStatus, PreparedSwap, ProviderLink, ProviderLoad
+from .runstreams import RunStream
 from .snapshots import HubSnapshot, needs_push, refresh_request
 
 logger = logging.getLogger(__name__)
