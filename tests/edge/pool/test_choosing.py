@@ -16,7 +16,7 @@ import pytest
 from iop.edge.bodies import parse_request
 from iop.edge.hub.protocol import ProviderLoad
 from iop.edge.pool.choosing import LOAD_REPORT_TTL_S, PrefixKey, rendezvous_order
-from iop.edge.pool.dispatching import Dispatcher
+from iop.edge.pool.dispatching import MAX_PASSED, Dispatcher
 from iop.edge.pool.prefixes import prefix_key
 from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
@@ -289,6 +289,36 @@ async def test_a_waiting_request_takes_the_slot_that_frees_first(pool, provider,
     # Where it went is its home now.
     again = await dispatcher.acquire("m", False, prefix=key)
     assert again.provider_id == other.provider_id
+
+
+async def test_a_freed_slot_serves_first_a_waiting_turn_whose_conversation_lives_there(
+    pool, provider, until
+) -> None:
+    dispatcher = pool("prefix_affinity", providers=[provider(pid, capacity=1) for pid in "ab"])
+    talk = conversation_turns("x", MAX_PASSED + 2)
+    first = await dispatcher.acquire("m", False, prefix=talk[0])
+    other = await dispatcher.acquire("m", False, prefix=chat("y: question 0"))
+    assert other.provider_id != first.provider_id
+    newcomer = asyncio.ensure_future(dispatcher.acquire("m", False, prefix=chat("new")))
+    await until(lambda: dispatcher.waiting == 1)
+    # The newcomer waits first and is known nowhere; each next turn of "x" is known where "x"
+    # lives: a slot freed there serves the turn, at most MAX_PASSED times ahead of the newcomer.
+    lease = first
+    for turn in talk[1 : MAX_PASSED + 1]:
+        follow = asyncio.ensure_future(dispatcher.acquire("m", False, prefix=turn))
+        await until(lambda: dispatcher.waiting == 2)
+        dispatcher.release(lease)
+        lease = await follow
+        assert lease.provider_id == first.provider_id
+        assert not newcomer.done()
+    assert dispatcher.decisions()[("m", "prefix_affinity", "freed_slot_home")] == MAX_PASSED
+    last = asyncio.ensure_future(dispatcher.acquire("m", False, prefix=talk[-1]))
+    await until(lambda: dispatcher.waiting == 2)
+    dispatcher.release(lease)  # passed MAX_PASSED times: the newcomer's turn now
+    assert (await newcomer).provider_id == first.provider_id
+    dispatcher.release(other)  # a slot where "x" is not known: the fair order alone
+    assert (await last).provider_id == other.provider_id
+    assert dispatcher.decisions()[("m", "prefix_affinity", "freed_slot")] == 2
 
 
 async def test_a_policy_change_applies_live_and_forgets_prefix_homes(pool, config_of, provider):

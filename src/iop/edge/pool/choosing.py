@@ -41,6 +41,9 @@ OVERFLOW: Final = "overflow"
 BACKLOG: Final = "backlog"
 #: A waiting request took the slot that freed first (any policy).
 FREED_SLOT: Final = "freed_slot"
+#: prefix_affinity: a waiting request took a freed slot of its prefix's home, ahead of the
+#: queue's fair head that has nothing cached there (`Dispatcher._cached_here`).
+FREED_SLOT_HOME: Final = "freed_slot_home"
 #: The request continues a stored response: the provider that holds it took it (any policy).
 HOME: Final = "response_home"
 #: A LoRA adapter's request went to a server that has the adapter loaded (or on its way).
@@ -58,6 +61,7 @@ DISPATCH_REASONS: Final = (
     OVERFLOW,
     BACKLOG,
     FREED_SLOT,
+    FREED_SLOT_HOME,
     HOME,
     ADAPTER_LOADED,
     ADAPTER_ROOM,

@@ -31,7 +31,7 @@ from iop.edgeconfig import ANONYMOUS_PRINCIPAL
 
 from ..errors import Displaced, ModelNotFound, NoProvider, QueueFull, Shed
 from ..hub import ProviderLoad
-from .choosing import FREED_SLOT, HOME, PREFIX_AFFINITY, PrefixKey
+from .choosing import FREED_SLOT, FREED_SLOT_HOME, HOME, PREFIX_AFFINITY, PrefixKey
 from .priorities import (
     DEFAULT_PRIORITY,
     DISPLACED,
@@ -50,6 +50,10 @@ from .waiters import RETRY_AFTER_S, Waiter, Waiters, queue_timeout
 BUSY_COOLDOWN_S: Final = 0.05
 #: How early an event loop's timer may fire against time.monotonic() (a clock tick, and then some).
 _TIMER_SLACK_S: Final = 0.005
+#: prefix_affinity: the waiters of each principal a freed slot looks at for one whose prefix
+#: is cached on its server, when the fair head's is not; and how often one head is passed so.
+CACHED_LOOKAHEAD: Final = 8
+MAX_PASSED: Final = 4
 #: The bounds of the Retry-After estimated from a model's queue (a shed or displaced request).
 _RETRY_AFTER_MIN_S: Final = 0.05
 _RETRY_AFTER_MAX_S: Final = 60.0
@@ -563,11 +567,49 @@ class Dispatcher:
             if not oldest.future.done():
                 policy = pool_model.dispatch.policy
                 chooser = selector.chooser
-                chooser.count(pool_model.id, policy, HOME if oldest.home else FREED_SLOT)
+                reason = HOME if oldest.home else FREED_SLOT
                 if oldest.prefix is not None and policy == PREFIX_AFFINITY:
+                    if not oldest.home:
+                        cached = self._cached_here(oldest, provider_id)
+                        if cached is not oldest:
+                            oldest, reason = cached, FREED_SLOT_HOME
+                    assert oldest.prefix is not None
                     prefill = chooser.prefill(pool_model.id, oldest.prefix, provider_id)
                     chooser.remember(pool_model.id, oldest.prefix, provider_id)
+                chooser.count(pool_model.id, policy, reason)
             self._grant(oldest, *chosen, prefill)
+
+    def _cached_here(self, head: Waiter, provider_id: str) -> Waiter:
+        """The waiter a freed slot of `provider_id` serves in place of `head`, its queue's fair
+        head (prefix_affinity): when `head`'s prompt is not known there, the waiter of the same
+        queue and priority, among the first `CACHED_LOOKAHEAD` of each principal, whose prompt
+        is known there the deepest; `head` itself when none is, or when it was passed
+        `MAX_PASSED` times already. A queued request would otherwise take whichever server frees
+        first and prefill its whole conversation again, while the next slot of its home serves
+        another conversation's request anew."""
+        assert head.prefix is not None
+        chooser = self._selector.chooser
+        model_id = head.model_id
+        if head.passed >= MAX_PASSED:
+            return head
+        if chooser.prefill(model_id, head.prefix, provider_id) < head.prefix.size:
+            return head  # its own prompt is known there
+        queue = self._waiters.queues[(model_id, head.long, head.stable_view, "")]
+        band = queue.bands[head.priority.level]
+        best, deepest = head, 0
+        for fifo in band.by_principal.values():
+            for index, waiter in enumerate(fifo.values()):
+                if index == CACHED_LOOKAHEAD:
+                    break
+                prefix = waiter.prefix
+                if prefix is None or waiter.future.done():
+                    continue
+                known = prefix.size - chooser.prefill(model_id, prefix, provider_id)
+                if known > deepest:
+                    best, deepest = waiter, known
+        if best is not head:
+            head.passed += 1
+        return best
 
     def _reevaluate(self) -> None:
         """Try every waiting request again (after a swap or a health change): the highest

@@ -49,6 +49,7 @@ class Waiter:
         "home",
         "long",
         "model_id",
+        "passed",
         "prefix",
         "principal",
         "priority",
@@ -78,6 +79,8 @@ class Waiter:
         self.priority = priority
         #: The request's first wait (a retry's is not counted again).
         self.first = True
+        #: Times a freed slot went to a request behind it whose prefix is cached there.
+        self.passed = 0
         #: Its deadline is its class's or its own bound, not its providers' queue timeout.
         self.by_priority = False
         self.stable_view = stable_view
