@@ -24,7 +24,8 @@ when the arrivals end plus `--drain` seconds is cut (counted as not completed).
 
 Conversations are causal (`--turns causal`, the default): a turn's prompt holds the answer to
 the turn before it, so it is sent at its time or when that answer came, whichever is later, and
-not at all once a turn of its conversation failed for good (counted as "not sent").
+not at all once a turn of its conversation failed for good or when that answer came after the
+arrivals' end (counted as "not sent").
 `--turns scheduled` sends every turn at its time whatever became of the one before, as this
 benchmark did until 2026-12-05: a shed turn's successors then reach the servers before it.
 
@@ -148,8 +149,8 @@ class Cell:
     #: The servers' running requests, summed over the fleet, sampled every 0.2 s from the end
     #: of the warm-up to the end of the arrivals.
     running: list[float] = field(default_factory=list)
-    #: Turns not sent per class, their conversation ended by an earlier turn's failure
-    #: (`--turns causal`).
+    #: Turns not sent per class, their conversation ended by an earlier turn's failure or by
+    #: its answer after the arrivals' end (`--turns causal`).
     abandoned: dict[str, int] = field(default_factory=dict)
     #: The servers' counters (`vllm:*_total`, summed over the fleet) gained over that window.
     window: dict[str, float] = field(default_factory=dict)
@@ -290,9 +291,12 @@ async def run_cell(
 
         async def try_turn(klass: str, turn: Turn, outcome: asyncio.Future[bool]) -> None:
             previous = outcomes.get((klass, turn.conversation, turn.index - 1))
-            if args.turns == "causal" and previous is not None and not await previous:
-                cell.abandoned[klass] = cell.abandoned.get(klass, 0) + 1
-                return  # its prompt holds an answer its client never got: the conversation ends
+            if args.turns == "causal" and previous is not None:
+                # Its prompt holds the answer to the turn before: after a failure its
+                # conversation ends; an answer that came after the arrivals' end ends it too.
+                if not await previous or loop.time() > began + args.seconds:
+                    cell.abandoned[klass] = cell.abandoned.get(klass, 0) + 1
+                    return
             await asyncio.sleep(max(0.0, began + turn.at - loop.time()))
             sample = Sample(klass, turn.at, 0.0, 0.0, False, turn.max_tokens)
             sample.conversation, sample.index = turn.conversation, turn.index
@@ -492,7 +496,8 @@ def show(cell: Cell, args: argparse.Namespace) -> None:
                 f"{figures['ttft_p50_ms']:.0f} p99 {figures['ttft_p99_ms']:.0f} ms, "
                 f"429s {figures['shed']}, failed {figures['failed']}"
                 + (
-                    f", {cell.abandoned[klass]} turns not sent (an earlier turn failed)"
+                    f", {cell.abandoned[klass]} turns not sent (an earlier turn failed, or "
+                    "its answer came after the arrivals)"
                     if cell.abandoned.get(klass)
                     else ""
                 )
