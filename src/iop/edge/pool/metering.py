@@ -81,7 +81,7 @@ class _PoolCollector(Collector):
             "prompt's prefix went home), overflow (its home was past its bound or full), "
             "freed_slot (a waiting request took the slot that freed first), freed_slot_home "
             "(a waiting request took a freed slot where its prefix is cached, ahead of the "
-            "queue's head), and others (docs/edge.md, \"Dispatch\").",
+            'queue\'s head), and others (docs/edge.md, "Dispatch").',
             labels=["model", "policy", "reason"],
         )
         for (model_id, policy, reason), count in sorted(self._dispatcher.decisions().items()):
