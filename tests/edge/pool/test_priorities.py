@@ -15,7 +15,7 @@ import pytest
 
 from iop.edge.errors import BadRequest, Displaced, Forbidden, QueueDeadline, QueueFull, Shed
 from iop.edge.hub import ProviderLoad
-from iop.edge.pool.dispatching import Dispatcher
+from iop.edge.pool.dispatching import PROMISE_GRACE_S, Dispatcher
 from iop.edge.pool.priorities import DEFAULT_PRIORITY, Priority
 from iop.edge.pool.slots import Lease
 from iop.edge.pool.snapshots import PoolSnapshot
@@ -177,6 +177,40 @@ async def test_a_sheddable_request_waits_only_while_the_model_is_not_saturated(
     await pool.finish_one()
     await queued
     assert pool.granted == ["batch-running", "standard", "batch-queued"]
+
+
+async def test_a_shed_request_is_queued_when_it_comes_back_as_told(config_of, provider) -> None:
+    pool = Pool(priority_config(config_of, provider))
+    tasks = [await pool.start("running", pool.priority("standard"))]
+    tasks.append(await pool.start("waiting", pool.priority("standard")))
+    batch = pool.priority("batch")
+    dispatcher = pool.dispatcher
+
+    async def again(promise: bytes) -> Shed:
+        with pytest.raises(Shed) as shed:
+            await dispatcher.acquire("m", False, priority=batch, promise=promise)
+        return shed.value
+
+    told = await again(b"one")
+    told = await again(b"one")  # early: shed again, and told anew
+    await asyncio.sleep(told.retry_after_s)
+    back = asyncio.ensure_future(dispatcher.acquire("m", False, priority=batch, promise=b"one"))
+    await asyncio.sleep(0)
+    assert dispatcher.saturated("m") and dispatcher.queue_depth("m") == 2
+    assert dispatcher.classes.came_back == {"batch": 1}
+    await again(b"one")  # the promise is used up
+    late = await again(b"two")
+    await asyncio.sleep(late.retry_after_s + max(PROMISE_GRACE_S, late.retry_after_s) + 0.05)
+    await again(b"two")  # past its window
+    await again(b"")  # no identity, no promise
+    await pool.finish_one()  # "waiting" (standard) goes first, then the batch request
+    await asyncio.gather(*tasks)
+    assert not back.done()
+    await pool.finish_one()
+    dispatcher.release(await back)
+    assert pool.granted == ["running", "waiting"]
+    assert dispatcher.classes.shed == {("batch", "saturated"): 6}
+    assert dispatcher.classes.came_back == {"batch": 1}
 
 
 async def test_servers_with_queues_of_their_own_saturate_the_model(config_of, provider) -> None:

@@ -101,11 +101,14 @@ async def edge(
 
 
 async def chat(
-    client: openai.AsyncOpenAI, latency_ms: int = 0, headers: dict[str, str] | None = None
+    client: openai.AsyncOpenAI,
+    latency_ms: int = 0,
+    headers: dict[str, str] | None = None,
+    extra: str = "",
 ) -> str:
     answer = await client.chat.completions.create(
         model="m",
-        messages=[{"role": "user", "content": "hi"}],
+        messages=[{"role": "user", "content": f"hi{extra}"}],
         max_tokens=2,
         extra_body={"fake_upstream": {"latency_ms": latency_ms}},
         extra_headers=headers,
@@ -222,6 +225,52 @@ async def test_a_full_queue_displaces_the_latest_lowest_request_and_sheds_batch_
     assert displaced.value.status_code == 503 and displaced.value.code == "displaced"
     assert "retry-after" in displaced.value.response.headers
     assert line.ended == ["holder", "chat-0", "web-0"]
+
+
+async def test_a_shed_request_that_comes_back_when_told_is_queued_though_still_saturated(
+    document_of, iop_processes, tmp_path, until
+) -> None:
+    """The official client honours a 429's `retry-after-ms` and sends the same request again:
+    the model is still saturated then (the holder runs on, a request waits), and the request
+    takes a place in the queue, behind the higher class, instead of a second 429."""
+    async with edge(document_of, iop_processes, tmp_path) as running:
+        line = Line(running)
+        await line.hold(until)
+        waiting = await line.send("web-0", "web", waiting=1)
+        honouring = openai.AsyncOpenAI(
+            base_url=f"{running.url}/v1", api_key="sk-evals", max_retries=1, timeout=60
+        )
+        async with honouring:
+            started = time.perf_counter()
+            done = asyncio.ensure_future(chat(honouring))
+            await until(lambda: running_class(running, "batch", "shed"), timeout=10)
+            await until(lambda: queued_batch(running), timeout=10)
+            assert not line.tasks[0].done(), "it came back while the model was still saturated"
+            answer = await done
+            took = time.perf_counter() - started
+            await asyncio.gather(waiting, line.tasks[0])
+        classes = (await running.status())["priority_classes"]
+        # An impatient copy of it, never told anything, is still shed at once.
+        async with running.client("evals") as evals:
+            await line.hold(until)
+            await line.send("web-1", "web", waiting=1)
+            with pytest.raises(openai.RateLimitError):
+                await chat(evals, extra="never told")
+            await asyncio.gather(*line.tasks[2:])
+    assert answer
+    assert took < HOLD_MS / 1000 + 5
+    assert classes["batch"]["shed"] == {"saturated": 1}
+    assert classes["batch"]["came_back"] == 1
+    assert classes["batch"]["admitted"] == 1 and classes["batch"]["queued"] == 1
+    assert line.ended[:2] == ["holder", "web-0"]
+
+
+async def running_class(running: Edge, name: str, key: str) -> bool:
+    return bool((await running.status())["priority_classes"][name][key])
+
+
+async def queued_batch(running: Edge) -> bool:
+    return bool((await running.status())["priority_classes"]["batch"]["queued"])
 
 
 @pytest.mark.parametrize(

@@ -175,6 +175,8 @@ def _priority_status(dispatcher: Dispatcher) -> dict[str, Any]:
             "waited": sum(waits.counts) if waits is not None else 0,
             "waited_ms_total": round(waits.total * 1000, 1) if waits is not None else 0.0,
             "shed": dict(sorted(shed.get(name, {}).items())),
+            # Shed requests that came back when told, queued though the model was saturated.
+            "came_back": tally.came_back.get(name, 0),
         }
     return document
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
@@ -54,6 +54,12 @@ _TIMER_SLACK_S: Final = 0.005
 #: is cached on its server, when the fair head's is not; and how often one head is passed so.
 CACHED_LOOKAHEAD: Final = 8
 MAX_PASSED: Final = 4
+#: A shed request told when to come back is queued even at a saturated model when it does:
+#: from `PROMISE_EARLY_S` before that time until as long after it again (at least
+#: `PROMISE_GRACE_S`); the promises kept at most (the oldest forgotten first).
+PROMISE_EARLY_S: Final = 0.05
+PROMISE_GRACE_S: Final = 1.0
+MAX_PROMISES: Final = 65_536
 #: The bounds of the Retry-After estimated from a model's queue (a shed or displaced request).
 _RETRY_AFTER_MIN_S: Final = 0.05
 _RETRY_AFTER_MAX_S: Final = 60.0
@@ -79,6 +85,9 @@ class Dispatcher:
         self._drains: dict[str, Drain] = {}
         self._shed_drains: dict[str, Drain] = {}
         self._promised: dict[str, deque[float]] = {}
+        #: Each shed request's identity -> when its coming back is honoured (loop time):
+        #: (from, until).
+        self._promises: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
         self._seq = 0
         self._timers: set[asyncio.TimerHandle] = set()
 
@@ -193,6 +202,7 @@ class Dispatcher:
         side: Side = STABLE,
         priority: Priority = DEFAULT_PRIORITY,
         home: str = "",
+        promise: bytes = b"",
     ) -> Lease:
         """A lease on the best free candidate, waiting in the model's queue if none is free.
 
@@ -206,6 +216,9 @@ class Dispatcher:
         arrives at a saturated model (`_saturated`) gets `Shed`, never a place in the queue.
         `home`: the one provider the request may run on (it holds the stored response the
         request continues); it waits for that provider's slot, in the same order as the rest.
+        `promise`: a sheddable request's identity (its principal and body): shed, it is told
+        when to come back, and coming back then it is queued even if the model is still
+        saturated (`_kept`).
         """
         selector = self._selector
         stable_view = self._stable_view(model_id, side)
@@ -215,9 +228,17 @@ class Dispatcher:
         if avoid and not selector.others_available(pool_model, long, avoid):
             avoid = frozenset()
         first = deadline is None
-        if first and priority.sheddable and self._saturated(pool_model):
+        if (
+            first
+            and priority.sheddable
+            and self._saturated(pool_model)
+            and not self._kept(promise, now, priority)
+        ):
             self.classes.refuse(priority, SATURATED)
-            raise self._shed(model_id, priority)
+            shed = self._shed(model_id, priority)
+            if promise:
+                self._promise(promise, now, shed.retry_after_s)
+            raise shed
         chosen = selector.select(pool_model, long, avoid, prefix, home)
         wait_s, by_priority = self._wait_s(pool_model, priority)
         if chosen is not None:
@@ -458,6 +479,29 @@ class Dispatcher:
         if bound is not None and bound < pool_model.queue_timeout_s:
             return bound, True
         return pool_model.queue_timeout_s, False
+
+    def _promise(self, promise: bytes, now: float, retry_after_s: float) -> None:
+        """Remember that the shed request `promise` was told to come back `retry_after_s`
+        from `now` (loop time)."""
+        promises = self._promises
+        due = now + retry_after_s
+        promises[promise] = (due - PROMISE_EARLY_S, due + max(PROMISE_GRACE_S, retry_after_s))
+        promises.move_to_end(promise)
+        while len(promises) > MAX_PROMISES:
+            promises.popitem(last=False)
+
+    def _kept(self, promise: bytes, now: float, priority: Priority) -> bool:
+        """The request `promise` comes back when a 429 told it to: the promise is used up."""
+        if not promise:
+            return False
+        window = self._promises.get(promise)
+        if window is None or now < window[0]:
+            return False  # never told, or early: shed again (and told anew)
+        del self._promises[promise]
+        if now > window[1]:
+            return False
+        self.classes.come_back(priority)
+        return True
 
     def _shed(self, model_id: str, priority: Priority) -> Shed:
         return Shed(

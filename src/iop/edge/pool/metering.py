@@ -182,6 +182,14 @@ class _ClassCollector(Collector):
         )
         for name, count in sorted(tally.queued.items()):
             queued.add_metric([name], count)
+        came_back = CounterMetricFamily(
+            "iop_edge_class_came_back",
+            "Shed requests that came back when their 429's Retry-After said and were queued "
+            "though the model was still saturated, by priority class.",
+            labels=["class"],
+        )
+        for name, count in sorted(tally.came_back.items()):
+            came_back.add_metric([name], count)
         shed = CounterMetricFamily(
             "iop_edge_class_shed",
             "Requests that got no slot, by priority class and reason: saturated (sheddable, "
@@ -218,7 +226,7 @@ class _ClassCollector(Collector):
         )
         for model_id in sorted(self._dispatcher.snapshot.models):
             saturated.add_metric([model_id], 1.0 if self._dispatcher.saturated(model_id) else 0.0)
-        yield from (admitted, queued, shed, waits, depth, saturated)
+        yield from (admitted, queued, came_back, shed, waits, depth, saturated)
 
 
 class Metrics:

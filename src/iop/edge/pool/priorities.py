@@ -193,7 +193,7 @@ class _Waits:
 class ClassTally:
     """What each class's requests came to at the dispatcher, since the Edge started."""
 
-    __slots__ = ("admitted", "queued", "shed", "waits")
+    __slots__ = ("admitted", "came_back", "queued", "shed", "waits")
 
     def __init__(self) -> None:
         #: class -> requests given a slot (at once or after waiting).
@@ -204,6 +204,9 @@ class ClassTally:
         self.shed: dict[tuple[str, str], int] = {}
         #: class -> the waits of its requests that were given a slot after waiting.
         self.waits: dict[str, _Waits] = {}
+        #: class -> shed requests that came back when told and were queued though the model
+        #: was still saturated (the dispatcher's promises kept).
+        self.came_back: dict[str, int] = {}
 
     def admit(self, priority: Priority, waited_s: float | None = None) -> None:
         name = priority.class_name
@@ -217,6 +220,10 @@ class ClassTally:
     def queue(self, priority: Priority) -> None:
         name = priority.class_name
         self.queued[name] = self.queued.get(name, 0) + 1
+
+    def come_back(self, priority: Priority) -> None:
+        name = priority.class_name
+        self.came_back[name] = self.came_back.get(name, 0) + 1
 
     def refuse(self, priority: Priority, reason: str) -> None:
         key = (priority.class_name, reason)

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
+
+import orjson
 
 from iop.wire import TERMINAL_EVENTS, RunChunk, RunEvent, RunFailed, RunRequest, RunUsage
 from iop.wire import statuses as wire_statuses
@@ -225,6 +228,7 @@ class RelayedRun:
                     side=self._side,
                     priority=self._priority,
                     home=self._home,
+                    promise=self._promise(),
                 )
         except BaseException as error:
             if trace is not None:
@@ -380,7 +384,17 @@ class RelayedRun:
             principal=self._principal.principal_ref,
             side=self._side,
             priority=self._priority,
+            promise=self._promise(),
         )
+
+    def _promise(self) -> bytes:
+        """A sheddable request's identity for the dispatcher's promises: its principal and its
+        document as the client sent it (a retry of it is the same); b"" for any other."""
+        if not self._priority.sheddable:
+            return b""
+        digest = hashlib.blake2b(self._principal.principal_ref.encode(), digest_size=16)
+        digest.update(orjson.dumps(self._request.document))
+        return digest.digest()
 
     def _free_fallback(self, fallbacks: list[str]) -> tuple[str, Lease] | None:
         """The first fallback model with a free slot, and the slot."""
