@@ -389,7 +389,7 @@ class RelayedRun:
 
     def _promise(self) -> bytes:
         """A sheddable request's identity for the dispatcher's promises: its principal and its
-        document as the client sent it (a retry of it is the same); b"" for any other."""
+        document (the client's resent request reads the same); b"" for any other."""
         if not self._priority.sheddable:
             return b""
         digest = hashlib.blake2b(self._principal.principal_ref.encode(), digest_size=16)
