@@ -331,16 +331,15 @@ async def run_cell(
             await asyncio.sleep(max(0.0, window[0] - loop.time()))
             at_start = await server_totals(session, servers)
             while loop.time() < window[1]:  # the arrivals' time, not the drain's
-                total = 0.0
-                for server in servers:
-                    async with session.get(f"http://{server.listen}/metrics") as response:
-                        for line in (await response.text()).splitlines():
-                            if line.startswith("vllm:num_requests_running"):
-                                total += float(line.rsplit(" ", 1)[1])
-                cell.running.append(total)
+                fleet = await server_totals(session, servers)
+                cell.running.append(fleet.get("vllm:num_requests_running", 0.0))
                 await asyncio.sleep(0.2)
             at_end = await server_totals(session, servers)
-            cell.window = {name: at_end[name] - at_start.get(name, 0.0) for name in at_end}
+            cell.window = {
+                name: at_end[name] - at_start.get(name, 0.0)
+                for name in at_end
+                if name.endswith("_total")
+            }
 
         sampler = asyncio.ensure_future(sample_running())
         started = time.perf_counter()
@@ -382,14 +381,11 @@ def usage_of(tail: bytes) -> tuple[int, int]:
 
 
 async def server_totals(session: aiohttp.ClientSession, servers: list[Any]) -> dict[str, float]:
-    """Each `vllm:*_total` counter of the servers, summed over the fleet."""
+    """Each `vllm:*` metric of the servers, summed over the fleet."""
     totals: dict[str, float] = {}
     for server in servers:
-        async with session.get(f"http://{server.listen}/metrics") as response:
-            for line in (await response.text()).splitlines():
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name.startswith("vllm:") and name.endswith("_total"):
-                    totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        for name, value in (await routing.server_metrics(session, server)).items():
+            totals[name] = totals.get(name, 0.0) + value
     return totals
 
 

@@ -390,17 +390,25 @@ async def reset_servers(session: aiohttp.ClientSession, servers: list[UpstreamPr
             raise RuntimeError(f"{server.listen} would not go idle")
 
 
-async def server_counts(
+async def server_metrics(
     session: aiohttp.ClientSession, server: UpstreamProcess
-) -> tuple[float, float, int, int]:
-    """(prefix hits, prefix queries, requests completed, peak at once) of one server."""
+) -> dict[str, float]:
+    """One server's `vllm:*` metrics by name (labels dropped, a name's series summed)."""
     async with session.get(f"http://{server.listen}/metrics") as response:
         text = await response.text()
     values: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("vllm:"):
-            name = line.split("{", 1)[0]
-            values[name] = float(line.rsplit(" ", 1)[1])
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
+
+
+async def server_counts(
+    session: aiohttp.ClientSession, server: UpstreamProcess
+) -> tuple[float, float, int, int]:
+    """(prefix hits, prefix queries, requests completed, peak at once) of one server."""
+    values = await server_metrics(session, server)
     async with session.get(f"http://{server.listen}/fake/stats") as response:
         stats = await response.json()
     return (

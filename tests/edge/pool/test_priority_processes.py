@@ -241,13 +241,11 @@ async def test_a_shed_request_that_comes_back_when_told_is_queued_though_still_s
             base_url=f"{running.url}/v1", api_key="sk-evals", max_retries=1, timeout=60
         )
         async with honouring:
-            started = time.perf_counter()
             done = asyncio.ensure_future(chat(honouring))
-            await until(lambda: running_class(running, "batch", "shed"), timeout=10)
-            await until(lambda: queued_batch(running), timeout=10)
+            await until(lambda: class_count(running, "batch", "shed"), timeout=10)
+            await until(lambda: class_count(running, "batch", "queued"), timeout=10)
             assert not line.tasks[0].done(), "it came back while the model was still saturated"
             answer = await done
-            took = time.perf_counter() - started
             await asyncio.gather(waiting, line.tasks[0])
         classes = (await running.status())["priority_classes"]
         # An impatient copy of it, never told anything, is still shed at once.
@@ -258,19 +256,15 @@ async def test_a_shed_request_that_comes_back_when_told_is_queued_though_still_s
                 await chat(evals, extra="never told")
             await asyncio.gather(*line.tasks[2:])
     assert answer
-    assert took < HOLD_MS / 1000 + 5
     assert classes["batch"]["shed"] == {"saturated": 1}
     assert classes["batch"]["came_back"] == 1
     assert classes["batch"]["admitted"] == 1 and classes["batch"]["queued"] == 1
     assert line.ended[:2] == ["holder", "web-0"]
 
 
-async def running_class(running: Edge, name: str, key: str) -> bool:
+async def class_count(running: Edge, name: str, key: str) -> bool:
+    """Whether class `name`'s count `key` in `GET /status` is above 0."""
     return bool((await running.status())["priority_classes"][name][key])
-
-
-async def queued_batch(running: Edge) -> bool:
-    return bool((await running.status())["priority_classes"]["batch"]["queued"])
 
 
 @pytest.mark.parametrize(

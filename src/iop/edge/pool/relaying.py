@@ -228,7 +228,7 @@ class RelayedRun:
                     side=self._side,
                     priority=self._priority,
                     home=self._home,
-                    promise=self._promise(),
+                    promise=self._promise() if deadline is None else b"",
                 )
         except BaseException as error:
             if trace is not None:
@@ -384,7 +384,7 @@ class RelayedRun:
             principal=self._principal.principal_ref,
             side=self._side,
             priority=self._priority,
-            promise=self._promise(),
+            promise=self._promise() if deadline is None else b"",
         )
 
     def _promise(self) -> bytes:
